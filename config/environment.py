@@ -1,0 +1,189 @@
+"""One typed configuration per environment: parsed from cdk.json context, validated before any construct.
+
+`cdk.json` holds named environments under `environments`; `-c env=NAME` picks one (default `dev`)
+and `-c FIELD=VALUE` overrides any field, the string coerced to the field's type.
+A bad value raises ConfigError with one line: the field, the value, what is allowed.
+"""
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass, fields
+
+from config.catalogue import CATALOGUE, InstanceType, efa_instance_types
+
+DEFAULT_ENVIRONMENT = "dev"
+# A guard against expensive typos (160 for 16 p5 nodes is ~$15,000 an hour); raise it on purpose.
+MAX_NODES = 64
+FSX_DEPLOYMENT_TYPES = ("PERSISTENT_2", "SCRATCH_2")
+FSX_THROUGHPUTS_PER_TIB = (125, 250, 500, 1000)
+EKS_CAPACITY_TYPES = ("on_demand", "spot", "capacity_block")
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
+                      2557, 2922, 3288, 3653)
+
+_REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
+_EMAIL = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}$")
+_ACCOUNT = re.compile(r"^\d{12}$")
+_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+_CIDR16 = re.compile(r"^10\.(\d{1,3})\.0\.0/16$")
+
+
+class ConfigError(ValueError):
+    """A user's configuration mistake: printed as one line, never as a traceback."""
+
+
+@dataclass(frozen=True)
+class EnvironmentConfig:
+    name: str
+    region: str
+    compute: str = "batch"
+    instance_type: str = "g5.12xlarge"
+    nodes: int = 2
+    account: str | None = None
+    availability_zone: str | None = None
+    vpc_cidr: str = "10.0.0.0/16"
+    fsx_deployment_type: str = "PERSISTENT_2"
+    fsx_storage_gib: int = 1200
+    fsx_throughput_per_tib: int = 125
+    budget_monthly_usd: float = 1000.0
+    alert_emails: tuple[str, ...] = ()
+    retain_data: bool = False
+    log_retention_days: int = 30
+    ecr_keep_images: int = 10
+    eks_capacity_type: str = "on_demand"
+    eks_admin_role_arns: tuple[str, ...] = ()
+    image_tag: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(self, "region", bool(_REGION.match(self.region)), "an AWS region like us-east-1")
+        _check(self, "account", self.account is None or bool(_ACCOUNT.match(self.account)),
+               "12 digits, or unset")
+        _check(self, "availability_zone",
+               self.availability_zone is None
+               or bool(re.fullmatch(re.escape(self.region) + r"[a-z]", self.availability_zone)),
+               f"a zone of region {self.region} like {self.region}a, or unset")
+        _check(self, "compute", self.compute in ("batch", "eks"), "batch or eks")
+        _check(self, "instance_type", self.instance_type in CATALOGUE,
+               f"one of {', '.join(CATALOGUE)}")
+        _check(self, "instance_type", self.instance.has_efa,
+               f"an instance type with EFA ({', '.join(efa_instance_types())}); "
+               f"{self.instance_type} has no EFA, so collectives would crawl over TCP")
+        _check(self, "nodes", 1 <= self.nodes <= MAX_NODES, f"an integer from 1 to {MAX_NODES}")
+        _check(self, "vpc_cidr", bool(_CIDR16.match(self.vpc_cidr))
+               and int(_CIDR16.match(self.vpc_cidr).group(1)) <= 255, "a /16 inside 10.0.0.0/8 like 10.0.0.0/16")
+        _check(self, "fsx_deployment_type", self.fsx_deployment_type in FSX_DEPLOYMENT_TYPES,
+               " or ".join(FSX_DEPLOYMENT_TYPES))
+        _check(self, "fsx_storage_gib",
+               self.fsx_storage_gib in (1200, 2400) or (self.fsx_storage_gib > 0 and self.fsx_storage_gib % 2400 == 0),
+               f"1200, 2400 or a multiple of 2400 GiB for {self.fsx_deployment_type}")
+        _check(self, "fsx_throughput_per_tib", self.fsx_throughput_per_tib in FSX_THROUGHPUTS_PER_TIB,
+               f"one of {', '.join(map(str, FSX_THROUGHPUTS_PER_TIB))} MB/s per TiB")
+        _check(self, "budget_monthly_usd", self.budget_monthly_usd > 0, "a positive amount in USD")
+        for email in self.alert_emails:
+            _check(self, "alert_emails", bool(_EMAIL.match(email)), "e-mail addresses like ops@example.com",
+                   value=email)
+        _check(self, "log_retention_days", self.log_retention_days in LOG_RETENTION_DAYS,
+               f"a CloudWatch Logs retention: {', '.join(map(str, LOG_RETENTION_DAYS))}")
+        _check(self, "ecr_keep_images", 1 <= self.ecr_keep_images <= 1000, "an integer from 1 to 1000")
+        _check(self, "eks_capacity_type", self.eks_capacity_type in EKS_CAPACITY_TYPES,
+               " or ".join(EKS_CAPACITY_TYPES))
+        for arn in self.eks_admin_role_arns:
+            _check(self, "eks_admin_role_arns", bool(_ARN.match(arn)), "IAM role or user ARNs", value=arn)
+        _check(self, "image_tag", self.image_tag is None or bool(re.fullmatch(r"[\w][\w.-]{0,127}", self.image_tag)),
+               "a Docker tag (letters, digits, _ . -), or unset")
+
+    @property
+    def instance(self) -> InstanceType:
+        return CATALOGUE[self.instance_type]
+
+    @property
+    def stack_prefix(self) -> str:
+        """Stack names carry the environment so dev and prod can share an account."""
+        return f"EfaTraining-{self.name}"
+
+
+FIELD_NAMES = tuple(f.name for f in fields(EnvironmentConfig) if f.name != "name")
+_TYPES = typing.get_type_hints(EnvironmentConfig)
+
+
+def _check(config: EnvironmentConfig, name: str, ok: bool, allowed: str, value: object = dataclasses.MISSING) -> None:
+    if not ok:
+        shown = getattr(config, name) if value is dataclasses.MISSING else value
+        raise ConfigError(f"environment '{config.name}': {name}={shown!r} is not valid; expected {allowed}")
+
+
+def _coerce(env: str, name: str, raw: object) -> object:
+    """Turn a context value (JSON from cdk.json, or a string from -c) into the field's type."""
+    kind = _TYPES[name]
+    optional = type(None) in typing.get_args(kind)
+    base = next((t for t in typing.get_args(kind) if t is not type(None)), kind) if optional else kind
+
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"environment '{env}': {name}={raw!r} is not valid; expected {expected}")
+
+    if optional and (raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null"))):
+        return None
+    if base is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
+            return raw.strip().lower() in ("true", "yes", "1")
+        raise bad("true or false")
+    if base is int:
+        if isinstance(raw, bool):
+            raise bad("an integer")
+        if isinstance(raw, int):
+            return raw
+        if isinstance(raw, str) and re.fullmatch(r"\s*-?\d+\s*", raw):
+            return int(raw)
+        raise bad("an integer")
+    if base is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
+        if isinstance(raw, str):
+            try:
+                return float(raw)
+            except ValueError:
+                pass
+        raise bad("a number")
+    if typing.get_origin(base) is tuple:
+        if isinstance(raw, str):
+            return tuple(part.strip() for part in raw.split(",") if part.strip())
+        if isinstance(raw, list) and all(isinstance(item, str) for item in raw):
+            return tuple(raw)
+        raise bad("a list of strings (comma-separated on the command line)")
+    if isinstance(raw, str):
+        return raw.strip()
+    raise bad("a string")
+
+
+# CDK's own context keys: feature flags ("@aws-cdk/..."), "aws:cdk:..." and CLI bookkeeping.
+_CDK_KEYS = re.compile(r"^(@|aws:|aws-cdk:|cdk[-:])|:")
+_CDK_PLAIN_KEYS = frozenset({"acknowledged-issue-numbers", "cli-telemetry", "assetsBucketName"})
+
+
+def load_config(context: dict) -> EnvironmentConfig:
+    """Build the selected environment's config from the whole CDK context (cdk.json plus -c overrides)."""
+    environments = context.get("environments")
+    if not isinstance(environments, dict) or not environments:
+        raise ConfigError("cdk.json: context.environments is missing; expected named environments like dev and prod")
+    env = context.get("env", DEFAULT_ENVIRONMENT)
+    if env not in environments:
+        raise ConfigError(f"env={env!r} is not valid; expected one of {', '.join(environments)} (from cdk.json)")
+
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,19}", env):
+        raise ConfigError(f"env={env!r} is not valid; expected a name of letters, digits and '-' (it goes into stack names)")
+    values = dict(environments[env])
+    unknown = [key for key in values if key not in FIELD_NAMES]
+    if unknown:
+        raise ConfigError(f"cdk.json environment '{env}': unknown field {unknown[0]!r}; "
+                          f"expected fields: {', '.join(FIELD_NAMES)}")
+    for key, raw in context.items():
+        if key in ("environments", "env") or _CDK_KEYS.search(key) or key in _CDK_PLAIN_KEYS:
+            continue
+        if key not in FIELD_NAMES:
+            raise ConfigError(f"-c {key}={raw}: unknown field {key!r}; expected env or one of: {', '.join(FIELD_NAMES)}")
+        values[key] = raw
+    if "region" not in values:
+        raise ConfigError(f"environment '{env}': region is missing; expected an AWS region like us-east-1")
+    return EnvironmentConfig(name=env, **{key: _coerce(env, key, raw) for key, raw in values.items()})

@@ -1,0 +1,59 @@
+"""Training data storage: an S3 bucket and FSx for Lustre in the training subnet, linked both ways."""
+
+import aws_cdk as cdk
+import aws_cdk.aws_ec2 as ec2
+import aws_cdk.aws_fsx as fsx
+import aws_cdk.aws_s3 as s3
+from constructs import Construct
+
+# Import what lands in S3 and export what training writes (checkpoints, models, reports), continuously.
+_REPOSITORY_EVENTS = ["NEW", "CHANGED", "DELETED"]
+
+
+class TrainingStorage(Construct):
+    def __init__(self, scope: Construct, id_: str, *, vpc: ec2.IVpc, subnet: ec2.ISubnet,
+                 security_group: ec2.ISecurityGroup, deployment_type: str, storage_gib: int,
+                 throughput_per_tib: int, removal_policy: cdk.RemovalPolicy) -> None:
+        super().__init__(scope, id_)
+        destroy = removal_policy == cdk.RemovalPolicy.DESTROY
+        bucket_defaults = dict(
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            removal_policy=removal_policy,
+            auto_delete_objects=destroy,  # dev: `cdk destroy` empties the bucket so it can go
+        )
+        self.access_logs = s3.Bucket(self, "AccessLogs", **bucket_defaults,
+                                     object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED)
+        self.bucket = s3.Bucket(self, "Data", **bucket_defaults, versioned=True,
+                                server_access_logs_bucket=self.access_logs, server_access_logs_prefix="data/")
+
+        persistent = deployment_type == "PERSISTENT_2"
+        self.file_system = fsx.LustreFileSystem(
+            self, "Lustre",
+            vpc=vpc,
+            vpc_subnet=subnet,
+            security_group=security_group,
+            storage_capacity_gib=storage_gib,
+            file_system_type_version=fsx.FileSystemTypeVersion.V_2_15,
+            lustre_configuration=fsx.LustreConfiguration(
+                deployment_type=getattr(fsx.LustreDeploymentType, deployment_type),
+                # Throughput tiers exist for persistent file systems only; SCRATCH_2 rejects the field.
+                per_unit_storage_throughput=throughput_per_tib if persistent else None,
+                data_compression_type=fsx.LustreDataCompressionType.LZ4,
+            ),
+            removal_policy=removal_policy,
+        )
+        # No L2 for data repository associations; PERSISTENT_2 rejects auto_import_policy, so link S3 here.
+        self.data_repository = fsx.CfnDataRepositoryAssociation(
+            self, "S3Link",
+            file_system_id=self.file_system.file_system_id,
+            file_system_path="/",
+            data_repository_path=f"s3://{self.bucket.bucket_name}/",
+            batch_import_meta_data_on_create=True,
+            s3=fsx.CfnDataRepositoryAssociation.S3Property(
+                auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(events=_REPOSITORY_EVENTS),
+                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=_REPOSITORY_EVENTS),
+            ),
+        )
+        self.data_repository.apply_removal_policy(removal_policy)

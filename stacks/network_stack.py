@@ -1,0 +1,24 @@
+"""Network: the EFA-ready VPC every compute backend and the file system live in."""
+
+import aws_cdk as cdk
+from constructs import Construct
+
+from config import EnvironmentConfig
+from constructs.efa_network import EfaNetwork
+from stacks.policies import data_removal_policy, log_retention
+
+
+class NetworkStack(cdk.Stack):
+    def __init__(self, scope: Construct, id_: str, *, config: EnvironmentConfig, **kwargs) -> None:
+        super().__init__(scope, id_, **kwargs)
+        network = EfaNetwork(
+            self, "Network",
+            cidr=config.vpc_cidr,
+            availability_zone=config.availability_zone,
+            log_retention=log_retention(config),
+            removal_policy=data_removal_policy(config),
+        )
+        self.vpc = network.vpc
+        self.training_subnet = network.training_subnet
+        self.efa_security_group = network.efa_security_group
+        self.lustre_security_group = network.lustre_security_group
