@@ -19,6 +19,7 @@ import aws_cdk as cdk  # noqa: E402  (after JSII_NODE is set)
 from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
 from config import ConfigError, EnvironmentConfig, load_config  # noqa: E402
+from stacks.alerts_stack import AlertsStack  # noqa: E402
 from stacks.network_stack import NetworkStack  # noqa: E402
 from stacks.registry_stack import RegistryStack  # noqa: E402
 from stacks.storage_stack import StorageStack  # noqa: E402
@@ -33,7 +34,9 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
     network = NetworkStack(app, f"{prefix}-Network", config=config, env=env)
     storage = StorageStack(app, f"{prefix}-Storage", config=config, network=network, env=env)
     registry = RegistryStack(app, f"{prefix}-Registry", config=config, env=env)
-    stacks = {"network": network, "storage": storage, "registry": registry}
+    alerts = AlertsStack(app, f"{prefix}-Alerts", config=config, env=env)
+    stacks: dict[str, cdk.Stack] = {"network": network, "storage": storage, "registry": registry, "alerts": alerts}
+    # Compute backend (selected by config.compute), then the pipeline, then observability, which reads both.
     for stack in stacks.values():
         cdk.Tags.of(stack).add("Project", PROJECT)
         cdk.Tags.of(stack).add("Environment", config.name)

@@ -1,0 +1,1 @@
+"""Operator tools: synth summary, pipeline CLI, cost report."""
