@@ -37,9 +37,9 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
     alerts = AlertsStack(app, f"{prefix}-Alerts", config=config, env=env)
     stacks: dict[str, cdk.Stack] = {"network": network, "storage": storage, "registry": registry, "alerts": alerts}
     # Compute backend (selected by config.compute), then the pipeline, then observability, which reads both.
-    for stack in stacks.values():
-        cdk.Tags.of(stack).add("Project", PROJECT)
-        cdk.Tags.of(stack).add("Environment", config.name)
+    # Every resource carries the project and environment: the cost-allocation tags budgets filter on.
+    cdk.Tags.of(app).add("Project", PROJECT)
+    cdk.Tags.of(app).add("Environment", config.name)
     return stacks
 
 
