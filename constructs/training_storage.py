@@ -41,6 +41,9 @@ class TrainingStorage(Construct):
                 # Throughput tiers exist for persistent file systems only; SCRATCH_2 rejects the field.
                 per_unit_storage_throughput=throughput_per_tib if persistent else None,
                 data_compression_type=fsx.LustreDataCompressionType.LZ4,
+                # Backups only where data is kept (scratch has none); a destroyed dev file system leaves nothing.
+                automatic_backup_retention=cdk.Duration.days(7 if persistent and not destroy else 0)
+                if persistent else None,
             ),
             removal_policy=removal_policy,
         )

@@ -22,3 +22,7 @@ class NetworkStack(cdk.Stack):
         self.training_subnet = network.training_subnet
         self.efa_security_group = network.efa_security_group
         self.lustre_security_group = network.lustre_security_group
+        # Deliberate exports: the compute stacks and operators' own tools read these by name.
+        for name, value in (("VpcId", self.vpc.vpc_id), ("TrainingSubnetId", self.training_subnet.subnet_id),
+                            ("EfaSecurityGroupId", self.efa_security_group.security_group_id)):
+            cdk.CfnOutput(self, name, value=value, export_name=f"{config.stack_prefix}-{name}")

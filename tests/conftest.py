@@ -19,6 +19,19 @@ from app import build_app  # noqa: E402  (also points jsii at the pinned Node 22
 from aws_cdk.assertions import Template  # noqa: E402
 
 CDK_JSON_CONTEXT = json.loads((ROOT / "cdk.json").read_text())["context"]
+ENVIRONMENTS = tuple(CDK_JSON_CONTEXT["environments"])
+
+
+def app_variants() -> list[dict]:
+    """What CI synthesizes: every environment, and every EFA instance type on every backend."""
+    from config import efa_instance_types
+
+    return ([{"env": env} for env in ENVIRONMENTS]
+            + [{"compute": "batch", "instance_type": name} for name in efa_instance_types()])
+
+
+def variant_id(variant: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in variant.items())
 
 
 @dataclass

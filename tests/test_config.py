@@ -1,0 +1,89 @@
+"""Configuration: every bad value stops the app with one line naming the field, the value and what is allowed."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from config import CATALOGUE, ConfigError, load_config
+from config.environment import MAX_NODES
+from tests.conftest import CDK_JSON_CONTEXT, ROOT
+
+BAD_INPUTS = [
+    # (overrides, words the one-line message must contain)
+    ({"env": "staging"}, ["env='staging'", "dev", "prod"]),
+    ({"colour": "blue"}, ["unknown field 'colour'"]),
+    ({"compute": "slurm"}, ["compute='slurm'", "batch or eks"]),
+    ({"instance_type": "p3.2xlarge"}, ["instance_type='p3.2xlarge'", "p5.48xlarge"]),
+    ({"instance_type": "g5.xlarge"}, ["instance_type='g5.xlarge'", "no EFA"]),
+    ({"nodes": "0"}, ["nodes=0", f"1 to {MAX_NODES}"]),
+    ({"nodes": str(MAX_NODES + 1)}, [f"nodes={MAX_NODES + 1}", f"1 to {MAX_NODES}"]),
+    ({"nodes": "two"}, ["nodes='two'", "an integer"]),
+    ({"fsx_storage_gib": "1000"}, ["fsx_storage_gib=1000", "multiple of 2400"]),
+    ({"fsx_storage_gib": "3600"}, ["fsx_storage_gib=3600", "multiple of 2400"]),
+    ({"fsx_throughput_per_tib": "300"}, ["fsx_throughput_per_tib=300", "125, 250, 500, 1000"]),
+    ({"fsx_deployment_type": "PERSISTENT_1"}, ["fsx_deployment_type='PERSISTENT_1'", "PERSISTENT_2 or SCRATCH_2"]),
+    ({"budget_monthly_usd": "0"}, ["budget_monthly_usd=0.0", "positive"]),
+    ({"budget_monthly_usd": "-5"}, ["budget_monthly_usd=-5.0", "positive"]),
+    ({"budget_monthly_usd": "lots"}, ["budget_monthly_usd='lots'", "a number"]),
+    ({"alert_emails": "ops@example.com,not-an-email"}, ["alert_emails='not-an-email'", "e-mail"]),
+    ({"region": "useast1"}, ["region='useast1'", "us-east-1"]),
+    ({"region": "us-east-1", "availability_zone": "us-west-2a"}, ["availability_zone='us-west-2a'", "us-east-1a"]),
+    ({"availability_zone": "us-east-1-a"}, ["availability_zone='us-east-1-a'"]),
+    ({"retain_data": "maybe"}, ["retain_data='maybe'", "true or false"]),
+    ({"log_retention_days": "10"}, ["log_retention_days=10", "14"]),
+    ({"account": "12345"}, ["account='12345'", "12 digits"]),
+    ({"vpc_cidr": "192.168.0.0/16"}, ["vpc_cidr='192.168.0.0/16'", "10.0.0.0/16"]),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", BAD_INPUTS, ids=[next(iter(o)) + "=" + str(list(o.values())[-1])
+                                                                 for o, _ in BAD_INPUTS])
+def test_bad_value_is_refused_with_one_line_naming_field_value_and_allowed(overrides, expected):
+    with pytest.raises(ConfigError) as refused:
+        load_config({**CDK_JSON_CONTEXT, **overrides})
+    message = str(refused.value)
+    assert "\n" not in message
+    for words in expected:
+        assert words in message, message
+
+
+def test_command_line_strings_are_coerced_to_field_types():
+    config = load_config({**CDK_JSON_CONTEXT, "nodes": "8", "budget_monthly_usd": "1500.5", "retain_data": "true",
+                          "alert_emails": "a@example.com, b@example.com", "availability_zone": "none"})
+    assert (config.nodes, config.budget_monthly_usd, config.retain_data) == (8, 1500.5, True)
+    assert config.alert_emails == ("a@example.com", "b@example.com")
+    assert config.availability_zone is None
+
+
+def test_env_selects_a_named_environment_and_fields_override_it():
+    config = load_config({**CDK_JSON_CONTEXT, "env": "prod", "instance_type": "trn1.32xlarge"})
+    assert config.name == "prod"
+    assert config.retain_data is True  # from cdk.json's prod
+    assert config.instance_type == "trn1.32xlarge"  # from the override
+
+
+def test_default_environment_is_dev():
+    assert load_config({k: v for k, v in CDK_JSON_CONTEXT.items() if k != "env"}).name == "dev"
+
+
+def test_catalogue_instance_types_with_efa_are_all_accepted():
+    for name, instance in CATALOGUE.items():
+        if instance.has_efa:
+            assert load_config({**CDK_JSON_CONTEXT, "instance_type": name}).instance is instance
+
+
+def _run_app(**overrides: str) -> subprocess.CompletedProcess:
+    """Run app.py as the CDK CLI does: context in CDK_CONTEXT_JSON."""
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({**CDK_JSON_CONTEXT, **overrides}),
+           "CDK_OUTDIR": str(ROOT / "build" / "bad-input")}
+    return subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_app_exits_non_zero_with_one_line_and_no_traceback():
+    result = _run_app(nodes="two")
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == ["error: environment 'dev': nodes='two' is not valid; expected an integer"]
