@@ -87,3 +87,12 @@ def test_app_exits_non_zero_with_one_line_and_no_traceback():
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == ["error: environment 'dev': nodes='two' is not valid; expected an integer"]
+
+
+def test_readme_documents_every_field():
+    # The configuration reference cannot drift from the typed config.
+    from config.environment import FIELD_NAMES
+
+    readme = (ROOT / "README.md").read_text()
+    missing = [name for name in FIELD_NAMES if f"| `{name}` |" not in readme]
+    assert missing == []
