@@ -21,6 +21,7 @@ from cdk_nag import AwsSolutionsChecks  # noqa: E402
 from config import ConfigError, EnvironmentConfig, load_config  # noqa: E402
 from stacks.alerts_stack import AlertsStack  # noqa: E402
 from stacks.network_stack import NetworkStack  # noqa: E402
+from stacks.observability_stack import ObservabilityStack  # noqa: E402
 from stacks.registry_stack import RegistryStack  # noqa: E402
 from stacks.storage_stack import StorageStack  # noqa: E402
 
@@ -37,6 +38,9 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
     alerts = AlertsStack(app, f"{prefix}-Alerts", config=config, env=env)
     stacks: dict[str, cdk.Stack] = {"network": network, "storage": storage, "registry": registry, "alerts": alerts}
     # Compute backend (selected by config.compute), then the pipeline, then observability, which reads both.
+    stacks["observability"] = ObservabilityStack(
+        app, f"{prefix}-Observability", config=config, storage=storage, alerts=alerts,
+        compute=stacks.get("compute"), pipeline=stacks.get("pipeline"), env=env)
     # Every resource carries the project and environment: the cost-allocation tags budgets filter on.
     cdk.Tags.of(app).add("Project", PROJECT)
     cdk.Tags.of(app).add("Environment", config.name)

@@ -53,6 +53,18 @@ class EnvironmentConfig:
     eks_capacity_type: str = "on_demand"
     eks_admin_role_arns: tuple[str, ...] = ()
     image_tag: str | None = None
+    # Observability: alarm when accelerators average below this utilisation for this long (idle GPUs cost money),
+    # and when FSx free capacity falls below this share of fsx_storage_gib.
+    gpu_idle_threshold_percent: float = 20.0
+    gpu_idle_minutes: int = 30
+    fsx_free_capacity_alarm_percent: float = 10.0
+    # AWS Batch: fair-share weight factors (lower = larger share), the training jobs' attempt timeout,
+    # the single-node (validation) instance type (unset: the training type) and whether it runs on Spot.
+    batch_research_weight: float = 1.0
+    batch_production_weight: float = 0.25
+    batch_train_timeout_hours: int = 72
+    batch_single_node_instance_type: str | None = None
+    batch_single_node_spot: bool = True
 
     def __post_init__(self) -> None:
         _check(self, "region", bool(_REGION.match(self.region)), "an AWS region like us-east-1")
@@ -91,6 +103,22 @@ class EnvironmentConfig:
             _check(self, "eks_admin_role_arns", bool(_ARN.match(arn)), "IAM role or user ARNs", value=arn)
         _check(self, "image_tag", self.image_tag is None or bool(re.fullmatch(r"[\w][\w.-]{0,127}", self.image_tag)),
                "a Docker tag (letters, digits, _ . -), or unset")
+        _check(self, "gpu_idle_threshold_percent", 0 < self.gpu_idle_threshold_percent < 100,
+               "a utilisation percentage between 0 and 100 (exclusive)")
+        _check(self, "gpu_idle_minutes", 5 <= self.gpu_idle_minutes <= 1440 and self.gpu_idle_minutes % 5 == 0,
+               "a multiple of 5 minutes from 5 to 1440 (the alarm evaluates 5-minute periods)")
+        _check(self, "fsx_free_capacity_alarm_percent", 0 < self.fsx_free_capacity_alarm_percent < 100,
+               "a percentage of fsx_storage_gib between 0 and 100 (exclusive)")
+        for weight in ("batch_research_weight", "batch_production_weight"):
+            _check(self, weight, 0.0001 <= getattr(self, weight) <= 999.9999,
+                   "a Batch fair-share weight factor from 0.0001 to 999.9999 (lower gets more compute)")
+        _check(self, "batch_train_timeout_hours", 1 <= self.batch_train_timeout_hours <= 720,
+               "an integer number of hours from 1 to 720")
+        single = self.batch_single_node_instance_type
+        _check(self, "batch_single_node_instance_type",
+               single is None or (single in CATALOGUE and CATALOGUE[single].accelerator is self.instance.accelerator),
+               f"unset, or a catalogue instance type with {self.instance.accelerator.value} accelerators like "
+               f"{self.instance_type} (validation loads the training checkpoint)")
 
     @property
     def instance(self) -> InstanceType:

@@ -1,0 +1,147 @@
+"""Cost report: arithmetic from the catalogue and pricing inputs, Spot rules, and the live-price paths (Stubber)."""
+
+import json
+from datetime import datetime, timezone
+
+import boto3
+import pytest
+from botocore.stub import ANY, Stubber
+
+from config import CATALOGUE, load_config
+from config.pricing import HOURS_PER_MONTH, fsx_usd_per_gb_month
+from tests.conftest import CDK_JSON_CONTEXT
+from tools import cost_report
+
+
+def _config(**overrides):
+    return load_config({**CDK_JSON_CONTEXT, **{k: str(v) for k, v in overrides.items()}})
+
+
+class _Session:
+    """A boto3-like session with fake credentials whose clients are stubbed."""
+
+    def __init__(self, clients):
+        self.clients = clients
+
+    def get_credentials(self):
+        return object()
+
+    def client(self, name, region_name=None):
+        return self.clients[name]
+
+
+def _stubbed(service, region):
+    client = boto3.client(service, region_name=region, aws_access_key_id="x", aws_secret_access_key="y")
+    return client, Stubber(client)
+
+
+def test_cluster_hourly_cost_is_nodes_times_catalogue_price():
+    # Cluster cost per hour = nodes x the instance type's on-demand price from the catalogue.
+    config = _config(env="prod")
+    e = cost_report.estimate(config, hours=10)
+    assert e.cluster_usd_per_hour == pytest.approx(config.nodes * CATALOGUE[config.instance_type].on_demand_usd_per_hour)
+
+
+@pytest.mark.parametrize("env", list(CDK_JSON_CONTEXT["environments"]))
+def test_fsx_monthly_cost_is_capacity_times_tier_price(env):
+    # FSx per month = provisioned GB x the price of its deployment type and throughput tier.
+    config = _config(env=env)
+    e = cost_report.estimate(config, hours=1)
+    price = fsx_usd_per_gb_month(config.fsx_deployment_type, config.fsx_throughput_per_tib)
+    assert e.fsx_usd_per_month == pytest.approx(config.fsx_storage_gib * price)
+
+
+def test_run_cost_is_hours_times_cluster_plus_fsx_share():
+    # A run of N hours = N x (cluster per hour + FSx monthly cost / hours in a month).
+    config = _config(env="dev", nodes=3)
+    hours = 17.5
+    e = cost_report.estimate(config, hours=hours)
+    node = CATALOGUE[config.instance_type].on_demand_usd_per_hour
+    fsx_hour = config.fsx_storage_gib * fsx_usd_per_gb_month(config.fsx_deployment_type,
+                                                             config.fsx_throughput_per_tib) / HOURS_PER_MONTH
+    assert e.run_usd(e.on_demand.usd_per_hour) == pytest.approx(hours * (3 * node + fsx_hour))
+
+
+def test_scratch_price_ignores_the_throughput_setting():
+    # SCRATCH_2 has one price whatever fsx_throughput_per_tib says (the field only applies to PERSISTENT_2).
+    assert fsx_usd_per_gb_month("SCRATCH_2", 125) == fsx_usd_per_gb_month("SCRATCH_2", 1000)
+
+
+def test_batch_multi_node_never_offers_spot():
+    # Batch multi-node parallel jobs cannot run on Spot: the report says so even with credentials.
+    pricing, stub = _stubbed("pricing", "us-east-1")
+    stub.add_response("get_products", {"PriceList": []})
+    with stub:  # the session has no ec2 client: asking it for Spot prices would raise KeyError
+        e = cost_report.estimate(_config(env="dev", compute="batch", nodes=2), hours=1,
+                                 session=_Session({"pricing": pricing}))
+    assert e.spot.usd_per_hour is None and "multi-node" in e.spot.source
+
+
+def test_eks_spot_without_credentials_is_not_invented():
+    # Without credentials there is no Spot number at all, only "n/a (needs credentials)".
+    e = cost_report.estimate(_config(env="dev", compute="eks"), hours=1, session=None)
+    assert (e.spot.usd_per_hour, e.spot.source) == (None, cost_report.NEEDS_CREDENTIALS)
+
+
+def test_live_prices_come_from_price_list_and_spot_history():
+    # With credentials: on-demand from pricing:GetProducts, Spot from the newest DescribeSpotPriceHistory entry.
+    config = _config(env="prod", compute="eks")
+    pricing, pricing_stub = _stubbed("pricing", "us-east-1")
+    ec2, ec2_stub = _stubbed("ec2", config.region)
+    product = {"product": {"attributes": {"instanceType": config.instance_type}}, "terms": {"OnDemand": {"T": {
+        "priceDimensions": {"D": {"unit": "Hrs", "pricePerUnit": {"USD": "50.0000000000"}}}}}}}
+    pricing_stub.add_response("get_products", {"PriceList": [json.dumps(product)], "FormatVersion": "aws_v1"},
+                              {"ServiceCode": "AmazonEC2", "Filters": ANY, "MaxResults": 10})
+    now = datetime.now(timezone.utc)
+    ec2_stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [
+        {"AvailabilityZone": config.availability_zone, "InstanceType": config.instance_type,
+         "ProductDescription": "Linux/UNIX", "SpotPrice": "20.000000", "Timestamp": now},
+        {"AvailabilityZone": config.availability_zone, "InstanceType": config.instance_type,
+         "ProductDescription": "Linux/UNIX", "SpotPrice": "99.000000", "Timestamp": now}]}, {
+        "InstanceTypes": [config.instance_type], "ProductDescriptions": ["Linux/UNIX"], "StartTime": ANY,
+        "MaxResults": 100, "AvailabilityZone": config.availability_zone})
+    with pricing_stub, ec2_stub:
+        e = cost_report.estimate(config, hours=2, session=_Session({"pricing": pricing, "ec2": ec2}))
+    assert (e.on_demand.usd_per_hour, e.spot.usd_per_hour) == (50.0, 20.0)
+    assert e.spot_run_usd == pytest.approx(2 * (config.nodes * 20.0 + e.fsx_usd_per_hour))
+    pricing_stub.assert_no_pending_responses()
+
+
+def test_price_list_filters_name_the_instance_and_region():
+    # GetProducts asks for the environment's instance type in its region, Linux, shared tenancy.
+    config = _config(env="prod")
+    pricing, stub = _stubbed("pricing", "us-east-1")
+    stub.add_response("get_products", {"PriceList": []}, {"ServiceCode": "AmazonEC2", "MaxResults": 10, "Filters": [
+        {"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in (
+            ("instanceType", config.instance_type), ("regionCode", config.region), ("operatingSystem", "Linux"),
+            ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"))]})
+    with stub:
+        assert cost_report.live_on_demand(pricing, config) is None
+
+
+def test_cli_prints_every_environment_with_price_sources(capsys):
+    # The command lists each cdk.json environment and names where its prices came from.
+    assert cost_report.main(["--offline", "--hours", "5"]) == 0
+    out = capsys.readouterr().out
+    for env in CDK_JSON_CONTEXT["environments"]:
+        assert out.count(f"{env} (") == 1
+    assert "catalogue:" in out and "run of 5 h" in out
+
+
+def test_cli_rejects_an_unknown_override(capsys):
+    # A bad -c field exits 2 with the config's one-line message, not a traceback.
+    assert cost_report.main(["--offline", "-c", "colour=blue"]) == 2
+    assert "unknown field 'colour'" in capsys.readouterr().err
+
+
+def test_unreachable_price_list_falls_back_to_the_catalogue():
+    # An API error (no network, no pricing:GetProducts permission) keeps the catalogue price and says why.
+    config = _config(env="dev", compute="eks")
+    pricing, pricing_stub = _stubbed("pricing", "us-east-1")
+    ec2, ec2_stub = _stubbed("ec2", config.region)
+    pricing_stub.add_client_error("get_products", service_error_code="AccessDeniedException")
+    ec2_stub.add_client_error("describe_spot_price_history", service_error_code="UnauthorizedOperation")
+    with pricing_stub, ec2_stub:
+        e = cost_report.estimate(config, hours=1, session=_Session({"pricing": pricing, "ec2": ec2}))
+    assert e.on_demand.usd_per_hour == CATALOGUE[config.instance_type].on_demand_usd_per_hour
+    assert e.spot.usd_per_hour is None and "UnauthorizedOperation" in e.spot.source

@@ -1,0 +1,193 @@
+"""Observability stack: dashboard widgets per backend and accelerator, alarms to the alerts topic, the budget."""
+
+import json
+
+import aws_cdk as cdk
+import aws_cdk.aws_sns as sns
+import aws_cdk.aws_stepfunctions as sfn
+import pytest
+from aws_cdk.assertions import Match, Template
+
+from config import CATALOGUE, Accelerator, load_config
+from constructs.accelerator_metrics import accelerator_metrics
+from constructs.job_state_metrics import METRIC_NAME as JOB_STATE_METRIC, JobStateMetrics
+from constructs.training_alarms import GIB, TrainingAlarms
+from constructs.training_dashboard import TRAINING_METRICS, TrainingDashboard
+from tests.conftest import CDK_JSON_CONTEXT
+
+NVIDIA = next(name for name, it in CATALOGUE.items() if it.accelerator is Accelerator.NVIDIA and it.has_efa)
+NEURON = next(name for name, it in CATALOGUE.items() if it.accelerator is Accelerator.NEURON and it.has_efa)
+EXPECTED_ACCELERATOR_METRICS = {
+    ("batch", NVIDIA): ["nvidia_smi_utilization_gpu", "nvidia_smi_memory_used", "efa_rx_bytes", "efa_tx_bytes"],
+    ("batch", NEURON): ["neuroncore_utilization", "efa_rx_bytes", "efa_tx_bytes"],
+    ("eks", NVIDIA): ["node_gpu_utilization", "node_gpu_memory_utilization", "node_efa_rx_bytes", "node_efa_tx_bytes"],
+    ("eks", NEURON): ["node_neuroncore_utilization", "node_efa_rx_bytes", "node_efa_tx_bytes"],
+}
+
+
+def _body(template: Template) -> str:
+    """The dashboard body with its CloudFormation joins flattened into one searchable string."""
+    (dashboard,) = template.find_resources("AWS::CloudWatch::Dashboard").values()
+    return json.dumps(dashboard["Properties"]["DashboardBody"])
+
+
+def _alarms(template: Template) -> dict[str, dict]:
+    return {res["Properties"]["AlarmName"]: res["Properties"]
+            for res in template.find_resources("AWS::CloudWatch::Alarm").values()}
+
+
+@pytest.mark.parametrize("env", list(CDK_JSON_CONTEXT["environments"]))
+@pytest.mark.parametrize("compute", ["batch", "eks"])
+def test_every_environment_and_backend_has_dashboard_alarms_and_budget(synth, env, compute):
+    # Acceptance: each shipped environment on each backend synthesizes the three parts of issue #7.
+    template = synth(env=env, compute=compute).template("observability")
+    template.resource_count_is("AWS::CloudWatch::Dashboard", 1)
+    template.resource_count_is("AWS::Budgets::Budget", 1)
+    assert len(template.find_resources("AWS::CloudWatch::Alarm")) >= 3
+
+
+@pytest.mark.parametrize(("compute", "instance_type"), list(EXPECTED_ACCELERATOR_METRICS))
+def test_dashboard_graphs_the_backends_accelerator_and_efa_metrics(synth, compute, instance_type):
+    # GPU/NeuronCore utilisation, memory and EFA bytes come from the metric source of the selected backend.
+    body = _body(synth(compute=compute, instance_type=instance_type).template("observability"))
+    for metric in EXPECTED_ACCELERATOR_METRICS[(compute, instance_type)]:
+        assert f'MetricName=\\\\\\"{metric}\\\\\\"' in body, metric
+
+
+@pytest.mark.parametrize("compute", ["batch", "eks"])
+def test_dashboard_never_graphs_the_other_accelerators_metrics(synth, compute):
+    # A Neuron environment shows no nvidia/GPU series (and vice versa), so no widget stays empty by design.
+    body = _body(synth(compute=compute, instance_type=NEURON).template("observability"))
+    assert "nvidia_smi" not in body and "node_gpu_" not in body
+
+
+def test_dashboard_searches_every_training_metric_over_run_ids(synth):
+    # Run ids are dynamic: each EMF metric is a SEARCH over the RunId dimension of namespace EfaTraining.
+    body = _body(synth().template("observability"))
+    for metric in TRAINING_METRICS:
+        assert f"SEARCH('{{EfaTraining,RunId}} MetricName=\\\\\\\"{metric}\\\\\\\"'" in body, metric
+
+
+def test_dashboard_graphs_fsx_throughput_and_free_capacity(synth):
+    # FSx read/write bytes become bytes per second; free capacity is graphed at its minimum.
+    body = _body(synth().template("observability"))
+    for fragment in ("DataReadBytes", "DataWriteBytes", "FreeDataStorageCapacity", "r/PERIOD(r)", "w/PERIOD(w)"):
+        assert fragment in body, fragment
+
+
+def test_alarms_publish_to_the_alerts_topic(synth):
+    # Every alarm's action is the environment's alerts topic (a reference into the Alerts stack).
+    alarms = _alarms(synth().template("observability"))
+    for name, props in alarms.items():
+        assert "EfaTraining-dev-Alerts" in json.dumps(props["AlarmActions"]), name
+
+
+def test_idle_accelerator_alarm_uses_config_threshold_and_duration(synth):
+    # Below gpu_idle_threshold_percent for gpu_idle_minutes (5-minute periods) raises the alarm.
+    alarm = _alarms(synth(gpu_idle_threshold_percent="15", gpu_idle_minutes="45").template("observability"))[
+        "EfaTraining-dev-accelerators-idle"]
+    assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (15, "LessThanThreshold")
+    assert alarm["EvaluationPeriods"] == alarm["DatapointsToAlarm"] == 45 // 5
+    assert alarm["Metrics"][0]["Expression"] == "SELECT AVG(nvidia_smi_utilization_gpu) FROM CWAgent"
+
+
+def test_idle_alarm_on_eks_queries_container_insights():
+    # On EKS the idle alarm averages Container Insights' node_gpu_utilization for the cluster.
+    stack = cdk.Stack()
+    TrainingAlarms(stack, "Alarms", topic=sns.Topic(stack, "T"), alarm_prefix="p",
+                   accelerators=accelerator_metrics("eks", Accelerator.NVIDIA, cluster_name="training"),
+                   file_system_id="fs-1", fsx_storage_gib=1200, fsx_free_percent=10,
+                   idle_threshold_percent=20, idle_minutes=30)
+    Template.from_stack(stack).has_resource_properties("AWS::CloudWatch::Alarm", {"Metrics": [Match.object_like({
+        "Expression": "SELECT AVG(node_gpu_utilization) FROM SCHEMA(ContainerInsights, ClusterName) "
+                      "WHERE ClusterName = 'training'"})]})
+
+
+def test_non_finite_loss_alarm_fires_on_any_run(synth):
+    # One NonFiniteLoss >= 1 in any RunId within a minute raises the alarm.
+    alarm = _alarms(synth().template("observability"))["EfaTraining-dev-non-finite-loss"]
+    assert alarm["Metrics"][0]["Expression"] == "SELECT MAX(NonFiniteLoss) FROM SCHEMA(EfaTraining, RunId)"
+    assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (1, "GreaterThanOrEqualToThreshold")
+
+
+@pytest.mark.parametrize("env", list(CDK_JSON_CONTEXT["environments"]))
+def test_fsx_alarm_threshold_is_the_configured_share_of_capacity(synth, env):
+    # Free capacity below fsx_free_capacity_alarm_percent of fsx_storage_gib (in bytes) raises the alarm.
+    config = load_config({**CDK_JSON_CONTEXT, "env": env})
+    alarm = _alarms(synth(env=env).template("observability"))[f"EfaTraining-{env}-fsx-free-capacity-low"]
+    assert alarm["MetricName"] == "FreeDataStorageCapacity"
+    assert alarm["Threshold"] == pytest.approx(config.fsx_storage_gib * GIB * config.fsx_free_capacity_alarm_percent / 100)
+    assert alarm["ComparisonOperator"] == "LessThanThreshold"
+
+
+def test_pipeline_alarm_and_widgets_appear_with_a_state_machine():
+    # Given the pipeline's state machine, executions are graphed and a failed execution raises an alarm.
+    stack = cdk.Stack()
+    machine = sfn.StateMachine(stack, "Machine", definition_body=sfn.DefinitionBody.from_chainable(sfn.Pass(stack, "P")))
+    accelerators = accelerator_metrics("batch", Accelerator.NVIDIA)
+    TrainingDashboard(stack, "Dashboard", dashboard_name="d", accelerators=accelerators, file_system_id="fs-1",
+                      state_machine=machine)
+    TrainingAlarms(stack, "Alarms", topic=sns.Topic(stack, "T"), alarm_prefix="p", accelerators=accelerators,
+                   file_system_id="fs-1", fsx_storage_gib=1200, fsx_free_percent=10, idle_threshold_percent=20,
+                   idle_minutes=30, state_machine=machine)
+    template = Template.from_stack(stack)
+    body = _body(template)
+    for metric in ("ExecutionsStarted", "ExecutionsSucceeded", "ExecutionsFailed", "ExecutionTime"):
+        assert metric in body, metric
+    template.has_resource_properties("AWS::CloudWatch::Alarm", {
+        "AlarmName": "p-pipeline-failed", "MetricName": "ExecutionsFailed", "Namespace": "AWS/States",
+        "Threshold": 1, "ComparisonOperator": "GreaterThanOrEqualToThreshold"})
+
+
+def test_job_state_metrics_count_batch_state_changes_by_status():
+    # Batch job state changes of our queues reach a log group whose metric filter counts them per Status.
+    stack = cdk.Stack()
+    JobStateMetrics(stack, "Jobs", job_queue_arns=["arn:aws:batch:us-east-1:111111111111:job-queue/q"],
+                    namespace="EfaTraining/dev/Batch", retention=cdk.aws_logs.RetentionDays.ONE_WEEK,
+                    removal_policy=cdk.RemovalPolicy.DESTROY)
+    template = Template.from_stack(stack)
+    template.has_resource_properties("AWS::Events::Rule", {"EventPattern": {
+        "source": ["aws.batch"], "detail-type": ["Batch Job State Change"],
+        "detail": {"jobQueue": ["arn:aws:batch:us-east-1:111111111111:job-queue/q"]}}})
+    template.has_resource_properties("AWS::Logs::MetricFilter", {"MetricTransformations": [Match.object_like({
+        "MetricName": JOB_STATE_METRIC, "MetricNamespace": "EfaTraining/dev/Batch",
+        "Dimensions": Match.array_with([{"Key": "Status", "Value": "$.detail.status"}])})]})
+    template.resource_count_is("AWS::Logs::ResourcePolicy", 1)
+    template.resource_count_is("AWS::Lambda::Function", 0)
+
+
+def test_budget_is_monthly_cost_filtered_to_the_environment_tag(synth):
+    # The budget counts only costs tagged Environment=<env> (user-defined cost-allocation tag), per month.
+    template = synth(env="prod").template("observability")
+    template.has_resource_properties("AWS::Budgets::Budget", {"Budget": Match.object_like({
+        "BudgetType": "COST", "TimeUnit": "MONTHLY",
+        "BudgetLimit": {"Amount": CDK_JSON_CONTEXT["environments"]["prod"]["budget_monthly_usd"], "Unit": "USD"},
+        "CostFilters": {"TagKeyValue": ["user:Environment$prod"]}})})
+
+
+def test_budget_notifies_topic_on_actual_80_and_forecast_100(synth):
+    # Two notifications, ACTUAL > 80 % and FORECASTED > 100 %, both to the alerts SNS topic.
+    (budget,) = synth().template("observability").find_resources("AWS::Budgets::Budget").values()
+    notifications = budget["Properties"]["NotificationsWithSubscribers"]
+    kinds = {(n["Notification"]["NotificationType"], n["Notification"]["Threshold"]) for n in notifications}
+    assert kinds == {("ACTUAL", 80), ("FORECASTED", 100)}
+    for n in notifications:
+        assert n["Notification"]["ThresholdType"] == "PERCENTAGE"
+        assert [s["SubscriptionType"] for s in n["Subscribers"]] == ["SNS"]
+        assert "EfaTraining-dev-Alerts" in json.dumps(n["Subscribers"][0]["Address"])
+
+
+def test_eks_dashboard_is_scoped_to_the_environments_cluster(synth):
+    # On EKS every Container Insights SEARCH names this environment's cluster, so two clusters never mix.
+    body = _body(synth(compute="eks").template("observability"))
+    assert body.count("ClusterName=") >= len(EXPECTED_ACCELERATOR_METRICS[("eks", NVIDIA)])
+
+
+def test_batch_queues_are_read_from_the_compute_stack():
+    # The Batch stack's multi-node and single-node queues are the ones whose job states are counted.
+    from types import SimpleNamespace
+
+    from stacks.observability_stack import _job_queue_arns
+    compute = SimpleNamespace(multi_node_queue=SimpleNamespace(job_queue_arn="arn:m"),
+                              single_node_queue=SimpleNamespace(job_queue_arn="arn:s"))
+    assert _job_queue_arns(compute) == ["arn:m", "arn:s"] and _job_queue_arns(None) == []

@@ -1,0 +1,195 @@
+"""What each environment costs: its cluster per hour, its FSx per month, and one training run of N hours.
+
+    .venv/bin/python -m tools.cost_report                    # every environment in cdk.json, 24-hour run
+    .venv/bin/python -m tools.cost_report --hours 72 --env prod -c nodes=8
+    .venv/bin/python -m tools.cost_report --offline          # never look for AWS credentials
+
+EC2 prices come from config/catalogue.py and FSx prices from config/pricing.py (source and date printed).
+With AWS credentials, the EC2 on-demand price comes from the AWS Price List API (`pricing` in us-east-1) for
+the environment's own region, and Spot from EC2 DescribeSpotPriceHistory; without them Spot is "n/a", never
+a guessed discount. Batch multi-node parallel jobs cannot run on Spot, so Spot is shown only where it applies.
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from config import ConfigError, EnvironmentConfig, load_config
+from config.catalogue import PRICE_DATE, PRICE_SOURCE
+from config.pricing import FSX_PRICE_DATE, FSX_PRICE_SOURCE, HOURS_PER_MONTH, fsx_usd_per_gb_month
+
+ROOT = Path(__file__).resolve().parent.parent
+PRICING_REGION = "us-east-1"  # the Price List API answers from us-east-1 (and a few others) for every region
+NEEDS_CREDENTIALS = "n/a (needs credentials)"
+
+
+@dataclass(frozen=True)
+class Price:
+    usd_per_hour: float | None
+    source: str  # where the number came from, or why there is none
+
+
+@dataclass(frozen=True)
+class Estimate:
+    config: EnvironmentConfig
+    hours: float
+    on_demand: Price  # per node
+    spot: Price  # per node
+    fsx_usd_per_gb_month: float
+
+    @property
+    def cluster_usd_per_hour(self) -> float:
+        return self.config.nodes * self.on_demand.usd_per_hour
+
+    @property
+    def fsx_usd_per_month(self) -> float:
+        # FSx bills provisioned capacity per GB-month; AWS's own examples price 1,200 GiB as 1,200 GB.
+        return self.config.fsx_storage_gib * self.fsx_usd_per_gb_month
+
+    @property
+    def fsx_usd_per_hour(self) -> float:
+        return self.fsx_usd_per_month / HOURS_PER_MONTH
+
+    def run_usd(self, node_usd_per_hour: float) -> float:
+        """Compute for the run's hours plus the file system's share of those hours."""
+        return self.hours * (self.config.nodes * node_usd_per_hour + self.fsx_usd_per_hour)
+
+    @property
+    def spot_run_usd(self) -> float | None:
+        return None if self.spot.usd_per_hour is None else self.run_usd(self.spot.usd_per_hour)
+
+
+def spot_allowed(config: EnvironmentConfig) -> tuple[bool, str]:
+    """Whether this backend and shape can run on Spot at all, and why not."""
+    if config.compute == "batch" and config.nodes > 1:
+        return False, "n/a (Batch multi-node parallel jobs cannot run on Spot)"
+    return True, ""
+
+
+def has_credentials(session) -> bool:
+    return session is not None and session.get_credentials() is not None
+
+
+def live_on_demand(pricing_client, config: EnvironmentConfig) -> float | None:
+    """Linux, shared-tenancy on-demand price of the instance type in the environment's region."""
+    filters = {"instanceType": config.instance_type, "regionCode": config.region, "operatingSystem": "Linux",
+               "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": "Used"}
+    response = pricing_client.get_products(
+        ServiceCode="AmazonEC2", MaxResults=10,
+        Filters=[{"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in filters.items()])
+    for item in response.get("PriceList", []):
+        product = json.loads(item) if isinstance(item, str) else item
+        for term in product.get("terms", {}).get("OnDemand", {}).values():
+            for dimension in term.get("priceDimensions", {}).values():
+                usd = float(dimension.get("pricePerUnit", {}).get("USD", "0"))
+                if usd > 0:
+                    return usd
+    return None
+
+
+def live_spot(ec2_client, config: EnvironmentConfig) -> tuple[float, str] | None:
+    """The latest Spot price in the environment's AZ, or the highest across AZs when none is pinned."""
+    kwargs = {"InstanceTypes": [config.instance_type], "ProductDescriptions": ["Linux/UNIX"],
+              "StartTime": datetime.now(timezone.utc), "MaxResults": 100}
+    if config.availability_zone:
+        kwargs["AvailabilityZone"] = config.availability_zone
+    latest: dict[str, float] = {}
+    for entry in ec2_client.describe_spot_price_history(**kwargs).get("SpotPriceHistory", []):
+        latest.setdefault(entry["AvailabilityZone"], float(entry["SpotPrice"]))  # newest first per AZ
+    if not latest:
+        return None
+    zone = max(latest, key=latest.get)
+    return latest[zone], zone
+
+
+def estimate(config: EnvironmentConfig, hours: float, session=None) -> Estimate:
+    """Prices for one environment: live where credentials allow, the catalogue otherwise."""
+    catalogue = Price(config.instance.on_demand_usd_per_hour, f"catalogue: {PRICE_SOURCE}, {PRICE_DATE}")
+    allowed, reason = spot_allowed(config)
+    on_demand, spot = catalogue, Price(None, reason or NEEDS_CREDENTIALS)
+    if has_credentials(session):
+        try:
+            live = live_on_demand(session.client("pricing", region_name=PRICING_REGION), config)
+        except (BotoCoreError, ClientError) as error:
+            live, catalogue = None, Price(catalogue.usd_per_hour, f"{catalogue.source}; Price List API failed: {error}")
+            on_demand = catalogue
+        if live is not None:
+            on_demand = Price(live, f"AWS Price List API, {config.region}, {datetime.now(timezone.utc):%Y-%m-%d}")
+        if allowed:
+            try:
+                found = live_spot(session.client("ec2", region_name=config.region), config)
+                spot = (Price(found[0], f"EC2 Spot price history, {found[1]}, now") if found
+                        else Price(None, f"n/a (no Spot price for {config.instance_type} in {config.region})"))
+            except (BotoCoreError, ClientError) as error:
+                spot = Price(None, f"n/a (Spot price history failed: {error})")
+    return Estimate(config=config, hours=hours, on_demand=on_demand, spot=spot,
+                    fsx_usd_per_gb_month=fsx_usd_per_gb_month(config.fsx_deployment_type, config.fsx_throughput_per_tib))
+
+
+def render(e: Estimate) -> str:
+    c = e.config
+    fsx_tier = "" if c.fsx_deployment_type.startswith("SCRATCH") else f" {c.fsx_throughput_per_tib} MB/s/TiB"
+    lines = [
+        f"{c.name} ({c.region}): {c.compute}, {c.nodes} x {c.instance_type}, "
+        f"FSx {c.fsx_deployment_type}{fsx_tier} {c.fsx_storage_gib} GiB, budget ${c.budget_monthly_usd:,.2f}/month",
+        f"  cluster on-demand : {c.nodes} x ${e.on_demand.usd_per_hour:,.4f}/h = ${e.cluster_usd_per_hour:,.2f}/h"
+        f"   [{e.on_demand.source}]",
+        f"  FSx               : {c.fsx_storage_gib} GB x ${e.fsx_usd_per_gb_month:.3f}/GB-month = "
+        f"${e.fsx_usd_per_month:,.2f}/month (${e.fsx_usd_per_hour:,.4f}/h)",
+        f"  {f'run of {e.hours:g} h':<18}: on-demand ${e.run_usd(e.on_demand.usd_per_hour):,.2f}",
+    ]
+    if e.spot.usd_per_hour is None:
+        lines.append(f"                      Spot {e.spot.source}")
+    else:
+        lines.append(f"                      Spot ${e.spot_run_usd:,.2f} ({c.nodes} x ${e.spot.usd_per_hour:,.4f}/h)"
+                     f"   [{e.spot.source}]")
+    return "\n".join(lines)
+
+
+def _context(overrides: list[str]) -> dict:
+    context = json.loads((ROOT / "cdk.json").read_text())["context"]
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"-c {item}: expected FIELD=VALUE, like -c nodes=4")
+        context[key.strip()] = value
+    return context
+
+
+def main(argv: list[str] | None = None, session=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.cost_report", description=__doc__.split("\n")[0])
+    parser.add_argument("--hours", type=float, default=24.0, help="length of the training run to price (default 24)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--env", help="one environment from cdk.json")
+    which.add_argument("--all", action="store_true", help="every environment in cdk.json (the default)")
+    parser.add_argument("-c", "--context", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a config field, as with cdk synth -c (repeatable)")
+    parser.add_argument("--offline", action="store_true", help="catalogue prices only; do not look for credentials")
+    args = parser.parse_args(argv)
+    if args.hours <= 0:
+        parser.error(f"--hours={args.hours:g} is not valid; expected a positive number of hours")
+    try:
+        context = _context(args.context)
+        names = [args.env] if args.env else list(context["environments"])
+        configs = [load_config({**context, "env": name}) for name in names]
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if session is None and not args.offline:
+        import boto3  # only when live prices may be used
+        session = boto3.Session()
+    blocks = [render(estimate(config, args.hours, session)) for config in configs]
+    print("\n\n".join(blocks))
+    print(f"\nPrices: EC2 on-demand from the catalogue ({PRICE_SOURCE}, {PRICE_DATE}) unless marked live; "
+          f"FSx from {FSX_PRICE_SOURCE}, {FSX_PRICE_DATE}; a month is {HOURS_PER_MONTH} h. "
+          "Excludes EBS, data transfer, NAT, logs and S3.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
