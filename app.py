@@ -38,6 +38,11 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
     alerts = AlertsStack(app, f"{prefix}-Alerts", config=config, env=env)
     stacks: dict[str, cdk.Stack] = {"network": network, "storage": storage, "registry": registry, "alerts": alerts}
     # Compute backend (selected by config.compute), then the pipeline, then observability, which reads both.
+    if config.compute == "batch":
+        from stacks.batch_stack import BatchStack
+
+        stacks["compute"] = BatchStack(app, f"{prefix}-Batch", config=config, network=network, storage=storage,
+                                       registry=registry, env=env)
     stacks["observability"] = ObservabilityStack(
         app, f"{prefix}-Observability", config=config, storage=storage, alerts=alerts,
         compute=stacks.get("compute"), pipeline=stacks.get("pipeline"), env=env)

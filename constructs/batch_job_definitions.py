@@ -1,0 +1,168 @@
+"""The Batch job definitions of one environment: multi-node "sanity" and "train", single-node "validate".
+
+Image contract (training_image/): ENTRYPOINT `python /opt/training/launch.py`, command `MODE [flags]`.
+Batch replaces `Ref::name` only when it is a whole command argument (AWS Batch user guide, "Parameter
+substitution": https://docs.aws.amazon.com/batch/latest/userguide/example-use-parameters.html), so paths
+that contain a per-run value travel as a root plus a name (`--checkpoints-root /fsx/checkpoints --run-id
+Ref::run_id`) and the image joins them. Every placeholder has a default in `parameters`; Step Functions sets
+them per run with SubmitJob `Parameters` (multi-node jobs take no container overrides).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aws_cdk as cdk
+import aws_cdk.aws_batch as batch
+import aws_cdk.aws_ecs as ecs
+import aws_cdk.aws_iam as iam
+import aws_cdk.aws_logs as logs
+from constructs import Construct
+
+from config import Accelerator, InstanceType
+from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, FSX_MOUNT_PATH, RUNS_PREFIX
+
+DATASETS_ROOT = f"{FSX_MOUNT_PATH}/{DATASETS_PREFIX.rstrip('/')}"
+CHECKPOINTS_ROOT = f"{FSX_MOUNT_PATH}/{CHECKPOINTS_PREFIX.rstrip('/')}"
+# Share of the instance's memory a job asks for: the ECS agent and the OS keep the rest.
+MEMORY_SHARE = 0.9
+
+# Batch evaluates at most 5 rules, in order, and retries when none matches (API_EvaluateOnExit:
+# https://docs.aws.amazon.com/batch/latest/APIReference/API_EvaluateOnExit.html). Infrastructure
+# failures are retried; the application's own failures (any exit code) and anything else exit.
+RETRY_RULES: tuple[tuple[batch.Action, dict], ...] = (
+    (batch.Action.RETRY, {"on_status_reason": "Host EC2*"}),  # host terminated or Spot reclaimed
+    (batch.Action.RETRY, {"on_reason": "CannotPullContainerError*"}),  # registry or network hiccup
+    (batch.Action.RETRY, {"on_status_reason": "Task failed to start*"}),  # CannotStartContainerError and friends
+    (batch.Action.EXIT, {"on_exit_code": "*"}),  # the training code failed: retrying repeats it
+    (batch.Action.EXIT, {"on_reason": "*"}),  # anything else: fail rather than loop
+)
+
+
+def retry_strategies() -> list[batch.RetryStrategy]:
+    return [batch.RetryStrategy.of(action, batch.Reason.custom(**on)) for action, on in RETRY_RULES]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job definition: its mode, command flags (after the mode), parameter defaults, timeout, attempts."""
+    mode: str
+    flags: tuple[str, ...]
+    defaults: Mapping[str, str]
+    timeout: cdk.Duration
+    attempts: int
+
+    @property
+    def command(self) -> list[str]:
+        return [self.mode, *self.flags]
+
+
+def job_specs(*, instance: InstanceType, nodes: int, bucket_name: str, train_timeout: cdk.Duration) -> dict[str, JobSpec]:
+    """The three jobs' commands. Flags the image must accept are listed in docs/batch.md."""
+    runs_uri = f"s3://{bucket_name}/{RUNS_PREFIX}"
+    common = {"run_id": "manual", "nodes": str(nodes)}
+    return {
+        "sanity": JobSpec(
+            mode="sanity",
+            flags=("--min-busbw-gbps", f"{instance.expected_busbw_gbps:g}", "--run-id", "Ref::run_id",
+                   "--expected-nodes", "Ref::nodes", "--report-prefix", runs_uri),
+            defaults=common, timeout=cdk.Duration.hours(1), attempts=2),
+        "train": JobSpec(
+            mode="train",
+            flags=("--datasets-root", DATASETS_ROOT, "--dataset", "Ref::dataset",
+                   "--checkpoints-root", CHECKPOINTS_ROOT, "--run-id", "Ref::run_id",
+                   "--max-steps", "Ref::max_steps", "--checkpoint-every", "Ref::checkpoint_every",
+                   "--seed", "Ref::seed", "--strategy", "Ref::strategy", "--model", "Ref::model",
+                   "--lr", "Ref::lr", "--batch-size", "Ref::batch_size", "--expected-nodes", "Ref::nodes"),
+            defaults={**common, "dataset": "sample", "max_steps": "1000", "checkpoint_every": "250",
+                      "seed": "1337", "strategy": "ddp", "model": "tiny", "lr": "0.0003", "batch_size": "8"},
+            timeout=train_timeout, attempts=5),
+        "validate": JobSpec(
+            mode="validate",
+            flags=("--checkpoints-root", CHECKPOINTS_ROOT, "--run-id", "Ref::run_id",
+                   "--datasets-root", DATASETS_ROOT, "--dataset", "Ref::dataset", "--model", "Ref::model",
+                   "--baseline", "Ref::baseline", "--tolerance", "Ref::tolerance", "--verdict-prefix", runs_uri),
+            defaults={"run_id": "manual", "dataset": "sample", "model": "tiny", "baseline": "none",
+                      "tolerance": "0.001"},
+            timeout=cdk.Duration.hours(2), attempts=3),
+    }
+
+
+def job_environment(instance: InstanceType) -> dict[str, str]:
+    """The catalogue's collective settings plus what launch.py and the checks read."""
+    return {
+        **dict(instance.collective_env),
+        "ACCELERATOR_KIND": "gpu" if instance.accelerator is Accelerator.NVIDIA else "neuron",
+        "ACCELERATORS_PER_NODE": str(instance.workers_per_node),
+        "EXPECTED_BUSBW_GBPS": f"{instance.expected_busbw_gbps:g}",
+        "EFA_INTERFACES": str(instance.efa_interfaces),
+        "FSX_MOUNT": FSX_MOUNT_PATH,
+    }
+
+
+class BatchJobDefinitions(Construct):
+    """Job definitions sharing one execution role, job role and log group; `.definitions[name]`."""
+
+    def __init__(self, scope: Construct, id_: str, *, instance: InstanceType, single_node_instance: InstanceType,
+                 nodes: int, image: ecs.ContainerImage, job_role: iam.IRole, log_group: logs.ILogGroup,
+                 bucket_name: str, train_timeout: cdk.Duration) -> None:
+        super().__init__(scope, id_)
+        self.execution_role = iam.Role(self, "ExecutionRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+                                       description="Batch jobs: pull the training image and write the job logs")
+        self.specs = job_specs(instance=instance, nodes=nodes, bucket_name=bucket_name, train_timeout=train_timeout)
+        self.definitions: dict[str, batch.IJobDefinition] = {}
+        for name, spec in self.specs.items():
+            multi_node = name in ("sanity", "train")
+            host = instance if multi_node else single_node_instance
+            container = self._container(f"{name.capitalize()}Container", spec, host, image, job_role, log_group,
+                                        efa=multi_node)
+            common = dict(parameters=dict(spec.defaults), timeout=spec.timeout, retry_attempts=spec.attempts,
+                          retry_strategies=retry_strategies(), propagate_tags=True)
+            if multi_node:
+                # Nodes 0..nodes-1 run the same container; node 0 is the main node (torchrun's rendezvous host).
+                self.definitions[name] = batch.MultiNodeJobDefinition(
+                    self, f"{name.capitalize()}JobDefinition", main_node=0, **common,
+                    containers=[batch.MultiNodeContainer(start_node=0, end_node=nodes - 1, container=container)])
+            else:
+                self.definitions[name] = batch.EcsJobDefinition(
+                    self, f"{name.capitalize()}JobDefinition", container=container, **common)
+        policy = self.execution_role.node.try_find_child("DefaultPolicy")
+        if policy is not None:  # the image's pull grant made it
+            cdk.Validations.of(policy).acknowledge(cdk.Acknowledgment(
+                id="AwsSolutions::AwsSolutions-IAM5[Resource::*]",
+                reason="ecr:GetAuthorizationToken has no resource-level permissions; the layer and image reads "
+                       "are limited to the training image's repository"))
+
+    def _container(self, id_: str, spec: JobSpec, host: InstanceType, image: ecs.ContainerImage,
+                   job_role: iam.IRole, log_group: logs.ILogGroup, *, efa: bool) -> batch.EcsEc2ContainerDefinition:
+        memory_mib = int(host.memory_gib * 1024 * MEMORY_SHARE)
+        linux = batch.LinuxParameters(self, f"{id_}Linux",
+                                      # NCCL and data loaders exchange through /dev/shm: a quarter of the host's memory.
+                                      shared_memory_size=cdk.Size.mebibytes(host.memory_gib * 1024 // 4))
+        # Permissions left out: Batch's default is read, write and mknod (CDK would render them lowercase).
+        if efa:
+            linux.add_devices(*(batch.Device(host_path=f"/dev/infiniband/uverbs{i}",
+                                             container_path=f"/dev/infiniband/uverbs{i}")
+                                for i in range(host.efa_interfaces)))
+        if host.accelerator is Accelerator.NEURON:
+            linux.add_devices(*(batch.Device(host_path=f"/dev/neuron{i}", container_path=f"/dev/neuron{i}")
+                                for i in range(host.accelerators)))
+        environment = job_environment(host)
+        if not efa:
+            environment = {k: v for k, v in environment.items()
+                           if not k.startswith(("FI_", "NCCL_SOCKET")) and k != "EFA_INTERFACES"}
+        return batch.EcsEc2ContainerDefinition(
+            self, id_,
+            image=image,
+            cpu=host.vcpus,
+            memory=cdk.Size.mebibytes(memory_mib),
+            gpu=host.accelerators if host.accelerator is Accelerator.NVIDIA else None,
+            command=spec.command,
+            environment=environment,
+            job_role=job_role,
+            execution_role=self.execution_role,
+            linux_parameters=linux,
+            # EFA registers (pins) large buffers: locked memory must be unlimited.
+            ulimits=[batch.Ulimit(name=batch.UlimitName.MEMLOCK, soft_limit=-1, hard_limit=-1)],
+            volumes=[batch.EcsVolume.host(name="fsx", host_path=FSX_MOUNT_PATH, container_path=FSX_MOUNT_PATH)],
+            logging=ecs.LogDriver.aws_logs(stream_prefix=spec.mode, log_group=log_group),
+        )

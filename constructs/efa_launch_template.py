@@ -1,0 +1,109 @@
+"""An EC2 launch template for EFA training nodes, shared by the Batch and EKS backends.
+
+Network interfaces follow the EC2 user guide, "Maximize network bandwidth on Amazon EC2 instances with
+multiple network cards" (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html):
+network card 0 / device 0 is the primary interface, here `efa` (ENA + EFA, it carries the node's IP);
+every further network card i gets one interface at device index 0, `efa-only` by default (no IP address
+used; EFA-only exists on every EFA instance type since 2024-10) or `efa`. The EFA security group goes on
+every interface (`Groups`): a launch template with network interfaces cannot use SecurityGroupIds.
+No SubnetId and no public IP: Batch places the instance in its compute environment's subnet, and EKS
+managed node groups reject a SubnetId in the template.
+"""
+
+from typing import Literal
+
+import aws_cdk.aws_ec2 as ec2
+from constructs import Construct
+
+from config import InstanceType
+
+SecondaryInterfaceType = Literal["efa-only", "efa"]
+# Amazon Linux 2023 AMIs (ECS- and EKS-optimized) boot from /dev/xvda.
+ROOT_DEVICE = "/dev/xvda"
+
+
+def efa_network_interfaces(efa_interfaces: int, security_group_ids: list[str],
+                           secondary_interface_type: SecondaryInterfaceType = "efa-only") -> list[dict]:
+    """The LaunchTemplateData.NetworkInterfaces list (CloudFormation casing), one interface per network card."""
+    if efa_interfaces < 1:
+        raise ValueError(f"efa_interfaces={efa_interfaces} is not valid; expected at least 1 (an EFA instance type)")
+    if secondary_interface_type not in ("efa-only", "efa"):
+        raise ValueError(f"secondary_interface_type={secondary_interface_type!r} is not valid; expected efa-only or efa")
+    return [
+        {
+            "NetworkCardIndex": card,
+            "DeviceIndex": 0,
+            "InterfaceType": "efa" if card == 0 else secondary_interface_type,
+            "Groups": security_group_ids,
+            "DeleteOnTermination": True,
+            # Several interfaces rule out a public IP anyway; the primary one states it explicitly.
+            **({"AssociatePublicIpAddress": False} if card == 0 else {}),
+            "Description": f"EFA on network card {card}",
+        }
+        for card in range(efa_interfaces)
+    ]
+
+
+class EfaLaunchTemplate(Construct):
+    """Launch template: EFA interfaces (catalogue count), IMDSv2, encrypted gp3 root, MIME multipart user data.
+
+    `include_network_interfaces=False` leaves the interfaces (and so EFA) out and puts the security
+    groups on the template instead: for single-node hosts that need the same host preparation only.
+    `terminate_on_shutdown=False` for EKS managed node groups (they refuse the shutdown behaviour);
+    `placement_group` where the scheduler does not set one itself (EKS; Batch sets it on the environment).
+    `.launch_template` is the ec2.LaunchTemplate; `.network_interfaces` what was rendered (for tests).
+    """
+
+    def __init__(self, scope: Construct, id_: str, *, instance: InstanceType,
+                 security_groups: list[ec2.ISecurityGroup], user_data: ec2.UserData,
+                 root_volume_gib: int = 200, include_network_interfaces: bool = True,
+                 secondary_interface_type: SecondaryInterfaceType = "efa-only",
+                 terminate_on_shutdown: bool = True,
+                 placement_group: ec2.IPlacementGroup | None = None,
+                 launch_template_name: str | None = None) -> None:
+        super().__init__(scope, id_)
+        if not security_groups:
+            raise ValueError("security_groups is empty; expected the EFA security group (all traffic to and from itself)")
+        if root_volume_gib < 30:
+            raise ValueError(f"root_volume_gib={root_volume_gib} is not valid; expected at least 30 GiB "
+                             "(accelerated images are tens of GiB)")
+        if not isinstance(user_data, ec2.MultipartUserData):
+            # Batch and ECS accept only MIME multipart user data in a launch template.
+            multipart = ec2.MultipartUserData()
+            multipart.add_user_data_part(user_data, ec2.MultipartBody.SHELL_SCRIPT, True)
+            user_data = multipart
+        self.instance = instance
+        self.launch_template = ec2.LaunchTemplate(
+            self, "Resource",
+            launch_template_name=launch_template_name,
+            user_data=user_data,
+            block_devices=[ec2.BlockDevice(
+                device_name=ROOT_DEVICE,
+                volume=ec2.BlockDeviceVolume.ebs(root_volume_gib, volume_type=ec2.EbsDeviceVolumeType.GP3,
+                                                 encrypted=True, delete_on_termination=True),
+            )],
+            # IMDSv2 only; two hops so containers on the bridge network still reach the metadata service.
+            http_endpoint=True,
+            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
+            http_put_response_hop_limit=2,
+            instance_metadata_tags=False,
+            # A host whose preparation fails shuts itself down; terminating lets the scheduler replace it
+            # (EKS managed node groups reject the setting: pass terminate_on_shutdown=False there).
+            instance_initiated_shutdown_behavior=(ec2.InstanceInitiatedShutdownBehavior.TERMINATE
+                                                  if terminate_on_shutdown else None),
+            # Batch sets the placement group on the compute environment; EKS node groups need it here.
+            placement_group=placement_group,
+            security_group=None if include_network_interfaces else security_groups[0],
+        )
+        if not include_network_interfaces:
+            for extra in security_groups[1:]:
+                self.launch_template.add_security_group(extra)
+        self.network_interfaces: list[dict] = []
+        if include_network_interfaces:
+            self.network_interfaces = efa_network_interfaces(
+                instance.efa_interfaces, [sg.security_group_id for sg in security_groups], secondary_interface_type)
+            # Escape hatch: the L2 LaunchTemplate has no network-interface (card index, EFA type) properties.
+            cfn = self.launch_template.node.default_child
+            assert isinstance(cfn, ec2.CfnLaunchTemplate)
+            cfn.add_property_override("LaunchTemplateData.NetworkInterfaces", self.network_interfaces)
+

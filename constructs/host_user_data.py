@@ -1,0 +1,130 @@
+"""Host preparation for EFA training nodes: one shell script, wrapped as MIME multipart for Batch/ECS and EKS.
+
+What it does, in order (every step logs to /var/log/efa-training-host.log and the console):
+1. huge pages for libfabric's EFA provider (EC2 user guide, "Get started with EFA": vm.nr_hugepages=5128);
+2. the EFA kernel driver: AL2023 kernels ship `efa`; if the expected uverbs devices are still missing,
+   the EFA installer's minimal host part (kernel module + rdma-core) is installed;
+3. the Lustre client (`dnf install -y lustre-client`) and the FSx mount at /fsx (relatime,flock);
+4. an accelerator check: nvidia-smi must list every GPU, or neuron-ls every Trainium device;
+5. the CloudWatch agent: `nvidia_gpu` (nvidia_smi_* in CWAgent) and `efa` metrics; Neuron hosts also pipe
+   neuron-monitor to CloudWatch (see constructs/accelerator_metrics.py for the names dashboards read).
+A failed step powers the host off (terminate on shutdown, see EfaLaunchTemplate), so Batch replaces it
+instead of running a job on a broken node.
+"""
+
+import json
+
+import aws_cdk.aws_ec2 as ec2
+
+from config import Accelerator, InstanceType
+from config.layout import FSX_MOUNT_PATH
+
+# EC2 user guide, EFA: 5128 pages of 2 MiB for the libfabric EFA provider's registered buffers.
+HUGE_PAGES = 5128
+EFA_INSTALLER_URL = "https://efa-installer.amazonaws.com/aws-efa-installer-latest.tar.gz"
+CWAGENT_CONFIG = "/opt/aws/amazon-cloudwatch-agent/etc/efa-training.json"
+NEURON_NAMESPACE = "EfaTraining/Neuron"  # must match constructs/accelerator_metrics.BATCH_NEURON_NAMESPACE
+LOG = "/var/log/efa-training-host.log"
+
+
+def cloudwatch_agent_config(instance: InstanceType) -> dict:
+    """The agent's JSON: GPU and EFA counters in CWAgent (dimensions index/name/host and device/port/eniId)."""
+    metrics: dict = {
+        "efa": {"measurement": ["rx_bytes", "tx_bytes", "rx_dropped", "rdma_read_bytes", "rdma_write_bytes"],
+                "metrics_collection_interval": 60},
+        "mem": {"measurement": ["mem_used_percent"], "metrics_collection_interval": 60},
+        "disk": {"measurement": ["used_percent"], "resources": ["/"], "metrics_collection_interval": 60},
+    }
+    if instance.accelerator is Accelerator.NVIDIA:
+        metrics["nvidia_gpu"] = {
+            "measurement": ["utilization_gpu", "utilization_memory", "memory_used", "memory_total",
+                            "temperature_gpu", "power_draw"],
+            "metrics_collection_interval": 60,
+        }
+    return {"agent": {"metrics_collection_interval": 60, "run_as_user": "root"},
+            "metrics": {"namespace": "CWAgent", "metrics_collected": metrics}}
+
+
+def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: str, check_efa: bool = True,
+                  region: str = "${AWS_REGION}") -> list[str]:
+    """The shell lines (bash, set -euo pipefail) that prepare one host; tokens are allowed in the FSx names."""
+    lines = [
+        f"exec > >(tee -a {LOG} | logger -t efa-training-host -s 2>/dev/console) 2>&1",
+        "set -euo pipefail",
+        "# A host that fails a check powers off; the launch template makes that a termination, so Batch replaces it.",
+        "trap 'echo \"efa-training host preparation failed at line $LINENO\"; shutdown -h now' ERR",
+        "TOKEN=$(curl -sS -X PUT http://169.254.169.254/latest/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')",
+        "AWS_REGION=$(curl -sS -H \"X-aws-ec2-metadata-token: $TOKEN\" http://169.254.169.254/latest/meta-data/placement/region)",
+        "# 1. huge pages for the libfabric EFA provider",
+        f"echo 'vm.nr_hugepages = {HUGE_PAGES}' > /etc/sysctl.d/90-efa-hugepages.conf",
+        "sysctl -p /etc/sysctl.d/90-efa-hugepages.conf",
+    ]
+    if check_efa:
+        lines += [
+            f"# 2. the EFA driver: {instance.efa_interfaces} uverbs device(s) expected on {instance.name}",
+            "modprobe efa || true",
+            "efa_devices() { ls /dev/infiniband/uverbs* 2>/dev/null | wc -l; }",
+            f"if [ \"$(efa_devices)\" -lt {instance.efa_interfaces} ]; then",
+            f"  curl -sSfL {EFA_INSTALLER_URL} -o /tmp/efa.tar.gz && tar -xzf /tmp/efa.tar.gz -C /tmp",
+            "  (cd /tmp/aws-efa-installer && ./efa_installer.sh -y --minimal)",
+            "  modprobe efa",
+            "fi",
+            f"if [ \"$(efa_devices)\" -lt {instance.efa_interfaces} ]; then "
+            f"echo \"EFA check failed: $(efa_devices) of {instance.efa_interfaces} uverbs devices\"; false; fi",
+        ]
+    lines += [
+        "# 3. FSx for Lustre at " + FSX_MOUNT_PATH,
+        "dnf install -y lustre-client",
+        f"mkdir -p {FSX_MOUNT_PATH}",
+        f"echo '{fsx_dns_name}@tcp:/{fsx_mount_name} {FSX_MOUNT_PATH} lustre defaults,relatime,flock,_netdev 0 0' >> /etc/fstab",
+        f"mountpoint -q {FSX_MOUNT_PATH} || mount -t lustre -o relatime,flock {fsx_dns_name}@tcp:/{fsx_mount_name} {FSX_MOUNT_PATH}",
+    ]
+    if instance.accelerator is Accelerator.NVIDIA:
+        lines += [
+            f"# 4. every GPU visible: {instance.accelerators} x {instance.accelerator_model}",
+            "GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)",
+            f"if [ \"$GPUS\" -ne {instance.accelerators} ]; then echo \"GPU check failed: $GPUS of {instance.accelerators}\"; false; fi",
+        ]
+    else:
+        lines += [
+            f"# 4. every Trainium device visible: {instance.accelerators} (/dev/neuron0..{instance.accelerators - 1})",
+            "DEVICES=$(ls /dev/neuron* | wc -l)",
+            f"if [ \"$DEVICES\" -ne {instance.accelerators} ]; then echo \"Neuron check failed: $DEVICES of {instance.accelerators}\"; false; fi",
+            "/opt/aws/neuron/bin/neuron-ls",
+        ]
+    agent_json = json.dumps(cloudwatch_agent_config(instance), separators=(",", ":"))
+    lines += [
+        "# 5. CloudWatch agent: nvidia_smi_* and efa_* in CWAgent",
+        "dnf install -y amazon-cloudwatch-agent",
+        f"cat > {CWAGENT_CONFIG} <<'CWAGENT'",
+        agent_json,
+        "CWAGENT",
+        f"/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl -a fetch-config -m ec2 -s -c file:{CWAGENT_CONFIG}",
+    ]
+    if instance.accelerator is Accelerator.NEURON:
+        # neuron-monitor's own CloudWatch publisher (aws-neuronx-tools, preinstalled on the ECS Neuron AMI).
+        lines += [
+            "cat > /etc/systemd/system/neuron-monitor-cloudwatch.service <<UNIT",
+            "[Unit]",
+            "Description=neuron-monitor to CloudWatch",
+            "After=network-online.target",
+            "[Service]",
+            "ExecStart=/bin/bash -c '/opt/aws/neuron/bin/neuron-monitor | /opt/aws/neuron/bin/neuron-monitor-cloudwatch.py"
+            f" --namespace {NEURON_NAMESPACE} --region {region}'",
+            "Restart=always",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            "UNIT",
+            "systemctl daemon-reload && systemctl enable --now neuron-monitor-cloudwatch.service",
+        ]
+    lines.append("echo 'efa-training host ready'")
+    return lines
+
+
+def host_user_data(**kwargs) -> ec2.MultipartUserData:
+    """MIME multipart user data (Batch and ECS merge their own part into it; EKS nodeadm reads it too)."""
+    script = ec2.UserData.for_linux()
+    script.add_commands(*host_commands(**kwargs))
+    multipart = ec2.MultipartUserData()
+    multipart.add_user_data_part(script, ec2.MultipartBody.SHELL_SCRIPT, True)
+    return multipart

@@ -1,0 +1,205 @@
+"""AWS Batch compute backend: EFA hosts in one cluster placement group, fair-share queues, the three jobs.
+
+Public interface (the pipeline and observability stacks read these):
+  multi_node_queue, single_node_queue: batch.JobQueue
+  job_definitions: {"sanity", "train", "validate"} -> batch.IJobDefinition
+  log_group: logs.LogGroup (every job's output), job_role: iam.Role (what the training code may do)
+  multi_node_environment, single_node_environment, placement_group, launch_templates
+"""
+
+import aws_cdk as cdk
+import aws_cdk.aws_batch as batch
+import aws_cdk.aws_ec2 as ec2
+import aws_cdk.aws_iam as iam
+import aws_cdk.aws_logs as logs
+from constructs import Construct
+
+from config import CATALOGUE, Accelerator, EnvironmentConfig, InstanceType
+from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
+from constructs.batch_job_definitions import BatchJobDefinitions
+from constructs.efa_launch_template import EfaLaunchTemplate
+from constructs.host_user_data import host_user_data
+from stacks.network_stack import NetworkStack
+from stacks.policies import data_removal_policy, log_retention
+from stacks.registry_stack import RegistryStack
+from stacks.storage_stack import StorageStack
+
+# ECS-optimized Amazon Linux 2023 Neuron AMI: the parameter aws/amazon-ecs-ami reads for its release notes
+# (generate-release-notes.sh) and CDK's EcsOptimizedImage.amazonLinux2023(AmiHardwareType.NEURON) resolves;
+# older ECS guide pages name it amazon-linux-2023/inf. Batch has no Neuron image type: ECS_AL2023 plus this AMI.
+NEURON_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/recommended/image_id"
+SHARES = ("research", "production")
+SINGLE_NODE_MAX_INSTANCES = 2  # two validations at once; more wait in the queue
+ROOT_VOLUME_GIB = 200  # the accelerated training images are 15-25 GiB; layers are unpacked next to them
+
+
+def machine_image(instance: InstanceType) -> batch.EcsMachineImage:
+    """GPU hosts: Batch's ECS AL2023 NVIDIA image. Neuron hosts: the ECS AL2023 Neuron AMI from SSM."""
+    if instance.accelerator is Accelerator.NVIDIA:
+        return batch.EcsMachineImage(image_type=getattr(batch.EcsMachineImageType, instance.batch_image_type))
+    return batch.EcsMachineImage(image=ec2.MachineImage.from_ssm_parameter(NEURON_AMI_PARAMETER),
+                                 image_type=getattr(batch.EcsMachineImageType, instance.batch_image_type))
+
+
+class BatchStack(cdk.Stack):
+    def __init__(self, scope: Construct, id_: str, *, config: EnvironmentConfig, network: NetworkStack,
+                 storage: StorageStack, registry: RegistryStack, **kwargs) -> None:
+        super().__init__(scope, id_, **kwargs)
+        instance = config.instance
+        single = CATALOGUE[config.batch_single_node_instance_type or config.instance_type]
+        removal = data_removal_policy(config)
+        efa_sg = network.efa_security_group
+
+        # ---- hosts: instance role, placement group, launch templates
+        self.instance_role = iam.Role(
+            self, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description="Batch training hosts: ECS agent, CloudWatch agent",
+            managed_policies=[
+                iam.ManagedPolicy.from_aws_managed_policy_name("service-role/AmazonEC2ContainerServiceforEC2Role"),
+                iam.ManagedPolicy.from_aws_managed_policy_name("CloudWatchAgentServerPolicy"),
+            ])
+        cdk.Validations.of(self.instance_role).acknowledge(cdk.Acknowledgment(
+            id="AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonEC2ContainerServiceforEC2Role]",
+            reason="The ECS container agent on every Batch host needs exactly this AWS-maintained policy"))
+        cdk.Validations.of(self.instance_role).acknowledge(cdk.Acknowledgment(
+            id="AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/CloudWatchAgentServerPolicy]",
+            reason="The CloudWatch agent publishes nvidia_smi_* and efa_* host metrics (CWAgent) the dashboard reads"))
+        self.placement_group = ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
+
+        def template(id_: str, host: InstanceType, efa: bool) -> EfaLaunchTemplate:
+            user_data = host_user_data(instance=host, fsx_dns_name=storage.file_system.dns_name,
+                                       fsx_mount_name=storage.file_system.mount_name, check_efa=efa)
+            return EfaLaunchTemplate(self, id_, instance=host, security_groups=[efa_sg], user_data=user_data,
+                                     root_volume_gib=ROOT_VOLUME_GIB, include_network_interfaces=efa)
+
+        self.launch_templates = {"multi_node": template("MultiNodeLaunchTemplate", instance, efa=True),
+                                 "single_node": template("SingleNodeLaunchTemplate", single, efa=False)}
+
+        # ---- compute environments, both in the one training subnet (the FSx file system's AZ)
+        subnets = ec2.SubnetSelection(subnets=[network.training_subnet])
+        self.multi_node_environment = batch.ManagedEc2EcsComputeEnvironment(
+            self, "MultiNodeEnvironment",
+            vpc=network.vpc, vpc_subnets=subnets,
+            security_groups=[efa_sg],  # given so the L2 creates none; removed below
+            spot=False,  # multi-node parallel jobs cannot run on Spot
+            instance_types=[ec2.InstanceType(instance.name)],
+            use_optimal_instance_classes=False,
+            minv_cpus=0, maxv_cpus=config.nodes * instance.vcpus,
+            images=[machine_image(instance)],
+            launch_template=self.launch_templates["multi_node"].launch_template,
+            placement_group=self.placement_group,
+            instance_role=self.instance_role,
+            update_to_latest_image_version=True,
+        )
+        self._launch_template_version(self.multi_node_environment, self.launch_templates["multi_node"])
+        # Batch rejects compute-environment security groups next to launch-template network interfaces
+        # ("exclusively allowed"); the interfaces carry the EFA group instead.
+        self.multi_node_environment.node.default_child.add_property_deletion_override("ComputeResources.SecurityGroupIds")
+
+        self.single_node_environment = batch.ManagedEc2EcsComputeEnvironment(
+            self, "SingleNodeEnvironment",
+            vpc=network.vpc, vpc_subnets=subnets,
+            security_groups=[efa_sg],  # reaches FSx, S3 and ECR like the training hosts
+            spot=config.batch_single_node_spot,
+            instance_types=[ec2.InstanceType(single.name)],
+            use_optimal_instance_classes=False,
+            minv_cpus=0, maxv_cpus=SINGLE_NODE_MAX_INSTANCES * single.vcpus,
+            images=[machine_image(single)],
+            launch_template=self.launch_templates["single_node"].launch_template,
+            instance_role=self.instance_role,
+            update_to_latest_image_version=True,
+        )
+        self._launch_template_version(self.single_node_environment, self.launch_templates["single_node"])
+        self._allow_task_network(network)
+
+        # ---- queues with fair-share scheduling (lower weight factor = larger share)
+        weights = {"research": config.batch_research_weight, "production": config.batch_production_weight}
+        self.scheduling_policy = batch.FairshareSchedulingPolicy(
+            self, "FairshareSchedulingPolicy", share_decay=cdk.Duration.hours(1),
+            shares=[batch.Share(share_identifier=name, weight_factor=weights[name]) for name in SHARES])
+        # A job whose resources no instance of the queue can ever satisfy is cancelled instead of waiting forever.
+        stuck = [batch.JobStateTimeLimitAction(
+            max_time=cdk.Duration.minutes(30), reason=batch.JobStateTimeLimitActionsReason.JOB_RESOURCE_REQUIREMENT,
+            action=batch.JobStateTimeLimitActionsAction.CANCEL)]
+        self.multi_node_queue = batch.JobQueue(
+            self, "MultiNodeQueue", priority=1, scheduling_policy=self.scheduling_policy,
+            compute_environments=[batch.OrderedComputeEnvironment(
+                compute_environment=self.multi_node_environment, order=1)],
+            job_state_time_limit_actions=stuck)
+        self.single_node_queue = batch.JobQueue(
+            self, "SingleNodeQueue", priority=1, scheduling_policy=self.scheduling_policy,
+            compute_environments=[batch.OrderedComputeEnvironment(
+                compute_environment=self.single_node_environment, order=1)],
+            job_state_time_limit_actions=stuck)
+
+        # ---- logs and the job role (least privilege on the data bucket's prefixes)
+        self.log_group = logs.LogGroup(self, "JobLogs", retention=log_retention(config), removal_policy=removal)
+        self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+                                 description="Training containers: read datasets, write checkpoints, models, reports")
+        bucket = storage.bucket
+        self._grant_prefixes(storage)
+        self.log_group.grant_write(self.job_role)
+
+        self.jobs = BatchJobDefinitions(
+            self, "Jobs", instance=instance, single_node_instance=single, nodes=config.nodes,
+            image=registry.container_image, job_role=self.job_role, log_group=self.log_group,
+            bucket_name=bucket.bucket_name, train_timeout=cdk.Duration.hours(config.batch_train_timeout_hours))
+        self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
+
+        for name, queue in (("MultiNode", self.multi_node_queue), ("SingleNode", self.single_node_queue)):
+            cdk.CfnOutput(self, f"{name}QueueArn", value=queue.job_queue_arn)
+        for name, definition in self.job_definitions.items():
+            cdk.CfnOutput(self, f"{name.capitalize()}JobDefinitionArn", value=definition.job_definition_arn)
+        cdk.CfnOutput(self, "JobLogGroupName", value=self.log_group.log_group_name)
+
+    @staticmethod
+    def _launch_template_version(environment: batch.ManagedEc2EcsComputeEnvironment,
+                                 template: EfaLaunchTemplate) -> None:
+        # The L2 renders no version, so Batch would keep the template's first version; pinning the latest
+        # version number makes a template change update the compute environment.
+        environment.node.default_child.add_property_override(
+            "ComputeResources.LaunchTemplate.Version", template.launch_template.latest_version_number)
+
+    def _allow_task_network(self, network: NetworkStack) -> None:
+        """Multi-node job containers (awsvpc) get the VPC's default group when the environment names none.
+
+        AWS Batch user guide, "Compute environment considerations for MNP"
+        (https://docs.aws.amazon.com/batch/latest/userguide/mnp-ce.html). The app strips that group's rules
+        (@aws-cdk/aws-ec2:restrictDefaultSecurityGroup), so the task interfaces get back exactly what
+        torchrun and the job need: all traffic between the job's containers, HTTPS to AWS APIs.
+        """
+        default_sg = ec2.SecurityGroup.from_security_group_id(
+            self, "VpcDefaultSecurityGroup", network.vpc.vpc_default_security_group, allow_all_outbound=False,
+            mutable=True)
+        default_sg.add_ingress_rule(default_sg, ec2.Port.all_traffic(), "Multi-node job containers: rendezvous, NCCL bootstrap")
+        default_sg.add_egress_rule(default_sg, ec2.Port.all_traffic(), "Multi-node job containers: to each other")
+        default_sg.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "Job containers: S3, CloudWatch, STS")
+
+    def _grant_prefixes(self, storage: StorageStack) -> None:
+        """datasets/ read-only; checkpoints/, models/, runs/ read-write; nothing else in the bucket.
+
+        The bucket ARN comes through a named export (shared with the EKS and pipeline stacks), so the
+        cdk-nag finding for each prefix has a stable name to acknowledge.
+        """
+        export = f"{storage.stack_name}-DataBucketArn"
+        if storage.node.try_find_child(f"Export{export}") is None:
+            storage.export_value(storage.bucket.bucket_arn, name=export)
+        bucket_arn = cdk.Fn.import_value(export)
+        read, read_write = (DATASETS_PREFIX,), (CHECKPOINTS_PREFIX, MODELS_PREFIX, RUNS_PREFIX)
+
+        def objects(prefixes: tuple[str, ...]) -> list[str]:
+            return [cdk.Fn.join("", [bucket_arn, f"/{prefix}*"]) for prefix in prefixes]
+
+        self.job_role.add_to_principal_policy(iam.PolicyStatement(
+            actions=["s3:ListBucket"], resources=[bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in (*read, *read_write)]}}))
+        self.job_role.add_to_principal_policy(iam.PolicyStatement(
+            actions=["s3:GetObject"], resources=objects((*read, *read_write))))
+        self.job_role.add_to_principal_policy(iam.PolicyStatement(
+            actions=["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"], resources=objects(read_write)))
+        for prefix in (*read, *read_write):
+            access = "read" if prefix in read else "read-write"
+            cdk.Validations.of(self.job_role).acknowledge(cdk.Acknowledgment(
+                id=f"AwsSolutions::AwsSolutions-IAM5[Resource::{export}/{prefix}*]",
+                reason=f"Batch training jobs get {access} access to objects under {prefix} only; object names "
+                       "(run ids) are chosen at submit time"))

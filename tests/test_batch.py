@@ -1,0 +1,247 @@
+"""The Batch backend, per catalogue EFA instance type (each variant synthesized once, shared with the gate tests)."""
+
+import json
+import os
+import subprocess
+
+import aws_cdk.aws_batch as batch
+import pytest
+
+from config import CATALOGUE, ConfigError, efa_instance_types
+from conftest import CDK_JSON_CONTEXT, ROOT
+from app import build_app
+
+TYPES = efa_instance_types()
+NODES = CDK_JSON_CONTEXT["environments"]["dev"]["nodes"]
+
+
+def _variant(synth, name: str):
+    return synth(compute="batch", instance_type=name)
+
+
+def _resources(template: dict, kind: str) -> dict:
+    return {k: v["Properties"] for k, v in template["Resources"].items() if v["Type"] == kind}
+
+
+def _one(template: dict, kind: str, id_prefix: str) -> dict:
+    (props,) = [p for k, p in _resources(template, kind).items() if k.startswith(id_prefix)]
+    return props
+
+
+def _batch(synth, name: str) -> dict:
+    return _variant(synth, name).raw("compute")
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_launch_template_has_catalogue_efa_interfaces(synth, name):
+    # Multi-node hosts: one interface per EFA card (0..n-1, device 0; efa then efa-only), the EFA group on each.
+    template = _batch(synth, name)
+    data = _one(template, "AWS::EC2::LaunchTemplate", "MultiNodeLaunchTemplate")["LaunchTemplateData"]
+    interfaces = data["NetworkInterfaces"]
+    count = CATALOGUE[name].efa_interfaces
+    assert [i["NetworkCardIndex"] for i in interfaces] == list(range(count))
+    assert {i["DeviceIndex"] for i in interfaces} == {0}
+    assert [i["InterfaceType"] for i in interfaces] == ["efa"] + ["efa-only"] * (count - 1)
+    groups = {json.dumps(i["Groups"]) for i in interfaces}
+    assert len(groups) == 1 and "EfaSecurityGroup" in groups.pop()
+    assert all("SubnetId" not in i for i in interfaces) and "SecurityGroupIds" not in data
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_placement_group_is_cluster(synth, name):
+    # Every node of a job in one cluster placement group, referenced by the multi-node environment.
+    template = _batch(synth, name)
+    (group_id,) = _resources(template, "AWS::EC2::PlacementGroup")
+    assert _resources(template, "AWS::EC2::PlacementGroup")[group_id]["Strategy"] == "cluster"
+    resources = _one(template, "AWS::Batch::ComputeEnvironment", "MultiNodeEnvironment")["ComputeResources"]
+    assert resources["PlacementGroup"] == {"Fn::GetAtt": [group_id, "GroupName"]}
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_multi_node_environment_is_on_demand_in_the_training_subnet(synth, name):
+    # On-demand (EC2), the one training subnet, no SecurityGroupIds, 0..nodes x vCPUs, the catalogue's type.
+    resources = _one(_batch(synth, name), "AWS::Batch::ComputeEnvironment", "MultiNodeEnvironment")["ComputeResources"]
+    assert resources["Type"] == "EC2"
+    (subnet,) = resources["Subnets"]
+    assert "TrainingSubnet" in json.dumps(subnet)
+    assert "SecurityGroupIds" not in resources
+    assert resources["InstanceTypes"] == [name]
+    assert resources["MinvCpus"] == 0 and resources["MaxvCpus"] == NODES * CATALOGUE[name].vcpus
+    assert "LatestVersionNumber" in json.dumps(resources["LaunchTemplate"]["Version"])
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_multi_node_environment_uses_the_accelerator_image(synth, name):
+    # GPU hosts: ECS_AL2023_NVIDIA; Neuron hosts: the ECS AL2023 Neuron AMI from its SSM parameter.
+    template = _batch(synth, name)
+    resources = _one(template, "AWS::Batch::ComputeEnvironment", "MultiNodeEnvironment")["ComputeResources"]
+    (image,) = resources["Ec2Configuration"]
+    assert image["ImageType"] == CATALOGUE[name].batch_image_type
+    if CATALOGUE[name].accelerator.value == "neuron":
+        parameter = image["ImageIdOverride"]["Ref"]
+        assert template["Parameters"][parameter]["Default"] == \
+            "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/recommended/image_id"
+    else:
+        assert "ImageIdOverride" not in image
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_multi_node_jobs_map_every_efa_device_and_accelerator(synth, name):
+    # sanity and train: uverbs0..n-1, every GPU (or /dev/neuron0..N-1), memlock unlimited, big /dev/shm, /fsx.
+    template = _batch(synth, name)
+    it = CATALOGUE[name]
+    for job in ("Sanity", "Train"):
+        props = _one(template, "AWS::Batch::JobDefinition", f"Jobs{job}JobDefinition")
+        nodes = props["NodeProperties"]
+        assert nodes["MainNode"] == 0 and nodes["NumNodes"] == NODES
+        (node_range,) = nodes["NodeRangeProperties"]
+        assert node_range["TargetNodes"] == f"0:{NODES - 1}"
+        container = node_range["Container"]
+        devices = [d["HostPath"] for d in container["LinuxParameters"]["Devices"]]
+        assert [d for d in devices if "uverbs" in d] == [f"/dev/infiniband/uverbs{i}" for i in range(it.efa_interfaces)]
+        requirements = {r["Type"]: r["Value"] for r in container["ResourceRequirements"]}
+        if it.accelerator.value == "nvidia":
+            assert requirements["GPU"] == str(it.accelerators)
+        else:
+            assert "GPU" not in requirements
+            assert [d for d in devices if "neuron" in d] == [f"/dev/neuron{i}" for i in range(it.accelerators)]
+        assert container["Ulimits"] == [{"Name": "memlock", "SoftLimit": -1, "HardLimit": -1}]
+        assert container["LinuxParameters"]["SharedMemorySize"] >= 16 * 1024
+        assert container["Volumes"] == [{"Name": "fsx", "Host": {"SourcePath": "/fsx"}}]
+        assert container["MountPoints"] == [{"ContainerPath": "/fsx", "SourceVolume": "fsx"}]
+        env = {e["Name"]: e["Value"] for e in container["Environment"]}
+        assert env["ACCELERATORS_PER_NODE"] == str(it.workers_per_node)
+        assert env["EXPECTED_BUSBW_GBPS"] == f"{it.expected_busbw_gbps:g}" and env["FSX_MOUNT"] == "/fsx"
+        assert env["ACCELERATOR_KIND"] == ("gpu" if it.accelerator.value == "nvidia" else "neuron")
+        assert dict(it.collective_env).items() <= env.items()
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_retry_rules_retry_infrastructure_and_end_in_exit(synth, name):
+    # Retry host loss and launch failures, EXIT on the application's exit codes, final EXIT on "*"; <=5 rules.
+    for props in _resources(_batch(synth, name), "AWS::Batch::JobDefinition").values():
+        strategy = props["RetryStrategy"]
+        rules = strategy["EvaluateOnExit"]
+        assert 1 <= strategy["Attempts"] <= 10 and len(rules) <= 5
+        assert rules[0] == {"Action": "RETRY", "OnStatusReason": "Host EC2*"}
+        assert {"Action": "RETRY", "OnReason": "CannotPullContainerError*"} in rules
+        assert {"Action": "RETRY", "OnStatusReason": "Task failed to start*"} in rules
+        assert rules[-2] == {"Action": "EXIT", "OnExitCode": "*"}
+        assert rules[-1] == {"Action": "EXIT", "OnReason": "*"}
+        assert props["Timeout"]["AttemptDurationSeconds"] >= 3600
+
+
+def test_every_placeholder_has_a_default(synth):
+    # Each Ref::name of a command has a default parameter, so a bare submit-job runs a valid command.
+    for props in _resources(_batch(synth, "p5.48xlarge"), "AWS::Batch::JobDefinition").values():
+        container = props.get("ContainerProperties") or props["NodeProperties"]["NodeRangeProperties"][0]["Container"]
+        refs = {arg[len("Ref::"):] for arg in container["Command"] if isinstance(arg, str) and arg.startswith("Ref::")}
+        assert refs and refs <= set(props["Parameters"])
+
+
+def test_commands_follow_the_image_contract(synth):
+    # Mode first (launch.py's argv[1]); per-run values only as whole arguments.
+    template = _batch(synth, "p5.48xlarge")
+    train = _one(template, "AWS::Batch::JobDefinition", "JobsTrainJobDefinition")
+    command = train["NodeProperties"]["NodeRangeProperties"][0]["Container"]["Command"]
+    assert command[0] == "train"
+    assert command[command.index("--run-id") + 1] == "Ref::run_id"
+    assert command[command.index("--dataset") + 1] == "Ref::dataset"
+    sanity = _one(template, "AWS::Batch::JobDefinition", "JobsSanityJobDefinition")
+    command = sanity["NodeProperties"]["NodeRangeProperties"][0]["Container"]["Command"]
+    assert command[:3] == ["sanity", "--min-busbw-gbps", "250"]
+    validate = _one(template, "AWS::Batch::JobDefinition", "JobsValidateJobDefinition")
+    assert validate["ContainerProperties"]["Command"][0] == "validate"
+    for props in _resources(template, "AWS::Batch::JobDefinition").values():
+        container = props.get("ContainerProperties") or props["NodeProperties"]["NodeRangeProperties"][0]["Container"]
+        assert all(arg.startswith("Ref::") or "Ref::" not in arg for arg in container["Command"] if isinstance(arg, str))
+
+
+def test_single_node_environment_is_spot_with_security_groups(synth):
+    # Validation hosts: Spot by default, the same subnet, no EFA interfaces, security groups on the environment.
+    template = _batch(synth, "g5.12xlarge")
+    resources = _one(template, "AWS::Batch::ComputeEnvironment", "SingleNodeEnvironment")["ComputeResources"]
+    assert resources["Type"] == "SPOT" and resources["InstanceTypes"] == ["g5.12xlarge"]
+    assert len(resources["SecurityGroupIds"]) == 1 and "PlacementGroup" not in resources
+    assert "TrainingSubnet" in json.dumps(resources["Subnets"])
+    data = _one(template, "AWS::EC2::LaunchTemplate", "SingleNodeLaunchTemplate")["LaunchTemplateData"]
+    assert "NetworkInterfaces" not in data
+
+
+def test_config_sets_weights_spot_and_validation_instance(synth):
+    # Fair-share weights, on-demand validation and a smaller validation instance come from the config.
+    template = synth(compute="batch", instance_type="g5.12xlarge", batch_research_weight="2.5",
+                     batch_production_weight="0.5", batch_single_node_spot="false",
+                     batch_single_node_instance_type="g5.xlarge").raw("compute")
+    (policy,) = _resources(template, "AWS::Batch::SchedulingPolicy").values()
+    shares = {s["ShareIdentifier"]: s["WeightFactor"] for s in policy["FairsharePolicy"]["ShareDistribution"]}
+    assert shares == {"research": 2.5, "production": 0.5}
+    resources = _one(template, "AWS::Batch::ComputeEnvironment", "SingleNodeEnvironment")["ComputeResources"]
+    assert resources["Type"] == "EC2" and resources["InstanceTypes"] == ["g5.xlarge"]
+    validate = _one(template, "AWS::Batch::JobDefinition", "JobsValidateJobDefinition")["ContainerProperties"]
+    assert {"Type": "GPU", "Value": "1"} in validate["ResourceRequirements"]
+
+
+def test_queues_share_fairly_between_research_and_production(synth):
+    # Both queues use the fair-share policy with the research and production shares.
+    template = _batch(synth, "g5.12xlarge")
+    (policy_id,) = _resources(template, "AWS::Batch::SchedulingPolicy")
+    shares = _resources(template, "AWS::Batch::SchedulingPolicy")[policy_id]["FairsharePolicy"]["ShareDistribution"]
+    assert {s["ShareIdentifier"] for s in shares} == {"research", "production"}
+    queues = _resources(template, "AWS::Batch::JobQueue").values()
+    assert len(queues) == 2
+    assert all(policy_id in json.dumps(q["SchedulingPolicyArn"]) for q in queues)
+
+
+def test_job_role_is_limited_to_the_bucket_prefixes(synth):
+    # The job role: read datasets/, read-write checkpoints/ models/ runs/, its log group; no wildcard actions.
+    template = _batch(synth, "g5.12xlarge")
+    (policy,) = [p for k, p in _resources(template, "AWS::IAM::Policy").items() if k.startswith("JobRole")]
+    statements = policy["PolicyDocument"]["Statement"]
+    actions = [a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])]
+    assert all("*" not in a for a in actions)
+    writes = next(s for s in statements if "s3:PutObject" in s["Action"])
+    assert sorted(json.dumps(r).split('"/')[1].split('*')[0] for r in writes["Resource"]) == \
+        ["checkpoints/", "models/", "runs/"]
+    reads = next(s for s in statements if s["Action"] == "s3:GetObject")
+    assert "datasets/" in json.dumps(reads["Resource"])
+
+
+def test_log_group_keeps_the_configured_retention(synth):
+    # Job logs: retention from config.log_retention_days (dev: 14), deleted with the dev stack.
+    template = _batch(synth, "g5.12xlarge")
+    (group,) = [v for v in template["Resources"].values() if v["Type"] == "AWS::Logs::LogGroup"]
+    assert group["Properties"]["RetentionInDays"] == CDK_JSON_CONTEXT["environments"]["dev"]["log_retention_days"]
+    assert group["DeletionPolicy"] == "Delete"
+
+
+def test_outputs_and_attributes_for_the_pipeline(synth):
+    # Queue and job-definition ARNs as outputs; the attributes the pipeline engineer builds on.
+    synthesized = _variant(synth, "g5.12xlarge")
+    outputs = synthesized.raw("compute")["Outputs"]
+    assert {"MultiNodeQueueArn", "SingleNodeQueueArn", "SanityJobDefinitionArn", "TrainJobDefinitionArn",
+            "ValidateJobDefinitionArn"} <= set(outputs)
+    stack = synthesized.stacks["compute"]
+    assert isinstance(stack.multi_node_queue, batch.JobQueue) and isinstance(stack.single_node_queue, batch.JobQueue)
+    assert set(stack.job_definitions) == {"sanity", "train", "validate"}
+    assert isinstance(stack.job_definitions["train"], batch.MultiNodeJobDefinition)
+    assert stack.log_group is not None and stack.job_role is not None
+
+
+def test_instance_without_efa_is_refused_in_process():
+    # build_app refuses g5.xlarge (no EFA) before building anything, naming the field and the allowed types.
+    with pytest.raises(ConfigError, match=r"instance_type='g5.xlarge' is not valid; expected an instance type with EFA"):
+        build_app(context={**CDK_JSON_CONTEXT, "compute": "batch", "instance_type": "g5.xlarge"})
+
+
+@pytest.mark.slow
+def test_instance_without_efa_is_refused_by_the_cli(tmp_path):
+    # The real CLI: non-zero exit, the one-line message on stderr, no traceback.
+    env = {**os.environ, "PATH": f"{ROOT / 'node_modules' / '.bin'}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(
+        [str(ROOT / "node_modules" / ".bin" / "cdk"), "synth", "--no-notices", "-o", str(tmp_path / "out"),
+         "-c", "compute=batch", "-c", "instance_type=g5.xlarge"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode != 0
+    assert "error: environment 'dev': instance_type='g5.xlarge' is not valid" in result.stderr
+    assert "Traceback" not in result.stderr

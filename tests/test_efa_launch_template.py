@@ -1,0 +1,142 @@
+"""EfaLaunchTemplate alone, in a bare stack (no app synth): interface layout, IMDSv2, root volume, user data."""
+
+import json
+
+import aws_cdk as cdk
+import aws_cdk.aws_ec2 as ec2
+import pytest
+from aws_cdk.assertions import Match, Template
+
+from config import CATALOGUE, efa_instance_types
+from constructs.efa_launch_template import EfaLaunchTemplate, efa_network_interfaces
+from constructs.host_user_data import cloudwatch_agent_config, host_commands
+
+
+def _template(instance: str = "p4d.24xlarge", **kwargs) -> tuple[EfaLaunchTemplate, Template]:
+    stack = cdk.Stack()
+    sg = ec2.SecurityGroup.from_security_group_id(stack, "Efa", "sg-0123456789abcdef0")
+    user_data = kwargs.pop("user_data", ec2.UserData.for_linux())
+    construct = EfaLaunchTemplate(stack, "Lt", instance=CATALOGUE[instance], security_groups=[sg],
+                                  user_data=user_data, **kwargs)
+    return construct, Template.from_stack(stack)
+
+
+def _data(template: Template) -> dict:
+    (resource,) = template.find_resources("AWS::EC2::LaunchTemplate").values()
+    return resource["Properties"]["LaunchTemplateData"]
+
+
+@pytest.mark.parametrize("name", efa_instance_types())
+def test_one_interface_per_efa_network_card(name):
+    # As many interfaces as the catalogue's EFA count: card i, device 0; card 0 `efa`, the others `efa-only`.
+    interfaces = efa_network_interfaces(CATALOGUE[name].efa_interfaces, ["sg-1"])
+    assert [i["NetworkCardIndex"] for i in interfaces] == list(range(CATALOGUE[name].efa_interfaces))
+    assert {i["DeviceIndex"] for i in interfaces} == {0}
+    assert [i["InterfaceType"] for i in interfaces] == ["efa"] + ["efa-only"] * (CATALOGUE[name].efa_interfaces - 1)
+    assert all(i["Groups"] == ["sg-1"] for i in interfaces)
+
+
+def test_secondary_interfaces_can_be_plain_efa():
+    # Stacks whose EFA driver predates efa-only can ask for `efa` on every card.
+    assert {i["InterfaceType"] for i in efa_network_interfaces(4, ["sg-1"], "efa")} == {"efa"}
+
+
+def test_rendered_interfaces_carry_the_group_and_no_subnet_or_public_ip():
+    # The template's interfaces: the security group on each, no SubnetId (Batch/EKS pick it), no public IP.
+    construct, template = _template("p4d.24xlarge")
+    interfaces = _data(template)["NetworkInterfaces"]
+    assert len(interfaces) == 4 == len(construct.network_interfaces)
+    assert all(i["Groups"] == ["sg-0123456789abcdef0"] for i in interfaces)
+    assert all("SubnetId" not in i for i in interfaces)
+    assert interfaces[0]["AssociatePublicIpAddress"] is False
+    assert all(not i.get("AssociatePublicIpAddress") for i in interfaces)
+    assert "SecurityGroupIds" not in _data(template)  # EC2 rejects them next to network interfaces
+
+
+def test_imdsv2_required_with_two_hops():
+    # IMDSv2 only, hop limit 2 so containers reach the metadata service.
+    _, template = _template()
+    template.has_resource_properties("AWS::EC2::LaunchTemplate", {"LaunchTemplateData": {"MetadataOptions": {
+        "HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"}}})
+
+
+def test_root_volume_is_encrypted_gp3():
+    # Root volume: gp3, encrypted, the requested size, deleted with the instance.
+    _, template = _template(root_volume_gib=300)
+    template.has_resource_properties("AWS::EC2::LaunchTemplate", {"LaunchTemplateData": {"BlockDeviceMappings": [{
+        "DeviceName": "/dev/xvda",
+        "Ebs": {"VolumeSize": 300, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}]}})
+
+
+def test_plain_user_data_is_wrapped_as_mime_multipart():
+    # Batch/ECS accept only MIME multipart user data in a launch template.
+    _, template = _template()
+    rendered = json.dumps(_data(template)["UserData"])
+    assert "multipart/mixed" in rendered and "MIME-Version: 1.0" in rendered
+
+
+def test_without_interfaces_the_group_goes_on_the_template():
+    # Single-node hosts: no EFA interfaces, the security group as SecurityGroupIds instead.
+    construct, template = _template(include_network_interfaces=False)
+    data = _data(template)
+    assert "NetworkInterfaces" not in data and construct.network_interfaces == []
+    assert data["SecurityGroupIds"] == ["sg-0123456789abcdef0"]
+
+
+def test_failed_host_terminates():
+    # A host whose preparation fails shuts down; that must terminate it so the scheduler replaces it.
+    _, template = _template()
+    template.has_resource_properties("AWS::EC2::LaunchTemplate", {"LaunchTemplateData": Match.object_like(
+        {"InstanceInitiatedShutdownBehavior": "terminate"})})
+
+
+def test_eks_options_drop_shutdown_behaviour_and_set_placement():
+    # For EKS node groups: no shutdown behaviour (EKS refuses it), the placement group in the template.
+    stack = cdk.Stack()
+    sg = ec2.SecurityGroup.from_security_group_id(stack, "Efa", "sg-0123456789abcdef0")
+    group = ec2.PlacementGroup(stack, "Pg", strategy=ec2.PlacementGroupStrategy.CLUSTER)
+    EfaLaunchTemplate(stack, "Lt", instance=CATALOGUE["trn1.32xlarge"], security_groups=[sg],
+                      user_data=ec2.UserData.for_linux(), terminate_on_shutdown=False, placement_group=group)
+    data = _data(Template.from_stack(stack))
+    assert "InstanceInitiatedShutdownBehavior" not in data
+    assert "Pg" in json.dumps(data["Placement"])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"root_volume_gib": 8}, "root_volume_gib"),
+    ({"secondary_interface_type": "interface"}, "secondary_interface_type"),
+])
+def test_bad_arguments_are_refused(kwargs, message):
+    # Arguments that would build a useless template fail with the field's name.
+    with pytest.raises(ValueError, match=message):
+        _template(**kwargs)
+
+
+def test_non_efa_instance_is_refused():
+    # An instance type without EFA cannot get EFA interfaces.
+    with pytest.raises(ValueError, match="efa_interfaces=0"):
+        _template("g5.xlarge")
+
+
+def test_host_script_mounts_fsx_and_checks_accelerators():
+    # The host script: Lustre client, the documented mount, huge pages, nvidia-smi GPU count.
+    script = "\n".join(host_commands(instance=CATALOGUE["p5.48xlarge"], fsx_dns_name="fs.example", fsx_mount_name="abc"))
+    assert "dnf install -y lustre-client" in script
+    assert "mount -t lustre -o relatime,flock fs.example@tcp:/abc /fsx" in script
+    assert "vm.nr_hugepages" in script
+    assert 'if [ "$GPUS" -ne 8 ]' in script and "-lt 32" in script
+
+
+def test_neuron_host_checks_neuron_devices():
+    # Trainium hosts count /dev/neuron* and run neuron-ls instead of nvidia-smi.
+    script = "\n".join(host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m"))
+    assert "neuron-ls" in script and "nvidia-smi" not in script and '-ne 16' in script
+
+
+def test_cloudwatch_agent_publishes_gpu_metrics_to_cwagent():
+    # The dashboard reads nvidia_smi_utilization_gpu / nvidia_smi_memory_used in CWAgent.
+    config = cloudwatch_agent_config(CATALOGUE["p4d.24xlarge"])
+    assert config["metrics"]["namespace"] == "CWAgent"
+    gpu = config["metrics"]["metrics_collected"]["nvidia_gpu"]["measurement"]
+    assert {"utilization_gpu", "memory_used"} <= set(gpu)
+    assert "nvidia_gpu" not in cloudwatch_agent_config(CATALOGUE["trn1.32xlarge"])["metrics"]["metrics_collected"]
