@@ -43,6 +43,11 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
 
         stacks["compute"] = BatchStack(app, f"{prefix}-Batch", config=config, network=network, storage=storage,
                                        registry=registry, env=env)
+    if "compute" in stacks:
+        from stacks.pipeline_stack import PipelineStack
+
+        stacks["pipeline"] = PipelineStack(app, f"{prefix}-Pipeline", config=config, storage=storage, alerts=alerts,
+                                           compute=stacks["compute"], env=env)
     stacks["observability"] = ObservabilityStack(
         app, f"{prefix}-Observability", config=config, storage=storage, alerts=alerts,
         compute=stacks.get("compute"), pipeline=stacks.get("pipeline"), env=env)

@@ -29,6 +29,8 @@ from stacks.storage_stack import StorageStack
 # older ECS guide pages name it amazon-linux-2023/inf. Batch has no Neuron image type: ECS_AL2023 plus this AMI.
 NEURON_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/recommended/image_id"
 SHARES = ("research", "production")
+# Runs started through the pipeline are the production path; hand-submitted jobs name their own share.
+PIPELINE_SHARE = "production"
 SINGLE_NODE_MAX_INSTANCES = 2  # two validations at once; more wait in the queue
 ROOT_VOLUME_GIB = 200  # the accelerated training images are 15-25 GiB; layers are unpacked next to them
 
@@ -117,6 +119,7 @@ class BatchStack(cdk.Stack):
         self.scheduling_policy = batch.FairshareSchedulingPolicy(
             self, "FairshareSchedulingPolicy", share_decay=cdk.Duration.hours(1),
             shares=[batch.Share(share_identifier=name, weight_factor=weights[name]) for name in SHARES])
+        self.pipeline_share = PIPELINE_SHARE
         # A job whose resources no instance of the queue can ever satisfy is cancelled instead of waiting forever.
         stuck = [batch.JobStateTimeLimitAction(
             max_time=cdk.Duration.minutes(30), reason=batch.JobStateTimeLimitActionsReason.JOB_RESOURCE_REQUIREMENT,

@@ -1,0 +1,136 @@
+"""The pipeline's one seam to the compute backend: how a job is run and waited for.
+
+The state machine asks a `JobRunner` for one Task state per job ("sanity", "train", "validate")
+and then adds its own Retry, Catch and timeout to it; the runner also grants the state machine's
+role what its states need. `BatchJobRunner` runs the jobs on AWS Batch; an EKS runner implements
+the same two methods (see docs/pipeline.md).
+"""
+
+from collections.abc import Mapping
+from typing import Literal, Protocol
+
+import aws_cdk as cdk
+import aws_cdk.aws_batch as batch
+import aws_cdk.aws_iam as iam
+import aws_cdk.aws_stepfunctions as sfn
+from constructs import Construct
+
+JobKind = Literal["sanity", "train", "validate"]
+MULTI_NODE_JOBS: frozenset[str] = frozenset({"sanity", "train"})
+
+
+def _host_loss_rules() -> list[dict]:
+    """The Batch job definitions' own EvaluateOnExit rules (constructs/batch_job_definitions.py), in ASL.
+
+    A SubmitJob RetryStrategy replaces the job definition's, so the run's `max_attempts` comes with the same
+    rules: retry when the host or the container start failed, exit when the code failed or on anything else.
+    """
+    from constructs.batch_job_definitions import RETRY_RULES
+
+    keys = {"on_status_reason": "OnStatusReason", "on_reason": "OnReason", "on_exit_code": "OnExitCode"}
+    return [{**{keys[k]: v for k, v in on.items()}, "Action": action.value} for action, on in RETRY_RULES]
+
+
+class JobRunner(Protocol):
+    def submit(self, scope: Construct, id_: str, *, job: JobKind, parameters: Mapping[str, str],
+               job_name: str, nodes: str | None = None, attempts: str | None = None,
+               result_path: str = sfn.JsonPath.DISCARD, timeout: cdk.Duration | None = None) -> sfn.CustomState:
+        """A Task state that runs `job` and succeeds only when it succeeded.
+
+        `parameters`: job parameter name -> JSONPath or intrinsic function giving its string value
+        (Batch job Parameters, `Ref::name` in the job definition). `job_name`: JSONPath or
+        intrinsic for the job's name. `nodes`: path to the run's node count (multi-node jobs).
+        `attempts`: path to how many times the backend may restart the job after losing a host.
+        The state's result is `{"JobId", "JobName", "Status"}` at `result_path`.
+        """
+        ...
+
+    def grant(self, principal: iam.IGrantable) -> None:
+        """Everything the states from `submit` need, on the state machine's role."""
+        ...
+
+
+class BatchJobRunner:
+    """Runs the pipeline's jobs on AWS Batch with `batch:submitJob.sync`.
+
+    A CustomState rather than tasks.BatchSubmitJob: the pipeline needs a RetryStrategy with
+    EvaluateOnExit and a job name built from the run id, which BatchSubmitJob cannot render.
+    """
+
+    def __init__(self, *, multi_node_queue: batch.IJobQueue, single_node_queue: batch.IJobQueue,
+                 job_definitions: Mapping[str, batch.IJobDefinition], share_identifier: str | None = None) -> None:
+        missing = {"sanity", "train", "validate"} - set(job_definitions)
+        if missing:
+            raise ValueError(f"job_definitions lacks {', '.join(sorted(missing))}; expected sanity, train, validate")
+        self.multi_node_queue = multi_node_queue
+        self.single_node_queue = single_node_queue
+        self.job_definitions = dict(job_definitions)
+        # Fair-share queues reject a SubmitJob without a share identifier.
+        self.share_identifier = share_identifier
+
+    def _queue(self, job: JobKind) -> batch.IJobQueue:
+        return self.multi_node_queue if job in MULTI_NODE_JOBS else self.single_node_queue
+
+    def submit(self, scope: Construct, id_: str, *, job: JobKind, parameters: Mapping[str, str],
+               job_name: str, nodes: str | None = None, attempts: str | None = None,
+               result_path: str = sfn.JsonPath.DISCARD, timeout: cdk.Duration | None = None) -> sfn.CustomState:
+        request: dict = {
+            "JobName.$": job_name,
+            "JobQueue": self._queue(job).job_queue_arn,
+            "JobDefinition": self.job_definitions[job].job_definition_arn,
+            # Per-run values travel as Batch job Parameters: multi-node jobs take no container overrides.
+            "Parameters": {f"{name}.$": value for name, value in parameters.items()},
+            "PropagateTags": True,
+        }
+        if self.share_identifier:
+            request["ShareIdentifier"] = self.share_identifier
+        if nodes is not None and job in MULTI_NODE_JOBS:
+            # As the job parameter `nodes` (Ref::nodes): Step Functions' optimized Batch integration
+            # documents no NodeOverrides (moto and LocalStack drop it), so the multi-node job definition
+            # fixes the node count (the environment's `nodes`) and the job checks it against this value.
+            request["Parameters"]["nodes.$"] = f"States.Format('{{}}', {nodes})"
+        if attempts is not None:
+            # Replaces the job definition's retry strategy for this submission (Batch SubmitJob API).
+            request["RetryStrategy"] = {"Attempts.$": attempts, "EvaluateOnExit": _host_loss_rules()}
+        state: dict = {
+            "Type": "Task",
+            "Resource": f"arn:{cdk.Stack.of(scope).partition}:states:::batch:submitJob.sync",
+            "Parameters": request,
+            # The .sync result is the whole DescribeJobs entry; keep what operators look for.
+            "ResultSelector": {"JobId.$": "$.JobId", "JobName.$": "$.JobName", "Status.$": "$.Status"},
+            "ResultPath": result_path,
+        }
+        if timeout is not None:
+            state["TimeoutSeconds"] = int(timeout.to_seconds())
+        return sfn.CustomState(scope, id_, state_json=state)
+
+    def grant(self, principal: iam.IGrantable) -> None:
+        stack = cdk.Stack.of(principal) if isinstance(principal, Construct) else None
+        queues = {id(q): q.job_queue_arn for q in (self.multi_node_queue, self.single_node_queue)}
+        iam.Grant.add_to_principal(
+            grantee=principal, actions=["batch:SubmitJob"],
+            resource_arns=[*queues.values(), *(d.job_definition_arn for d in self.job_definitions.values())],
+        )
+        # .sync polls DescribeJobs (no resource-level permissions) and stops the job with TerminateJob
+        # when the state times out or the execution is stopped.
+        iam.Grant.add_to_principal(grantee=principal, actions=["batch:DescribeJobs"], resource_arns=["*"])
+        scope = stack or cdk.Stack.of(self.multi_node_queue)
+        iam.Grant.add_to_principal(
+            grantee=principal, actions=["batch:TerminateJob"],
+            resource_arns=[scope.format_arn(service="batch", resource="job", resource_name="*")],
+        )
+        if isinstance(principal, Construct) and isinstance(getattr(principal, "role", None), Construct):
+            account = "<AWS::AccountId>" if cdk.Token.is_unresolved(scope.account) else scope.account
+            region = "<AWS::Region>" if cdk.Token.is_unresolved(scope.region) else scope.region
+            partition = "<AWS::Partition>" if cdk.Token.is_unresolved(scope.partition) else scope.partition
+            policy = principal.role.node.try_find_child("DefaultPolicy") or principal.role
+            cdk.Validations.of(policy).acknowledge(cdk.Acknowledgment(
+                id=f"AwsSolutions-IAM5[Resource::arn:{partition}:batch:{region}:{account}:job/*]",
+                reason="batch:TerminateJob (stopping the job when its state times out or the execution is "
+                       "stopped) can only name job/*: job ids exist only once the job is submitted"))
+        # The managed rule through which Step Functions learns that a Batch job ended.
+        iam.Grant.add_to_principal(
+            grantee=principal, actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+            resource_arns=[scope.format_arn(service="events", resource="rule",
+                                            resource_name="StepFunctionsGetEventsForBatchJobsRule")],
+        )

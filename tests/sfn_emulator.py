@@ -1,0 +1,303 @@
+"""Run the synthesized pipeline state machine in moto's Amazon States Language interpreter.
+
+`Emulator` (a context manager, inside `mock_aws`) patches as little as it can, each patch undone on exit:
+
+1. Resolves the CloudFormation intrinsics in the DefinitionString (Fn::Join, Ref, Fn::GetAtt,
+   Fn::ImportValue, Fn::GetStackOutput) to emulated resources: a referenced SNS topic, S3 bucket,
+   Batch queue or job definition is created in moto and its name/ARN substituted.
+2. Works around moto 5.2.1's Batch integration, which hands Step Functions' PascalCase request
+   to boto unchanged (KeyError) and expects PascalCase back (AWS_FACTS.md): a client proxy maps
+   `submit_job`'s request onto boto's member names (using botocore's own shape, so the
+   `Parameters`/`Tags` maps keep their keys) and adds `JobId`/`JobName`/`Status` to responses.
+   The same proxy reads S3 `getObject`'s Body into a string, as the real aws-sdk integration does.
+3. Decides each Batch job's outcome: moto's non-Docker Batch backend finishes every job at submit
+   time (success, or failure for all with MOTO_SIMPLE_BATCH_FAIL_AFTER); `outcomes[kind]` (a list of
+   booleans, one per submission) replaces that decision, and a succeeding validate job writes its
+   verdict to s3://<bucket>/runs/<run_id>/verdict.json like the real one.
+4. Lets a retried `.sync` task wait again: moto interrupts a Task's callback endpoint when an attempt
+   ends and reuses that endpoint for the Retry attempt, which then reports States.Timeout at once.
+   The interruption is cleared before each attempt (no task-token callback ever arrives here).
+5. Records instead of sleeping: moto's Retrier really calls time.sleep(interval) — minutes in the
+   real definition — so the retrier module's `time` is replaced by a recorder of the intervals.
+6. Forgets finished executions between runs (`forget_executions`): moto deep-copies the whole backend
+   at every StartExecution, and a finished execution holds locks that cannot be copied.
+"""
+
+import json
+import threading
+import time
+import types
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import boto3
+from botocore.response import StreamingBody
+
+import moto.batch_simple.models as batch_simple
+import moto.stepfunctions.parser.asl.component.common.retry.retrier_decl as retrier_decl
+import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_aws_sdk as sdk_service
+import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_batch as batch_service
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
+    StateTaskServiceCallback,
+)
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"  # moto's default account
+ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/pipeline-test"
+JOB_KINDS = ("sanity", "train", "validate")
+
+
+def _to_boto(value, shape):
+    """Step Functions' PascalCase request -> boto member names, following botocore's input shape."""
+    if shape.type_name == "structure" and isinstance(value, dict):
+        members = {name.lower(): name for name in shape.members}
+        return {members.get(k.lower(), k): _to_boto(v, shape.members[members[k.lower()]])
+                if k.lower() in members else v for k, v in value.items()}
+    if shape.type_name == "list" and isinstance(value, list):
+        return [_to_boto(item, shape.member) for item in value]
+    return value  # maps (Parameters, Tags) and scalars unchanged
+
+
+def _json_safe(value):
+    if isinstance(value, StreamingBody):
+        return value.read().decode()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+class _ClientProxy:
+    """A boto client as Step Functions' own integrations would see it (see the module docstring)."""
+
+    def __init__(self, client, recorder: "Emulator"):
+        self._client, self._recorder = client, recorder
+
+    def __getattr__(self, name):
+        method = getattr(self._client, name)
+        service = self._client.meta.service_model.service_name
+        if service == "batch" and name == "submit_job":
+            def submit_job(**request):
+                shape = self._client.meta.service_model.operation_model("SubmitJob").input_shape
+                request = _to_boto(request, shape)
+                self._recorder.submitted.append(request)
+                response = method(**request)
+                return {**response, "JobId": response["jobId"], "JobName": response["jobName"],
+                        "JobArn": response.get("jobArn")}
+            return submit_job
+        if service == "batch" and name == "describe_jobs":
+            def describe_jobs(**request):
+                response = method(**request)
+                for job in response["jobs"]:
+                    job.update(JobId=job["jobId"], JobName=job["jobName"], Status=job["status"])
+                return response
+            return describe_jobs
+        if service == "s3" and name == "get_object":
+            return lambda **request: _json_safe(method(**request))
+        return method
+
+
+@dataclass
+class Emulator:
+    """Create with the pipeline stack's template and the app's templates (for cross-stack outputs)."""
+    template: dict
+    templates: dict[str, dict]
+    outcomes: dict[str, list[bool]] = field(default_factory=dict)  # kind -> outcome per submission
+    verdict: dict | None = None  # written by a succeeding validate job
+    submitted: list[dict] = field(default_factory=list)
+    retry_sleeps: list[float] = field(default_factory=list)
+    physical: dict[str, dict[str, str]] = field(default_factory=dict)  # logical id -> {"Ref": .., "Arn": ..}
+
+    def __enter__(self) -> "Emulator":
+        self._patches = []
+        proxy = lambda region, service, state_credentials=None: _ClientProxy(  # noqa: E731
+            self._original_client(region=region, service=service, state_credentials=state_credentials), self)
+        self._original_client = batch_service.boto_client_for
+        self._patch(batch_service, "boto_client_for", proxy)
+        self._patch(sdk_service, "boto_client_for", proxy)
+        self._patch(retrier_decl, "time", types.SimpleNamespace(sleep=self.retry_sleeps.append))
+        self._patch(batch_simple.BatchSimpleBackend, "_mark_job_as_finished", self._finish_job())
+        original_eval_sync = StateTaskServiceCallback._eval_sync
+
+        def eval_sync(task, env, sync_resolver, timeout_seconds, callback_endpoint, heartbeat_endpoint):
+            if callback_endpoint is not None and callback_endpoint.get_outcome() is None:
+                callback_endpoint._notify_event.clear()  # interrupted by the previous attempt, not notified
+            return original_eval_sync(task, env=env, sync_resolver=sync_resolver, timeout_seconds=timeout_seconds,
+                                      callback_endpoint=callback_endpoint, heartbeat_endpoint=heartbeat_endpoint)
+        self._patch(StateTaskServiceCallback, "_eval_sync", eval_sync)
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = defaultdict(int)
+        self.sfn = boto3.client("stepfunctions", region_name=REGION)
+        self.s3 = boto3.client("s3", region_name=REGION)
+        self.ssm = boto3.client("ssm", region_name=REGION)
+        self.sqs = boto3.client("sqs", region_name=REGION)
+        machine = next(r for r in self.template["Resources"].values()
+                       if r["Type"] == "AWS::StepFunctions::StateMachine")
+        self.definition = self.resolve(machine["Properties"]["DefinitionString"])
+        self.new_state_machine()
+        return self
+
+    def new_state_machine(self) -> str:
+        self.state_machine_arn = self.sfn.create_state_machine(
+            name="pipeline", definition=self.definition, roleArn=ROLE_ARN)["stateMachineArn"]
+        return self.state_machine_arn
+
+    @staticmethod
+    def forget_executions() -> None:
+        """moto deep-copies a state machine, and through it its whole backend, at every StartExecution; a
+        finished execution holds locks that do not copy. So: forget the finished ones between runs."""
+        from moto.stepfunctions.parser.models import stepfunctions_parser_backends
+
+        for machine in stepfunctions_parser_backends[ACCOUNT][REGION].state_machines:
+            machine.executions.clear()
+
+    def reset(self) -> None:
+        """Forget the previous execution's plan and records (the emulated resources stay)."""
+        self.outcomes, self.verdict = {}, None
+        self.forget_executions()
+        self.submitted.clear()
+        self.retry_sleeps.clear()
+        self._counts.clear()
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, original in reversed(self._patches):
+            setattr(owner, name, original)
+
+    def _patch(self, owner, name, value) -> None:
+        self._patches.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    # ---- job outcomes -------------------------------------------------------------------------
+    def _finish_job(self):
+        emulator = self
+
+        def finish(backend, include_start_attempt, job):
+            backend.backend._jobs[job.job_id] = job
+            job.job_started_at = datetime.now()
+            job.log_stream_name = job._stream_name
+            if include_start_attempt:
+                job._start_attempt()
+            kind = job.job_name.rsplit("-", 1)[-1]
+            with emulator._lock:
+                index = emulator._counts[kind]
+                emulator._counts[kind] += 1
+            plan = emulator.outcomes.get(kind, [True])
+            success = plan[min(index, len(plan) - 1)]
+            if success and kind == "validate" and emulator.verdict is not None:
+                run_id = job.parameters["run_id"]
+                emulator.s3.put_object(Bucket=emulator.bucket, Key=f"runs/{run_id}/verdict.json",
+                                       Body=json.dumps(emulator.verdict).encode())
+            job._mark_stopped(success=success)
+        return finish
+
+    # ---- resolving the template ---------------------------------------------------------------
+    @property
+    def bucket(self) -> str:
+        return next(v["Ref"] for v in self.physical.values() if v.get("type") == "AWS::S3::Bucket")
+
+    def resolve(self, value, template: dict | None = None):
+        template = template or self.template
+        if isinstance(value, list):
+            return [self.resolve(v, template) for v in value]
+        if not isinstance(value, dict):
+            return value
+        if "Fn::Join" in value:
+            separator, parts = value["Fn::Join"]
+            return separator.join(str(self.resolve(p, template)) for p in parts)
+        if "Ref" in value:
+            pseudo = {"AWS::AccountId": ACCOUNT, "AWS::Region": REGION, "AWS::Partition": "aws",
+                      "AWS::URLSuffix": "amazonaws.com"}
+            return pseudo.get(value["Ref"]) or self._resource(template, value["Ref"])["Ref"]
+        if "Fn::GetAtt" in value:
+            logical, attribute = value["Fn::GetAtt"]
+            return self._resource(template, logical)[attribute]
+        if "Fn::GetStackOutput" in value:
+            ref = value["Fn::GetStackOutput"]
+            producer = self.templates[ref["StackName"]]
+            return self.resolve(producer["Outputs"][ref["OutputName"]]["Value"], producer)
+        if "Fn::ImportValue" in value:
+            name = self.resolve(value["Fn::ImportValue"], template)
+            for producer in self.templates.values():
+                for output in producer.get("Outputs", {}).values():
+                    if output.get("Export", {}).get("Name") == name:
+                        return self.resolve(output["Value"], producer)
+            raise KeyError(f"no stack exports {name}")
+        return {k: self.resolve(v, template) for k, v in value.items()}
+
+    def _resource(self, template: dict, logical: str) -> dict[str, str]:
+        key = f"{id(template)}/{logical}"
+        if key not in self.physical:
+            kind = template["Resources"][logical]["Type"]
+            self.physical[key] = {"type": kind, **self._create(kind, logical.lower()[:40])}
+        return self.physical[key]
+
+    def _create(self, kind: str, name: str) -> dict[str, str]:
+        if kind == "AWS::S3::Bucket":
+            boto3.client("s3", region_name=REGION).create_bucket(Bucket=name)
+            return {"Ref": name, "Arn": f"arn:aws:s3:::{name}"}
+        if kind == "AWS::SNS::Topic":
+            arn = boto3.client("sns", region_name=REGION).create_topic(Name=name)["TopicArn"]
+            return {"Ref": arn, "TopicArn": arn, "TopicName": name}
+        if kind == "AWS::Batch::JobQueue":
+            arn = self.create_job_queue(name)
+            return {"Ref": arn, "JobQueueArn": arn}
+        if kind == "AWS::Batch::JobDefinition":
+            arn = self.create_job_definition(name)
+            return {"Ref": arn, "JobDefinitionArn": arn}
+        raise NotImplementedError(f"the emulator cannot create {kind} ({name})")
+
+    # Batch: one unmanaged compute environment; every job definition a plain container one (moto's
+    # non-Docker backend never runs them, and multi-node overrides play no part in the emulation).
+    def create_job_queue(self, name: str) -> str:
+        batch = boto3.client("batch", region_name=REGION)
+        environments = batch.describe_compute_environments()["computeEnvironments"]
+        if environments:
+            environment = environments[0]["computeEnvironmentArn"]
+        else:
+            role = boto3.client("iam", region_name=REGION).create_role(
+                RoleName="batch-service", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+            environment = batch.create_compute_environment(
+                computeEnvironmentName="emulated", type="UNMANAGED", state="ENABLED", serviceRole=role,
+            )["computeEnvironmentArn"]
+        return batch.create_job_queue(jobQueueName=name, state="ENABLED", priority=1, computeEnvironmentOrder=[
+            {"order": 1, "computeEnvironment": environment}])["jobQueueArn"]
+
+    def create_job_definition(self, name: str) -> str:
+        return boto3.client("batch", region_name=REGION).register_job_definition(
+            jobDefinitionName=name, type="container",
+            containerProperties={"image": "training:latest", "vcpus": 1, "memory": 512})["jobDefinitionArn"]
+
+    # ---- running ------------------------------------------------------------------------------
+    def subscribe_queue(self, topic_arn: str) -> str:
+        url = self.sqs.create_queue(QueueName="alerts")["QueueUrl"]
+        arn = self.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        boto3.client("sns", region_name=REGION).subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=arn,
+                                                         Attributes={"RawMessageDelivery": "true"})
+        return url
+
+    def run(self, execution_input: dict, name: str | None = None, timeout: float = 20.0) -> dict:
+        self._runs = getattr(self, "_runs", 0) + 1
+        name = name or f"run-{self._runs}"
+        arn = self.sfn.start_execution(stateMachineArn=self.state_machine_arn, name=name,
+                                       input=json.dumps(execution_input))["executionArn"]
+        return self.wait(arn, timeout)
+
+    def wait(self, execution_arn: str, timeout: float = 20.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            described = self.sfn.describe_execution(executionArn=execution_arn)
+            if described["status"] != "RUNNING":
+                return described
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{execution_arn} still RUNNING after {timeout}s")
+            time.sleep(0.02)
+
+    def history(self, execution_arn: str) -> list[dict]:
+        return self.sfn.get_execution_history(executionArn=execution_arn, maxResults=1000)["events"]
+
+    def submitted_kinds(self) -> list[str]:
+        return [request["jobName"].rsplit("-", 1)[-1] for request in self.submitted]

@@ -1,0 +1,317 @@
+"""The training pipeline: its template, and its real definition executed by moto's ASL interpreter.
+
+The emulated tests run the Pipeline stack of the synthesized app (see tests/sfn_emulator.py for what
+is emulated and why). Until the Batch stack exists, the app is synthesized with a Pipeline stack on
+imported Batch queues and job definitions, which the emulator then creates under the same names.
+"""
+
+import json
+
+import pytest
+from moto import mock_aws
+
+from conftest import CDK_JSON_CONTEXT, synthesize
+from sfn_emulator import Emulator
+
+MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "batch": {"use_docker": False}}
+PIPELINE = "EfaTraining-dev-Pipeline"
+STUB_ARN = "arn:aws:batch:us-east-1:123456789012:"
+RUN = {
+    "run_id": "gpt-tiny-001",
+    "dataset": "datasets/wikitext/",
+    "nodes": 2,
+    "hyperparameters": {"max_steps": 500, "lr": 0.0006},
+    "baseline": 3.2,
+    "tolerance": 0.05,
+}
+ACCEPTED = {"metric": "val_loss", "value": 3.18, "baseline": 3.2, "delta": -0.02, "relative_delta": -0.00625,
+            "tolerance": 0.05, "passed": True}
+REJECTED = {**ACCEPTED, "value": 3.6, "delta": 0.4, "relative_delta": 0.125, "passed": False}
+
+_APP: dict = {}
+
+
+def pipeline_app() -> tuple[dict, dict]:
+    """(every stack's template by name, the Pipeline template) of the dev app, synthesized once."""
+    if not _APP:
+        synthesized = synthesize()
+        if "pipeline" in synthesized.stacks:
+            _APP.update(templates=synthesized.templates, pipeline=synthesized.raw("pipeline"))
+        else:
+            _APP.update(_synthesize_with_stub_batch())
+    return _APP["templates"], _APP["pipeline"]
+
+
+def _synthesize_with_stub_batch() -> dict:
+    import os
+    import tempfile
+
+    import aws_cdk as cdk
+    import aws_cdk.aws_batch as batch
+    from app import build_app
+    from config import load_config
+    from stacks.pipeline_stack import PipelineStack
+
+    app, stacks = build_app(context=dict(CDK_JSON_CONTEXT), outdir=tempfile.mkdtemp(prefix="cdk-pipeline-"))
+    storage = stacks["storage"]
+
+    class StubBatch:  # the BatchStack interface, on imported resources (nothing deployed)
+        multi_node_queue = batch.JobQueue.from_job_queue_arn(storage, "StubMultiNode", STUB_ARN + "job-queue/multi")
+        single_node_queue = batch.JobQueue.from_job_queue_arn(storage, "StubSingle", STUB_ARN + "job-queue/single")
+        job_definitions = {kind: batch.EcsJobDefinition.from_job_definition_arn(
+            storage, f"Stub{kind}", STUB_ARN + f"job-definition/{kind}:1") for kind in ("sanity", "train", "validate")}
+
+    config = load_config(app.node.get_all_context())
+    env = cdk.Environment(account=config.account or os.environ.get("CDK_DEFAULT_ACCOUNT"), region=config.region)
+    PipelineStack(app, PIPELINE, config=config, storage=storage, alerts=stacks["alerts"], compute=StubBatch(), env=env)
+    assembly = app.synth()
+    templates = {stack.stack_name: stack.template for stack in assembly.stacks}
+    return {"templates": templates, "pipeline": templates[PIPELINE]}
+
+
+@pytest.fixture(scope="module")
+def world():
+    """One emulated account per module: moto, the resolved state machine and an SQS queue on the alerts topic."""
+    templates, template = pipeline_app()
+    with mock_aws(config=MOTO_CONFIG):
+        emulator = Emulator(template=template, templates=templates)
+        if not any(r.get("Type") == "AWS::Batch::JobQueue" for t in templates.values()
+                   for r in t.get("Resources", {}).values()):
+            emulator.create_job_queue("multi")
+            emulator.create_job_queue("single")
+            for kind in ("sanity", "train", "validate"):
+                emulator.create_job_definition(kind)
+        with emulator:
+            topic = next(v["Ref"] for v in emulator.physical.values() if v["type"] == "AWS::SNS::Topic")
+            emulator.alerts = emulator.subscribe_queue(topic)
+            yield emulator
+
+
+@pytest.fixture
+def emulator(world):
+    """The shared emulator, reset: no job plan, no recorded jobs or sleeps, no approval, no messages."""
+    world.reset()
+    world.sqs.purge_queue(QueueUrl=world.alerts)
+    try:
+        world.ssm.delete_parameter(Name="/efa-training/dev/approved-model")
+    except world.ssm.exceptions.ParameterNotFound:
+        pass
+    for listed in world.s3.list_objects_v2(Bucket=world.bucket).get("Contents", []):
+        world.s3.delete_object(Bucket=world.bucket, Key=listed["Key"])
+    return world
+
+
+def messages(emulator) -> list[dict]:
+    received = emulator.sqs.receive_message(QueueUrl=emulator.alerts, MaxNumberOfMessages=10).get("Messages", [])
+    return [json.loads(m["Body"]) for m in received]
+
+
+def entered(history: list[dict]) -> list[str]:
+    return [e["stateEnteredEventDetails"]["name"] for e in history if "stateEnteredEventDetails" in e]
+
+
+def approved_model(emulator) -> dict | None:
+    try:
+        return json.loads(emulator.ssm.get_parameter(Name="/efa-training/dev/approved-model")["Parameter"]["Value"])
+    except emulator.ssm.exceptions.ParameterNotFound:
+        return None
+
+
+# ---- the definition executed --------------------------------------------------------------------
+
+def test_happy_path_records_the_approved_model(emulator):
+    emulator.verdict = ACCEPTED
+    result = emulator.run(RUN)
+    assert result["status"] == "SUCCEEDED", result
+    assert emulator.submitted_kinds() == ["sanity", "train", "validate"]
+    train = emulator.submitted[1]
+    # Per-run values reach Batch as string job Parameters (multi-node jobs take no container overrides).
+    assert train["parameters"] == {"run_id": "gpt-tiny-001", "dataset": "datasets/wikitext/", "model": "tiny",
+                                   "strategy": "ddp", "max_steps": "500", "checkpoint_every": "250",
+                                   "seed": "1337", "lr": train["parameters"]["lr"], "batch_size": "8",
+                                   "nodes": "2"}
+    assert float(train["parameters"]["lr"]) == 0.0006
+    assert train["retryStrategy"]["attempts"] == 2 and train["retryStrategy"]["evaluateOnExit"][-1]["action"] == "EXIT"
+    model = approved_model(emulator)
+    assert model["run_id"] == "gpt-tiny-001" and model["model"].endswith("/models/gpt-tiny-001/")
+    assert model["verdict"]["passed"] is True
+    copied = emulator.s3.get_object(Bucket=emulator.bucket, Key="models/gpt-tiny-001/verdict.json")
+    assert json.loads(copied["Body"].read())["value"] == 3.18
+    assert [m["outcome"] for m in messages(emulator)] == ["APPROVED"]
+
+
+def test_training_failing_once_is_retried_and_succeeds(emulator):
+    emulator.verdict = ACCEPTED
+    emulator.outcomes = {"train": [False, True]}
+    result = emulator.run(RUN)
+    assert result["status"] == "SUCCEEDED", result
+    assert emulator.submitted_kinds() == ["sanity", "train", "train", "validate"]
+    history = emulator.history(result["executionArn"])
+    train_failures = [e for e in history if e["type"] == "TaskFailed"]
+    assert len(train_failures) == 1 and train_failures[0]["taskFailedEventDetails"]["error"] == "States.TaskFailed"
+    assert sum(e["type"] == "TaskScheduled" and "submitJob" in e["taskScheduledEventDetails"]["resource"]
+               for e in history) == 4
+    # One backoff, with full jitter: anywhere from 0 to the 120 s interval.
+    assert len(emulator.retry_sleeps) == 1 and 0 <= emulator.retry_sleeps[0] <= 120
+    assert approved_model(emulator) is not None
+
+
+def test_training_failing_every_time_notifies_and_fails(emulator):
+    emulator.outcomes = {"train": [False]}
+    result = emulator.run(RUN)
+    assert result["status"] == "FAILED"
+    assert result.get("error") == "TrainingFailed"
+    assert emulator.submitted_kinds() == ["sanity"] + ["train"] * 4 + []  # first attempt + 3 retries
+    assert len(emulator.retry_sleeps) == 3
+    (alert,) = messages(emulator)
+    assert alert["outcome"] == "FAILED" and alert["error"] == "TrainingFailed" and alert["state"] == "Train"
+    assert approved_model(emulator) is None
+
+
+def test_validation_rejecting_fails_without_approval(emulator):
+    emulator.verdict = REJECTED
+    result = emulator.run(RUN)
+    assert result["status"] == "FAILED"
+    assert result.get("error") == "ValidationFailed"
+    assert "val_loss" in result.get("cause", "") and "0.05" in result.get("cause", "")
+    assert approved_model(emulator) is None
+    listed = emulator.s3.list_objects_v2(Bucket=emulator.bucket, Prefix="models/")
+    assert listed.get("KeyCount", 0) == 0
+    assert [m["outcome"] for m in messages(emulator)] == ["REJECTED"]
+
+
+def test_sanity_failing_twice_stops_before_training(emulator):
+    emulator.outcomes = {"sanity": [False]}
+    result = emulator.run(RUN)
+    assert result["status"] == "FAILED" and result.get("error") == "SanityCheckFailed"
+    assert emulator.submitted_kinds() == ["sanity", "sanity"]  # retried once, no training job
+    (alert,) = messages(emulator)
+    assert alert["error"] == "SanityCheckFailed"
+
+
+def test_sanity_failing_once_is_retried(emulator):
+    emulator.verdict = ACCEPTED
+    emulator.outcomes = {"sanity": [False, True]}
+    assert emulator.run(RUN)["status"] == "SUCCEEDED"
+    assert emulator.submitted_kinds() == ["sanity", "sanity", "train", "validate"]
+
+
+@pytest.mark.parametrize("change, cause", [
+    ({"learning_rate": 0.1}, "unknown field"),
+    ({"hyperparameters": {"max_step": 10}}, "unknown field"),
+    ({"nodes": 3}, "above this environment's maximum of 2"),
+    ({"dataset": None}, "dataset is missing"),
+    ({"dataset": "s3://elsewhere/data"}, "dataset must be a path under datasets/"),
+    ({"tolerance": 1.5}, "tolerance is out of range"),
+    ({"tolerance": -0.1}, "tolerance is out of range"),
+    ({"baseline": "3.2"}, "baseline must be a number"),
+    ({"hyperparameters": {"strategy": "zero3"}}, "strategy must be ddp or fsdp"),
+])
+def test_bad_input_fails_before_any_job(emulator, change, cause):
+    run = {**RUN, **change}
+    if change.get("dataset", "") is None:
+        del run["dataset"]
+    result = emulator.run(run)
+    assert result["status"] == "FAILED"
+    assert result.get("error") == "InvalidInput" and cause in result.get("cause", ""), result
+    assert emulator.submitted == []
+    assert messages(emulator) == []
+
+
+def test_defaults_fill_in_what_the_run_omits(emulator):
+    emulator.verdict = ACCEPTED
+    minimal = {"run_id": "minimal", "dataset": "datasets/wikitext/", "baseline": 3.2}
+    assert emulator.run(minimal)["status"] == "SUCCEEDED"
+    sanity, train, validate = emulator.submitted
+    assert sanity["parameters"] == {"run_id": "minimal", "nodes": "2"}  # nodes: the environment's maximum
+    assert train["parameters"]["max_steps"] == "1000" and validate["parameters"]["tolerance"] == "0.05"
+    assert "nodes" not in validate["parameters"]  # single-node
+
+
+# ---- the template -------------------------------------------------------------------------------
+
+def _states(template: dict) -> dict:
+    machine = next(r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine")
+    parts = machine["Properties"]["DefinitionString"]["Fn::Join"][1]
+    # Intrinsics sit inside JSON strings of the definition: any placeholder keeps it valid JSON.
+    return json.loads("".join(p if isinstance(p, str) else "TOKEN" for p in parts))["States"]
+
+
+def test_every_task_has_a_timeout_and_a_catch():
+    _, template = pipeline_app()
+    states = _states(template)
+    task_states = {name: s for name, s in states.items() if s["Type"] == "Task"}
+    assert {"SanityCheck", "Train", "Validate", "ReadVerdict", "CopyVerdictToModels", "PublishApprovedModel",
+            "NotifyApproved", "NotifyRejected", "NotifyFailure"} <= set(task_states)
+    for name, state in task_states.items():
+        assert state.get("TimeoutSeconds"), name
+        assert state.get("Catch"), name
+
+
+def test_training_retry_has_exponential_backoff_with_full_jitter():
+    _, template = pipeline_app()
+    retry = _states(template)["Train"]["Retry"]
+    assert retry[0] == {"ErrorEquals": ["Batch.ClientException"], "MaxAttempts": 0}
+    assert retry[1]["ErrorEquals"] == ["States.TaskFailed"]
+    assert retry[1]["JitterStrategy"] == "FULL" and retry[1]["BackoffRate"] == 2 and retry[1]["MaxAttempts"] == 3
+    assert _states(template)["SanityCheck"]["Retry"][0]["MaxAttempts"] == 1
+
+
+def test_execution_logging_and_tracing():
+    _, template = pipeline_app()
+    machine = next(r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine")
+    assert machine["Properties"]["TracingConfiguration"] == {"Enabled": True}
+    assert machine["Properties"]["LoggingConfiguration"]["Level"] == "ALL"
+    (log_group,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Logs::LogGroup"]
+    assert log_group["Properties"]["RetentionInDays"] == 14  # dev's log_retention_days
+    assert "StateMachineArn" in template["Outputs"]
+
+
+# ---- the construct alone ------------------------------------------------------------------------
+
+def test_construct_in_a_bare_stack_takes_its_retry_policy():
+    import aws_cdk as cdk
+    import aws_cdk.aws_batch as batch
+    import aws_cdk.aws_ecs as ecs
+    import aws_cdk.aws_logs as logs
+    import aws_cdk.aws_s3 as s3
+    import aws_cdk.aws_sns as sns
+    from aws_cdk.assertions import Template
+
+    from constructs.pipeline_jobs import BatchJobRunner
+    from constructs.training_pipeline import TrainingPipeline, TrainingRetry
+
+    stack = cdk.Stack()
+    container = batch.EcsEc2ContainerDefinition(stack, "Container", image=ecs.ContainerImage.from_registry("trainer"),
+                                                cpu=1, memory=cdk.Size.mebibytes(512))
+    environment = batch.UnmanagedComputeEnvironment(stack, "Hosts")
+    queues = {name: batch.JobQueue(stack, name, compute_environments=[
+        batch.OrderedComputeEnvironment(compute_environment=environment, order=1)]) for name in ("MultiNode", "Single")}
+    runner = BatchJobRunner(
+        multi_node_queue=queues["MultiNode"], single_node_queue=queues["Single"],
+        job_definitions={kind: batch.EcsJobDefinition(stack, kind, container=container)
+                         for kind in ("sanity", "train", "validate")})
+    TrainingPipeline(stack, "Pipeline", environment="test", max_nodes=4, bucket=s3.Bucket(stack, "Data"),
+                     topic=sns.Topic(stack, "Alerts"), runner=runner, log_retention=logs.RetentionDays.ONE_WEEK,
+                     removal_policy=cdk.RemovalPolicy.DESTROY,
+                     training_retry=TrainingRetry(max_attempts=5, interval=cdk.Duration.seconds(30)))
+    template = Template.from_stack(stack)
+    states = _states(template.to_json())
+    # The construct's retry policy, and the environment's maximum in the input check.
+    assert states["Train"]["Retry"][1]["MaxAttempts"] == 5 and states["Train"]["Retry"][1]["IntervalSeconds"] == 30
+    assert states["ApplyDefaults"]["Parameters"]["defaults"]["nodes"] == 4
+    # Least privilege: SubmitJob on the two queues and three job definitions, nothing else.
+    (policy,) = [r for r in template.find_resources("AWS::IAM::Policy").values()
+                 if "StateMachine" in json.dumps(r["Properties"]["Roles"])]
+    (submit,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Action"] == "batch:SubmitJob"]
+    assert len(submit["Resource"]) == 5
+
+
+def test_batch_submissions_name_a_share_of_the_fair_share_policy(synth):
+    # Fair-share queues reject SubmitJob without a share identifier; the pipeline uses the production share.
+    synthesized = synth()
+    definition = json.dumps(synthesized.raw("pipeline"))
+    shares = [s["ShareIdentifier"] for policy in synthesized.template("compute").find_resources(
+        "AWS::Batch::SchedulingPolicy").values() for s in policy["Properties"]["FairsharePolicy"]["ShareDistribution"]]
+    assert '\\"ShareIdentifier\\":\\"production\\"' in definition
+    assert "production" in shares

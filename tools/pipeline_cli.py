@@ -1,0 +1,335 @@
+"""Operate the training pipeline: start a run, watch it, list runs, describe one.
+
+    .venv/bin/python -m tools.pipeline_cli start dev examples/run.json --watch
+    .venv/bin/python -m tools.pipeline_cli watch dev gpt-tiny-001-20261121T083000
+    .venv/bin/python -m tools.pipeline_cli list dev
+    .venv/bin/python -m tools.pipeline_cli describe dev gpt-tiny-001-20261121T083000
+
+The environment's region comes from cdk.json (or --region); the state machine from the output
+`StateMachineArn` of the stack `EfaTraining-<env>-Pipeline`. `start` validates the run file with the
+same rules as the state machine (constructs/pipeline_schema.py) before starting anything. Exit codes:
+0 success (or a run that succeeded), 1 a run that failed, 2 a usage or environment error.
+"""
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parent.parent
+STACK = "EfaTraining-{env}-Pipeline"
+STORAGE_STACK = "EfaTraining-{env}-Storage"
+DASHBOARD = "EfaTraining-{env}-training"
+STAGES = ("ValidateInput", "SanityCheck", "Train", "Validate", "ReadVerdict", "IsModelAccepted")
+RESULT_CODES = {"SUCCEEDED": 0, "RUNNING": 1, "FAILED": 1, "TIMED_OUT": 1, "ABORTED": 1, "PENDING_REDRIVE": 1}
+
+
+def _load_schema():
+    """constructs/pipeline_schema.py, loaded by path: importing the `constructs` package starts jsii's Node.js."""
+    spec = importlib.util.spec_from_file_location("pipeline_schema", ROOT / "constructs" / "pipeline_schema.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+schema = _load_schema()
+
+
+class CliError(Exception):
+    """One line for the operator; exit code 2."""
+
+
+# ---- AWS access --------------------------------------------------------------------------------
+
+def region_of(env: str, override: str | None) -> str:
+    if override:
+        return override
+    environments = json.loads((ROOT / "cdk.json").read_text())["context"]["environments"]
+    if env not in environments:
+        raise CliError(f"unknown environment {env!r}; expected one of {', '.join(environments)} (from cdk.json)")
+    return environments[env]["region"]
+
+
+class Pipeline:
+    """The deployed pipeline of one environment: its stack outputs and clients."""
+
+    def __init__(self, env: str, region: str, session=None) -> None:
+        import boto3
+
+        self.env, self.region = env, region
+        self.session = session or boto3.Session(region_name=region)
+        self.sfn = self._client("stepfunctions")
+        outputs = self._outputs()
+        if "StateMachineArn" not in outputs:
+            raise CliError(f"environment {env!r}: stack {STACK.format(env=env)} has no StateMachineArn output; "
+                           "redeploy the pipeline stack")
+        self.state_machine_arn = outputs["StateMachineArn"]
+        self.max_nodes = int(outputs.get("MaxNodes", schema.RUN_FIELDS.get("nodes") or 1))
+        self.log_group = outputs.get("ExecutionLogGroup")
+        self.parameter = outputs.get("ApprovedModelParameter")
+
+    def _client(self, service: str):
+        return self.session.client(service, region_name=self.region)
+
+    @property
+    def bucket(self) -> str | None:
+        """The data bucket: output `BucketName` of the environment's storage stack."""
+        try:
+            return self._outputs(STORAGE_STACK.format(env=self.env)).get("BucketName")
+        except CliError:
+            return None
+
+    def _outputs(self, stack: str | None = None) -> dict[str, str]:
+        stack = stack or STACK.format(env=self.env)
+        try:
+            described = call(self._client("cloudformation").describe_stacks, StackName=stack)
+        except CliError as error:
+            if "does not exist" in str(error):
+                raise CliError(f"environment {self.env!r} is not deployed: no stack {stack} in {self.region} "
+                               f"(deploy it with `cdk deploy -c env={self.env} {stack}`)") from None
+            raise
+        return {o["OutputKey"]: o["OutputValue"] for o in described["Stacks"][0].get("Outputs", [])}
+
+    def execution_arn(self, execution: str) -> str:
+        if execution.startswith("arn:"):
+            return execution
+        return self.state_machine_arn.replace(":stateMachine:", ":execution:") + f":{execution}"
+
+    def history(self, execution_arn: str, token: str | None = None) -> tuple[list[dict], str | None]:
+        kwargs = {"executionArn": execution_arn, "maxResults": 1000, **({"nextToken": token} if token else {})}
+        page = call(self.sfn.get_execution_history, **kwargs)
+        return page["events"], page.get("nextToken")
+
+    def all_history(self, execution_arn: str) -> list[dict]:
+        events, token = self.history(execution_arn)
+        while token:
+            more, token = self.history(execution_arn, token)
+            events += more
+        return events
+
+
+def call(method, **kwargs):
+    """Call boto3, turning credential and API errors into one-line CliErrors."""
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+
+    try:
+        return method(**kwargs)
+    except NoCredentialsError:
+        raise CliError("no AWS credentials found: set AWS_PROFILE, run `aws configure` or `aws sso login`") from None
+    except NoRegionError:
+        raise CliError("no AWS region: pass --region or set AWS_REGION") from None
+    except ClientError as error:
+        code, message = error.response["Error"].get("Code", ""), error.response["Error"].get("Message", "")
+        if code in ("ExpiredToken", "ExpiredTokenException", "UnrecognizedClientException", "InvalidClientTokenId"):
+            raise CliError(f"AWS credentials were refused ({code}): refresh them (`aws sso login`)") from None
+        if code == "ExecutionDoesNotExist":
+            raise CliError(f"no such execution: {kwargs.get('executionArn')}") from None
+        raise CliError(f"{code}: {message}") from None
+    except BotoCoreError as error:
+        raise CliError(str(error)) from None
+
+
+# ---- run files ---------------------------------------------------------------------------------
+
+def load_run(path: str, max_nodes: int) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise CliError(f"{path}: cannot read the run file ({error.strerror})") from None
+    try:
+        run = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CliError(f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
+    problems = schema.validate_run(run, max_nodes)
+    if problems:
+        raise CliError(f"{path}: " + "; ".join(problems))
+    return run
+
+
+# ---- commands ----------------------------------------------------------------------------------
+
+def cmd_start(args, pipeline: Pipeline, out) -> int:
+    run = load_run(args.run_file, pipeline.max_nodes)
+    name = args.name or f"{run['run_id']}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+    started = call(pipeline.sfn.start_execution, stateMachineArn=pipeline.state_machine_arn, name=name[:80],
+                   input=json.dumps(run))
+    print(f"started {name}\n  {started['executionArn']}", file=out)
+    if args.watch:
+        return watch(pipeline, started["executionArn"], out, interval=args.interval)
+    return 0
+
+
+def cmd_watch(args, pipeline: Pipeline, out) -> int:
+    return watch(pipeline, pipeline.execution_arn(args.execution), out, interval=args.interval)
+
+
+def _elapsed(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _progress(done: int) -> str:
+    return "[" + "#" * done + "-" * (len(STAGES) - done) + f"] {done}/{len(STAGES)}"
+
+
+def watch(pipeline: Pipeline, execution_arn: str, out, interval: float = 10.0) -> int:
+    """Print states as they pass, with attempts, elapsed time and progress; return the run's exit code."""
+    start, attempts, done, last_id = None, {}, set(), 0
+    current = None
+    while True:
+        # Status first, then history: every event before a final status is in the history read after it.
+        described = call(pipeline.sfn.describe_execution, executionArn=execution_arn)
+        # History has no "since" parameter: page through it and skip the events already shown.
+        events = [event for event in pipeline.all_history(execution_arn) if event["id"] > last_id]
+        last_id = events[-1]["id"] if events else last_id
+        for event in events:
+            start = start or event["timestamp"]
+            elapsed = _elapsed((event["timestamp"] - start).total_seconds())
+            kind = event["type"]
+            if kind.endswith("StateEntered"):
+                current = event["stateEnteredEventDetails"]["name"]
+                done.add(current) if current in STAGES else None
+                if kind != "PassStateEntered":  # the Pass states only reshape data
+                    print(f"{elapsed}  {_progress(len(done))}  {current}", file=out)
+            elif kind == "TaskScheduled" and current:
+                attempts[current] = attempts.get(current, 0) + 1
+                if attempts[current] > 1:
+                    print(f"{elapsed}  {_progress(len(done))}  {current} attempt {attempts[current]}", file=out)
+            elif kind in ("TaskFailed", "TaskTimedOut"):
+                details = event.get("taskFailedEventDetails") or event.get("taskTimedOutEventDetails") or {}
+                print(f"{elapsed}  {' ' * len(_progress(0))}  {current} attempt {attempts.get(current, 1)} "
+                      f"failed: {details.get('error', '')}", file=out)
+        if described["status"] != "RUNNING":
+            stop = described.get("stopDate") or datetime.now(timezone.utc)
+            total = _elapsed((stop - described["startDate"]).total_seconds())
+            line = f"{described['status']} after {total}"
+            if described.get("error"):
+                line += f": {described['error']}: {described.get('cause', '')[:300]}"
+            print(line, file=out)
+            return RESULT_CODES.get(described["status"], 1)
+        time.sleep(interval)
+
+
+def cmd_list(args, pipeline: Pipeline, out) -> int:
+    kwargs = {"stateMachineArn": pipeline.state_machine_arn, "maxResults": args.max}
+    if args.status:
+        kwargs["statusFilter"] = args.status
+    executions = call(pipeline.sfn.list_executions, **kwargs)["executions"]
+    for execution in executions:
+        stop = execution.get("stopDate")
+        took = _elapsed((stop - execution["startDate"]).total_seconds()) if stop else "running"
+        print(f"{execution['name']:<50} {execution['status']:<10} {execution['startDate']:%Y-%m-%d %H:%M} {took}",
+              file=out)
+    if not executions:
+        print("no runs yet", file=out)
+    return 0
+
+
+def cmd_describe(args, pipeline: Pipeline, out) -> int:
+    arn = pipeline.execution_arn(args.execution)
+    described = call(pipeline.sfn.describe_execution, executionArn=arn)
+    run = json.loads(described.get("input") or "{}")
+    print(f"run        {run.get('run_id')}  ({described['name']})", file=out)
+    print(f"status     {described['status']}", file=out)
+    if described.get("error"):
+        print(f"error      {described['error']}: {described.get('cause', '')[:500]}", file=out)
+    jobs, verdict = {}, None
+    current = None
+    for event in pipeline.all_history(arn):
+        if "stateEnteredEventDetails" in event:
+            current = event["stateEnteredEventDetails"]["name"]
+        details = event.get("taskSucceededEventDetails") or event.get("taskSubmittedEventDetails")
+        if details and details.get("resource", "").startswith("submitJob"):
+            output = json.loads(details.get("output") or "{}")
+            jobs[current] = output.get("JobId") or output.get("jobId")
+        if event["type"] == "TaskSucceeded" and current == "ReadVerdict":
+            body = json.loads(event["taskSucceededEventDetails"]["output"]).get("Body")
+            verdict = json.loads(body) if isinstance(body, str) else body
+    if verdict is None and pipeline.bucket and run.get("run_id"):
+        verdict = _read_verdict(pipeline, run["run_id"])
+    if verdict:
+        outcome = "accepted" if verdict.get("passed") else "rejected"
+        print(f"verdict    {outcome}: {verdict.get('metric')} = {verdict.get('value')} (baseline "
+              f"{verdict.get('baseline')}, relative delta {verdict.get('relative_delta')}, tolerance "
+              f"{verdict.get('tolerance')})", file=out)
+    else:
+        print("verdict    none yet", file=out)
+    for state, job_id in jobs.items():
+        print(f"job        {state:<12} {job_id}  {_console(pipeline.region, f'batch/home#jobs/detail/{job_id}')}",
+              file=out)
+    dashboard = DASHBOARD.format(env=pipeline.env)
+    print(f"dashboard  {_console(pipeline.region, f'cloudwatch/home#dashboards/dashboard/{dashboard}')}", file=out)
+    print(f"execution  {_console(pipeline.region, f'states/home#/v2/executions/details/{arn}')}", file=out)
+    if pipeline.log_group:
+        group = quote(quote(pipeline.log_group, safe=""), safe="")  # the console's double encoding
+        print(f"logs       {_console(pipeline.region, f'cloudwatch/home#logsV2:log-groups/log-group/{group}')}", file=out)
+    return RESULT_CODES.get(described["status"], 1) if described["status"] != "RUNNING" else 0
+
+
+def _read_verdict(pipeline: Pipeline, run_id: str) -> dict | None:
+    from botocore.exceptions import ClientError
+
+    try:
+        body = pipeline._client("s3").get_object(Bucket=pipeline.bucket, Key=f"runs/{run_id}/verdict.json")["Body"]
+        return json.loads(body.read())
+    except (ClientError, ValueError):
+        return None
+
+
+def _console(region: str, fragment: str) -> str:
+    path, _, anchor = fragment.partition("#")
+    return f"https://{region}.console.aws.amazon.com/{path}?region={region}#{anchor}"
+
+
+# ---- entry point -------------------------------------------------------------------------------
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pipeline_cli", description=__doc__.split("\n\n")[0])
+    p.add_argument("--region", help="AWS region (default: the environment's region in cdk.json)")
+    sub = p.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("start", help="validate a run file and start an execution")
+    start.add_argument("env")
+    start.add_argument("run_file")
+    start.add_argument("--name", help="execution name (default: <run_id>-<UTC time>)")
+    start.add_argument("--watch", action="store_true", help="then watch it; exit code = the run's result")
+    start.add_argument("--interval", type=float, default=10.0, help=argparse.SUPPRESS)
+    watch_ = sub.add_parser("watch", help="follow an execution until it ends; exit code = its result")
+    watch_.add_argument("env")
+    watch_.add_argument("execution", help="execution name or ARN")
+    watch_.add_argument("--interval", type=float, default=10.0, help="seconds between polls (default 10)")
+    list_ = sub.add_parser("list", help="recent executions")
+    list_.add_argument("env")
+    list_.add_argument("--status", choices=sorted(RESULT_CODES))
+    list_.add_argument("--max", type=int, default=20)
+    describe = sub.add_parser("describe", help="an execution's verdict, jobs and links")
+    describe.add_argument("env")
+    describe.add_argument("execution", help="execution name or ARN")
+    return p
+
+
+COMMANDS = {"start": cmd_start, "watch": cmd_watch, "list": cmd_list, "describe": cmd_describe}
+
+
+def main(argv: list[str] | None = None, *, session=None, out=None, err=None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "start":  # a malformed run file fails before any AWS call
+            from config.environment import MAX_NODES
+
+            load_run(args.run_file, max_nodes=MAX_NODES)
+        pipeline = Pipeline(args.env, region_of(args.env, args.region), session=session)
+        return COMMANDS[args.command](args, pipeline, out)
+    except CliError as error:
+        print(f"error: {error}", file=err)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
