@@ -43,6 +43,11 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
 
         stacks["compute"] = BatchStack(app, f"{prefix}-Batch", config=config, network=network, storage=storage,
                                        registry=registry, env=env)
+    if config.compute == "eks":
+        from stacks.eks_stack import EksStack  # only EKS variants pay for importing aws_eks_v2
+
+        stacks["compute"] = EksStack(app, f"{prefix}-Eks", config=config, network=network, storage=storage,
+                                     registry=registry, env=env)
     if "compute" in stacks:
         from stacks.pipeline_stack import PipelineStack
 

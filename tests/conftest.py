@@ -27,7 +27,8 @@ def app_variants() -> list[dict]:
     from config import efa_instance_types
 
     return ([{"env": env} for env in ENVIRONMENTS]
-            + [{"compute": "batch", "instance_type": name} for name in efa_instance_types()])
+            + [{"compute": compute, "instance_type": name} for compute in ("batch", "eks")
+               for name in efa_instance_types()])
 
 
 def variant_id(variant: dict) -> str:

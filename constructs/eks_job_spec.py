@@ -1,0 +1,95 @@
+"""The training pod on EKS, written once: the job templates, the training runtime and the pipeline's Jobs all use it.
+
+Plain Python dicts (Kubernetes objects as JSON), so `k8s/render.py` can print them without synthesizing the app.
+The container is the training image: ENTRYPOINT `python /opt/training/launch.py`, args `[phase, ...flags]`.
+Every pod takes a whole accelerator node: all its GPUs or Trainium chips and all its EFA interfaces.
+"""
+
+from config import Accelerator, InstanceType
+from config.layout import FSX_MOUNT_PATH
+
+NAMESPACE = "training"
+SERVICE_ACCOUNT = "efa-training"
+FSX_CLAIM = "fsx-training"
+# Only training pods tolerate this taint, so nothing else lands on (and holds) an accelerator node.
+ACCELERATOR_TAINT_KEY = "efa-training/accelerator"
+ACCELERATOR_LABEL = {ACCELERATOR_TAINT_KEY: "true"}
+PHASES = ("sanity", "train", "validate")
+CONTAINER = "node"  # Kubeflow Trainer's torch runtime names the trainer container "node"
+MASTER_PORT = 29400
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+# libfabric registers memory from 2 MiB huge pages (AWS EFA on EKS guide requests 5 GiB of them per pod).
+HUGEPAGES_2MI = "5120Mi"
+# torch DataLoader workers and NCCL share tensors through /dev/shm; Docker's 64 MiB default is far too small.
+SHM_SIZE = "64Gi"
+
+ACCELERATOR_KIND = {Accelerator.NVIDIA: "gpu", Accelerator.NEURON: "neuron"}
+
+
+def toleration() -> dict:
+    return {"key": ACCELERATOR_TAINT_KEY, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+
+
+def resources(instance: InstanceType) -> dict:
+    """Every accelerator and every EFA interface of one node; limits equal requests (extended resources demand it)."""
+    whole_node = {
+        instance.kubernetes_resource: str(instance.accelerators),
+        EFA_RESOURCE: str(instance.efa_interfaces),
+        "hugepages-2Mi": HUGEPAGES_2MI,
+        "memory": f"{instance.memory_gib // 2}Gi",
+    }
+    return {"requests": dict(whole_node), "limits": dict(whole_node)}
+
+
+def environment(instance: InstanceType, *, nodes: int) -> list[dict]:
+    """What launch.py reads besides the launcher's own MASTER_ADDR/MASTER_PORT/PET_NNODES/PET_NODE_RANK."""
+    env = {
+        "ACCELERATOR_KIND": ACCELERATOR_KIND[instance.accelerator],
+        "ACCELERATORS_PER_NODE": str(instance.workers_per_node),
+        "EXPECTED_BUSBW_GBPS": str(instance.expected_busbw_gbps),
+        "FSX_MOUNT": FSX_MOUNT_PATH,
+        "PET_NNODES": str(nodes),
+        **dict(instance.collective_env),
+    }
+    return [{"name": name, "value": value} for name, value in env.items()]
+
+
+def volumes() -> list[dict]:
+    return [
+        {"name": "fsx", "persistentVolumeClaim": {"claimName": FSX_CLAIM}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+    ]
+
+
+def volume_mounts() -> list[dict]:
+    return [{"name": "fsx", "mountPath": FSX_MOUNT_PATH}, {"name": "shm", "mountPath": "/dev/shm"}]
+
+
+def container(instance: InstanceType, *, image: str, phase: str, nodes: int, args: list[str] = (),
+              extra_env: list[dict] = ()) -> dict:
+    if phase not in PHASES:
+        raise ValueError(f"phase={phase!r} is not valid; expected one of {', '.join(PHASES)}")
+    return {
+        "name": CONTAINER,
+        "image": image,
+        # No command: the image's ENTRYPOINT (python /opt/training/launch.py) runs with these args.
+        "args": [phase, *args],
+        "env": [*environment(instance, nodes=nodes), *extra_env],
+        "resources": resources(instance),
+        "volumeMounts": volume_mounts(),
+        # EFA registers (pins) memory: the uverbs devices come from the device plugin, memlock must be unlimited,
+        # which the EKS AL2023 accelerated AMIs' containerd already sets for containers.
+        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+    }
+
+
+def pod_spec(instance: InstanceType, *, image: str, phase: str, nodes: int, args: list[str] = (),
+             extra_env: list[dict] = (), restart_policy: str = "Never") -> dict:
+    return {
+        "serviceAccountName": SERVICE_ACCOUNT,
+        "restartPolicy": restart_policy,
+        "nodeSelector": {**ACCELERATOR_LABEL, "node.kubernetes.io/instance-type": instance.name},
+        "tolerations": [toleration()],
+        "containers": [container(instance, image=image, phase=phase, nodes=nodes, args=args, extra_env=extra_env)],
+        "volumes": volumes(),
+    }

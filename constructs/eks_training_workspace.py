@@ -1,0 +1,111 @@
+"""What training pods need inside the cluster: their namespace, an AWS identity limited to the project's S3
+prefixes (EKS Pod Identity), the FSx for Lustre file system as a static PersistentVolume, the Kubeflow Trainer
+runtime they run under, and the rendered job templates (a ConfigMap, so `kubectl` users start from them).
+"""
+
+import json
+
+import aws_cdk as cdk
+import aws_cdk.aws_eks_v2 as eks
+import aws_cdk.aws_fsx as fsx
+import aws_cdk.aws_iam as iam
+from constructs import Construct
+
+import constructs.eks_job_spec as spec
+from config import InstanceType
+from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
+from constructs.eks_job_templates import RUNTIME_NAME, WORKERS_SERVICE, job_templates, training_runtime
+from constructs.eks_nag import acknowledge
+
+READ_PREFIXES = (DATASETS_PREFIX,)
+READ_WRITE_PREFIXES = (CHECKPOINTS_PREFIX, MODELS_PREFIX, RUNS_PREFIX)
+FSX_VOLUME = "fsx-training"
+
+
+class EksTrainingWorkspace(Construct):
+    def __init__(self, scope: Construct, id_: str, *, cluster: eks.Cluster, bucket_arn_export: str,
+                 file_system: fsx.LustreFileSystem, storage_gib: int, instance: InstanceType, image: str,
+                 nodes: int, trainer_chart: eks.HelmChart, fsx_csi_driver: eks.Addon) -> None:
+        super().__init__(scope, id_)
+        namespace = cluster.add_manifest("Namespace", {
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.NAMESPACE}})
+
+        self.service_account = cluster.add_service_account(
+            "TrainingServiceAccount", name=spec.SERVICE_ACCOUNT, namespace=spec.NAMESPACE,
+            identity_type=eks.IdentityType.POD_IDENTITY)
+        self.service_account.node.add_dependency(namespace)
+        self.role = self.service_account.role
+        _grant_prefixes(self.role, bucket_arn_export)
+
+        # Static provisioning: the file system already exists (storage stack); no CSI controller AWS calls needed.
+        capacity = f"{storage_gib}Gi"
+        volume = cluster.add_manifest("FsxVolume", {
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": FSX_VOLUME},
+            "spec": {
+                "capacity": {"storage": capacity},
+                "volumeMode": "Filesystem",
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Retain",  # the file system's life is the storage stack's business
+                "storageClassName": "",
+                "mountOptions": ["relatime", "flock"],
+                "csi": {
+                    "driver": "fsx.csi.aws.com",
+                    "volumeHandle": file_system.file_system_id,
+                    "volumeAttributes": {"dnsname": file_system.dns_name, "mountname": file_system.mount_name},
+                },
+            },
+        }, {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": spec.FSX_CLAIM, "namespace": spec.NAMESPACE},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": FSX_VOLUME,
+                     "resources": {"requests": {"storage": capacity}}},
+        })
+        volume.node.add_dependency(namespace)
+        volume.node.add_dependency(fsx_csi_driver)
+
+        # The pipeline's Jobs find their rank-0 pod by DNS through this headless service (see eks_job_runner).
+        workers = cluster.add_manifest("WorkersService", {
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": WORKERS_SERVICE, "namespace": spec.NAMESPACE},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": {"efa-training/workers": WORKERS_SERVICE},
+                     "ports": [{"name": "rendezvous", "port": spec.MASTER_PORT}]},
+        })
+        workers.node.add_dependency(namespace)
+
+        self.templates = job_templates(instance, image=image, nodes=nodes)
+        runtime = cluster.add_manifest("TrainingRuntime", training_runtime(instance, image=image, nodes=nodes), {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "job-templates", "namespace": spec.NAMESPACE},
+            "data": {f"{phase}.json": json.dumps(job, indent=2) for phase, job in self.templates.items()},
+        })
+        runtime.node.add_dependency(trainer_chart)  # the ClusterTrainingRuntime CRD comes with the chart
+        runtime.node.add_dependency(namespace)
+        cdk.CfnOutput(self, "RuntimeName", value=RUNTIME_NAME)
+
+
+def _grant_prefixes(role: iam.IRole, bucket_arn_export: str) -> None:
+    """datasets/ read-only; checkpoints/, models/ and runs/ read-write; nothing else in the bucket.
+
+    The bucket ARN comes through a named export, so the cdk-nag finding for each prefix has a stable name.
+    """
+    bucket_arn = cdk.Fn.import_value(bucket_arn_export)
+    prefixes = (*READ_PREFIXES, *READ_WRITE_PREFIXES)
+
+    def objects(prefix: str) -> str:
+        return cdk.Fn.join("", [bucket_arn, f"/{prefix}*"])
+
+    role.add_to_principal_policy(iam.PolicyStatement(
+        actions=["s3:ListBucket"], resources=[bucket_arn],
+        conditions={"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in prefixes]}}))
+    role.add_to_principal_policy(iam.PolicyStatement(
+        actions=["s3:GetObject"], resources=[objects(prefix) for prefix in prefixes]))
+    role.add_to_principal_policy(iam.PolicyStatement(
+        actions=["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+        resources=[objects(prefix) for prefix in READ_WRITE_PREFIXES]))
+    for prefix in prefixes:
+        access = "read" if prefix in READ_PREFIXES else "read-write"
+        acknowledge(role, f"AwsSolutions-IAM5[Resource::{bucket_arn_export}/{prefix}*]",
+                    f"Training pods get {access} access to objects under {prefix} only; object names are chosen "
+                    "at run time")

@@ -1,0 +1,195 @@
+"""EKS backend (-c compute=eks): each catalogue family synthesized once (p4d, p5: NVIDIA; trn1: Neuron)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aws_cdk.assertions import Match
+
+from config import CATALOGUE
+from constructs import eks_versions as versions
+from constructs.eks_job_spec import ACCELERATOR_TAINT_KEY, EFA_RESOURCE
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTANCE_TYPES = ("p4d.24xlarge", "p5.48xlarge", "trn1.32xlarge")
+
+
+@pytest.fixture(scope="module", params=INSTANCE_TYPES)
+def variant(request, synth):
+    synthesized = synth(compute="eks", instance_type=request.param)
+    return CATALOGUE[request.param], synthesized, synthesized.template("compute"), synthesized.raw("compute")
+
+
+def resources(raw: dict, kind: str) -> list[dict]:
+    return [r["Properties"] for r in raw["Resources"].values() if r["Type"] == kind]
+
+
+def manifests(raw: dict) -> list[dict]:
+    """Every Kubernetes object the stack applies (token parts of the manifests replaced by a placeholder)."""
+    objects = []
+    for props in resources(raw, "Custom::AWSCDK-EKS-KubernetesResource"):
+        manifest = props["Manifest"]
+        if isinstance(manifest, dict):
+            manifest = "".join(p if isinstance(p, str) else "TOKEN" for p in manifest["Fn::Join"][1])
+        objects += json.loads(manifest)
+    return objects
+
+
+def accelerator_nodegroup(raw: dict) -> dict:
+    return next(p for p in resources(raw, "AWS::EKS::Nodegroup") if "Taints" in p)
+
+
+# cdk-nag AwsSolutions passes: build_app's synth raises ValidationFailed on any unacknowledged finding.
+def test_synthesizes_with_cdk_nag(variant):
+    _, synthesized, _, _ = variant
+    assert synthesized.stacks["compute"].stack_name in synthesized.templates
+
+
+# The cluster runs the pinned Kubernetes version with managed node groups (not Auto Mode) and every control plane log.
+def test_cluster_version_logging_and_no_auto_mode(variant):
+    _, _, template, _ = variant
+    template.has_resource_properties("AWS::EKS::Cluster", {
+        "Version": versions.KUBERNETES_VERSION,
+        "ComputeConfig": {"Enabled": False},
+        "Logging": {"ClusterLogging": {"EnabledTypes": Match.array_with([
+            {"Type": t} for t in ("api", "audit", "authenticator", "controllerManager", "scheduler")])}},
+        "ResourcesVpcConfig": Match.object_like({"EndpointPublicAccess": True, "EndpointPrivateAccess": True}),
+    })
+
+
+# A small on-demand system node group runs the add-ons and controllers, untainted.
+def test_system_nodegroup_is_small_and_on_demand(variant):
+    _, _, template, _ = variant
+    template.has_resource_properties("AWS::EKS::Nodegroup", {
+        "AmiType": "AL2023_x86_64_STANDARD", "CapacityType": "ON_DEMAND",
+        "ScalingConfig": {"MinSize": 2, "DesiredSize": 2, "MaxSize": 3}, "Taints": Match.absent()})
+
+
+# Every add-on is installed at its pinned version.
+def test_addons_are_pinned(variant):
+    _, _, _, raw = variant
+    installed = {p["AddonName"]: p.get("AddonVersion") for p in resources(raw, "AWS::EKS::Addon")}
+    assert installed == versions.ADDONS
+
+
+# The CloudWatch agent gets its permissions through a pod identity association, not the node role.
+def test_cloudwatch_agent_uses_pod_identity(variant):
+    _, _, template, _ = variant
+    template.has_resource_properties("AWS::EKS::Addon", {
+        "AddonName": "amazon-cloudwatch-observability",
+        "PodIdentityAssociations": [Match.object_like({"ServiceAccount": "cloudwatch-agent"})]})
+
+
+# EFA plugin, the accelerator's device plugin and Kubeflow Trainer are Helm charts at pinned versions.
+def test_charts_are_pinned_and_match_the_accelerator(variant):
+    instance, _, _, raw = variant
+    charts = {p["Chart"]: (p["Repository"], p["Version"]) for p in resources(raw, "Custom::AWSCDK-EKS-HelmChart")}
+    device_plugin = versions.NVIDIA_DEVICE_PLUGIN if instance.accelerator.value == "nvidia" else versions.NEURON
+    expected = (versions.EFA_DEVICE_PLUGIN, device_plugin, versions.KUBEFLOW_TRAINER)
+    assert charts == {c.chart: (c.repository, c.version) for c in expected}
+
+
+# The EFA device plugin tolerates the accelerator taint, or EFA would never be advertised on training nodes.
+def test_efa_device_plugin_runs_on_tainted_nodes(variant):
+    _, _, _, raw = variant
+    efa = next(p for p in resources(raw, "Custom::AWSCDK-EKS-HelmChart") if p["Chart"] == versions.EFA_DEVICE_PLUGIN.chart)
+    assert json.loads(efa["Values"])["tolerations"][0]["key"] == ACCELERATOR_TAINT_KEY
+
+
+# Each phase's job template requests every EFA interface and every accelerator of a node, and tolerates the taint.
+def test_job_templates_take_whole_nodes(variant):
+    instance, _, _, raw = variant
+    config_map = next(o for o in manifests(raw) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "job-templates")
+    for phase in ("sanity", "train", "validate"):
+        job = json.loads(config_map["data"][f"{phase}.json"])
+        limits = job["spec"]["trainer"]["resourcesPerNode"]["limits"]
+        assert limits[EFA_RESOURCE] == str(instance.efa_interfaces), phase
+        assert limits[instance.kubernetes_resource] == str(instance.accelerators), phase
+        assert job["spec"]["trainer"]["args"][0] == phase
+
+
+# The training runtime mounts FSx at /fsx and a memory-backed /dev/shm, and tolerates the accelerator taint.
+def test_runtime_pod_has_fsx_shm_and_toleration(variant):
+    _, _, _, raw = variant
+    runtime = next(o for o in manifests(raw) if o["kind"] == "ClusterTrainingRuntime")
+    pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-training"}} in pod["volumes"]
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
+    assert {"name": "fsx", "mountPath": "/fsx"} in pod["containers"][0]["volumeMounts"]
+    assert pod["tolerations"][0]["key"] == ACCELERATOR_TAINT_KEY
+
+
+# The storage stack's file system is a static PersistentVolume bound to the training namespace's claim.
+def test_fsx_static_volume_and_claim(variant):
+    _, _, _, raw = variant
+    objects = {o["kind"]: o for o in manifests(raw)}
+    assert objects["PersistentVolume"]["spec"]["csi"]["driver"] == "fsx.csi.aws.com"
+    assert objects["PersistentVolumeClaim"]["spec"]["volumeName"] == objects["PersistentVolume"]["metadata"]["name"]
+
+
+# Training pods may read datasets/ and write checkpoints/, models/ and runs/ only.
+def test_pod_identity_role_is_limited_to_project_prefixes(variant):
+    _, _, _, raw = variant
+    statements = [s for p in resources(raw, "AWS::IAM::Policy") for s in p["PolicyDocument"]["Statement"]
+                  if "s3:PutObject" in s["Action"]]
+    assert len(statements) == 1
+    written = {r["Fn::Join"][1][-1] for r in statements[0]["Resource"]}
+    assert written == {"/checkpoints/*", "/models/*", "/runs/*"}
+
+
+# The accelerator node group's launch template has the catalogue's EFA interfaces and no subnet.
+def test_launch_template_has_every_efa_and_no_subnet(variant):
+    instance, _, _, raw = variant
+    data = next(p["LaunchTemplateData"] for p in resources(raw, "AWS::EC2::LaunchTemplate")
+                if "NetworkInterfaces" in p.get("LaunchTemplateData", {}))
+    interfaces = data["NetworkInterfaces"]
+    assert sum(1 for i in interfaces if i.get("InterfaceType") in ("efa", "efa-only")) == instance.efa_interfaces
+    assert all("SubnetId" not in i for i in interfaces)
+    assert "GroupName" in data["Placement"]
+
+
+# The accelerator node group: explicit AMI type, training labels and taint, 0..nodes, one subnet.
+def test_accelerator_nodegroup_ami_labels_taint_scaling(variant):
+    instance, synthesized, _, raw = variant
+    group = accelerator_nodegroup(raw)
+    assert group["AmiType"] == {"AL2023_X86_64_NVIDIA": "AL2023_x86_64_NVIDIA",
+                                "AL2023_X86_64_NEURON": "AL2023_x86_64_NEURON"}[instance.eks_ami_type]
+    assert group["Labels"][ACCELERATOR_TAINT_KEY] == "true"
+    assert group["Taints"] == [{"Effect": "NO_SCHEDULE", "Key": ACCELERATOR_TAINT_KEY, "Value": "true"}]
+    assert group["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": synthesized.stacks["compute"].nodes}
+    assert len(group["Subnets"]) == 1 and group["CapacityType"] == "ON_DEMAND"
+
+
+# cfn-lint finds no errors in the EKS stack's template (warnings from CDK's own custom resources are allowed).
+def test_cfn_lint_has_no_errors(variant):
+    _, synthesized, _, _ = variant
+    template = synthesized.outdir / f"{synthesized.stacks['compute'].stack_name}.template.json"
+    result = subprocess.run([str(Path(sys.executable).parent / "cfn-lint"), "--format", "parseable", str(template)],
+                            capture_output=True, text=True)
+    errors = [line for line in result.stdout.splitlines() if ":E" in line]
+    assert errors == []
+
+
+# Capacity type and admin access come from the config (one extra variant).
+def test_spot_capacity_and_admin_access_entries(synth):
+    raw = synth(compute="eks", instance_type="p4d.24xlarge", eks_capacity_type="spot",
+                eks_admin_role_arns="arn:aws:iam::123456789012:role/Admin").raw("compute")
+    entries = resources(raw, "AWS::EKS::AccessEntry")
+    assert any(e["PrincipalArn"] == "arn:aws:iam::123456789012:role/Admin" and
+               "AmazonEKSClusterAdminPolicy" in json.dumps(e["AccessPolicies"]) for e in entries)
+    assert accelerator_nodegroup(raw)["CapacityType"] == "SPOT"
+
+
+# The pipeline's executions size the accelerator node group: run's nodes when one starts, 0 whenever it ends.
+def test_pipeline_executions_drive_node_group_size(variant):
+    _, synthesized, _, _ = variant
+    pipeline = synthesized.template("pipeline")
+    pipeline.has_resource_properties("AWS::Events::Rule", {"EventPattern": {
+        "source": ["aws.states"], "detail-type": ["Step Functions Execution Status Change"],
+        "detail": Match.object_like({"status": ["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"]})}})
+    definitions = [json.dumps(r["Properties"]["DefinitionString"]) for r in
+                   synthesized.raw("pipeline")["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine"]
+    scaling = next(d for d in definitions if "ScaleToZero" in d)
+    assert "ScaleToRunNodes" in scaling and "ScaleToMaxNodes" in scaling

@@ -1,0 +1,92 @@
+"""The EKS side of the pipeline seam and the hand-run templates, checked without synthesizing the app."""
+
+import contextlib
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import aws_cdk as cdk
+import aws_cdk.aws_eks_v2 as eks
+
+from config import CATALOGUE
+from constructs.eks_job_runner import EksJobRunner
+from constructs.eks_job_templates import indexed_job
+
+ROOT = Path(__file__).resolve().parent.parent
+P5 = CATALOGUE["p5.48xlarge"]
+_spec = importlib.util.spec_from_file_location("k8s_render", ROOT / "k8s" / "render.py")
+render = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(render)
+
+
+def rendered(*argv: str) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert render.main(list(argv)) == 0
+    return json.loads(out.getvalue())
+
+
+def runner() -> EksJobRunner:
+    stack = cdk.Stack()
+    cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="training")
+    return EksJobRunner(cluster=cluster, instance=P5, image="image:tag", max_nodes=4)
+
+
+# Pipeline parameters become launcher flags after the phase, resolved per execution.
+def test_parameters_become_launcher_flags():
+    job = runner().job_manifest(job="train", parameters={"run_id": "$.job.run_id", "max_steps": "$.job.max_steps"},
+                                job_name="$.name", nodes="$.run.nodes")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["args.$"] == "States.Array('train', '--run-id', $.job.run_id, '--max-steps', $.job.max_steps)"
+
+
+# Multi-node jobs take the run's node count; every retry gets a fresh, DNS-safe name.
+def test_node_count_and_fresh_name_per_submission():
+    job = runner().job_manifest(job="sanity", parameters={}, job_name="$.name", nodes="$.run.nodes")
+    assert job["spec"]["completions.$"] == job["spec"]["parallelism.$"] == "$.run.nodes"
+    assert job["metadata"]["name.$"] == "States.Format('sanity-{}', States.UUID())"
+    assert job["metadata"]["annotations"] == {"efa-training/job-name.$": "$.name"}
+
+
+# Validation runs on one node whatever the run's size.
+def test_validate_is_single_node():
+    job = runner().job_manifest(job="validate", parameters={}, job_name="$.name", nodes="$.run.nodes")
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 1
+
+
+# The Indexed Job gives the launcher MASTER_ADDR (rank 0's DNS name), MASTER_PORT and PET_NODE_RANK.
+def test_indexed_job_sets_launcher_rendezvous():
+    env = {v["name"]: v for v in indexed_job(P5, image="i", phase="train", nodes=2, name="x")[
+        "spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"]["value"] == "$(JOB_NAME)-0.training-workers"
+    assert "job-completion-index" in env["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert env["ACCELERATORS_PER_NODE"]["value"] == str(P5.workers_per_node)
+
+
+# k8s/render.py prints a TrainJob requesting every EFA interface of the chosen type.
+def test_render_cli_prints_a_whole_node_trainjob():
+    limits = rendered("train", "--instance-type", "trn1.32xlarge", "--image", "img")[
+        "spec"]["trainer"]["resourcesPerNode"]["limits"]
+    assert limits["vpc.amazonaws.com/efa"] == "8" and limits["aws.amazon.com/neuron"] == "16"
+
+
+
+# The job's state is a plain eks:runJob.sync Task, so Job errors reach the pipeline's Retry and Catch unchanged.
+def test_job_state_is_a_plain_run_job_task():
+    stack = cdk.Stack()
+    cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="training",
+                                                  cluster_endpoint="https://example", cluster_certificate_authority_data="ca")
+    nodegroup = eks.Nodegroup.from_nodegroup_name(stack, "Accelerators", "accelerators")
+    runner_ = EksJobRunner(cluster=cluster, instance=P5, image="image:tag", max_nodes=4, nodegroup=nodegroup)
+    state = stack.resolve(runner_.submit(stack, "Train", job="train", parameters={}, job_name="$.name",
+                                         nodes="$.run.nodes", result_path="$.jobs.train").to_state_json())
+    assert state["Type"] == "Task" and ":states:::eks:runJob.sync" in json.dumps(state["Resource"])
+    assert state["ResultPath"] == "$.jobs.train" and "Catch" not in state
+
+
+# The examples in k8s/examples are what k8s/render.py prints today (regenerate them when the pod spec changes).
+def test_checked_in_examples_are_current():
+    for phase in ("sanity", "train", "validate", "runtime"):
+        current = rendered(phase, "--instance-type", "p5.48xlarge", "--nodes", "2", "--image", "<TRAINING_IMAGE_URI>")
+        assert current == json.loads((ROOT / "k8s" / "examples" / f"p5.48xlarge-{phase}.json").read_text()), phase
