@@ -11,7 +11,9 @@ CDK_ARGS    ?=
 PYTEST_ARGS ?=
 HOURS       ?= 24
 
-.PHONY: synth test setup local-run cost-report bench clean
+DIAGRAM_ENV ?= prod
+
+.PHONY: synth test setup local-run cost-report bench diagram clean
 
 setup: $(VENV)/.test-deps node_modules/.installed
 
@@ -43,6 +45,17 @@ cost-report: $(VENV)/.synth-deps
 
 bench: $(VENV)/.test-deps node_modules/.installed
 	$(PY) benchmarks/synth_ratio.py
+
+# The architecture picture, drawn from the synthesized app (cdk-dia + Graphviz), so it cannot drift from the code.
+tools/diagram/node_modules/.installed: tools/diagram/package.json tools/diagram/package-lock.json
+	npm ci --prefix tools/diagram --no-audit --no-fund --loglevel=error
+	touch $@
+
+diagram: $(VENV)/.synth-deps node_modules/.installed tools/diagram/node_modules/.installed
+	@command -v dot >/dev/null || { echo "error: Graphviz is missing; install it with: apt-get install -y graphviz"; exit 1; }
+	cdk synth --quiet -c env=$(DIAGRAM_ENV) --output build/diagram-$(DIAGRAM_ENV)
+	tools/diagram/node_modules/.bin/cdk-dia --tree build/diagram-$(DIAGRAM_ENV)/tree.json \
+		--target docs/architecture-$(DIAGRAM_ENV).png
 
 clean:
 	rm -rf cdk.out build local-run .pytest_cache

@@ -224,7 +224,7 @@ def test_defaults_fill_in_what_the_run_omits(emulator):
     assert emulator.run(minimal)["status"] == "SUCCEEDED"
     sanity, train, validate = emulator.submitted
     assert sanity["parameters"] == {"run_id": "minimal", "nodes": "2"}  # nodes: the environment's maximum
-    assert train["parameters"]["max_steps"] == "1000" and validate["parameters"]["tolerance"] == "0.05"
+    assert train["parameters"]["max_steps"] == "1000" and validate["parameters"]["tolerance"] == "0.001"
     assert "nodes" not in validate["parameters"]  # single-node
 
 
