@@ -44,9 +44,12 @@ def launcher_flag(parameter: str) -> str:
 
 class EksJobRunner:
     def __init__(self, *, cluster: eks.ICluster, instance: InstanceType, image: str, max_nodes: int,
-                 nodegroup: eks.INodegroup | None = None,
+                 nodegroup: eks.INodegroup | None = None, runs_uri: str | None = None,
                  log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH) -> None:
         self.cluster = cluster
+        # s3://<bucket>/runs/: the sanity report and the verdict go straight to S3, where the pipeline reads
+        # the verdict (FSx's export to S3 is asynchronous, so /fsx/runs/ could still be empty there).
+        self.runs_uri = runs_uri
         self.log_retention = log_retention
         self.nodegroup = nodegroup
         self.instance = instance
@@ -75,6 +78,9 @@ class EksJobRunner:
             flags += [f"'{launcher_flag(name)}'", value]
         container.pop("args")
         container["args.$"] = f"States.Array('{job}', {', '.join(flags)})" if flags else f"States.Array('{job}')"
+        if self.runs_uri:
+            container["env"] += [{"name": "REPORT_PREFIX", "value": self.runs_uri},
+                                 {"name": "VERDICT_PREFIX", "value": self.runs_uri}]
         for variable in container["env"]:
             if variable["name"] == "PET_NNODES":
                 if count is not None:

@@ -4,6 +4,7 @@ import aws_cdk as cdk
 from constructs import Construct
 
 from config import EnvironmentConfig
+from config.layout import RUNS_PREFIX
 from constructs.eks_accelerator_nodegroup import EksAcceleratorNodegroup
 from constructs.eks_cluster import EksTrainingCluster
 from constructs.eks_job_runner import EksJobRunner
@@ -46,6 +47,7 @@ class EksStack(cdk.Stack):
         # The pipeline (PipelineStack) runs its jobs through this.
         self.job_runner = EksJobRunner(cluster=self.cluster, instance=config.instance, image=registry.image_uri,
                                        max_nodes=config.nodes, nodegroup=self.nodegroup,
+                                       runs_uri=f"s3://{storage.bucket.bucket_name}/{RUNS_PREFIX}",
                                        log_retention=log_retention(config))
         cdk.CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
         cdk.CfnOutput(self, "KubeconfigCommand", value=cdk.Fn.join("", [

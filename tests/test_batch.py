@@ -8,7 +8,7 @@ import aws_cdk.aws_batch as batch
 import pytest
 
 from config import CATALOGUE, ConfigError, efa_instance_types
-from conftest import CDK_JSON_CONTEXT, ROOT
+from tests.conftest import CDK_JSON_CONTEXT, ROOT
 from app import build_app
 
 TYPES = efa_instance_types()

@@ -24,8 +24,8 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 )
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
-from conftest import synthesize
-from sfn_emulator import REGION, Emulator
+from tests.conftest import synthesize
+from tests.sfn_emulator import REGION, Emulator
 from test_pipeline import ACCEPTED, MOTO_CONFIG, RUN, approved_model, messages
 
 EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge"}

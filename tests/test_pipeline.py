@@ -10,8 +10,8 @@ import json
 import pytest
 from moto import mock_aws
 
-from conftest import CDK_JSON_CONTEXT, synthesize
-from sfn_emulator import Emulator
+from tests.conftest import CDK_JSON_CONTEXT, synthesize
+from tests.sfn_emulator import Emulator
 
 MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "batch": {"use_docker": False}}
 PIPELINE = "EfaTraining-dev-Pipeline"

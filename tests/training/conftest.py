@@ -1,0 +1,35 @@
+"""Fixtures for the training image tests: a small corpus, free ports, torchrun runs.
+
+The training code ships alone in the container and imports its siblings by
+plain module name, so its folder goes on sys.path for the unit tests.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+TRAINING_IMAGE = Path(__file__).resolve().parents[2] / "training_image"
+sys.path.insert(0, str(TRAINING_IMAGE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import training_helpers as th  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory) -> Path:
+    """prepare_data.py output for a seeded synthetic corpus (~126k train tokens)."""
+    root = tmp_path_factory.mktemp("dataset")
+    th.make_dataset(root / "corpus", root / "data")
+    return root / "data"
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(dataset, tmp_path_factory) -> th.Run:
+    """One uninterrupted 2-process DDP run, shared by the loss, resume and validation tests."""
+    ckpt = tmp_path_factory.mktemp("ddp_reference")
+    run = th.torchrun("train.py", th.train_args(dataset, ckpt), nproc=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    run.checkpoint_dir = ckpt
+    return run

@@ -1,0 +1,60 @@
+"""Bad input: one line on stderr naming the problem, exit code 2, no traceback.
+
+The cases run train.main() in-process (a subprocess per case would add ~2 s of torch import
+each); one case runs the real command line to show the same holds for `python train.py`.
+"""
+import subprocess
+
+import numpy as np
+import pytest
+
+import train
+import training_helpers as th
+
+
+def _wrong_dtype_data(tmp_path):
+    import data
+    d = tmp_path / "wrong_dtype"
+    d.mkdir()
+    tokens = np.arange(1000, dtype=np.uint32)
+    with open(d / "train_000000.bin", "wb") as f:
+        f.write(data.HEADER.pack(data.MAGIC, data.VERSION, 4, tokens.size) + tokens.tobytes())
+    return d
+
+
+def _empty_dir(tmp_path):
+    (tmp_path / "empty").mkdir()
+    return tmp_path / "empty"
+
+
+def _a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    return tmp_path / "f"
+
+
+CASES = {
+    "missing data dir": (lambda tmp, ds: ["--data", str(tmp / "nope")], "--data="),
+    "empty data dir": (lambda tmp, ds: ["--data", str(_empty_dir(tmp))], "no train_*.bin"),
+    "wrong shard dtype": (lambda tmp, ds: ["--data", str(_wrong_dtype_data(tmp))], "uint16"),
+    "unknown strategy": (lambda tmp, ds: ["--data", str(ds), "--strategy", "zero3"], "--strategy='zero3'"),
+    "checkpoint dir is a file": (lambda tmp, ds: ["--data", str(ds), "--checkpoint-dir", str(_a_file(tmp))],
+                                 "is a file"),
+    "zero max steps": (lambda tmp, ds: ["--data", str(ds), "--max-steps", "0"], "--max-steps=0"),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_bad_input_is_one_line_naming_the_problem(case, tmp_path, dataset, capsys):
+    make_args, expected = CASES[case]
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--checkpoint-dir", str(tmp_path / "ckpt"), "--max-steps", "5", *make_args(tmp_path, dataset)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1 and expected in lines[0], lines
+
+
+@pytest.mark.slow
+def test_command_line_bad_input_has_no_traceback(tmp_path):
+    p = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "train.py"), "--data", str(tmp_path / "nope"),
+                        "--checkpoint-dir", str(tmp_path / "c"), "--max-steps", "5"],
+                       env=th.env(), capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stderr.count("\n"), "Traceback" in p.stderr) == (2, 1, False), p.stderr

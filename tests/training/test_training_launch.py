@@ -1,0 +1,79 @@
+"""launch.py maps scheduler environments to torchrun arguments (pure function)."""
+import pytest
+
+import launch
+from errors import UsageError
+
+BATCH = {"ACCELERATORS_PER_NODE": "8", "AWS_BATCH_JOB_NUM_NODES": "4", "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0",
+         "AWS_BATCH_JOB_ID": "0f1e2d#0", "AWS_BATCH_JOB_ATTEMPT": "2"}
+
+
+def test_batch_main_node_hosts_the_rendezvous_on_its_own_address():
+    plan = launch.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"}, own_address="10.0.1.7")
+    assert plan.torchrun_args() == ["--nnodes", "4", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
+                                    "--rdzv-endpoint", "10.0.1.7:29500", "--rdzv-id", "0f1e2d-2",
+                                    "--max-restarts", "3", "--local-addr", "10.0.1.7"]
+
+
+def test_batch_main_node_without_known_address_uses_localhost():
+    plan = launch.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"})
+    assert plan.rdzv_endpoint == "localhost:29500" and plan.is_main_node
+
+
+def test_batch_child_node_joins_the_main_node_address():
+    env = {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "3", "AWS_BATCH_JOB_ID": "0f1e2d#3",
+           "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.1.7"}
+    plan = launch.plan_launch("train", env, own_address="10.0.1.9")
+    assert (plan.rdzv_endpoint, plan.rdzv_id, plan.nnodes, plan.is_main_node) == \
+        ("10.0.1.7:29500", "0f1e2d-2", "4", False)
+
+
+def test_batch_child_node_without_main_address_is_a_usage_error():
+    with pytest.raises(UsageError, match="AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"):
+        launch.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "1"})
+
+
+def test_pytorchjob_uses_master_addr_and_pet_nnodes():
+    env = {"ACCELERATORS_PER_NODE": "8", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2",
+           "RANK": "1", "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "8", "RUN_ID": "exp-42"}
+    plan = launch.plan_launch("train", env)
+    assert plan.torchrun_args() == ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
+                                    "--rdzv-endpoint", "job-master-0:23456", "--rdzv-id", "exp-42",
+                                    "--max-restarts", "3"] and plan.node_rank == 1
+
+
+def test_pytorchjob_world_size_counts_nodes_when_pet_nnodes_is_absent():
+    env = {"ACCELERATORS_PER_NODE": "4", "MASTER_ADDR": "m", "MASTER_PORT": "1234", "WORLD_SIZE": "3", "RANK": "0"}
+    assert launch.plan_launch("train", env).nnodes == "3"
+
+
+def test_elastic_min_nodes_gives_a_node_range():
+    assert launch.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0", "ELASTIC_MIN_NODES": "2"}).nnodes \
+        == "2:4"
+
+
+def test_sanity_is_not_restarted_by_default():
+    assert launch.plan_launch("sanity", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"}).max_restarts == 0
+
+
+def test_missing_accelerators_per_node_is_a_usage_error():
+    with pytest.raises(UsageError, match="ACCELERATORS_PER_NODE"):
+        launch.plan_launch("train", {"AWS_BATCH_JOB_NUM_NODES": "2"})
+
+
+def test_validate_runs_as_a_single_process():
+    cmd, plan = launch.build_command("validate", ["--checkpoint", "c"], {})
+    assert plan is None and cmd[1].endswith("validate.py") and "torch.distributed.run" not in cmd
+
+
+def test_expected_nodes_must_match_the_scheduler():
+    env = {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"}
+    with pytest.raises(UsageError, match="--expected-nodes"):
+        launch.build_command("train", ["--expected-nodes", "2"], env)
+    assert launch.build_command("train", ["--expected-nodes", "4"], env)[1].nnodes == "4"
+
+
+def test_kubeflow_trainer_pet_master_addr_is_accepted():
+    env = {"ACCELERATORS_PER_NODE": "8", "PET_MASTER_ADDR": "tj-node-0-0.tj", "PET_MASTER_PORT": "29400",
+           "PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "8", "RUN_ID": "r"}
+    assert launch.plan_launch("train", env).rdzv_endpoint == "tj-node-0-0.tj:29400"

@@ -1,0 +1,41 @@
+"""Both strategies train a real model on 2 CPU processes and the loss falls."""
+import pytest
+
+import training_helpers as th
+
+pytestmark = pytest.mark.slow  # real torchrun processes
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(dataset, tmp_path_factory) -> th.Run:
+    # Named the way the Batch job definition does it: roots plus names, --batch-size, --expected-nodes.
+    root = tmp_path_factory.mktemp("fsdp")
+    args = th.train_args(dataset, root / "unused", strategy="fsdp")
+    for flag in ("--data", "--checkpoint-dir"):
+        del args[args.index(flag):args.index(flag) + 2]
+    args = [a if a != "--micro-batch-size" else "--batch-size" for a in args]
+    run = th.torchrun("train.py", [*args, "--datasets-root", str(dataset.parent), "--dataset", dataset.name,
+                                   "--checkpoints-root", str(root), "--run-id", "fsdp-run", "--expected-nodes", "1"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    run.checkpoint_dir = root / "fsdp-run"
+    return run
+
+
+def _falls(losses: list[float]) -> bool:
+    head, tail = losses[:3], losses[-3:]
+    return sum(tail) / 3 < 0.7 * sum(head) / 3
+
+
+def test_ddp_loss_falls(ddp_reference):
+    assert _falls(ddp_reference.losses()), ddp_reference.losses()
+
+
+def test_fsdp_loss_falls(fsdp_run):
+    assert _falls(fsdp_run.losses()), fsdp_run.losses()
+
+
+def test_fsdp_dcp_checkpoint_loads_into_a_plain_model(fsdp_run, dataset):
+    import validate
+    newest = th.checkpoint_steps(fsdp_run.checkpoint_dir)[-1]
+    model, meta, _ = validate.find_and_load(fsdp_run.checkpoint_dir)
+    assert meta["format"] == "dcp" and meta["step"] == newest == th.TRAIN_STEPS

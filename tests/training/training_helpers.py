@@ -1,0 +1,155 @@
+"""Helpers shared by the training image tests (plain functions; fixtures live in conftest.py)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TRAINING_IMAGE = Path(__file__).resolve().parents[2] / "training_image"
+PYTHON = sys.executable
+
+# Shared by the reference run and the resume tests: they must be the same job to compare bit for bit.
+TRAIN_STEPS = 30
+CHECKPOINT_EVERY = 10
+
+
+def make_dataset(corpus_dir: Path, data_dir: Path) -> None:
+    import prepare_data
+    import synthetic_corpus
+    synthetic_corpus.write_corpus(corpus_dir)
+    assert prepare_data.main(["--input", str(corpus_dir), "--output", str(data_dir), "--val-fraction", "0.1"]) == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env(**extra: str) -> dict:
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RUN_ID="test")
+    e.pop("TRAIN_TEST_STEP_DELAY_S", None)
+    e.update(extra)
+    return e
+
+
+def train_args(data: Path, ckpt: Path, *, steps: int = TRAIN_STEPS, every: int = CHECKPOINT_EVERY,
+               strategy: str = "ddp") -> list[str]:
+    return ["--data", str(data), "--checkpoint-dir", str(ckpt), "--max-steps", str(steps),
+            "--checkpoint-every", str(every), "--seed", "7", "--strategy", strategy,
+            "--model", "tiny", "--lr", "3e-3", "--warmup-steps", "3", "--micro-batch-size", "8",
+            "--grad-accum-steps", "2"]
+
+
+def torchrun_cmd(script: str, args: list[str], nproc: int, max_restarts: int = 0) -> list[str]:
+    return [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--nnodes", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{free_port()}",
+            "--max-restarts", str(max_restarts), "--monitor-interval", "0.1",
+            str(TRAINING_IMAGE / script), *args]
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    checkpoint_dir: Path | None = None
+
+    def emf(self) -> list[dict]:
+        return [json.loads(l) for l in self.stdout.splitlines() if l.startswith("{") and '"_aws"' in l]
+
+    def losses(self) -> list[float]:
+        return [r["Loss"] for r in self.emf()]
+
+    def summary(self) -> dict:
+        return [json.loads(l)["summary"] for l in self.stdout.splitlines() if l.startswith('{"summary"')][-1]
+
+
+def torchrun(script: str, args: list[str], nproc: int = 2, max_restarts: int = 0, timeout: float = 120,
+             **env_extra: str) -> Run:
+    p = subprocess.run(torchrun_cmd(script, args, nproc, max_restarts), env=env(**env_extra),
+                       capture_output=True, text=True, timeout=timeout)
+    return Run(p.returncode, p.stdout, p.stderr)
+
+
+def single_process(script: str, args: list[str], timeout: float = 120, **env_extra: str) -> Run:
+    """The script without torchrun: train.py then runs as a world of one."""
+    p = subprocess.run([PYTHON, str(TRAINING_IMAGE / script), *args], env=env(**env_extra),
+                       capture_output=True, text=True, timeout=timeout)
+    return Run(p.returncode, p.stdout, p.stderr)
+
+
+class Background:
+    """A torchrun job in its own session, so the test can signal it or kill the whole group."""
+
+    def __init__(self, script: str, args: list[str], workdir: Path, nproc: int = 2, max_restarts: int = 0,
+                 **env_extra: str) -> None:
+        self.out, self.err = workdir / "stdout.txt", workdir / "stderr.txt"
+        self.proc = subprocess.Popen(torchrun_cmd(script, args, nproc, max_restarts), env=env(**env_extra),
+                                     stdout=open(self.out, "w"), stderr=open(self.err, "w"),
+                                     start_new_session=True)
+
+    def wait_for(self, predicate, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"job ended early ({self.proc.returncode}): {self.err.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                self.kill_group()
+                raise AssertionError("timed out waiting for the job")
+            time.sleep(0.02)
+
+    def workers(self) -> list[int]:
+        """PIDs of torchrun's direct children (the worker processes)."""
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == self.proc.pid:
+                pids.append(int(stat.parent.name))
+        return pids
+
+    def kill_group(self) -> None:
+        """SIGKILL torchrun and every worker at once, like a container being killed.
+
+        torchrun starts each worker in a session of its own, so killing torchrun's
+        group alone would leave the workers running."""
+        workers = self.workers()
+        for pgid in [self.proc.pid, *workers]:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(30)
+        for pid in workers:  # reaped by init; wait until they are really gone
+            while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
+                time.sleep(0.01)
+
+    def finish(self, timeout: float = 120) -> Run:
+        self.proc.wait(timeout)
+        return Run(self.proc.returncode, self.out.read_text(), self.err.read_text())
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def checkpoint_steps(ckpt: Path) -> list[int]:
+    return sorted(int(p.name.split("_")[1]) for p in ckpt.glob("step_*") if (p / "meta.json").exists())
+
+
+def final_model_state(ckpt: Path) -> dict:
+    import torch
+    newest = max(ckpt.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return torch.load(newest / "state.pt", map_location="cpu", weights_only=True)["model"]

@@ -1,0 +1,122 @@
+"""Device and process-group set-up for the three backends.
+
+  cuda: NCCL, one GPU per process (LOCAL_RANK), bf16 autocast.
+  cpu:  gloo, fp32, deterministic algorithms (tests and the local run).
+  xla:  Trainium through torch-neuronx; torch_xla is imported on this path only,
+        because it is not installed in the GPU image or on CPU machines.
+
+Works under torchrun (RANK/WORLD_SIZE/LOCAL_RANK set) and as a plain single
+process, where a world of one is created so the same code paths run.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from errors import UsageError
+
+DEVICES = ("auto", "cuda", "cpu", "xla")
+# ACCELERATOR_KIND is the infrastructure's word for the node type (see launch.py).
+KIND_TO_DEVICE = {"gpu": "cuda", "neuron": "xla", "cpu": "cpu"}
+
+
+@dataclass
+class Runtime:
+    device_type: str  # "cuda" | "cpu" | "xla"
+    device: torch.device
+    rank: int
+    local_rank: int
+    world_size: int
+    xm: Any = None  # torch_xla.core.xla_model on the xla path, else None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def autocast(self):
+        # bf16 autocast on accelerators only; CPU stays fp32 so runs are bit-reproducible.
+        if self.device_type in ("cuda", "xla"):
+            return torch.autocast(self.device_type, dtype=torch.bfloat16)
+        return torch.autocast("cpu", enabled=False)
+
+    def mark_step(self) -> None:
+        if self.xm is not None:
+            self.xm.mark_step()
+
+
+def resolve_device(requested: str) -> str:
+    if requested not in DEVICES:
+        raise UsageError("--device", requested, "unknown device", ", ".join(DEVICES))
+    if requested != "auto":
+        return requested
+    kind = os.environ.get("ACCELERATOR_KIND", "")
+    if kind:
+        if kind not in KIND_TO_DEVICE:
+            raise UsageError("ACCELERATOR_KIND", kind, "unknown accelerator kind", ", ".join(KIND_TO_DEVICE))
+        return KIND_TO_DEVICE[kind]
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def init_distributed(requested_device: str, timeout_s: int = 1800) -> Runtime:
+    device_type = resolve_device(requested_device)
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    timeout = timedelta(seconds=timeout_s)
+    under_launcher = "MASTER_ADDR" in os.environ
+    xm = None
+    if device_type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device", "cuda", "no CUDA device visible", "cpu, xla or auto")
+        # Bind the GPU before the process group so NCCL uses the right device (pytorch/examples).
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        backend = "nccl"
+    elif device_type == "xla":
+        import torch_xla  # noqa: F401  (Trainium only)
+        import torch_xla.core.xla_model as xm
+        import torch_xla.distributed.xla_backend  # noqa: F401  registers the "xla" backend
+        device = xm.xla_device()
+        backend = "xla"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized():
+        if backend == "xla" and under_launcher:
+            # Neuron programming guide (torch-neuronx, torchrun): init_process_group("xla").
+            dist.init_process_group(backend, timeout=timeout)
+        elif under_launcher:
+            store = _restart_scoped_store(rank, world_size, timeout)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        else:
+            # Single process without torchrun: a private store, world of one.
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return Runtime(device_type, device, dist.get_rank(), local_rank, dist.get_world_size(), xm)
+
+
+def _restart_scoped_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+    """The torchrun store, with keys scoped to this restart of the worker group.
+
+    torchrun (c10d rendezvous, shared agent store) hands every restart the same
+    TCPStore and init_process_group uses fixed key names, so a restarted worker
+    can read the gloo/NCCL address that a killed worker published and fail with
+    "Connection refused" (seen here in 2 of 3 tries). A prefix per restart makes
+    the keys fresh. launch.py also sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
+    which gives every rendezvous round a new store, covering elastic scale-ups
+    that restart workers without counting a restart.
+    """
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=not agent_hosts_store and rank == 0, timeout=timeout, multi_tenant=True)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"worker_group/restart_{attempt}", store)
+
+
+def destroy_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,190 @@
+"""Container entry point: `launch.py {sanity|train|validate|prepare-data} [script args...]`.
+
+sanity and train run under torchrun, with its arguments derived from the scheduler's
+environment; validate and prepare-data run as one plain process. The mapping is a pure
+function (`plan_launch`) so it is unit-tested without a cluster.
+
+AWS Batch multi-node parallel job (one container per node):
+  AWS_BATCH_JOB_NUM_NODES              -> --nnodes
+  AWS_BATCH_JOB_NODE_INDEX / _MAIN_NODE_INDEX decide whether this is the main node
+  AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS (child nodes only) -> --rdzv-endpoint host;
+                                          the main node uses its own address (or localhost)
+  AWS_BATCH_JOB_ID (without "#index") + AWS_BATCH_JOB_ATTEMPT -> --rdzv-id
+Kubernetes (PyTorchJob, Kubeflow Trainer TrainJob or an Indexed Job; one pod per node):
+  MASTER_ADDR, MASTER_PORT (or PET_MASTER_ADDR, PET_MASTER_PORT) -> --rdzv-endpoint
+  PET_NNODES, else WORLD_SIZE (= nodes with torchrun) -> --nnodes
+  RANK / PET_NODE_RANK                 -> logged only: c10d assigns ranks itself
+Both:
+  ACCELERATORS_PER_NODE (required for sanity/train; must agree with PET_NPROC_PER_NODE if that is set)
+                                       -> --nproc-per-node
+  ELASTIC_MIN_NODES (optional)         -> --nnodes MIN:MAX (elastic)
+  MAX_RESTARTS (default 3 for train, 0 for sanity) -> --max-restarts
+  MASTER_PORT (default 29500)          -> rendezvous port on the main node
+  RUN_ID                               -> --rdzv-id when no Batch job id; RunId metric dimension
+Set LAUNCH_DRY_RUN=1 to print the command as JSON instead of running it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping
+
+from errors import UsageError, exit_with_usage_error
+
+HERE = Path(__file__).resolve().parent
+DISTRIBUTED_MODES = {"sanity": "sanity_check.py", "train": "train.py"}
+SINGLE_MODES = {"validate": "validate.py", "prepare-data": "prepare_data.py"}
+DEFAULT_PORT = 29500
+DEFAULT_MAX_RESTARTS = {"train": 3, "sanity": 0}  # a failed pre-flight check must fail the job, not retry
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    scheduler: str  # "aws-batch" | "pytorchjob" | "local"
+    nnodes: str
+    nproc_per_node: int
+    rdzv_endpoint: str
+    rdzv_id: str
+    max_restarts: int
+    node_rank: int
+    is_main_node: bool
+    local_addr: str | None = None
+
+    def torchrun_args(self) -> list[str]:
+        args = ["--nnodes", self.nnodes, "--nproc-per-node", str(self.nproc_per_node),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint,
+                "--rdzv-id", self.rdzv_id, "--max-restarts", str(self.max_restarts)]
+        if self.local_addr:
+            # The rank-0 agent publishes this address to every worker; a container hostname
+            # may not resolve on other nodes, an IP does.
+            args += ["--local-addr", self.local_addr]
+        return args
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum: int = 0) -> int:
+    text = env.get(name, "")
+    if text == "":
+        if default is None:
+            raise UsageError(name, None, "environment variable not set", f"an integer >= {minimum}")
+        return default
+    if not text.strip().isdigit() or int(text) < minimum:
+        raise UsageError(name, text, "not a valid count", f"an integer >= {minimum}")
+    return int(text)
+
+
+def _nnodes(env: Mapping[str, str], nodes: str) -> str:
+    min_nodes = env.get("ELASTIC_MIN_NODES", "")
+    if ":" in nodes or not min_nodes:
+        return nodes
+    if not min_nodes.isdigit() or not 1 <= int(min_nodes) <= int(nodes):
+        raise UsageError("ELASTIC_MIN_NODES", min_nodes, "out of range", f"1..{nodes}")
+    return f"{min_nodes}:{nodes}"
+
+
+def plan_launch(mode: str, env: Mapping[str, str], own_address: str | None = None) -> LaunchPlan:
+    """torchrun settings for `mode` from the scheduler's environment variables (pure function)."""
+    if mode not in DISTRIBUTED_MODES:
+        raise UsageError("mode", mode, "not a distributed mode", ", ".join(DISTRIBUTED_MODES))
+    nproc = _int(env, "ACCELERATORS_PER_NODE", minimum=1)
+    if env.get("PET_NPROC_PER_NODE", "").isdigit() and int(env["PET_NPROC_PER_NODE"]) != nproc:
+        raise UsageError("PET_NPROC_PER_NODE", env["PET_NPROC_PER_NODE"],
+                         f"disagrees with ACCELERATORS_PER_NODE={nproc}", "the same count, or unset")
+    max_restarts = _int(env, "MAX_RESTARTS", DEFAULT_MAX_RESTARTS[mode])
+    port = _int(env, "MASTER_PORT", DEFAULT_PORT, minimum=1)
+    run_id = env.get("RUN_ID", "")
+
+    if "AWS_BATCH_JOB_NUM_NODES" in env:
+        nodes = _int(env, "AWS_BATCH_JOB_NUM_NODES", minimum=1)
+        index = _int(env, "AWS_BATCH_JOB_NODE_INDEX", 0)
+        main = _int(env, "AWS_BATCH_JOB_MAIN_NODE_INDEX", 0)
+        is_main = index == main
+        if is_main:
+            host = own_address or "localhost"  # the main node is not told its own address
+        else:
+            host = env.get("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS", "")
+            if not host:
+                raise UsageError("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS", None,
+                                 f"not set on child node {index}", "the main node's IPv4 address (set by Batch)")
+        job_id = env.get("AWS_BATCH_JOB_ID", "").split("#")[0]
+        rdzv_id = f"{job_id}-{env.get('AWS_BATCH_JOB_ATTEMPT', '1')}" if job_id else (run_id or "batch")
+        return LaunchPlan("aws-batch", _nnodes(env, str(nodes)), nproc, f"{host}:{port}", rdzv_id,
+                          max_restarts, index, is_main, own_address)
+
+    master = env.get("MASTER_ADDR") or env.get("PET_MASTER_ADDR")  # PyTorchJob v1 / Kubeflow Trainer v2
+    if master and ("PET_NNODES" in env or "WORLD_SIZE" in env):
+        nodes = env.get("PET_NNODES") or str(_int(env, "WORLD_SIZE", minimum=1))
+        rank = _int(env, "PET_NODE_RANK", _int(env, "RANK", 0))
+        if "MASTER_PORT" not in env and env.get("PET_MASTER_PORT"):
+            port = _int(env, "PET_MASTER_PORT", minimum=1)
+        return LaunchPlan("pytorchjob", _nnodes(env, nodes), nproc, f"{master}:{port}",
+                          run_id or master, max_restarts, rank, rank == 0, own_address)
+
+    return LaunchPlan("local", _nnodes(env, "1"), nproc, f"localhost:{port}", run_id or "local",
+                      max_restarts, 0, True, None)
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def build_command(mode: str, script_args: list[str], env: Mapping[str, str],
+                  own_address: str | None = None) -> tuple[list[str], LaunchPlan | None]:
+    if mode in SINGLE_MODES:
+        return [sys.executable, str(HERE / SINGLE_MODES[mode]), *script_args], None
+    plan = plan_launch(mode, env, own_address)
+    expected = _flag_value(script_args, "--expected-nodes")
+    # Checked here as well as in the scripts: a mismatch must fail once, not once per torchrun restart.
+    if expected is not None and ":" not in plan.nnodes and expected != plan.nnodes:
+        raise UsageError("--expected-nodes", expected, f"the scheduler gives {plan.nnodes} node(s)",
+                         "the job's node count (AWS_BATCH_JOB_NUM_NODES / PET_NNODES)")
+    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(),
+            str(HERE / DISTRIBUTED_MODES[mode]), *script_args], plan
+
+
+def own_ipv4() -> str | None:
+    try:
+        addr = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+    return None if addr.startswith("127.") else addr
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    modes = [*DISTRIBUTED_MODES, *SINGLE_MODES]
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        print(f"usage: launch.py {{{'|'.join(modes)}}} [args...]; `launch.py MODE --help` shows the script's flags")
+        return 0 if argv else 2
+    mode, script_args = argv[0], argv[1:]
+    try:
+        if mode not in modes:
+            raise UsageError("mode", mode, "unknown mode", "|".join(modes))
+        own = own_ipv4() if mode in DISTRIBUTED_MODES else None
+        cmd, plan = build_command(mode, script_args, os.environ, own)
+    except UsageError as err:
+        exit_with_usage_error("launch.py", err)
+    env = dict(os.environ)
+    # A fresh rendezvous store per round: restarted workers never read a dead worker's address.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    if env.get("LAUNCH_DRY_RUN") == "1":
+        print(json.dumps({"command": cmd, "plan": asdict(plan) if plan else None}))
+        return 0
+    if plan:
+        print(f"launch.py: {plan.scheduler} node {plan.node_rank}{' (main)' if plan.is_main_node else ''}: "
+              f"{' '.join(cmd)}", file=sys.stderr, flush=True)
+    # exec: torchrun becomes the container's main process and receives SIGTERM from Batch/Kubernetes itself.
+    os.execvpe(cmd[0], cmd, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

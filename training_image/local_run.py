@@ -1,0 +1,129 @@
+"""Run the whole pipeline on CPU with the container's entry points, then report and plot.
+
+    python training_image/local_run.py --out local-run
+
+Steps (each through launch.py, as in the container): make a small corpus and shards
+(prepare-data), sanity check (2 processes, gloo), train a tiny GPT (2 processes, DDP),
+validate an early checkpoint to create a baseline, validate the final checkpoint against
+it, print a report and save loss / tokens-per-second curves as a PNG.
+Owns only these paths under --out: corpus/, data/, checkpoints/, *.json, *.log, *.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from metrics import parse_emf_lines  # noqa: E402
+from synthetic_corpus import write_corpus  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_stage(name: str, args: list[str], out: Path, env: dict) -> tuple[subprocess.CompletedProcess, float]:
+    print(f"[local_run] {name}: launch.py {' '.join(args)}", flush=True)
+    t0 = time.perf_counter()
+    env = {**env, "MASTER_PORT": str(free_port())}
+    proc = subprocess.run([sys.executable, str(HERE / "launch.py"), *args], env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - t0
+    (out / f"{name}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise SystemExit(f"[local_run] {name} failed with exit code {proc.returncode} "
+                         f"(full log: {out / (name + '.log')}):\n{tail}")
+    print(f"[local_run] {name}: ok in {elapsed:.1f}s", flush=True)
+    return proc, elapsed
+
+
+def plot(records: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")  # no display in CI or containers
+    import matplotlib.pyplot as plt
+    steps = [r["Step"] for r in records]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    ax1.plot(steps, [r["Loss"] for r in records])
+    ax1.set_ylabel("Loss (cross-entropy)")
+    ax1.set_title("local run: tiny GPT, 2 CPU processes, DDP")
+    ax2.plot(steps, [r["TokensPerSecond"] for r in records], color="tab:green")
+    ax2.set_ylabel("TokensPerSecond")
+    ax2.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="output directory (created; its owned sub-paths are replaced)")
+    p.add_argument("--steps", type=int, default=300, help="training steps (default %(default)s)")
+    p.add_argument("--nproc", type=int, default=2, help="processes for sanity check and training (default 2)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Path(args.out).resolve()
+    if out.exists() and not out.is_dir():
+        print(f"local_run.py: error: --out={args.out!r}: is a file; allowed: a directory", file=sys.stderr)
+        return 2
+    for owned in ("corpus", "data", "checkpoints"):
+        shutil.rmtree(out / owned, ignore_errors=True)  # a fresh run, not a resume of the last one
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "ACCELERATOR_KIND": "cpu", "ACCELERATORS_PER_NODE": str(args.nproc),
+           "RUN_ID": os.environ.get("RUN_ID", "local-run"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for var in [k for k in env if k.startswith(("AWS_BATCH_", "PET_")) or k in ("MASTER_ADDR", "WORLD_SIZE", "RANK")]:
+        env.pop(var)  # a local run must not pick up a scheduler's variables
+    t_start = time.perf_counter()
+    ckpt, data = out / "checkpoints", out / "data"
+    every = max(1, args.steps // 3)
+
+    write_corpus(out / "corpus", documents=8, sentences=600)
+    run_stage("prepare_data", ["prepare-data", "--input", str(out / "corpus"), "--output", str(data),
+                               "--val-fraction", "0.1"], out, env)
+    run_stage("sanity", ["sanity", "--sizes", "64K,1M", "--report", str(out / "sanity.json")], out, env)
+    train, _ = run_stage("train", ["train", "--data", str(data), "--checkpoint-dir", str(ckpt),
+                                   "--max-steps", str(args.steps), "--checkpoint-every", str(every),
+                                   "--model", "tiny", "--lr", "3e-3", "--warmup-steps", "20", "--seed", "1"],
+                         out, env)
+    for stale in ("baseline.json", "verdict.json"):
+        (out / stale).unlink(missing_ok=True)
+    run_stage("baseline", ["validate", "--checkpoint", str(ckpt / f"step_{every:09d}"), "--data", str(data),
+                           "--baseline", str(out / "baseline.json")], out, env)
+    run_stage("validate", ["validate", "--checkpoint", str(ckpt), "--data", str(data),
+                           "--baseline", str(out / "baseline.json"), "--verdict", str(out / "verdict.json")], out, env)
+
+    records = parse_emf_lines(train.stdout.splitlines())
+    plot(records, out / "training_curves.png")
+    summary = [json.loads(l)["summary"] for l in train.stdout.splitlines() if l.startswith('{"summary"')][-1]
+    sanity = json.loads((out / "sanity.json").read_text())
+    verdict = json.loads((out / "verdict.json").read_text())
+    report = {
+        "sanity": {"passed": sanity["passed"], "all_reduce_busbw_gbps": round(sanity["measured_busbw_gbps"], 4)},
+        "train": {"steps": summary["steps"], "first_loss": round(records[0]["Loss"], 4),
+                  "final_loss": round(summary["final_loss"], 4),
+                  "mean_tokens_per_second": round(summary["mean_tokens_per_second"] or 0.0, 1)},
+        "validate": {k: verdict[k] for k in ("metric", "value", "baseline", "relative_delta", "passed")},
+        "artifacts": {"plot": str(out / "training_curves.png"), "verdict": str(out / "verdict.json"),
+                      "sanity_report": str(out / "sanity.json"), "logs": str(out)},
+        "wall_seconds": round(time.perf_counter() - t_start, 1),
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2), flush=True)
+    return 0 if sanity["passed"] and verdict["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+r"""Train a GPT-style decoder with DDP or FSDP2 on CUDA/NCCL, CPU/gloo or Trainium/XLA.
+
+Launch (elastic, restarts on failure, resumes from the newest good checkpoint):
+    torchrun --nnodes 1:4 --nproc-per-node 8 --max-restarts 3 \
+        --rdzv-backend c10d --rdzv-endpoint $MAIN_ADDR:29500 --rdzv-id $RUN_ID \
+        train.py --data /fsx/data/run1 --checkpoint-dir /fsx/ckpt/run1 \
+                 --model 1.3b --strategy fsdp --max-steps 20000 --checkpoint-every 500
+CPU, two processes (what the tests do):
+    torchrun --nproc-per-node 2 train.py --data d --checkpoint-dir c --model tiny --max-steps 50
+In the container, `launch.py train ...` builds the torchrun line from Batch/EKS variables.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from checkpoint import CheckpointManager, TrainerState, log
+from data import BatchSpec, SequenceBatches, TokenStream, list_shards, open_shard
+from distributed import DEVICES, Runtime, destroy_distributed, init_distributed, resolve_device
+from errors import UsageError, exit_with_usage_error
+from metrics import MetricsLogger, peak_tflops
+from model import GPT, MODEL_SIZES, ModelConfig, flops_per_token, model_config
+from run_paths import add_layout_flags, checkpoint_dir, data_dir, expected_nodes_error
+
+STRATEGIES = ("ddp", "fsdp")
+EXIT_SIGTERM = 143  # 128 + SIGTERM: "stopped cleanly on request", distinguishable from success
+
+
+@dataclass
+class TrainConfig:
+    data: str
+    checkpoint_dir: str
+    max_steps: int
+    checkpoint_every: int = 250
+    keep_last: int = 3
+    seed: int = 1337
+    strategy: str = "ddp"
+    model: str = "tiny"
+    seq_len: int = 0  # 0: the model size's default context
+    micro_batch_size: int = 8
+    grad_accum_steps: int = 1
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    device: str = "auto"
+    compile: bool = False
+    run_id: str = field(default_factory=lambda: os.environ.get("RUN_ID", "local"))
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        positive = ("max_steps", "checkpoint_every", "keep_last", "micro_batch_size", "grad_accum_steps", "log_every")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')}", getattr(self, name), "must be at least 1", ">= 1")
+        if self.strategy not in STRATEGIES:
+            raise UsageError("--strategy", self.strategy, "unknown strategy", "|".join(STRATEGIES))
+        if self.model not in MODEL_SIZES:
+            raise UsageError("--model", self.model, "unknown model size", ", ".join(MODEL_SIZES))
+        if self.device not in DEVICES:
+            raise UsageError("--device", self.device, "unknown device", ", ".join(DEVICES))
+        if self.seq_len < 0:
+            raise UsageError("--seq-len", self.seq_len, "must not be negative", "0 (model default) or >= 1")
+        if not self.lr > 0:
+            raise UsageError("--lr", self.lr, "must be positive", "> 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise UsageError("--min-lr-ratio", self.min_lr_ratio, "out of range", "0 <= ratio <= 1")
+        if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
+            raise UsageError("--warmup-steps/--grad-clip/--weight-decay",
+                             (self.warmup_steps, self.grad_clip, self.weight_decay), "negative", ">= 0")
+        ckpt = Path(self.checkpoint_dir)
+        if ckpt.exists() and not ckpt.is_dir():
+            raise UsageError("--checkpoint-dir", self.checkpoint_dir, "is a file", "a directory (created if missing)")
+
+    def model_config(self) -> ModelConfig:
+        return model_config(self.model, seq_len=self.seq_len or None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = TrainConfig.__dataclass_fields__
+    p.add_argument("--data", default=os.environ.get("DATA_DIR"),
+                   help="directory of train_*.bin/val_*.bin shards from prepare_data.py (default: env DATA_DIR, "
+                        "else --datasets-root/--dataset)")
+    p.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR"),
+                   help="where checkpoints go; the newest loadable one here is resumed automatically "
+                        "(default: env CHECKPOINT_DIR, else --checkpoints-root/--run-id)")
+    add_layout_flags(p)
+    p.add_argument("--expected-nodes", type=int, default=None,
+                   help="refuse to start unless torchrun's node count (GROUP_WORLD_SIZE) equals this")
+    p.add_argument("--max-steps", type=int, required=True, help="optimizer steps to train for (>= 1)")
+    p.add_argument("--checkpoint-every", type=int, default=d["checkpoint_every"].default,
+                   help="save every K steps, plus at the last step and on SIGTERM (default %(default)s)")
+    p.add_argument("--keep-last", type=int, default=d["keep_last"].default,
+                   help="number of newest checkpoints to keep (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d["seed"].default, help="seed for init, data order and RNG (default %(default)s)")
+    p.add_argument("--strategy", default="ddp", help="ddp (replicated, default) or fsdp (FSDP2 fully_shard, DCP checkpoints)")
+    p.add_argument("--model", default=d["model"].default, help=f"model size: {', '.join(MODEL_SIZES)} (default %(default)s)")
+    p.add_argument("--seq-len", type=int, default=0, help="context length; 0 uses the model size's default")
+    p.add_argument("--micro-batch-size", "--batch-size", dest="micro_batch_size", type=int, default=d["micro_batch_size"].default,
+                   help="sequences per process per micro-step (default %(default)s)")
+    p.add_argument("--grad-accum-steps", type=int, default=1,
+                   help="micro-steps per optimizer step; gradients are synchronised on the last only (default 1)")
+    p.add_argument("--lr", type=float, default=d["lr"].default, help="peak learning rate (default %(default)s)")
+    p.add_argument("--min-lr-ratio", type=float, default=d["min_lr_ratio"].default,
+                   help="cosine decays to lr*ratio at --max-steps (default %(default)s)")
+    p.add_argument("--warmup-steps", type=int, default=d["warmup_steps"].default,
+                   help="linear warm-up steps before the cosine decay (default %(default)s)")
+    p.add_argument("--weight-decay", type=float, default=d["weight_decay"].default,
+                   help="AdamW weight decay on matrices (default %(default)s)")
+    p.add_argument("--grad-clip", type=float, default=d["grad_clip"].default,
+                   help="clip the global gradient norm to this; 0 disables (default %(default)s)")
+    p.add_argument("--device", default="auto",
+                   help="auto (from ACCELERATOR_KIND, else cuda if present, else cpu), cuda, cpu or xla")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (off by default)")
+    p.add_argument("--run-id", default=os.environ.get("RUN_ID", "local"),
+                   help="RunId dimension of the metrics (default: env RUN_ID, else 'local')")
+    p.add_argument("--log-every", type=int, default=1, help="emit a metrics line every N steps (default 1)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def check_data(data_dir: Path) -> None:
+    """Fail before any process group exists: a wrong --data is the commonest mistake."""
+    for shard in list_shards(data_dir, "train"):
+        open_shard(shard)
+
+
+def lr_lambda(cfg: TrainConfig):
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        span = max(1, cfg.max_steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_model(cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime) -> torch.nn.Module:
+    seed_everything(cfg.seed)  # identical initial weights on every rank
+    if cfg.strategy == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        # Build on the meta device and initialise after sharding: a 13B model never exists in full
+        # on one process (it would need 52 GB of host memory per rank in fp32).
+        with torch.device("meta"):
+            model = GPT(mcfg)
+        # bf16 compute with fp32 gradient reduction on accelerators; fp32 throughout on CPU.
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if rt.device_type == "cuda" else MixedPrecisionPolicy()
+        for block in model.blocks:
+            if cfg.compile:
+                block.compile()
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)  # root holds embeddings/head (tied weights stay together)
+        model.to_empty(device=rt.device)
+        # On CUDA, DTensor's RNG tracker takes rank 0's state and offsets it per shard. On CPU it
+        # has no tracker and each rank draws its shard from its own generator: seeding by rank
+        # keeps the shards different (the same seed everywhere would copy one shard into all).
+        seed_everything(cfg.seed + rt.rank)
+        model.init_weights()
+        return model
+    model = GPT(mcfg).to(rt.device)
+    if cfg.compile:
+        model = torch.compile(model)
+    if rt.device_type == "xla":
+        return model  # Neuron: gradients are all-reduced with xm.reduce_gradients, no DDP wrapper
+    return DDP(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, rt: Runtime) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    # Decay matrices only; biases and LayerNorm gains are not regularised (GPT-2 practice).
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+                             fused=rt.device_type == "cuda" or None)
+
+
+def grad_sync_context(model: torch.nn.Module, strategy: str, last_micro_step: bool):
+    """All-reduce gradients on the last micro-step only; earlier ones accumulate locally."""
+    if strategy == "fsdp":
+        model.set_requires_gradient_sync(last_micro_step)
+        return contextlib.nullcontext()
+    if isinstance(model, DDP) and not last_micro_step:
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+class StopFlag:
+    """SIGTERM (Spot/Batch termination, kubectl delete, torchrun shutdown) asks for a final checkpoint."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+
+def train(cfg: TrainConfig) -> int:
+    rt = init_distributed(cfg.device)
+    if rt.device_type == "xla" and cfg.strategy == "fsdp":
+        raise UsageError("--strategy", "fsdp", "FSDP2 is not supported on the xla device", "ddp")
+    # CPU kernels used here are deterministic already (the resume test checks it bit for bit);
+    # torch.use_deterministic_algorithms is not called because it imports inductor (+1 s per process).
+    stop = StopFlag()
+    mcfg = cfg.model_config()
+    model = build_model(cfg, mcfg, rt)
+    optimizer = build_optimizer(model, cfg, rt)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    seed_everything(cfg.seed + rt.rank)  # per-rank streams (dropout); replaced by the checkpoint's on resume
+    ckpt = CheckpointManager(Path(cfg.checkpoint_dir), "dcp" if cfg.strategy == "fsdp" else "full",
+                             cfg.keep_last, rt.rank, rt.world_size)
+    resumed = ckpt.load_latest(model, optimizer, scheduler, rt.device)
+    state = resumed[0] if resumed else TrainerState()
+    if rt.is_main:
+        log(f"train: {'resumed from ' + str(resumed[1]) if resumed else 'starting fresh'} at step {state.step}; "
+            f"world={rt.world_size} device={rt.device_type} strategy={cfg.strategy} model={cfg.model} "
+            f"restart={os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+
+    stream = TokenStream(Path(cfg.data), "train")
+    batches = SequenceBatches(stream, BatchSpec(mcfg.seq_len, cfg.micro_batch_size, rt.rank, rt.world_size,
+                                                cfg.seed), samples_consumed=state.samples_consumed)
+    loader = batches
+    if rt.device_type == "xla":
+        import torch_xla.distributed.parallel_loader as pl
+        # Neuron docs: MpDeviceLoader overlaps host-to-device copies and inserts mark_step per batch.
+        loader = pl.MpDeviceLoader(batches, rt.device)
+    batch_iter = iter(loader)
+    metrics = MetricsLogger(cfg.run_id, enabled=rt.is_main)
+    tokens_per_step = rt.world_size * cfg.micro_batch_size * cfg.grad_accum_steps * mcfg.seq_len
+    peak = peak_tflops(torch.cuda.get_device_name(rt.device)) if rt.device_type == "cuda" else None
+    fpt = flops_per_token(mcfg)
+    config_record = {"train": asdict(cfg), "model": asdict(mcfg)}
+    start_step, t_start, throughput, loss_val = state.step, time.perf_counter(), [], float("nan")
+    last_saved = state.step if resumed else -1
+    checkpoint_seconds, checkpoints_saved = 0.0, 0  # the training stall caused by saving
+
+    # Test-only: slow each step so a test can signal the job at a chosen point. Not a CLI flag on purpose.
+    test_delay_s = float(os.environ.get("TRAIN_TEST_STEP_DELAY_S", "0"))
+    model.train()
+    while state.step < cfg.max_steps:
+        if test_delay_s:
+            time.sleep(test_delay_s)
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), device=rt.device)
+        for micro in range(cfg.grad_accum_steps):
+            x, y = next(batch_iter)
+            x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+            last = micro == cfg.grad_accum_steps - 1
+            with grad_sync_context(model, cfg.strategy, last):
+                with rt.autocast():
+                    loss = model(x, y) / cfg.grad_accum_steps
+                loss.backward()
+            loss_sum += loss.detach()
+        if rt.xm is not None:
+            rt.xm.reduce_gradients(optimizer)  # the one gradient all-reduce, after the last micro-step
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        rt.mark_step()  # Neuron docs: one graph per optimizer step, cut right after optimizer.step()
+        state.step += 1
+        state.samples_consumed += rt.world_size * cfg.micro_batch_size * cfg.grad_accum_steps
+        state.tokens_seen += tokens_per_step
+        # One tiny all-reduce per step carries the mean loss for the metrics and "did any rank get
+        # SIGTERM", so every rank stops at the same step. .tolist() is the step's one host sync.
+        stats = torch.stack([loss_sum.float(), torch.tensor(float(stop.requested), device=rt.device)])
+        dist.all_reduce(stats)
+        loss_val, stop_votes = stats.tolist()
+        loss_val /= rt.world_size
+        step_time = time.perf_counter() - t0
+        tps = tokens_per_step / step_time
+        if state.step > start_step + 1:
+            throughput.append(tps)  # the first step after (re)start includes warm-up and compilation
+        if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
+            mfu = 100.0 * fpt * tps / (peak * 1e12 * rt.world_size) if peak else None
+            metrics.step(state.step, loss_val, tps, step_time, mfu, LearningRate=scheduler.get_last_lr()[0])
+        stopping = stop_votes > 0
+        if state.step % cfg.checkpoint_every == 0 or state.step == cfg.max_steps or stopping:
+            t_save = time.perf_counter()
+            path = ckpt.save(model, optimizer, scheduler, state, config_record, rt.mark_step)
+            checkpoint_seconds += time.perf_counter() - t_save
+            checkpoints_saved += 1
+            last_saved = state.step
+            if rt.is_main:
+                log(f"checkpoint: saved {path}{' (SIGTERM)' if stopping else ''}")
+        if stopping:
+            break
+
+    metrics.summary({
+        "run_id": cfg.run_id, "steps": state.step, "start_step": start_step,
+        "final_loss": None if math.isnan(loss_val) else loss_val,  # NaN is not valid JSON (nothing trained)
+        "tokens_seen": state.tokens_seen, "mean_tokens_per_second": float(np.mean(throughput)) if throughput else None,
+        "wall_seconds": time.perf_counter() - t_start, "world_size": rt.world_size, "strategy": cfg.strategy,
+        "model": cfg.model, "last_checkpoint_step": last_saved, "stopped_by_sigterm": stop.requested,
+        "checkpoints_saved": checkpoints_saved, "checkpoint_seconds": checkpoint_seconds,
+    })
+    return EXIT_SIGTERM if stop.requested and state.step < cfg.max_steps else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        fields = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
+        cfg = TrainConfig(**{**fields, "data": data_dir(args), "checkpoint_dir": checkpoint_dir(args, "--checkpoint-dir")})
+        nodes_problem = expected_nodes_error(args.expected_nodes)
+        if nodes_problem:
+            raise UsageError("--expected-nodes", args.expected_nodes, nodes_problem, "the job's node count")
+        resolve_device(cfg.device)
+        check_data(Path(cfg.data))
+        try:
+            return train(cfg)
+        finally:
+            destroy_distributed()  # always, so a failing rank does not leave peers waiting on a dead group
+    except UsageError as err:
+        exit_with_usage_error("train.py", err)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+r"""Evaluate a checkpoint on the holdout split and compare with a baseline.
+
+    python validate.py --checkpoint /fsx/ckpt/run1 --data /fsx/data/run1 \
+        --baseline s3://bucket/baselines/gpt-1.3b.json --verdict s3://bucket/verdicts/run1.json
+
+Metric: mean cross-entropy per token on val_*.bin (`val_loss`, lower is better; perplexity
+is reported too). Accept when value <= baseline * (1 + tolerance). With no baseline at the
+given location this run becomes the baseline: it is written there and the verdict passes.
+
+Verdict JSON: {"metric","value","baseline","delta","relative_delta","tolerance","passed", ...}
+written to a path or straight to s3://bucket/key (the Step Functions pipeline reads it with
+s3:GetObject; an FSx export to S3 would arrive asynchronously, too late to branch on).
+Exit 0 for accept and reject alike (the pipeline branches on `passed`); 1 for a runtime
+error (unreadable checkpoint, S3 failure); 2 for bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from checkpoint import log, step_dirs
+from data import TokenStream
+from errors import UsageError, exit_with_usage_error
+from model import GPT, ModelConfig
+from run_paths import add_layout_flags, checkpoint_dir, data_dir
+from storage import read_json, under_prefix, write_json
+
+METRIC = "val_loss"
+EXIT_ERROR = 1
+
+
+def baseline_value(doc: dict, location: str) -> float:
+    # Accept a previous verdict/baseline ({"metric","value"}) or a plain metrics file ({"val_loss": x}).
+    if doc.get("metric", METRIC) == METRIC and isinstance(doc.get("value"), (int, float)):
+        return float(doc["value"])
+    if isinstance(doc.get(METRIC), (int, float)):
+        return float(doc[METRIC])
+    raise UsageError("--baseline", location, f"no numeric '{METRIC}' or 'value' in the JSON",
+                     f'{{"metric": "{METRIC}", "value": <float>}} or {{"{METRIC}": <float>}}')
+
+
+# ---- model loading ---------------------------------------------------------------------------------
+def load_model(ckpt_dir: Path) -> tuple[GPT, dict]:
+    meta = json.loads((ckpt_dir / "meta.json").read_text())
+    model = GPT(ModelConfig(**meta["config"]["model"]))
+    if meta["format"] == "full":
+        state = torch.load(ckpt_dir / "state.pt", map_location="cpu", weights_only=True)["model"]
+    else:
+        import torch.distributed.checkpoint as dcp
+        state = model.state_dict()
+        # Single process reads the FSDP shards back into full tensors (DCP reshards on load).
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load({"model": state}, checkpoint_id=str(ckpt_dir), no_dist=True)
+    model.load_state_dict(state)
+    return model, meta
+
+
+def find_and_load(checkpoint: Path) -> tuple[GPT, dict, Path]:
+    if (checkpoint / "meta.json").exists():
+        return (*load_model(checkpoint), checkpoint)
+    if not checkpoint.is_dir():
+        raise UsageError("--checkpoint", str(checkpoint), "not a checkpoint or checkpoint directory",
+                         "a step_* directory or the --checkpoint-dir of train.py")
+    candidates = step_dirs(checkpoint)
+    if not candidates:
+        raise UsageError("--checkpoint", str(checkpoint), "contains no checkpoints", "a --checkpoint-dir of train.py")
+    for path in candidates:
+        try:
+            return (*load_model(path), path)
+        except Exception as exc:
+            log(f"validate: WARNING skipping {path}: {type(exc).__name__}: {exc}")
+    raise RuntimeError(f"no loadable checkpoint under {checkpoint}")
+
+
+@torch.no_grad()
+def evaluate(model: GPT, data: Path, batch_size: int, max_batches: int, device: torch.device) -> tuple[float, int]:
+    """Mean cross-entropy per predicted token over non-overlapping windows of the val split."""
+    stream = TokenStream(data, "val")
+    seq = model.cfg.seq_len
+    n_windows = (stream.n_tokens - 1) // seq
+    if n_windows < 1:
+        raise UsageError("--data", str(data), f"val split has {stream.n_tokens} tokens, fewer than one window "
+                         f"of {seq + 1}", "a larger --val-fraction in prepare_data.py")
+    model.eval().to(device)
+    total, count = 0.0, 0
+    for b, start in enumerate(range(0, n_windows, batch_size)):
+        if max_batches and b >= max_batches:
+            break
+        rows = [stream.read(k * seq, seq + 1) for k in range(start, min(start + batch_size, n_windows))]
+        batch = torch.from_numpy(np.stack(rows)).to(device)
+        loss = model(batch[:, :-1], batch[:, 1:])  # fp32 on purpose: comparable across devices
+        total += float(loss) * batch[:, 1:].numel()
+        count += batch[:, 1:].numel()
+    return total / count, count
+
+
+def resolve_baseline(spec: str, record: dict, verdict_at: str) -> tuple[float, str | None, bool]:
+    """(baseline value, where it came from or was written, whether this run became the baseline)."""
+    spec = spec.strip()
+    try:
+        return float(spec), None, False  # a number given directly (the pipeline's `baseline` parameter)
+    except ValueError:
+        pass
+    if spec.lower() in ("", "none"):
+        where = verdict_at.rsplit("/", 1)[0] + "/baseline.json" if "/" in verdict_at else None
+        if where:
+            write_json(where, record)
+        return record["value"], where, True
+    existing = read_json(spec)
+    if existing is None:
+        write_json(spec, record)
+        return record["value"], spec, True
+    return baseline_value(existing, spec), spec, False
+
+
+def verdict(value: float, baseline: float, tolerance: float) -> dict:
+    delta = value - baseline
+    return {"metric": METRIC, "value": value, "baseline": baseline, "delta": delta,
+            "relative_delta": delta / baseline if baseline else None,
+            "tolerance": tolerance, "passed": value <= baseline * (1 + tolerance)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    env = os.environ.get
+    p.add_argument("--checkpoint", default=env("CHECKPOINT_DIR"),
+                   help="a step_* checkpoint, or a --checkpoint-dir (its newest loadable checkpoint is used) "
+                        "(default: env CHECKPOINT_DIR, else --checkpoints-root/--run-id)")
+    p.add_argument("--data", default=env("DATA_DIR"),
+                   help="dataset directory from prepare_data.py; its val split is used "
+                        "(default: env DATA_DIR, else --datasets-root/--dataset)")
+    add_layout_flags(p)
+    p.add_argument("--run-id", default=env("RUN_ID"),
+                   help="run id: names the checkpoint dir under --checkpoints-root and the verdict under "
+                        "--verdict-prefix (default: env RUN_ID)")
+    p.add_argument("--model", default=None, help="expected model size; an error if the checkpoint holds another")
+    p.add_argument("--baseline", default=env("BASELINE_URI", ""),
+                   help="a number, or a baseline JSON at a path or s3://bucket/key (if absent there, this run is "
+                        "written there as the new baseline); 'none' or empty: no baseline, this run becomes it "
+                        "(written as baseline.json beside the verdict) (default: env BASELINE_URI)")
+    p.add_argument("--verdict", default=env("VERDICT_URI", ""),
+                   help="write the verdict JSON to this path or s3://bucket/key (default: env VERDICT_URI)")
+    p.add_argument("--verdict-prefix", default=env("VERDICT_PREFIX", ""),
+                   help="write the verdict to PREFIX<run-id>/verdict.json, PREFIX a path or s3://bucket/prefix/ "
+                        "(default: env VERDICT_PREFIX)")
+    p.add_argument("--tolerance", type=float, default=0.001,
+                   help="relative tolerance: accept if value <= baseline*(1+tolerance) (default 0.001 = 0.1%%)")
+    p.add_argument("--batch-size", type=int, default=16, help="windows per forward pass (default 16)")
+    p.add_argument("--max-batches", type=int, default=0, help="evaluate at most N batches; 0 = whole split")
+    p.add_argument("--device", default="auto", help="auto (cuda if present, else cpu), cuda or cpu")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.tolerance < 0:
+            raise UsageError("--tolerance", args.tolerance, "negative", ">= 0")
+        if args.batch_size < 1 or args.max_batches < 0:
+            raise UsageError("--batch-size/--max-batches", (args.batch_size, args.max_batches), "out of range",
+                             "batch size >= 1, max batches >= 0")
+        if args.device not in ("auto", "cuda", "cpu"):
+            raise UsageError("--device", args.device, "unknown device", "auto, cuda, cpu")
+        device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+                              else "cpu")
+        verdict_at = args.verdict or (under_prefix(args.verdict_prefix, args.run_id, "verdict.json")
+                                      if args.verdict_prefix and args.run_id else "")
+        if args.verdict_prefix and not args.run_id:
+            raise UsageError("--verdict-prefix", args.verdict_prefix, "needs a run id", "--run-id or env RUN_ID")
+        model, meta, path = find_and_load(Path(checkpoint_dir(args, "--checkpoint")).resolve())
+        trained = meta.get("config", {}).get("train", {}).get("model")
+        if args.model and trained and args.model != trained:
+            raise UsageError("--model", args.model, f"the checkpoint {path} holds model {trained!r}", trained)
+        value, tokens = evaluate(model, Path(data_dir(args)), args.batch_size, args.max_batches, device)
+        record = {"metric": METRIC, "value": value, "perplexity": math.exp(value), "checkpoint": str(path),
+                  "step": meta["step"], "tokens_evaluated": tokens}
+        base, baseline_location, created = resolve_baseline(args.baseline, record, verdict_at)
+        result = {**verdict(value, base, args.tolerance), "perplexity": math.exp(value), "checkpoint": str(path),
+                  "step": meta["step"], "tokens_evaluated": tokens, "baseline_location": baseline_location,
+                  "baseline_created": created}
+        if verdict_at:
+            write_json(verdict_at, result)
+    except UsageError as err:
+        exit_with_usage_error("validate.py", err)
+    except Exception as exc:  # runtime failure: the pipeline must not read a stale verdict as fresh
+        print(f"validate.py: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_ERROR
+    print(json.dumps({"verdict": result}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
