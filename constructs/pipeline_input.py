@@ -11,7 +11,7 @@ import aws_cdk.aws_stepfunctions as sfn
 from constructs import Construct
 
 from constructs.pipeline_schema import (DATASET_PREFIX, HYPERPARAMETERS, RUN_FIELDS, STRATEGIES, NumberRule,
-                                        number_rules, run_defaults)
+                                        fixed_nodes_message, number_rules, run_defaults)
 
 C = sfn.Condition
 INVALID = "InvalidInput"
@@ -29,7 +29,7 @@ def _state_name(field: str, problem: str) -> str:
     return "Invalid" + "".join(w.capitalize() for w in words) + problem
 
 
-def input_validation(scope: Construct, *, max_nodes: int) -> tuple[sfn.IChainable, sfn.Pass]:
+def input_validation(scope: Construct, *, max_nodes: int, min_nodes: int = 1) -> tuple[sfn.IChainable, sfn.Pass]:
     """The validation states: (first state, the Pass reached by valid input, holding `$.run`)."""
     apply_defaults = sfn.Pass(scope, "ApplyDefaults", parameters={
         "input.$": "$",
@@ -72,7 +72,7 @@ def input_validation(scope: Construct, *, max_nodes: int) -> tuple[sfn.IChainabl
                              C.not_(C.string_equals("$.run.dataset", DATASET_PREFIX)))),
                fail("dataset", "Path", f"dataset must be a path under {DATASET_PREFIX} in the data bucket, "
                                        f"like {DATASET_PREFIX}wikitext/"))
-    for rule in number_rules(max_nodes):
+    for rule in number_rules(max_nodes, min_nodes):
         _check_number(check, rule, fail, max_nodes)
     check.when(C.not_(C.or_(*(C.string_equals("$.run.hyperparameters.strategy", s) for s in STRATEGIES))),
                fail("hyperparameters.strategy", "Value", f"hyperparameters.strategy must be {' or '.join(STRATEGIES)}"))
@@ -91,6 +91,8 @@ def _check_number(check: sfn.Choice, rule: NumberRule, fail, max_nodes: int) -> 
         bound = f"greater than {rule.minimum:g}" if rule.exclusive_minimum else f"at least {rule.minimum:g}"
         cause = (f"{rule.field} is out of range; it must be from {rule.minimum:g} to {rule.maximum:g}" if ranged
                  else f"{rule.field} must be {bound}")
+        if rule.field == "nodes" and rule.minimum == max_nodes > 1:
+            cause = fixed_nodes_message(max_nodes)
         check.when(below, fail(rule.field, "TooSmall", cause))
     if rule.maximum is not None:
         if rule.field == "nodes":

@@ -57,6 +57,10 @@ class BatchJobRunner:
     EvaluateOnExit and a job name built from the run id, which BatchSubmitJob cannot render.
     """
 
+    # The multi-node job definitions fix the node count (their node range is the environment's `nodes`), and
+    # Step Functions' Batch integration documents no NodeOverrides: a run uses exactly that many nodes.
+    fixed_node_count = True
+
     def __init__(self, *, multi_node_queue: batch.IJobQueue, single_node_queue: batch.IJobQueue,
                  job_definitions: Mapping[str, batch.IJobDefinition], share_identifier: str | None = None) -> None:
         missing = {"sanity", "train", "validate"} - set(job_definitions)

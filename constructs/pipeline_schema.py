@@ -51,10 +51,15 @@ def run_defaults(max_nodes: int) -> dict[str, object]:
     return {**RUN_FIELDS, "nodes": max_nodes}
 
 
-def number_rules(max_nodes: int) -> tuple[NumberRule, ...]:
+def fixed_nodes_message(nodes: int) -> str:
+    return (f"nodes must be {nodes} on this backend: its multi-node job definitions fix the node count "
+            "(a smaller run would boot every host and then fail)")
+
+
+def number_rules(max_nodes: int, min_nodes: int = 1) -> tuple[NumberRule, ...]:
     """Every numeric field with its limits; `hyperparameters.x` for nested ones."""
     return (
-        NumberRule("nodes", 1, max_nodes),
+        NumberRule("nodes", min_nodes, max_nodes),
         NumberRule("baseline", float("-inf"), integer=False),
         NumberRule("tolerance", TOLERANCE_RANGE[0], TOLERANCE_RANGE[1], integer=False),
         NumberRule("max_attempts", *MAX_ATTEMPTS_RANGE),
@@ -66,7 +71,7 @@ def number_rules(max_nodes: int) -> tuple[NumberRule, ...]:
     )
 
 
-def validate_run(run: object, max_nodes: int) -> list[str]:
+def validate_run(run: object, max_nodes: int, min_nodes: int = 1) -> list[str]:
     """Every problem with a run (the state machine checks the same, and stops at the first)."""
     import re
 
@@ -90,7 +95,7 @@ def validate_run(run: object, max_nodes: int) -> list[str]:
         problems.append(f"dataset={dataset!r} is not valid; expected a path under {DATASET_PREFIX} "
                         f"in the data bucket, like {DATASET_PREFIX}wikitext/")
     merged = {**run_defaults(max_nodes), **run, "hyperparameters": {**HYPERPARAMETERS, **hyper}}
-    for rule in number_rules(max_nodes):
+    for rule in number_rules(max_nodes, min_nodes):
         value = _get(merged, rule.field)
         if value is None and RUN_FIELDS.get(rule.field, 0) is None:
             continue  # already reported as missing
@@ -99,6 +104,8 @@ def validate_run(run: object, max_nodes: int) -> list[str]:
             problems.append(f"{rule.field}={value!r} is not valid; expected {expected}")
         elif rule.field == "nodes" and value > max_nodes:
             problems.append(f"nodes={value!r} is above this environment's maximum of {max_nodes} nodes")
+        elif rule.field == "nodes" and value < min_nodes == max_nodes:
+            problems.append(f"nodes={value!r}: {fixed_nodes_message(max_nodes)}")
         elif value < rule.minimum or (rule.exclusive_minimum and value == rule.minimum) or (
                 rule.maximum is not None and value > rule.maximum):
             problems.append(f"{rule.field}={value!r} is out of range; expected {_describe(rule)}")

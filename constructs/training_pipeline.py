@@ -81,7 +81,9 @@ class TrainingPipeline(Construct):
             task.add_catch(record.next(notify_failure), errors=["States.ALL"], result_path="$.caught")
 
         # ---- 1. validate the input (pure ASL, before anything is submitted)
-        validation_start, validated = input_validation(self, max_nodes=max_nodes)
+        # A backend whose multi-node jobs have a fixed size (Batch) takes runs of exactly that size.
+        min_nodes = max_nodes if getattr(runner, "fixed_node_count", False) else 1
+        validation_start, validated = input_validation(self, max_nodes=max_nodes, min_nodes=min_nodes)
 
         prepare = sfn.Pass(self, "PrepareRun", parameters={
             "run.$": "$.run",

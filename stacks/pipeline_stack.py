@@ -64,4 +64,6 @@ class PipelineStack(cdk.Stack):
         cdk.CfnOutput(self, "ExecutionLogGroup", value=self.log_group.log_group_name)
         cdk.CfnOutput(self, "ApprovedModelParameter", value=self.approved_model_parameter)
         cdk.CfnOutput(self, "MaxNodes", value=str(config.nodes))
+        runner_fixed = getattr(job_runner_for(compute), "fixed_node_count", False)
+        cdk.CfnOutput(self, "MinNodes", value=str(config.nodes if runner_fixed else 1))
         cdk.CfnOutput(self, "TrainingRetries", value=str(pipeline.training_retry.max_attempts))

@@ -200,6 +200,7 @@ def test_sanity_failing_once_is_retried(emulator):
     ({"learning_rate": 0.1}, "unknown field"),
     ({"hyperparameters": {"max_step": 10}}, "unknown field"),
     ({"nodes": 3}, "above this environment's maximum of 2"),
+    ({"nodes": 1}, "nodes must be 2 on this backend"),  # Batch's multi-node job definitions fix the size
     ({"dataset": None}, "dataset is missing"),
     ({"dataset": "s3://elsewhere/data"}, "dataset must be a path under datasets/"),
     ({"tolerance": 1.5}, "tolerance is out of range"),

@@ -69,6 +69,7 @@ class Pipeline:
                            "redeploy the pipeline stack")
         self.state_machine_arn = outputs["StateMachineArn"]
         self.max_nodes = int(outputs.get("MaxNodes", schema.RUN_FIELDS.get("nodes") or 1))
+        self.min_nodes = int(outputs.get("MinNodes", 1))
         self.log_group = outputs.get("ExecutionLogGroup")
         self.parameter = outputs.get("ApprovedModelParameter")
 
@@ -135,7 +136,7 @@ def call(method, **kwargs):
 
 # ---- run files ---------------------------------------------------------------------------------
 
-def load_run(path: str, max_nodes: int) -> dict:
+def load_run(path: str, max_nodes: int, min_nodes: int = 1) -> dict:
     try:
         text = Path(path).read_text()
     except OSError as error:
@@ -144,7 +145,7 @@ def load_run(path: str, max_nodes: int) -> dict:
         run = json.loads(text)
     except json.JSONDecodeError as error:
         raise CliError(f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
-    problems = schema.validate_run(run, max_nodes)
+    problems = schema.validate_run(run, max_nodes, min_nodes)
     if problems:
         raise CliError(f"{path}: " + "; ".join(problems))
     return run
@@ -153,7 +154,7 @@ def load_run(path: str, max_nodes: int) -> dict:
 # ---- commands ----------------------------------------------------------------------------------
 
 def cmd_start(args, pipeline: Pipeline, out) -> int:
-    run = load_run(args.run_file, pipeline.max_nodes)
+    run = load_run(args.run_file, pipeline.max_nodes, pipeline.min_nodes)
     name = args.name or f"{run['run_id']}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
     started = call(pipeline.sfn.start_execution, stateMachineArn=pipeline.state_machine_arn, name=name[:80],
                    input=json.dumps(run))
