@@ -51,6 +51,8 @@ class EnvironmentConfig:
     log_retention_days: int = 30
     ecr_keep_images: int = 10
     eks_capacity_type: str = "on_demand"
+    # The Capacity Block reservation the EKS accelerator nodes launch into (required with capacity_block).
+    eks_capacity_reservation_id: str | None = None
     eks_admin_role_arns: tuple[str, ...] = ()
     image_tag: str | None = None
     # Observability: alarm when accelerators average below this utilisation for this long (idle GPUs cost money),
@@ -99,6 +101,13 @@ class EnvironmentConfig:
         _check(self, "ecr_keep_images", 1 <= self.ecr_keep_images <= 1000, "an integer from 1 to 1000")
         _check(self, "eks_capacity_type", self.eks_capacity_type in EKS_CAPACITY_TYPES,
                " or ".join(EKS_CAPACITY_TYPES))
+        _check(self, "eks_capacity_reservation_id",
+               self.eks_capacity_reservation_id is None
+               or bool(re.fullmatch(r"cr-[0-9a-f]{17}", self.eks_capacity_reservation_id)),
+               "a capacity reservation id like cr-0123456789abcdef0, or unset")
+        _check(self, "eks_capacity_reservation_id",
+               self.eks_capacity_type != "capacity_block" or self.eks_capacity_reservation_id is not None,
+               "the Capacity Block's reservation id (cr-...), required when eks_capacity_type=capacity_block")
         for arn in self.eks_admin_role_arns:
             _check(self, "eks_admin_role_arns", bool(_ARN.match(arn)), "IAM role or user ARNs", value=arn)
         _check(self, "image_tag", self.image_tag is None or bool(re.fullmatch(r"[\w][\w.-]{0,127}", self.image_tag)),

@@ -78,3 +78,6 @@ class EfaNetwork(Construct):
             self.lustre_security_group.add_ingress_rule(self.lustre_security_group, port, "Lustre between servers")
             self.lustre_security_group.add_ingress_rule(self.efa_security_group, port, "Lustre from training nodes")
             self.efa_security_group.add_egress_rule(self.lustre_security_group, port, "Lustre client to FSx")
+            # FSx for Lustre user guide, "File system access control with Amazon VPC" (Lustre clients' rules):
+            # clients also admit 988 and 1018-1023 from the file system's group (servers call back to clients).
+            self.efa_security_group.add_ingress_rule(self.lustre_security_group, port, "Lustre servers to client")

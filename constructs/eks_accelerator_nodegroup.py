@@ -10,7 +10,7 @@ import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_eks_v2 as eks
 from constructs import Construct
 
-from config import InstanceType
+from config import Accelerator, InstanceType
 from constructs.efa_launch_template import EfaLaunchTemplate
 from constructs.eks_job_spec import ACCELERATOR_LABEL, ACCELERATOR_TAINT_KEY
 from constructs.eks_nag import acknowledge_node_role
@@ -20,6 +20,11 @@ CAPACITY_TYPES = {"on_demand": eks.CapacityType.ON_DEMAND, "spot": eks.CapacityT
 # catalogue eks_ami_type (aws_eks_v2.NodegroupAmiType member) -> the CloudFormation AmiType value
 CFN_AMI_TYPES = {"AL2023_X86_64_NVIDIA": "AL2023_x86_64_NVIDIA", "AL2023_X86_64_NEURON": "AL2023_x86_64_NEURON"}
 ROOT_VOLUME_GIB = 500  # container images of the CUDA / Neuron stacks are tens of GB
+# The NVIDIA device plugin chart's default nodeAffinity requires one of feature.node.kubernetes.io/pci-10de.present,
+# feature.node.kubernetes.io/cpu-model.vendor_id=NVIDIA or nvidia.com/gpu.present=true. With GPU/node feature
+# discovery off nothing sets them, so the node group sets the last one itself (else the plugin runs nowhere and
+# nvidia.com/gpu is never allocatable). Helm merges maps, so `affinity: {}` in the values would not clear it.
+NVIDIA_GPU_PRESENT_LABEL = {"nvidia.com/gpu.present": "true"}
 # nodeadm (AL2023) merges the MIME parts EKS adds; this one reserves the huge pages EFA's libfabric uses
 # (2560 x 2 MiB = the 5 GiB each training pod requests as hugepages-2Mi).
 _HUGEPAGES_SCRIPT = "#!/bin/bash\nset -euo pipefail\necho 'vm.nr_hugepages = 2560' > /etc/sysctl.d/90-efa-hugepages.conf\nsysctl --system\n"
@@ -28,7 +33,7 @@ _HUGEPAGES_SCRIPT = "#!/bin/bash\nset -euo pipefail\necho 'vm.nr_hugepages = 256
 class EksAcceleratorNodegroup(Construct):
     def __init__(self, scope: Construct, id_: str, *, cluster: eks.Cluster, instance: InstanceType,
                  subnet: ec2.ISubnet, efa_security_group: ec2.ISecurityGroup, nodes: int,
-                 capacity_type: str) -> None:
+                 capacity_type: str, capacity_reservation_id: str | None = None) -> None:
         super().__init__(scope, id_)
         self.placement_group = ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
         user_data = ec2.MultipartUserData()
@@ -47,8 +52,14 @@ class EksAcceleratorNodegroup(Construct):
         # LaunchTemplateSpecification: no TerminateInstances); the node group replaces failed nodes itself.
         template.add_property_deletion_override("LaunchTemplateData.InstanceInitiatedShutdownBehavior")
         if capacity_type == "capacity_block":
-            # Capacity Blocks: the instances come from a reserved block (its reservation must be targeted too).
+            # Capacity Blocks (EKS user guide, "Create a managed node group with Capacity Blocks for ML"): the market
+            # type and the targeted reservation both go in the launch template; without the target nothing launches.
+            if not capacity_reservation_id:
+                raise ValueError("capacity_type=capacity_block needs capacity_reservation_id (the block's cr-...)")
             template.add_property_override("LaunchTemplateData.InstanceMarketOptions.MarketType", "capacity-block")
+            template.add_property_override(
+                "LaunchTemplateData.CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId",
+                capacity_reservation_id)
         self.nodegroup = cluster.add_nodegroup_capacity(
             "Accelerator",
             instance_types=[ec2.InstanceType(instance.name)],
@@ -57,7 +68,8 @@ class EksAcceleratorNodegroup(Construct):
                                                         version=self.launch_template.latest_version_number),
             subnets=ec2.SubnetSelection(subnets=[subnet]),
             min_size=0, desired_size=0, max_size=nodes,
-            labels={**ACCELERATOR_LABEL, "efa-training/instance-type": instance.name},
+            labels={**ACCELERATOR_LABEL, "efa-training/instance-type": instance.name,
+                    **(NVIDIA_GPU_PRESENT_LABEL if instance.accelerator is Accelerator.NVIDIA else {})},
             taints=[eks.TaintSpec(key=ACCELERATOR_TAINT_KEY, value="true", effect=eks.TaintEffect.NO_SCHEDULE)],
         )
         # The AMI type is set explicitly, through the L1: CDK checks ami_type against its built-in GPU list, which

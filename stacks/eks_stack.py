@@ -30,7 +30,8 @@ class EksStack(cdk.Stack):
         self.charts = training.charts
         accelerators = EksAcceleratorNodegroup(
             self, "Accelerators", cluster=self.cluster, instance=config.instance, subnet=network.training_subnet,
-            efa_security_group=network.efa_security_group, nodes=config.nodes, capacity_type=config.eks_capacity_type)
+            efa_security_group=network.efa_security_group, nodes=config.nodes, capacity_type=config.eks_capacity_type,
+            capacity_reservation_id=config.eks_capacity_reservation_id)
         self.nodegroup = accelerators.nodegroup
         self.launch_template = accelerators.launch_template
         # A named export: the pod role's S3 statements (and their cdk-nag acknowledgements) name it verbatim.

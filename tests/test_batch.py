@@ -182,6 +182,20 @@ def test_config_sets_weights_spot_and_validation_instance(synth):
     assert {"Type": "GPU", "Value": "1"} in validate["ResourceRequirements"]
 
 
+def test_vpc_default_group_opens_task_network_for_multi_node_jobs(synth):
+    # MNP containers get the VPC default group: all traffic in from and out to itself, HTTPS out; nothing else.
+    template = _batch(synth, "g5.12xlarge")
+    rules = {kind: [p for p in _resources(template, f"AWS::EC2::SecurityGroup{kind}").values()
+                    if "DefaultSecurityGroup" in json.dumps(p["GroupId"])] for kind in ("Ingress", "Egress")}
+    (ingress,) = rules["Ingress"]
+    assert ingress["IpProtocol"] == "-1" and ingress["SourceSecurityGroupId"] == ingress["GroupId"]
+    (to_itself,) = [r for r in rules["Egress"] if "DestinationSecurityGroupId" in r]
+    assert to_itself["IpProtocol"] == "-1" and to_itself["DestinationSecurityGroupId"] == to_itself["GroupId"]
+    (https,) = [r for r in rules["Egress"] if "CidrIp" in r]
+    assert (https["IpProtocol"], https["FromPort"], https["ToPort"], https["CidrIp"]) == ("tcp", 443, 443, "0.0.0.0/0")
+    assert len(rules["Egress"]) == 2
+
+
 def test_queues_share_fairly_between_research_and_production(synth):
     # Both queues use the fair-share policy with the research and production shares.
     template = _batch(synth, "g5.12xlarge")

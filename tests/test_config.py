@@ -36,6 +36,9 @@ BAD_INPUTS = [
     ({"log_retention_days": "10"}, ["log_retention_days=10", "14"]),
     ({"account": "12345"}, ["account='12345'", "12 digits"]),
     ({"vpc_cidr": "192.168.0.0/16"}, ["vpc_cidr='192.168.0.0/16'", "10.0.0.0/16"]),
+    ({"eks_capacity_type": "capacity_block"},
+     ["eks_capacity_reservation_id=None", "required when eks_capacity_type=capacity_block"]),
+    ({"eks_capacity_reservation_id": "cr-123"}, ["eks_capacity_reservation_id='cr-123'", "cr-0123456789abcdef0"]),
 ]
 
 

@@ -150,6 +150,25 @@ def test_launch_template_has_every_efa_and_no_subnet(variant):
     assert "GroupName" in data["Placement"]
 
 
+# The cluster security group is on every one of p5's 32 interfaces (EKS adds none to a template with interfaces).
+def test_launch_template_puts_cluster_security_group_on_every_interface(synth):
+    raw = synth(compute="eks", instance_type="p5.48xlarge").raw("compute")
+    (cluster_id,) = [k for k, v in raw["Resources"].items() if v["Type"] == "AWS::EKS::Cluster"]
+    interfaces = next(p["LaunchTemplateData"]["NetworkInterfaces"] for p in resources(raw, "AWS::EC2::LaunchTemplate")
+                      if "NetworkInterfaces" in p.get("LaunchTemplateData", {}))
+    assert len(interfaces) == 32
+    cluster_group = {"Fn::GetAtt": [cluster_id, "ClusterSecurityGroupId"]}
+    assert all(cluster_group in i["Groups"] for i in interfaces)
+
+
+# NVIDIA nodes carry nvidia.com/gpu.present=true, which the device plugin chart's default node affinity requires.
+def test_nvidia_nodes_are_labelled_for_the_device_plugin(variant):
+    instance, _, _, raw = variant
+    labels = accelerator_nodegroup(raw)["Labels"]
+    expected = "true" if instance.accelerator.value == "nvidia" else None
+    assert labels.get("nvidia.com/gpu.present") == expected
+
+
 # The accelerator node group: explicit AMI type, training labels and taint, 0..nodes, one subnet.
 def test_accelerator_nodegroup_ami_labels_taint_scaling(variant):
     instance, synthesized, _, raw = variant
@@ -180,6 +199,18 @@ def test_spot_capacity_and_admin_access_entries(synth):
     assert any(e["PrincipalArn"] == "arn:aws:iam::123456789012:role/Admin" and
                "AmazonEKSClusterAdminPolicy" in json.dumps(e["AccessPolicies"]) for e in entries)
     assert accelerator_nodegroup(raw)["CapacityType"] == "SPOT"
+
+
+# capacity_block targets the configured Capacity Block reservation in the accelerator launch template.
+def test_capacity_block_targets_the_reservation(synth):
+    raw = synth(compute="eks", instance_type="p5.48xlarge", eks_capacity_type="capacity_block",
+                eks_capacity_reservation_id="cr-0123456789abcdef0").raw("compute")
+    data = next(p["LaunchTemplateData"] for p in resources(raw, "AWS::EC2::LaunchTemplate")
+                if "NetworkInterfaces" in p.get("LaunchTemplateData", {}))
+    assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    assert data["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}}
+    assert accelerator_nodegroup(raw)["CapacityType"] == "CAPACITY_BLOCK"
 
 
 # The pipeline's executions size the accelerator node group: run's nodes when one starts, 0 whenever it ends.

@@ -95,3 +95,13 @@ def test_lustre_group_admits_training_nodes_on_lustre_ports(network, port):
         "IpProtocol": "tcp", "FromPort": port[0], "ToPort": port[1],
         "GroupId": {"Fn::GetAtt": [lustre, "GroupId"]},
         "SourceSecurityGroupId": {"Fn::GetAtt": [_efa_group_id(network), "GroupId"]}})
+
+
+@pytest.mark.parametrize("port", [(988, 988), (1018, 1023)])
+def test_training_nodes_admit_lustre_servers_on_lustre_ports(network, port):
+    # FSx for Lustre user guide (Lustre clients' rules): clients admit 988 and 1018-1023 from the file system's group.
+    lustre = next(k for k in _resources(network, "AWS::EC2::SecurityGroup") if k.startswith("NetworkLustre"))
+    network.has_resource_properties("AWS::EC2::SecurityGroupIngress", {
+        "IpProtocol": "tcp", "FromPort": port[0], "ToPort": port[1],
+        "GroupId": {"Fn::GetAtt": [_efa_group_id(network), "GroupId"]},
+        "SourceSecurityGroupId": {"Fn::GetAtt": [lustre, "GroupId"]}})
