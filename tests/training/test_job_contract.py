@@ -10,7 +10,9 @@ import re
 import pytest
 
 import run_paths
+from config.layout import RUNS_PREFIX
 import sanity_check
+import storage
 import train
 import validate
 
@@ -18,16 +20,23 @@ RUN = {"run_id": "run-7", "dataset": "datasets/wikitext/", "model": "tiny", "str
        "checkpoint_every": "100", "seed": "1", "lr": "0.0006", "batch_size": "4", "baseline": "3.2",
        "tolerance": "0.001", "nodes": "2"}
 PARSERS = {"sanity": sanity_check.parse_args, "train": train.parse_args, "validate": validate.parse_args}
-BUCKET_URI = "s3://data-bucket/runs/"
+DATA_BUCKET = "data-bucket"
+# Where the pipeline reads the verdict (ReadVerdict: s3://<data bucket>/runs/<run_id>/verdict.json).
+RUNS_URI = f"s3://{DATA_BUCKET}/{RUNS_PREFIX}"
 
 
-def _value(item, parameters):
-    if isinstance(item, dict):  # a token (the bucket name from the storage stack) inside a path
-        return BUCKET_URI
-    if item.startswith("Ref::"):
-        name = item[len("Ref::"):]
-        return RUN.get(name, parameters[name])
-    return item
+def resolve(node):
+    """A template value as a string: the storage stack's data bucket becomes DATA_BUCKET, anything else stays
+    visibly unresolved, so a job pointing at another bucket or output fails the comparisons below."""
+    if isinstance(node, str):
+        return node
+    (function, argument), = node.items()
+    if function == "Fn::Join":
+        return argument[0].join(resolve(part) for part in argument[1])
+    if function == "Fn::GetStackOutput" and argument["StackName"].endswith("-Storage") \
+            and argument["OutputName"].startswith("PublishOutputRefStorageData"):
+        return DATA_BUCKET
+    return f"<unresolved {function}>"
 
 
 def _batch_commands(synthesized) -> dict[str, list[str]]:
@@ -36,31 +45,36 @@ def _batch_commands(synthesized) -> dict[str, list[str]]:
         props = definition["Properties"]
         container = (props["NodeProperties"]["NodeRangeProperties"][0]["Container"] if "NodeProperties" in props
                      else props["ContainerProperties"])
-        command = [_value(item, props.get("Parameters", {})) for item in container["Command"]]
+        command = [resolve(item) for item in container["Command"]]
+        command = [RUN.get(item[len("Ref::"):], props["Parameters"].get(item[len("Ref::"):]))
+                   if item.startswith("Ref::") else item for item in command]
         commands[command[0]] = command[1:]
     return commands
 
 
 def _eks_commands(synthesized, monkeypatch) -> dict[str, list[str]]:
-    definition = json.dumps(synthesized.raw("pipeline"))
+    machine = next(r for r in synthesized.raw("pipeline")["Resources"].values()
+                   if r["Type"] == "AWS::StepFunctions::StateMachine")
+    definition = json.loads(resolve(machine["Properties"]["DefinitionString"]))
     commands = {}
-    for mode, rest in re.findall(r"States\.Array\('(\w+)'((?:, [^,)]+)*)\)", definition):
+    for state in definition["States"].values():
+        if "eks:runJob" not in state.get("Resource", ""):
+            continue
+        container = state["Parameters"]["Job"]["spec"]["template"]["spec"]["containers"][0]
+        mode, rest = re.fullmatch(r"States\.Array\('(\w+)'((?:, [^,)]+)*)\)", container["args.$"]).groups()
         items = [item.strip() for item in rest.split(",") if item.strip()]
-        commands[mode] = [RUN[item.split(".")[-1]] if item.startswith("$.job.") else item.strip("'")
-                          for item in items]
-    # What the job's environment supplies instead of flags, only where the synthesized job really sets it.
-    monkeypatch.delenv("FSX_MOUNT", raising=False)
-    if '\\"name\\":\\"FSX_MOUNT\\",\\"value\\":\\"/fsx\\"' in definition:
-        monkeypatch.setenv("FSX_MOUNT", "/fsx")
-    for variable in ("REPORT_PREFIX", "VERDICT_PREFIX"):
-        monkeypatch.delenv(variable, raising=False)
-        if f'\\"name\\":\\"{variable}\\",\\"value\\":\\"s3://' in definition:
-            monkeypatch.setenv(variable, BUCKET_URI)
+        commands[mode] = [RUN[item.split(".")[-1]] if item.startswith("$.job.") else item.strip("'") for item in items]
+        # The job's own environment, as synthesized, supplies what the flags leave out.
+        for variable in container["env"]:
+            if variable["name"] in ("FSX_MOUNT", "REPORT_PREFIX", "VERDICT_PREFIX"):
+                monkeypatch.setenv(variable["name"], variable["value"])
     return commands
 
 
 @pytest.fixture(params=["batch", "eks"])
 def commands(request, synth, monkeypatch):
+    for variable in ("FSX_MOUNT", "REPORT_PREFIX", "VERDICT_PREFIX"):
+        monkeypatch.delenv(variable, raising=False)
     synthesized = synth(compute=request.param)
     found = _batch_commands(synthesized) if request.param == "batch" else _eks_commands(synthesized, monkeypatch)
     assert set(found) == set(PARSERS)
@@ -84,9 +98,12 @@ def test_validation_reads_the_runs_checkpoints_and_writes_its_verdict_to_s3(comm
     # The pipeline reads s3://<bucket>/runs/<run_id>/verdict.json right after the job: S3, not /fsx.
     args = commands["validate"]
     assert run_paths.checkpoint_dir(args, "--checkpoint") == "/fsx/checkpoints/run-7"
-    assert args.verdict_prefix == BUCKET_URI and (args.tolerance, args.baseline) == (0.001, "3.2")
+    assert args.verdict_prefix == RUNS_URI and (args.tolerance, args.baseline) == (0.001, "3.2")
+    # The exact object the pipeline's ReadVerdict state gets (RUNS_PREFIX + run id + /verdict.json).
+    assert storage.under_prefix(args.verdict_prefix, args.run_id, "verdict.json") == \
+        f"s3://{DATA_BUCKET}/{RUNS_PREFIX}run-7/verdict.json"
 
 
 def test_sanity_report_goes_to_the_runs_folder(commands):
     # The sanity report lands beside the verdict, under runs/<run_id>/.
-    assert commands["sanity"].report_prefix == BUCKET_URI and commands["sanity"].run_id == "run-7"
+    assert commands["sanity"].report_prefix == RUNS_URI and commands["sanity"].run_id == "run-7"
