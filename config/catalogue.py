@@ -15,7 +15,9 @@ class Accelerator(str, Enum):
     NEURON = "neuron"
 
 
-PRICE_SOURCE = "AWS EC2 On-Demand pricing page, us-east-1, Linux"
+# List prices as last recorded, before the June 2025 P4/P5 reductions, and not re-checked from this machine
+# (no network to AWS); `make cost-report` with AWS credentials uses the live Price List API instead.
+PRICE_SOURCE = "AWS EC2 On-Demand list prices, us-east-1, Linux (recorded, not re-checked)"
 PRICE_DATE = "2025-05-31"
 
 # libfabric >= 1.18 with aws-ofi-nccl >= 1.7 needs few variables; FI_PROVIDER=efa makes

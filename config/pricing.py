@@ -7,7 +7,7 @@ prefers the live Price List API for EC2 and says so in its output.
 
 from types import MappingProxyType
 
-FSX_PRICE_SOURCE = "AWS FSx for Lustre pricing page, us-east-1, SSD storage"
+FSX_PRICE_SOURCE = "AWS FSx for Lustre list prices, us-east-1, SSD storage (recorded, not re-checked)"
 FSX_PRICE_DATE = "2025-05-31"
 
 # USD per GB-month of provisioned storage. SCRATCH_2 has no throughput tier (200 MB/s/TiB burst is
