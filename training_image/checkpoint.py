@@ -11,7 +11,10 @@ Every rank writes into `.tmp-step_000000120/`; files are fsynced, then rank 0
 renames the directory into place and fsyncs the parent. A kill at any moment
 therefore leaves either the old set of checkpoints or the new one, never a
 half-written `step_*`. Tensors are moved to CPU before saving so a checkpoint
-written on GPU loads on Trainium and vice versa.
+written on GPU loads on Trainium and vice versa. `--keep-last` counts checkpoints
+up to the one just saved; newer ones (skipped on resume as unreadable: an
+abandoned timeline) are moved aside to `.abandoned-step_*`, so they can neither
+shadow nor outlive the live ones.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +32,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from errors import UsageError
+
 PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
+ABANDONED_PREFIX = ".abandoned-"  # newer than the live timeline; kept for inspection, never loaded
+STRATEGY_OF_FORMAT = {"full": "ddp", "dcp": "fsdp"}
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -84,6 +92,69 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _step_of(path: Path) -> int:
+    return int(path.name[len(PREFIX):])
+
+
+def newest_meta(root: Path) -> tuple[Path, dict] | None:
+    """The newest checkpoint whose meta.json parses, with that meta (None if there is none)."""
+    for path in step_dirs(root):
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            continue  # load_latest will skip it with a warning too
+        if isinstance(meta, dict):
+            return path, meta
+    return None
+
+
+def check_reusable(root: Path, strategy: str, model_name: str, model_config: dict) -> None:
+    """Refuse a --checkpoint-dir whose newest checkpoint another --strategy or --model wrote.
+
+    Loading it would fail with a size mismatch, make DCP overwrite part of the model, or skip
+    every checkpoint and silently train from step 0. Runs on every rank before any process group
+    exists, reading only meta.json, so all ranks reach the same verdict.
+    """
+    found = newest_meta(root)
+    if found is None:
+        return
+    path, meta = found
+    config = meta.get("config") or {}
+    held_strategy = STRATEGY_OF_FORMAT.get(meta.get("format"), repr(meta.get("format")))
+    held_model = (config.get("train") or {}).get("model", "?")
+    held_arch = config.get("model")
+    problems = []
+    if held_strategy != strategy:
+        problems.append(f"--strategy {held_strategy}")
+    if held_model != model_name:
+        problems.append(f"--model {held_model}")
+    elif isinstance(held_arch, dict) and held_arch != model_config:
+        differ = sorted(k for k in set(held_arch) | set(model_config) if held_arch.get(k) != model_config.get(k))
+        problems.append("model " + ", ".join(f"{k}={held_arch.get(k)}" for k in differ))
+    if problems:
+        raise UsageError("--checkpoint-dir", str(root),
+                         f"holds checkpoints of {' '.join(problems)} (newest: {path.name}), "
+                         f"this run is --strategy {strategy} --model {model_name}",
+                         "the same --strategy/--model (and --seq-len) as those checkpoints, or a new --checkpoint-dir")
+
+
+def probe_writable(root: Path) -> None:
+    """Create the directory and write+delete a file in it, so a read-only or unmounted volume is a
+    one-line usage error at start-up, not a traceback at the first save."""
+    probe = root / f".write-probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"probe")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError("--checkpoint-dir", str(root), f"not writable ({type(exc).__name__}: "
+                         f"{exc.strerror or exc})", "a writable directory (is the shared file system mounted?)") \
+            from None
+
+
 @dataclass
 class TrainerState:
     """What the checkpoint must restore besides model and optimizer."""
@@ -97,6 +168,7 @@ class CheckpointManager:
         assert fmt in ("full", "dcp")
         self.root, self.fmt, self.keep_last = root, fmt, keep_last
         self.rank, self.world_size = rank, world_size
+        self._touched_model = False
 
     def _barrier(self) -> None:
         if dist.is_initialized() and self.world_size > 1:
@@ -146,12 +218,25 @@ class CheckpointManager:
             else:
                 os.replace(tmp, final)
             _fsync_path(self.root)
-            self._prune()
+            self._prune(train_state.step)
         self._barrier()
         return final
 
-    def _prune(self) -> None:
-        for old in step_dirs(self.root)[self.keep_last:]:
+    def _prune(self, saved_step: int) -> None:
+        # Checkpoints newer than the one just saved belong to an abandoned timeline (load_latest
+        # skipped them as unreadable): keeping them by step number would delete the live
+        # checkpoints instead and let a broken one shadow them at the next start. Move them aside.
+        live = []
+        for path in step_dirs(self.root):
+            if _step_of(path) > saved_step:
+                aside = self.root / f"{ABANDONED_PREFIX}{path.name}"
+                shutil.rmtree(aside, ignore_errors=True)
+                os.replace(path, aside)
+                log(f"checkpoint: WARNING moved {path.name}, newer than the step {saved_step} just saved "
+                    f"(skipped when this run resumed), aside to {aside}")
+            else:
+                live.append(path)
+        for old in live[self.keep_last:]:
             shutil.rmtree(old, ignore_errors=True)
         for leftover in self.root.glob(f"{TMP_PREFIX}*"):  # saves killed half-way (no save is in flight now)
             shutil.rmtree(leftover, ignore_errors=True)
@@ -161,28 +246,34 @@ class CheckpointManager:
                     device: torch.device) -> tuple[TrainerState, Path] | None:
         """Restore the newest checkpoint that every rank can read; skip broken ones with a warning."""
         candidates = step_dirs(self.root)
-        partially_loaded = False
+        self._touched_model = False  # set once loading has started writing into the live model
         for path in candidates:
             try:
                 loaded = self._read(path, model, optimizer)
+                # Applied inside the try: a size mismatch is a reason to skip, agreed by all ranks below.
+                self._touched_model = True
+                self._apply(path, loaded, model, optimizer, scheduler)
+                ts = TrainerState(**loaded["extra"]["train_state"])
                 ok = 1
             except Exception as exc:  # any read/parse failure means "try the previous one"
-                loaded, ok = None, 0
+                ok = 0
                 log(f"checkpoint: WARNING skipping {path} on rank {self.rank}: {type(exc).__name__}: "
                     f"{str(exc).splitlines()[0] if str(exc) else ''}")
             flag = torch.tensor([ok], dtype=torch.int32, device=device)  # NCCL needs a GPU tensor
             if dist.is_initialized() and self.world_size > 1:
                 dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # all ranks must agree on which one to use
             if not int(flag.item()):
-                partially_loaded |= self.fmt == "dcp"
                 if ok and self.rank == 0:
                     log(f"checkpoint: WARNING skipping {path}: another rank could not read it")
                 continue
-            self._apply(path, loaded, model, optimizer, scheduler)
-            ts = TrainerState(**loaded["extra"]["train_state"])
             return ts, path
-        if partially_loaded:
-            raise RuntimeError(f"no checkpoint under {self.root} could be loaded and DCP may have "
+        if not candidates:
+            return None
+        touched = torch.tensor([int(self._touched_model)], dtype=torch.int32, device=device)
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_reduce(touched, op=dist.ReduceOp.MAX)  # every rank raises, or none does
+        if int(touched.item()):
+            raise RuntimeError(f"no checkpoint under {self.root} could be loaded, and a failed attempt may have "
                                "overwritten part of the model; move the broken checkpoints away to start fresh")
         return None
 
@@ -199,6 +290,7 @@ class CheckpointManager:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
         model_sd, optim_sd = get_state_dict(model, optimizer)
+        self._touched_model = True  # from here on DCP loads in place, into the model's own shards
         dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
         extra = torch.load(path / "extra.pt", map_location="cpu", weights_only=True)
         return {"model": model_sd, "optim": optim_sd, "extra": extra, "rng": rng}

@@ -10,6 +10,7 @@ process, where a world of one is created so the same code paths run.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -53,13 +54,22 @@ def resolve_device(requested: str) -> str:
     if requested not in DEVICES:
         raise UsageError("--device", requested, "unknown device", ", ".join(DEVICES))
     if requested != "auto":
+        _require_xla_if(requested, "--device", requested)
         return requested
     kind = os.environ.get("ACCELERATOR_KIND", "")
     if kind:
         if kind not in KIND_TO_DEVICE:
             raise UsageError("ACCELERATOR_KIND", kind, "unknown accelerator kind", ", ".join(KIND_TO_DEVICE))
+        _require_xla_if(KIND_TO_DEVICE[kind], "ACCELERATOR_KIND", kind)
         return KIND_TO_DEVICE[kind]
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _require_xla_if(device_type: str, field: str, value: str) -> None:
+    # The GPU image and CPU machines have no torch_xla: say so in one line instead of an import traceback.
+    if device_type == "xla" and importlib.util.find_spec("torch_xla") is None:
+        raise UsageError(field, value, "torch_xla (torch-neuronx) is not installed in this image",
+                         "cuda, cpu, or the Neuron image")
 
 
 def init_distributed(requested_device: str, timeout_s: int = 1800) -> Runtime:

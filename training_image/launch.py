@@ -76,6 +76,17 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum:
     return int(text)
 
 
+def _node_count(env: Mapping[str, str], name: str) -> str:
+    """A node count, or an elastic range MIN:MAX (PyTorchJob elastic policies set PET_NNODES=1:4)."""
+    text = env.get(name, "").strip()
+    if ":" in text:
+        low, _, high = text.partition(":")
+        if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+            raise UsageError(name, text, "not a node range", "MIN:MAX with 1 <= MIN <= MAX, or a count >= 1")
+        return f"{int(low)}:{int(high)}"
+    return str(_int(env, name, minimum=1))
+
+
 def _nnodes(env: Mapping[str, str], nodes: str) -> str:
     min_nodes = env.get("ELASTIC_MIN_NODES", "")
     if ":" in nodes or not min_nodes:
@@ -116,8 +127,9 @@ def plan_launch(mode: str, env: Mapping[str, str], own_address: str | None = Non
 
     master = env.get("MASTER_ADDR") or env.get("PET_MASTER_ADDR")  # PyTorchJob v1 / Kubeflow Trainer v2
     if master and ("PET_NNODES" in env or "WORLD_SIZE" in env):
-        nodes = env.get("PET_NNODES") or str(_int(env, "WORLD_SIZE", minimum=1))
-        rank = _int(env, "PET_NODE_RANK", _int(env, "RANK", 0))
+        nodes = _node_count(env, "PET_NNODES") if env.get("PET_NNODES") else str(_int(env, "WORLD_SIZE", minimum=1))
+        # RANK is a fallback only: with PET_NODE_RANK set, a RANK meaning something else must not matter.
+        rank = _int(env, "PET_NODE_RANK") if env.get("PET_NODE_RANK") else _int(env, "RANK", 0)
         if "MASTER_PORT" not in env and env.get("PET_MASTER_PORT"):
             port = _int(env, "PET_MASTER_PORT", minimum=1)
         return LaunchPlan("pytorchjob", _nnodes(env, nodes), nproc, f"{master}:{port}",

@@ -74,8 +74,21 @@ class MetricsLogger:
 
     def summary(self, summary: dict) -> None:
         if self.enabled:
-            self.stream.write(json.dumps({"summary": summary}) + "\n")
+            # Strict JSON: a NaN/Infinity anywhere (a diverged run) becomes null instead of a line
+            # that JSON parsers and CloudWatch reject.
+            self.stream.write(json.dumps({"summary": finite_or_none(summary)}, allow_nan=False) + "\n")
             self.stream.flush()
+
+
+def finite_or_none(obj):
+    """`obj` with every non-finite float replaced by None (recursively through dicts and lists)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
 
 
 def parse_emf_lines(lines) -> list[dict]:

@@ -1,7 +1,8 @@
 """Pre-flight check of a node group: accelerators present, collectives exact, bandwidth enough.
 
     torchrun --nnodes 2 --nproc-per-node 8 ... sanity_check.py --min-busbw-gbps 26 --report /fsx/reports/run1.json
-(in the container: `launch.py sanity ...`). Exit 0 = pass, 1 = a check failed, 2 = bad usage.
+(in the container: `launch.py sanity ...`). Exit 0 = pass, 1 = a check failed, 2 = bad usage,
+3 = the checks passed but the report could not be written (S3 AccessDenied, unwritable path).
 
 1. The node has ACCELERATORS_PER_NODE devices of kind ACCELERATOR_KIND (gpu|neuron|cpu).
 2. all_reduce, all_gather and reduce_scatter over all ranks give exactly the expected values.
@@ -38,6 +39,7 @@ BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (
 DEFAULT_SIZES = {"cuda": "1M,16M,128M,1G", "xla": "1M,16M,128M,1G", "cpu": "64K,1M,4M"}
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 EXIT_FAILED = 1
+EXIT_REPORT_NOT_WRITTEN = 3  # not "the node group is bad": the pipeline must not retire the nodes for it
 
 
 def parse_size(text: str) -> int:
@@ -215,15 +217,25 @@ def main(argv: list[str] | None = None) -> int:
             destroy_distributed()
     except UsageError as err:
         exit_with_usage_error("sanity_check.py", err)
+    report_written = True
     if rt.is_main:
         print(json.dumps(report, indent=2), flush=True)
-        for location in [args.report] + ([under_prefix(args.report_prefix, args.run_id, "sanity.json")]
-                                         if args.report_prefix else []):
-            if location:
-                write_json(location, report)
         print(f"sanity_check: {'PASS' if report['passed'] else 'FAIL: ' + '; '.join(report['failures'])}",
               file=sys.stderr, flush=True)
-    return 0 if report["passed"] else EXIT_FAILED
+        for location in [args.report] + ([under_prefix(args.report_prefix, args.run_id, "sanity.json")]
+                                         if args.report_prefix else []):
+            if not location:
+                continue
+            try:
+                write_json(location, report)
+            except Exception as exc:  # noqa: BLE001  S3 ClientError, OSError...: one line, its own exit code
+                print(f"sanity_check.py: error: could not write the report to {location}: "
+                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                      file=sys.stderr, flush=True)
+                report_written = False
+    if not report["passed"]:
+        return EXIT_FAILED  # a bad node group outranks a lost report
+    return 0 if report_written else EXIT_REPORT_NOT_WRITTEN
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def read_json(location: str) -> dict | None:
 
 
 def write_json(location: str, doc: dict) -> None:
-    text = json.dumps(doc, indent=2) + "\n"
+    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"  # NaN/Infinity: not JSON, refused here
     if location.startswith("s3://"):
         import boto3
         bucket, key = split_s3(location)

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import CheckpointManager, TrainerState, log
+from checkpoint import CheckpointManager, TrainerState, check_reusable, log, probe_writable
 from data import BatchSpec, SequenceBatches, TokenStream, list_shards, open_shard
 from distributed import DEVICES, Runtime, destroy_distributed, init_distributed, resolve_device
 from errors import UsageError, exit_with_usage_error
@@ -209,6 +209,24 @@ def grad_sync_context(model: torch.nn.Module, strategy: str, last_micro_step: bo
     return contextlib.nullcontext()
 
 
+def replica_checksums(model: torch.nn.Module, strategy: str, rt: Runtime) -> list[float] | None:
+    """Every rank's checksum of its parameters (gathered; rank 0 reports them in the summary).
+
+    With replicated parameters (DDP, XLA) they must be equal: a difference means gradients were
+    not all-reduced (or were reduced differently) and the replicas have drifted apart. FSDP ranks
+    hold different shards, so there is nothing to compare (None).
+    """
+    if strategy == "fsdp":
+        return None
+    sums = torch.zeros(rt.world_size, dtype=torch.float64, device=rt.device)
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            values = p.detach().double()
+            sums[rt.rank] += (i + 1) * values.sum() + values.square().sum()  # weighted by tensor: swaps show
+    dist.all_reduce(sums)  # each rank fills its own slot: a gather built from the per-step collective
+    return sums.tolist()
+
+
 class StopFlag:
     """SIGTERM (Spot/Batch termination, kubectl delete, torchrun shutdown) asks for a final checkpoint."""
 
@@ -257,6 +275,8 @@ def train(cfg: TrainConfig) -> int:
     config_record = {"train": asdict(cfg), "model": asdict(mcfg)}
     start_step, t_start, throughput, loss_val = state.step, time.perf_counter(), [], float("nan")
     last_saved = state.step if resumed else -1
+    stopped_by_sigterm = False  # the collective decision: any rank signalled
+    checksums = None
     checkpoint_seconds, checkpoints_saved = 0.0, 0  # the training stall caused by saving
 
     # Test-only: slow each step so a test can signal the job at a chosen point. Not a CLI flag on purpose.
@@ -301,6 +321,10 @@ def train(cfg: TrainConfig) -> int:
             mfu = 100.0 * fpt * tps / (peak * 1e12 * rt.world_size) if peak else None
             metrics.step(state.step, loss_val, tps, step_time, mfu, LearningRate=scheduler.get_last_lr()[0])
         stopping = stop_votes > 0
+        if state.step == cfg.max_steps or stopping:
+            # Before the final save, so the save's barrier stays the last collective before teardown
+            # (a collective right before destroy_process_group made gloo abort at exit, 3 runs in 8).
+            checksums = replica_checksums(model, cfg.strategy, rt)
         if state.step % cfg.checkpoint_every == 0 or state.step == cfg.max_steps or stopping:
             t_save = time.perf_counter()
             path = ckpt.save(model, optimizer, scheduler, state, config_record, rt.mark_step)
@@ -310,17 +334,24 @@ def train(cfg: TrainConfig) -> int:
             if rt.is_main:
                 log(f"checkpoint: saved {path}{' (SIGTERM)' if stopping else ''}")
         if stopping:
+            stopped_by_sigterm = True
             break
 
+    if rt.is_main and checksums and len(set(checksums)) > 1:
+        log(f"train: WARNING the ranks' parameters differ (checksums {checksums}): gradients were not "
+            "all-reduced the same way on every rank")
     metrics.summary({
         "run_id": cfg.run_id, "steps": state.step, "start_step": start_step,
-        "final_loss": None if math.isnan(loss_val) else loss_val,  # NaN is not valid JSON (nothing trained)
+        # NaN (nothing trained) and +-Infinity (diverged) are not valid JSON
+        "final_loss": loss_val if math.isfinite(loss_val) else None,
         "tokens_seen": state.tokens_seen, "mean_tokens_per_second": float(np.mean(throughput)) if throughput else None,
         "wall_seconds": time.perf_counter() - t_start, "world_size": rt.world_size, "strategy": cfg.strategy,
-        "model": cfg.model, "last_checkpoint_step": last_saved, "stopped_by_sigterm": stop.requested,
+        "model": cfg.model, "last_checkpoint_step": last_saved, "stopped_by_sigterm": stopped_by_sigterm,
         "checkpoints_saved": checkpoints_saved, "checkpoint_seconds": checkpoint_seconds,
+        "replica_checksums": checksums,
     })
-    return EXIT_SIGTERM if stop.requested and state.step < cfg.max_steps else 0
+    # Every rank exits the same way, whichever of them got the signal.
+    return EXIT_SIGTERM if stopped_by_sigterm and state.step < cfg.max_steps else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--expected-nodes", args.expected_nodes, nodes_problem, "the job's node count")
         resolve_device(cfg.device)
         check_data(Path(cfg.data))
+        # Before any process group exists: a wrong or unwritable --checkpoint-dir fails in one line.
+        check_reusable(Path(cfg.checkpoint_dir), cfg.strategy, cfg.model, asdict(cfg.model_config()))
+        probe_writable(Path(cfg.checkpoint_dir))
         try:
             return train(cfg)
         finally:

@@ -39,11 +39,13 @@ EXIT_ERROR = 1
 
 def baseline_value(doc: dict, location: str) -> float:
     # Accept a previous verdict/baseline ({"metric","value"}) or a plain metrics file ({"val_loss": x}).
-    if doc.get("metric", METRIC) == METRIC and isinstance(doc.get("value"), (int, float)):
+    def usable(x) -> bool:  # a NaN/Infinity baseline (json.loads accepts them) would accept or reject anything
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    if doc.get("metric", METRIC) == METRIC and usable(doc.get("value")):
         return float(doc["value"])
-    if isinstance(doc.get(METRIC), (int, float)):
+    if usable(doc.get(METRIC)):
         return float(doc[METRIC])
-    raise UsageError("--baseline", location, f"no numeric '{METRIC}' or 'value' in the JSON",
+    raise UsageError("--baseline", location, f"no finite numeric '{METRIC}' or 'value' in the JSON",
                      f'{{"metric": "{METRIC}", "value": <float>}} or {{"{METRIC}": <float>}}')
 
 
@@ -107,26 +109,44 @@ def resolve_baseline(spec: str, record: dict, verdict_at: str) -> tuple[float, s
     """(baseline value, where it came from or was written, whether this run became the baseline)."""
     spec = spec.strip()
     try:
-        return float(spec), None, False  # a number given directly (the pipeline's `baseline` parameter)
+        number = float(spec)  # a number given directly (the pipeline's `baseline` parameter)
     except ValueError:
-        pass
+        number = None
+    if number is not None:
+        if not math.isfinite(number):
+            raise UsageError("--baseline", spec, "not a finite number", "a finite val_loss, a JSON location, or none")
+        return number, None, False
+    usable = record["value"] is not None  # a diverged run (non-finite loss) never becomes the baseline
     if spec.lower() in ("", "none"):
         where = verdict_at.rsplit("/", 1)[0] + "/baseline.json" if "/" in verdict_at else None
-        if where:
+        if where and usable:
             write_json(where, record)
-        return record["value"], where, True
+        return record["value"], where if usable else None, usable
     existing = read_json(spec)
     if existing is None:
-        write_json(spec, record)
-        return record["value"], spec, True
+        if usable:
+            write_json(spec, record)
+        return record["value"], spec, usable
     return baseline_value(existing, spec), spec, False
 
 
-def verdict(value: float, baseline: float, tolerance: float) -> dict:
-    delta = value - baseline
+def perplexity(value: float | None) -> float | None:
+    # exp overflows above ~709.78; such a model is diverged and its perplexity is not a number worth writing.
+    if value is None or not math.isfinite(value) or value > math.log(sys.float_info.max):
+        return None
+    return math.exp(value)
+
+
+def verdict(value: float | None, baseline: float | None, tolerance: float) -> dict:
+    """Accept when value <= baseline*(1+tolerance). A non-finite value (diverged model) is rejected with
+    value/delta/perplexity null, so the document stays strict JSON for the pipeline's StringToJson."""
+    finite = value is not None and math.isfinite(value) and baseline is not None and math.isfinite(baseline)
+    value = value if value is not None and math.isfinite(value) else None
+    delta = value - baseline if finite else None
     return {"metric": METRIC, "value": value, "baseline": baseline, "delta": delta,
-            "relative_delta": delta / baseline if baseline else None,
-            "tolerance": tolerance, "passed": value <= baseline * (1 + tolerance)}
+            "relative_delta": delta / baseline if finite and baseline else None,
+            "tolerance": tolerance, "passed": bool(finite and value <= baseline * (1 + tolerance)),
+            "perplexity": perplexity(value)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,8 +187,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        if args.tolerance < 0:
-            raise UsageError("--tolerance", args.tolerance, "negative", ">= 0")
+        if not 0 <= args.tolerance < math.inf:
+            raise UsageError("--tolerance", args.tolerance, "negative or not finite", "a finite number >= 0")
         if args.batch_size < 1 or args.max_batches < 0:
             raise UsageError("--batch-size/--max-batches", (args.batch_size, args.max_batches), "out of range",
                              "batch size >= 1, max batches >= 0")
@@ -185,10 +205,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.model and trained and args.model != trained:
             raise UsageError("--model", args.model, f"the checkpoint {path} holds model {trained!r}", trained)
         value, tokens = evaluate(model, Path(data_dir(args)), args.batch_size, args.max_batches, device)
-        record = {"metric": METRIC, "value": value, "perplexity": math.exp(value), "checkpoint": str(path),
+        if not math.isfinite(value):
+            log(f"validate: WARNING {METRIC} of {path} is {value}: the model diverged; rejecting it")
+            value = None
+        record = {"metric": METRIC, "value": value, "perplexity": perplexity(value), "checkpoint": str(path),
                   "step": meta["step"], "tokens_evaluated": tokens}
         base, baseline_location, created = resolve_baseline(args.baseline, record, verdict_at)
-        result = {**verdict(value, base, args.tolerance), "perplexity": math.exp(value), "checkpoint": str(path),
+        result = {**verdict(value, base, args.tolerance), "checkpoint": str(path),
                   "step": meta["step"], "tokens_evaluated": tokens, "baseline_location": baseline_location,
                   "baseline_created": created}
         if verdict_at:
@@ -198,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # runtime failure: the pipeline must not read a stale verdict as fresh
         print(f"validate.py: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return EXIT_ERROR
-    print(json.dumps({"verdict": result}), flush=True)
+    print(json.dumps({"verdict": result}, allow_nan=False), flush=True)
     return 0
 
 

@@ -32,6 +32,21 @@ def _a_file(tmp_path):
     return tmp_path / "f"
 
 
+def _checkpoints_of(tmp_path, strategy: str, model_name: str = "tiny"):
+    """A checkpoint dir whose newest checkpoint's meta.json is what train.py writes for this strategy/model."""
+    import json
+    from dataclasses import asdict
+
+    import model
+    d = tmp_path / "ckpt"
+    (d / "step_000000004").mkdir(parents=True)
+    meta = {"step": 4, "format": {"ddp": "full", "fsdp": "dcp"}[strategy], "world_size": 2,
+            "config": {"train": {"strategy": strategy, "model": model_name},
+                       "model": asdict(model.model_config(model_name))}}
+    (d / "step_000000004" / "meta.json").write_text(json.dumps(meta))
+    return d
+
+
 CASES = {
     "missing data dir": (lambda tmp, ds: ["--data", str(tmp / "nope")], "--data="),
     "empty data dir": (lambda tmp, ds: ["--data", str(_empty_dir(tmp))], "no train_*.bin"),
@@ -40,6 +55,18 @@ CASES = {
     "checkpoint dir is a file": (lambda tmp, ds: ["--data", str(ds), "--checkpoint-dir", str(_a_file(tmp))],
                                  "is a file"),
     "zero max steps": (lambda tmp, ds: ["--data", str(ds), "--max-steps", "0"], "--max-steps=0"),
+    "ddp checkpoints, fsdp run": (lambda tmp, ds: ["--data", str(ds), "--checkpoint-dir",
+                                                   str(_checkpoints_of(tmp, "ddp")), "--strategy", "fsdp"],
+                                  "holds checkpoints of --strategy ddp"),
+    "fsdp checkpoints, ddp run": (lambda tmp, ds: ["--data", str(ds), "--checkpoint-dir",
+                                                   str(_checkpoints_of(tmp, "fsdp")), "--strategy", "ddp"],
+                                  "holds checkpoints of --strategy fsdp"),
+    "tiny checkpoints, mini run": (lambda tmp, ds: ["--data", str(ds), "--checkpoint-dir",
+                                                    str(_checkpoints_of(tmp, "ddp", "tiny")), "--model", "mini"],
+                                   "holds checkpoints of --model tiny"),
+    "checkpoint dir not writable": (lambda tmp, ds: ["--data", str(ds), "--checkpoint-dir",
+                                                     str(_a_file(tmp) / "ckpt")], "not writable"),
+    "xla without torch_xla": (lambda tmp, ds: ["--data", str(ds), "--device", "xla"], "torch_xla"),
 }
 
 

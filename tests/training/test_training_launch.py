@@ -77,3 +77,23 @@ def test_kubeflow_trainer_pet_master_addr_is_accepted():
     env = {"ACCELERATORS_PER_NODE": "8", "PET_MASTER_ADDR": "tj-node-0-0.tj", "PET_MASTER_PORT": "29400",
            "PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "8", "RUN_ID": "r"}
     assert launch.plan_launch("train", env).rdzv_endpoint == "tj-node-0-0.tj:29400"
+
+
+def test_non_numeric_pet_nnodes_is_a_usage_error():
+    # PET_NNODES is validated like the other counts (with ELASTIC_MIN_NODES it used to raise ValueError).
+    env = {"ACCELERATORS_PER_NODE": "8", "MASTER_ADDR": "m", "PET_NNODES": "two", "ELASTIC_MIN_NODES": "1"}
+    with pytest.raises(UsageError, match="PET_NNODES"):
+        launch.plan_launch("train", env)
+
+
+def test_elastic_pet_nnodes_range_is_passed_through():
+    # A PyTorchJob elastic policy sets PET_NNODES=MIN:MAX; that stays a valid --nnodes.
+    env = {"ACCELERATORS_PER_NODE": "8", "MASTER_ADDR": "m", "PET_NNODES": "1:4"}
+    assert launch.plan_launch("train", env).nnodes == "1:4"
+
+
+def test_rank_is_not_read_when_pet_node_rank_is_set():
+    # RANK is only a fallback for PET_NODE_RANK; a RANK that is not a node index must not fail the launch.
+    env = {"ACCELERATORS_PER_NODE": "8", "MASTER_ADDR": "m", "PET_NNODES": "2", "PET_NODE_RANK": "1",
+           "RANK": "not-a-node-index"}
+    assert launch.plan_launch("train", env).node_rank == 1

@@ -30,6 +30,12 @@ def test_ddp_loss_falls(ddp_reference):
     assert _falls(ddp_reference.losses()), ddp_reference.losses()
 
 
+def test_ddp_replicas_end_with_identical_parameters(ddp_reference):
+    # Gradients were all-reduced: both ranks' parameter checksums are equal (rank 1 alone would drift).
+    checksums = ddp_reference.summary()["replica_checksums"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1], checksums
+
+
 def test_fsdp_loss_falls(fsdp_run):
     assert _falls(fsdp_run.losses()), fsdp_run.losses()
 

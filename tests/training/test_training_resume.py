@@ -55,7 +55,9 @@ def sigtermed(dataset, tmp_path_factory):
     job = th.Background("train.py", th.train_args(dataset, ckpt, steps=1000), ckpt.parent,
                         TRAIN_TEST_STEP_DELAY_S=DELAY)
     job.wait_for(lambda: '"Step": 13,' in job.out.read_text())
-    job.proc.send_signal(signal.SIGTERM)  # to torchrun, as Batch/Kubernetes would; it forwards to workers
+    # To rank 1 only: rank 0, which writes the checkpoint's meta and the summary, learns of it through the
+    # per-step collective. (Batch/Kubernetes signal torchrun, which forwards to every worker: the easier case.)
+    th.os.kill(job.worker_of_rank(1), signal.SIGTERM)
     return ckpt, job.finish()
 
 
@@ -63,6 +65,14 @@ def test_sigterm_writes_a_checkpoint_before_exit(sigtermed):
     ckpt, run = sigtermed
     steps = th.checkpoint_steps(ckpt)
     assert steps[-1] > 13 and steps[-1] % th.CHECKPOINT_EVERY != 0, (steps, run.stderr[-2000:])
+
+
+def test_sigterm_on_one_rank_is_reported_by_the_summary(sigtermed):
+    # The summary (rank 0) reports the collective stop, not rank 0's own flag, and names the saved step.
+    ckpt, run = sigtermed
+    summary = run.summary()
+    assert summary["stopped_by_sigterm"] is True and summary["last_checkpoint_step"] == summary["steps"] == \
+        th.checkpoint_steps(ckpt)[-1], (summary, run.stderr[-2000:])
 
 
 def test_truncated_newest_checkpoint_is_skipped_for_the_previous_one(sigtermed, dataset):

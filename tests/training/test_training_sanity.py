@@ -32,6 +32,30 @@ def test_sanity_report_uses_nccl_tests_bus_bandwidth(passing):
     assert all(r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factors[r["op"]]) for r in report["results"])
 
 
+def test_sanity_report_sizes_and_algbw_match_the_buffers(passing):
+    # Each op is measured on the full --sizes buffer, and algbw = size_bytes / time (GB/s = 1e9 bytes/s).
+    _, report = passing
+    sizes = {op: sorted(r["size_bytes"] for r in report["results"] if r["op"] == op)
+             for op in ("all_reduce", "all_gather", "reduce_scatter")}
+    assert sizes == {op: [4096, 65536] for op in sizes}, sizes
+    for r in report["results"]:
+        assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / (r["time_us"] * 1e-6) / 1e9, rel=1e-9), r
+
+
+def test_unwritable_report_is_one_line_with_its_own_exit_code(tmp_path, monkeypatch, capsys):
+    # The checks pass but the report cannot be written: exit 3 and one error line, not a traceback with exit 1.
+    import sanity_check
+    monkeypatch.setenv("ACCELERATOR_KIND", "cpu")
+    for name in ("MASTER_ADDR", "ACCELERATORS_PER_NODE", "SANITY_TEST_CORRUPT_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "f").write_text("x")
+    code = sanity_check.main(["--sizes", "4K", "--warmup", "0", "--iters", "1", "--device", "cpu",
+                              "--report", str(tmp_path / "f" / "sanity.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == sanity_check.EXIT_REPORT_NOT_WRITTEN == 3 and "Traceback" not in "\n".join(err), err
+    assert err[-1].startswith("sanity_check.py: error: could not write the report to "), err
+
+
 def test_sanity_fails_when_one_rank_contributes_a_wrong_value():
     run = th.torchrun("sanity_check.py", ARGS, SANITY_TEST_CORRUPT_RANK="1", **NODE)
     assert run.returncode != 0 and "FAIL: collectives" in run.stderr, run.stderr[-2000:]

@@ -82,12 +82,83 @@ def test_every_flag_has_help_text(module):
     assert all(action.help for action in parser._actions)
 
 
-def test_interrupted_save_leaves_previous_checkpoints_loadable(tmp_path):
+def _tiny_trainer():
+    """Model, optimizer and scheduler of the tiny size, as train.py builds them (world of one, no DDP)."""
+    import torch
+    from model import GPT, model_config
+    torch.manual_seed(0)
+    model = GPT(model_config("tiny"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+def _save(manager, trainer, step: int):
     import checkpoint
-    (tmp_path / "step_000000010").mkdir()
-    (tmp_path / "step_000000010" / "meta.json").write_text("{}")
-    (tmp_path / ".tmp-step_000000020").mkdir()  # a save killed before its rename
+    return manager.save(*trainer, checkpoint.TrainerState(step=step), {"train": {"model": "tiny"}})
+
+
+def _load(manager, trainer):
+    import torch
+    return manager.load_latest(*trainer, torch.device("cpu"))
+
+
+def test_interrupted_save_leaves_previous_checkpoints_loadable(tmp_path, monkeypatch):
+    # A save that fails part-way (here: at the rename into place) leaves the previous checkpoint the newest.
+    import checkpoint
+    trainer = _tiny_trainer()
+    manager = checkpoint.CheckpointManager(tmp_path, "full", keep_last=3, rank=0, world_size=1)
+    _save(manager, trainer, 10)
+
+    def failing_replace(src, dst):
+        raise OSError(5, "Input/output error (injected)")
+    monkeypatch.setattr(checkpoint.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="injected"):
+        _save(manager, trainer, 20)
+    monkeypatch.undo()
+    assert (tmp_path / ".tmp-step_000000020" / "meta.json").exists()  # the half-done save is really there
     assert [p.name for p in checkpoint.step_dirs(tmp_path)] == ["step_000000010"]
+    state, path = _load(manager, trainer)
+    assert (state.step, path.name) == (10, "step_000000010")
+
+
+def test_save_after_skipping_a_corrupt_newer_checkpoint_keeps_the_live_one(tmp_path, capsys):
+    # Pruning counts only checkpoints up to the one just saved; newer (skipped) ones are moved aside.
+    import checkpoint
+    trainer = _tiny_trainer()
+    manager = checkpoint.CheckpointManager(tmp_path, "full", keep_last=1, rank=0, world_size=1)
+    for step in (2, 4, 6):
+        _save(checkpoint.CheckpointManager(tmp_path, "full", keep_last=3, rank=0, world_size=1), trainer, step)
+    state_file = tmp_path / "step_000000006" / "state.pt"
+    state_file.write_bytes(state_file.read_bytes()[: state_file.stat().st_size // 2])
+    assert _load(manager, trainer)[0].step == 4
+    _save(manager, trainer, 5)
+    assert [p.name for p in checkpoint.step_dirs(tmp_path)] == ["step_000000005"]
+    assert (tmp_path / ".abandoned-step_000000006" / "meta.json").exists()
+    assert "moved step_000000006" in capsys.readouterr().err
+    assert _load(manager, trainer)[0].step == 5
+
+
+def test_checkpoint_of_another_format_is_skipped_without_claiming_a_partial_load(tmp_path):
+    # A DDP ("full") checkpoint read by an FSDP ("dcp") manager is skipped before DCP touches the model.
+    import checkpoint
+    trainer = _tiny_trainer()
+    _save(checkpoint.CheckpointManager(tmp_path, "full", keep_last=3, rank=0, world_size=1), trainer, 3)
+    assert _load(checkpoint.CheckpointManager(tmp_path, "dcp", keep_last=3, rank=0, world_size=1), trainer) is None
+
+
+def test_checkpoint_of_another_model_is_not_applied_silently(tmp_path):
+    # A size mismatch while applying a checkpoint is a skip, and then an error (the model was touched).
+    import torch
+
+    import checkpoint
+    from model import GPT, model_config
+    _save(checkpoint.CheckpointManager(tmp_path, "full", keep_last=3, rank=0, world_size=1), _tiny_trainer(), 3)
+    mini = GPT(model_config("mini"))
+    optimizer = torch.optim.AdamW(mini.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    manager = checkpoint.CheckpointManager(tmp_path, "full", keep_last=3, rank=0, world_size=1)
+    with pytest.raises(RuntimeError, match="no checkpoint .* could be loaded"):
+        _load(manager, (mini, optimizer, scheduler))
 
 
 def test_pipeline_layout_flags_name_the_data_and_checkpoint_dirs():
@@ -97,6 +168,40 @@ def test_pipeline_layout_flags_name_the_data_and_checkpoint_dirs():
                               dataset="datasets/wikitext/", checkpoints_root="/fsx/checkpoints", run_id="run-7")
     assert run_paths.data_dir(args) == "/fsx/datasets/wikitext"
     assert run_paths.checkpoint_dir(args, "--checkpoint-dir") == "/fsx/checkpoints/run-7"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_verdict_for_a_diverged_model_is_strict_json_and_rejected(value):
+    # The pipeline's States.StringToJson needs strict JSON: no NaN/Infinity, and the model must not pass.
+    import validate
+    doc = json.loads(json.dumps(validate.verdict(value, 2.0, 0.001), allow_nan=False))
+    assert (doc["passed"], doc["value"], doc["perplexity"], doc["delta"]) == (False, None, None, None)
+
+
+def test_perplexity_of_a_huge_finite_loss_does_not_overflow():
+    # math.exp overflows above ~709.78; the verdict must still be written (and reject the model).
+    import validate
+    doc = validate.verdict(800.0, 2.0, 0.001)
+    assert (doc["passed"], doc["value"], doc["perplexity"]) == (False, 800.0, None)
+
+
+def test_training_summary_with_infinite_loss_is_strict_json():
+    # A diverged run's summary line must still parse: Infinity becomes null.
+    import io
+
+    stream = io.StringIO()
+    metrics.MetricsLogger("run-1", enabled=True, stream=stream).summary({"final_loss": float("inf"), "steps": 3})
+    line = json.loads(stream.getvalue(), parse_constant=lambda name: pytest.fail(f"{name} written"))
+    assert line["summary"] == {"final_loss": None, "steps": 3}
+
+
+def test_neuron_node_without_torch_xla_is_a_usage_error(monkeypatch):
+    # ACCELERATOR_KIND=neuron in an image without torch_xla: one line naming the cause, no ImportError.
+    import distributed
+    monkeypatch.setenv("ACCELERATOR_KIND", "neuron")
+    monkeypatch.setattr(distributed.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UsageError, match="torch_xla .* not installed"):
+        distributed.resolve_device("auto")
 
 
 def test_acceptance_rule_is_relative_tolerance_on_lower_is_better():

@@ -117,6 +117,17 @@ class Background:
                 pids.append(int(stat.parent.name))
         return pids
 
+    def worker_of_rank(self, rank: int) -> int:
+        """PID of the worker torchrun started with RANK=rank."""
+        for pid in self.workers():
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in environ:
+                return pid
+        raise AssertionError(f"no worker with RANK={rank}")
+
     def kill_group(self) -> None:
         """SIGKILL torchrun and every worker at once, like a container being killed.
 
