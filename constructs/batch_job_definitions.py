@@ -20,6 +20,7 @@ from constructs import Construct
 
 from config import Accelerator, InstanceType
 from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, FSX_MOUNT_PATH, RUNS_PREFIX
+from constructs.job_environment import job_environment
 
 DATASETS_ROOT = f"{FSX_MOUNT_PATH}/{DATASETS_PREFIX.rstrip('/')}"
 CHECKPOINTS_ROOT = f"{FSX_MOUNT_PATH}/{CHECKPOINTS_PREFIX.rstrip('/')}"
@@ -84,18 +85,6 @@ def job_specs(*, instance: InstanceType, nodes: int, bucket_name: str, train_tim
             defaults={"run_id": "manual", "dataset": "sample", "model": "tiny", "baseline": "none",
                       "tolerance": "0.001"},
             timeout=cdk.Duration.hours(2), attempts=3),
-    }
-
-
-def job_environment(instance: InstanceType) -> dict[str, str]:
-    """The catalogue's collective settings plus what launch.py and the checks read."""
-    return {
-        **dict(instance.collective_env),
-        "ACCELERATOR_KIND": "gpu" if instance.accelerator is Accelerator.NVIDIA else "neuron",
-        "ACCELERATORS_PER_NODE": str(instance.workers_per_node),
-        "EXPECTED_BUSBW_GBPS": f"{instance.expected_busbw_gbps:g}",
-        "EFA_INTERFACES": str(instance.efa_interfaces),
-        "FSX_MOUNT": FSX_MOUNT_PATH,
     }
 
 

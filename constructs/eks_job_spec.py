@@ -5,8 +5,9 @@ The container is the training image: ENTRYPOINT `python /opt/training/launch.py`
 Every pod takes a whole accelerator node: all its GPUs or Trainium chips and all its EFA interfaces.
 """
 
-from config import Accelerator, InstanceType
+from config import InstanceType
 from config.layout import FSX_MOUNT_PATH
+from constructs.job_environment import job_environment
 
 NAMESPACE = "training"
 SERVICE_ACCOUNT = "efa-training"
@@ -23,7 +24,6 @@ HUGEPAGES_2MI = "5120Mi"
 # torch DataLoader workers and NCCL share tensors through /dev/shm; Docker's 64 MiB default is far too small.
 SHM_SIZE = "64Gi"
 
-ACCELERATOR_KIND = {Accelerator.NVIDIA: "gpu", Accelerator.NEURON: "neuron"}
 
 
 def toleration() -> dict:
@@ -43,14 +43,7 @@ def resources(instance: InstanceType) -> dict:
 
 def environment(instance: InstanceType, *, nodes: int) -> list[dict]:
     """What launch.py reads besides the launcher's own MASTER_ADDR/MASTER_PORT/PET_NNODES/PET_NODE_RANK."""
-    env = {
-        "ACCELERATOR_KIND": ACCELERATOR_KIND[instance.accelerator],
-        "ACCELERATORS_PER_NODE": str(instance.workers_per_node),
-        "EXPECTED_BUSBW_GBPS": str(instance.expected_busbw_gbps),
-        "FSX_MOUNT": FSX_MOUNT_PATH,
-        "PET_NNODES": str(nodes),
-        **dict(instance.collective_env),
-    }
+    env = {**job_environment(instance), "PET_NNODES": str(nodes)}
     return [{"name": name, "value": value} for name, value in env.items()]
 
 

@@ -259,3 +259,15 @@ def test_instance_without_efa_is_refused_by_the_cli(tmp_path):
     assert result.returncode != 0
     assert "error: environment 'dev': instance_type='g5.xlarge' is not valid" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("instance_type", efa_instance_types())
+def test_jobs_take_mfu_peak_from_the_catalogue(synth, instance_type):
+    # MFU's denominator is the catalogue's peak, passed to the image, not the image's own guess by device name.
+    compute = synth(compute="batch", instance_type=instance_type).template("compute")
+    peak = f"{CATALOGUE[instance_type].peak_bf16_tflops_per_accelerator:g}"
+    for definition in compute.find_resources("AWS::Batch::JobDefinition").values():
+        props = definition["Properties"]
+        container = (props["NodeProperties"]["NodeRangeProperties"][0]["Container"] if "NodeProperties" in props
+                     else props["ContainerProperties"])
+        assert {"Name": "PEAK_TFLOPS_PER_ACCELERATOR", "Value": peak} in container["Environment"]
