@@ -7,7 +7,7 @@ Every pod takes a whole accelerator node: all its GPUs or Trainium chips and all
 
 from config import InstanceType
 from config.layout import FSX_MOUNT_PATH
-from constructs.job_environment import job_environment
+from constructs.job_environment import STOP_GRACE_SECONDS, job_environment
 
 NAMESPACE = "training"
 SERVICE_ACCOUNT = "efa-training"
@@ -81,6 +81,7 @@ def pod_spec(instance: InstanceType, *, image: str, phase: str, nodes: int, args
     return {
         "serviceAccountName": SERVICE_ACCOUNT,
         "restartPolicy": restart_policy,
+        "terminationGracePeriodSeconds": STOP_GRACE_SECONDS,
         "nodeSelector": {**ACCELERATOR_LABEL, "node.kubernetes.io/instance-type": instance.name},
         "tolerations": [toleration()],
         "containers": [container(instance, image=image, phase=phase, nodes=nodes, args=args, extra_env=extra_env)],

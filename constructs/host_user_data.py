@@ -46,7 +46,7 @@ def cloudwatch_agent_config(instance: InstanceType) -> dict:
 
 
 def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: str, check_efa: bool = True,
-                  region: str = "${AWS_REGION}") -> list[str]:
+                  region: str = "${AWS_REGION}", ecs_stop_timeout_seconds: int | None = None) -> list[str]:
     """The shell lines (bash, set -euo pipefail) that prepare one host; tokens are allowed in the FSx names."""
     lines = [
         f"exec > >(tee -a {LOG} | logger -t efa-training-host -s 2>/dev/console) 2>&1",
@@ -117,6 +117,9 @@ def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: 
             "UNIT",
             "systemctl daemon-reload && systemctl enable --now neuron-monitor-cloudwatch.service",
         ]
+    if ecs_stop_timeout_seconds:
+        # ECS waits this long between SIGTERM and SIGKILL (default 30 s): time for the final checkpoint.
+        lines.append(f"echo 'ECS_CONTAINER_STOP_TIMEOUT={ecs_stop_timeout_seconds}s' >> /etc/ecs/ecs.config")
     lines.append("echo 'efa-training host ready'")
     return lines
 

@@ -7,6 +7,11 @@ from config import Accelerator, InstanceType
 from config.layout import FSX_MOUNT_PATH
 
 ACCELERATOR_KIND = {Accelerator.NVIDIA: "gpu", Accelerator.NEURON: "neuron"}
+# Between SIGTERM (Spot notice, job termination, pod eviction) and SIGKILL, the final checkpoint must be written:
+# Spot gives two minutes, so ECS (Batch) and Kubernetes wait that long, and torchrun waits a little less
+# before it kills its workers (its own default, 30 s, is too short to save a large model).
+STOP_GRACE_SECONDS = 120
+WORKER_SHUTDOWN_SECONDS = STOP_GRACE_SECONDS - 10
 
 
 def job_environment(instance: InstanceType) -> dict[str, str]:
@@ -20,4 +25,5 @@ def job_environment(instance: InstanceType) -> dict[str, str]:
         # MFU's denominator comes from the catalogue, not from the image's own table of device names.
         "PEAK_TFLOPS_PER_ACCELERATOR": f"{instance.peak_bf16_tflops_per_accelerator:g}",
         "FSX_MOUNT": FSX_MOUNT_PATH,
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(WORKER_SHUTDOWN_SECONDS),
     }

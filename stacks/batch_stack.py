@@ -19,6 +19,7 @@ from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, MODELS_PREFIX, RU
 from constructs.batch_job_definitions import BatchJobDefinitions
 from constructs.efa_launch_template import EfaLaunchTemplate
 from constructs.host_user_data import host_user_data
+from constructs.job_environment import STOP_GRACE_SECONDS
 from stacks.network_stack import NetworkStack
 from stacks.policies import data_removal_policy, log_retention
 from stacks.registry_stack import RegistryStack
@@ -70,7 +71,8 @@ class BatchStack(cdk.Stack):
 
         def template(id_: str, host: InstanceType, efa: bool) -> EfaLaunchTemplate:
             user_data = host_user_data(instance=host, fsx_dns_name=storage.file_system.dns_name,
-                                       fsx_mount_name=storage.file_system.mount_name, check_efa=efa)
+                                       fsx_mount_name=storage.file_system.mount_name, check_efa=efa,
+                                       ecs_stop_timeout_seconds=STOP_GRACE_SECONDS)
             return EfaLaunchTemplate(self, id_, instance=host, security_groups=[efa_sg], user_data=user_data,
                                      root_volume_gib=ROOT_VOLUME_GIB, include_network_interfaces=efa)
 

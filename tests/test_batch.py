@@ -8,6 +8,7 @@ import aws_cdk.aws_batch as batch
 import pytest
 
 from config import CATALOGUE, ConfigError, efa_instance_types
+from constructs.job_environment import STOP_GRACE_SECONDS
 from tests.conftest import CDK_JSON_CONTEXT, ROOT
 from app import build_app
 
@@ -271,3 +272,20 @@ def test_jobs_take_mfu_peak_from_the_catalogue(synth, instance_type):
         container = (props["NodeProperties"]["NodeRangeProperties"][0]["Container"] if "NodeProperties" in props
                      else props["ContainerProperties"])
         assert {"Name": "PEAK_TFLOPS_PER_ACCELERATOR", "Value": peak} in container["Environment"]
+
+
+def test_hosts_give_containers_the_stop_grace_for_a_final_checkpoint(synth):
+    # ECS's default 30 s between SIGTERM and SIGKILL is too short to save a large model; hosts raise it.
+    user_data = json.dumps(synth(compute="batch").template("compute").find_resources("AWS::EC2::LaunchTemplate"))
+    assert f"ECS_CONTAINER_STOP_TIMEOUT={STOP_GRACE_SECONDS}s" in user_data
+
+
+def test_torchrun_waits_for_workers_within_the_stop_grace(synth):
+    # torchrun must stop waiting for its workers' checkpoint before the container is killed.
+    compute = synth(compute="batch").template("compute")
+    for definition in compute.find_resources("AWS::Batch::JobDefinition").values():
+        props = definition["Properties"]
+        container = (props["NodeProperties"]["NodeRangeProperties"][0]["Container"] if "NodeProperties" in props
+                     else props["ContainerProperties"])
+        env = {item["Name"]: item["Value"] for item in container["Environment"]}
+        assert 30 < int(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) < STOP_GRACE_SECONDS

@@ -11,6 +11,7 @@ from aws_cdk.assertions import Match
 from config import CATALOGUE
 from constructs import eks_versions as versions
 from constructs.eks_job_spec import ACCELERATOR_TAINT_KEY, EFA_RESOURCE
+from constructs.job_environment import STOP_GRACE_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTANCE_TYPES = ("p4d.24xlarge", "p5.48xlarge", "trn1.32xlarge")
@@ -119,6 +120,14 @@ def test_runtime_pod_has_fsx_shm_and_toleration(variant):
     assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
     assert {"name": "fsx", "mountPath": "/fsx"} in pod["containers"][0]["volumeMounts"]
     assert pod["tolerations"][0]["key"] == ACCELERATOR_TAINT_KEY
+
+
+# Evicted or stopped training pods keep the stop grace for their final checkpoint (Kubernetes' default is 30 s).
+def test_runtime_pod_keeps_the_stop_grace_for_a_final_checkpoint(variant):
+    _, _, _, raw = variant
+    runtime = next(o for o in manifests(raw) if o["kind"] == "ClusterTrainingRuntime")
+    pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == STOP_GRACE_SECONDS
 
 
 # The storage stack's file system is a static PersistentVolume bound to the training namespace's claim.
