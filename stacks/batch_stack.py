@@ -32,6 +32,8 @@ NEURON_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/
 SHARES = ("research", "production")
 # Runs started through the pipeline are the production path; hand-submitted jobs name their own share.
 PIPELINE_SHARE = "production"
+# How long a job may wait in RUNNABLE for instances EC2 cannot supply before it is cancelled.
+CAPACITY_WAIT_MINUTES = 60
 SINGLE_NODE_MAX_INSTANCES = 2  # two validations at once; more wait in the queue
 ROOT_VOLUME_GIB = 200  # the accelerated training images are 15-25 GiB; layers are unpacked next to them
 
@@ -123,8 +125,14 @@ class BatchStack(cdk.Stack):
             shares=[batch.Share(share_identifier=name, weight_factor=weights[name]) for name in SHARES])
         self.pipeline_share = PIPELINE_SHARE
         # A job whose resources no instance of the queue can ever satisfy is cancelled instead of waiting forever.
+        # A job waiting for capacity that does not come is cancelled too: the hosts already launched for a
+        # multi-node job would idle meanwhile, and the pipeline's Retry (backoff, jitter) tries again later.
         stuck = [batch.JobStateTimeLimitAction(
             max_time=cdk.Duration.minutes(30), reason=batch.JobStateTimeLimitActionsReason.JOB_RESOURCE_REQUIREMENT,
+            action=batch.JobStateTimeLimitActionsAction.CANCEL),
+                 batch.JobStateTimeLimitAction(
+            max_time=cdk.Duration.minutes(CAPACITY_WAIT_MINUTES),
+            reason=batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACITY,
             action=batch.JobStateTimeLimitActionsAction.CANCEL)]
         self.multi_node_queue = batch.JobQueue(
             self, "MultiNodeQueue", priority=1, scheduling_policy=self.scheduling_policy,

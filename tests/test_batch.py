@@ -6,9 +6,11 @@ import subprocess
 
 import aws_cdk.aws_batch as batch
 import pytest
+from aws_cdk.assertions import Match
 
 from config import CATALOGUE, ConfigError, efa_instance_types
 from constructs.job_environment import STOP_GRACE_SECONDS
+from stacks.batch_stack import CAPACITY_WAIT_MINUTES
 from tests.conftest import CDK_JSON_CONTEXT, ROOT
 from app import build_app
 
@@ -289,3 +291,11 @@ def test_torchrun_waits_for_workers_within_the_stop_grace(synth):
                      else props["ContainerProperties"])
         env = {item["Name"]: item["Value"] for item in container["Environment"]}
         assert 30 < int(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) < STOP_GRACE_SECONDS
+
+
+def test_jobs_starved_of_capacity_are_cancelled(synth):
+    # Hosts launched for a multi-node job idle while the rest never comes: cancel, and let the pipeline retry.
+    synth(compute="batch").template("compute").has_resource_properties("AWS::Batch::JobQueue", {
+        "JobStateTimeLimitActions": Match.array_with([{
+            "Action": "CANCEL", "MaxTimeSeconds": CAPACITY_WAIT_MINUTES * 60, "Reason": "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY",
+            "State": "RUNNABLE"}])})
