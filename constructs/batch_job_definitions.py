@@ -20,7 +20,7 @@ from constructs import Construct
 
 from config import Accelerator, InstanceType
 from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, FSX_MOUNT_PATH, RUNS_PREFIX
-from constructs.job_environment import job_environment
+from constructs.job_environment import job_environment, shared_memory_gib
 
 DATASETS_ROOT = f"{FSX_MOUNT_PATH}/{DATASETS_PREFIX.rstrip('/')}"
 CHECKPOINTS_ROOT = f"{FSX_MOUNT_PATH}/{CHECKPOINTS_PREFIX.rstrip('/')}"
@@ -126,7 +126,7 @@ class BatchJobDefinitions(Construct):
         memory_mib = int(host.memory_gib * 1024 * MEMORY_SHARE)
         linux = batch.LinuxParameters(self, f"{id_}Linux",
                                       # NCCL and data loaders exchange through /dev/shm: a quarter of the host's memory.
-                                      shared_memory_size=cdk.Size.mebibytes(host.memory_gib * 1024 // 4))
+                                      shared_memory_size=cdk.Size.gibibytes(shared_memory_gib(host)))
         # Permissions left out: Batch's default is read, write and mknod (CDK would render them lowercase).
         if efa:
             linux.add_devices(*(batch.Device(host_path=f"/dev/infiniband/uverbs{i}",

@@ -12,7 +12,7 @@ from constructs import Construct
 
 from config import Accelerator, InstanceType
 from constructs.efa_launch_template import EfaLaunchTemplate
-from constructs.eks_job_spec import ACCELERATOR_LABEL, ACCELERATOR_TAINT_KEY
+from constructs.eks_job_spec import ACCELERATOR_LABEL, ACCELERATOR_TAINT_KEY, HUGEPAGES_2MI_PAGES
 from constructs.eks_nag import acknowledge_node_role
 
 CAPACITY_TYPES = {"on_demand": eks.CapacityType.ON_DEMAND, "spot": eks.CapacityType.SPOT,
@@ -27,7 +27,9 @@ ROOT_VOLUME_GIB = 500  # container images of the CUDA / Neuron stacks are tens o
 NVIDIA_GPU_PRESENT_LABEL = {"nvidia.com/gpu.present": "true"}
 # nodeadm (AL2023) merges the MIME parts EKS adds; this one reserves the huge pages EFA's libfabric uses
 # (2560 x 2 MiB = the 5 GiB each training pod requests as hugepages-2Mi).
-_HUGEPAGES_SCRIPT = "#!/bin/bash\nset -euo pipefail\necho 'vm.nr_hugepages = 2560' > /etc/sysctl.d/90-efa-hugepages.conf\nsysctl --system\n"
+_HUGEPAGES_SCRIPT = ("#!/bin/bash\nset -euo pipefail\n"
+                     f"echo 'vm.nr_hugepages = {HUGEPAGES_2MI_PAGES}' > /etc/sysctl.d/90-efa-hugepages.conf\n"
+                     "sysctl --system\n")
 
 
 class EksAcceleratorNodegroup(Construct):

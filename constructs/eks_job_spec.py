@@ -7,7 +7,7 @@ Every pod takes a whole accelerator node: all its GPUs or Trainium chips and all
 
 from config import InstanceType
 from config.layout import FSX_MOUNT_PATH
-from constructs.job_environment import STOP_GRACE_SECONDS, job_environment
+from constructs.job_environment import STOP_GRACE_SECONDS, job_environment, shared_memory_gib
 
 NAMESPACE = "training"
 SERVICE_ACCOUNT = "efa-training"
@@ -19,10 +19,10 @@ PHASES = ("sanity", "train", "validate")
 CONTAINER = "node"  # Kubeflow Trainer's torch runtime names the trainer container "node"
 MASTER_PORT = 29400
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
-# libfabric registers memory from 2 MiB huge pages (AWS EFA on EKS guide requests 5 GiB of them per pod).
-HUGEPAGES_2MI = "5120Mi"
-# torch DataLoader workers and NCCL share tensors through /dev/shm; Docker's 64 MiB default is far too small.
-SHM_SIZE = "64Gi"
+# libfabric registers memory from 2 MiB huge pages (AWS EFA on EKS guide requests 5 GiB of them per pod);
+# the accelerator nodes reserve exactly this many (eks_accelerator_nodegroup).
+HUGEPAGES_2MI_PAGES = 2560
+HUGEPAGES_2MI = f"{HUGEPAGES_2MI_PAGES * 2}Mi"
 
 
 
@@ -47,10 +47,11 @@ def environment(instance: InstanceType, *, nodes: int) -> list[dict]:
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
-def volumes() -> list[dict]:
+def volumes(instance: InstanceType) -> list[dict]:
     return [
         {"name": "fsx", "persistentVolumeClaim": {"claimName": FSX_CLAIM}},
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+        # torch DataLoader workers and NCCL share tensors through /dev/shm (the same size as on Batch).
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shared_memory_gib(instance)}Gi"}},
     ]
 
 
@@ -85,5 +86,5 @@ def pod_spec(instance: InstanceType, *, image: str, phase: str, nodes: int, args
         "nodeSelector": {**ACCELERATOR_LABEL, "node.kubernetes.io/instance-type": instance.name},
         "tolerations": [toleration()],
         "containers": [container(instance, image=image, phase=phase, nodes=nodes, args=args, extra_env=extra_env)],
-        "volumes": volumes(),
+        "volumes": volumes(instance),
     }

@@ -18,12 +18,13 @@ import aws_cdk.aws_ec2 as ec2
 
 from config import Accelerator, InstanceType
 from config.layout import FSX_MOUNT_PATH
+from constructs.accelerator_metrics import BATCH_NEURON_NAMESPACE as NEURON_NAMESPACE
+from constructs.accelerator_metrics import CWAGENT
 
 # EC2 user guide, EFA: 5128 pages of 2 MiB for the libfabric EFA provider's registered buffers.
 HUGE_PAGES = 5128
 EFA_INSTALLER_URL = "https://efa-installer.amazonaws.com/aws-efa-installer-latest.tar.gz"
 CWAGENT_CONFIG = "/opt/aws/amazon-cloudwatch-agent/etc/efa-training.json"
-NEURON_NAMESPACE = "EfaTraining/Neuron"  # must match constructs/accelerator_metrics.BATCH_NEURON_NAMESPACE
 LOG = "/var/log/efa-training-host.log"
 
 
@@ -42,7 +43,7 @@ def cloudwatch_agent_config(instance: InstanceType) -> dict:
             "metrics_collection_interval": 60,
         }
     return {"agent": {"metrics_collection_interval": 60, "run_as_user": "root"},
-            "metrics": {"namespace": "CWAgent", "metrics_collected": metrics}}
+            "metrics": {"namespace": CWAGENT, "metrics_collected": metrics}}
 
 
 def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: str, check_efa: bool = True,

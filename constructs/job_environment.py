@@ -14,6 +14,11 @@ STOP_GRACE_SECONDS = 120
 WORKER_SHUTDOWN_SECONDS = STOP_GRACE_SECONDS - 10
 
 
+def shared_memory_gib(instance: InstanceType) -> int:
+    """/dev/shm for one training container: a quarter of the node's memory (NCCL and data loaders use it)."""
+    return instance.memory_gib // 4
+
+
 def job_environment(instance: InstanceType) -> dict[str, str]:
     """The catalogue's collective (NCCL/libfabric or Neuron) settings plus what launch.py and the checks read."""
     return {

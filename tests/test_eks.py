@@ -1,6 +1,7 @@
 """EKS backend (-c compute=eks): each catalogue family synthesized once (p4d, p5: NVIDIA; trn1: Neuron)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from aws_cdk.assertions import Match
 from config import CATALOGUE
 from constructs import eks_versions as versions
 from constructs.eks_job_spec import ACCELERATOR_TAINT_KEY, EFA_RESOURCE
-from constructs.job_environment import STOP_GRACE_SECONDS
+from constructs.job_environment import STOP_GRACE_SECONDS, shared_memory_gib
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTANCE_TYPES = ("p4d.24xlarge", "p5.48xlarge", "trn1.32xlarge")
@@ -113,13 +114,24 @@ def test_job_templates_take_whole_nodes(variant):
 
 # The training runtime mounts FSx at /fsx and a memory-backed /dev/shm, and tolerates the accelerator taint.
 def test_runtime_pod_has_fsx_shm_and_toleration(variant):
-    _, _, _, raw = variant
+    instance, _, _, raw = variant
     runtime = next(o for o in manifests(raw) if o["kind"] == "ClusterTrainingRuntime")
     pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-training"}} in pod["volumes"]
-    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shared_memory_gib(instance)}Gi"}} \
+        in pod["volumes"]
     assert {"name": "fsx", "mountPath": "/fsx"} in pod["containers"][0]["volumeMounts"]
     assert pod["tolerations"][0]["key"] == ACCELERATOR_TAINT_KEY
+
+
+# Nodes reserve exactly the huge pages each training pod requests; fewer and the pod would never schedule.
+def test_nodes_reserve_the_huge_pages_pods_request(variant):
+    _, _, _, raw = variant
+    user_data = json.dumps(resources(raw, "AWS::EC2::LaunchTemplate"))
+    reserved_pages = int(re.search(r"vm\.nr_hugepages = (\d+)", user_data).group(1))
+    config_map = next(o for o in manifests(raw) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "job-templates")
+    requested = json.loads(config_map["data"]["train.json"])["spec"]["trainer"]["resourcesPerNode"]["limits"]
+    assert requested["hugepages-2Mi"] == f"{reserved_pages * 2}Mi"
 
 
 # Evicted or stopped training pods keep the stop grace for their final checkpoint (Kubernetes' default is 30 s).

@@ -39,8 +39,9 @@ def test_training_image_is_staged_from_the_matching_dockerfile(synth, instance_t
     manifest = json.loads((synthesized.outdir / f"{synthesized.stacks['registry'].stack_name}.assets.json").read_text())
     images = list(manifest["dockerImages"].values())
     assert [image["source"]["dockerFile"] for image in images] == [dockerfile]
-    assert (synthesized.outdir / images[0]["source"]["directory"] / "launch.py").exists() or \
-        (synthesized.outdir / images[0]["source"]["directory"] / dockerfile).exists()
+    context = synthesized.outdir / images[0]["source"]["directory"]
+    # The staged context holds the Dockerfile and the entry point it copies into the image.
+    assert (context / dockerfile).exists() and (context / "launch.py").exists()
 
 
 def test_a_pinned_image_tag_uses_the_repository_instead_of_a_build(synth):
