@@ -21,6 +21,7 @@ from constructs import Construct
 from config import Accelerator, InstanceType
 from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, FSX_MOUNT_PATH, RUNS_PREFIX
 from constructs.job_environment import job_environment, shared_memory_gib
+from contracts.run import stages
 
 DATASETS_ROOT = f"{FSX_MOUNT_PATH}/{DATASETS_PREFIX.rstrip('/')}"
 CHECKPOINTS_ROOT = f"{FSX_MOUNT_PATH}/{CHECKPOINTS_PREFIX.rstrip('/')}"
@@ -58,15 +59,21 @@ class JobSpec:
 
 
 def job_specs(*, instance: InstanceType, nodes: int, bucket_name: str, train_timeout: cdk.Duration) -> dict[str, JobSpec]:
-    """The three jobs' commands. Flags the image must accept are listed in docs/batch.md."""
+    """The three jobs' commands. Flags the image must accept are listed in docs/batch.md. Attempt timeouts and
+    attempts come from the run contract's stages, which the pipeline's states also read."""
     runs_uri = f"s3://{bucket_name}/{RUNS_PREFIX}"
+    stage = stages(int(train_timeout.to_hours()))
+
+    def limits(name: str) -> dict:
+        return {"timeout": cdk.Duration.seconds(stage[name].attempt_seconds), "attempts": stage[name].attempts}
+
     common = {"run_id": "manual", "nodes": str(nodes)}
     return {
         "sanity": JobSpec(
             mode="sanity",
             flags=("--min-busbw-gbps", f"{instance.expected_busbw_gbps:g}", "--run-id", "Ref::run_id",
                    "--expected-nodes", "Ref::nodes", "--report-prefix", runs_uri),
-            defaults=common, timeout=cdk.Duration.hours(1), attempts=2),
+            defaults=common, **limits("sanity")),
         "train": JobSpec(
             mode="train",
             flags=("--datasets-root", DATASETS_ROOT, "--dataset", "Ref::dataset",
@@ -76,7 +83,7 @@ def job_specs(*, instance: InstanceType, nodes: int, bucket_name: str, train_tim
                    "--lr", "Ref::lr", "--batch-size", "Ref::batch_size", "--expected-nodes", "Ref::nodes"),
             defaults={**common, "dataset": "sample", "max_steps": "1000", "checkpoint_every": "250",
                       "seed": "1337", "strategy": "ddp", "model": "tiny", "lr": "0.0003", "batch_size": "8"},
-            timeout=train_timeout, attempts=5),
+            **limits("train")),
         "validate": JobSpec(
             mode="validate",
             flags=("--checkpoints-root", CHECKPOINTS_ROOT, "--run-id", "Ref::run_id",
@@ -84,7 +91,7 @@ def job_specs(*, instance: InstanceType, nodes: int, bucket_name: str, train_tim
                    "--baseline", "Ref::baseline", "--tolerance", "Ref::tolerance", "--verdict-prefix", runs_uri),
             defaults={"run_id": "manual", "dataset": "sample", "model": "tiny", "baseline": "none",
                       "tolerance": "0.001"},
-            timeout=cdk.Duration.hours(2), attempts=3),
+            **limits("validate")),
     }
 
 

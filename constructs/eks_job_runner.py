@@ -92,7 +92,7 @@ class EksJobRunner:
 
     def submit(self, scope: Construct, id_: str, *, job: str, parameters: Mapping[str, str], job_name: str,
                nodes: str | None = None, attempts: str | None = None, result_path: str = sfn.JsonPath.DISCARD,
-               timeout: cdk.Duration | None = None) -> sfn.CustomState:
+               timeout: cdk.Duration | str | None = None) -> sfn.CustomState:
         # `attempts` (restarts after a lost host) has no Job equivalent here: backoffLimit 0, the pipeline retries.
         state: dict = {
             "Type": "Task",
@@ -109,7 +109,9 @@ class EksJobRunner:
                                "Status": "SUCCEEDED"},  # .sync fails the state unless the Job completed
             "ResultPath": result_path,
         }
-        if timeout is not None:
+        if isinstance(timeout, str):  # a JSONPath to the timeout, in seconds
+            state["TimeoutSecondsPath"] = timeout
+        elif timeout is not None:
             state["TimeoutSeconds"] = int(timeout.to_seconds())
         return sfn.CustomState(scope, id_, state_json=state)
 

@@ -1,17 +1,24 @@
-"""Input validation in pure ASL: defaults merged in, unknown fields found, every value checked.
+"""Input validation in ASL, generated from the run contract (contracts/run.py), before any job exists.
 
-ASL has no "list the keys" function, so unknown fields are found by counting: the input with
-defaults merged in, and the same object rebuilt from the known fields only, are turned into
-JSON strings and split on ':'. Both hold the same values, so every extra key (at the top level or
-in `hyperparameters`) makes the first split longer. The Choice then checks each field in turn and
-ends in a Fail with error `InvalidInput` and a cause naming the field, before any job exists.
+The states, in order; every refusal is a Fail with error `InvalidInput` and a cause naming the field and what
+is allowed:
+1. the input is a JSON object (`States.JsonToString` starts with `{`), then defaults are merged under it and
+   `hyperparameters` is checked to be an object the same way before its own defaults are merged;
+2. unknown fields are found by counting: the merged input and the same object rebuilt from the known fields
+   only are serialized and split on ':'; every extra key makes the first longer;
+3. one Choice checks presence, types (`IsString`, `IsNumeric`, `IsBoolean`), ranges and known values;
+4. integers: a count must reach the job as written, so its `States.Format` text may hold no '.', 'e' or 'E'
+   (2.0 and 1e3 are refused: Batch would pass "2.0" to an integer flag);
+5. patterns and lengths: JSONPath has no regular expressions or string lengths, so one JSONata Pass
+   (Step Functions allows JSONata states in a JSONPath state machine: "Transforming data with JSONata in
+   Step Functions", https://docs.aws.amazon.com/step-functions/latest/dg/transforming-data.html) evaluates
+   `$length` and `$match(value, /regex/)` with the contract's own patterns.
 """
 
 import aws_cdk.aws_stepfunctions as sfn
 from constructs import Construct
 
-from constructs.pipeline_schema import (DATASET_PREFIX, HYPERPARAMETERS, RUN_FIELDS, STRATEGIES, NumberRule,
-                                        fixed_nodes_message, number_rules, run_defaults)
+from contracts.run import Field, defaults, fields, hyperparameters, top_level
 
 C = sfn.Condition
 INVALID = "InvalidInput"
@@ -29,17 +36,46 @@ def _state_name(field: str, problem: str) -> str:
     return "Invalid" + "".join(w.capitalize() for w in words) + problem
 
 
+def _is_object(scope: Construct, id_: str, fail: sfn.Fail, then: sfn.IChainable) -> sfn.Choice:
+    """A Choice that goes on only when `$.shape` (States.JsonToString of the value) is a JSON object."""
+    return sfn.Choice(scope, id_).when(C.not_(C.string_matches("$.shape", "{*")), fail).otherwise(then)
+
+
+def _matches_whole(path: str, pattern: str, max_length: int) -> str:
+    """JSONata: the value is at most `max_length` long and the contract's pattern matches all of it. Anchored at
+    the start only, and compared with the value: a `$` anchor would also match before a trailing newline in
+    Java's and Python's regular expressions."""
+    regex = "/^" + pattern.replace("/", "\\/") + "/"
+    return f"{{% $length({path}) <= {max_length} and $match({path}, {regex})[0].match = {path} %}}"
+
+
 def input_validation(scope: Construct, *, max_nodes: int, min_nodes: int = 1) -> tuple[sfn.IChainable, sfn.Pass]:
     """The validation states: (first state, the Pass reached by valid input, holding `$.run`)."""
+    table = fields(max_nodes, min_nodes)
+    top, hyper = top_level(table), hyperparameters(table)
+    run_defaults = defaults(max_nodes)
+
+    def fail(field: str, problem: str, cause: str) -> sfn.Fail:
+        return sfn.Fail(scope, _state_name(field, problem), error=INVALID, cause=cause)
+
+    def invalid(f: Field, problem: str) -> sfn.Fail:
+        return fail(f.name, problem, f"{f.name} is not valid; expected {f.allowed()}")
+
+    # ---- 1. shapes, defaults
+    read = sfn.Pass(scope, "ReadInput", parameters={"input.$": "$", "shape.$": "States.JsonToString($)"})
     apply_defaults = sfn.Pass(scope, "ApplyDefaults", parameters={
-        "input.$": "$",
-        "defaults": {key: MISSING if value is None else value for key, value in run_defaults(max_nodes).items()},
-        "hyperparameter_defaults": HYPERPARAMETERS,
+        "input.$": "$.input",
+        "defaults": {**{f.name: MISSING for f in top if f.required},
+                     **{k: v for k, v in run_defaults.items() if k != "hyperparameters"}, "hyperparameters": {}},
+        "hyperparameter_defaults": run_defaults["hyperparameters"],
     })
     merge = sfn.Pass(scope, "MergeDefaults", parameters={
         "run.$": "States.JsonMerge($.defaults, $.input, false)",
         "hyperparameter_defaults.$": "$.hyperparameter_defaults",
     })
+    inspect_hyper = sfn.Pass(scope, "InspectHyperparameters", parameters={
+        "run.$": "$.run", "hyperparameter_defaults.$": "$.hyperparameter_defaults",
+        "shape.$": "States.JsonToString($.run.hyperparameters)"})
     merge_hyper = sfn.Pass(scope, "MergeHyperparameters", parameters={
         "given.$": "$.run",
         "merged": {"hyperparameters.$": "States.JsonMerge($.hyperparameter_defaults, $.run.hyperparameters, false)"},
@@ -48,55 +84,74 @@ def input_validation(scope: Construct, *, max_nodes: int, min_nodes: int = 1) ->
     project = sfn.Pass(scope, "KeepKnownFields", parameters={
         "given.$": "$.given",
         "run": {
-            **{f"{key}.$": f"$.given.{key}" for key in RUN_FIELDS if key != "hyperparameters"},
-            "hyperparameters": {f"{key}.$": f"$.given.hyperparameters.{key}" for key in HYPERPARAMETERS},
+            **{f"{f.name}.$": f"$.given.{f.name}" for f in top if f.kind != "object"},
+            "hyperparameters": {f"{f.key}.$": f"$.given.hyperparameters.{f.key}" for f in hyper},
         },
     })
     count = sfn.Pass(scope, "CountFields", parameters={
         "run.$": "$.run", "field_count": {"given.$": _count("$.given"), "known.$": _count("$.run")},
     })
 
-    def fail(field: str, problem: str, cause: str) -> sfn.Fail:
-        return sfn.Fail(scope, _state_name(field, problem), error=INVALID, cause=cause)
-
+    # ---- 3. presence, types, ranges, known values
     check = sfn.Choice(scope, "ValidateInput")
     check.when(C.number_greater_than_json_path("$.field_count.given", "$.field_count.known"), fail(
-        "unknown", "Field", f"the input has an unknown field; expected only {', '.join(RUN_FIELDS)} and, in "
-                            f"hyperparameters, {', '.join(HYPERPARAMETERS)}"))
-    for key in ("run_id", "dataset", "baseline"):
-        check.when(C.or_(C.is_null(f"$.run.{key}"), C.string_equals(f"$.run.{key}", MISSING)),
-                   fail(key, "Missing", f"{key} is missing; it is required"))
-    for key in ("run_id", "dataset", "hyperparameters.model", "hyperparameters.strategy"):
-        check.when(C.not_(C.is_string(f"$.run.{key}")), fail(key, "NotString", f"{key} must be a string"))
-    check.when(C.not_(C.and_(C.string_matches("$.run.dataset", f"{DATASET_PREFIX}*"),
-                             C.not_(C.string_equals("$.run.dataset", DATASET_PREFIX)))),
-               fail("dataset", "Path", f"dataset must be a path under {DATASET_PREFIX} in the data bucket, "
-                                       f"like {DATASET_PREFIX}wikitext/"))
-    for rule in number_rules(max_nodes, min_nodes):
-        _check_number(check, rule, fail, max_nodes)
-    check.when(C.not_(C.or_(*(C.string_equals("$.run.hyperparameters.strategy", s) for s in STRATEGIES))),
-               fail("hyperparameters.strategy", "Value", f"hyperparameters.strategy must be {' or '.join(STRATEGIES)}"))
+        "unknown", "Field", f"the input has an unknown field; expected only {', '.join(f.name for f in top)} and, "
+                            f"in hyperparameters, {', '.join(f.key for f in hyper)}"))
+    for f in table:
+        if f.required:
+            check.when(C.or_(C.is_null(f"$.run.{f.name}"), C.string_equals(f"$.run.{f.name}", MISSING)),
+                       fail(f.name, "Missing", f"{f.name} is missing; expected {f.allowed()}"))
+    for f in table:
+        if f.kind != "object":
+            _check_field(check, f, invalid(f, "Type"))
+
+    # ---- 4. integers as written; 5. patterns and lengths (JSONata)
+    integers = [f for f in table if f.kind == "integer"]
+    patterned = [f for f in table if f.pattern]
+    measure = sfn.Pass(scope, "MeasureIntegers", parameters={
+        "run.$": "$.run",
+        "fraction_parts": {f.name.replace(".", "_") + ".$": f"States.ArrayLength(States.StringSplit(States.Format('{{}}', "
+                                                     f"$.run.{f.name}), '.eE'))" for f in integers}})
+    match = sfn.Pass.jsonata(scope, "MatchPatterns", outputs={
+        "run": "{% $states.input.run %}",
+        "fraction_parts": "{% $states.input.fraction_parts %}",
+        "patterns": {f.name: _matches_whole(f"$states.input.run.{f.name}", f.pattern, f.max_length)
+                     for f in patterned},
+    })
+    values = sfn.Choice(scope, "ValidateValues")
+    for f in integers:
+        values.when(C.number_greater_than(f"$.fraction_parts.{f.name.replace('.', '_')}", 1), invalid(f, "NotInteger"))
+    for f in patterned:
+        values.when(C.not_(C.boolean_equals(f"$.patterns.{f.name}", True)), invalid(f, "Pattern"))
     valid = sfn.Pass(scope, "InputValid", parameters={"run.$": "$.run"})
-    check.otherwise(valid)
-    apply_defaults.next(merge).next(merge_hyper).next(complete).next(project).next(count).next(check)
-    return apply_defaults, valid
+    values.otherwise(valid)
+    check.otherwise(measure.next(match).next(values))
+
+    read.next(_is_object(scope, "IsObject", fail("input", "NotObject", "the input must be a JSON object with "
+                                                       f"the fields {', '.join(f.name for f in top)}"), apply_defaults))
+    hyper_field = next(f for f in top if f.name == "hyperparameters")
+    apply_defaults.next(merge).next(inspect_hyper).next(
+        _is_object(scope, "HyperparametersIsObject", invalid(hyper_field, "NotObject"),
+                   merge_hyper))
+    merge_hyper.next(complete).next(project).next(count).next(check)
+    return read, valid
 
 
-def _check_number(check: sfn.Choice, rule: NumberRule, fail, max_nodes: int) -> None:
-    path = f"$.run.{rule.field}"
-    check.when(C.not_(C.is_numeric(path)), fail(rule.field, "NotNumber", f"{rule.field} must be a number"))
-    ranged = rule.maximum is not None and rule.minimum != float("-inf") and rule.field != "nodes"
-    if rule.minimum != float("-inf"):
-        below = (C.number_less_than_equals if rule.exclusive_minimum else C.number_less_than)(path, rule.minimum)
-        bound = f"greater than {rule.minimum:g}" if rule.exclusive_minimum else f"at least {rule.minimum:g}"
-        cause = (f"{rule.field} is out of range; it must be from {rule.minimum:g} to {rule.maximum:g}" if ranged
-                 else f"{rule.field} must be {bound}")
-        if rule.field == "nodes" and rule.minimum == max_nodes > 1:
-            cause = fixed_nodes_message(max_nodes)
-        check.when(below, fail(rule.field, "TooSmall", cause))
-    if rule.maximum is not None:
-        if rule.field == "nodes":
-            cause = f"nodes is above this environment's maximum of {max_nodes} nodes"
-        else:
-            cause = f"{rule.field} is out of range; it must be from {rule.minimum:g} to {rule.maximum:g}"
-        check.when(C.number_greater_than(path, rule.maximum), fail(rule.field, "TooLarge", cause))
+def _check_field(check: sfn.Choice, f: Field, invalid: sfn.Fail) -> None:
+    """Choice rules refusing a value of the wrong type, range or choice: the type first, since rules are tried
+    in order and a comparison is only meaningful on a value of its own type."""
+    path = f"$.run.{f.name}"
+    if f.kind == "string":
+        check.when(C.not_(C.is_string(path)), invalid)
+        if f.choices:
+            check.when(C.not_(C.or_(*(C.string_equals(path, choice) for choice in f.choices))), invalid)
+        return
+    if f.kind == "boolean":
+        check.when(C.not_(C.is_boolean(path)), invalid)
+        return
+    check.when(C.not_(C.is_numeric(path)), invalid)
+    if f.minimum is not None:
+        below = C.number_less_than_equals if f.exclusive_minimum else C.number_less_than
+        check.when(below(path, f.minimum), invalid)
+    if f.maximum is not None:
+        check.when(C.number_greater_than(path, f.maximum), invalid)

@@ -34,13 +34,14 @@ def _host_loss_rules() -> list[dict]:
 class JobRunner(Protocol):
     def submit(self, scope: Construct, id_: str, *, job: JobKind, parameters: Mapping[str, str],
                job_name: str, nodes: str | None = None, attempts: str | None = None,
-               result_path: str = sfn.JsonPath.DISCARD, timeout: cdk.Duration | None = None) -> sfn.CustomState:
+               result_path: str = sfn.JsonPath.DISCARD, timeout: cdk.Duration | str | None = None) -> sfn.CustomState:
         """A Task state that runs `job` and succeeds only when it succeeded.
 
         `parameters`: job parameter name -> JSONPath or intrinsic function giving its string value
         (Batch job Parameters, `Ref::name` in the job definition). `job_name`: JSONPath or
         intrinsic for the job's name. `nodes`: path to the run's node count (multi-node jobs).
         `attempts`: path to how many times the backend may restart the job after losing a host.
+        `timeout`: how long the state waits, or a JSONPath to it in seconds (`TimeoutSecondsPath`).
         The state's result is `{"JobId", "JobName", "Status"}` at `result_path`.
         """
         ...
@@ -77,7 +78,7 @@ class BatchJobRunner:
 
     def submit(self, scope: Construct, id_: str, *, job: JobKind, parameters: Mapping[str, str],
                job_name: str, nodes: str | None = None, attempts: str | None = None,
-               result_path: str = sfn.JsonPath.DISCARD, timeout: cdk.Duration | None = None) -> sfn.CustomState:
+               result_path: str = sfn.JsonPath.DISCARD, timeout: cdk.Duration | str | None = None) -> sfn.CustomState:
         request: dict = {
             "JobName.$": job_name,
             "JobQueue": self._queue(job).job_queue_arn,
@@ -104,7 +105,9 @@ class BatchJobRunner:
             "ResultSelector": {"JobId.$": "$.JobId", "JobName.$": "$.JobName", "Status.$": "$.Status"},
             "ResultPath": result_path,
         }
-        if timeout is not None:
+        if isinstance(timeout, str):  # a JSONPath to the timeout, in seconds
+            state["TimeoutSecondsPath"] = timeout
+        elif timeout is not None:
             state["TimeoutSeconds"] = int(timeout.to_seconds())
         return sfn.CustomState(scope, id_, state_json=state)
 

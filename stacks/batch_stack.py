@@ -20,6 +20,7 @@ from constructs.batch_job_definitions import BatchJobDefinitions
 from constructs.efa_launch_template import EfaLaunchTemplate
 from constructs.host_user_data import host_user_data
 from constructs.job_environment import STOP_GRACE_SECONDS
+from contracts.run import QUEUE_WAIT_MINUTES
 from stacks.network_stack import NetworkStack
 from stacks.policies import data_removal_policy, log_retention
 from stacks.registry_stack import RegistryStack
@@ -33,7 +34,7 @@ SHARES = ("research", "production")
 # Runs started through the pipeline are the production path; hand-submitted jobs name their own share.
 PIPELINE_SHARE = "production"
 # How long a job may wait in RUNNABLE for instances EC2 cannot supply before it is cancelled.
-CAPACITY_WAIT_MINUTES = 60
+CAPACITY_WAIT_MINUTES = QUEUE_WAIT_MINUTES  # the pipeline's stage timeouts allow each attempt this wait
 SINGLE_NODE_MAX_INSTANCES = 2  # two validations at once; more wait in the queue
 ROOT_VOLUME_GIB = 200  # the accelerated training images are 15-25 GiB; layers are unpacked next to them
 

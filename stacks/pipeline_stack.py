@@ -52,9 +52,12 @@ class PipelineStack(cdk.Stack):
             runner=job_runner_for(compute),
             log_retention=log_retention(config),
             removal_policy=data_removal_policy(config),
+            train_attempt_hours=config.batch_train_timeout_hours,
         )
         for objects, why in ((f"{RUNS_PREFIX}*/verdict.json", "reads the verdict of the run being validated"),
-                             (f"{MODELS_PREFIX}*", "copies an approved run's verdict to models/<run_id>/")):
+                             (f"{RUNS_PREFIX}*/run.json", "claims a run id with the run's record"),
+                             (f"{MODELS_PREFIX}*/approval.json", "reads the approval recorded for a run"),
+                             (f"{MODELS_PREFIX}*", "records an approved run's verdict and approval in models/<run_id>/")):
             acknowledge(pipeline.state_machine.role, f"AwsSolutions-IAM5[Resource::{export}/{objects}]",
                         f"The pipeline {why}; run ids are chosen at run time, so only the key pattern is fixed")
         self.state_machine = pipeline.state_machine

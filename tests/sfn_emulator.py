@@ -21,6 +21,12 @@
    real definition — so the retrier module's `time` is replaced by a recorder of the intervals.
 6. Forgets finished executions between runs (`forget_executions`): moto deep-copies the whole backend
    at every StartExecution, and a finished execution holds locks that cannot be copied.
+7. Evaluates JSONata states with jsonata-python (a port of jsonata-java; moto's own bridge needs a JVM), and
+   names AWS SDK integration errors as Step Functions does, `ServiceName.ErrorName` in PascalCase
+   (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html: "S3.NoSuchKeyException";
+   moto 5.2.1 knows the casing of DynamoDb and Sfn only and would say "s3.NoSuchKeyException").
+8. Injects transient faults: `faults["s3.get_object"] = ["SlowDown"]` makes the next such call fail with that
+   error code (and its HTTP status), one entry per call, before moto sees it.
 """
 
 import json
@@ -32,12 +38,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import boto3
+import jsonata
+from botocore.exceptions import ClientError
 from botocore.response import StreamingBody
 
 import moto.batch_simple.models as batch_simple
 import moto.stepfunctions.parser.asl.component.common.retry.retrier_decl as retrier_decl
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_aws_sdk as sdk_service
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_batch as batch_service
+import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sns as sns_service
+import moto.stepfunctions.parser.asl.jsonata.jsonata as jsonata_bridge
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
     StateTaskServiceCallback,
 )
@@ -46,6 +56,10 @@ REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account
 ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/pipeline-test"
 JOB_KINDS = ("sanity", "train", "validate")
+# Transient error codes and their HTTP status, as the services return them.
+FAULT_STATUS = {"SlowDown": 503, "InternalError": 500, "ServiceUnavailable": 503, "ThrottlingException": 400,
+                "Throttling": 400, "InternalFailure": 500}
+ERROR_SERVICE_NAMES = {"s3": "S3", "ssm": "Ssm", "sns": "Sns", "sfn": "Sfn", "dynamodb": "DynamoDb"}
 
 
 def _to_boto(value, shape):
@@ -80,6 +94,13 @@ class _ClientProxy:
     def __getattr__(self, name):
         method = getattr(self._client, name)
         service = self._client.meta.service_model.service_name
+        fault = self._recorder.next_fault(f"{service}.{name}")
+        if fault is not None:
+            def failing(**request):
+                raise ClientError({"Error": {"Code": fault, "Message": f"injected {fault}"},
+                                   "ResponseMetadata": {"HTTPStatusCode": FAULT_STATUS.get(fault, 500),
+                                                        "RequestId": "injected"}}, name)
+            return failing
         if service == "batch" and name == "submit_job":
             def submit_job(**request):
                 shape = self._client.meta.service_model.operation_model("SubmitJob").input_shape
@@ -98,6 +119,11 @@ class _ClientProxy:
             return describe_jobs
         if service == "s3" and name == "get_object":
             return lambda **request: _json_safe(method(**request))
+        if service == "s3" and name == "put_object":
+            def put_object(**request):
+                with self._recorder._lock:  # S3 decides conditional writes atomically; moto checks, then writes
+                    return method(**request)
+            return put_object
         return method
 
 
@@ -111,6 +137,18 @@ class Emulator:
     submitted: list[dict] = field(default_factory=list)
     retry_sleeps: list[float] = field(default_factory=list)
     physical: dict[str, dict[str, str]] = field(default_factory=dict)  # logical id -> {"Ref": .., "Arn": ..}
+    faults: dict[str, list[str]] = field(default_factory=dict)  # "service.operation" -> error codes, one per call
+    faulted: list[str] = field(default_factory=list)  # the faults raised, in order
+
+    def next_fault(self, call: str) -> str | None:
+        """The error code the next `call` fails with; None (or an entry None) lets it through."""
+        queue = self.faults.get(call)
+        if not queue:
+            return None
+        fault = queue.pop(0)
+        if fault is not None:
+            self.faulted.append(f"{call}:{fault}")
+        return fault
 
     def __enter__(self) -> "Emulator":
         self._patches = []
@@ -119,6 +157,9 @@ class Emulator:
         self._original_client = batch_service.boto_client_for
         self._patch(batch_service, "boto_client_for", proxy)
         self._patch(sdk_service, "boto_client_for", proxy)
+        self._patch(sns_service, "boto_client_for", proxy)
+        self._patch(sdk_service, "_SERVICE_ERROR_NAMES", ERROR_SERVICE_NAMES)
+        self._patch(jsonata_bridge, "_eval_jsonata", lambda expression: jsonata.Jsonata(expression).evaluate(None))
         self._patch(retrier_decl, "time", types.SimpleNamespace(sleep=self.retry_sleeps.append))
         self._patch(batch_simple.BatchSimpleBackend, "_mark_job_as_finished", self._finish_job())
         original_eval_sync = StateTaskServiceCallback._eval_sync
@@ -138,12 +179,13 @@ class Emulator:
         machine = next(r for r in self.template["Resources"].values()
                        if r["Type"] == "AWS::StepFunctions::StateMachine")
         self.definition = self.resolve(machine["Properties"]["DefinitionString"])
+        self.name = machine["Properties"].get("StateMachineName", "pipeline")
         self.new_state_machine()
         return self
 
     def new_state_machine(self) -> str:
         self.state_machine_arn = self.sfn.create_state_machine(
-            name="pipeline", definition=self.definition, roleArn=ROLE_ARN)["stateMachineArn"]
+            name=self.name, definition=self.definition, roleArn=ROLE_ARN)["stateMachineArn"]
         return self.state_machine_arn
 
     @staticmethod
@@ -158,6 +200,8 @@ class Emulator:
     def reset(self) -> None:
         """Forget the previous execution's plan and records (the emulated resources stay)."""
         self.outcomes, self.verdict = {}, None
+        self.faults.clear()
+        self.faulted.clear()
         self.forget_executions()
         self.submitted.clear()
         self.retry_sleeps.clear()

@@ -196,27 +196,131 @@ def test_sanity_failing_once_is_retried(emulator):
     assert emulator.submitted_kinds() == ["sanity", "sanity", "train", "validate"]
 
 
-@pytest.mark.parametrize("change, cause", [
-    ({"learning_rate": 0.1}, "unknown field"),
-    ({"hyperparameters": {"max_step": 10}}, "unknown field"),
-    ({"nodes": 3}, "above this environment's maximum of 2"),
-    ({"nodes": 1}, "nodes must be 2 on this backend"),  # Batch's multi-node job definitions fix the size
-    ({"dataset": None}, "dataset is missing"),
-    ({"dataset": "s3://elsewhere/data"}, "dataset must be a path under datasets/"),
-    ({"tolerance": 1.5}, "tolerance is out of range"),
-    ({"tolerance": -0.1}, "tolerance is out of range"),
-    ({"baseline": "3.2"}, "baseline must be a number"),
-    ({"hyperparameters": {"strategy": "zero3"}}, "strategy must be ddp or fsdp"),
-])
-def test_bad_input_fails_before_any_job(emulator, change, cause):
-    run = {**RUN, **change}
-    if change.get("dataset", "") is None:
-        del run["dataset"]
-    result = emulator.run(run)
+def _with(**changes) -> dict:
+    """RUN with top-level changes; a value of DROP removes the field."""
+    run = {**RUN, **changes}
+    return {k: v for k, v in run.items() if v is not DROP}
+
+
+def _hyper(**changes) -> dict:
+    return {**RUN, "hyperparameters": {**RUN["hyperparameters"], **changes}}
+
+
+DROP = object()
+# (what is wrong, the execution input, a fragment of the refusal's cause: the field it names)
+MALFORMED = [
+    # the input's shape
+    ("top-level array", [RUN], "the input must be a JSON object"),
+    ("top-level empty array", [], "the input must be a JSON object"),
+    ("top-level string", "gpt-tiny-001", "the input must be a JSON object"),
+    ("top-level null", None, "the input must be a JSON object"),
+    ("top-level number", 42, "the input must be a JSON object"),
+    ("top-level boolean", True, "the input must be a JSON object"),
+    ("hyperparameters a string", _with(hyperparameters="lr=0.1"), "hyperparameters is not valid"),
+    ("hyperparameters null", _with(hyperparameters=None), "hyperparameters is not valid"),
+    ("hyperparameters an array", _with(hyperparameters=[{"lr": 0.1}]), "hyperparameters is not valid"),
+    ("hyperparameters a number", _with(hyperparameters=5), "hyperparameters is not valid"),
+    ("unknown top-level field", _with(learning_rate=0.1), "unknown field"),
+    ("unknown hyperparameter", _hyper(max_step=10), "unknown field"),
+    ("field name in another case", _with(Run_id="x"), "unknown field"),
+    # run_id
+    ("run_id missing", _with(run_id=DROP), "run_id is missing"),
+    ("run_id null", _with(run_id=None), "run_id is missing"),
+    ("run_id a number", _with(run_id=123), "run_id is not valid"),
+    ("run_id empty", _with(run_id=""), "run_id is not valid"),
+    ("run_id with a space", _with(run_id="gpt tiny"), "run_id is not valid"),
+    ("run_id with a slash", _with(run_id="gpt/tiny"), "run_id is not valid"),
+    ("run_id ..", _with(run_id=".."), "run_id is not valid"),
+    ("run_id with a trailing newline", _with(run_id="gpt-tiny\n"), "run_id is not valid"),
+    ("run_id with a tab", _with(run_id="gpt\ttiny"), "run_id is not valid"),
+    ("run_id with a NUL", _with(run_id="gpt\u0000"), "run_id is not valid"),
+    ("run_id non-ASCII letter", _with(run_id="gpt-t\u00efny"), "run_id is not valid"),
+    ("run_id full-width letters", _with(run_id="\uff47\uff50\uff54"), "run_id is not valid"),
+    ("run_id 41 characters", _with(run_id="a" * 41), "run_id is not valid"),
+    ("run_id 120 characters", _with(run_id="a" * 120), "run_id is not valid"),
+    ("run_id 200 characters", _with(run_id="r" * 200), "run_id is not valid"),
+    ("run_id leading hyphen", _with(run_id="-gpt"), "run_id is not valid"),
+    ("run_id trailing hyphen", _with(run_id="gpt-"), "run_id is not valid"),
+    ("run_id underscore", _with(run_id="gpt_tiny"), "run_id is not valid"),
+    # dataset
+    ("dataset missing", _with(dataset=DROP), "dataset is missing"),
+    ("dataset null", _with(dataset=None), "dataset is missing"),
+    ("dataset a number", _with(dataset=7), "dataset is not valid"),
+    ("dataset outside the bucket", _with(dataset="s3://elsewhere/data"), "dataset is not valid"),
+    ("dataset climbing out with ..", _with(dataset="datasets/../secrets/"), "dataset is not valid"),
+    ("dataset climbing out deeper", _with(dataset="datasets/a/../../b/"), "dataset is not valid"),
+    ("dataset the bare prefix", _with(dataset="datasets/"), "dataset is not valid"),
+    ("dataset empty segment", _with(dataset="datasets//wikitext/"), "dataset is not valid"),
+    ("dataset with a newline", _with(dataset="datasets/wiki\ntext/"), "dataset is not valid"),
+    ("dataset with a space", _with(dataset="datasets/wiki text/"), "dataset is not valid"),
+    ("dataset absolute path", _with(dataset="/fsx/datasets/wikitext/"), "dataset is not valid"),
+    ("dataset prefix in another case", _with(dataset="Datasets/wikitext/"), "dataset is not valid"),
+    ("dataset 300 characters", _with(dataset="datasets/" + "a" * 300), "dataset is not valid"),
+    # nodes
+    ("nodes above the maximum", _with(nodes=3), "nodes is not valid"),
+    ("nodes below the fixed size", _with(nodes=1), "nodes is not valid"),  # Batch's job definitions fix it
+    ("nodes 2.0", _with(nodes=2.0), "nodes is not valid"),
+    ("nodes 1.5", _with(nodes=1.5), "nodes is not valid"),
+    ("nodes a string", _with(nodes="2"), "nodes is not valid"),
+    ("nodes a boolean", _with(nodes=True), "nodes is not valid"),
+    ("nodes zero", _with(nodes=0), "nodes is not valid"),
+    ("nodes negative", _with(nodes=-2), "nodes is not valid"),
+    ("nodes 1e30", _with(nodes=1e30), "nodes is not valid"),
+    # hyperparameters
+    ("max_steps 1.5", _hyper(max_steps=1.5), "max_steps is not valid"),
+    ("max_steps 1e30", _hyper(max_steps=1e30), "max_steps is not valid"),
+    ("max_steps zero", _hyper(max_steps=0), "max_steps is not valid"),
+    ("max_steps a string", _hyper(max_steps="500"), "max_steps is not valid"),
+    ("batch_size 2.0", _hyper(batch_size=2.0), "batch_size is not valid"),
+    ("batch_size too large", _hyper(batch_size=100_000), "batch_size is not valid"),
+    ("checkpoint_every zero", _hyper(checkpoint_every=0), "checkpoint_every is not valid"),
+    ("seed negative", _hyper(seed=-1), "seed is not valid"),
+    ("seed beyond 32 bits", _hyper(seed=2**40), "seed is not valid"),
+    ("seed 1e3 (exponent)", _hyper(seed=1e3), "seed is not valid"),
+    ("lr zero", _hyper(lr=0), "lr is not valid"),
+    ("lr negative", _hyper(lr=-0.1), "lr is not valid"),
+    ("lr a string", _hyper(lr="0.1"), "lr is not valid"),
+    ("lr above 1", _hyper(lr=5), "lr is not valid"),
+    ("unknown model", _hyper(model="gpt5"), "model is not valid"),
+    ("model a number", _hyper(model=125), "model is not valid"),
+    ("unknown strategy", _hyper(strategy="zero3"), "strategy is not valid"),
+    ("strategy null", _hyper(strategy=None), "strategy is not valid"),
+    # baseline, tolerance, attempts, resume
+    ("baseline missing", _with(baseline=DROP), "baseline is missing"),
+    ("baseline a string", _with(baseline="3.2"), "baseline is not valid"),
+    ("baseline a boolean", _with(baseline=True), "baseline is not valid"),
+    ("baseline beyond 1e12", _with(baseline=1e300), "baseline is not valid"),
+    ("tolerance above 1", _with(tolerance=1.5), "tolerance is not valid"),
+    ("tolerance negative", _with(tolerance=-0.1), "tolerance is not valid"),
+    ("tolerance a string", _with(tolerance="0.05"), "tolerance is not valid"),
+    ("max_attempts zero", _with(max_attempts=0), "max_attempts is not valid"),
+    ("max_attempts 11", _with(max_attempts=11), "max_attempts is not valid"),
+    ("max_attempts 2.5", _with(max_attempts=2.5), "max_attempts is not valid"),
+    ("resume a string", _with(resume="yes"), "resume is not valid"),
+    ("resume null", _with(resume=None), "resume is not valid"),
+]
+
+
+@pytest.mark.parametrize("execution_input, cause", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+def test_malformed_input_ends_invalid_before_any_job(emulator, execution_input, cause):
+    result = emulator.run(execution_input)
     assert result["status"] == "FAILED"
     assert result.get("error") == "InvalidInput" and cause in result.get("cause", ""), result
-    assert emulator.submitted == []
+    assert emulator.submitted == []  # no Batch job
+    assert emulator.s3.list_objects_v2(Bucket=emulator.bucket).get("KeyCount", 0) == 0  # no run claimed
     assert messages(emulator) == []
+
+
+@pytest.mark.parametrize("execution_input, cause", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+def test_the_cli_contract_refuses_the_same_inputs(execution_input, cause):
+    # The CLI validates with the contract the state machine is generated from: it refuses each input too,
+    # naming the same field.
+    from contracts.run import validate_run
+
+    problems = validate_run(execution_input, max_nodes=2, min_nodes=2)
+    field = cause.split(" is ")[0]
+    assert problems and any(field.replace("the input must be a JSON object", "the run must be a JSON object")
+                            in problem or "unknown" in problem for problem in problems), problems
 
 
 def test_defaults_fill_in_what_the_run_omits(emulator):
@@ -245,7 +349,7 @@ def test_every_task_has_a_timeout_and_a_catch():
     assert {"SanityCheck", "Train", "Validate", "ReadVerdict", "CopyVerdictToModels", "PublishApprovedModel",
             "NotifyApproved", "NotifyRejected", "NotifyFailure"} <= set(task_states)
     for name, state in task_states.items():
-        assert state.get("TimeoutSeconds"), name
+        assert state.get("TimeoutSeconds") or state.get("TimeoutSecondsPath") == "$.timeouts.train", name
         assert state.get("Catch"), name
 
 

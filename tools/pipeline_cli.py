@@ -7,18 +7,19 @@
 
 The environment's region comes from cdk.json (or --region); the state machine from the output
 `StateMachineArn` of the stack `EfaTraining-<env>-Pipeline`. `start` validates the run file with the
-same rules as the state machine (constructs/pipeline_schema.py) before starting anything. Exit codes:
+same rules as the state machine (the run contract, contracts/run.py) before starting anything. Exit codes:
 0 success (or a run that succeeded), 1 a run that failed, 2 a usage or environment error.
 """
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
+
+from contracts import run as schema
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK = "EfaTraining-{env}-Pipeline"
@@ -28,15 +29,6 @@ STAGES = ("ValidateInput", "SanityCheck", "Train", "Validate", "ReadVerdict", "I
 RESULT_CODES = {"SUCCEEDED": 0, "RUNNING": 1, "FAILED": 1, "TIMED_OUT": 1, "ABORTED": 1, "PENDING_REDRIVE": 1}
 
 
-def _load_schema():
-    """constructs/pipeline_schema.py, loaded by path: importing the `constructs` package starts jsii's Node.js."""
-    spec = importlib.util.spec_from_file_location("pipeline_schema", ROOT / "constructs" / "pipeline_schema.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-schema = _load_schema()
 
 
 class CliError(Exception):
@@ -68,7 +60,7 @@ class Pipeline:
             raise CliError(f"environment {env!r}: stack {STACK.format(env=env)} has no StateMachineArn output; "
                            "redeploy the pipeline stack")
         self.state_machine_arn = outputs["StateMachineArn"]
-        self.max_nodes = int(outputs.get("MaxNodes", schema.RUN_FIELDS.get("nodes") or 1))
+        self.max_nodes = int(outputs.get("MaxNodes", 1))
         self.min_nodes = int(outputs.get("MinNodes", 1))
         self.log_group = outputs.get("ExecutionLogGroup")
         self.parameter = outputs.get("ApprovedModelParameter")

@@ -1,0 +1,28 @@
+"""Retries for the pipeline's own AWS calls (S3, SSM, SNS, Step Functions): throttling and 5xx are absorbed.
+
+Error names of AWS SDK integrations are `ServiceName.ErrorName` in PascalCase with an `Exception` suffix
+("Learning to use AWS service SDK integrations in Step Functions",
+https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html). Throttling and 5xx
+responses have no modeled exception (S3 `SlowDown`/`InternalError`/`ServiceUnavailable`, SSM
+`ThrottlingException`), so they surface as the service's base exception (`S3.S3Exception`, `Ssm.SsmException`);
+SSM also models `InternalServerError` and `TooManyUpdates`. A call that times out (`States.Timeout`) is retried
+too: every call retried here is idempotent (reads, conditional writes, writes of the same value).
+"""
+
+import aws_cdk as cdk
+import aws_cdk.aws_stepfunctions as sfn
+
+TRANSIENT_ERRORS = ("S3.S3Exception", "Ssm.SsmException", "Ssm.InternalServerErrorException",
+                    "Ssm.TooManyUpdatesException", "Sfn.SfnException", "States.Timeout")
+# SNS publishing: any failure is retried, since a duplicate notification costs less than a lost one.
+NOTIFICATION_ERRORS = ("States.TaskFailed", "States.Timeout")
+CALL_TIMEOUT = cdk.Duration.minutes(2)
+
+
+def retry_transient(task: sfn.TaskStateBase, errors: tuple[str, ...] = TRANSIENT_ERRORS) -> sfn.TaskStateBase:
+    """Exponential backoff with full jitter ("Handling errors in Step Functions workflows", Retry fields
+    `JitterStrategy`, `MaxDelaySeconds`: https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html):
+    6 attempts over about a minute."""
+    task.add_retry(errors=list(errors), interval=cdk.Duration.seconds(1), backoff_rate=2, max_attempts=5,
+                   max_delay=cdk.Duration.seconds(30), jitter_strategy=sfn.JitterType.FULL)
+    return task

@@ -1,0 +1,242 @@
+"""The training run's contract: its fields, types, limits, defaults, known models and strategies, stage timeouts.
+
+One source for every run fact. The state machine's input checks are generated from these tables
+(constructs/pipeline_input.py), the operator CLI validates a run file with `validate_run`, the Batch job
+definitions and the state machine read the stage timeouts, so none of them can disagree.
+"""
+
+import math
+import re
+from dataclasses import dataclass
+
+from config.layout import DATASETS_PREFIX
+
+REQUIRED = object()  # the default of a field the input must give
+
+# ---- identifiers -------------------------------------------------------------------------------------
+# Names built from the run id and their limits: Batch job names `<run_id>-validate` (128 characters, letters,
+# digits, '-', '_': API_SubmitJob), the CLI's execution name `<run_id>-<UTC time>` (80: API_StartExecution),
+# S3 keys `runs/<run_id>/...` (1024 bytes), and a SageMaker training job name for a backend to come
+# (63 characters, letters, digits and '-' only: API_CreateTrainingJob), which needs room for a phase and an
+# attempt suffix. So: 1-40 ASCII letters, digits and '-', starting and ending with a letter or digit.
+RUN_ID_MAX_LENGTH = 40
+RUN_ID_CHARACTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-"
+RUN_ID_PATTERN = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38}[A-Za-z0-9])?"
+RUN_ID_RULE = f"1-{RUN_ID_MAX_LENGTH} ASCII letters, digits and '-', starting and ending with a letter or digit"
+
+# A dataset is a folder under datasets/ in the data bucket (= /fsx/datasets/...): segments of ASCII letters,
+# digits, '_', '-' and single inner dots, so no '..', no empty segment, no control character, no escape.
+DATASET_PREFIX = DATASETS_PREFIX
+DATASET_MAX_LENGTH = 256
+_SEGMENT = r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*"
+DATASET_PATTERN = rf"{re.escape(DATASET_PREFIX)}{_SEGMENT}(?:/{_SEGMENT})*/?"
+DATASET_RULE = (f"a folder under {DATASET_PREFIX} in the data bucket like {DATASET_PREFIX}wikitext/: at most "
+                f"{DATASET_MAX_LENGTH} characters, segments of ASCII letters, digits, '_', '-' and inner dots "
+                "(no '..', no empty segment)")
+
+# What the training image knows (training_image/model.py MODEL_SIZES, train.py STRATEGIES; tests hold them equal).
+MODELS = ("tiny", "mini", "125m", "350m", "760m", "1.3b", "2.7b", "6.7b", "13b")
+STRATEGIES = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One input field. `kind`: string, integer, number, boolean or object; integers are whole JSON numbers
+    written without a fraction or exponent (2.0 and 1e3 are refused: the job would receive "2.0")."""
+    name: str  # dotted for nested fields: hyperparameters.max_steps
+    kind: str
+    default: object = REQUIRED
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None
+    max_length: int | None = None
+    rule: str = ""  # what is allowed, in words
+
+    @property
+    def key(self) -> str:
+        return self.name.rsplit(".", 1)[-1]
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def allowed(self) -> str:
+        if self.rule:
+            return self.rule
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        kind = {"integer": "an integer", "number": "a number"}.get(self.kind, f"a {self.kind}")
+        if self.minimum is None:
+            return kind
+        low = f"greater than {_num(self.minimum)}" if self.exclusive_minimum else f"from {_num(self.minimum)}"
+        return f"{kind} {low} to {_num(self.maximum)}" if self.maximum is not None else f"{kind} {low}"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
+
+
+def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
+    """Every field with its rule. `nodes` defaults to the environment's maximum; a backend whose multi-node jobs
+    have a fixed size (Batch) takes exactly that many (min_nodes == max_nodes)."""
+    nodes_rule = (f"exactly {max_nodes}: this backend's multi-node job definitions fix the node count"
+                  if min_nodes == max_nodes else f"an integer from {min_nodes} to {max_nodes} (this environment's maximum)")
+    return (
+        Field("run_id", "string", pattern=RUN_ID_PATTERN, max_length=RUN_ID_MAX_LENGTH, rule=RUN_ID_RULE),
+        Field("dataset", "string", pattern=DATASET_PATTERN, max_length=DATASET_MAX_LENGTH, rule=DATASET_RULE),
+        Field("nodes", "integer", max_nodes, min_nodes, max_nodes, rule=nodes_rule),
+        Field("baseline", "number", minimum=-1e12, maximum=1e12,
+              rule="a finite number from -1e12 to 1e12: the validation metric the model must match"),
+        Field("tolerance", "number", 0.001, 0.0, 1.0),  # 0.1%: the seeds accept a model within 0.1% of the baseline
+        # Batch's own attempts per training submission (SubmitJob RetryStrategy.attempts: 1-10, API_RetryStrategy).
+        Field("max_attempts", "integer", 2, 1, 10),
+        Field("resume", "boolean", False, rule="true or false: true resumes an earlier run with this run_id"),
+        Field("hyperparameters", "object", {}, rule="an object with only the hyperparameters listed"),
+        # Defaults match training_image/train.py's TrainConfig, so a run may omit any of them.
+        Field("hyperparameters.model", "string", "tiny", choices=MODELS),
+        Field("hyperparameters.max_steps", "integer", 1000, 1, 10_000_000),
+        Field("hyperparameters.checkpoint_every", "integer", 250, 1, 10_000_000),
+        Field("hyperparameters.seed", "integer", 1337, 0, 2**32 - 1),  # numpy's seed range
+        Field("hyperparameters.strategy", "string", "ddp", choices=STRATEGIES),
+        Field("hyperparameters.lr", "number", 3e-4, 0, 1, exclusive_minimum=True),
+        Field("hyperparameters.batch_size", "integer", 8, 1, 4096),  # micro-batch per worker
+    )
+
+
+def top_level(all_fields: tuple[Field, ...]) -> tuple[Field, ...]:
+    return tuple(f for f in all_fields if "." not in f.name)
+
+
+def hyperparameters(all_fields: tuple[Field, ...]) -> tuple[Field, ...]:
+    return tuple(f for f in all_fields if f.name.startswith("hyperparameters."))
+
+
+def defaults(max_nodes: int) -> dict[str, object]:
+    """The run's defaults, hyperparameters included (required fields left out)."""
+    table = fields(max_nodes)
+    run = {f.name: f.default for f in top_level(table) if not f.required}
+    run["hyperparameters"] = {f.key: f.default for f in hyperparameters(table)}
+    return run
+
+
+# ---- validation (the state machine checks the same, and stops at the first problem) ------------------
+
+def validate_run(run: object, max_nodes: int, min_nodes: int = 1) -> list[str]:
+    """Every problem with a run, one line each, naming the field, the value and what is allowed."""
+    if not isinstance(run, dict):
+        return [f"the run must be a JSON object, not {_json_type(run)}"]
+    table = fields(max_nodes, min_nodes)
+    known = {f.name for f in top_level(table)}
+    problems = [f"unknown field {key!r}; expected only {', '.join(sorted(known))}" for key in run if key not in known]
+    hyper = run.get("hyperparameters", {})
+    if not isinstance(hyper, dict):
+        problems.append(f"hyperparameters={_show(hyper)} is not valid; expected an object")
+        hyper = {}
+    names = [f.key for f in hyperparameters(table)]
+    problems += [f"unknown hyperparameter {key!r}; expected only {', '.join(names)}" for key in hyper if key not in names]
+    for f in table:
+        if f.kind == "object":
+            continue
+        source = hyper if f.name.startswith("hyperparameters.") else run
+        if f.key not in source or (f.required and source[f.key] is None):
+            if f.required:
+                problems.append(f"{f.name} is missing; expected {f.allowed()}")
+            continue  # the default applies
+        problem = check_value(f, source[f.key])
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def check_value(f: Field, value: object) -> str | None:
+    """The one-line problem with one value, or None."""
+    bad = f"{f.name}={_show(value)} is not valid; expected {f.allowed()}"
+    if f.kind == "string":
+        if not isinstance(value, str):
+            return bad
+        if f.max_length is not None and len(value) > f.max_length:
+            return bad
+        if f.pattern is not None and not re.fullmatch(f.pattern, value):
+            return bad
+        if f.choices and value not in f.choices:
+            return bad
+        return None
+    if f.kind == "boolean":
+        return None if isinstance(value, bool) else bad
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return bad
+    if isinstance(value, float) and not math.isfinite(value):
+        return bad
+    if f.kind == "integer" and not isinstance(value, int):
+        return bad  # 2.0 would reach the job as "2.0"
+    too_low = f.minimum is not None and (value < f.minimum or (f.exclusive_minimum and value == f.minimum))
+    too_high = f.maximum is not None and value > f.maximum
+    return bad if too_low or too_high else None
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", str: "a string", list: "an array", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__)
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ---- stage timeouts: the job definitions' attempt timeouts and the states that wait for them --------
+
+# A job waiting for instance capacity is cancelled after this long (the Batch queues' job state time limit);
+# each Batch attempt of a stage may wait this long before it runs.
+QUEUE_WAIT_MINUTES = 60
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One job's attempt timeout (Batch job definition `timeout`) and how many attempts Batch makes per
+    submission (job definition `retryStrategy.attempts`; the run's `max_attempts` for training)."""
+    attempt_seconds: int
+    attempts: int
+
+    def state_seconds(self, attempts: int | None = None) -> int:
+        """How long the state that submits the job waits: every Batch attempt, each after its queue wait."""
+        return (attempts or self.attempts) * (self.attempt_seconds + QUEUE_WAIT_MINUTES * 60)
+
+
+def stages(train_attempt_hours: int) -> dict[str, Stage]:
+    """Each stage's timeouts; `train_attempt_hours` is the environment's `batch_train_timeout_hours`."""
+    return {
+        "sanity": Stage(attempt_seconds=3600, attempts=2),
+        "train": Stage(attempt_seconds=train_attempt_hours * 3600, attempts=5),
+        "validate": Stage(attempt_seconds=2 * 3600, attempts=3),
+    }
+
+
+# The states a successful run passes through, in order: what the CLI's progress counts.
+PHASES = ("ValidateInput", "ClaimRun", "SanityCheck", "Train", "Validate", "ReadVerdict", "IsModelAccepted",
+          "RecordApproval", "PublishApprovedModel", "NotifyApproved")
+
+
+MAX_ATTEMPTS = next(f.maximum for f in fields(1) if f.name == "max_attempts")
+# Step Functions Standard workflows run for at most one year (Step Functions quotas).
+MAX_EXECUTION_SECONDS = 365 * 24 * 3600
+
+
+def train_state_seconds(train_attempt_hours: int) -> list[int]:
+    """The Train state's timeout for each `max_attempts` (index 0 unused): the state reads it from this table."""
+    train = stages(train_attempt_hours)["train"]
+    return [0] + [train.state_seconds(attempts) for attempts in range(1, int(MAX_ATTEMPTS) + 1)]
+
+
+def execution_seconds(train_attempt_hours: int, *, sanity_submissions: int, train_submissions: int,
+                      train_backoff_seconds: int, calls_seconds: int) -> int:
+    """The execution's timeout: every stage's worst case (each submission at its longest), within the quota."""
+    table = stages(train_attempt_hours)
+    worst = (sanity_submissions * table["sanity"].state_seconds()
+             + train_submissions * train_state_seconds(train_attempt_hours)[-1] + train_backoff_seconds
+             + table["validate"].state_seconds() + calls_seconds)
+    return min(worst, MAX_EXECUTION_SECONDS)
