@@ -6,11 +6,14 @@ A bad value raises ConfigError with one line: the field, the value, what is allo
 """
 
 import dataclasses
+import math
 import re
 import typing
 from dataclasses import dataclass, fields
 
 from config.catalogue import CATALOGUE, InstanceType, efa_instance_types
+from config.regions import CHECKED as REGIONS_CHECKED
+from config.regions import REGION_ZONES, zones
 
 DEFAULT_ENVIRONMENT = "dev"
 # A guard against expensive typos (160 for 16 p5 nodes is ~$15,000 an hour); raise it on purpose.
@@ -21,11 +24,27 @@ EKS_CAPACITY_TYPES = ("on_demand", "spot", "capacity_block")
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
                       2557, 2922, 3288, 3653)
 
-_REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
-_EMAIL = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}$")
-_ACCOUNT = re.compile(r"^\d{12}$")
-_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
-_CIDR16 = re.compile(r"^10\.(\d{1,3})\.0\.0/16$")
+# Identifiers by the services' own patterns, ASCII only and matched whole (`fullmatch`: `$` would let a trailing
+# newline through). E-mail: the SNS e-mail endpoint's local@domain form, at most 254 characters (RFC 5321).
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,63}", re.ASCII)
+_ACCOUNT = re.compile(r"[0-9]{12}")
+# IAM ARNs: path and name of [\w+=,.@-] (IAM API_Role: RoleName up to 64, Path up to 512 characters).
+_ARN = re.compile(r"arn:aws(-cn|-us-gov)?:iam::[0-9]{12}:(role|user)(/[A-Za-z0-9_+=,.@-]+)*/[A-Za-z0-9_+=,.@-]{1,64}",
+                  re.ASCII)
+_CIDR16 = re.compile(r"10\.([0-9]{1,3})\.0\.0/16")
+# Docker image tags (and ECR's): [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}.
+_IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+# Numbers on the command line and in cdk.json: ASCII digits only (Python's int() and float() also take other
+# scripts' digits, '_' separators, 'inf' and 'nan').
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+# FSx for Lustre: the default quota of Lustre storage per account is 100,800 GiB (FSx Lustre "Quotas").
+FSX_MAX_STORAGE_GIB = 100_800
+# AWS Budgets takes a limit with up to 2 decimals; a budget above a billion dollars a month is a typo.
+BUDGET_MAX_USD = 1_000_000_000
+# One SNS e-mail subscription per address: a handful of people, not a mailing list.
+MAX_ALERT_EMAILS = 20
+MAX_ADMIN_ROLES = 20
 
 
 class ConfigError(ValueError):
@@ -69,13 +88,12 @@ class EnvironmentConfig:
     batch_single_node_spot: bool = True
 
     def __post_init__(self) -> None:
-        _check(self, "region", bool(_REGION.match(self.region)), "an AWS region like us-east-1")
-        _check(self, "account", self.account is None or bool(_ACCOUNT.match(self.account)),
+        _check(self, "region", self.region in REGION_ZONES,
+               f"an AWS region like us-east-1 (the project's list, checked {REGIONS_CHECKED}: config/regions.py)")
+        _check(self, "account", self.account is None or bool(_ACCOUNT.fullmatch(self.account)),
                "12 digits, or unset")
-        _check(self, "availability_zone",
-               self.availability_zone is None
-               or bool(re.fullmatch(re.escape(self.region) + r"[a-z]", self.availability_zone)),
-               f"a zone of region {self.region} like {self.region}a, or unset")
+        _check(self, "availability_zone", self.availability_zone is None or self.availability_zone in zones(self.region),
+               f"a zone of region {self.region} ({', '.join(zones(self.region))}), or unset")
         _check(self, "compute", self.compute in ("batch", "eks"), "batch or eks")
         _check(self, "instance_type", self.instance_type in CATALOGUE,
                f"one of {', '.join(CATALOGUE)}")
@@ -83,19 +101,21 @@ class EnvironmentConfig:
                f"an instance type with EFA ({', '.join(efa_instance_types())}); "
                f"{self.instance_type} has no EFA, so collectives would crawl over TCP")
         _check(self, "nodes", 1 <= self.nodes <= MAX_NODES, f"an integer from 1 to {MAX_NODES}")
-        _check(self, "vpc_cidr", bool(_CIDR16.match(self.vpc_cidr))
-               and int(_CIDR16.match(self.vpc_cidr).group(1)) <= 255, "a /16 inside 10.0.0.0/8 like 10.0.0.0/16")
+        _check(self, "vpc_cidr", bool(_CIDR16.fullmatch(self.vpc_cidr))
+               and int(_CIDR16.fullmatch(self.vpc_cidr).group(1)) <= 255, "a /16 inside 10.0.0.0/8 like 10.0.0.0/16")
         _check(self, "fsx_deployment_type", self.fsx_deployment_type in FSX_DEPLOYMENT_TYPES,
                " or ".join(FSX_DEPLOYMENT_TYPES))
         _check(self, "fsx_storage_gib",
-               self.fsx_storage_gib in (1200, 2400) or (self.fsx_storage_gib > 0 and self.fsx_storage_gib % 2400 == 0),
-               f"1200, 2400 or a multiple of 2400 GiB for {self.fsx_deployment_type}")
+               self.fsx_storage_gib in (1200, 2400) or (0 < self.fsx_storage_gib <= FSX_MAX_STORAGE_GIB
+                                                        and self.fsx_storage_gib % 2400 == 0),
+               f"1200, 2400 or a multiple of 2400 GiB for {self.fsx_deployment_type}, at most "
+               f"{FSX_MAX_STORAGE_GIB} (FSx for Lustre's default storage quota)")
         _check(self, "fsx_throughput_per_tib", self.fsx_throughput_per_tib in FSX_THROUGHPUTS_PER_TIB,
                f"one of {', '.join(map(str, FSX_THROUGHPUTS_PER_TIB))} MB/s per TiB")
-        _check(self, "budget_monthly_usd", self.budget_monthly_usd > 0, "a positive amount in USD")
-        for email in self.alert_emails:
-            _check(self, "alert_emails", bool(_EMAIL.match(email)), "e-mail addresses like ops@example.com",
-                   value=email)
+        _check(self, "budget_monthly_usd", 0 < self.budget_monthly_usd <= BUDGET_MAX_USD,
+               f"a positive amount in USD, at most {BUDGET_MAX_USD}")
+        _check_list(self, "alert_emails", _EMAIL, "e-mail addresses like ops@example.com", MAX_ALERT_EMAILS,
+                    max_length=254)
         _check(self, "log_retention_days", self.log_retention_days in LOG_RETENTION_DAYS,
                f"a CloudWatch Logs retention: {', '.join(map(str, LOG_RETENTION_DAYS))}")
         _check(self, "ecr_keep_images", 1 <= self.ecr_keep_images <= 1000, "an integer from 1 to 1000")
@@ -108,10 +128,10 @@ class EnvironmentConfig:
         _check(self, "eks_capacity_reservation_id",
                self.eks_capacity_type != "capacity_block" or self.eks_capacity_reservation_id is not None,
                "the Capacity Block's reservation id (cr-...), required when eks_capacity_type=capacity_block")
-        for arn in self.eks_admin_role_arns:
-            _check(self, "eks_admin_role_arns", bool(_ARN.match(arn)), "IAM role or user ARNs", value=arn)
-        _check(self, "image_tag", self.image_tag is None or bool(re.fullmatch(r"[\w][\w.-]{0,127}", self.image_tag)),
-               "a Docker tag (letters, digits, _ . -), or unset")
+        _check_list(self, "eks_admin_role_arns", _ARN,
+                    "IAM role or user ARNs like arn:aws:iam::123456789012:role/Admin", MAX_ADMIN_ROLES, max_length=2048)
+        _check(self, "image_tag", self.image_tag is None or bool(_IMAGE_TAG.fullmatch(self.image_tag)),
+               "a Docker tag: up to 128 ASCII letters, digits, '_', '.', '-', not starting with '.' or '-'; or unset")
         _check(self, "gpu_idle_threshold_percent", 0 < self.gpu_idle_threshold_percent < 100,
                "a utilisation percentage between 0 and 100 (exclusive)")
         _check(self, "gpu_idle_minutes", 5 <= self.gpu_idle_minutes <= 1440 and self.gpu_idle_minutes % 5 == 0,
@@ -143,6 +163,17 @@ FIELD_NAMES = tuple(f.name for f in fields(EnvironmentConfig) if f.name != "name
 _TYPES = typing.get_type_hints(EnvironmentConfig)
 
 
+def _check_list(config: EnvironmentConfig, name: str, pattern: re.Pattern, allowed: str, max_items: int,
+                max_length: int) -> None:
+    """Every item matches `pattern` whole, no item twice, at most `max_items` items."""
+    items = getattr(config, name)
+    for item in items:
+        _check(config, name, len(item) <= max_length and bool(pattern.fullmatch(item)), allowed, value=item)
+    duplicates = sorted({item for item in items if items.count(item) > 1})
+    _check(config, name, not duplicates, f"{allowed}, each once", value=duplicates[0] if duplicates else None)
+    _check(config, name, len(items) <= max_items, f"at most {max_items} of them")
+
+
 def _check(config: EnvironmentConfig, name: str, ok: bool, allowed: str, value: object = dataclasses.MISSING) -> None:
     if not ok:
         shown = getattr(config, name) if value is dataclasses.MISSING else value
@@ -169,25 +200,25 @@ def _coerce(env: str, name: str, raw: object) -> object:
     if base is int:
         if isinstance(raw, bool):
             raise bad("an integer")
-        if isinstance(raw, int):
+        if isinstance(raw, int) and abs(raw) < 10**15:
             return raw
-        if isinstance(raw, str) and re.fullmatch(r"\s*-?\d+\s*", raw):
-            return int(raw)
+        if isinstance(raw, str) and _INTEGER.fullmatch(raw.strip()) and len(raw.strip()) <= 16:
+            return int(raw.strip())
         raise bad("an integer")
     if base is float:
+        value = None
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-            return float(raw)
-        if isinstance(raw, str):
-            try:
-                return float(raw)
-            except ValueError:
-                pass
-        raise bad("a number")
+            value = float(raw) if abs(raw) < 1e300 else None
+        elif isinstance(raw, str) and _DECIMAL.fullmatch(raw.strip()):
+            value = float(raw.strip())
+        if value is None or not math.isfinite(value):
+            raise bad("a number")
+        return value
     if typing.get_origin(base) is tuple:
         if isinstance(raw, str):
             return tuple(part.strip() for part in raw.split(",") if part.strip())
         if isinstance(raw, list) and all(isinstance(item, str) for item in raw):
-            return tuple(raw)
+            return tuple(item.strip() for item in raw)
         raise bad("a list of strings (comma-separated on the command line)")
     if isinstance(raw, str):
         return raw.strip()
@@ -205,11 +236,13 @@ def load_config(context: dict) -> EnvironmentConfig:
     if not isinstance(environments, dict) or not environments:
         raise ConfigError("cdk.json: context.environments is missing; expected named environments like dev and prod")
     env = context.get("env", DEFAULT_ENVIRONMENT)
-    if env not in environments:
+    if not isinstance(env, str) or env not in environments:
         raise ConfigError(f"env={env!r} is not valid; expected one of {', '.join(environments)} (from cdk.json)")
 
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,19}", env):
         raise ConfigError(f"env={env!r} is not valid; expected a name of letters, digits and '-' (it goes into stack names)")
+    if not isinstance(environments[env], dict):
+        raise ConfigError(f"cdk.json environment '{env}': expected an object of fields, not {environments[env]!r}")
     values = dict(environments[env])
     unknown = [key for key in values if key not in FIELD_NAMES]
     if unknown:

@@ -19,8 +19,9 @@
    The interruption is cleared before each attempt (no task-token callback ever arrives here).
 5. Records instead of sleeping: moto's Retrier really calls time.sleep(interval) — minutes in the
    real definition — so the retrier module's `time` is replaced by a recorder of the intervals.
-6. Forgets finished executions between runs (`forget_executions`): moto deep-copies the whole backend
-   at every StartExecution, and a finished execution holds locks that cannot be copied.
+6. Copies a state machine without its executions: moto deep-copies the state machine (and through it the
+   whole backend) at every StartExecution, and an execution holds locks that cannot be copied. So runs can
+   follow each other and overlap in one test; `forget_executions` still clears them between tests.
 7. Evaluates JSONata states with jsonata-python (a port of jsonata-java; moto's own bridge needs a JVM), and
    names AWS SDK integration errors as Step Functions does, `ServiceName.ErrorName` in PascalCase
    (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html: "S3.NoSuchKeyException";
@@ -29,6 +30,7 @@
    error code (and its HTTP status), one entry per call, before moto sees it.
 """
 
+import copy
 import json
 import threading
 import time
@@ -83,6 +85,17 @@ def _json_safe(value):
     if isinstance(value, list):
         return [_json_safe(v) for v in value]
     return value
+
+
+_ABSENT = object()
+
+
+def _copy_without_executions(machine, memo):
+    clone = machine.__class__.__new__(machine.__class__)
+    memo[id(machine)] = clone
+    for name, value in machine.__dict__.items():
+        setattr(clone, name, [] if name == "executions" else copy.deepcopy(value, memo))
+    return clone
 
 
 class _ClientProxy:
@@ -181,6 +194,10 @@ class Emulator:
         self.definition = self.resolve(machine["Properties"]["DefinitionString"])
         self.name = machine["Properties"].get("StateMachineName", "pipeline")
         self.new_state_machine()
+        from moto.stepfunctions.parser.models import stepfunctions_parser_backends
+
+        machine_class = type(stepfunctions_parser_backends[ACCOUNT][REGION].state_machines[0])
+        self._patch(machine_class, "__deepcopy__", _copy_without_executions)
         return self
 
     def new_state_machine(self) -> str:
@@ -209,10 +226,14 @@ class Emulator:
 
     def __exit__(self, *exc) -> None:
         for owner, name, original in reversed(self._patches):
-            setattr(owner, name, original)
+            if original is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
 
     def _patch(self, owner, name, value) -> None:
-        self._patches.append((owner, name, getattr(owner, name)))
+        self._patches.append((owner, name, owner.__dict__.get(name, _ABSENT) if isinstance(owner, type)
+                              else getattr(owner, name)))
         setattr(owner, name, value)
 
     # ---- job outcomes -------------------------------------------------------------------------
