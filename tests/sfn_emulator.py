@@ -9,7 +9,8 @@
    to boto unchanged (KeyError) and expects PascalCase back (AWS_FACTS.md): a client proxy maps
    `submit_job`'s request onto boto's member names (using botocore's own shape, so the
    `Parameters`/`Tags` maps keep their keys) and adds `JobId`/`JobName`/`Status` to responses.
-   The same proxy reads S3 `getObject`'s Body into a string, as the real aws-sdk integration does.
+   The same proxy reads S3 `getObject`'s Body into a string, as the real aws-sdk integration does, and
+   translates the PascalCase of Step Functions' aws-sdk integration to and from camelCase APIs (Step Functions).
 3. Decides each Batch job's outcome: moto's non-Docker Batch backend finishes every job at submit
    time (success, or failure for all with MOTO_SIMPLE_BATCH_FAIL_AFTER); `outcomes[kind]` (a list of
    booleans, one per submission) replaces that decision, and a succeeding validate job writes its
@@ -132,6 +133,13 @@ class _ClientProxy:
             return describe_jobs
         if service == "s3" and name == "get_object":
             return lambda **request: _json_safe(method(**request))
+        if service == "stepfunctions":  # a camelCase API: Step Functions speaks PascalCase to it both ways
+            def pascal_case_call(**request):
+                shape = self._client.meta.service_model.operation_model(
+                    self._client.meta.method_to_api_mapping[name]).input_shape
+                response = method(**_to_boto(request, shape))
+                return {key[:1].upper() + key[1:]: value for key, value in _json_safe(response).items()}
+            return pascal_case_call
         if service == "s3" and name == "put_object":
             def put_object(**request):
                 with self._recorder._lock:  # S3 decides conditional writes atomically; moto checks, then writes
