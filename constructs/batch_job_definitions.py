@@ -21,6 +21,7 @@ from constructs import Construct
 from config import Accelerator, InstanceType
 from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, FSX_MOUNT_PATH, RUNS_PREFIX
 from constructs.job_environment import job_environment, shared_memory_gib
+from contracts.run import defaults as run_defaults
 from contracts.run import stages
 
 DATASETS_ROOT = f"{FSX_MOUNT_PATH}/{DATASETS_PREFIX.rstrip('/')}"
@@ -63,6 +64,8 @@ def job_specs(*, instance: InstanceType, nodes: int, bucket_name: str, train_tim
     attempts come from the run contract's stages, which the pipeline's states also read."""
     runs_uri = f"s3://{bucket_name}/{RUNS_PREFIX}"
     stage = stages(int(train_timeout.to_hours()))
+    run = run_defaults(nodes)  # the run contract's defaults: what a run that omits a field gets
+    hyper = run["hyperparameters"]
 
     def limits(name: str) -> dict:
         return {"timeout": cdk.Duration.seconds(stage[name].attempt_seconds), "attempts": stage[name].attempts}
@@ -81,16 +84,15 @@ def job_specs(*, instance: InstanceType, nodes: int, bucket_name: str, train_tim
                    "--max-steps", "Ref::max_steps", "--checkpoint-every", "Ref::checkpoint_every",
                    "--seed", "Ref::seed", "--strategy", "Ref::strategy", "--model", "Ref::model",
                    "--lr", "Ref::lr", "--batch-size", "Ref::batch_size", "--expected-nodes", "Ref::nodes"),
-            defaults={**common, "dataset": "sample", "max_steps": "1000", "checkpoint_every": "250",
-                      "seed": "1337", "strategy": "ddp", "model": "tiny", "lr": "0.0003", "batch_size": "8"},
+            defaults={**common, "dataset": "sample", **{k: str(v) for k, v in hyper.items()}},
             **limits("train")),
         "validate": JobSpec(
             mode="validate",
             flags=("--checkpoints-root", CHECKPOINTS_ROOT, "--run-id", "Ref::run_id",
                    "--datasets-root", DATASETS_ROOT, "--dataset", "Ref::dataset", "--model", "Ref::model",
                    "--baseline", "Ref::baseline", "--tolerance", "Ref::tolerance", "--verdict-prefix", runs_uri),
-            defaults={"run_id": "manual", "dataset": "sample", "model": "tiny", "baseline": "none",
-                      "tolerance": "0.001"},
+            defaults={"run_id": "manual", "dataset": "sample", "model": hyper["model"], "baseline": "none",
+                      "tolerance": str(run["tolerance"])},
             **limits("validate")),
     }
 

@@ -184,6 +184,8 @@ def _json_type(value: object) -> str:
 
 
 def _show(value: object) -> str:
+    if isinstance(value, int) and value.bit_length() > 64:  # repr() of a huge int may raise
+        return f"<an integer of {value.bit_length()} bits>"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
