@@ -218,8 +218,9 @@ def stages(train_attempt_hours: int) -> dict[str, Stage]:
     }
 
 
-# The states a successful run passes through, in order: what the CLI's progress counts.
-PHASES = ("ValidateInput", "ClaimRun", "SanityCheck", "Train", "Validate", "ReadVerdict", "IsModelAccepted",
+# The states every successful run passes through, in order (a new run and a resume both reach RunClaimed):
+# what the CLI's progress counts; a test holds them to the synthesized definition.
+PHASES = ("ValidateInput", "RunClaimed", "SanityCheck", "Train", "Validate", "ReadVerdict", "IsModelAccepted",
           "RecordApproval", "PublishApprovedModel", "NotifyApproved")
 
 

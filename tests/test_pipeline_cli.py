@@ -19,9 +19,9 @@ class Deployed:
     def __init__(self, outputs: dict[str, str]):
         self.outputs = outputs
 
-    def client(self, service: str, region_name: str | None = None):
+    def client(self, service: str, region_name: str | None = None, config=None):
         if service != "cloudformation":
-            return boto3.client(service, region_name=region_name)
+            return boto3.client(service, region_name=region_name, config=config)
         outputs = self.outputs
 
         class CloudFormation:
@@ -80,9 +80,10 @@ def test_start_and_watch_a_run_that_succeeds(deployed, tmp_path):
     lines = out.splitlines()
     assert lines[0] == "started cli-ok"
     states = [line.split()[-1] for line in lines[2:-1]]
-    assert states == ["ValidateInput", "SanityCheck", "Train", "Validate", "ReadVerdict", "IsModelAccepted",
-                      "CopyVerdictToModels", "PublishApprovedModel", "NotifyApproved", "RunSucceeded"]
-    assert "[######] 6/6" in lines[-2]
+    # The run's phases (contracts.run.PHASES), then where it ended; progress counts every phase.
+    assert states == ["ValidateInput", "RunClaimed", "SanityCheck", "Train", "Validate", "ReadVerdict",
+                      "IsModelAccepted", "RecordApproval", "PublishApprovedModel", "NotifyApproved", "RunSucceeded"]
+    assert "[##########] 10/10" in lines[-2]
     assert lines[-1].startswith("SUCCEEDED after 0:00:0")
 
     code, out, _ = cli("describe", "dev", "cli-ok")
@@ -118,7 +119,7 @@ def test_watch_a_failing_run_shows_attempts_and_exits_1(deployed, tmp_path):
 def test_start_refuses_an_invalid_run_before_starting(deployed, tmp_path):
     code, out, err = cli("start", "dev", run_file(tmp_path, nodes=3))
     assert code == 2 and out == ""
-    assert err.strip().endswith("nodes=3 is above this environment's maximum of 2 nodes")
+    assert err.strip().endswith("nodes=3 is not valid; expected an integer from 1 to 2 (this environment's maximum)")
     assert deployed.sfn.list_executions(stateMachineArn=deployed.state_machine_arn, statusFilter="RUNNING")[
         "executions"] == []
 
@@ -153,3 +154,118 @@ def test_missing_credentials(monkeypatch, tmp_path):
     code, _, err = cli("list", "dev")
     assert code == 2
     assert err.strip() == "error: no AWS credentials found: set AWS_PROFILE, run `aws configure` or `aws sso login`"
+
+
+# ---- run integrity: the CLI never hangs and never ends in a traceback ------------------------------------
+
+import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from contracts.run import PHASES  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+from tools.pipeline_cli import CliError, load_run  # noqa: E402
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"\xff\xfe{\x00}", "not UTF-8 text"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"run_id": "a", "nodes": ' + b"9" * 5000 + b"}", "not a valid run file"),
+    (b'{"run_id": "gpt", "dataset": "datasets/w/", "baseline": NaN}', "NaN is not a JSON number"),
+    (json.dumps({**RUN, "run_id": "gpt-tiny-001\n"}).encode(), "run_id='gpt-tiny-001\\n' is not valid"),
+    (json.dumps({**RUN, "nodes": 2.0}).encode(), "nodes=2.0 is not valid"),
+    (json.dumps({**RUN, "hyperparameters": {"max_steps": 1e30}}).encode(), "max_steps=1e+30 is not valid"),
+    (json.dumps({**RUN, "dataset": "datasets/../x/"}).encode(), "dataset='datasets/../x/' is not valid"),
+    (json.dumps({**RUN, "hyperparameters": {"model": "gpt5"}}).encode(), "model='gpt5' is not valid"),
+    (json.dumps([RUN]).encode(), "the run must be a JSON object, not an array"),
+    (b"null", "the run must be a JSON object, not null"),
+])
+def test_a_bad_run_file_ends_in_one_line_before_any_aws_call(tmp_path, content, words):
+    path = tmp_path / "run.json"
+    path.write_bytes(content)
+    code, out, err = cli("start", "dev", str(path))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert words in err, err
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=st.one_of(
+    st.binary(max_size=200),
+    st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20)),
+                 lambda children: st.one_of(st.lists(children, max_size=4),
+                                            st.dictionaries(st.text(max_size=12), children, max_size=4)),
+                 max_leaves=20).map(lambda value: json.dumps(value).encode()),
+    st.fixed_dictionaries({}, optional={key: st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=50),
+                                                         st.booleans(), st.lists(st.integers(), max_size=2))
+                                        for key in ("run_id", "dataset", "nodes", "baseline", "tolerance",
+                                                    "max_attempts", "resume", "hyperparameters")}
+                          ).map(lambda value: json.dumps(value).encode())))
+def test_any_run_file_is_loaded_or_refused_in_one_line(tmp_path_factory, content):
+    path = tmp_path_factory.mktemp("runs") / "run.json"
+    path.write_bytes(content)
+    try:
+        run = load_run(str(path), max_nodes=2)
+    except CliError as error:
+        assert "\n" not in str(error) and str(error).startswith(str(path))
+    else:
+        assert isinstance(run, dict)
+
+
+def test_describe_an_execution_someone_started_with_any_input(deployed):
+    for i, raw in enumerate(["[1, 2]", "null", '"a string"', '{"run_id": ["x"]}']):
+        arn = deployed.sfn.start_execution(stateMachineArn=deployed.state_machine_arn, name=f"odd-{i}",
+                                           input=raw)["executionArn"]
+        deployed.wait(arn)
+        code, out, err = cli("describe", "dev", f"odd-{i}")
+        assert (code, err) == (1, ""), err
+        assert "status     FAILED" in out and "InvalidInput" in out
+        assert "run        (the input names no run id)" in out
+
+
+def test_progress_counts_phases_the_state_machine_really_has():
+    from test_pipeline import _states, pipeline_app
+
+    _, template = pipeline_app()
+    assert set(PHASES) <= set(_states(template))
+
+
+@pytest.mark.slow
+def test_an_endpoint_that_never_answers_ends_in_one_line_within_60_seconds(tmp_path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept_and_never_answer():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept_and_never_answer, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    began = time.monotonic()
+    try:
+        result = subprocess.run([sys.executable, "-m", "tools.pipeline_cli", "list", "dev"], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=90)
+    finally:
+        stop.set()
+        for connection in held:
+            connection.close()
+        server.close()
+    took = time.monotonic() - began
+    assert result.returncode == 2 and took < 60, (took, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert lines[0].startswith("error: AWS did not answer after 3 attempts") and "127.0.0.1" in lines[0], lines

@@ -13,19 +13,32 @@ same rules as the state machine (the run contract, contracts/run.py) before star
 
 import argparse
 import json
+import re
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
+from config.layout import RUNS_PREFIX
 from contracts import run as schema
+
+# Every AWS client: bounded waits and a few retries, so an endpoint that accepts and never answers costs about
+# 3 attempts x 8 s of reading (5 s to connect) before one line says so, well within a minute (botocore "Config":
+# connect_timeout, read_timeout, retries; standard mode retries timeouts, throttling and 5xx with backoff).
+ATTEMPTS = 3
+
+
+def client_config():
+    from botocore.config import Config
+
+    return Config(connect_timeout=5, read_timeout=8, retries={"max_attempts": ATTEMPTS, "mode": "standard"})
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK = "EfaTraining-{env}-Pipeline"
 STORAGE_STACK = "EfaTraining-{env}-Storage"
 DASHBOARD = "EfaTraining-{env}-training"
-STAGES = ("ValidateInput", "SanityCheck", "Train", "Validate", "ReadVerdict", "IsModelAccepted")
+STAGES = schema.PHASES  # the states a successful run passes through, in order
 RESULT_CODES = {"SUCCEEDED": 0, "RUNNING": 1, "FAILED": 1, "TIMED_OUT": 1, "ABORTED": 1, "PENDING_REDRIVE": 1}
 
 
@@ -66,7 +79,7 @@ class Pipeline:
         self.parameter = outputs.get("ApprovedModelParameter")
 
     def _client(self, service: str):
-        return self.session.client(service, region_name=self.region)
+        return self.session.client(service, region_name=self.region, config=client_config())
 
     @property
     def bucket(self) -> str | None:
@@ -107,7 +120,8 @@ class Pipeline:
 
 def call(method, **kwargs):
     """Call boto3, turning credential and API errors into one-line CliErrors."""
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+    from botocore.exceptions import (BotoCoreError, ClientError, ConnectTimeoutError, EndpointConnectionError,
+                                     NoCredentialsError, NoRegionError, ReadTimeoutError)
 
     try:
         return method(**kwargs)
@@ -121,22 +135,46 @@ def call(method, **kwargs):
             raise CliError(f"AWS credentials were refused ({code}): refresh them (`aws sso login`)") from None
         if code == "ExecutionDoesNotExist":
             raise CliError(f"no such execution: {kwargs.get('executionArn')}") from None
-        raise CliError(f"{code}: {message}") from None
+        raise CliError(_one_line(f"{code}: {message}")) from None
+    except (ConnectTimeoutError, ReadTimeoutError, EndpointConnectionError) as error:
+        raise CliError(f"AWS did not answer after {ATTEMPTS} attempts: "
+                       f"{_one_line(error)}") from None
     except BotoCoreError as error:
-        raise CliError(str(error)) from None
+        raise CliError(_one_line(error)) from None
+
+
+def _one_line(value: object) -> str:
+    return " ".join(str(value).split())
 
 
 # ---- run files ---------------------------------------------------------------------------------
 
+MAX_RUN_FILE_BYTES = 256 * 1024  # Step Functions' limit on an execution's input (256 KiB)
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def load_run(path: str, max_nodes: int, min_nodes: int = 1) -> dict:
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_RUN_FILE_BYTES + 1)
     except OSError as error:
-        raise CliError(f"{path}: cannot read the run file ({error.strerror})") from None
+        raise CliError(f"{path}: cannot read the run file ({error.strerror or error})") from None
+    if len(data) > MAX_RUN_FILE_BYTES:
+        raise CliError(f"{path}: larger than {MAX_RUN_FILE_BYTES} bytes, Step Functions' limit on an input")
     try:
-        run = json.loads(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CliError(f"{path}: not UTF-8 text (byte {error.start}); save it as UTF-8 JSON") from None
+    try:  # NaN and Infinity are not JSON, though Python's parser takes them
+        run = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
         raise CliError(f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
+    except (ValueError, RecursionError) as error:  # NaN, a number of thousands of digits, nesting too deep
+        reason = "nested too deeply" if isinstance(error, RecursionError) else _one_line(error)
+        raise CliError(f"{path}: not a valid run file ({reason})") from None
     problems = schema.validate_run(run, max_nodes, min_nodes)
     if problems:
         raise CliError(f"{path}: " + "; ".join(problems))
@@ -185,8 +223,9 @@ def watch(pipeline: Pipeline, execution_arn: str, out, interval: float = 10.0) -
             kind = event["type"]
             if kind.endswith("StateEntered"):
                 current = event["stateEnteredEventDetails"]["name"]
-                done.add(current) if current in STAGES else None
-                if kind != "PassStateEntered":  # the Pass states only reshape data
+                # The phases of the run, and where it ends; the checks and reshaping states in between are quiet.
+                if current in STAGES or kind in ("SucceedStateEntered", "FailStateEntered"):
+                    done.add(current) if current in STAGES else None
                     print(f"{elapsed}  {_progress(len(done))}  {current}", file=out)
             elif kind == "TaskScheduled" and current:
                 attempts[current] = attempts.get(current, 0) + 1
@@ -194,7 +233,7 @@ def watch(pipeline: Pipeline, execution_arn: str, out, interval: float = 10.0) -
                     print(f"{elapsed}  {_progress(len(done))}  {current} attempt {attempts[current]}", file=out)
             elif kind in ("TaskFailed", "TaskTimedOut"):
                 details = event.get("taskFailedEventDetails") or event.get("taskTimedOutEventDetails") or {}
-                print(f"{elapsed}  {' ' * len(_progress(0))}  {current} attempt {attempts.get(current, 1)} "
+                print(f"{elapsed}  {' ' * len(_progress(len(STAGES)))}  {current} attempt {attempts.get(current, 1)} "
                       f"failed: {details.get('error', '')}", file=out)
         if described["status"] != "RUNNING":
             stop = described.get("stopDate") or datetime.now(timezone.utc)
@@ -225,8 +264,10 @@ def cmd_list(args, pipeline: Pipeline, out) -> int:
 def cmd_describe(args, pipeline: Pipeline, out) -> int:
     arn = pipeline.execution_arn(args.execution)
     described = call(pipeline.sfn.describe_execution, executionArn=arn)
-    run = json.loads(described.get("input") or "{}")
-    print(f"run        {run.get('run_id')}  ({described['name']})", file=out)
+    run = _json_object(described.get("input"))  # whoever started it may have given any JSON
+    run_id = run.get("run_id") if isinstance(run.get("run_id"), str) else None
+    shown = run_id or "(the input names no run id)"
+    print(f"run        {shown}  ({described['name']})", file=out)
     print(f"status     {described['status']}", file=out)
     if described.get("error"):
         print(f"error      {described['error']}: {described.get('cause', '')[:500]}", file=out)
@@ -237,14 +278,14 @@ def cmd_describe(args, pipeline: Pipeline, out) -> int:
             current = event["stateEnteredEventDetails"]["name"]
         details = event.get("taskSucceededEventDetails") or event.get("taskSubmittedEventDetails")
         if details and details.get("resource", "").startswith("submitJob"):
-            output = json.loads(details.get("output") or "{}")
+            output = _json_object(details.get("output"))
             jobs[current] = output.get("JobId") or output.get("jobId")
         if event["type"] == "TaskSucceeded" and current == "ReadVerdict":
-            body = json.loads(event["taskSucceededEventDetails"]["output"]).get("Body")
-            verdict = json.loads(body) if isinstance(body, str) else body
-    if verdict is None and pipeline.bucket and run.get("run_id"):
-        verdict = _read_verdict(pipeline, run["run_id"])
-    if verdict:
+            body = _json_object(event["taskSucceededEventDetails"].get("output")).get("Body")
+            verdict = _json_object(body) if isinstance(body, str) else body
+    if verdict is None and run_id and re.fullmatch(schema.RUN_ID_PATTERN, run_id) and pipeline.bucket:
+        verdict = _read_verdict(pipeline, run_id)
+    if isinstance(verdict, dict) and verdict:
         outcome = "accepted" if verdict.get("passed") else "rejected"
         print(f"verdict    {outcome}: {verdict.get('metric')} = {verdict.get('value')} (baseline "
               f"{verdict.get('baseline')}, relative delta {verdict.get('relative_delta')}, tolerance "
@@ -263,13 +304,24 @@ def cmd_describe(args, pipeline: Pipeline, out) -> int:
     return RESULT_CODES.get(described["status"], 1) if described["status"] != "RUNNING" else 0
 
 
+def _json_object(text: object) -> dict:
+    """A JSON object from text, or {} for anything else (an array, null, a string, text that is not JSON)."""
+    if not isinstance(text, str):
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _read_verdict(pipeline: Pipeline, run_id: str) -> dict | None:
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        body = pipeline._client("s3").get_object(Bucket=pipeline.bucket, Key=f"runs/{run_id}/verdict.json")["Body"]
-        return json.loads(body.read())
-    except (ClientError, ValueError):
+        body = pipeline._client("s3").get_object(Bucket=pipeline.bucket, Key=f"{RUNS_PREFIX}{run_id}/verdict.json")["Body"]
+        return _json_object(body.read(64 * 1024).decode("utf-8", "replace"))
+    except (ClientError, BotoCoreError):
         return None
 
 
