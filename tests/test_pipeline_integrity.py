@@ -166,3 +166,19 @@ def test_a_notification_that_keeps_failing_does_not_fail_an_approved_run(emulato
     assert result["status"] == "SUCCEEDED", result
     assert approved_model(emulator)["run_id"] == RUN["run_id"]
     assert messages(emulator) == []
+
+
+def test_every_aws_call_of_the_pipeline_retries_with_full_jitter():
+    from test_pipeline import _states, pipeline_app
+
+    _, template = pipeline_app()
+    calls = {name: state for name, state in _states(template).items()
+             if state["Type"] == "Task" and ":aws-sdk:" in state["Resource"] or state.get("Resource", "").endswith(
+                 ":sns:publish")}
+    assert {"ClaimRun", "FindCheckpoints", "ReadRunRecord", "DescribeRunHolder", "TakeOverRun", "ReadVerdict",
+            "CopyVerdictToModels", "RecordApproval", "ReadRecordedApproval", "PublishApprovedModel",
+            "NotifyApproved", "NotifyRejected", "NotifyFailure"} <= set(calls)
+    for name, state in calls.items():
+        (retry,) = state["Retry"]
+        assert retry["JitterStrategy"] == "FULL" and retry["BackoffRate"] == 2 and retry["MaxAttempts"] >= 3, name
+        assert "States.Timeout" in retry["ErrorEquals"], name
