@@ -22,7 +22,9 @@
    real definition — so the retrier module's `time` is replaced by a recorder of the intervals.
 6. Copies a state machine without its executions: moto deep-copies the state machine (and through it the
    whole backend) at every StartExecution, and an execution holds locks that cannot be copied. So runs can
-   follow each other and overlap in one test; `forget_executions` still clears them between tests.
+   follow each other and overlap in one test; `forget_executions` still clears them between tests. Parsing
+   a definition is serialized: moto's parser keeps its query-language scopes in a list shared by all threads,
+   so two executions starting together with a JSONata state could read each other's scope.
 7. Evaluates JSONata states with jsonata-python (a port of jsonata-java; moto's own bridge needs a JVM), and
    names AWS SDK integration errors as Step Functions does, `ServiceName.ErrorName` in PascalCase
    (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html: "S3.NoSuchKeyException";
@@ -51,6 +53,7 @@ import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.sta
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_batch as batch_service
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sns as sns_service
 import moto.stepfunctions.parser.asl.jsonata.jsonata as jsonata_bridge
+import moto.stepfunctions.parser.asl.parse.asl_parser as asl_parser
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
     StateTaskServiceCallback,
 )
@@ -206,6 +209,12 @@ class Emulator:
 
         machine_class = type(stepfunctions_parser_backends[ACCOUNT][REGION].state_machines[0])
         self._patch(machine_class, "__deepcopy__", _copy_without_executions)
+        parse, parsing = asl_parser.AmazonStateLanguageParser.parse, threading.Lock()
+
+        def parse_one_at_a_time(definition):
+            with parsing:
+                return parse(definition)
+        self._patch(asl_parser.AmazonStateLanguageParser, "parse", staticmethod(parse_one_at_a_time))
         return self
 
     def new_state_machine(self) -> str:
