@@ -43,7 +43,7 @@ def resources(instance: InstanceType) -> dict:
 
 def environment(instance: InstanceType, *, nodes: int) -> list[dict]:
     """What launch.py reads besides the launcher's own MASTER_ADDR/MASTER_PORT/PET_NNODES/PET_NODE_RANK."""
-    env = {**job_environment(instance), "PET_NNODES": str(nodes)}
+    env = {**job_environment(instance, backend="eks"), "PET_NNODES": str(nodes)}
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
