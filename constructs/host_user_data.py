@@ -121,6 +121,10 @@ def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: 
     if ecs_stop_timeout_seconds:
         # ECS waits this long between SIGTERM and SIGKILL (default 30 s): time for the final checkpoint.
         lines.append(f"echo 'ECS_CONTAINER_STOP_TIMEOUT={ecs_stop_timeout_seconds}s' >> /etc/ecs/ecs.config")
+        # Multi-node jobs run in awsvpc mode (Batch user guide, "Compute environments for multi-node parallel
+        # jobs"): keep their containers from the instance profile; they use the job role (ECS developer guide,
+        # "Amazon ECS container instance security considerations": ECS_AWSVPC_BLOCK_IMDS).
+        lines.append("echo 'ECS_AWSVPC_BLOCK_IMDS=true' >> /etc/ecs/ecs.config")
     lines.append("echo 'efa-training host ready'")
     return lines
 

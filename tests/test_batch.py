@@ -360,3 +360,13 @@ def test_validation_job_takes_one_accelerator_of_a_small_instance(synth, name):
     for env_id in ("SingleNodeEnvironment", "SingleNodeOnDemandEnvironment"):
         resources = _one(template, "AWS::Batch::ComputeEnvironment", env_id)["ComputeResources"]
         assert resources["InstanceTypes"] == [small.name]
+
+
+def test_batch_containers_are_kept_from_the_instance_metadata(synth):
+    # ECS developer guide, "container instance security considerations": ECS_AWSVPC_BLOCK_IMDS keeps awsvpc
+    # (multi-node) containers from the instance profile; hop limit 1 keeps bridge-mode (single-node) ones out.
+    template = _batch(synth, "p5.48xlarge")
+    for template_id in ("MultiNodeLaunchTemplate", "SingleNodeLaunchTemplate"):
+        data = _one(template, "AWS::EC2::LaunchTemplate", template_id)["LaunchTemplateData"]
+        assert "ECS_AWSVPC_BLOCK_IMDS=true" in json.dumps(data["UserData"])
+        assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1

@@ -53,11 +53,12 @@ def test_rendered_interfaces_carry_the_group_and_no_subnet_or_public_ip():
     assert "SecurityGroupIds" not in _data(template)  # EC2 rejects them next to network interfaces
 
 
-def test_imdsv2_required_with_two_hops():
-    # IMDSv2 only, hop limit 2 so containers reach the metadata service.
+def test_imdsv2_required_with_one_hop():
+    # IMDSv2 only, hop limit 1: containers are one hop further and cannot reach the node's role (EC2 user
+    # guide, "Instance metadata access considerations"; EKS best practices on restricting the instance profile).
     _, template = _template()
     template.has_resource_properties("AWS::EC2::LaunchTemplate", {"LaunchTemplateData": {"MetadataOptions": {
-        "HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"}}})
+        "HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"}}})
 
 
 def test_root_volume_is_encrypted_gp3():
