@@ -191,3 +191,38 @@ def test_batch_queues_are_read_from_the_compute_stack():
     compute = SimpleNamespace(multi_node_queue=SimpleNamespace(job_queue_arn="arn:m"),
                               single_node_queue=SimpleNamespace(job_queue_arn="arn:s"))
     assert _job_queue_arns(compute) == ["arn:m", "arn:s"] and _job_queue_arns(None) == []
+
+
+def _topic_statements(synth) -> list[dict]:
+    (policy,) = synth().template("alerts").find_resources("AWS::SNS::TopicPolicy").values()
+    return policy["Properties"]["PolicyDocument"]["Statement"]
+
+
+@pytest.mark.parametrize(("service", "source_arn"), [
+    # CloudWatch user guide (Notify_Users_Alarm_Changes.html): alarms publish as cloudwatch.amazonaws.com.
+    ("cloudwatch.amazonaws.com", ["arn:aws:cloudwatch:us-east-1:", {"Ref": "AWS::AccountId"}, ":alarm:*"]),
+    # AWS Budgets user guide (budgets-sns-policy.html): budgets publish as budgets.amazonaws.com.
+    ("budgets.amazonaws.com", ["arn:aws:budgets::", {"Ref": "AWS::AccountId"}, ":*"]),
+])
+def test_alerts_topic_lets_this_accounts_alarms_and_budgets_publish(synth, service, source_arn):
+    # The topic policy replaces SNS's default: each publishing service has its own statement, scoped to this
+    # account (aws:SourceAccount) and to its own kind of source (aws:SourceArn), or notifications are denied.
+    (statement,) = [s for s in _topic_statements(synth) if s.get("Principal") == {"Service": service}]
+    assert statement["Effect"] == "Allow" and statement["Action"] == "sns:Publish"
+    assert statement["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    assert statement["Condition"]["ArnLike"] == {"aws:SourceArn": {"Fn::Join": ["", source_arn]}}
+
+
+def test_alerts_topic_grants_no_other_publisher(synth):
+    # Only CloudWatch and Budgets get statements; the pipeline publishes with its own role, nothing else may.
+    principals = [s["Principal"] for s in _topic_statements(synth) if s["Effect"] == "Allow"]
+    assert sorted(p["Service"] for p in principals) == ["budgets.amazonaws.com", "cloudwatch.amazonaws.com"]
+
+
+def test_alerts_key_lets_the_publishing_services_use_it(synth):
+    # An encrypted topic: CloudWatch and Budgets need kms:Decrypt and kms:GenerateDataKey* on its key.
+    (key,) = synth().template("alerts").find_resources("AWS::KMS::Key").values()
+    statements = key["Properties"]["KeyPolicy"]["Statement"]
+    granted = {service for s in statements if {"kms:Decrypt", "kms:GenerateDataKey*"} <= set(s["Action"])
+               for service in s["Principal"].get("Service", [])}
+    assert {"cloudwatch.amazonaws.com", "budgets.amazonaws.com"} <= granted
