@@ -283,3 +283,21 @@ def test_alerts_key_lets_the_publishing_services_use_it(synth):
     granted = {service for s in statements if {"kms:Decrypt", "kms:GenerateDataKey*"} <= set(s["Action"])
                for service in s["Principal"].get("Service", [])}
     assert {"cloudwatch.amazonaws.com", "budgets.amazonaws.com"} <= granted
+
+
+def test_eks_observability_addon_runs_the_agents_emf_listener(synth):
+    # The add-on's agent config keeps enhanced Container Insights and adds logs.metrics_collected.emf (TCP/UDP
+    # 25888): the training pods' EMF lines go there, since Fluent Bit's wrapped stdout lines are not extracted.
+    (addon,) = [a for a in synth(compute="eks").template("compute").find_resources("AWS::EKS::Addon").values()
+                if a["Properties"]["AddonName"] == "amazon-cloudwatch-observability"]
+    collected = json.loads(addon["Properties"]["ConfigurationValues"])["agent"]["config"]["logs"]["metrics_collected"]
+    assert collected["emf"] == {} and collected["kubernetes"]["enhanced_container_insights"] is True
+
+
+def test_eks_training_pods_send_metrics_to_the_node_agent():
+    # Every training container names the agent's node-local Service on the EMF port and the metrics log group.
+    from constructs import eks_job_spec as spec
+    pod = spec.pod_spec(CATALOGUE[NVIDIA], image="i", phase="train", nodes=2)
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env["AWS_EMF_AGENT_ENDPOINT"] == "tcp://cloudwatch-agent.amazon-cloudwatch:25888"
+    assert env["AWS_EMF_LOG_GROUP_NAME"] == spec.EMF_LOG_GROUP
