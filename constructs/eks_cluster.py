@@ -5,6 +5,8 @@ charts for the EFA and accelerator device plugins and for Kubeflow Trainer. A sm
 in the private subnets runs them; accelerator nodes are added separately (EksAcceleratorNodegroup).
 """
 
+import json
+
 import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_eks_v2 as eks
@@ -18,6 +20,14 @@ from constructs.eks_job_spec import ACCELERATOR_LABEL, toleration
 from constructs.eks_nag import acknowledge, acknowledge_node_role, managed_policy_finding
 
 SYSTEM_INSTANCE_TYPE = "m6i.xlarge"
+# The add-on's agent configuration (replaces its default): Container Insights with enhanced observability and
+# accelerator metrics as before, plus the agent's EMF listener (logs.metrics_collected.emf, TCP/UDP 25888;
+# CloudWatch user guide, CloudWatch_Embedded_Metric_Format_Generation_CloudWatch_Agent.html and
+# install-CloudWatch-Observability-EKS-addon.html) for the training pods' metrics.
+OBSERVABILITY_CONFIGURATION = {"agent": {"config": {"logs": {"metrics_collected": {
+    "kubernetes": {"enhanced_container_insights": True, "accelerated_compute_metrics": True},
+    "emf": {},
+}}}}}
 _CONTROL_PLANE_LOGS = [eks.ClusterLoggingTypes.API, eks.ClusterLoggingTypes.AUDIT,
                        eks.ClusterLoggingTypes.AUTHENTICATOR, eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
                        eks.ClusterLoggingTypes.SCHEDULER]
@@ -104,6 +114,8 @@ class EksTrainingCluster(Construct):
         observability = addons["amazon-cloudwatch-observability"]
         observability.node.default_child.add_property_override("PodIdentityAssociations", [
             {"ServiceAccount": "cloudwatch-agent", "RoleArn": agent_role.role_arn}])
+        observability.node.default_child.add_property_override("ConfigurationValues",
+                                                               json.dumps(OBSERVABILITY_CONFIGURATION))
         observability.node.add_dependency(addons["eks-pod-identity-agent"])
         acknowledge(
             agent_role, managed_policy_finding("CloudWatchAgentServerPolicy"),

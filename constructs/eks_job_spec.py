@@ -23,6 +23,11 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 # the accelerator nodes reserve exactly this many (eks_accelerator_nodegroup).
 HUGEPAGES_2MI_PAGES = 2560
 HUGEPAGES_2MI = f"{HUGEPAGES_2MI_PAGES * 2}Mi"
+# Training metrics on EKS: the observability add-on's Fluent Bit wraps stdout lines, so EMF is not extracted
+# from them; train.py also sends each EMF line to the node's CloudWatch agent (its EMF listener, enabled in
+# eks_cluster), through the agent's node-local Service (internalTrafficPolicy Local in daemonset mode).
+EMF_AGENT_ENDPOINT = "tcp://cloudwatch-agent.amazon-cloudwatch:25888"
+EMF_LOG_GROUP = "/efa-training/eks/training-metrics"
 
 
 
@@ -43,7 +48,8 @@ def resources(instance: InstanceType) -> dict:
 
 def environment(instance: InstanceType, *, nodes: int) -> list[dict]:
     """What launch.py reads besides the launcher's own MASTER_ADDR/MASTER_PORT/PET_NNODES/PET_NODE_RANK."""
-    env = {**job_environment(instance, backend="eks"), "PET_NNODES": str(nodes)}
+    env = {**job_environment(instance, backend="eks"), "PET_NNODES": str(nodes),
+           "AWS_EMF_AGENT_ENDPOINT": EMF_AGENT_ENDPOINT, "AWS_EMF_LOG_GROUP_NAME": EMF_LOG_GROUP}
     return [{"name": name, "value": value} for name, value in env.items()]
 
 

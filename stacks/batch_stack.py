@@ -77,6 +77,7 @@ class BatchStack(cdk.Stack):
         def template(id_: str, host: InstanceType, efa: bool) -> EfaLaunchTemplate:
             user_data = host_user_data(instance=host, fsx_dns_name=storage.file_system.dns_name,
                                        fsx_mount_name=storage.file_system.mount_name, check_efa=efa,
+                                       environment=config.name,
                                        ecs_stop_timeout_seconds=STOP_GRACE_SECONDS)
             return EfaLaunchTemplate(self, id_, instance=host, security_groups=[efa_sg], user_data=user_data,
                                      root_volume_gib=ROOT_VOLUME_GIB, include_network_interfaces=efa)
