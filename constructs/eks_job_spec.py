@@ -11,7 +11,16 @@ from constructs.job_environment import STOP_GRACE_SECONDS, job_environment, shar
 
 NAMESPACE = "training"
 SERVICE_ACCOUNT = "efa-training"
-FSX_CLAIM = "fsx-training"
+FSX_CLAIM = "fsx-training"  # the claim's name prefix; a deployed cluster's claim adds the file system's revision
+
+
+def fsx_claim_name(revision: str | None) -> str:
+    """The claim for one revision of the file system (StorageStack.file_system_revision).
+
+    A PersistentVolume's CSI attributes and a claim's volumeName are immutable (Kubernetes API reference), so a
+    replaced file system gets a new volume and claim instead of an update Kubernetes would refuse.
+    """
+    return f"{FSX_CLAIM}-{revision}" if revision else FSX_CLAIM
 # Only training pods tolerate this taint, so nothing else lands on (and holds) an accelerator node.
 ACCELERATOR_TAINT_KEY = "efa-training/accelerator"
 ACCELERATOR_LABEL = {ACCELERATOR_TAINT_KEY: "true"}
@@ -53,9 +62,9 @@ def environment(instance: InstanceType, *, nodes: int) -> list[dict]:
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
-def volumes(instance: InstanceType) -> list[dict]:
+def volumes(instance: InstanceType, fsx_claim: str = FSX_CLAIM) -> list[dict]:
     return [
-        {"name": "fsx", "persistentVolumeClaim": {"claimName": FSX_CLAIM}},
+        {"name": "fsx", "persistentVolumeClaim": {"claimName": fsx_claim}},
         # torch DataLoader workers and NCCL share tensors through /dev/shm (the same size as on Batch).
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shared_memory_gib(instance)}Gi"}},
     ]
@@ -84,7 +93,7 @@ def container(instance: InstanceType, *, image: str, phase: str, nodes: int, arg
 
 
 def pod_spec(instance: InstanceType, *, image: str, phase: str, nodes: int, args: list[str] = (),
-             extra_env: list[dict] = (), restart_policy: str = "Never") -> dict:
+             extra_env: list[dict] = (), restart_policy: str = "Never", fsx_claim: str = FSX_CLAIM) -> dict:
     return {
         "serviceAccountName": SERVICE_ACCOUNT,
         "restartPolicy": restart_policy,
@@ -92,5 +101,5 @@ def pod_spec(instance: InstanceType, *, image: str, phase: str, nodes: int, args
         "nodeSelector": {**ACCELERATOR_LABEL, "node.kubernetes.io/instance-type": instance.name},
         "tolerations": [toleration()],
         "containers": [container(instance, image=image, phase=phase, nodes=nodes, args=args, extra_env=extra_env)],
-        "volumes": volumes(instance),
+        "volumes": volumes(instance, fsx_claim),
     }

@@ -22,8 +22,8 @@ WORKERS_SERVICE = "training-workers"
 _BACKOFF_LIMIT = 0
 
 
-def training_runtime(instance: InstanceType, *, image: str, nodes: int) -> dict:
-    pod = spec.pod_spec(instance, image=image, phase="train", nodes=nodes)
+def training_runtime(instance: InstanceType, *, image: str, nodes: int, fsx_claim: str = spec.FSX_CLAIM) -> dict:
+    pod = spec.pod_spec(instance, image=image, phase="train", nodes=nodes, fsx_claim=fsx_claim)
     container = pod["containers"][0]
     container.pop("args")  # each TrainJob gives its phase
     container["env"] = _without_trainer_env(container["env"])
@@ -79,7 +79,7 @@ def job_templates(instance: InstanceType, *, image: str, nodes: int) -> dict[str
 
 
 def indexed_job(instance: InstanceType, *, image: str, phase: str, nodes: int, name: str,
-                args: list[str] = ()) -> dict:
+                args: list[str] = (), fsx_claim: str = spec.FSX_CLAIM) -> dict:
     """batch/v1 Indexed Job: one pod per node, all started together, rank from the completion index."""
     rank_from_index = {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
         "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
@@ -90,7 +90,8 @@ def indexed_job(instance: InstanceType, *, image: str, phase: str, nodes: int, n
         {"name": "MASTER_PORT", "value": str(spec.MASTER_PORT)},
         rank_from_index,
     ]
-    pod = spec.pod_spec(instance, image=image, phase=phase, nodes=nodes, args=list(args), extra_env=launcher_env)
+    pod = spec.pod_spec(instance, image=image, phase=phase, nodes=nodes, args=list(args), extra_env=launcher_env,
+                        fsx_claim=fsx_claim)
     pod["subdomain"] = WORKERS_SERVICE
     return {
         "apiVersion": "batch/v1",

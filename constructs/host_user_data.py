@@ -51,6 +51,7 @@ def cloudwatch_agent_config(instance: InstanceType, environment: str) -> dict:
 
 
 def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: str, environment: str,
+                  fsx_revision: str = "",
                   check_efa: bool = True, region: str = "${AWS_REGION}",
                   ecs_stop_timeout_seconds: int | None = None) -> list[str]:
     """The shell lines (bash, set -euo pipefail) that prepare one host; tokens are allowed in the FSx names."""
@@ -80,6 +81,9 @@ def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: 
         ]
     lines += [
         "# 3. FSx for Lustre at " + FSX_MOUNT_PATH,
+        # The file system's revision (StorageStack.file_system_revision): a replaced file system changes this
+        # line, so the launch template gets a new version with the new names in the same deploy.
+        f"# file system revision {fsx_revision or 'unversioned'}",
         "dnf install -y lustre-client",
         f"mkdir -p {FSX_MOUNT_PATH}",
         f"echo '{fsx_dns_name}@tcp:/{fsx_mount_name} {FSX_MOUNT_PATH} lustre defaults,relatime,flock,_netdev 0 0' >> /etc/fstab",

@@ -76,6 +76,7 @@ class BatchStack(cdk.Stack):
 
         def template(id_: str, host: InstanceType, efa: bool) -> EfaLaunchTemplate:
             user_data = host_user_data(instance=host, fsx_dns_name=storage.file_system.dns_name,
+                                       fsx_revision=storage.file_system_revision,
                                        fsx_mount_name=storage.file_system.mount_name, check_efa=efa,
                                        environment=config.name,
                                        ecs_stop_timeout_seconds=STOP_GRACE_SECONDS)

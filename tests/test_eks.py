@@ -117,7 +117,9 @@ def test_runtime_pod_has_fsx_shm_and_toleration(variant):
     instance, _, _, raw = variant
     runtime = next(o for o in manifests(raw) if o["kind"] == "ClusterTrainingRuntime")
     pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    assert {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-training"}} in pod["volumes"]
+    (claim,) = [o["metadata"]["name"] for o in manifests(raw) if o["kind"] == "PersistentVolumeClaim"]
+    assert claim.startswith("fsx-training-")  # named by the file system's revision (see test_storage)
+    assert {"name": "fsx", "persistentVolumeClaim": {"claimName": claim}} in pod["volumes"]
     assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shared_memory_gib(instance)}Gi"}} \
         in pod["volumes"]
     assert {"name": "fsx", "mountPath": "/fsx"} in pod["containers"][0]["volumeMounts"]
