@@ -162,7 +162,32 @@ def build_command(mode: str, script_args: list[str], env: Mapping[str, str],
             str(HERE / DISTRIBUTED_MODES[mode]), *script_args], plan
 
 
-def own_ipv4() -> str | None:
+def interface_ipv4(name: str) -> str | None:
+    """The IPv4 address of one network interface (Linux SIOCGIFADDR), or None if it has none."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def own_ipv4(env: Mapping[str, str]) -> str | None:
+    """The address this node's torchrun agent publishes: the bootstrap interface's, where the job names one.
+
+    On Batch (awsvpc) GLOO_SOCKET_IFNAME=eth0 names the task's interface; the container also has ecs-eth0, a
+    link-local link to the ECS agent that no other host can reach (constructs/job_environment.py).
+    """
+    interface = env.get("GLOO_SOCKET_IFNAME", "").split(",")[0].strip()
+    if interface:
+        addr = interface_ipv4(interface)
+        if addr is None:
+            raise UsageError("GLOO_SOCKET_IFNAME", interface, "no IPv4 address on that interface in this container",
+                             "the task's interface (eth0 on AWS Batch)")
+        return addr
     try:
         addr = socket.gethostbyname(socket.gethostname())
     except OSError:
@@ -181,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if mode not in modes:
             raise UsageError("mode", mode, "unknown mode", "|".join(modes))
-        own = own_ipv4() if mode in DISTRIBUTED_MODES else None
+        own = own_ipv4(os.environ) if mode in DISTRIBUTED_MODES else None
         cmd, plan = build_command(mode, script_args, os.environ, own)
     except UsageError as err:
         exit_with_usage_error("launch.py", err)
