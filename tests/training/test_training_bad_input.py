@@ -40,7 +40,7 @@ def _checkpoints_of(tmp_path, strategy: str, model_name: str = "tiny"):
     import model
     d = tmp_path / "ckpt"
     (d / "step_000000004").mkdir(parents=True)
-    meta = {"step": 4, "format": {"ddp": "full", "fsdp": "dcp"}[strategy], "world_size": 2,
+    meta = {"step": 4, "format": {"ddp": "full", "fsdp": "dcp"}[strategy], "world_size": 2, "files": {},
             "config": {"train": {"strategy": strategy, "model": model_name},
                        "model": asdict(model.model_config(model_name))}}
     (d / "step_000000004" / "meta.json").write_text(json.dumps(meta))

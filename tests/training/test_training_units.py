@@ -122,7 +122,7 @@ def test_interrupted_save_leaves_previous_checkpoints_loadable(tmp_path, monkeyp
 
 
 def test_save_after_skipping_a_corrupt_newer_checkpoint_keeps_the_live_one(tmp_path, capsys):
-    # Pruning counts only checkpoints up to the one just saved; newer (skipped) ones are moved aside.
+    # The corrupt newer checkpoint is set aside when the run resumes, so pruning counts only the live ones.
     import checkpoint
     trainer = _tiny_trainer()
     manager = checkpoint.CheckpointManager(tmp_path, "full", keep_last=1, rank=0, world_size=1)
@@ -131,11 +131,23 @@ def test_save_after_skipping_a_corrupt_newer_checkpoint_keeps_the_live_one(tmp_p
     state_file = tmp_path / "step_000000006" / "state.pt"
     state_file.write_bytes(state_file.read_bytes()[: state_file.stat().st_size // 2])
     assert _load(manager, trainer)[0].step == 4
+    assert (tmp_path / ".damaged-step_000000006" / "meta.json").exists()
+    assert "step_000000006 is damaged: state.pt: " in capsys.readouterr().err
     _save(manager, trainer, 5)
+    assert [p.name for p in checkpoint.step_dirs(tmp_path)] == ["step_000000005"]
+    assert _load(manager, trainer)[0].step == 5
+
+
+def test_save_older_than_an_existing_checkpoint_moves_the_newer_aside(tmp_path, capsys):
+    # A checkpoint newer than the one just saved belongs to an abandoned timeline: moved aside, not pruned by number.
+    import checkpoint
+    trainer = _tiny_trainer()
+    manager = checkpoint.CheckpointManager(tmp_path, "full", keep_last=1, rank=0, world_size=1)
+    for step in (6, 5):
+        _save(manager, trainer, step)
     assert [p.name for p in checkpoint.step_dirs(tmp_path)] == ["step_000000005"]
     assert (tmp_path / ".abandoned-step_000000006" / "meta.json").exists()
     assert "moved step_000000006" in capsys.readouterr().err
-    assert _load(manager, trainer)[0].step == 5
 
 
 def test_checkpoint_of_another_format_is_skipped_without_claiming_a_partial_load(tmp_path):
