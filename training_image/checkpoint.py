@@ -425,9 +425,13 @@ class CheckpointManager:
                 live.append(path)
         for old in live[self.keep_last:]:
             shutil.rmtree(old, ignore_errors=True)
-        # Saves killed half-way. This job holds the folder's writer lock, so no other save is in flight.
+        # Saves killed half-way (this job holds the folder's writer lock: no other save is in flight), and old
+        # copies of re-saved steps whose new copy is in place.
         for leftover in self.root.glob(f"{TMP_PREFIX}{PREFIX}*"):
             shutil.rmtree(leftover, ignore_errors=True)
+        for replaced in self.root.glob(f"{REPLACED_PREFIX}{PREFIX}*"):
+            if (self.root / replaced.name[len(REPLACED_PREFIX):]).is_dir():
+                shutil.rmtree(replaced, ignore_errors=True)
 
     # ---- load -------------------------------------------------------------------------------
     def load_latest(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,

@@ -170,3 +170,17 @@ def final_model_state(ckpt: Path) -> dict:
     import torch
     newest = max(ckpt.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     return torch.load(newest / "state.pt", map_location="cpu", weights_only=True)["model"]
+
+
+def launched(script: str, args: list[str], nproc: int = 2, timeout: float = 120, **env_extra: str) -> Run:
+    """torchrun behind exit_relay.py, run the way launch.py runs it, so the workers' exit codes survive."""
+    cmd = torchrun_cmd("exit_relay.py", [str(script_path(script)), *args], nproc)
+    runner = ("import os, sys; sys.path.insert(0, sys.argv[1]); import launch; "
+              "sys.exit(launch.run_torchrun(sys.argv[2:], dict(os.environ)))")
+    p = subprocess.run([PYTHON, "-c", runner, str(TRAINING_IMAGE), *cmd], env=env(**env_extra),
+                       capture_output=True, text=True, timeout=timeout)
+    return Run(p.returncode, p.stdout, p.stderr)
+
+
+def error_lines(stderr: str, prog: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(f"{prog}: error: ")]
