@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import time
 from pathlib import Path
 
 EXIT_CODE_DIR = "LAUNCH_EXIT_CODE_DIR"
@@ -22,27 +23,25 @@ def record(code: int) -> None:
     folder = os.environ.get(EXIT_CODE_DIR)
     if folder:
         name = f"restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}-rank{os.environ.get('RANK', '0')}"
-        Path(folder, name).write_text(str(code))
+        Path(folder, name).write_text(f"{code} {time.time()}")
 
 
 def relayed_exit_code(folder: Path, torchrun_code: int) -> int:
-    """The exit code a job should end with: torchrun's, unless a worker of its last restart chose its own."""
+    """The exit code a job should end with: that of the first worker of torchrun's last restart to fail
+    (torchrun's "root cause"), when it chose one; else torchrun's. Workers that torchrun stopped after that
+    failure exit later and do not count, so a crash (1) is not reported as their 143."""
     if torchrun_code == 0:
         return 0
-    newest: dict[int, int] = {}
-    latest = -1
+    exits: dict[int, list[tuple[float, int, int]]] = {}
     for path in folder.glob("restart*-rank*"):
         restart, _, rank = path.name[len("restart"):].partition("-rank")
         try:
-            restart_n, rank_n, code = int(restart), int(rank), int(path.read_text())
+            code, when = path.read_text().split()
+            exits.setdefault(int(restart), []).append((float(when), int(rank), int(code)))
         except ValueError:
             continue
-        if restart_n > latest:
-            latest, newest = restart_n, {}
-        if restart_n == latest:
-            newest[rank_n] = code
-    chosen = [code for _, code in sorted(newest.items()) if code not in (0, 1)]  # the lowest rank's own code
-    return chosen[0] if chosen else torchrun_code
+    failures = sorted(e for e in exits.get(max(exits, default=-1), []) if e[2] != 0)
+    return failures[0][2] if failures and failures[0][2] != 1 else torchrun_code
 
 
 def main() -> None:

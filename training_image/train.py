@@ -40,6 +40,7 @@ from run_paths import add_layout_flags, checkpoint_dir, data_dir, expected_nodes
 
 STRATEGIES = ("ddp", "fsdp")
 EXIT_SIGTERM = 143  # 128 + SIGTERM: "stopped cleanly on request" (SIGINT too), distinguishable from success
+FIRST_AUTO_SAVE = 20  # --checkpoint-every 0: the first save, where the save time is measured
 DIVERGED_MARKER = "diverged.json"  # in the checkpoint folder: why the run stopped, so restarts do not repeat it
 
 
@@ -48,7 +49,8 @@ class TrainConfig:
     data: str
     checkpoint_dir: str
     max_steps: int
-    checkpoint_every: int = 250
+    checkpoint_every: int = 0  # 0: Young/Daly interval from the measured save and step times and --mtbf-hours
+    mtbf_hours: float = 24.0
     keep_last: int = 3
     seed: int = 1337
     strategy: str = "ddp"
@@ -68,10 +70,12 @@ class TrainConfig:
     log_every: int = 1
 
     def __post_init__(self) -> None:
-        positive = ("max_steps", "checkpoint_every", "keep_last", "micro_batch_size", "grad_accum_steps", "log_every")
+        positive = ("max_steps", "keep_last", "micro_batch_size", "grad_accum_steps", "log_every")
         for name in positive:
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')}", getattr(self, name), "must be at least 1", ">= 1")
+        if self.checkpoint_every < 0:
+            raise UsageError("--checkpoint-every", self.checkpoint_every, "negative", "0 (Young/Daly) or >= 1")
         if self.strategy not in STRATEGIES:
             raise UsageError("--strategy", self.strategy, "unknown strategy", "|".join(STRATEGIES))
         if self.model not in MODEL_SIZES:
@@ -85,7 +89,8 @@ class TrainConfig:
                              "positions", f"0 (= {context}) to {context}")
         # Every float: finite (argparse accepts nan and inf) and in range.
         floats = {"lr": (0.0, 1.0, False), "min_lr_ratio": (0.0, 1.0, True), "weight_decay": (0.0, 10.0, True),
-                  "grad_clip": (0.0, 1e6, True), "loss_spike_factor": (0.0, 1e6, True)}
+                  "grad_clip": (0.0, 1e6, True), "loss_spike_factor": (0.0, 1e6, True),
+                  "mtbf_hours": (0.0, 1e6, False)}
         for name, (low, high, low_ok) in floats.items():
             value = getattr(self, name)
             if not (math.isfinite(value) and (low <= value if low_ok else low < value) and value <= high):
@@ -117,7 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse to start unless torchrun's node count (GROUP_WORLD_SIZE) equals this")
     p.add_argument("--max-steps", type=int, required=True, help="optimizer steps to train for (>= 1)")
     p.add_argument("--checkpoint-every", type=int, default=d["checkpoint_every"].default,
-                   help="save every K steps, plus at the last step and on SIGTERM (default %(default)s)")
+                   help="save every K steps, plus at the last step and on SIGTERM; 0 (default): the Young/Daly "
+                        "interval sqrt(2 * save time * MTBF), measured at a first save after "
+                        f"{FIRST_AUTO_SAVE} steps")
+    p.add_argument("--mtbf-hours", type=float, default=d["mtbf_hours"].default,
+                   help="mean time between failures of the whole job, for --checkpoint-every 0 "
+                        "(default %(default)s; lower it for Spot or many nodes)")
     p.add_argument("--keep-last", type=int, default=d["keep_last"].default,
                    help="number of newest checkpoints to keep (default %(default)s)")
     p.add_argument("--seed", type=int, default=d["seed"].default, help="seed for init, data order and RNG (default %(default)s)")
@@ -327,6 +337,8 @@ def train(cfg: TrainConfig) -> int:
     checksums = None
     checkpoint_seconds, checkpoints_saved = 0.0, 0  # the training stall caused by saving
     lowest_loss = math.inf
+    every = cfg.checkpoint_every or FIRST_AUTO_SAVE  # auto: replaced after the first save
+    step_times: list[float] = []
 
     model.train()
     while state.step < cfg.max_steps:
@@ -362,6 +374,7 @@ def train(cfg: TrainConfig) -> int:
         loss_val, stop_votes, norm_val = stats.tolist()
         loss_val /= rt.world_size
         step_time = time.perf_counter() - t0
+        step_times.append(step_time)
         tps = tokens_per_step / step_time
         if state.step > start_step + 1:
             throughput.append(tps)  # the first step after (re)start includes warm-up and compilation
@@ -379,10 +392,12 @@ def train(cfg: TrainConfig) -> int:
             # Before the final save, so the save's barrier stays the last collective before teardown
             # (a collective right before destroy_process_group made gloo abort at exit, 3 runs in 8).
             checksums = replica_checksums(model, cfg.strategy, rt)
-        if state.step % cfg.checkpoint_every == 0 or state.step == cfg.max_steps or stopping:
+        if state.step % every == 0 or state.step == cfg.max_steps or stopping:
             t_save = time.perf_counter()
             path = ckpt.save(model, optimizer, scheduler, state, config_record, rt.mark_step)
             checkpoint_seconds += time.perf_counter() - t_save
+            if not cfg.checkpoint_every and checkpoints_saved == 0:
+                every = young_daly_interval(time.perf_counter() - t_save, step_times, cfg.mtbf_hours, rt)
             checkpoints_saved += 1
             last_saved = state.step
             if rt.is_main:
@@ -406,6 +421,21 @@ def train(cfg: TrainConfig) -> int:
     })
     # Every rank exits the same way, whichever of them got the signal.
     return EXIT_SIGTERM if stopped_by_sigterm and state.step < cfg.max_steps else 0
+
+
+def young_daly_interval(save_s: float, step_times: list[float], mtbf_hours: float, rt: Runtime) -> int:
+    """Steps between checkpoints that minimise expected lost time: sqrt(2 * C * MTBF) (Young 1974; Daly 2006),
+    C the save's stall. The slowest rank's figures, agreed by one all-reduce, so every rank saves at the same steps."""
+    times = sorted(step_times[1:] or step_times)  # the first step after a (re)start includes warm-up
+    measured = torch.tensor([save_s, times[len(times) // 2]], dtype=torch.float64, device=rt.device)
+    dist.all_reduce(measured, op=dist.ReduceOp.MAX)
+    save_s, step_s = measured.tolist()
+    seconds = math.sqrt(2 * save_s * mtbf_hours * 3600)
+    steps = max(1, round(seconds / step_s))
+    if rt.is_main:
+        log(f"checkpoint: every {steps} steps (Young/Daly: sqrt(2 x {save_s:.3g} s per save x {mtbf_hours:g} h "
+            f"MTBF) = {seconds:.0f} s at {step_s:.3g} s per step)")
+    return steps
 
 
 def divergence(loss: float, grad_norm: float, lowest: float, spike_factor: float) -> str | None:

@@ -298,10 +298,12 @@ def test_second_writer_is_told_who_holds_the_folder(tmp_path):
         first.close()
 
 
-def test_relayed_exit_code_is_the_lowest_ranks_own_code_of_the_last_restart(tmp_path):
+def test_relayed_exit_code_is_the_first_failure_of_the_last_restart(tmp_path):
     import exit_relay
-    for name, code in {"restart0-rank0": "4", "restart1-rank1": "5", "restart1-rank0": "1"}.items():
-        (tmp_path / name).write_text(code)
-    assert exit_relay.relayed_exit_code(tmp_path, 1) == 5  # restart 1: rank 0 crashed (1), rank 1 said 5
+    for name, text in {"restart0-rank0": "4 10.0", "restart1-rank0": "143 30.0", "restart1-rank1": "5 20.0"}.items():
+        (tmp_path / name).write_text(text)
+    assert exit_relay.relayed_exit_code(tmp_path, 1) == 5  # restart 1: rank 1 failed first, rank 0 was stopped
     assert exit_relay.relayed_exit_code(tmp_path, 0) == 0
+    (tmp_path / "restart1-rank0").write_text("1 15.0")
+    assert exit_relay.relayed_exit_code(tmp_path, 1) == 1  # a crash first: torchrun's own code
     assert exit_relay.relayed_exit_code(tmp_path / "empty", 1) == 1
