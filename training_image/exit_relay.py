@@ -7,6 +7,11 @@ the pipeline branches on (errors.py: 2 usage, 4 diverged, 5 folder locked; sanit
 not written). Each worker writes its code to $LAUNCH_EXIT_CODE_DIR/restart<N>-rank<R>, and launch.py
 exits with the code of the newest restart (`relayed_exit_code`). Without that variable it only runs
 the script.
+
+torchrun restarts the worker group after any failure (--max-restarts), also after one that a restart
+cannot change: a usage error, a diverged run, a checkpoint folder held by another job. A worker whose
+previous attempt ended that way ends the same way at once, without running the script again, so the
+job's log holds the one-line reason once and the restarts cost seconds.
 """
 from __future__ import annotations
 
@@ -16,14 +21,34 @@ import sys
 import time
 from pathlib import Path
 
+from errors import EXIT_DIVERGED, EXIT_FOLDER_LOCKED, EXIT_USAGE
+
 EXIT_CODE_DIR = "LAUNCH_EXIT_CODE_DIR"
+FINAL = {EXIT_USAGE, EXIT_DIVERGED, EXIT_FOLDER_LOCKED}  # a restart would end the same way
+
+
+def _attempt() -> tuple[int, str]:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), os.environ.get("RANK", "0")
+
+
+def previous_final_code() -> int | None:
+    """This rank's code in the previous restart, if it was one that no restart changes."""
+    folder = os.environ.get(EXIT_CODE_DIR)
+    restart, rank = _attempt()
+    if not folder or restart == 0:
+        return None
+    try:
+        code = int(Path(folder, f"restart{restart - 1}-rank{rank}").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return code if code in FINAL else None
 
 
 def record(code: int) -> None:
     folder = os.environ.get(EXIT_CODE_DIR)
     if folder:
-        name = f"restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}-rank{os.environ.get('RANK', '0')}"
-        Path(folder, name).write_text(f"{code} {time.time()}")
+        restart, rank = _attempt()
+        Path(folder, f"restart{restart}-rank{rank}").write_text(f"{code} {time.time()}")
 
 
 def relayed_exit_code(folder: Path, torchrun_code: int) -> int:
@@ -47,6 +72,10 @@ def relayed_exit_code(folder: Path, torchrun_code: int) -> int:
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: exit_relay.py SCRIPT [args...]")
+    final = previous_final_code()
+    if final is not None:
+        record(final)
+        sys.exit(final)
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     code = 1  # an exception escaping the script

@@ -3,6 +3,7 @@
 The delay lets a test signal or kill the job between two steps; it lives here, not in the production loop.
   TRAIN_TEST_BATCH_DELAY_S  seconds before every micro-batch (default 0)
   TRAIN_TEST_NAN_FROM_BATCH every rank's loss is NaN from this micro-batch on (1-based, counted per process)
+  TRAIN_TEST_HOLD_WHILE     a path: before each micro-batch, wait while it exists (the test holds the job mid-run)
 """
 import os
 import sys
@@ -17,6 +18,7 @@ import train  # noqa: E402
 
 DELAY_S = float(os.environ.get("TRAIN_TEST_BATCH_DELAY_S", "0"))
 NAN_FROM = int(os.environ.get("TRAIN_TEST_NAN_FROM_BATCH", "0"))
+HOLD_WHILE = os.environ.get("TRAIN_TEST_HOLD_WHILE", "")
 fetched = 0
 _next, _forward = data.SequenceBatches.__next__, model.GPT.forward
 
@@ -25,6 +27,8 @@ def slow_next(self):
     global fetched
     fetched += 1
     time.sleep(DELAY_S)
+    while HOLD_WHILE and os.path.exists(HOLD_WHILE):
+        time.sleep(0.05)
     return _next(self)
 
 

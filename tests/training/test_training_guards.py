@@ -59,16 +59,20 @@ def test_rerun_with_the_same_settings_is_refused_at_once(diverged):
 
 @pytest.fixture(scope="module")
 def two_jobs(dataset, tmp_path_factory):
-    # The first job is still training when the same run is submitted again through launch.py.
+    # The first job is held mid-run (after its step-5 checkpoint) while the same run is submitted again
+    # through launch.py; then it is let go and must finish.
     ckpt = tmp_path_factory.mktemp("two-jobs")
+    hold = ckpt.parent / "hold-first-job"
     first = th.Background("slow_train.py", th.train_args(dataset, ckpt, steps=30, every=5), ckpt.parent,
-                          TRAIN_TEST_BATCH_DELAY_S="0.05")
+                          TRAIN_TEST_BATCH_DELAY_S="0.02", TRAIN_TEST_HOLD_WHILE=str(hold))
     first.wait_for(lambda: 5 in th.checkpoint_steps(ckpt))
+    hold.touch()
     second = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train",
                              *th.train_args(dataset, ckpt, steps=30, every=5)],
                             env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port())),
                             capture_output=True, text=True, timeout=120)
     steps_when_refused = th.checkpoint_steps(ckpt)
+    hold.unlink()
     return ckpt, first.finish(), second, steps_when_refused
 
 
@@ -84,7 +88,7 @@ def test_first_job_finishes_unharmed(two_jobs):
     import checkpoint
     ckpt, first, _, steps_when_refused = two_jobs
     assert first.returncode == 0 and first.summary()["steps"] == 30, first.stderr[-3000:]
-    assert th.checkpoint_steps(ckpt)[-1] == 30 and steps_when_refused[0] <= 5
+    assert th.checkpoint_steps(ckpt)[-1] == 30 and steps_when_refused[-1] < 30
     assert checkpoint.verify(ckpt / f"step_{30:09d}", "full")["step"] == 30
 
 

@@ -307,3 +307,18 @@ def test_relayed_exit_code_is_the_first_failure_of_the_last_restart(tmp_path):
     (tmp_path / "restart1-rank0").write_text("1 15.0")
     assert exit_relay.relayed_exit_code(tmp_path, 1) == 1  # a crash first: torchrun's own code
     assert exit_relay.relayed_exit_code(tmp_path / "empty", 1) == 1
+
+
+def test_a_restart_after_a_final_code_ends_the_same_way_without_running_again(tmp_path, monkeypatch):
+    # torchrun restarts the group after a refusal too; the relay ends it at once with the same code.
+    import exit_relay
+    (tmp_path / "restart0-rank1").write_text("5 10.0")
+    monkeypatch.setenv(exit_relay.EXIT_CODE_DIR, str(tmp_path))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(exit_relay.sys, "argv", ["exit_relay.py", str(tmp_path / "never-run.py")])
+    with pytest.raises(SystemExit) as exit_info:
+        exit_relay.main()
+    assert exit_info.value.code == 5 and (tmp_path / "restart1-rank1").read_text().startswith("5 ")
+    (tmp_path / "restart0-rank1").write_text("1 10.0")  # a crash: the restart runs the script again
+    assert exit_relay.previous_final_code() is None

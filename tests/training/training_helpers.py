@@ -35,7 +35,8 @@ def free_port() -> int:
 
 def env(**extra: str) -> dict:
     e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RUN_ID="test")
-    for name in ("TRAIN_TEST_BATCH_DELAY_S", "TRAIN_TEST_NAN_FROM_BATCH", "LAUNCH_EXIT_CODE_DIR"):
+    for name in ("TRAIN_TEST_BATCH_DELAY_S", "TRAIN_TEST_NAN_FROM_BATCH", "TRAIN_TEST_HOLD_WHILE",
+                 "LAUNCH_EXIT_CODE_DIR"):
         e.pop(name, None)
     e.update(extra)
     return e
