@@ -392,6 +392,11 @@ class CheckpointManager:
         own = {name: {**record, "rank": self.rank} for name, record in written.items()}
         if not self._distributed:
             return own
+        if self.device.type == "xla":
+            # Object collectives are not an XLA backend feature; the full format's other files are the ranks'
+            # small RNG files, which rank 0 sums itself (save() sums every file no rank claimed).
+            self._barrier()
+            return own
         everyone: list[Any] = [None] * self.world_size
         dist.all_gather_object(everyone, own)
         return {name: record for part in everyone for name, record in part.items()}
