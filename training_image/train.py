@@ -396,7 +396,8 @@ def train(cfg: TrainConfig) -> int:
             t_save = time.perf_counter()
             path = ckpt.save(model, optimizer, scheduler, state, config_record, rt.mark_step)
             checkpoint_seconds += time.perf_counter() - t_save
-            if not cfg.checkpoint_every and checkpoints_saved == 0:
+            # Not after the final save: its barrier stays the last collective before teardown (see above).
+            if not cfg.checkpoint_every and checkpoints_saved == 0 and not stopping and state.step < cfg.max_steps:
                 every = young_daly_interval(time.perf_counter() - t_save, step_times, cfg.mtbf_hours, rt)
             checkpoints_saved += 1
             last_saved = state.step

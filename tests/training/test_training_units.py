@@ -322,3 +322,17 @@ def test_a_restart_after_a_final_code_ends_the_same_way_without_running_again(tm
     assert exit_info.value.code == 5 and (tmp_path / "restart1-rank1").read_text().startswith("5 ")
     (tmp_path / "restart0-rank1").write_text("1 10.0")  # a crash: the restart runs the script again
     assert exit_relay.previous_final_code() is None
+
+
+@pytest.mark.slow
+def test_default_interval_is_young_daly_from_the_first_save(dataset, tmp_path):
+    # --checkpoint-every 0: save at step 20, measure, then every sqrt(2 * C * MTBF) / step time steps.
+    import re
+
+    import training_helpers as th
+    run = th.single_process("train.py", [*th.train_args(dataset, tmp_path, steps=26, every=0),
+                                         "--mtbf-hours", "0.0001", "--keep-last", "100"])
+    found = re.search(r"checkpoint: every (\d+) steps \(Young/Daly: sqrt\(2 x ", run.stderr)
+    assert run.returncode == 0 and found, run.stderr[-2000:]
+    k = int(found.group(1))
+    assert th.checkpoint_steps(tmp_path) == sorted({20, 26} | {s for s in range(21, 27) if s % k == 0})
