@@ -128,6 +128,9 @@ def measure(op: str, size_bytes: int, rt: Runtime, warmup: int, iters: int) -> d
     result = _run(op, x, out)
     _sync(rt)
     correct = torch.equal(result.cpu(), expected)
+    # all_gather keeps each rank's contribution apart: its wrong chunks name the rank that sent bad data.
+    bad_sources = [q for q, (got, want) in enumerate(zip(result.cpu().chunk(rt.world_size), expected.chunk(rt.world_size)))
+                   if not torch.equal(got, want)] if op == "all_gather" and not correct else []
     for _ in range(warmup):
         _run(op, x, out)
     _sync(rt)
@@ -141,7 +144,8 @@ def measure(op: str, size_bytes: int, rt: Runtime, warmup: int, iters: int) -> d
     total_bytes = x.numel() * 4 if op != "all_gather" else out.numel() * 4
     algbw = total_bytes / seconds / 1e9
     return {"op": op, "size_bytes": total_bytes, "time_us": seconds * 1e6, "algbw_gbps": algbw,
-            "busbw_gbps": bus_bandwidth(op, algbw, rt.world_size), "correct": bool(correct)}
+            "busbw_gbps": bus_bandwidth(op, algbw, rt.world_size), "correct": bool(correct),
+            "wrong_data_from_ranks": bad_sources}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,9 +211,13 @@ def run_checks(args: argparse.Namespace, rt: Runtime, sizes: list[int], kind: st
     if bad_accel:
         failures.append(f"accelerators: {bad_accel} rank(s) found fewer/other than {expected} {kind} devices")
     if bad_results:
+        # This rank (0, which prints) only observed the errors; all_gather's chunks say whose data was wrong.
         wrong = sorted({r["op"] for r in results if not r["correct"]})
+        sources = sorted({q for r in results for q in r["wrong_data_from_ranks"]})
         failures.append(f"collectives: {bad_results} wrong result(s) across ranks"
-                        + (f" ({', '.join(wrong)} on rank {rt.rank})" if wrong else ""))
+                        + (f" ({', '.join(wrong)} seen on rank {rt.rank}" if wrong else "")
+                        + (f"; wrong data came from rank(s) {', '.join(map(str, sources))})" if sources
+                           else ")" if wrong else ""))
     if bad_devices:
         mine = [f for f in efa.get("failures", []) if f.startswith("EFA devices")]
         failures.append(mine[0] + (f" (and {bad_devices - 1} more node(s))" if bad_devices > 1 else "")

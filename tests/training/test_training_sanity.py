@@ -60,6 +60,7 @@ def test_unwritable_report_is_one_line_with_its_own_exit_code(tmp_path, monkeypa
 def test_sanity_fails_when_one_rank_contributes_a_wrong_value():
     run = th.torchrun("sanity_check.py", ARGS, SANITY_TEST_CORRUPT_RANK="1", **NODE)
     assert run.returncode != 0 and "FAIL: collectives" in run.stderr, run.stderr[-2000:]
+    assert "wrong data came from rank(s) 1)" in run.stderr, run.stderr[-2000:]  # rank 0 prints, rank 1 is at fault
 
 
 def test_sanity_fails_below_the_bandwidth_threshold():
