@@ -93,8 +93,9 @@ class BatchJobDefinitions(Construct):
 
     def __init__(self, scope: Construct, id_: str, *, instance: InstanceType, single_node_instance: InstanceType,
                  nodes: int, image: ecs.ContainerImage, job_role: iam.IRole, log_group: logs.ILogGroup,
-                 bucket_name: str, train_timeout: cdk.Duration) -> None:
+                 bucket_name: str, train_timeout: cdk.Duration, environment: str = "") -> None:
         super().__init__(scope, id_)
+        self.environment = environment
         self.execution_role = iam.Role(self, "ExecutionRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
                                        description="Batch jobs: pull the training image and write the job logs")
         self.specs = job_specs(instance=instance, nodes=nodes, bucket_name=bucket_name, train_timeout=train_timeout)
@@ -137,7 +138,7 @@ class BatchJobDefinitions(Construct):
         if host.accelerator is Accelerator.NEURON:
             linux.add_devices(*(batch.Device(host_path=f"/dev/neuron{i}", container_path=f"/dev/neuron{i}")
                                 for i in range(accelerators)))
-        environment = job_environment(host, backend="batch")
+        environment = job_environment(host, backend="batch", environment=self.environment)
         if not efa:
             # One process on one accelerator: no collectives, no EFA, no bootstrap interface.
             environment = {k: v for k, v in environment.items()

@@ -25,7 +25,8 @@ FSX_VOLUME = "fsx-training"
 class EksTrainingWorkspace(Construct):
     def __init__(self, scope: Construct, id_: str, *, cluster: eks.Cluster, bucket_arn_export: str,
                  file_system: fsx.LustreFileSystem, storage_gib: int, instance: InstanceType, image: str,
-                 nodes: int, trainer_chart: eks.HelmChart, fsx_csi_driver: eks.Addon, fsx_revision: str = "") -> None:
+                 nodes: int, trainer_chart: eks.HelmChart, fsx_csi_driver: eks.Addon, fsx_revision: str = "",
+                 environment: str = "") -> None:
         super().__init__(scope, id_)
         namespace = cluster.add_manifest("Namespace", {
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.NAMESPACE}})
@@ -41,6 +42,7 @@ class EksTrainingWorkspace(Construct):
         # Volume and claim are named by the file system's revision: a replaced file system gets new ones (their
         # CSI attributes and volumeName are immutable), and every job below names the new claim.
         self.fsx_claim = spec.fsx_claim_name(fsx_revision)
+        self.site = spec.Site(environment=environment, fsx_claim=self.fsx_claim)
         fsx_volume = f"{FSX_VOLUME}-{fsx_revision}" if fsx_revision else FSX_VOLUME
         capacity = f"{storage_gib}Gi"
         volume = cluster.add_manifest("FsxVolume", {
@@ -78,9 +80,9 @@ class EksTrainingWorkspace(Construct):
         })
         workers.node.add_dependency(namespace)
 
-        self.templates = job_templates(instance, image=image, nodes=nodes)
+        self.templates = job_templates(instance, image=image, nodes=nodes, site=self.site)
         runtime = cluster.add_manifest("TrainingRuntime", training_runtime(instance, image=image, nodes=nodes,
-                                                                          fsx_claim=self.fsx_claim), {
+                                                                          site=self.site), {
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "job-templates", "namespace": spec.NAMESPACE},
             "data": {f"{phase}.json": json.dumps(job, indent=2) for phase, job in self.templates.items()},

@@ -32,9 +32,12 @@ def shared_memory_gib(instance: InstanceType) -> int:
     return instance.memory_gib // 4
 
 
-def job_environment(instance: InstanceType, *, backend: str) -> dict[str, str]:
+def job_environment(instance: InstanceType, *, backend: str, environment: str = "") -> dict[str, str]:
     """The catalogue's collective (NCCL/libfabric or Neuron) settings plus what launch.py and the checks read."""
     return {
+        # The Environment dimension of the training metrics (training_image/metrics.py): alarms and the
+        # dashboard of one environment see its runs only.
+        **({"TRAINING_ENVIRONMENT": environment} if environment else {}),
         **dict(instance.collective_env),
         **SOCKET_INTERFACE_ENV[backend],
         "ACCELERATOR_KIND": ACCELERATOR_KIND[instance.accelerator],

@@ -2,7 +2,8 @@
 
 Loss itself cannot reveal NaN: NaN is not valid JSON, so CloudWatch drops an EMF line that carries it, and
 metrics have no NaN. The training code therefore emits `NonFiniteLoss` (1 when the step's loss is NaN/inf,
-else 0) in namespace EfaTraining, dimension RunId; a Metrics Insights query alarms on any run's value.
+else 0) in namespace EfaTraining, dimensions Environment and RunId; a Metrics Insights query alarms on any
+run's value in this environment (WHERE Environment = ...), never on another environment's runs.
 
 A rejected model is not a broken pipeline: the pipeline ends such a run in its `ValidationFailed` state, which
 Step Functions counts in ExecutionsFailed like any failure. A metric filter on the pipeline's execution log
@@ -47,7 +48,7 @@ class TrainingAlarms(Construct):
                  file_system_id: str, fsx_storage_gib: int, fsx_free_percent: float,
                  idle_threshold_percent: float, idle_minutes: int, state_machine: sfn.IStateMachine | None = None,
                  execution_log_group: logs.ILogGroup | None = None, pipeline_namespace: str = "",
-                 alarm_prefix: str) -> None:
+                 alarm_prefix: str, environment: str) -> None:
         super().__init__(scope, id_)
         self._action = cw_actions.SnsAction(topic)
         self.alarms: dict[str, cloudwatch.Alarm] = {}
@@ -57,7 +58,8 @@ class TrainingAlarms(Construct):
             self._pipeline_alarm(state_machine, execution_log_group, pipeline_namespace, alarm_prefix)
 
         self._add("NonFiniteLoss", cloudwatch.MathExpression(
-            expression=f"SELECT MAX({NON_FINITE_LOSS_METRIC}) FROM SCHEMA({TRAINING_NAMESPACE}, RunId)",
+            expression=f"SELECT MAX({NON_FINITE_LOSS_METRIC}) FROM SCHEMA({TRAINING_NAMESPACE}, Environment, RunId) "
+                       f"WHERE Environment = '{environment}'",
             label="runs with a non-finite loss", period=cdk.Duration.minutes(1), using_metrics={}),
             threshold=1, operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             description="A training run reported a NaN or infinite loss; its checkpoints since then are suspect.",

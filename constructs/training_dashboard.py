@@ -1,6 +1,6 @@
 """One CloudWatch dashboard per environment: accelerators, EFA, FSx, jobs, pipeline and the training metrics.
 
-Training metrics are EMF lines from train.py (namespace EfaTraining, dimension RunId). Run ids are new for
+Training metrics are EMF lines from train.py (namespace EfaTraining, dimensions Environment and RunId). Run ids are new for
 every run, so those graphs are SEARCH expressions: each run appears as its own line without a redeploy.
 """
 
@@ -20,10 +20,11 @@ _FIVE_MINUTES = cdk.Duration.minutes(5)
 _WIDE, _HALF, _THIRD = 24, 12, 8
 
 
-def training_search(metric_name: str, statistic: str = "Average") -> cloudwatch.MathExpression:
-    """Every run's time series of one EMF metric, one line per RunId."""
+def training_search(metric_name: str, environment: str, statistic: str = "Average") -> cloudwatch.MathExpression:
+    """Every run of this environment: one line per RunId of one EMF metric."""
     return cloudwatch.MathExpression(
-        expression=f"SEARCH('{{{TRAINING_NAMESPACE},RunId}} MetricName=\"{metric_name}\"', '{statistic}', 60)",
+        expression=f"SEARCH('{{{TRAINING_NAMESPACE},Environment,RunId}} Environment=\"{environment}\" "
+                   f"MetricName=\"{metric_name}\"', '{statistic}', 60)",
         label=metric_name, period=cdk.Duration.minutes(1), using_metrics={},
     )
 
@@ -32,7 +33,7 @@ class TrainingDashboard(Construct):
     def __init__(self, scope: Construct, id_: str, *, dashboard_name: str, accelerators: AcceleratorMetrics,
                  file_system_id: str, state_machine: sfn.IStateMachine | None = None,
                  pipeline_outcomes: dict[str, cloudwatch.IMetric] | None = None,
-                 job_state_namespace: str | None = None) -> None:
+                 job_state_namespace: str | None = None, environment: str = "") -> None:
         super().__init__(scope, id_)
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=dashboard_name,
                                               default_interval=cdk.Duration.hours(6))
@@ -44,7 +45,7 @@ class TrainingDashboard(Construct):
                      f"**{accelerators.accelerator.value}**. Lines per host/node and per training run (RunId).",
             width=_WIDE, height=2))
         self.dashboard.add_widgets(*self._accelerator_widgets(accelerators))
-        self.dashboard.add_widgets(*self._training_widgets())
+        self.dashboard.add_widgets(*self._training_widgets(environment))
         self.dashboard.add_widgets(*self._fsx_widgets(file_system_id))
         row = []
         if job_state_namespace:
@@ -73,10 +74,10 @@ class TrainingDashboard(Construct):
         return widgets
 
     @staticmethod
-    def _training_widgets() -> list[cloudwatch.IWidget]:
+    def _training_widgets(environment: str) -> list[cloudwatch.IWidget]:
         titles = {"Loss": "Loss", "TokensPerSecond": "Tokens per second", "StepTimeSeconds": "Step time (s)",
                   "MFU": "Model FLOPs utilisation (%)"}
-        return [cloudwatch.GraphWidget(title=f"{titles[name]} by run", width=6, left=[training_search(name)])
+        return [cloudwatch.GraphWidget(title=f"{titles[name]} by run", width=6, left=[training_search(name, environment)])
                 for name in TRAINING_METRICS]
 
     @staticmethod

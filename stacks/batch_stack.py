@@ -97,7 +97,8 @@ class BatchStack(cdk.Stack):
         self.jobs = BatchJobDefinitions(
             self, "Jobs", instance=instance, single_node_instance=single, nodes=config.nodes,
             image=registry.container_image, job_role=self.job_role, log_group=self.log_group,
-            bucket_name=bucket.bucket_name, train_timeout=cdk.Duration.hours(config.batch_train_timeout_hours))
+            bucket_name=bucket.bucket_name, train_timeout=cdk.Duration.hours(config.batch_train_timeout_hours),
+            environment=config.name)
         self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
 
         # ---- compute environments, both in the one training subnet (the FSx file system's AZ)

@@ -55,14 +55,14 @@ class ObservabilityStack(cdk.Stack):
             fsx_free_percent=config.fsx_free_capacity_alarm_percent,
             idle_threshold_percent=config.gpu_idle_threshold_percent, idle_minutes=config.gpu_idle_minutes,
             state_machine=state_machine, execution_log_group=getattr(pipeline, "log_group", None),
-            pipeline_namespace=f"EfaTraining/{config.name}/Pipeline",
+            pipeline_namespace=f"EfaTraining/{config.name}/Pipeline", environment=config.name,
         )
         self.alarms = alarms.alarms
         self.dashboard = TrainingDashboard(
             self, "Dashboard", dashboard_name=f"{config.stack_prefix}-training",
             accelerators=accelerators, file_system_id=file_system_id, state_machine=state_machine,
             pipeline_outcomes=alarms.pipeline_metrics,
-            job_state_namespace=self.job_states.namespace if self.job_states else None,
+            job_state_namespace=self.job_states.namespace if self.job_states else None, environment=config.name,
         ).dashboard
         self.budget = CostBudget(
             self, "Budget", budget_name=f"{config.stack_prefix}-monthly", monthly_limit_usd=config.budget_monthly_usd,

@@ -370,3 +370,11 @@ def test_batch_containers_are_kept_from_the_instance_metadata(synth):
         data = _one(template, "AWS::EC2::LaunchTemplate", template_id)["LaunchTemplateData"]
         assert "ECS_AWSVPC_BLOCK_IMDS=true" in json.dumps(data["UserData"])
         assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+
+
+def test_every_job_names_its_environment_for_the_metrics(synth):
+    # The Environment dimension of the training metrics, which the alarms and the dashboard filter on.
+    for props in _resources(_batch(synth, "g5.12xlarge"), "AWS::Batch::JobDefinition").values():
+        container = props["NodeProperties"]["NodeRangeProperties"][0]["Container"] if "NodeProperties" in props \
+            else props["ContainerProperties"]
+        assert {"Name": "TRAINING_ENVIRONMENT", "Value": "dev"} in container["Environment"]

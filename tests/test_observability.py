@@ -62,10 +62,12 @@ def test_dashboard_never_graphs_the_other_accelerators_metrics(synth, compute):
 
 
 def test_dashboard_searches_every_training_metric_over_run_ids(synth):
-    # Run ids are dynamic: each EMF metric is a SEARCH over the RunId dimension of namespace EfaTraining.
+    # Run ids are dynamic: each EMF metric is a SEARCH over the RunId dimension of namespace EfaTraining,
+    # limited to this environment's runs (the Environment dimension every job of the environment sets).
     body = _body(synth().template("observability"))
     for metric in TRAINING_METRICS:
-        assert f"SEARCH('{{EfaTraining,RunId}} MetricName=\\\\\\\"{metric}\\\\\\\"'" in body, metric
+        assert (f"SEARCH('{{EfaTraining,Environment,RunId}} Environment=\\\\\\\"dev\\\\\\\" "
+                f"MetricName=\\\\\\\"{metric}\\\\\\\"'") in body, metric
 
 
 def test_dashboard_graphs_fsx_throughput_and_free_capacity(synth):
@@ -106,7 +108,7 @@ def test_idle_alarm_on_eks_watches_each_node_of_the_cluster():
                    accelerators=accelerator_metrics("eks", Accelerator.NVIDIA, environment="dev",
                                                     cluster_name="training"),
                    file_system_id="fs-1", fsx_storage_gib=1200, fsx_free_percent=10,
-                   idle_threshold_percent=20, idle_minutes=30)
+                   idle_threshold_percent=20, idle_minutes=30, environment="dev")
     Template.from_stack(stack).has_resource_properties("AWS::CloudWatch::Alarm", {"Metrics": [Match.object_like({
         "Expression": "SELECT AVG(node_gpu_utilization) FROM SCHEMA(ContainerInsights, ClusterName, InstanceId, "
                       "NodeName) WHERE ClusterName = 'training' GROUP BY NodeName ORDER BY AVG() ASC"})]})
@@ -120,9 +122,11 @@ def test_idle_alarm_on_batch_neuron_reads_the_environments_own_namespace():
 
 
 def test_non_finite_loss_alarm_fires_on_any_run(synth):
-    # One NonFiniteLoss >= 1 in any RunId within a minute raises the alarm.
+    # One NonFiniteLoss >= 1 in any RunId of this environment within a minute raises the alarm; other
+    # environments' runs (same namespace, another Environment value) never do.
     alarm = _alarms(synth().template("observability"))["EfaTraining-dev-non-finite-loss"]
-    assert alarm["Metrics"][0]["Expression"] == "SELECT MAX(NonFiniteLoss) FROM SCHEMA(EfaTraining, RunId)"
+    assert alarm["Metrics"][0]["Expression"] == ("SELECT MAX(NonFiniteLoss) FROM SCHEMA(EfaTraining, Environment, RunId) "
+                                                 "WHERE Environment = 'dev'")
     assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (1, "GreaterThanOrEqualToThreshold")
 
 
@@ -151,7 +155,8 @@ def _pipeline_template() -> Template:
     alarms = TrainingAlarms(stack, "Alarms", topic=sns.Topic(stack, "T"), alarm_prefix="p", accelerators=accelerators,
                             file_system_id="fs-1", fsx_storage_gib=1200, fsx_free_percent=10,
                             idle_threshold_percent=20, idle_minutes=30, state_machine=machine,
-                            execution_log_group=log_group, pipeline_namespace="EfaTraining/dev/Pipeline")
+                            execution_log_group=log_group, pipeline_namespace="EfaTraining/dev/Pipeline",
+                            environment="dev")
     TrainingDashboard(stack, "Dashboard", dashboard_name="d", accelerators=accelerators, file_system_id="fs-1",
                       state_machine=machine, pipeline_outcomes=alarms.pipeline_metrics)
     return Template.from_stack(stack)

@@ -8,7 +8,8 @@ nothing would be extracted: there the pod gets AWS_EMF_AGENT_ENDPOINT (the node'
 listens for EMF on TCP 25888, CloudWatch_Embedded_Metric_Format_Generation_CloudWatch_Agent.html) and
 AWS_EMF_LOG_GROUP_NAME, and each line is also sent there unchanged, with `_aws.LogGroupName` naming the log
 group the agent writes it to. Names are a contract with the dashboards: Loss, TokensPerSecond,
-StepTimeSeconds, MFU, NonFiniteLoss in namespace EfaTraining with dimension RunId.
+StepTimeSeconds, MFU, NonFiniteLoss in namespace EfaTraining with dimensions Environment and RunId (Environment
+from TRAINING_ENVIRONMENT, which every job of a deployed environment gets; RunId alone for hand runs).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def peak_tflops(device_name: str) -> float | None:
 
 
 def emf_record(run_id: str, step: int, values: dict[str, float], timestamp_ms: int | None = None,
-               log_group: str | None = None) -> dict:
+               log_group: str | None = None, environment: str | None = None) -> dict:
     """One EMF document: metrics declared under _aws, values and dimensions at top level.
 
     A non-finite value is left out (the specification's metric values are JSON numbers, and NaN/Infinity are
@@ -52,7 +53,7 @@ def emf_record(run_id: str, step: int, values: dict[str, float], timestamp_ms: i
         "Timestamp": timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
         "CloudWatchMetrics": [{
             "Namespace": NAMESPACE,
-            "Dimensions": [["RunId"]],
+            "Dimensions": [["Environment", "RunId"] if environment else ["RunId"]],
             "Metrics": [{"Name": n, "Unit": UNITS[n]} for n in names],
         }],
     }
@@ -60,6 +61,7 @@ def emf_record(run_id: str, step: int, values: dict[str, float], timestamp_ms: i
         metadata["LogGroupName"] = log_group  # read by the CloudWatch agent, not by CloudWatch Logs
     return {
         "_aws": metadata,
+        **({"Environment": environment} if environment else {}),
         "RunId": run_id,
         "Step": step,  # a property, not a dimension: one metric stream per run, not per step
         **values,
@@ -116,7 +118,8 @@ class MetricsLogger:
         if mfu_percent is not None:
             values["MFU"] = mfu_percent
         values.update(extra)
-        line = json.dumps(emf_record(self.run_id, step, values, log_group=self.log_group), allow_nan=False)
+        line = json.dumps(emf_record(self.run_id, step, values, log_group=self.log_group,
+                                     environment=os.environ.get("TRAINING_ENVIRONMENT") or None), allow_nan=False)
         self.stream.write(line + "\n")
         self.stream.flush()
         if self.agent is not None:

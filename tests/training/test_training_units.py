@@ -336,3 +336,11 @@ def test_default_interval_is_young_daly_from_the_first_save(dataset, tmp_path):
     assert run.returncode == 0 and found, run.stderr[-2000:]
     k = int(found.group(1))
     assert th.checkpoint_steps(tmp_path) == sorted({20, 26} | {s for s in range(21, 27) if s % k == 0})
+
+
+def test_emf_record_carries_the_environment_dimension_when_the_job_names_one():
+    # Alarms and dashboards of one environment query Environment and RunId: the line declares both.
+    rec = metrics.emf_record("run-1", 5, {"Loss": 1.0}, environment="prod")
+    assert rec["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["Environment", "RunId"]]
+    assert (rec["Environment"], rec["RunId"]) == ("prod", "run-1")
+    assert metrics.emf_record("run-1", 5, {"Loss": 1.0})["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["RunId"]]
