@@ -13,7 +13,7 @@ HOURS       ?= 24
 
 DIAGRAM_ENV ?= prod
 
-.PHONY: synth test setup local-run cost-report bench diagram clean
+.PHONY: synth test setup deploy local-run cost-report bench diagram clean
 
 setup: $(VENV)/.test-deps node_modules/.installed
 
@@ -36,6 +36,12 @@ synth: $(VENV)/.synth-deps node_modules/.installed
 
 test: $(VENV)/.test-deps node_modules/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# One command per environment: checks Docker and credentials (one line each), bootstraps if needed, logs in to
+# the base image's registry, deploys every stack. DRY_RUN=1 prints the plan; CDK_ARGS go to `cdk deploy`.
+ENV ?= dev
+deploy: $(VENV)/.synth-deps node_modules/.installed
+	$(PY) -m tools.deploy $(ENV) $(if $(DRY_RUN),--dry-run) -- $(CDK_ARGS)
 
 local-run: $(VENV)/.test-deps
 	$(PY) training_image/local_run.py --out local-run

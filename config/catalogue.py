@@ -20,14 +20,15 @@ class Accelerator(str, Enum):
 PRICE_SOURCE = "AWS EC2 On-Demand list prices, us-east-1, Linux (recorded, not re-checked)"
 PRICE_DATE = "2025-05-31"
 
-# libfabric >= 1.18 with aws-ofi-nccl >= 1.7 needs few variables; FI_PROVIDER=efa makes
-# libfabric refuse to run without EFA instead of quietly falling back to TCP sockets.
-# NCCL_DEBUG=INFO prints "Selected provider is efa", the line operators look for.
+# libfabric >= 1.18 with aws-ofi-nccl >= 1.7 needs few variables; FI_PROVIDER=efa keeps libfabric from choosing
+# another provider (it does not stop NCCL from falling back to its own sockets: the sanity check proves the
+# transport from NCCL's log instead). NCCL_DEBUG=INFO prints "NET/OFI Selected Provider is efa".
+# The bootstrap interface (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) is a fact of the backend, not of the
+# instance: constructs/job_environment.py sets it per backend.
 _NCCL_OVER_EFA = {
     "FI_PROVIDER": "efa",
     "FI_EFA_USE_DEVICE_RDMA": "1",
     "NCCL_DEBUG": "INFO",
-    "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
 }
 # g5 has EFA but no GPUDirect RDMA, so device RDMA must stay off there.
 _NCCL_OVER_EFA_NO_RDMA = {**_NCCL_OVER_EFA, "FI_EFA_USE_DEVICE_RDMA": "0"}
@@ -49,11 +50,18 @@ class InstanceType:
     memory_gib: int
     efa_interfaces: int  # 0: no EFA, refused for training
     on_demand_usd_per_hour: float
-    expected_busbw_gbps: float  # two-node all_reduce bus bandwidth the sanity check demands
+    network_gbps: int  # the instance's network bandwidth (EFA line rate where it has EFA), Gbit/s
+    # Two-node nccl-tests all_reduce bus bandwidth at BUSBW_MESSAGE_BYTES, GB/s, where one is published.
+    published_busbw_gbps: float | None
     busbw_source: str
     peak_bf16_tflops_per_accelerator: float  # for MFU
     collective_env: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     cores_per_accelerator: int = 1  # Trainium: 2 NeuronCores per chip, one worker process each
+    # Single-node types (one accelerator, no EFA) serve validation and other one-node jobs, never training.
+    single_node_only: bool = False
+    # The small single-accelerator type that validates this type's models by default (Batch single-node jobs).
+    validation_instance_type: str | None = None
+    price_note: str = ""  # where this type's price differs from PRICE_SOURCE
 
     @property
     def workers_per_node(self) -> int:
@@ -63,6 +71,19 @@ class InstanceType:
     @property
     def has_efa(self) -> bool:
         return self.efa_interfaces > 0
+
+    @property
+    def expected_busbw_gbps(self) -> float:
+        """The bus bandwidth the sanity check demands at BUSBW_MESSAGE_BYTES across two or more nodes.
+
+        80% of the published two-node figure where one exists; otherwise half the line rate (GB/s), which a
+        healthy EFA fabric exceeds and a fallback to TCP sockets over the ENA interface cannot reach.
+        """
+        if not self.has_efa:
+            return 0.0
+        if self.published_busbw_gbps is not None:
+            return round(PUBLISHED_BUSBW_SHARE * self.published_busbw_gbps, 1)
+        return round(LINE_RATE_SHARE * self.network_gbps / 8, 1)
 
     @property
     def batch_image_type(self) -> str:
@@ -79,6 +100,15 @@ class InstanceType:
         return "nvidia.com/gpu" if self.accelerator is Accelerator.NVIDIA else "aws.amazon.com/neuron"
 
 
+# The sanity check's bandwidth gate: one fixed large message (never nccl-tests' average over sizes, which
+# reads 53 GB/s on a healthy 2 x p5), the size the published two-node figures were taken at.
+BUSBW_MESSAGE_BYTES = 2 * 2**30
+PUBLISHED_BUSBW_SHARE = 0.8
+LINE_RATE_SHARE = 0.5
+# awslabs/awsome-distributed-training, micro-benchmarks/nccl-tests README: two-node all_reduce_perf results.
+_NCCL_TESTS_README = "awslabs/awsome-distributed-training micro-benchmarks/nccl-tests README, 2 nodes, 2 GB"
+
+
 def _env(values: dict) -> MappingProxyType:
     return MappingProxyType(dict(values))
 
@@ -89,53 +119,74 @@ CATALOGUE: MappingProxyType = MappingProxyType({
         InstanceType(
             name="p4d.24xlarge", accelerator=Accelerator.NVIDIA, accelerators=8,
             accelerator_model="A100 40 GB", vcpus=96, memory_gib=1152, efa_interfaces=4,
-            on_demand_usd_per_hour=32.7726, expected_busbw_gbps=26.0,
-            busbw_source="AWS ParallelCluster nccl-tests pass threshold at 1 GiB",
+            on_demand_usd_per_hour=32.7726, network_gbps=400, published_busbw_gbps=78.3,
+            busbw_source=f"p4de's figure (same 4 x 100 Gbps EFA and NVSwitch): {_NCCL_TESTS_README} (2 x p4de)",
             peak_bf16_tflops_per_accelerator=312.0, collective_env=_env(_NCCL_OVER_EFA),
+            validation_instance_type="p5.4xlarge",
         ),
         InstanceType(
             name="p4de.24xlarge", accelerator=Accelerator.NVIDIA, accelerators=8,
             accelerator_model="A100 80 GB", vcpus=96, memory_gib=1152, efa_interfaces=4,
-            on_demand_usd_per_hour=40.9657, expected_busbw_gbps=26.0,
-            busbw_source="AWS ParallelCluster nccl-tests pass threshold at 1 GiB (p4d/p4de)",
+            on_demand_usd_per_hour=40.9657, network_gbps=400, published_busbw_gbps=78.3,
+            busbw_source=f"{_NCCL_TESTS_README} (2 x p4de.24xlarge: 78.33 GB/s at 2147483648 bytes)",
             peak_bf16_tflops_per_accelerator=312.0, collective_env=_env(_NCCL_OVER_EFA),
+            validation_instance_type="p5.4xlarge",
         ),
         InstanceType(
             name="p5.48xlarge", accelerator=Accelerator.NVIDIA, accelerators=8,
             accelerator_model="H100 80 GB", vcpus=192, memory_gib=2048, efa_interfaces=32,
-            on_demand_usd_per_hour=98.32, expected_busbw_gbps=250.0,
-            busbw_source="AWS ParallelCluster nccl-tests pass threshold (p5)",
+            on_demand_usd_per_hour=98.32, network_gbps=3200, published_busbw_gbps=443.7,
+            busbw_source=f"{_NCCL_TESTS_README} (2 x p5.48xlarge: 443.72 GB/s at 2147483648 bytes)",
             peak_bf16_tflops_per_accelerator=989.0, collective_env=_env(_NCCL_OVER_EFA),
+            validation_instance_type="p5.4xlarge",
         ),
         InstanceType(
             name="trn1.32xlarge", accelerator=Accelerator.NEURON, accelerators=16,
             accelerator_model="Trainium (2 NeuronCores each)", vcpus=128, memory_gib=512,
-            efa_interfaces=8, on_demand_usd_per_hour=21.50, expected_busbw_gbps=40.0,
-            busbw_source="40% of the 800 Gbps EFA line rate; no published nccl-tests figure",
+            efa_interfaces=8, on_demand_usd_per_hour=21.50, network_gbps=800, published_busbw_gbps=None,
+            busbw_source="no published two-node figure found; half the 800 Gbps EFA line rate",
             peak_bf16_tflops_per_accelerator=190.0, collective_env=_env(_NEURON_OVER_EFA),
-            cores_per_accelerator=2,
+            cores_per_accelerator=2, validation_instance_type="trn1.2xlarge",
         ),
         InstanceType(
             name="trn1n.32xlarge", accelerator=Accelerator.NEURON, accelerators=16,
             accelerator_model="Trainium (2 NeuronCores each)", vcpus=128, memory_gib=512,
-            efa_interfaces=16, on_demand_usd_per_hour=24.78, expected_busbw_gbps=80.0,
-            busbw_source="40% of the 1600 Gbps EFA line rate; no published nccl-tests figure",
+            efa_interfaces=16, on_demand_usd_per_hour=24.78, network_gbps=1600, published_busbw_gbps=None,
+            busbw_source="no published two-node figure found; half the 1600 Gbps EFA line rate",
             peak_bf16_tflops_per_accelerator=190.0, collective_env=_env(_NEURON_OVER_EFA),
-            cores_per_accelerator=2,
+            cores_per_accelerator=2, validation_instance_type="trn1.2xlarge",
         ),
         InstanceType(
             name="g5.12xlarge", accelerator=Accelerator.NVIDIA, accelerators=4,
             accelerator_model="A10G 24 GB", vcpus=48, memory_gib=192, efa_interfaces=1,
-            on_demand_usd_per_hour=5.672, expected_busbw_gbps=4.0,
-            busbw_source="about a third of the 100 Gbps EFA line rate; low-cost trials only",
+            on_demand_usd_per_hour=5.672, network_gbps=40, published_busbw_gbps=None,
+            # EFA and ENA share the same 40 Gbps here: bandwidth alone cannot tell EFA from a socket fallback,
+            # which is why the sanity check also proves the transport from NCCL's own log.
+            busbw_source="no published two-node figure found; half the 40 Gbps network rate (low-cost trials only)",
             peak_bf16_tflops_per_accelerator=125.0, collective_env=_env(_NCCL_OVER_EFA_NO_RDMA),
+            validation_instance_type="g5.xlarge",
         ),
-        # Listed so that choosing it fails with a reason: one GPU, no EFA.
+        # Single-node types: one accelerator, no EFA. They validate models; choosing one to train fails with a reason.
         InstanceType(
             name="g5.xlarge", accelerator=Accelerator.NVIDIA, accelerators=1,
             accelerator_model="A10G 24 GB", vcpus=4, memory_gib=16, efa_interfaces=0,
-            on_demand_usd_per_hour=1.006, expected_busbw_gbps=0.0,
-            busbw_source="no EFA", peak_bf16_tflops_per_accelerator=125.0,
+            on_demand_usd_per_hour=1.006, network_gbps=10, published_busbw_gbps=None,
+            busbw_source="no EFA", peak_bf16_tflops_per_accelerator=125.0, single_node_only=True,
+        ),
+        # No EC2 type has one A100, so A100 models validate on one H100 80 GB (it loads what an A100 wrote).
+        InstanceType(
+            name="p5.4xlarge", accelerator=Accelerator.NVIDIA, accelerators=1,
+            accelerator_model="H100 80 GB", vcpus=16, memory_gib=256, efa_interfaces=0,
+            on_demand_usd_per_hour=round(98.32 / 8, 4), network_gbps=100, published_busbw_gbps=None,
+            busbw_source="single-node only", peak_bf16_tflops_per_accelerator=989.0, single_node_only=True,
+            price_note="estimated as one eighth of p5.48xlarge; not confirmed from the EC2 price list here",
+        ),
+        InstanceType(
+            name="trn1.2xlarge", accelerator=Accelerator.NEURON, accelerators=1,
+            accelerator_model="Trainium (2 NeuronCores each)", vcpus=8, memory_gib=32, efa_interfaces=0,
+            on_demand_usd_per_hour=1.34375, network_gbps=12, published_busbw_gbps=None,
+            busbw_source="single-node only", peak_bf16_tflops_per_accelerator=190.0, cores_per_accelerator=2,
+            single_node_only=True,
         ),
     )
 })
@@ -143,3 +194,4 @@ CATALOGUE: MappingProxyType = MappingProxyType({
 
 def efa_instance_types() -> tuple[str, ...]:
     return tuple(name for name, it in CATALOGUE.items() if it.has_efa)
+

@@ -18,6 +18,10 @@ from config.regions import REGION_ZONES, zones
 DEFAULT_ENVIRONMENT = "dev"
 # A guard against expensive typos (160 for 16 p5 nodes is ~$15,000 an hour); raise it on purpose.
 MAX_NODES = 64
+# A `cdk deploy` must never cut a training attempt short: the compute environment's update policy waits for
+# running jobs at most 7200 minutes (Batch API reference, UpdatePolicy.jobExecutionTimeoutMinutes), so an
+# attempt may not be allowed longer.
+MAX_BATCH_TRAIN_TIMEOUT_HOURS = 7200 // 60
 FSX_DEPLOYMENT_TYPES = ("PERSISTENT_2", "SCRATCH_2")
 FSX_THROUGHPUTS_PER_TIB = (125, 250, 500, 1000)
 EKS_CAPACITY_TYPES = ("on_demand", "spot", "capacity_block")
@@ -141,17 +145,24 @@ class EnvironmentConfig:
         for weight in ("batch_research_weight", "batch_production_weight"):
             _check(self, weight, 0.0001 <= getattr(self, weight) <= 999.9999,
                    "a Batch fair-share weight factor from 0.0001 to 999.9999 (lower gets more compute)")
-        _check(self, "batch_train_timeout_hours", 1 <= self.batch_train_timeout_hours <= 720,
-               "an integer number of hours from 1 to 720")
+        _check(self, "batch_train_timeout_hours", 1 <= self.batch_train_timeout_hours <= MAX_BATCH_TRAIN_TIMEOUT_HOURS,
+               f"an integer number of hours from 1 to {MAX_BATCH_TRAIN_TIMEOUT_HOURS} (Batch lets running jobs finish "
+               "for at most 7200 minutes when a deploy updates their hosts)")
         single = self.batch_single_node_instance_type
         _check(self, "batch_single_node_instance_type",
                single is None or (single in CATALOGUE and CATALOGUE[single].accelerator is self.instance.accelerator),
-               f"unset, or a catalogue instance type with {self.instance.accelerator.value} accelerators like "
-               f"{self.instance_type} (validation loads the training checkpoint)")
+               f"unset (then {self.instance.validation_instance_type}), or a catalogue instance type with "
+               f"{self.instance.accelerator.value} accelerators (validation loads the training checkpoint on one)")
 
     @property
     def instance(self) -> InstanceType:
         return CATALOGUE[self.instance_type]
+
+    @property
+    def single_node_instance(self) -> InstanceType:
+        """Where single-node jobs (validation) run: the configured type, else the catalogue's small one."""
+        return CATALOGUE[self.batch_single_node_instance_type or self.instance.validation_instance_type
+                         or self.instance_type]
 
     @property
     def stack_prefix(self) -> str:

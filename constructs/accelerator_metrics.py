@@ -1,10 +1,11 @@
 """Where each compute backend publishes accelerator and EFA metrics: one table, read by the dashboard and the alarms.
 
 Batch hosts run the CloudWatch agent (namespace CWAgent): `nvidia_gpu` gives nvidia_smi_* (dimensions index,
-name, host), `efa` gives efa_rx_bytes/efa_tx_bytes (dimensions device, port, eniId). EKS nodes get Container
-Insights from the amazon-cloudwatch-observability add-on (namespace ContainerInsights, dimension ClusterName).
-Node metrics carry several dimension sets, so graphs use SEARCH (any dimension set) and alarms use
-CloudWatch Metrics Insights queries, the form of query an alarm accepts over many time series.
+name, host, plus the Environment dimension the agent appends, see host_user_data), `efa` gives efa_rx_bytes/
+efa_tx_bytes (dimensions device, port, eniId; the agent's `efa` section takes no extra dimensions). EKS nodes
+get Container Insights from the amazon-cloudwatch-observability add-on (namespace ContainerInsights, dimension
+ClusterName). Node metrics carry several dimension sets, so graphs use SEARCH (any dimension set) and alarms
+use CloudWatch Metrics Insights queries, the form of query an alarm accepts over many time series.
 """
 
 from dataclasses import dataclass
@@ -16,9 +17,14 @@ from config import Accelerator
 
 CWAGENT = "CWAgent"
 CONTAINER_INSIGHTS = "ContainerInsights"
-# Batch Neuron hosts: the CloudWatch agent has no Neuron collector outside Container Insights, so the Batch
-# hosts must publish NeuronCore utilisation themselves (neuron-monitor piped to a publisher) under these names.
-BATCH_NEURON_NAMESPACE = "EfaTraining/Neuron"
+# The dimension the CloudWatch agent on Batch hosts appends to its GPU, memory and disk metrics.
+ENVIRONMENT_DIMENSION = "Environment"
+
+
+def batch_neuron_namespace(environment: str) -> str:
+    """Batch Neuron hosts publish NeuronCore utilisation themselves (neuron-monitor piped to its CloudWatch
+    publisher, which takes a namespace and no extra dimension), so the namespace carries the environment."""
+    return f"EfaTraining/{environment}/Neuron"
 
 
 @dataclass(frozen=True)
@@ -31,46 +37,55 @@ class AcceleratorMetrics:
     efa_namespace: str
     efa_rx_bytes: str
     efa_tx_bytes: str
-    cluster_name: str | None = None  # EKS only: narrows every query to this environment's cluster
-
-    def _scope(self) -> str:
-        return f' ClusterName="{self.cluster_name}"' if self.cluster_name else ""
+    node_dimension: str  # one value per host/node: the idle alarm's GROUP BY
+    scope: tuple[str, str] | None = None  # (dimension, value) naming this environment's series, where they have one
+    schema: tuple[str, ...] = ()  # the node-level dimension set, for Metrics Insights SCHEMA(...)
+    efa_scoped: bool = False  # whether the EFA series carry the scope dimension too
 
     def search(self, metric_name: str, statistic: str, label: str, *, namespace: str | None = None,
-               period: cdk.Duration = cdk.Duration.minutes(1)) -> cloudwatch.MathExpression:
-        """One line per time series of `metric_name`, whatever its dimensions."""
+               period: cdk.Duration = cdk.Duration.minutes(1), scoped: bool = True) -> cloudwatch.MathExpression:
+        """One line per time series of `metric_name`, whatever its dimensions, within this environment."""
         ns = namespace or self.namespace
-        query = f'Namespace="{ns}" MetricName="{metric_name}"{self._scope()}'
+        scope = f' {self.scope[0]}="{self.scope[1]}"' if scoped and self.scope else ""
+        query = f'Namespace="{ns}" MetricName="{metric_name}"{scope}'
         return cloudwatch.MathExpression(
             expression=f"SEARCH('{query}', '{statistic}', {int(period.to_seconds())})",
             label=label, period=period, using_metrics={},
         )
 
-    def insights_average(self, metric_name: str) -> str:
-        """Metrics Insights query averaging `metric_name` over every host/node of this environment."""
-        where = f" WHERE ClusterName = '{self.cluster_name}'" if self.cluster_name else ""
-        source = f"SCHEMA({self.namespace}, ClusterName)" if self.cluster_name else self.namespace
-        return f"SELECT AVG({metric_name}) FROM {source}{where}"
+    def insights_lowest_node(self, metric_name: str) -> str:
+        """Metrics Insights query: `metric_name` averaged per host/node of this environment, lowest first.
+        An alarm on it has one contributor per node, so one idle node raises it (CloudWatch user guide,
+        Create_Metrics_Insights_Alarm.html and multi-time-series-alarm.html)."""
+        source = f"SCHEMA({self.namespace}, {', '.join(self.schema)})" if self.schema else self.namespace
+        where = f" WHERE {self.scope[0]} = '{self.scope[1]}'" if self.scope else ""
+        return (f"SELECT AVG({metric_name}) FROM {source}{where} "
+                f"GROUP BY {self.node_dimension} ORDER BY AVG() ASC")
 
 
-def accelerator_metrics(backend: str, accelerator: Accelerator, cluster_name: str | None = None) -> AcceleratorMetrics:
+def accelerator_metrics(backend: str, accelerator: Accelerator, *, environment: str,
+                        cluster_name: str | None = None) -> AcceleratorMetrics:
+    nvidia = accelerator is Accelerator.NVIDIA
     if backend == "eks":
-        nvidia = accelerator is Accelerator.NVIDIA
+        # Container Insights (enhanced) node GPU/NeuronCore metrics: dimension set ClusterName, InstanceId, NodeName.
         return AcceleratorMetrics(
             backend=backend, accelerator=accelerator, namespace=CONTAINER_INSIGHTS,
             utilization="node_gpu_utilization" if nvidia else "node_neuroncore_utilization",
             memory="node_gpu_memory_utilization" if nvidia else "node_neuroncore_memory_usage_total",
             efa_namespace=CONTAINER_INSIGHTS, efa_rx_bytes="node_efa_rx_bytes", efa_tx_bytes="node_efa_tx_bytes",
-            cluster_name=cluster_name,
+            node_dimension="NodeName", scope=("ClusterName", cluster_name) if cluster_name else None,
+            schema=("ClusterName", "InstanceId", "NodeName"), efa_scoped=True,
         )
-    if accelerator is Accelerator.NVIDIA:
+    if nvidia:
         return AcceleratorMetrics(
             backend=backend, accelerator=accelerator, namespace=CWAGENT,
             utilization="nvidia_smi_utilization_gpu", memory="nvidia_smi_memory_used",
             efa_namespace=CWAGENT, efa_rx_bytes="efa_rx_bytes", efa_tx_bytes="efa_tx_bytes",
+            node_dimension="host", scope=(ENVIRONMENT_DIMENSION, environment),
         )
     return AcceleratorMetrics(
-        backend=backend, accelerator=accelerator, namespace=BATCH_NEURON_NAMESPACE,
+        backend=backend, accelerator=accelerator, namespace=batch_neuron_namespace(environment),
         utilization="neuroncore_utilization", memory="neuron_runtime_memory_used_bytes",
         efa_namespace=CWAGENT, efa_rx_bytes="efa_rx_bytes", efa_tx_bytes="efa_tx_bytes",
+        node_dimension="InstanceId",
     )

@@ -102,8 +102,9 @@ class BatchJobDefinitions(Construct):
 
     def __init__(self, scope: Construct, id_: str, *, instance: InstanceType, single_node_instance: InstanceType,
                  nodes: int, image: ecs.ContainerImage, job_role: iam.IRole, log_group: logs.ILogGroup,
-                 bucket_name: str, train_timeout: cdk.Duration) -> None:
+                 bucket_name: str, train_timeout: cdk.Duration, environment: str = "") -> None:
         super().__init__(scope, id_)
+        self.environment = environment
         self.execution_role = iam.Role(self, "ExecutionRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
                                        description="Batch jobs: pull the training image and write the job logs")
         self.specs = job_specs(instance=instance, nodes=nodes, bucket_name=bucket_name, train_timeout=train_timeout)
@@ -133,6 +134,8 @@ class BatchJobDefinitions(Construct):
     def _container(self, id_: str, spec: JobSpec, host: InstanceType, image: ecs.ContainerImage,
                    job_role: iam.IRole, log_group: logs.ILogGroup, *, efa: bool) -> batch.EcsEc2ContainerDefinition:
         memory_mib = int(host.memory_gib * 1024 * MEMORY_SHARE)
+        # Multi-node jobs take every accelerator of their host; a single-node job (validation) takes one.
+        accelerators = host.accelerators if efa else 1
         linux = batch.LinuxParameters(self, f"{id_}Linux",
                                       # NCCL and data loaders exchange through /dev/shm: a quarter of the host's memory.
                                       shared_memory_size=cdk.Size.gibibytes(shared_memory_gib(host)))
@@ -143,17 +146,20 @@ class BatchJobDefinitions(Construct):
                                 for i in range(host.efa_interfaces)))
         if host.accelerator is Accelerator.NEURON:
             linux.add_devices(*(batch.Device(host_path=f"/dev/neuron{i}", container_path=f"/dev/neuron{i}")
-                                for i in range(host.accelerators)))
-        environment = job_environment(host)
+                                for i in range(accelerators)))
+        environment = job_environment(host, backend="batch", environment=self.environment)
         if not efa:
+            # One process on one accelerator: no collectives, no EFA, no bootstrap interface.
             environment = {k: v for k, v in environment.items()
-                           if not k.startswith(("FI_", "NCCL_SOCKET")) and k != "EFA_INTERFACES"}
+                           if not k.startswith(("FI_", "NCCL_SOCKET", "GLOO_SOCKET", "BUSBW_", "EXPECTED_BUSBW"))
+                           and k != "EFA_INTERFACES"}
+            environment["ACCELERATORS_PER_NODE"] = str(accelerators * host.cores_per_accelerator)
         return batch.EcsEc2ContainerDefinition(
             self, id_,
             image=image,
             cpu=host.vcpus,
             memory=cdk.Size.mebibytes(memory_mib),
-            gpu=host.accelerators if host.accelerator is Accelerator.NVIDIA else None,
+            gpu=accelerators if host.accelerator is Accelerator.NVIDIA else None,
             command=spec.command,
             environment=environment,
             job_role=job_role,

@@ -82,10 +82,14 @@ class EfaLaunchTemplate(Construct):
                 volume=ec2.BlockDeviceVolume.ebs(root_volume_gib, volume_type=ec2.EbsDeviceVolumeType.GP3,
                                                  encrypted=True, delete_on_termination=True),
             )],
-            # IMDSv2 only; two hops so containers on the bridge network still reach the metadata service.
+            # IMDSv2 only, one hop: a container (bridge network, pod) cannot reach the metadata service and
+            # borrow the node's role (EC2 user guide, "Instance metadata access considerations": the container
+            # is one more hop; EKS best practices, "Restrict access to the instance profile assigned to the
+            # worker node"). Jobs have their own role (Batch job role, EKS pod identity); Batch hosts also set
+            # ECS_AWSVPC_BLOCK_IMDS for awsvpc tasks (host_user_data.py).
             http_endpoint=True,
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
-            http_put_response_hop_limit=2,
+            http_put_response_hop_limit=1,
             instance_metadata_tags=False,
             # A host whose preparation fails shuts itself down; terminating lets the scheduler replace it
             # (EKS managed node groups reject the setting: pass terminate_on_shutdown=False there).

@@ -53,18 +53,21 @@ class EksAcceleratorNodegroup(Construct):
         # EKS managed node groups reject a template with shutdown behaviour "terminate" (EKS API reference,
         # LaunchTemplateSpecification: no TerminateInstances); the node group replaces failed nodes itself.
         template.add_property_deletion_override("LaunchTemplateData.InstanceInitiatedShutdownBehavior")
-        if capacity_type == "capacity_block":
-            # Capacity Blocks (EKS user guide, "Create a managed node group with Capacity Blocks for ML"): the market
-            # type and the targeted reservation both go in the launch template; without the target nothing launches.
+        capacity_block = capacity_type == "capacity_block"
+        if capacity_block:
+            # Capacity Blocks (EKS user guide, "Create a managed node group with Capacity Blocks for ML"): the launch
+            # template must carry the market type, the targeted reservation and the InstanceType, or EKS rejects
+            # the node group; the type is then not named on the node group as well.
             if not capacity_reservation_id:
                 raise ValueError("capacity_type=capacity_block needs capacity_reservation_id (the block's cr-...)")
             template.add_property_override("LaunchTemplateData.InstanceMarketOptions.MarketType", "capacity-block")
             template.add_property_override(
                 "LaunchTemplateData.CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId",
                 capacity_reservation_id)
+            template.add_property_override("LaunchTemplateData.InstanceType", instance.name)
         self.nodegroup = cluster.add_nodegroup_capacity(
             "Accelerator",
-            instance_types=[ec2.InstanceType(instance.name)],
+            instance_types=None if capacity_block else [ec2.InstanceType(instance.name)],
             capacity_type=CAPACITY_TYPES[capacity_type],
             launch_template_spec=eks.LaunchTemplateSpec(id=self.launch_template.launch_template_id,
                                                         version=self.launch_template.latest_version_number),

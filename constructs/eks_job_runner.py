@@ -31,7 +31,7 @@ import aws_cdk.aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from config import InstanceType
-from constructs.eks_job_spec import NAMESPACE
+from constructs.eks_job_spec import NAMESPACE, Site
 from constructs.eks_job_templates import indexed_job
 
 JOB_NAME_ANNOTATION = "efa-training/job-name"
@@ -45,8 +45,10 @@ def launcher_flag(parameter: str) -> str:
 class EksJobRunner:
     def __init__(self, *, cluster: eks.ICluster, instance: InstanceType, image: str, max_nodes: int,
                  nodegroup: eks.INodegroup | None = None, runs_uri: str | None = None,
-                 log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH) -> None:
+                 log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+                 site: Site = Site()) -> None:
         self.cluster = cluster
+        self.site = site
         # s3://<bucket>/runs/: the sanity report and the verdict go straight to S3, where the pipeline reads
         # the verdict (FSx's export to S3 is asynchronous, so /fsx/runs/ could still be empty there).
         self.runs_uri = runs_uri
@@ -58,7 +60,8 @@ class EksJobRunner:
 
     def job_manifest(self, *, job: str, parameters: Mapping[str, str], job_name: str, nodes: str | None) -> dict:
         """The Job as an ASL payload template: static fields, plus `.$` fields resolved per execution."""
-        manifest = indexed_job(self.instance, image=self.image, phase=job, nodes=self.max_nodes, name="placeholder")
+        manifest = indexed_job(self.instance, image=self.image, phase=job, nodes=self.max_nodes, name="placeholder",
+                               site=self.site)
         metadata, spec = manifest["metadata"], manifest["spec"]
         metadata.pop("name")
         metadata["name.$"] = f"States.Format('{job}-{{}}', States.UUID())"

@@ -5,13 +5,32 @@ The container is the training image: ENTRYPOINT `python /opt/training/launch.py`
 Every pod takes a whole accelerator node: all its GPUs or Trainium chips and all its EFA interfaces.
 """
 
+from dataclasses import dataclass
+
 from config import InstanceType
 from config.layout import FSX_MOUNT_PATH
 from constructs.job_environment import STOP_GRACE_SECONDS, job_environment, shared_memory_gib
 
 NAMESPACE = "training"
 SERVICE_ACCOUNT = "efa-training"
-FSX_CLAIM = "fsx-training"
+FSX_CLAIM = "fsx-training"  # the claim's name prefix; a deployed cluster's claim adds the file system's revision
+
+
+@dataclass(frozen=True)
+class Site:
+    """What a deployed environment adds to every training pod: its name (the Environment dimension of the
+    training metrics, which the alarms and dashboard filter on) and the claim of its file system."""
+    environment: str = ""
+    fsx_claim: str = FSX_CLAIM
+
+
+def fsx_claim_name(revision: str | None) -> str:
+    """The claim for one revision of the file system (StorageStack.file_system_revision).
+
+    A PersistentVolume's CSI attributes and a claim's volumeName are immutable (Kubernetes API reference), so a
+    replaced file system gets a new volume and claim instead of an update Kubernetes would refuse.
+    """
+    return f"{FSX_CLAIM}-{revision}" if revision else FSX_CLAIM
 # Only training pods tolerate this taint, so nothing else lands on (and holds) an accelerator node.
 ACCELERATOR_TAINT_KEY = "efa-training/accelerator"
 ACCELERATOR_LABEL = {ACCELERATOR_TAINT_KEY: "true"}
@@ -23,6 +42,11 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 # the accelerator nodes reserve exactly this many (eks_accelerator_nodegroup).
 HUGEPAGES_2MI_PAGES = 2560
 HUGEPAGES_2MI = f"{HUGEPAGES_2MI_PAGES * 2}Mi"
+# Training metrics on EKS: the observability add-on's Fluent Bit wraps stdout lines, so EMF is not extracted
+# from them; train.py also sends each EMF line to the node's CloudWatch agent (its EMF listener, enabled in
+# eks_cluster), through the agent's node-local Service (internalTrafficPolicy Local in daemonset mode).
+EMF_AGENT_ENDPOINT = "tcp://cloudwatch-agent.amazon-cloudwatch:25888"
+EMF_LOG_GROUP = "/efa-training/eks/training-metrics"
 
 
 
@@ -41,15 +65,16 @@ def resources(instance: InstanceType) -> dict:
     return {"requests": dict(whole_node), "limits": dict(whole_node)}
 
 
-def environment(instance: InstanceType, *, nodes: int) -> list[dict]:
+def environment(instance: InstanceType, *, nodes: int, site: Site = Site()) -> list[dict]:
     """What launch.py reads besides the launcher's own MASTER_ADDR/MASTER_PORT/PET_NNODES/PET_NODE_RANK."""
-    env = {**job_environment(instance), "PET_NNODES": str(nodes)}
+    env = {**job_environment(instance, backend="eks", environment=site.environment), "PET_NNODES": str(nodes),
+           "AWS_EMF_AGENT_ENDPOINT": EMF_AGENT_ENDPOINT, "AWS_EMF_LOG_GROUP_NAME": EMF_LOG_GROUP}
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
-def volumes(instance: InstanceType) -> list[dict]:
+def volumes(instance: InstanceType, site: Site = Site()) -> list[dict]:
     return [
-        {"name": "fsx", "persistentVolumeClaim": {"claimName": FSX_CLAIM}},
+        {"name": "fsx", "persistentVolumeClaim": {"claimName": site.fsx_claim}},
         # torch DataLoader workers and NCCL share tensors through /dev/shm (the same size as on Batch).
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shared_memory_gib(instance)}Gi"}},
     ]
@@ -60,7 +85,7 @@ def volume_mounts() -> list[dict]:
 
 
 def container(instance: InstanceType, *, image: str, phase: str, nodes: int, args: list[str] = (),
-              extra_env: list[dict] = ()) -> dict:
+              extra_env: list[dict] = (), site: Site = Site()) -> dict:
     if phase not in PHASES:
         raise ValueError(f"phase={phase!r} is not valid; expected one of {', '.join(PHASES)}")
     return {
@@ -68,7 +93,7 @@ def container(instance: InstanceType, *, image: str, phase: str, nodes: int, arg
         "image": image,
         # No command: the image's ENTRYPOINT (python /opt/training/launch.py) runs with these args.
         "args": [phase, *args],
-        "env": [*environment(instance, nodes=nodes), *extra_env],
+        "env": [*environment(instance, nodes=nodes, site=site), *extra_env],
         "resources": resources(instance),
         "volumeMounts": volume_mounts(),
         # EFA registers (pins) memory: the uverbs devices come from the device plugin, memlock must be unlimited,
@@ -78,13 +103,14 @@ def container(instance: InstanceType, *, image: str, phase: str, nodes: int, arg
 
 
 def pod_spec(instance: InstanceType, *, image: str, phase: str, nodes: int, args: list[str] = (),
-             extra_env: list[dict] = (), restart_policy: str = "Never") -> dict:
+             extra_env: list[dict] = (), restart_policy: str = "Never", site: Site = Site()) -> dict:
     return {
         "serviceAccountName": SERVICE_ACCOUNT,
         "restartPolicy": restart_policy,
         "terminationGracePeriodSeconds": STOP_GRACE_SECONDS,
         "nodeSelector": {**ACCELERATOR_LABEL, "node.kubernetes.io/instance-type": instance.name},
         "tolerations": [toleration()],
-        "containers": [container(instance, image=image, phase=phase, nodes=nodes, args=args, extra_env=extra_env)],
-        "volumes": volumes(instance),
+        "containers": [container(instance, image=image, phase=phase, nodes=nodes, args=args, extra_env=extra_env,
+                                 site=site)],
+        "volumes": volumes(instance, site),
     }

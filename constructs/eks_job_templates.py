@@ -22,8 +22,8 @@ WORKERS_SERVICE = "training-workers"
 _BACKOFF_LIMIT = 0
 
 
-def training_runtime(instance: InstanceType, *, image: str, nodes: int) -> dict:
-    pod = spec.pod_spec(instance, image=image, phase="train", nodes=nodes)
+def training_runtime(instance: InstanceType, *, image: str, nodes: int, site: spec.Site = spec.Site()) -> dict:
+    pod = spec.pod_spec(instance, image=image, phase="train", nodes=nodes, site=site)
     container = pod["containers"][0]
     container.pop("args")  # each TrainJob gives its phase
     container["env"] = _without_trainer_env(container["env"])
@@ -45,10 +45,10 @@ def training_runtime(instance: InstanceType, *, image: str, nodes: int) -> dict:
 
 
 def train_job(instance: InstanceType, *, image: str, phase: str, nodes: int, name: str | None = None,
-              args: list[str] = ()) -> dict:
+              args: list[str] = (), site: spec.Site = spec.Site()) -> dict:
     """A TrainJob on the runtime; rank 0 is JobSet pod `<name>-node-0-0` under the JobSet's service `<name>`."""
     name = name or f"efa-{phase}"
-    pod = spec.pod_spec(instance, image=image, phase=phase, nodes=nodes, args=list(args))
+    pod = spec.pod_spec(instance, image=image, phase=phase, nodes=nodes, args=list(args), site=site)
     container = pod["containers"][0]
     return {
         "apiVersion": TRAINER_API,
@@ -74,12 +74,12 @@ def _without_trainer_env(env: list[dict]) -> list[dict]:
     return [var for var in env if not var["name"].startswith("PET_")]
 
 
-def job_templates(instance: InstanceType, *, image: str, nodes: int) -> dict[str, dict]:
-    return {phase: train_job(instance, image=image, phase=phase, nodes=nodes) for phase in spec.PHASES}
+def job_templates(instance: InstanceType, *, image: str, nodes: int, site: spec.Site = spec.Site()) -> dict[str, dict]:
+    return {phase: train_job(instance, image=image, phase=phase, nodes=nodes, site=site) for phase in spec.PHASES}
 
 
 def indexed_job(instance: InstanceType, *, image: str, phase: str, nodes: int, name: str,
-                args: list[str] = ()) -> dict:
+                args: list[str] = (), site: spec.Site = spec.Site()) -> dict:
     """batch/v1 Indexed Job: one pod per node, all started together, rank from the completion index."""
     rank_from_index = {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
         "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
@@ -90,7 +90,8 @@ def indexed_job(instance: InstanceType, *, image: str, phase: str, nodes: int, n
         {"name": "MASTER_PORT", "value": str(spec.MASTER_PORT)},
         rank_from_index,
     ]
-    pod = spec.pod_spec(instance, image=image, phase=phase, nodes=nodes, args=list(args), extra_env=launcher_env)
+    pod = spec.pod_spec(instance, image=image, phase=phase, nodes=nodes, args=list(args), extra_env=launcher_env,
+                        site=site)
     pod["subdomain"] = WORKERS_SERVICE
     return {
         "apiVersion": "batch/v1",

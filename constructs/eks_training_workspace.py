@@ -25,7 +25,8 @@ FSX_VOLUME = "fsx-training"
 class EksTrainingWorkspace(Construct):
     def __init__(self, scope: Construct, id_: str, *, cluster: eks.Cluster, bucket_arn_export: str,
                  file_system: fsx.LustreFileSystem, storage_gib: int, instance: InstanceType, image: str,
-                 nodes: int, trainer_chart: eks.HelmChart, fsx_csi_driver: eks.Addon) -> None:
+                 nodes: int, trainer_chart: eks.HelmChart, fsx_csi_driver: eks.Addon, fsx_revision: str = "",
+                 environment: str = "") -> None:
         super().__init__(scope, id_)
         namespace = cluster.add_manifest("Namespace", {
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.NAMESPACE}})
@@ -38,10 +39,15 @@ class EksTrainingWorkspace(Construct):
         _grant_prefixes(self.role, bucket_arn_export)
 
         # Static provisioning: the file system already exists (storage stack); no CSI controller AWS calls needed.
+        # Volume and claim are named by the file system's revision: a replaced file system gets new ones (their
+        # CSI attributes and volumeName are immutable), and every job below names the new claim.
+        self.fsx_claim = spec.fsx_claim_name(fsx_revision)
+        self.site = spec.Site(environment=environment, fsx_claim=self.fsx_claim)
+        fsx_volume = f"{FSX_VOLUME}-{fsx_revision}" if fsx_revision else FSX_VOLUME
         capacity = f"{storage_gib}Gi"
         volume = cluster.add_manifest("FsxVolume", {
             "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": FSX_VOLUME},
+            "metadata": {"name": fsx_volume},
             "spec": {
                 "capacity": {"storage": capacity},
                 "volumeMode": "Filesystem",
@@ -57,8 +63,8 @@ class EksTrainingWorkspace(Construct):
             },
         }, {
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": spec.FSX_CLAIM, "namespace": spec.NAMESPACE},
-            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": FSX_VOLUME,
+            "metadata": {"name": self.fsx_claim, "namespace": spec.NAMESPACE},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": fsx_volume,
                      "resources": {"requests": {"storage": capacity}}},
         })
         volume.node.add_dependency(namespace)
@@ -74,8 +80,9 @@ class EksTrainingWorkspace(Construct):
         })
         workers.node.add_dependency(namespace)
 
-        self.templates = job_templates(instance, image=image, nodes=nodes)
-        runtime = cluster.add_manifest("TrainingRuntime", training_runtime(instance, image=image, nodes=nodes), {
+        self.templates = job_templates(instance, image=image, nodes=nodes, site=self.site)
+        runtime = cluster.add_manifest("TrainingRuntime", training_runtime(instance, image=image, nodes=nodes,
+                                                                          site=self.site), {
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "job-templates", "namespace": spec.NAMESPACE},
             "data": {f"{phase}.json": json.dumps(job, indent=2) for phase, job in self.templates.items()},
@@ -83,6 +90,7 @@ class EksTrainingWorkspace(Construct):
         runtime.node.add_dependency(trainer_chart)  # the ClusterTrainingRuntime CRD comes with the chart
         runtime.node.add_dependency(namespace)
         cdk.CfnOutput(self, "RuntimeName", value=RUNTIME_NAME)
+        cdk.CfnOutput(self, "FsxClaimName", value=self.fsx_claim)
 
 
 def _grant_prefixes(role: iam.IRole, bucket_arn_export: str) -> None:

@@ -18,8 +18,7 @@ import aws_cdk.aws_ec2 as ec2
 
 from config import Accelerator, InstanceType
 from config.layout import FSX_MOUNT_PATH
-from constructs.accelerator_metrics import BATCH_NEURON_NAMESPACE as NEURON_NAMESPACE
-from constructs.accelerator_metrics import CWAGENT
+from constructs.accelerator_metrics import CWAGENT, ENVIRONMENT_DIMENSION, batch_neuron_namespace
 
 # EC2 user guide, EFA: 5128 pages of 2 MiB for the libfabric EFA provider's registered buffers.
 HUGE_PAGES = 5128
@@ -28,26 +27,33 @@ CWAGENT_CONFIG = "/opt/aws/amazon-cloudwatch-agent/etc/efa-training.json"
 LOG = "/var/log/efa-training-host.log"
 
 
-def cloudwatch_agent_config(instance: InstanceType) -> dict:
-    """The agent's JSON: GPU and EFA counters in CWAgent (dimensions index/name/host and device/port/eniId)."""
+def cloudwatch_agent_config(instance: InstanceType, environment: str) -> dict:
+    """The agent's JSON: GPU and EFA counters in CWAgent (dimensions index/name/host and device/port/eniId).
+
+    GPU, memory and disk metrics also carry Environment=<env> (a section's own `append_dimensions`, CloudWatch
+    user guide, CloudWatch-Agent-Configuration-File-Details.html), so dashboards and the idle alarm read only
+    this environment's hosts; the agent's `efa` section takes no such field (its JSON schema)."""
+    scoped = {"append_dimensions": {ENVIRONMENT_DIMENSION: environment}, "metrics_collection_interval": 60}
     metrics: dict = {
         "efa": {"measurement": ["rx_bytes", "tx_bytes", "rx_dropped", "rdma_read_bytes", "rdma_write_bytes"],
                 "metrics_collection_interval": 60},
-        "mem": {"measurement": ["mem_used_percent"], "metrics_collection_interval": 60},
-        "disk": {"measurement": ["used_percent"], "resources": ["/"], "metrics_collection_interval": 60},
+        "mem": {"measurement": ["mem_used_percent"], **scoped},
+        "disk": {"measurement": ["used_percent"], "resources": ["/"], **scoped},
     }
     if instance.accelerator is Accelerator.NVIDIA:
         metrics["nvidia_gpu"] = {
             "measurement": ["utilization_gpu", "utilization_memory", "memory_used", "memory_total",
                             "temperature_gpu", "power_draw"],
-            "metrics_collection_interval": 60,
+            **scoped,
         }
     return {"agent": {"metrics_collection_interval": 60, "run_as_user": "root"},
             "metrics": {"namespace": CWAGENT, "metrics_collected": metrics}}
 
 
-def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: str, check_efa: bool = True,
-                  region: str = "${AWS_REGION}", ecs_stop_timeout_seconds: int | None = None) -> list[str]:
+def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: str, environment: str,
+                  fsx_revision: str = "",
+                  check_efa: bool = True, region: str = "${AWS_REGION}",
+                  ecs_stop_timeout_seconds: int | None = None) -> list[str]:
     """The shell lines (bash, set -euo pipefail) that prepare one host; tokens are allowed in the FSx names."""
     lines = [
         f"exec > >(tee -a {LOG} | logger -t efa-training-host -s 2>/dev/console) 2>&1",
@@ -75,6 +81,9 @@ def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: 
         ]
     lines += [
         "# 3. FSx for Lustre at " + FSX_MOUNT_PATH,
+        # The file system's revision (StorageStack.file_system_revision): a replaced file system changes this
+        # line, so the launch template gets a new version with the new names in the same deploy.
+        f"# file system revision {fsx_revision or 'unversioned'}",
         "dnf install -y lustre-client",
         f"mkdir -p {FSX_MOUNT_PATH}",
         f"echo '{fsx_dns_name}@tcp:/{fsx_mount_name} {FSX_MOUNT_PATH} lustre defaults,relatime,flock,_netdev 0 0' >> /etc/fstab",
@@ -93,7 +102,7 @@ def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: 
             f"if [ \"$DEVICES\" -ne {instance.accelerators} ]; then echo \"Neuron check failed: $DEVICES of {instance.accelerators}\"; false; fi",
             "/opt/aws/neuron/bin/neuron-ls",
         ]
-    agent_json = json.dumps(cloudwatch_agent_config(instance), separators=(",", ":"))
+    agent_json = json.dumps(cloudwatch_agent_config(instance, environment), separators=(",", ":"))
     lines += [
         "# 5. CloudWatch agent: nvidia_smi_* and efa_* in CWAgent",
         "dnf install -y amazon-cloudwatch-agent",
@@ -111,7 +120,7 @@ def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: 
             "After=network-online.target",
             "[Service]",
             "ExecStart=/bin/bash -c '/opt/aws/neuron/bin/neuron-monitor | /opt/aws/neuron/bin/neuron-monitor-cloudwatch.py"
-            f" --namespace {NEURON_NAMESPACE} --region {region}'",
+            f" --namespace {batch_neuron_namespace(environment)} --region {region}'",
             "Restart=always",
             "[Install]",
             "WantedBy=multi-user.target",
@@ -121,6 +130,10 @@ def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: 
     if ecs_stop_timeout_seconds:
         # ECS waits this long between SIGTERM and SIGKILL (default 30 s): time for the final checkpoint.
         lines.append(f"echo 'ECS_CONTAINER_STOP_TIMEOUT={ecs_stop_timeout_seconds}s' >> /etc/ecs/ecs.config")
+        # Multi-node jobs run in awsvpc mode (Batch user guide, "Compute environments for multi-node parallel
+        # jobs"): keep their containers from the instance profile; they use the job role (ECS developer guide,
+        # "Amazon ECS container instance security considerations": ECS_AWSVPC_BLOCK_IMDS).
+        lines.append("echo 'ECS_AWSVPC_BLOCK_IMDS=true' >> /etc/ecs/ecs.config")
     lines.append("echo 'efa-training host ready'")
     return lines
 

@@ -3,7 +3,7 @@
 One builder for Batch job definitions and EKS jobs, from the catalogue, so the two cannot drift apart.
 """
 
-from config import Accelerator, InstanceType
+from config import BUSBW_MESSAGE_BYTES, Accelerator, InstanceType
 from config.layout import FSX_MOUNT_PATH
 
 ACCELERATOR_KIND = {Accelerator.NVIDIA: "gpu", Accelerator.NEURON: "neuron"}
@@ -13,19 +13,39 @@ ACCELERATOR_KIND = {Accelerator.NVIDIA: "gpu", Accelerator.NEURON: "neuron"}
 STOP_GRACE_SECONDS = 120
 WORKER_SHUTDOWN_SECONDS = STOP_GRACE_SECONDS - 10
 
+# Which interface NCCL's and Gloo's bootstrap (and torchrun's --local-addr, see launch.py) use, per backend.
+# Batch multi-node containers run in awsvpc mode (Batch user guide, "Multi-node parallel jobs": "awsvpc network
+# mode"): besides lo they see eth0, the task's interface, and ecs-eth0, a link-local (169.254.172.0/22) link to
+# the ECS agent (ECS developer guide, "Amazon ECS task networking options for EC2": task IAM credentials and
+# metadata arrive over it). An exclusion list leaves ecs-eth0 eligible, so the bootstrap could advertise an
+# address no other host can reach: pin eth0 by exact match ("=" prefix, NCCL environment variables,
+# NCCL_SOCKET_IFNAME). GLOO_SOCKET_IFNAME takes plain interface names. EKS pods see only eth0 and lo (VPC CNI),
+# so the exclusion list that works there stays.
+SOCKET_INTERFACE_ENV = {
+    "batch": {"NCCL_SOCKET_IFNAME": "=eth0", "GLOO_SOCKET_IFNAME": "eth0"},
+    "eks": {"NCCL_SOCKET_IFNAME": "^docker,lo,veth"},
+}
+
 
 def shared_memory_gib(instance: InstanceType) -> int:
     """/dev/shm for one training container: a quarter of the node's memory (NCCL and data loaders use it)."""
     return instance.memory_gib // 4
 
 
-def job_environment(instance: InstanceType) -> dict[str, str]:
+def job_environment(instance: InstanceType, *, backend: str, environment: str = "") -> dict[str, str]:
     """The catalogue's collective (NCCL/libfabric or Neuron) settings plus what launch.py and the checks read."""
     return {
+        # The Environment dimension of the training metrics (training_image/metrics.py): alarms and the
+        # dashboard of one environment see its runs only.
+        **({"TRAINING_ENVIRONMENT": environment} if environment else {}),
         **dict(instance.collective_env),
+        **SOCKET_INTERFACE_ENV[backend],
         "ACCELERATOR_KIND": ACCELERATOR_KIND[instance.accelerator],
         "ACCELERATORS_PER_NODE": str(instance.workers_per_node),
+        # The sanity check's bandwidth gate: the threshold, the one message size it applies at, and its source.
         "EXPECTED_BUSBW_GBPS": f"{instance.expected_busbw_gbps:g}",
+        "BUSBW_MESSAGE_BYTES": str(BUSBW_MESSAGE_BYTES),
+        "BUSBW_SOURCE": instance.busbw_source,
         "EFA_INTERFACES": str(instance.efa_interfaces),
         # MFU's denominator comes from the catalogue, not from the image's own table of device names.
         "PEAK_TFLOPS_PER_ACCELERATOR": f"{instance.peak_bf16_tflops_per_accelerator:g}",

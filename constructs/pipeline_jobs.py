@@ -34,7 +34,8 @@ def _host_loss_rules() -> list[dict]:
 class JobRunner(Protocol):
     def submit(self, scope: Construct, id_: str, *, job: JobKind, parameters: Mapping[str, str],
                job_name: str, nodes: str | None = None, attempts: str | None = None,
-               result_path: str = sfn.JsonPath.DISCARD, timeout: cdk.Duration | str | None = None) -> sfn.CustomState:
+               result_path: str = sfn.JsonPath.DISCARD,
+               timeout: cdk.Duration | str | None = None) -> sfn.CustomState | sfn.Parallel:
         """A Task state that runs `job` and succeeds only when it succeeded.
 
         `parameters`: job parameter name -> JSONPath or intrinsic function giving its string value
@@ -63,12 +64,16 @@ class BatchJobRunner:
     fixed_node_count = True
 
     def __init__(self, *, multi_node_queue: batch.IJobQueue, single_node_queue: batch.IJobQueue,
-                 job_definitions: Mapping[str, batch.IJobDefinition], share_identifier: str | None = None) -> None:
+                 job_definitions: Mapping[str, batch.IJobDefinition], share_identifier: str | None = None,
+                 single_node_on_demand_queue: batch.IJobQueue | None = None) -> None:
         missing = {"sanity", "train", "validate"} - set(job_definitions)
         if missing:
             raise ValueError(f"job_definitions lacks {', '.join(sorted(missing))}; expected sanity, train, validate")
         self.multi_node_queue = multi_node_queue
         self.single_node_queue = single_node_queue
+        # Where a single-node job runs when its (Spot) attempt failed: Batch documents no fall-through from one
+        # compute environment of a queue to the next when EC2 has no Spot capacity, so the pipeline does it.
+        self.single_node_on_demand_queue = single_node_on_demand_queue
         self.job_definitions = dict(job_definitions)
         # Fair-share queues reject a SubmitJob without a share identifier.
         self.share_identifier = share_identifier
@@ -78,10 +83,34 @@ class BatchJobRunner:
 
     def submit(self, scope: Construct, id_: str, *, job: JobKind, parameters: Mapping[str, str],
                job_name: str, nodes: str | None = None, attempts: str | None = None,
-               result_path: str = sfn.JsonPath.DISCARD, timeout: cdk.Duration | str | None = None) -> sfn.CustomState:
+               result_path: str = sfn.JsonPath.DISCARD,
+               timeout: cdk.Duration | str | None = None) -> sfn.CustomState | sfn.Parallel:
+        fallback = self.single_node_on_demand_queue if job not in MULTI_NODE_JOBS else None
+        if fallback is None:
+            return self._submit_state(scope, id_, self._queue(job), job=job, parameters=parameters, job_name=job_name,
+                                      nodes=nodes, attempts=attempts, result_path=result_path, timeout=timeout)
+        # One state from the outside (the pipeline adds Retry/Catch to it): a Spot attempt, and when it fails
+        # (no Spot capacity within the queue's wait, a reclaimed host beyond the job's own retries, or the job
+        # itself) one more on on-demand capacity, so a trained model is never left unvalidated for want of Spot.
+        on_spot = self._submit_state(scope, f"{id_}OnSpot", self._queue(job), job=job, parameters=parameters,
+                                     job_name=job_name, attempts=attempts, result_path="$", timeout=timeout)
+        on_demand = self._submit_state(scope, f"{id_}OnDemand", fallback, job=job, parameters=parameters,
+                                       job_name=job_name, attempts=attempts, result_path="$", timeout=timeout)
+        on_spot.add_catch(on_demand, errors=["States.TaskFailed"], result_path="$.spot_failure")
+        parallel = sfn.Parallel(scope, id_, result_path=result_path,
+                                result_selector={key: f"$[0].{key[:-2]}" for key in ("JobId.$", "JobName.$",
+                                                                                     "Status.$")},
+                                comment=f"{job}: on Spot, then on-demand if the Spot attempt fails")
+        parallel.branch(on_spot)
+        return parallel
+
+    def _submit_state(self, scope: Construct, id_: str, queue: batch.IJobQueue, *, job: JobKind,
+                      parameters: Mapping[str, str], job_name: str, nodes: str | None = None,
+                      attempts: str | None = None, result_path: str = sfn.JsonPath.DISCARD,
+                      timeout: cdk.Duration | str | None = None) -> sfn.CustomState:
         request: dict = {
             "JobName.$": job_name,
-            "JobQueue": self._queue(job).job_queue_arn,
+            "JobQueue": queue.job_queue_arn,
             "JobDefinition": self.job_definitions[job].job_definition_arn,
             # Per-run values travel as Batch job Parameters: multi-node jobs take no container overrides.
             "Parameters": {f"{name}.$": value for name, value in parameters.items()},
@@ -113,7 +142,8 @@ class BatchJobRunner:
 
     def grant(self, principal: iam.IGrantable) -> None:
         stack = cdk.Stack.of(principal) if isinstance(principal, Construct) else None
-        queues = {id(q): q.job_queue_arn for q in (self.multi_node_queue, self.single_node_queue)}
+        queues = {id(q): q.job_queue_arn for q in (self.multi_node_queue, self.single_node_queue,
+                                                   self.single_node_on_demand_queue) if q is not None}
         iam.Grant.add_to_principal(
             grantee=principal, actions=["batch:SubmitJob"],
             resource_arns=[*queues.values(), *(d.job_definition_arn for d in self.job_definitions.values())],

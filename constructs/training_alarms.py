@@ -1,13 +1,21 @@
-"""Alarms that page the environment's alerts topic: failed pipeline, non-finite loss, idle accelerators, full FSx.
+"""Alarms that page the environment's alerts topic: broken pipeline, non-finite loss, an idle node, a full FSx.
 
 Loss itself cannot reveal NaN: NaN is not valid JSON, so CloudWatch drops an EMF line that carries it, and
 metrics have no NaN. The training code therefore emits `NonFiniteLoss` (1 when the step's loss is NaN/inf,
-else 0) in namespace EfaTraining, dimension RunId; a Metrics Insights query alarms on any run's value.
+else 0) in namespace EfaTraining, dimensions Environment and RunId; a Metrics Insights query alarms on any
+run's value in this environment (WHERE Environment = ...), never on another environment's runs.
+
+A rejected model is not a broken pipeline: the pipeline ends such a run in its `ValidationFailed` state, which
+Step Functions counts in ExecutionsFailed like any failure. A metric filter on the pipeline's execution log
+(level ALL) therefore counts failures by error name: `PipelineFailures` (every error but ValidationFailed)
+pages with ExecutionsTimedOut and ExecutionsAborted; `ModelsRejected` is graphed, and the rejection's own,
+lower-severity notification is the pipeline's "validation failed" message with the verdict.
 """
 
 import aws_cdk as cdk
 import aws_cdk.aws_cloudwatch as cloudwatch
 import aws_cdk.aws_cloudwatch_actions as cw_actions
+import aws_cdk.aws_logs as logs
 import aws_cdk.aws_sns as sns
 import aws_cdk.aws_stepfunctions as sfn
 from constructs import Construct
@@ -17,49 +25,87 @@ from constructs.training_dashboard import NON_FINITE_LOSS_METRIC, TRAINING_NAMES
 
 GIB = 1024 ** 3
 IDLE_PERIOD = cdk.Duration.minutes(5)
+# FSx publishes FreeDataStorageCapacity once a minute per storage target: a one-minute Sum is the whole
+# file system's free bytes (FSx for Lustre user guide, fs-metrics.html, storage capacity metrics).
+FSX_PERIOD = cdk.Duration.minutes(1)
+PIPELINE_PERIOD = cdk.Duration.minutes(5)
+# The error of the pipeline's Fail state for a model that did not pass validation (TrainingPipeline).
+MODEL_REJECTED_ERROR = "ValidationFailed"
+PIPELINE_FAILURES_METRIC = "PipelineFailures"
+MODELS_REJECTED_METRIC = "ModelsRejected"
+
+
+def execution_failed_filter(error_is_rejection: bool) -> logs.IFilterPattern:
+    """Step Functions' ExecutionFailed log event ({"type": "ExecutionFailed", "details": {"error": ...}}, Step
+    Functions developer guide, cw-logs.html), split on whether the error is a rejected model."""
+    operator = "=" if error_is_rejection else "!="
+    return logs.FilterPattern.all(logs.FilterPattern.string_value("$.type", "=", "ExecutionFailed"),
+                                  logs.FilterPattern.string_value("$.details.error", operator, MODEL_REJECTED_ERROR))
 
 
 class TrainingAlarms(Construct):
     def __init__(self, scope: Construct, id_: str, *, topic: sns.ITopic, accelerators: AcceleratorMetrics,
                  file_system_id: str, fsx_storage_gib: int, fsx_free_percent: float,
                  idle_threshold_percent: float, idle_minutes: int, state_machine: sfn.IStateMachine | None = None,
-                 alarm_prefix: str) -> None:
+                 execution_log_group: logs.ILogGroup | None = None, pipeline_namespace: str = "",
+                 alarm_prefix: str, environment: str) -> None:
         super().__init__(scope, id_)
         self._action = cw_actions.SnsAction(topic)
         self.alarms: dict[str, cloudwatch.Alarm] = {}
+        self.pipeline_metrics: dict[str, cloudwatch.Metric] = {}
 
-        if state_machine is not None:
-            self._add("PipelineFailed", state_machine.metric_failed(period=cdk.Duration.minutes(5), statistic="Sum"),
-                      threshold=1, operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                      description="A training pipeline execution failed, timed out or was aborted.",
-                      name=f"{alarm_prefix}-pipeline-failed")
+        if state_machine is not None and execution_log_group is not None:
+            self._pipeline_alarm(state_machine, execution_log_group, pipeline_namespace, alarm_prefix)
 
         self._add("NonFiniteLoss", cloudwatch.MathExpression(
-            expression=f"SELECT MAX({NON_FINITE_LOSS_METRIC}) FROM SCHEMA({TRAINING_NAMESPACE}, RunId)",
+            expression=f"SELECT MAX({NON_FINITE_LOSS_METRIC}) FROM SCHEMA({TRAINING_NAMESPACE}, Environment, RunId) "
+                       f"WHERE Environment = '{environment}'",
             label="runs with a non-finite loss", period=cdk.Duration.minutes(1), using_metrics={}),
             threshold=1, operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             description="A training run reported a NaN or infinite loss; its checkpoints since then are suspect.",
             name=f"{alarm_prefix}-non-finite-loss")
 
+        # One contributor per host/node: the alarm fires when any one of them averages under the threshold.
         # No accelerator hosts running means no data, which is not idleness: missing data does not breach.
         kind = "GPU" if accelerators.accelerator.value == "nvidia" else "NeuronCore"
         self._add("AcceleratorsIdle", cloudwatch.MathExpression(
-            expression=accelerators.insights_average(accelerators.utilization),
-            label=f"average {kind} utilisation", period=IDLE_PERIOD, using_metrics={}),
+            expression=accelerators.insights_lowest_node(accelerators.utilization),
+            label=f"{kind} utilisation per node", period=IDLE_PERIOD, using_metrics={}),
             threshold=idle_threshold_percent, operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
             evaluation_periods=idle_minutes // int(IDLE_PERIOD.to_minutes()),
-            description=f"{kind}s averaged under {idle_threshold_percent:g}% for {idle_minutes} minutes while "
-                        "hosts were up: a stalled job, or instances left running without work.",
+            description=f"A node's {kind}s averaged under {idle_threshold_percent:g}% for {idle_minutes} minutes "
+                        "while it was up: a stalled job or node, or an instance left running without work.",
             name=f"{alarm_prefix}-accelerators-idle")
 
         free_bytes = fsx_storage_gib * GIB * fsx_free_percent / 100
         self._add("FsxFreeCapacityLow", cloudwatch.Metric(
-            namespace="AWS/FSx", metric_name="FreeDataStorageCapacity", statistic="Minimum",
-            dimensions_map={"FileSystemId": file_system_id}, period=cdk.Duration.minutes(5)),
+            namespace="AWS/FSx", metric_name="FreeDataStorageCapacity", statistic="Sum",
+            dimensions_map={"FileSystemId": file_system_id}, period=FSX_PERIOD),
             threshold=free_bytes, operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
             description=f"FSx for Lustre has under {fsx_free_percent:g}% of its {fsx_storage_gib} GiB free; "
                         "checkpoints will start failing when it is full.",
             name=f"{alarm_prefix}-fsx-free-capacity-low")
+
+    def _pipeline_alarm(self, state_machine: sfn.IStateMachine, log_group: logs.ILogGroup, namespace: str,
+                        prefix: str) -> None:
+        for id_, metric_name, is_rejection in (("Failures", PIPELINE_FAILURES_METRIC, False),
+                                               ("Rejections", MODELS_REJECTED_METRIC, True)):
+            log_filter = logs.MetricFilter(
+                self, id_, log_group=log_group, filter_pattern=execution_failed_filter(is_rejection),
+                metric_namespace=namespace, metric_name=metric_name, metric_value="1", default_value=0)
+            self.pipeline_metrics[metric_name] = log_filter.metric(statistic="Sum", period=PIPELINE_PERIOD)
+        # Broken = failed for any reason but a rejected model, timed out (the state machine's 7 days), or aborted.
+        broken = cloudwatch.MathExpression(
+            expression="FILL(failed, 0) + FILL(timedOut, 0) + FILL(aborted, 0)", label="broken executions",
+            period=PIPELINE_PERIOD, using_metrics={
+                "failed": self.pipeline_metrics[PIPELINE_FAILURES_METRIC],
+                "timedOut": state_machine.metric_timed_out(period=PIPELINE_PERIOD, statistic="Sum"),
+                "aborted": state_machine.metric_aborted(period=PIPELINE_PERIOD, statistic="Sum")})
+        self._add("PipelineBroken", broken, threshold=1,
+                  operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                  description="A training pipeline execution failed (for a reason other than a rejected model), "
+                              "timed out or was aborted.",
+                  name=f"{prefix}-pipeline-broken")
 
     def _add(self, id_: str, metric: cloudwatch.IMetric, *, threshold: float,
              operator: cloudwatch.ComparisonOperator, description: str, name: str,

@@ -1,6 +1,6 @@
 """One CloudWatch dashboard per environment: accelerators, EFA, FSx, jobs, pipeline and the training metrics.
 
-Training metrics are EMF lines from train.py (namespace EfaTraining, dimension RunId). Run ids are new for
+Training metrics are EMF lines from train.py (namespace EfaTraining, dimensions Environment and RunId). Run ids are new for
 every run, so those graphs are SEARCH expressions: each run appears as its own line without a redeploy.
 """
 
@@ -20,10 +20,11 @@ _FIVE_MINUTES = cdk.Duration.minutes(5)
 _WIDE, _HALF, _THIRD = 24, 12, 8
 
 
-def training_search(metric_name: str, statistic: str = "Average") -> cloudwatch.MathExpression:
-    """Every run's time series of one EMF metric, one line per RunId."""
+def training_search(metric_name: str, environment: str, statistic: str = "Average") -> cloudwatch.MathExpression:
+    """Every run of this environment: one line per RunId of one EMF metric."""
     return cloudwatch.MathExpression(
-        expression=f"SEARCH('{{{TRAINING_NAMESPACE},RunId}} MetricName=\"{metric_name}\"', '{statistic}', 60)",
+        expression=f"SEARCH('{{{TRAINING_NAMESPACE},Environment,RunId}} Environment=\"{environment}\" "
+                   f"MetricName=\"{metric_name}\"', '{statistic}', 60)",
         label=metric_name, period=cdk.Duration.minutes(1), using_metrics={},
     )
 
@@ -31,7 +32,8 @@ def training_search(metric_name: str, statistic: str = "Average") -> cloudwatch.
 class TrainingDashboard(Construct):
     def __init__(self, scope: Construct, id_: str, *, dashboard_name: str, accelerators: AcceleratorMetrics,
                  file_system_id: str, state_machine: sfn.IStateMachine | None = None,
-                 job_state_namespace: str | None = None) -> None:
+                 pipeline_outcomes: dict[str, cloudwatch.IMetric] | None = None,
+                 job_state_namespace: str | None = None, environment: str = "") -> None:
         super().__init__(scope, id_)
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=dashboard_name,
                                               default_interval=cdk.Duration.hours(6))
@@ -43,13 +45,13 @@ class TrainingDashboard(Construct):
                      f"**{accelerators.accelerator.value}**. Lines per host/node and per training run (RunId).",
             width=_WIDE, height=2))
         self.dashboard.add_widgets(*self._accelerator_widgets(accelerators))
-        self.dashboard.add_widgets(*self._training_widgets())
+        self.dashboard.add_widgets(*self._training_widgets(environment))
         self.dashboard.add_widgets(*self._fsx_widgets(file_system_id))
         row = []
         if job_state_namespace:
             row.append(self._job_state_widget(job_state_namespace))
         if state_machine is not None:
-            row.extend(self._pipeline_widgets(state_machine))
+            row.extend(self._pipeline_widgets(state_machine, pipeline_outcomes or {}))
         if row:
             self.dashboard.add_widgets(*row)
 
@@ -65,15 +67,17 @@ class TrainingDashboard(Construct):
                 title=f"{kind} memory in use", width=_THIRD, left=[m.search(m.memory, "Average", "memory")]))
         widgets.append(cloudwatch.GraphWidget(
             title="EFA bytes in / out (per 5 min)", width=_THIRD,
-            left=[m.search(m.efa_rx_bytes, "Sum", "rx", namespace=m.efa_namespace, period=_FIVE_MINUTES)],
-            right=[m.search(m.efa_tx_bytes, "Sum", "tx", namespace=m.efa_namespace, period=_FIVE_MINUTES)]))
+            left=[m.search(m.efa_rx_bytes, "Sum", "rx", namespace=m.efa_namespace, period=_FIVE_MINUTES,
+                           scoped=m.efa_scoped)],
+            right=[m.search(m.efa_tx_bytes, "Sum", "tx", namespace=m.efa_namespace, period=_FIVE_MINUTES,
+                            scoped=m.efa_scoped)]))
         return widgets
 
     @staticmethod
-    def _training_widgets() -> list[cloudwatch.IWidget]:
+    def _training_widgets(environment: str) -> list[cloudwatch.IWidget]:
         titles = {"Loss": "Loss", "TokensPerSecond": "Tokens per second", "StepTimeSeconds": "Step time (s)",
                   "MFU": "Model FLOPs utilisation (%)"}
-        return [cloudwatch.GraphWidget(title=f"{titles[name]} by run", width=6, left=[training_search(name)])
+        return [cloudwatch.GraphWidget(title=f"{titles[name]} by run", width=6, left=[training_search(name, environment)])
                 for name in TRAINING_METRICS]
 
     @staticmethod
@@ -88,10 +92,15 @@ class TrainingDashboard(Construct):
                                       using_metrics={var: fsx(metric, "Sum")})
             for var, metric, label in (("r", "DataReadBytes", "read B/s"), ("w", "DataWriteBytes", "write B/s"))
         ]
+        # FreeDataStorageCapacity: Sum = the file system's free bytes, Minimum = the fullest storage target's
+        # (FSx for Lustre user guide, fs-metrics.html); one-minute periods hold one sample per target.
+        free = [cloudwatch.Metric(namespace="AWS/FSx", metric_name="FreeDataStorageCapacity", statistic=statistic,
+                                  dimensions_map={"FileSystemId": file_system_id}, period=cdk.Duration.minutes(1),
+                                  label=label)
+                for statistic, label in (("Sum", "file system"), ("Minimum", "fullest storage target"))]
         return [
             cloudwatch.GraphWidget(title="FSx throughput (bytes/s)", width=_HALF, left=throughput),
-            cloudwatch.GraphWidget(title="FSx free capacity (bytes)", width=_HALF,
-                                   left=[fsx("FreeDataStorageCapacity", "Minimum")]),
+            cloudwatch.GraphWidget(title="FSx free capacity (bytes)", width=_HALF, left=free),
         ]
 
     @staticmethod
@@ -103,12 +112,18 @@ class TrainingDashboard(Construct):
                 label="", period=_FIVE_MINUTES, using_metrics={})])
 
     @staticmethod
-    def _pipeline_widgets(state_machine: sfn.IStateMachine) -> list[cloudwatch.IWidget]:
+    def _pipeline_widgets(state_machine: sfn.IStateMachine,
+                          outcomes: dict[str, cloudwatch.IMetric]) -> list[cloudwatch.IWidget]:
+        # Failed executions split into broken runs and rejected models where the execution log is counted.
+        failed = ([metric.with_(label=name) for name, metric in outcomes.items()] if outcomes
+                  else [state_machine.metric_failed(period=_FIVE_MINUTES, label="failed")])
         return [
             cloudwatch.GraphWidget(title="Pipeline executions", width=_THIRD, left=[
                 state_machine.metric_started(period=_FIVE_MINUTES, label="started"),
                 state_machine.metric_succeeded(period=_FIVE_MINUTES, label="succeeded"),
-                state_machine.metric_failed(period=_FIVE_MINUTES, label="failed"),
+                *failed,
+                state_machine.metric_timed_out(period=_FIVE_MINUTES, label="timed out"),
+                state_machine.metric_aborted(period=_FIVE_MINUTES, label="aborted"),
             ]),
             cloudwatch.GraphWidget(title="Pipeline execution time (ms)", width=_THIRD, left=[
                 state_machine.metric_time(period=_FIVE_MINUTES, label="execution time")]),

@@ -79,7 +79,7 @@ class TrainingPipeline(Construct):
         notify_failure.add_catch(run_failed, result_path="$.notification_error")
         notify_failure.next(run_failed)
 
-        def on_failure(task: sfn.TaskStateBase | sfn.CustomState, state: str, error: str) -> None:
+        def on_failure(task: sfn.TaskStateBase | sfn.CustomState | sfn.Parallel, state: str, error: str) -> None:
             record = sfn.Pass(self, f"On{state}Failure", parameters={
                 "run.$": "$.run",
                 "failure": {"state": state, "error": error,

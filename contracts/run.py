@@ -236,10 +236,11 @@ def train_state_seconds(train_attempt_hours: int) -> list[int]:
 
 
 def execution_seconds(train_attempt_hours: int, *, sanity_submissions: int, train_submissions: int,
-                      train_backoff_seconds: int, calls_seconds: int) -> int:
-    """The execution's timeout: every stage's worst case (each submission at its longest), within the quota."""
+                      train_backoff_seconds: int, calls_seconds: int, validate_submissions: int = 2) -> int:
+    """The execution's timeout: every stage's worst case (each submission at its longest), within the quota.
+    Validation may be submitted twice: on Spot, then on demand (BatchJobRunner's on-demand path)."""
     table = stages(train_attempt_hours)
     worst = (sanity_submissions * table["sanity"].state_seconds()
              + train_submissions * train_state_seconds(train_attempt_hours)[-1] + train_backoff_seconds
-             + table["validate"].state_seconds() + calls_seconds)
+             + validate_submissions * table["validate"].state_seconds() + calls_seconds)
     return min(worst, MAX_EXECUTION_SECONDS)

@@ -17,7 +17,7 @@ if (ROOT / "node_modules" / ".bin" / "node").exists():
     os.environ.setdefault("JSII_NODE", str(ROOT / "node_modules" / ".bin" / "node"))
 
 from config import CATALOGUE, efa_instance_types  # noqa: E402
-from constructs.eks_job_spec import PHASES  # noqa: E402
+from constructs.eks_job_spec import FSX_CLAIM, PHASES, Site  # noqa: E402
 from constructs.eks_job_templates import indexed_job, train_job, training_runtime  # noqa: E402
 
 
@@ -27,20 +27,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instance-type", default="p5.48xlarge", choices=efa_instance_types())
     parser.add_argument("--image", required=True, help="training image URI (the Registry stack's output)")
     parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--fsx-claim", default=FSX_CLAIM,
+                        help="the file system's claim: the Eks stack's FsxClaimName output (default %(default)s)")
+    parser.add_argument("--environment", default="",
+                        help="the environment's name, the Environment dimension of the training metrics")
     parser.add_argument("--name", help="job name (default efa-<phase>)")
     parser.add_argument("--kind", choices=("trainjob", "job"), default="trainjob",
                         help="Kubeflow TrainJob, or the batch/v1 Indexed Job the pipeline runs")
     parser.add_argument("args", nargs="*", help="launcher flags after the phase, e.g. -- --max-steps 100")
     options = parser.parse_args(argv)
     instance = CATALOGUE[options.instance_type]
+    site = Site(environment=options.environment, fsx_claim=options.fsx_claim)
     if options.phase == "runtime":
-        obj = training_runtime(instance, image=options.image, nodes=options.nodes)
+        obj = training_runtime(instance, image=options.image, nodes=options.nodes, site=site)
     elif options.kind == "job":
         obj = indexed_job(instance, image=options.image, phase=options.phase, nodes=options.nodes,
-                          name=options.name or f"efa-{options.phase}", args=options.args)
+                          name=options.name or f"efa-{options.phase}", args=options.args, site=site)
     else:
         obj = train_job(instance, image=options.image, phase=options.phase, nodes=options.nodes,
-                        name=options.name, args=options.args)
+                        name=options.name, args=options.args, site=site)
     json.dump(obj, sys.stdout, indent=2)
     print()
     return 0

@@ -1,7 +1,8 @@
 """AWS Batch compute backend: EFA hosts in one cluster placement group, fair-share queues, the three jobs.
 
 Public interface (the pipeline and observability stacks read these):
-  multi_node_queue, single_node_queue: batch.JobQueue
+  multi_node_queue, single_node_queue: batch.JobQueue; single_node_on_demand_queue: the on-demand path of
+  single-node jobs when single_node_queue is on Spot (else None)
   job_definitions: {"sanity", "train", "validate"} -> batch.IJobDefinition
   log_group: logs.LogGroup (every job's output), job_role: iam.Role (what the training code may do)
   multi_node_environment, single_node_environment, placement_group, launch_templates
@@ -14,7 +15,7 @@ import aws_cdk.aws_iam as iam
 import aws_cdk.aws_logs as logs
 from constructs import Construct
 
-from config import CATALOGUE, Accelerator, EnvironmentConfig, InstanceType
+from config import Accelerator, EnvironmentConfig, InstanceType
 from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
 from constructs.batch_job_definitions import BatchJobDefinitions
 from constructs.efa_launch_template import EfaLaunchTemplate
@@ -35,6 +36,8 @@ SHARES = ("research", "production")
 PIPELINE_SHARE = "production"
 # How long a job may wait in RUNNABLE for instances EC2 cannot supply before it is cancelled.
 CAPACITY_WAIT_MINUTES = QUEUE_WAIT_MINUTES  # the pipeline's stage timeouts allow each attempt this wait
+# A validation waiting for Spot capacity gives up sooner: the pipeline then runs it on the on-demand queue.
+SPOT_CAPACITY_WAIT_MINUTES = 20
 SINGLE_NODE_MAX_INSTANCES = 2  # two validations at once; more wait in the queue
 ROOT_VOLUME_GIB = 200  # the accelerated training images are 15-25 GiB; layers are unpacked next to them
 
@@ -52,7 +55,7 @@ class BatchStack(cdk.Stack):
                  storage: StorageStack, registry: RegistryStack, **kwargs) -> None:
         super().__init__(scope, id_, **kwargs)
         instance = config.instance
-        single = CATALOGUE[config.batch_single_node_instance_type or config.instance_type]
+        single = config.single_node_instance
         removal = data_removal_policy(config)
         efa_sg = network.efa_security_group
 
@@ -74,13 +77,30 @@ class BatchStack(cdk.Stack):
 
         def template(id_: str, host: InstanceType, efa: bool) -> EfaLaunchTemplate:
             user_data = host_user_data(instance=host, fsx_dns_name=storage.file_system.dns_name,
+                                       fsx_revision=storage.file_system_revision,
                                        fsx_mount_name=storage.file_system.mount_name, check_efa=efa,
+                                       environment=config.name,
                                        ecs_stop_timeout_seconds=STOP_GRACE_SECONDS)
             return EfaLaunchTemplate(self, id_, instance=host, security_groups=[efa_sg], user_data=user_data,
                                      root_volume_gib=ROOT_VOLUME_GIB, include_network_interfaces=efa)
 
         self.launch_templates = {"multi_node": template("MultiNodeLaunchTemplate", instance, efa=True),
                                  "single_node": template("SingleNodeLaunchTemplate", single, efa=False)}
+
+        # ---- logs and the job role (least privilege on the data bucket's prefixes)
+        self.log_group = logs.LogGroup(self, "JobLogs", retention=log_retention(config), removal_policy=removal)
+        self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+                                 description="Training containers: read datasets, write checkpoints, models, reports")
+        bucket = storage.bucket
+        self._grant_prefixes(storage)
+        self.log_group.grant_write(self.job_role)
+
+        self.jobs = BatchJobDefinitions(
+            self, "Jobs", instance=instance, single_node_instance=single, nodes=config.nodes,
+            image=registry.container_image, job_role=self.job_role, log_group=self.log_group,
+            bucket_name=bucket.bucket_name, train_timeout=cdk.Duration.hours(config.batch_train_timeout_hours),
+            environment=config.name)
+        self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
 
         # ---- compute environments, both in the one training subnet (the FSx file system's AZ)
         subnets = ec2.SubnetSelection(subnets=[network.training_subnet])
@@ -97,26 +117,20 @@ class BatchStack(cdk.Stack):
             placement_group=self.placement_group,
             instance_role=self.instance_role,
             update_to_latest_image_version=True,
+            **self._never_cut_short(("sanity", "train")),
         )
         self._launch_template_version(self.multi_node_environment, self.launch_templates["multi_node"])
         # Batch rejects compute-environment security groups next to launch-template network interfaces
         # ("exclusively allowed"); the interfaces carry the EFA group instead.
         self.multi_node_environment.node.default_child.add_property_deletion_override("ComputeResources.SecurityGroupIds")
 
-        self.single_node_environment = batch.ManagedEc2EcsComputeEnvironment(
-            self, "SingleNodeEnvironment",
-            vpc=network.vpc, vpc_subnets=subnets,
-            security_groups=[efa_sg],  # reaches FSx, S3 and ECR like the training hosts
-            spot=config.batch_single_node_spot,
-            instance_types=[ec2.InstanceType(single.name)],
-            use_optimal_instance_classes=False,
-            minv_cpus=0, maxv_cpus=SINGLE_NODE_MAX_INSTANCES * single.vcpus,
-            images=[machine_image(single)],
-            launch_template=self.launch_templates["single_node"].launch_template,
-            instance_role=self.instance_role,
-            update_to_latest_image_version=True,
-        )
-        self._launch_template_version(self.single_node_environment, self.launch_templates["single_node"])
+        # Single-node hosts (validation): Spot when configured, with an on-demand environment for when Spot
+        # capacity is short (the pipeline submits there after a Spot attempt fails; see BatchJobRunner).
+        self.single_node_environment = self._single_node_environment(
+            "SingleNodeEnvironment", network, subnets, single, spot=config.batch_single_node_spot)
+        self.single_node_on_demand_environment = (self._single_node_environment(
+            "SingleNodeOnDemandEnvironment", network, subnets, single, spot=False)
+            if config.batch_single_node_spot else None)
         self._allow_task_network(network)
 
         # ---- queues with fair-share scheduling (lower weight factor = larger share)
@@ -140,31 +154,60 @@ class BatchStack(cdk.Stack):
             compute_environments=[batch.OrderedComputeEnvironment(
                 compute_environment=self.multi_node_environment, order=1)],
             job_state_time_limit_actions=stuck)
-        self.single_node_queue = batch.JobQueue(
-            self, "SingleNodeQueue", priority=1, scheduling_policy=self.scheduling_policy,
-            compute_environments=[batch.OrderedComputeEnvironment(
-                compute_environment=self.single_node_environment, order=1)],
-            job_state_time_limit_actions=stuck)
+        spot_stuck = [stuck[0], batch.JobStateTimeLimitAction(
+            max_time=cdk.Duration.minutes(SPOT_CAPACITY_WAIT_MINUTES),
+            reason=batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACITY,
+            action=batch.JobStateTimeLimitActionsAction.CANCEL)]
+        self.single_node_queue = self._queue("SingleNodeQueue", self.single_node_environment,
+                                             spot_stuck if config.batch_single_node_spot else stuck)
+        self.single_node_on_demand_queue = (self._queue("SingleNodeOnDemandQueue",
+                                                        self.single_node_on_demand_environment, stuck)
+                                            if self.single_node_on_demand_environment else None)
 
-        # ---- logs and the job role (least privilege on the data bucket's prefixes)
-        self.log_group = logs.LogGroup(self, "JobLogs", retention=log_retention(config), removal_policy=removal)
-        self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
-                                 description="Training containers: read datasets, write checkpoints, models, reports")
-        bucket = storage.bucket
-        self._grant_prefixes(storage)
-        self.log_group.grant_write(self.job_role)
-
-        self.jobs = BatchJobDefinitions(
-            self, "Jobs", instance=instance, single_node_instance=single, nodes=config.nodes,
-            image=registry.container_image, job_role=self.job_role, log_group=self.log_group,
-            bucket_name=bucket.bucket_name, train_timeout=cdk.Duration.hours(config.batch_train_timeout_hours))
-        self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
-
-        for name, queue in (("MultiNode", self.multi_node_queue), ("SingleNode", self.single_node_queue)):
-            cdk.CfnOutput(self, f"{name}QueueArn", value=queue.job_queue_arn)
+        for name, queue in (("MultiNode", self.multi_node_queue), ("SingleNode", self.single_node_queue),
+                            ("SingleNodeOnDemand", self.single_node_on_demand_queue)):
+            if queue is not None:
+                cdk.CfnOutput(self, f"{name}QueueArn", value=queue.job_queue_arn)
         for name, definition in self.job_definitions.items():
             cdk.CfnOutput(self, f"{name.capitalize()}JobDefinitionArn", value=definition.job_definition_arn)
         cdk.CfnOutput(self, "JobLogGroupName", value=self.log_group.log_group_name)
+
+    def _never_cut_short(self, jobs: tuple[str, ...]) -> dict:
+        """An infrastructure update (new launch-template version, image, user data) waits for running jobs.
+
+        Batch gives running jobs UpdatePolicy.jobExecutionTimeoutMinutes (default 30) before it replaces their
+        hosts, and at most 7200 (Batch API reference, UpdatePolicy); config.environment caps the training
+        timeout to fit. With terminateJobsOnUpdate false, no attempt is cut short by a `cdk deploy`.
+        """
+        minutes = max(int(self.jobs.specs[job].timeout.to_minutes()) for job in jobs)
+        return {"update_timeout": cdk.Duration.minutes(minutes), "terminate_on_update": False,
+                "replace_compute_environment": False}
+
+    def _single_node_environment(self, id_: str, network: NetworkStack, subnets: ec2.SubnetSelection,
+                                 single: InstanceType, *, spot: bool) -> batch.ManagedEc2EcsComputeEnvironment:
+        environment = batch.ManagedEc2EcsComputeEnvironment(
+            self, id_,
+            vpc=network.vpc, vpc_subnets=subnets,
+            security_groups=[network.efa_security_group],  # reaches FSx, S3 and ECR like the training hosts
+            spot=spot,
+            instance_types=[ec2.InstanceType(single.name)],
+            use_optimal_instance_classes=False,
+            minv_cpus=0, maxv_cpus=SINGLE_NODE_MAX_INSTANCES * single.vcpus,
+            images=[machine_image(single)],
+            launch_template=self.launch_templates["single_node"].launch_template,
+            instance_role=self.instance_role,
+            update_to_latest_image_version=True,
+            **self._never_cut_short(("validate",)),
+        )
+        self._launch_template_version(environment, self.launch_templates["single_node"])
+        return environment
+
+    def _queue(self, id_: str, environment: batch.IComputeEnvironment,
+               stuck: list[batch.JobStateTimeLimitAction]) -> batch.JobQueue:
+        return batch.JobQueue(
+            self, id_, priority=1, scheduling_policy=self.scheduling_policy,
+            compute_environments=[batch.OrderedComputeEnvironment(compute_environment=environment, order=1)],
+            job_state_time_limit_actions=stuck)
 
     @staticmethod
     def _launch_template_version(environment: batch.ManagedEc2EcsComputeEnvironment,

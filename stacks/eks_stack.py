@@ -44,12 +44,13 @@ class EksStack(cdk.Stack):
             file_system=storage.file_system,
             storage_gib=config.fsx_storage_gib, instance=config.instance, image=registry.image_uri,
             nodes=config.nodes, trainer_chart=training.charts["trainer"],
-            fsx_csi_driver=training.addons["aws-fsx-csi-driver"])
+            fsx_csi_driver=training.addons["aws-fsx-csi-driver"], fsx_revision=storage.file_system_revision,
+            environment=config.name)
         # The pipeline (PipelineStack) runs its jobs through this.
         self.job_runner = EksJobRunner(cluster=self.cluster, instance=config.instance, image=registry.image_uri,
                                        max_nodes=config.nodes, nodegroup=self.nodegroup,
                                        runs_uri=f"s3://{storage.bucket.bucket_name}/{RUNS_PREFIX}",
-                                       log_retention=log_retention(config))
+                                       log_retention=log_retention(config), site=self.workspace.site)
         cdk.CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
         cdk.CfnOutput(self, "KubeconfigCommand", value=cdk.Fn.join("", [
             "aws eks update-kubeconfig --region ", self.region, " --name ", self.cluster.cluster_name]))

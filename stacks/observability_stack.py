@@ -39,7 +39,7 @@ class ObservabilityStack(cdk.Stack):
         super().__init__(scope, id_, **kwargs)
         state_machine = getattr(pipeline, "state_machine", None)
         file_system_id = storage.file_system.file_system_id
-        accelerators = accelerator_metrics(config.compute, config.instance.accelerator,
+        accelerators = accelerator_metrics(config.compute, config.instance.accelerator, environment=config.name,
                                            cluster_name=_cluster_name(compute) if config.compute == "eks" else None)
 
         queue_arns = _job_queue_arns(compute) if config.compute == "batch" else []
@@ -49,18 +49,21 @@ class ObservabilityStack(cdk.Stack):
                 self, "JobStates", job_queue_arns=queue_arns, namespace=f"EfaTraining/{config.name}/Batch",
                 retention=log_retention(config), removal_policy=data_removal_policy(config))
 
-        self.dashboard = TrainingDashboard(
-            self, "Dashboard", dashboard_name=f"{config.stack_prefix}-training",
-            accelerators=accelerators, file_system_id=file_system_id, state_machine=state_machine,
-            job_state_namespace=self.job_states.namespace if self.job_states else None,
-        ).dashboard
-        self.alarms = TrainingAlarms(
+        alarms = TrainingAlarms(
             self, "Alarms", topic=alerts.topic, accelerators=accelerators, alarm_prefix=config.stack_prefix,
             file_system_id=file_system_id, fsx_storage_gib=config.fsx_storage_gib,
             fsx_free_percent=config.fsx_free_capacity_alarm_percent,
             idle_threshold_percent=config.gpu_idle_threshold_percent, idle_minutes=config.gpu_idle_minutes,
-            state_machine=state_machine,
-        ).alarms
+            state_machine=state_machine, execution_log_group=getattr(pipeline, "log_group", None),
+            pipeline_namespace=f"EfaTraining/{config.name}/Pipeline", environment=config.name,
+        )
+        self.alarms = alarms.alarms
+        self.dashboard = TrainingDashboard(
+            self, "Dashboard", dashboard_name=f"{config.stack_prefix}-training",
+            accelerators=accelerators, file_system_id=file_system_id, state_machine=state_machine,
+            pipeline_outcomes=alarms.pipeline_metrics,
+            job_state_namespace=self.job_states.namespace if self.job_states else None, environment=config.name,
+        ).dashboard
         self.budget = CostBudget(
             self, "Budget", budget_name=f"{config.stack_prefix}-monthly", monthly_limit_usd=config.budget_monthly_usd,
             tag_key=COST_TAG_KEY, tag_value=config.name, topic=alerts.topic,

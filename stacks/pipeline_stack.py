@@ -30,7 +30,8 @@ def job_runner_for(compute: cdk.Stack) -> JobRunner:
         return runner
     return BatchJobRunner(multi_node_queue=compute.multi_node_queue, single_node_queue=compute.single_node_queue,
                           job_definitions=compute.job_definitions,
-                          share_identifier=getattr(compute, "pipeline_share", None))
+                          share_identifier=getattr(compute, "pipeline_share", None),
+                          single_node_on_demand_queue=getattr(compute, "single_node_on_demand_queue", None))
 
 
 class PipelineStack(cdk.Stack):

@@ -1,5 +1,8 @@
 """Storage: the data bucket and the FSx for Lustre file system every training node mounts at /fsx."""
 
+import hashlib
+import json
+
 import aws_cdk as cdk
 from constructs import Construct
 
@@ -8,6 +11,25 @@ from config.layout import FSX_MOUNT_PATH
 from constructs.training_storage import TrainingStorage
 from stacks.network_stack import NetworkStack
 from stacks.policies import data_removal_policy
+
+
+def file_system_revision(config: EnvironmentConfig, path: str) -> str:
+    """A fingerprint of everything whose change replaces the file system (a new DNS and mount name).
+
+    Why: consumers read the names through weak references (Fn::GetStackOutput), which CloudFormation resolves
+    only when the consuming stack itself is updated ("Fn::GetStackOutput", CloudFormation template reference).
+    A replaced file system with unchanged consumers would leave every new host mounting the old name, failing
+    and powering itself off, in a loop. Consumers write this fingerprint into what they render (host user
+    data, the EKS volume's name), so a replacement changes their templates too, and the same `cdk deploy`
+    updates them and re-resolves the names. Chosen over classic exports (CloudFormation refuses to change an
+    export in use, so replacing the file system would fail the deploy) and over SSM parameters read at boot
+    (correct for new hosts only: running EKS nodes and the static volume would keep the old name).
+    AWS::FSx::FileSystem: a new DeploymentType, SubnetIds or SecurityGroupIds requires replacement; the subnet
+    follows from the VPC range and the zone; the construct path is the logical id.
+    """
+    inputs = {"path": path, "deployment_type": config.fsx_deployment_type, "lustre": "2.15",
+              "region": config.region, "vpc_cidr": config.vpc_cidr, "availability_zone": config.availability_zone}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:10]
 
 
 class StorageStack(cdk.Stack):
@@ -26,6 +48,7 @@ class StorageStack(cdk.Stack):
         )
         self.bucket = storage.bucket
         self.file_system = storage.file_system
+        self.file_system_revision = file_system_revision(config, self.file_system.node.path)
         self.mount_path = FSX_MOUNT_PATH
         cdk.CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
         cdk.CfnOutput(self, "FileSystemId", value=self.file_system.file_system_id)

@@ -152,7 +152,8 @@ def test_commands_follow_the_image_contract(synth):
     assert command[command.index("--dataset") + 1] == "Ref::dataset"
     sanity = _one(template, "AWS::Batch::JobDefinition", "JobsSanityJobDefinition")
     command = sanity["NodeProperties"]["NodeRangeProperties"][0]["Container"]["Command"]
-    assert command[:3] == ["sanity", "--min-busbw-gbps", "250"]
+    # 80% of the published two-node figure at 2 GiB (443.7 GB/s, catalogue busbw_source), not a loose floor.
+    assert command[:3] == ["sanity", "--min-busbw-gbps", "355"]
     validate = _one(template, "AWS::Batch::JobDefinition", "JobsValidateJobDefinition")
     assert validate["ContainerProperties"]["Command"][0] == "validate"
     for props in _resources(template, "AWS::Batch::JobDefinition").values():
@@ -161,10 +162,13 @@ def test_commands_follow_the_image_contract(synth):
 
 
 def test_single_node_environment_is_spot_with_security_groups(synth):
-    # Validation hosts: Spot by default, the same subnet, no EFA interfaces, security groups on the environment.
+    # Validation hosts: Spot by default on the catalogue's small type, the same subnet, no EFA interfaces,
+    # security groups on the environment; an on-demand twin for when Spot capacity is short.
     template = _batch(synth, "g5.12xlarge")
     resources = _one(template, "AWS::Batch::ComputeEnvironment", "SingleNodeEnvironment")["ComputeResources"]
-    assert resources["Type"] == "SPOT" and resources["InstanceTypes"] == ["g5.12xlarge"]
+    assert resources["Type"] == "SPOT" and resources["InstanceTypes"] == ["g5.xlarge"]
+    on_demand = _one(template, "AWS::Batch::ComputeEnvironment", "SingleNodeOnDemandEnvironment")["ComputeResources"]
+    assert on_demand["Type"] == "EC2" and on_demand["InstanceTypes"] == ["g5.xlarge"]
     assert len(resources["SecurityGroupIds"]) == 1 and "PlacementGroup" not in resources
     assert "TrainingSubnet" in json.dumps(resources["Subnets"])
     data = _one(template, "AWS::EC2::LaunchTemplate", "SingleNodeLaunchTemplate")["LaunchTemplateData"]
@@ -206,7 +210,7 @@ def test_queues_share_fairly_between_research_and_production(synth):
     shares = _resources(template, "AWS::Batch::SchedulingPolicy")[policy_id]["FairsharePolicy"]["ShareDistribution"]
     assert {s["ShareIdentifier"] for s in shares} == {"research", "production"}
     queues = _resources(template, "AWS::Batch::JobQueue").values()
-    assert len(queues) == 2
+    assert len(queues) == 3  # multi-node, single-node on Spot, single-node on-demand
     assert all(policy_id in json.dumps(q["SchedulingPolicyArn"]) for q in queues)
 
 
@@ -268,11 +272,14 @@ def test_instance_without_efa_is_refused_by_the_cli(tmp_path):
 def test_jobs_take_mfu_peak_from_the_catalogue(synth, instance_type):
     # MFU's denominator is the catalogue's peak, passed to the image, not the image's own guess by device name.
     compute = synth(compute="batch", instance_type=instance_type).template("compute")
-    peak = f"{CATALOGUE[instance_type].peak_bf16_tflops_per_accelerator:g}"
+    training = CATALOGUE[instance_type]
     for definition in compute.find_resources("AWS::Batch::JobDefinition").values():
         props = definition["Properties"]
-        container = (props["NodeProperties"]["NodeRangeProperties"][0]["Container"] if "NodeProperties" in props
-                     else props["ContainerProperties"])
+        multi_node = "NodeProperties" in props
+        container = props["NodeProperties"]["NodeRangeProperties"][0]["Container"] if multi_node \
+            else props["ContainerProperties"]
+        host = training if multi_node else CATALOGUE[training.validation_instance_type]  # validation's own host
+        peak = f"{host.peak_bf16_tflops_per_accelerator:g}"
         assert {"Name": "PEAK_TFLOPS_PER_ACCELERATOR", "Value": peak} in container["Environment"]
 
 
@@ -299,3 +306,75 @@ def test_jobs_starved_of_capacity_are_cancelled(synth):
         "JobStateTimeLimitActions": Match.array_with([{
             "Action": "CANCEL", "MaxTimeSeconds": CAPACITY_WAIT_MINUTES * 60, "Reason": "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY",
             "State": "RUNNABLE"}])})
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_multi_node_jobs_pin_the_bootstrap_to_the_task_interface(synth, name):
+    # awsvpc containers also see ecs-eth0 (link-local, to the ECS agent): an exclusion list could pick it, so
+    # NCCL matches eth0 exactly ("=eth0", NCCL environment variables) and Gloo is told eth0 too.
+    for props in _resources(_batch(synth, name), "AWS::Batch::JobDefinition").values():
+        if "NodeProperties" not in props:
+            continue
+        container = props["NodeProperties"]["NodeRangeProperties"][0]["Container"]
+        env = {e["Name"]: e["Value"] for e in container["Environment"]}
+        assert env["NCCL_SOCKET_IFNAME"] == "=eth0" and env["GLOO_SOCKET_IFNAME"] == "eth0"
+
+
+def test_a_deploy_never_cuts_a_training_attempt_short(synth):
+    # Batch API reference, UpdatePolicy: running jobs get jobExecutionTimeoutMinutes (default 30) before an
+    # infrastructure update replaces their hosts. Every environment waits at least its longest job attempt.
+    template = synth(compute="batch", instance_type="p5.48xlarge", batch_train_timeout_hours="120").raw("compute")
+    attempts = {k: p["Timeout"]["AttemptDurationSeconds"] // 60
+                for k, p in _resources(template, "AWS::Batch::JobDefinition").items()}
+    train = next(v for k, v in attempts.items() if k.startswith("JobsTrain"))
+    validate = next(v for k, v in attempts.items() if k.startswith("JobsValidate"))
+    assert train == 7200
+    for env_id, props in _resources(template, "AWS::Batch::ComputeEnvironment").items():
+        policy = props["UpdatePolicy"]
+        assert policy["TerminateJobsOnUpdate"] is False and props["ReplaceComputeEnvironment"] is False
+        longest = train if env_id.startswith("MultiNode") else validate
+        assert policy["JobExecutionTimeoutMinutes"] >= longest, env_id
+
+
+def test_training_timeout_beyond_what_an_update_can_wait_fails_at_synth():
+    # 121 hours could not be covered by UpdatePolicy's 7200-minute maximum: one line at synth, not a cut attempt.
+    with pytest.raises(ConfigError, match=r"batch_train_timeout_hours=121 is not valid; expected .* 1 to 120"):
+        build_app(context={**CDK_JSON_CONTEXT, "batch_train_timeout_hours": "121"})
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_validation_job_takes_one_accelerator_of_a_small_instance(synth, name):
+    # One GPU (or one Trainium device) on the catalogue's single-accelerator type of the same family.
+    template = _batch(synth, name)
+    small = CATALOGUE[CATALOGUE[name].validation_instance_type]
+    assert small.single_node_only and small.accelerators == 1 and small.accelerator is CATALOGUE[name].accelerator
+    validate = _one(template, "AWS::Batch::JobDefinition", "JobsValidateJobDefinition")["ContainerProperties"]
+    requirements = {r["Type"]: r["Value"] for r in validate["ResourceRequirements"]}
+    devices = [d["HostPath"] for d in validate.get("LinuxParameters", {}).get("Devices", [])]
+    if small.accelerator.value == "nvidia":
+        assert requirements["GPU"] == "1" and not devices
+    else:
+        assert "GPU" not in requirements and devices == ["/dev/neuron0"]
+    env = {e["Name"]: e["Value"] for e in validate["Environment"]}
+    assert not {k for k in env if k.startswith(("FI_", "NCCL_SOCKET", "GLOO_SOCKET"))}
+    for env_id in ("SingleNodeEnvironment", "SingleNodeOnDemandEnvironment"):
+        resources = _one(template, "AWS::Batch::ComputeEnvironment", env_id)["ComputeResources"]
+        assert resources["InstanceTypes"] == [small.name]
+
+
+def test_batch_containers_are_kept_from_the_instance_metadata(synth):
+    # ECS developer guide, "container instance security considerations": ECS_AWSVPC_BLOCK_IMDS keeps awsvpc
+    # (multi-node) containers from the instance profile; hop limit 1 keeps bridge-mode (single-node) ones out.
+    template = _batch(synth, "p5.48xlarge")
+    for template_id in ("MultiNodeLaunchTemplate", "SingleNodeLaunchTemplate"):
+        data = _one(template, "AWS::EC2::LaunchTemplate", template_id)["LaunchTemplateData"]
+        assert "ECS_AWSVPC_BLOCK_IMDS=true" in json.dumps(data["UserData"])
+        assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+
+
+def test_every_job_names_its_environment_for_the_metrics(synth):
+    # The Environment dimension of the training metrics, which the alarms and the dashboard filter on.
+    for props in _resources(_batch(synth, "g5.12xlarge"), "AWS::Batch::JobDefinition").values():
+        container = props["NodeProperties"]["NodeRangeProperties"][0]["Container"] if "NodeProperties" in props \
+            else props["ContainerProperties"]
+        assert {"Name": "TRAINING_ENVIRONMENT", "Value": "dev"} in container["Environment"]

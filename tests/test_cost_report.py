@@ -145,3 +145,36 @@ def test_unreachable_price_list_falls_back_to_the_catalogue():
         e = cost_report.estimate(config, hours=1, session=_Session({"pricing": pricing, "ec2": ec2}))
     assert e.on_demand.usd_per_hour == CATALOGUE[config.instance_type].on_demand_usd_per_hour
     assert e.spot.usd_per_hour is None and "UnauthorizedOperation" in e.spot.source
+
+
+def _tag_status(response=None, error_code=None) -> str:
+    ce, stub = _stubbed("ce", "us-east-1")
+    expected = {"TagKeys": ["Environment"], "Type": "UserDefined"}
+    if error_code:
+        stub.add_client_error("list_cost_allocation_tags", service_error_code=error_code, expected_params=expected)
+    else:
+        stub.add_response("list_cost_allocation_tags", response, expected)
+    with stub:
+        return cost_report.cost_tag_status(_Session({"ce": ce}), "Environment")
+
+
+def test_inactive_cost_tag_is_reported_with_what_the_budget_does():
+    # Cost Explorer ListCostAllocationTags says Inactive: the report warns that budgets read $0 until activation.
+    line = _tag_status({"CostAllocationTags": [{"TagKey": "Environment", "Type": "UserDefined", "Status": "Inactive"}]})
+    assert line.startswith("WARNING") and "inactive" in line and "$0" in line
+
+
+def test_unseen_cost_tag_is_reported_as_not_active():
+    # A tag Billing has never seen is absent from the answer: not active either.
+    line = _tag_status({"CostAllocationTags": []})
+    assert line.startswith("WARNING") and "not seen yet" in line
+
+
+def test_active_cost_tag_is_confirmed():
+    line = _tag_status({"CostAllocationTags": [{"TagKey": "Environment", "Type": "UserDefined", "Status": "Active"}]})
+    assert "active" in line and "WARNING" not in line
+
+
+def test_cost_tag_check_without_billing_access_says_why():
+    # A member account may not call Cost Explorer: the report says the check was not made, and why.
+    assert "not checked" in _tag_status(error_code="AccessDeniedException")

@@ -53,11 +53,12 @@ def test_rendered_interfaces_carry_the_group_and_no_subnet_or_public_ip():
     assert "SecurityGroupIds" not in _data(template)  # EC2 rejects them next to network interfaces
 
 
-def test_imdsv2_required_with_two_hops():
-    # IMDSv2 only, hop limit 2 so containers reach the metadata service.
+def test_imdsv2_required_with_one_hop():
+    # IMDSv2 only, hop limit 1: containers are one hop further and cannot reach the node's role (EC2 user
+    # guide, "Instance metadata access considerations"; EKS best practices on restricting the instance profile).
     _, template = _template()
     template.has_resource_properties("AWS::EC2::LaunchTemplate", {"LaunchTemplateData": {"MetadataOptions": {
-        "HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"}}})
+        "HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"}}})
 
 
 def test_root_volume_is_encrypted_gp3():
@@ -120,7 +121,8 @@ def test_non_efa_instance_is_refused():
 
 def test_host_script_mounts_fsx_and_checks_accelerators():
     # The host script: Lustre client, the documented mount, huge pages, nvidia-smi GPU count.
-    script = "\n".join(host_commands(instance=CATALOGUE["p5.48xlarge"], fsx_dns_name="fs.example", fsx_mount_name="abc"))
+    script = "\n".join(host_commands(instance=CATALOGUE["p5.48xlarge"], fsx_dns_name="fs.example", fsx_mount_name="abc",
+                                         environment="dev"))
     assert "dnf install -y lustre-client" in script
     assert "mount -t lustre -o relatime,flock fs.example@tcp:/abc /fsx" in script
     assert "vm.nr_hugepages" in script
@@ -129,14 +131,29 @@ def test_host_script_mounts_fsx_and_checks_accelerators():
 
 def test_neuron_host_checks_neuron_devices():
     # Trainium hosts count /dev/neuron* and run neuron-ls instead of nvidia-smi.
-    script = "\n".join(host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m"))
+    script = "\n".join(host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m",
+                                         environment="dev"))
     assert "neuron-ls" in script and "nvidia-smi" not in script and '-ne 16' in script
 
 
 def test_cloudwatch_agent_publishes_gpu_metrics_to_cwagent():
     # The dashboard reads nvidia_smi_utilization_gpu / nvidia_smi_memory_used in CWAgent.
-    config = cloudwatch_agent_config(CATALOGUE["p4d.24xlarge"])
+    config = cloudwatch_agent_config(CATALOGUE["p4d.24xlarge"], "dev")
     assert config["metrics"]["namespace"] == "CWAgent"
     gpu = config["metrics"]["metrics_collected"]["nvidia_gpu"]["measurement"]
     assert {"utilization_gpu", "memory_used"} <= set(gpu)
-    assert "nvidia_gpu" not in cloudwatch_agent_config(CATALOGUE["trn1.32xlarge"])["metrics"]["metrics_collected"]
+    assert "nvidia_gpu" not in cloudwatch_agent_config(CATALOGUE["trn1.32xlarge"], "dev")["metrics"]["metrics_collected"]
+
+
+def test_cloudwatch_agent_tags_gpu_metrics_with_the_environment():
+    # The nvidia_gpu section appends Environment=<env> (a section's append_dimensions, CloudWatch agent
+    # configuration file reference), the dimension the dashboard and the idle alarm filter on.
+    gpu = cloudwatch_agent_config(CATALOGUE["p5.48xlarge"], "prod")["metrics"]["metrics_collected"]["nvidia_gpu"]
+    assert gpu["append_dimensions"] == {"Environment": "prod"}
+
+
+def test_neuron_host_publishes_to_the_environments_namespace():
+    # neuron-monitor's CloudWatch publisher takes no dimension, so the namespace names the environment.
+    script = "\n".join(host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m",
+                                     environment="prod"))
+    assert "--namespace EfaTraining/prod/Neuron" in script

@@ -69,7 +69,7 @@ def test_system_nodegroup_is_small_and_on_demand(variant):
         "ScalingConfig": {"MinSize": 2, "DesiredSize": 2, "MaxSize": 3}, "Taints": Match.absent()})
 
 
-# Every add-on is installed at its pinned version.
+# Every add-on is installed, at the version eks_versions names (None: EKS's default for the cluster version).
 def test_addons_are_pinned(variant):
     _, _, _, raw = variant
     installed = {p["AddonName"]: p.get("AddonVersion") for p in resources(raw, "AWS::EKS::Addon")}
@@ -117,7 +117,9 @@ def test_runtime_pod_has_fsx_shm_and_toleration(variant):
     instance, _, _, raw = variant
     runtime = next(o for o in manifests(raw) if o["kind"] == "ClusterTrainingRuntime")
     pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    assert {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-training"}} in pod["volumes"]
+    (claim,) = [o["metadata"]["name"] for o in manifests(raw) if o["kind"] == "PersistentVolumeClaim"]
+    assert claim.startswith("fsx-training-")  # named by the file system's revision (see test_storage)
+    assert {"name": "fsx", "persistentVolumeClaim": {"claimName": claim}} in pod["volumes"]
     assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shared_memory_gib(instance)}Gi"}} \
         in pod["volumes"]
     assert {"name": "fsx", "mountPath": "/fsx"} in pod["containers"][0]["volumeMounts"]
@@ -232,6 +234,23 @@ def test_capacity_block_targets_the_reservation(synth):
     assert data["CapacityReservationSpecification"] == {
         "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}}
     assert accelerator_nodegroup(raw)["CapacityType"] == "CAPACITY_BLOCK"
+    # EKS user guide, "Create a managed node group with Capacity Blocks for ML": InstanceType must be in the
+    # launch template, or the create request is rejected (15-25 minutes into a deploy); not on the node group too.
+    assert data["InstanceType"] == "p5.48xlarge"
+    assert "InstanceTypes" not in accelerator_nodegroup(raw)
+
+
+# IMDSv2 with one hop on every node (accelerator and system): pods cannot use the node's role.
+def test_every_node_launch_template_allows_one_imds_hop(variant):
+    _, _, _, raw = variant
+    templates = resources(raw, "AWS::EC2::LaunchTemplate")
+    assert len(templates) == 2  # accelerator and system node groups
+    for props in templates:
+        options = props["LaunchTemplateData"]["MetadataOptions"]
+        assert (options["HttpEndpoint"], options["HttpPutResponseHopLimit"], options["HttpTokens"]) == \
+            ("enabled", 1, "required")
+    nodegroups = resources(raw, "AWS::EKS::Nodegroup")
+    assert all("LaunchTemplate" in n for n in nodegroups)
 
 
 # The pipeline's executions size the accelerator node group: run's nodes when one starts, 0 whenever it ends.

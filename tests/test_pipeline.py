@@ -346,11 +346,39 @@ def test_every_task_has_a_timeout_and_a_catch():
     _, template = pipeline_app()
     states = _states(template)
     task_states = {name: s for name, s in states.items() if s["Type"] == "Task"}
-    assert {"SanityCheck", "Train", "Validate", "ReadVerdict", "CopyVerdictToModels", "PublishApprovedModel",
+    assert {"SanityCheck", "Train", "ReadVerdict", "CopyVerdictToModels", "PublishApprovedModel",
             "NotifyApproved", "NotifyRejected", "NotifyFailure"} <= set(task_states)
     for name, state in task_states.items():
         assert state.get("TimeoutSeconds") or state.get("TimeoutSecondsPath") == "$.timeouts.train", name
         assert state.get("Catch"), name
+    # Validation: one state from the outside (Spot, then on-demand inside), caught like every task.
+    assert states["Validate"]["Type"] == "Parallel" and states["Validate"]["Catch"]
+    (branch,) = states["Validate"]["Branches"]
+    assert all(inner.get("TimeoutSeconds") for inner in branch["States"].values())
+
+
+def test_validation_falls_back_to_on_demand_when_spot_fails():
+    # Batch documents no fall-through between a queue's compute environments when EC2 has no Spot capacity,
+    # so a failed Spot attempt is caught and the job is submitted once more to the on-demand queue.
+    templates, template = pipeline_app()
+    (branch,) = _states(template)["Validate"]["Branches"]
+    on_spot, on_demand = branch["States"]["ValidateOnSpot"], branch["States"]["ValidateOnDemand"]
+    assert branch["StartAt"] == "ValidateOnSpot"
+    assert on_spot["Catch"][0] == {"ErrorEquals": ["States.TaskFailed"], "ResultPath": "$.spot_failure",
+                                   "Next": "ValidateOnDemand"}
+    assert on_spot["Parameters"]["JobDefinition"] == on_demand["Parameters"]["JobDefinition"]
+    # The queue ARNs are tokens: read the reference that follows each state's "JobQueue" key.
+    machine = next(r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine")
+    parts = machine["Properties"]["DefinitionString"]["Fn::Join"][1]
+
+    def queue_of(state: str) -> str:
+        start = next(i for i, p in enumerate(parts) if isinstance(p, str) and f'"{state}":' in p)
+        after = next(i for i in range(start, len(parts)) if isinstance(parts[i], str)
+                     and parts[i].rstrip().endswith('"JobQueue":"'))
+        return json.dumps(parts[after + 1])
+
+    assert "SingleNodeOnDemandQueue" in queue_of("ValidateOnDemand")
+    assert "SingleNodeQueue" in queue_of("ValidateOnSpot") and "OnDemand" not in queue_of("ValidateOnSpot")
 
 
 def test_training_retry_has_exponential_backoff_with_full_jitter():

@@ -1,7 +1,11 @@
 """Storage stack: a locked-down versioned bucket and FSx for Lustre linked to it, in the training subnet."""
 
+import json
+
 import pytest
 from aws_cdk.assertions import Match
+
+from tests.conftest import CDK_JSON_CONTEXT
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +79,40 @@ def test_bucket_is_linked_both_ways_through_a_data_repository_association(dev):
         "BatchImportMetaDataOnCreate": True,
         "S3": {"AutoImportPolicy": {"Events": events}, "AutoExportPolicy": {"Events": events}},
     })
+
+
+# A replaced file system (new DNS and mount name) must reach every consumer in the same deploy: consumers read
+# the names through Fn::GetStackOutput, which CloudFormation resolves only when the consumer itself is updated
+# (CloudFormation template reference, "Fn::GetStackOutput"). The revision in their templates forces that update.
+def test_replacing_the_file_system_changes_the_batch_hosts_launch_template(synth):
+    def user_data(**overrides):
+        raw = synth(compute="batch", **overrides).raw("compute")
+        return {k: json.dumps(v["Properties"]["LaunchTemplateData"]["UserData"]) for k, v in raw["Resources"].items()
+                if v["Type"] == "AWS::EC2::LaunchTemplate"}
+
+    before, after = user_data(), user_data(fsx_deployment_type="PERSISTENT_2", fsx_storage_gib="2400")
+    assert before.keys() == after.keys() and len(before) == 2
+    assert all(before[k] != after[k] for k in before)  # both host templates follow the producer
+    assert all("StorageLustre" in v and "GetStackOutput" in v for v in after.values())
+
+
+def test_replacing_the_file_system_renames_the_eks_volume_and_claim(synth):
+    # A PersistentVolume's CSI attributes and a claim's volumeName are immutable: new names, not a refused update.
+    def claim(**overrides):
+        raw = synth(compute="eks", instance_type="g5.12xlarge", **overrides).raw("compute")
+        (output,) = [o["Value"] for k, o in raw["Outputs"].items() if k.startswith("WorkspaceFsxClaimName")]
+        return output, json.dumps(raw)
+
+    (before, _), (after, raw_after) = claim(), claim(fsx_deployment_type="PERSISTENT_2", fsx_storage_gib="2400")
+    assert before != after and before.startswith("fsx-training-") and after.startswith("fsx-training-")
+    assert raw_after.count(f'\\"claimName\\":\\"{after}\\"') >= 1  # the runtime's pods use the new claim
+
+
+def test_revision_ignores_changes_that_keep_the_file_system():
+    # Throughput and capacity change in place (no new names): no host roll for them.
+    from config import load_config
+    from stacks.storage_stack import file_system_revision
+    base = load_config({**CDK_JSON_CONTEXT, "env": "prod"})
+    bigger = load_config({**CDK_JSON_CONTEXT, "env": "prod", "fsx_storage_gib": "9600", "fsx_throughput_per_tib": "1000"})
+    moved = load_config({**CDK_JSON_CONTEXT, "env": "prod", "vpc_cidr": "10.9.0.0/16"})
+    assert file_system_revision(base, "p") == file_system_revision(bigger, "p") != file_system_revision(moved, "p")

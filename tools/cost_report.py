@@ -8,6 +8,8 @@ EC2 prices come from config/catalogue.py and FSx prices from config/pricing.py (
 With AWS credentials, the EC2 on-demand price comes from the AWS Price List API (`pricing` in us-east-1) for
 the environment's own region, and Spot from EC2 DescribeSpotPriceHistory; without them Spot is "n/a", never
 a guessed discount. Batch multi-node parallel jobs cannot run on Spot, so Spot is shown only where it applies.
+With credentials it also says whether the `Environment` cost-allocation tag, which the budget filters on, is
+active (Cost Explorer ListCostAllocationTags): until it is, the budget reads $0.
 """
 
 import argparse
@@ -25,6 +27,7 @@ from config.pricing import FSX_PRICE_DATE, FSX_PRICE_SOURCE, HOURS_PER_MONTH, fs
 
 ROOT = Path(__file__).resolve().parent.parent
 PRICING_REGION = "us-east-1"  # the Price List API answers from us-east-1 (and a few others) for every region
+COST_EXPLORER_REGION = "us-east-1"  # Cost Explorer's one endpoint (ce.us-east-1.amazonaws.com)
 NEEDS_CREDENTIALS = "n/a (needs credentials)"
 
 
@@ -131,6 +134,24 @@ def estimate(config: EnvironmentConfig, hours: float, session=None) -> Estimate:
                     fsx_usd_per_gb_month=fsx_usd_per_gb_month(config.fsx_deployment_type, config.fsx_throughput_per_tib))
 
 
+def cost_tag_status(session, tag_key: str) -> str:
+    """One line on whether the user-defined cost-allocation tag `tag_key` is active for the payer account.
+
+    Cost Explorer API, ListCostAllocationTags (Status Active/Inactive); a budget filtered on a tag counts only
+    costs incurred after the tag was activated (AWS Billing user guide, activating-tags.html)."""
+    try:
+        response = session.client("ce", region_name=COST_EXPLORER_REGION).list_cost_allocation_tags(
+            TagKeys=[tag_key], Type="UserDefined")
+    except (BotoCoreError, ClientError) as error:
+        return f"Cost-allocation tag {tag_key!r}: not checked ({error}); see README, Cost."
+    statuses = {tag["TagKey"]: tag["Status"] for tag in response.get("CostAllocationTags", [])}
+    if statuses.get(tag_key) == "Active":
+        return f"Cost-allocation tag {tag_key!r}: active; the budgets count costs from its activation on."
+    seen = "inactive" if tag_key in statuses else "not seen yet by Billing (no tagged cost so far)"
+    return (f"WARNING: cost-allocation tag {tag_key!r} is {seen}: every budget filtered on it reads $0 until it "
+            "is activated in the payer account (Billing console > Cost allocation tags).")
+
+
 def render(e: Estimate) -> str:
     c = e.config
     fsx_tier = "" if c.fsx_deployment_type.startswith("SCRATCH") else f" {c.fsx_throughput_per_tib} MB/s/TiB"
@@ -185,6 +206,9 @@ def main(argv: list[str] | None = None, session=None) -> int:
         session = boto3.Session()
     blocks = [render(estimate(config, args.hours, session)) for config in configs]
     print("\n\n".join(blocks))
+    if has_credentials(session):
+        from stacks.observability_stack import COST_TAG_KEY  # the tag the budgets filter on (imports the CDK)
+        print("\n" + cost_tag_status(session, COST_TAG_KEY))
     print(f"\nPrices: EC2 on-demand from the catalogue ({PRICE_SOURCE}, {PRICE_DATE}) unless marked live; "
           f"FSx from {FSX_PRICE_SOURCE}, {FSX_PRICE_DATE}; a month is {HOURS_PER_MONTH} h. "
           "Excludes EBS, data transfer, NAT, logs and S3.")

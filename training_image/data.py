@@ -1,9 +1,10 @@
 """Token shards on disk and a deterministic, resumable batch iterator.
 
 Shard format (`{split}_{index:06d}.bin`): a 32-byte header, then uint16 tokens.
-  header = magic b"GPTSHARD" | uint32 version | uint32 itemsize (2) | uint64 n_tokens | 8 pad bytes
-The header lets a reader reject a wrong dtype or a truncated file before training
-starts instead of silently training on garbage. A sidecar `dataset.json` records
+  header = magic b"GPTSHARD" | uint32 version | uint32 itemsize (2) | uint64 n_tokens
+           | uint32 1 + largest token id (0: not recorded) | 4 pad bytes
+The header lets a reader reject a wrong dtype, a truncated file or token ids beyond the
+model's vocabulary before training starts instead of failing mid-run or training on garbage. A sidecar `dataset.json` records
 the tokenizer and split sizes for humans and for `validate.py`.
 
 Data position: the loader is a pure function of (seed, sample index), and one
@@ -28,6 +29,10 @@ from errors import UsageError
 MAGIC = b"GPTSHARD"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQ8x")  # 32 bytes
+# In the first 4 pad bytes: 1 + the largest token id, so the vocabulary check at start reads one number per
+# shard instead of every token. 0 (shards written before it was recorded) means "scan the shard".
+MAX_ID = struct.Struct("<I")
+MAX_ID_OFFSET = 24
 TOKEN_DTYPE = np.uint16
 EOT_TOKEN = 256  # byte-level tokenizer: ids 0..255 are bytes, 256 ends a document
 VOCAB_SIZE = 257
@@ -39,7 +44,9 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
     tokens = np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
-        f.write(HEADER.pack(MAGIC, VERSION, TOKEN_DTYPE().itemsize, tokens.size))
+        header = bytearray(HEADER.pack(MAGIC, VERSION, TOKEN_DTYPE().itemsize, tokens.size))
+        MAX_ID.pack_into(header, MAX_ID_OFFSET, int(tokens.max()) + 1 if tokens.size else 0)
+        f.write(header)
         f.write(tokens.tobytes())
         f.flush()
         os.fsync(f.fileno())
@@ -64,6 +71,16 @@ def open_shard(path: Path) -> np.memmap:
                          f"size {size} does not match header ({n_tokens} tokens): truncated?",
                          "a complete shard")
     return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER.size, shape=(n_tokens,))
+
+
+def max_token_id(path: Path) -> int | None:
+    """The largest token id in a shard (None if it is empty): from the header, else by a scan."""
+    tokens = open_shard(path)
+    with open(path, "rb") as f:
+        recorded, = MAX_ID.unpack(f.read(HEADER.size)[MAX_ID_OFFSET:MAX_ID_OFFSET + MAX_ID.size])
+    if recorded:
+        return recorded - 1
+    return int(tokens.max()) if tokens.size else None
 
 
 def list_shards(data_dir: Path, split: str) -> list[Path]:

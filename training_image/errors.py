@@ -1,8 +1,18 @@
-"""User-facing errors: one line naming the field, the value and what is allowed.
+"""User-facing errors and the exit codes the pipeline branches on: one line, no traceback.
 
 Every entry point catches `UsageError` at the top of `main()` and prints it as a
 single line on stderr with exit code 2, so a Batch/EKS job log shows the cause
-without a traceback to scroll through.
+without a traceback to scroll through. `RunRefused` is the same for a run that
+must not go on for a reason other than a flag (diverged, folder held by another job).
+
+Exit codes (launch.py passes them through torchrun, which would turn them all into 1):
+  0    success
+  1    a failure of the infrastructure or an unexpected error: worth a retry on other hosts
+  2    EXIT_USAGE: bad flag, data or checkpoint folder; a retry fails the same way
+  4    EXIT_DIVERGED: the loss or the gradient norm stopped being finite, or exploded; a failure
+       of the run (its hyperparameters or data), not of the hosts: no retry
+  5    EXIT_FOLDER_LOCKED: another live job writes to the same checkpoint folder; no retry
+  143  train.py stopped on SIGTERM/SIGINT after writing a checkpoint (the scheduler asked)
 """
 from __future__ import annotations
 
@@ -10,6 +20,8 @@ import sys
 from typing import Any, NoReturn
 
 EXIT_USAGE = 2
+EXIT_DIVERGED = 4
+EXIT_FOLDER_LOCKED = 5
 
 
 class UsageError(Exception):
@@ -23,7 +35,21 @@ class UsageError(Exception):
         super().__init__(text)
 
 
+class RunRefused(Exception):
+    """The run stops (or does not start) with its own exit code; `message` is empty on ranks that stay quiet."""
+
+    def __init__(self, code: int, message: str = "") -> None:
+        self.code, self.message = code, message
+        super().__init__(message)
+
+
 def exit_with_usage_error(prog: str, err: UsageError) -> NoReturn:
     # One line, no traceback: the message is the whole diagnosis.
     print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
     sys.exit(EXIT_USAGE)
+
+
+def exit_refused(prog: str, err: RunRefused) -> NoReturn:
+    if err.message:
+        print(f"{prog}: error: {err.message}", file=sys.stderr, flush=True)
+    sys.exit(err.code)

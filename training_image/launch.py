@@ -22,18 +22,27 @@ Both:
   MASTER_PORT (default 29500)          -> rendezvous port on the main node
   RUN_ID                               -> --rdzv-id when no Batch job id; RunId metric dimension
 Set LAUNCH_DRY_RUN=1 to print the command as JSON instead of running it.
+
+Exit codes: torchrun turns every worker failure into 1, so each worker runs behind exit_relay.py, which
+records its own exit code, and launch.py ends with the code of torchrun's last restart (errors.py lists
+them: 2 usage, 4 diverged, 5 checkpoint folder locked; sanity_check.py's 3, report not written).
+launch.py stays the container's main process and forwards SIGTERM/SIGINT to torchrun.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
 
 from errors import UsageError, exit_with_usage_error
+from exit_relay import EXIT_CODE_DIR, relayed_exit_code
 
 HERE = Path(__file__).resolve().parent
 DISTRIBUTED_MODES = {"sanity": "sanity_check.py", "train": "train.py"}
@@ -158,11 +167,36 @@ def build_command(mode: str, script_args: list[str], env: Mapping[str, str],
     if expected is not None and ":" not in plan.nnodes and expected != plan.nnodes:
         raise UsageError("--expected-nodes", expected, f"the scheduler gives {plan.nnodes} node(s)",
                          "the job's node count (AWS_BATCH_JOB_NUM_NODES / PET_NNODES)")
-    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(),
+    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(), str(HERE / "exit_relay.py"),
             str(HERE / DISTRIBUTED_MODES[mode]), *script_args], plan
 
 
-def own_ipv4() -> str | None:
+def interface_ipv4(name: str) -> str | None:
+    """The IPv4 address of one network interface (Linux SIOCGIFADDR), or None if it has none."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def own_ipv4(env: Mapping[str, str]) -> str | None:
+    """The address this node's torchrun agent publishes: the bootstrap interface's, where the job names one.
+
+    On Batch (awsvpc) GLOO_SOCKET_IFNAME=eth0 names the task's interface; the container also has ecs-eth0, a
+    link-local link to the ECS agent that no other host can reach (constructs/job_environment.py).
+    """
+    interface = env.get("GLOO_SOCKET_IFNAME", "").split(",")[0].strip()
+    if interface:
+        addr = interface_ipv4(interface)
+        if addr is None:
+            raise UsageError("GLOO_SOCKET_IFNAME", interface, "no IPv4 address on that interface in this container",
+                             "the task's interface (eth0 on AWS Batch)")
+        return addr
     try:
         addr = socket.gethostbyname(socket.gethostname())
     except OSError:
@@ -181,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if mode not in modes:
             raise UsageError("mode", mode, "unknown mode", "|".join(modes))
-        own = own_ipv4() if mode in DISTRIBUTED_MODES else None
+        own = own_ipv4(os.environ) if mode in DISTRIBUTED_MODES else None
         cmd, plan = build_command(mode, script_args, os.environ, own)
     except UsageError as err:
         exit_with_usage_error("launch.py", err)
@@ -194,8 +228,19 @@ def main(argv: list[str] | None = None) -> int:
     if plan:
         print(f"launch.py: {plan.scheduler} node {plan.node_rank}{' (main)' if plan.is_main_node else ''}: "
               f"{' '.join(cmd)}", file=sys.stderr, flush=True)
-    # exec: torchrun becomes the container's main process and receives SIGTERM from Batch/Kubernetes itself.
-    os.execvpe(cmd[0], cmd, env)
+    if not plan:
+        os.execvpe(cmd[0], cmd, env)  # one plain process: its exit code is the job's
+    return run_torchrun(cmd, env)
+
+
+def run_torchrun(cmd: list[str], env: dict) -> int:
+    """torchrun as a child, with the scheduler's stop signals passed on, ending with the workers' own exit code."""
+    with tempfile.TemporaryDirectory(prefix="launch-exit-codes-") as folder:
+        proc = subprocess.Popen(cmd, env={**env, EXIT_CODE_DIR: folder})
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: proc.send_signal(signum))
+        code = proc.wait()
+        return relayed_exit_code(Path(folder), code if code >= 0 else 128 - code)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,26 @@
-"""Per-step metrics as CloudWatch Embedded Metric Format (EMF) JSON lines on stdout.
+"""Per-step metrics as CloudWatch Embedded Metric Format (EMF) JSON lines.
 
-The CloudWatch agent / Fluent Bit (EKS) or the awslogs driver (Batch) ships
-stdout to CloudWatch Logs; EMF lines there become metrics without any API
-call from the training job. Names are a contract with the dashboards:
-Loss, TokensPerSecond, StepTimeSeconds, MFU in namespace EfaTraining with
-dimension RunId.
+Every line goes to stdout. On Batch the awslogs driver sends stdout to CloudWatch Logs with PutLogEvents,
+each line one event with the EMF document at its root, and CloudWatch extracts the metrics (CloudWatch user
+guide, CloudWatch_Embedded_Metric_Format_Generation_PutLogEvents.html). On EKS the observability add-on's
+Fluent Bit wraps each stdout line ({"log": ..., "kubernetes": ...}), so `_aws` is no longer at the root and
+nothing would be extracted: there the pod gets AWS_EMF_AGENT_ENDPOINT (the node's CloudWatch agent, which
+listens for EMF on TCP 25888, CloudWatch_Embedded_Metric_Format_Generation_CloudWatch_Agent.html) and
+AWS_EMF_LOG_GROUP_NAME, and each line is also sent there unchanged, with `_aws.LogGroupName` naming the log
+group the agent writes it to. Names are a contract with the dashboards: Loss, TokensPerSecond,
+StepTimeSeconds, MFU, NonFiniteLoss in namespace EfaTraining with dimensions Environment and RunId (Environment
+from TRAINING_ENVIRONMENT, which every job of a deployed environment gets; RunId alone for hand runs).
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import socket
 import sys
 import time
 from typing import TextIO
+from urllib.parse import urlparse
 
 NAMESPACE = "EfaTraining"
 UNITS = {"Loss": "None", "TokensPerSecond": "Count/Second", "StepTimeSeconds": "Seconds", "MFU": "Percent",
@@ -34,27 +41,69 @@ def peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def emf_record(run_id: str, step: int, values: dict[str, float], timestamp_ms: int | None = None) -> dict:
-    """One EMF document: metrics declared under _aws, values and dimensions at top level."""
+def emf_record(run_id: str, step: int, values: dict[str, float], timestamp_ms: int | None = None,
+               log_group: str | None = None, environment: str | None = None) -> dict:
+    """One EMF document: metrics declared under _aws, values and dimensions at top level.
+
+    A non-finite value is left out (the specification's metric values are JSON numbers, and NaN/Infinity are
+    not JSON), so one diverged value never makes the whole line, and every other metric on it, invalid."""
+    values = {k: v for k, v in values.items() if not isinstance(v, float) or math.isfinite(v)}
     names = [n for n in values if n in UNITS]
+    metadata = {
+        "Timestamp": timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
+        "CloudWatchMetrics": [{
+            "Namespace": NAMESPACE,
+            "Dimensions": [["Environment", "RunId"] if environment else ["RunId"]],
+            "Metrics": [{"Name": n, "Unit": UNITS[n]} for n in names],
+        }],
+    }
+    if log_group:
+        metadata["LogGroupName"] = log_group  # read by the CloudWatch agent, not by CloudWatch Logs
     return {
-        "_aws": {
-            "Timestamp": timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
-            "CloudWatchMetrics": [{
-                "Namespace": NAMESPACE,
-                "Dimensions": [["RunId"]],
-                "Metrics": [{"Name": n, "Unit": UNITS[n]} for n in names],
-            }],
-        },
+        "_aws": metadata,
+        **({"Environment": environment} if environment else {}),
         "RunId": run_id,
         "Step": step,  # a property, not a dimension: one metric stream per run, not per step
         **values,
     }
 
 
+class AgentSink:
+    """Newline-delimited EMF lines to the CloudWatch agent's TCP endpoint (tcp://host:port). Metrics never stop
+    training: a failed send is reported once on stderr and retried with a new connection on the next line."""
+
+    def __init__(self, endpoint: str, timeout_s: float = 2.0) -> None:
+        url = urlparse(endpoint)
+        if url.scheme != "tcp" or not url.hostname or not url.port:
+            raise ValueError(f"AWS_EMF_AGENT_ENDPOINT={endpoint!r} is not valid; expected tcp://HOST:PORT")
+        self.address, self.timeout_s = (url.hostname, url.port), timeout_s
+        self._socket: socket.socket | None = None
+        self._warned = False
+
+    def send(self, line: str) -> None:
+        try:
+            if self._socket is None:
+                self._socket = socket.create_connection(self.address, timeout=self.timeout_s)
+            self._socket.sendall(line.encode() + b"\n")
+        except OSError as error:
+            self.close()
+            if not self._warned:
+                print(f"metrics: CloudWatch agent at {self.address[0]}:{self.address[1]} unreachable ({error}); "
+                      "EMF lines stay on stdout only until it answers", file=sys.stderr)
+                self._warned = True
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+
 class MetricsLogger:
-    def __init__(self, run_id: str, enabled: bool, stream: TextIO = sys.stdout) -> None:
+    def __init__(self, run_id: str, enabled: bool, stream: TextIO = sys.stdout, environ=os.environ) -> None:
         self.run_id, self.enabled, self.stream = run_id, enabled, stream
+        endpoint = environ.get("AWS_EMF_AGENT_ENDPOINT")
+        self.agent = AgentSink(endpoint) if enabled and endpoint else None
+        self.log_group = environ.get("AWS_EMF_LOG_GROUP_NAME") if self.agent else None
 
     def step(self, step: int, loss: float, tokens_per_s: float, step_time_s: float,
              mfu_percent: float | None = None, **extra: float) -> None:
@@ -69,8 +118,12 @@ class MetricsLogger:
         if mfu_percent is not None:
             values["MFU"] = mfu_percent
         values.update(extra)
-        self.stream.write(json.dumps(emf_record(self.run_id, step, values)) + "\n")
+        line = json.dumps(emf_record(self.run_id, step, values, log_group=self.log_group,
+                                     environment=os.environ.get("TRAINING_ENVIRONMENT") or None), allow_nan=False)
+        self.stream.write(line + "\n")
         self.stream.flush()
+        if self.agent is not None:
+            self.agent.send(line)
 
     def summary(self, summary: dict) -> None:
         if self.enabled:

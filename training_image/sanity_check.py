@@ -6,12 +6,17 @@
 
 1. The node has ACCELERATORS_PER_NODE devices of kind ACCELERATOR_KIND (gpu|neuron|cpu).
 2. all_reduce, all_gather and reduce_scatter over all ranks give exactly the expected values.
-3. Bandwidth over a range of sizes, with the nccl-tests definitions
+3. Where EFA_INTERFACES > 0 (the job environment of every EFA job): the container sees that many EFA devices
+   (uverbs and libfabric's efa provider) and NCCL's own log shows the EFA network plugin with provider efa,
+   not its socket fallback (efa_proof.py says which lines and why).
+4. Bandwidth over a range of sizes, with the nccl-tests definitions
    (github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
      algbw = S / t, S = bytes of the full buffer (all_reduce: the tensor; all_gather: the
              gathered output; reduce_scatter: the input before scattering)
      busbw = algbw * 2(n-1)/n for all_reduce, algbw * (n-1)/n for all_gather and reduce_scatter
-   The all_reduce busbw at the largest size must reach --min-busbw-gbps (GB/s, 1e9 bytes).
+   The all_reduce busbw at one fixed large message (--busbw-bytes, env BUSBW_MESSAGE_BYTES: 2 GiB on EFA
+   jobs, the size AWS's published two-node figures use) must reach --min-busbw-gbps (GB/s, 1e9 bytes);
+   never an average over sizes, which small messages drag down.
 
 Test-only fault injection: SANITY_TEST_CORRUPT_RANK=R makes rank R add 1 to its contribution,
 so the exact-verification failure path can be exercised.
@@ -28,6 +33,7 @@ import time
 import torch
 import torch.distributed as dist
 
+import efa_proof
 from distributed import DEVICES, KIND_TO_DEVICE, Runtime, destroy_distributed, init_distributed, resolve_device
 from errors import UsageError, exit_with_usage_error
 from run_paths import expected_nodes_error
@@ -36,20 +42,20 @@ from storage import under_prefix, write_json
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
               "reduce_scatter": lambda n: (n - 1) / n}
-DEFAULT_SIZES = {"cuda": "1M,16M,128M,1G", "xla": "1M,16M,128M,1G", "cpu": "64K,1M,4M"}
+DEFAULT_SIZES = {"cuda": "1M,16M,128M,1G,2G", "xla": "1M,16M,128M,1G,2G", "cpu": "64K,1M,4M"}
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 EXIT_FAILED = 1
 EXIT_REPORT_NOT_WRITTEN = 3  # not "the node group is bad": the pipeline must not retire the nodes for it
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, flag: str = "--sizes") -> int:
     text = text.strip().upper()
     try:
-        value = int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
+        value = int(text[:-1]) * UNITS[text[-1]] if text[-1:] in UNITS else int(text)
     except (ValueError, IndexError):
-        raise UsageError("--sizes", text, "not a size", "bytes as 4096, 64K, 16M or 1G") from None
+        raise UsageError(flag, text, "not a size", "bytes as 4096, 64K, 16M or 1G") from None
     if value < 4:
-        raise UsageError("--sizes", text, "too small", ">= 4 bytes")
+        raise UsageError(flag, text, "too small", ">= 4 bytes")
     return value
 
 
@@ -122,6 +128,9 @@ def measure(op: str, size_bytes: int, rt: Runtime, warmup: int, iters: int) -> d
     result = _run(op, x, out)
     _sync(rt)
     correct = torch.equal(result.cpu(), expected)
+    # all_gather keeps each rank's contribution apart: its wrong chunks name the rank that sent bad data.
+    bad_sources = [q for q, (got, want) in enumerate(zip(result.cpu().chunk(rt.world_size), expected.chunk(rt.world_size)))
+                   if not torch.equal(got, want)] if op == "all_gather" and not correct else []
     for _ in range(warmup):
         _run(op, x, out)
     _sync(rt)
@@ -135,7 +144,8 @@ def measure(op: str, size_bytes: int, rt: Runtime, warmup: int, iters: int) -> d
     total_bytes = x.numel() * 4 if op != "all_gather" else out.numel() * 4
     algbw = total_bytes / seconds / 1e9
     return {"op": op, "size_bytes": total_bytes, "time_us": seconds * 1e6, "algbw_gbps": algbw,
-            "busbw_gbps": bus_bandwidth(op, algbw, rt.world_size), "correct": bool(correct)}
+            "busbw_gbps": bus_bandwidth(op, algbw, rt.world_size), "correct": bool(correct),
+            "wrong_data_from_ranks": bad_sources}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: env REPORT_PREFIX)")
     p.add_argument("--expected-nodes", type=int, default=None,
                    help="fail unless this many nodes joined (torchrun's GROUP_WORLD_SIZE)")
+    p.add_argument("--busbw-bytes", default=os.environ.get("BUSBW_MESSAGE_BYTES", ""),
+                   help="the message size the bandwidth gate applies at, added to --sizes if missing "
+                        "(default: env BUSBW_MESSAGE_BYTES, else the largest of --sizes)")
+    p.add_argument("--uverbs-dir", default=efa_proof.UVERBS_DIR, help="where the EFA uverbs devices appear")
+    p.add_argument("--fi-info", default=None, help="libfabric's fi_info (default: on PATH or /opt/amazon/efa/bin)")
     return p
 
 
@@ -164,33 +179,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def run_checks(args: argparse.Namespace, rt: Runtime, sizes: list[int], kind: str, expected: int | None) -> dict:
+def _efa_checks(args: argparse.Namespace, rt: Runtime, efa_interfaces: int, nccl_log: str) -> tuple[dict, int, int]:
+    """(this rank's EFA report, devices-bad flag, transport code); devices are probed once per node."""
+    if not efa_interfaces:
+        return {"expected_interfaces": 0, "checked": False}, 0, 0
+    evidence = efa_proof.collect(efa_interfaces, nccl_log, uverbs_dir=args.uverbs_dir, fi_info=args.fi_info)
+    devices_checked = int(os.environ.get("LOCAL_RANK", "0")) == 0
+    report = evidence.report()
+    device_problems = [f for f in report["failures"] if f.startswith("EFA devices")] if devices_checked else []
+    for line in report["failures"] if devices_checked else [f for f in report["failures"] if f.startswith("transport")]:
+        print(f"sanity_check: rank {rt.rank}: {line}", file=sys.stderr, flush=True)  # this node's own log names it
+    return ({**report, "checked": True, "devices_checked": devices_checked},
+            int(bool(device_problems)), efa_proof.TRANSPORTS.index(evidence.transport.kind))
+
+
+def run_checks(args: argparse.Namespace, rt: Runtime, sizes: list[int], kind: str, expected: int | None,
+               gate_bytes: int, efa_interfaces: int = 0, nccl_log: str = "") -> dict:
     accel = check_accelerators(kind, expected)
     results = [measure(op, size, rt, args.warmup, args.iters) for op in COLLECTIVES for size in sizes]
-    largest = max(r["size_bytes"] for r in results if r["op"] == "all_reduce")
-    measured = min(r["busbw_gbps"] for r in results if r["op"] == "all_reduce" and r["size_bytes"] == largest)
+    by_size = {r["size_bytes"]: r["busbw_gbps"] for r in results if r["op"] == "all_reduce"}
+    measured = by_size[gate_bytes]
+    efa, devices_bad, transport = _efa_checks(args, rt, efa_interfaces, nccl_log)
     failures = []
     # Every rank's own verdicts are combined, so all ranks exit with the same code.
-    local_bad = torch.tensor([0 if accel["ok"] else 1, sum(not r["correct"] for r in results)],
+    local_bad = torch.tensor([0 if accel["ok"] else 1, sum(not r["correct"] for r in results), devices_bad],
                              dtype=torch.int64, device=rt.device)
     dist.all_reduce(local_bad)
-    bad_accel, bad_results = (int(v) for v in local_bad.tolist())
+    worst_transport = torch.tensor([transport], dtype=torch.int64, device=rt.device)
+    dist.all_reduce(worst_transport, op=dist.ReduceOp.MAX)
+    bad_accel, bad_results, bad_devices = (int(v) for v in local_bad.tolist())
     if bad_accel:
         failures.append(f"accelerators: {bad_accel} rank(s) found fewer/other than {expected} {kind} devices")
     if bad_results:
+        # This rank (0, which prints) only observed the errors; all_gather's chunks say whose data was wrong.
         wrong = sorted({r["op"] for r in results if not r["correct"]})
+        sources = sorted({q for r in results for q in r["wrong_data_from_ranks"]})
         failures.append(f"collectives: {bad_results} wrong result(s) across ranks"
-                        + (f" ({', '.join(wrong)} on rank {rt.rank})" if wrong else ""))
+                        + (f" ({', '.join(wrong)} seen on rank {rt.rank}" if wrong else "")
+                        + (f"; wrong data came from rank(s) {', '.join(map(str, sources))})" if sources
+                           else ")" if wrong else ""))
+    if bad_devices:
+        mine = [f for f in efa.get("failures", []) if f.startswith("EFA devices")]
+        failures.append(mine[0] + (f" (and {bad_devices - 1} more node(s))" if bad_devices > 1 else "")
+                        if mine else f"EFA devices: wrong on {bad_devices} node(s); see those nodes' logs")
+    if efa_interfaces and worst_transport.item():
+        kind_found = efa_proof.TRANSPORTS[int(worst_transport.item())]
+        mine = efa["transport"]
+        failures.append(f"transport: NCCL used {kind_found} ({mine['evidence']}), not EFA" if mine["kind"] == kind_found
+                        else f"transport: NCCL used {kind_found}, not EFA, on another rank; see its log")
     nodes_problem = expected_nodes_error(args.expected_nodes)
     if nodes_problem:
         failures.append(f"nodes: {nodes_problem}")
     if args.min_busbw_gbps > 0 and measured < args.min_busbw_gbps:
-        failures.append(f"bandwidth: all_reduce busbw {measured:.3f} GB/s at {largest} bytes "
+        failures.append(f"bandwidth: all_reduce busbw {measured:.3f} GB/s at {gate_bytes} bytes "
                         f"< --min-busbw-gbps {args.min_busbw_gbps}")
     return {"passed": not failures, "failures": failures, "world_size": rt.world_size,
             "nodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")), "device": rt.device_type,
-            "accelerators": accel, "threshold_busbw_gbps": args.min_busbw_gbps,
-            "measured_busbw_gbps": measured, "measured_at_bytes": largest, "results": results}
+            "accelerators": accel, "efa": efa, "threshold_busbw_gbps": args.min_busbw_gbps,
+            "threshold_source": os.environ.get("BUSBW_SOURCE", "--min-busbw-gbps"),
+            "measured_busbw_gbps": measured, "measured_at_bytes": gate_bytes,
+            "busbw_gbps_by_size": {str(size): busbw for size, busbw in sorted(by_size.items())}, "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,11 +256,20 @@ def main(argv: list[str] | None = None) -> int:
         if expected_text and not expected_text.isdigit():
             raise UsageError("ACCELERATORS_PER_NODE", expected_text, "not a count", "a positive integer")
         sizes = [parse_size(s) for s in (args.sizes or DEFAULT_SIZES[device_type]).split(",")]
+        gate_bytes = parse_size(args.busbw_bytes, "--busbw-bytes") if args.busbw_bytes else max(sizes)
+        sizes = sorted({*sizes, gate_bytes})
+        efa_text = os.environ.get("EFA_INTERFACES", "") or "0"
+        if not efa_text.isdigit():
+            raise UsageError("EFA_INTERFACES", efa_text, "not a count", "the instance's EFA interfaces, or 0")
         if args.report_prefix and not args.run_id:
             raise UsageError("--report-prefix", args.report_prefix, "needs a run id", "--run-id or env RUN_ID")
+        # Before the process group: NCCL reads its logging settings when it creates a communicator.
+        nccl_log = (efa_proof.prepare_nccl_logging(os.environ, int(os.environ.get("RANK", "0")))
+                    if int(efa_text) else "")
         rt = init_distributed(device_type)
         try:
-            report = run_checks(args, rt, sizes, kind, int(expected_text) if expected_text else None)
+            report = run_checks(args, rt, sizes, kind, int(expected_text) if expected_text else None, gate_bytes,
+                                int(efa_text), nccl_log)
         finally:
             destroy_distributed()
     except UsageError as err:

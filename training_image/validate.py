@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from checkpoint import log, step_dirs
+from torch.distributed.checkpoint.api import CheckpointException
+
+from checkpoint import CheckpointDamaged, log, step_dirs, verify
 from data import TokenStream
 from errors import UsageError, exit_with_usage_error
 from model import GPT, ModelConfig
@@ -51,7 +53,8 @@ def baseline_value(doc: dict, location: str) -> float:
 
 # ---- model loading ---------------------------------------------------------------------------------
 def load_model(ckpt_dir: Path) -> tuple[GPT, dict]:
-    meta = json.loads((ckpt_dir / "meta.json").read_text())
+    """A checkpoint that passes the same verification as train.py's resume (manifest sizes and CRCs), loaded."""
+    meta = verify(ckpt_dir, None)
     model = GPT(ModelConfig(**meta["config"]["model"]))
     if meta["format"] == "full":
         state = torch.load(ckpt_dir / "state.pt", map_location="cpu", weights_only=True)["model"]
@@ -68,18 +71,23 @@ def load_model(ckpt_dir: Path) -> tuple[GPT, dict]:
 
 def find_and_load(checkpoint: Path) -> tuple[GPT, dict, Path]:
     if (checkpoint / "meta.json").exists():
-        return (*load_model(checkpoint), checkpoint)
+        try:
+            return (*load_model(checkpoint), checkpoint)
+        except CheckpointDamaged as exc:
+            raise RuntimeError(f"checkpoint {checkpoint} is damaged: {exc}") from None
     if not checkpoint.is_dir():
         raise UsageError("--checkpoint", str(checkpoint), "not a checkpoint or checkpoint directory",
                          "a step_* directory or the --checkpoint-dir of train.py")
     candidates = step_dirs(checkpoint)
     if not candidates:
         raise UsageError("--checkpoint", str(checkpoint), "contains no checkpoints", "a --checkpoint-dir of train.py")
-    for path in candidates:
+    for path in candidates:  # newest first, as train.py resumes; damaged ones are skipped, not moved
         try:
             return (*load_model(path), path)
-        except Exception as exc:
-            log(f"validate: WARNING skipping {path}: {type(exc).__name__}: {exc}")
+        # DCP raises CheckpointException, a BaseException in torch 2.13: caught by name, not by Exception.
+        except (Exception, CheckpointException) as exc:
+            reason = str(exc) if isinstance(exc, CheckpointDamaged) else f"{type(exc).__name__}: {exc}"
+            log(f"validate: WARNING skipping {path}: {reason.splitlines()[0] if reason else ''}")
     raise RuntimeError(f"no loadable checkpoint under {checkpoint}")
 
 

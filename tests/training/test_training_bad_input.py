@@ -40,10 +40,20 @@ def _checkpoints_of(tmp_path, strategy: str, model_name: str = "tiny"):
     import model
     d = tmp_path / "ckpt"
     (d / "step_000000004").mkdir(parents=True)
-    meta = {"step": 4, "format": {"ddp": "full", "fsdp": "dcp"}[strategy], "world_size": 2,
+    meta = {"step": 4, "format": {"ddp": "full", "fsdp": "dcp"}[strategy], "world_size": 2, "files": {},
             "config": {"train": {"strategy": strategy, "model": model_name},
                        "model": asdict(model.model_config(model_name))}}
     (d / "step_000000004" / "meta.json").write_text(json.dumps(meta))
+    return d
+
+
+def _shard_with_token(tmp_path, token: int, length: int = 1000):
+    import data
+    d = tmp_path / f"token_{token}"
+    d.mkdir()
+    tokens = np.full(length, 7, dtype=np.uint16)
+    tokens[length // 2] = token
+    data.write_shard(d / "train_000000.bin", tokens)
     return d
 
 
@@ -67,6 +77,15 @@ CASES = {
     "checkpoint dir not writable": (lambda tmp, ds: ["--data", str(ds), "--checkpoint-dir",
                                                      str(_a_file(tmp) / "ckpt")], "not writable"),
     "xla without torch_xla": (lambda tmp, ds: ["--data", str(ds), "--device", "xla"], "torch_xla"),
+    "infinite lr": (lambda tmp, ds: ["--data", str(ds), "--lr", "inf"], "--lr=inf: not finite or out of range"),
+    "nan weight decay": (lambda tmp, ds: ["--data", str(ds), "--weight-decay", "nan"], "--weight-decay=nan"),
+    "nan grad clip": (lambda tmp, ds: ["--data", str(ds), "--grad-clip", "nan"], "--grad-clip=nan"),
+    "seq len beyond the model's context": (lambda tmp, ds: ["--data", str(ds), "--seq-len", "100000"],
+                                           "--seq-len=100000: outside the tiny model's context of 64"),
+    "seq len beyond the data": (lambda tmp, ds: ["--data", str(_shard_with_token(tmp, 7, length=40))],
+                                "only 40 tokens"),
+    "token id beyond the vocabulary": (lambda tmp, ds: ["--data", str(_shard_with_token(tmp, 400))],
+                                       "train_000000.bin': holds token id 400, beyond the model's vocabulary"),
 }
 
 

@@ -97,3 +97,18 @@ def test_rank_is_not_read_when_pet_node_rank_is_set():
     env = {"ACCELERATORS_PER_NODE": "8", "MASTER_ADDR": "m", "PET_NNODES": "2", "PET_NODE_RANK": "1",
            "RANK": "not-a-node-index"}
     assert launch.plan_launch("train", env).node_rank == 1
+
+
+def test_batch_node_publishes_the_bootstrap_interface_address():
+    # The job names the interface (GLOO_SOCKET_IFNAME=eth0 on Batch); the launcher publishes that interface's
+    # address to torchrun (--local-addr), never the hostname's, which could resolve elsewhere.
+    import launch
+    assert launch.interface_ipv4("lo") == "127.0.0.1"
+    assert launch.own_ipv4({"GLOO_SOCKET_IFNAME": "lo"}) == "127.0.0.1"
+
+
+def test_a_missing_bootstrap_interface_is_one_usage_error():
+    import launch
+    from errors import UsageError
+    with pytest.raises(UsageError, match="GLOO_SOCKET_IFNAME"):
+        launch.own_ipv4({"GLOO_SOCKET_IFNAME": "no-such-if0"})

@@ -8,7 +8,7 @@ import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
 
-DELAY = "0.1"  # seconds per step, so the test can act between two steps (TRAIN_TEST_STEP_DELAY_S)
+DELAY = "0.05"  # seconds per micro-batch (2 per step), so the test can act between two steps (slow_train.py)
 
 
 @pytest.fixture(scope="module")
@@ -17,8 +17,8 @@ def faults(dataset, tmp_path_factory):
     --max-restarts 1, restarts the group), then every process SIGKILLed after the step-20
     checkpoint; then the same command again. One scenario, so the suite pays for 2 launches."""
     ckpt = tmp_path_factory.mktemp("faults")
-    job = th.Background("train.py", th.train_args(dataset, ckpt), ckpt.parent, max_restarts=1,
-                        TRAIN_TEST_STEP_DELAY_S=DELAY)
+    job = th.Background("slow_train.py", th.train_args(dataset, ckpt), ckpt.parent, max_restarts=1,
+                        TRAIN_TEST_BATCH_DELAY_S=DELAY)
     job.wait_for(lambda: th.checkpoint_steps(ckpt) == [10] and len(job.workers()) == 2)
     th.os.kill(job.workers()[-1], signal.SIGKILL)
     job.wait_for(lambda: 20 in th.checkpoint_steps(ckpt))
@@ -52,8 +52,8 @@ def test_resumed_parameters_equal_uninterrupted_run_bit_for_bit(faults, ddp_refe
 @pytest.fixture(scope="module")
 def sigtermed(dataset, tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("sigterm")
-    job = th.Background("train.py", th.train_args(dataset, ckpt, steps=1000), ckpt.parent,
-                        TRAIN_TEST_STEP_DELAY_S=DELAY)
+    job = th.Background("slow_train.py", th.train_args(dataset, ckpt, steps=1000), ckpt.parent,
+                        TRAIN_TEST_BATCH_DELAY_S=DELAY)
     job.wait_for(lambda: '"Step": 13,' in job.out.read_text())
     # To rank 1 only: rank 0, which writes the checkpoint's meta and the summary, learns of it through the
     # per-step collective. (Batch/Kubernetes signal torchrun, which forwards to every worker: the easier case.)

@@ -1,5 +1,6 @@
 """sanity_check.py across 2 gloo processes: passes, and fails on a wrong result or a too-high threshold."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +60,7 @@ def test_unwritable_report_is_one_line_with_its_own_exit_code(tmp_path, monkeypa
 def test_sanity_fails_when_one_rank_contributes_a_wrong_value():
     run = th.torchrun("sanity_check.py", ARGS, SANITY_TEST_CORRUPT_RANK="1", **NODE)
     assert run.returncode != 0 and "FAIL: collectives" in run.stderr, run.stderr[-2000:]
+    assert "wrong data came from rank(s) 1)" in run.stderr, run.stderr[-2000:]  # rank 0 prints, rank 1 is at fault
 
 
 def test_sanity_fails_below_the_bandwidth_threshold():
@@ -71,3 +73,83 @@ def test_bus_bandwidth_formulas_match_nccl_tests():
     assert sanity_check.bus_bandwidth("all_reduce", 10.0, 8) == pytest.approx(17.5)
     assert sanity_check.bus_bandwidth("all_gather", 10.0, 8) == pytest.approx(8.75)
     assert sanity_check.bus_bandwidth("reduce_scatter", 10.0, 8) == pytest.approx(8.75)
+
+
+# ---- EFA proof: the devices the container sees and the transport NCCL chose (training_image/efa_proof.py).
+# The inputs are composed from the printing programs' own format strings (see efa_fixtures/README.md) and go
+# through the same code path as on a host: the sanity check reads NCCL_DEBUG_FILE, lists --uverbs-dir, runs --fi-info.
+FIXTURES = Path(__file__).resolve().parent / "efa_fixtures"
+EFA_NODE = {**NODE, "EFA_INTERFACES": "4"}
+
+
+def _efa_inputs(tmp_path, *, log: str, fi_info: str, uverbs: int) -> tuple[list[str], dict]:
+    devices = tmp_path / "infiniband"
+    devices.mkdir()
+    for i in range(uverbs):
+        (devices / f"uverbs{i}").touch()
+    fake_fi_info = tmp_path / "fi_info"
+    fake_fi_info.write_text(f"#!/bin/sh\ncat {FIXTURES / fi_info}\n")
+    fake_fi_info.chmod(0o755)
+    return (["--uverbs-dir", str(devices), "--fi-info", str(fake_fi_info)],
+            {**EFA_NODE, "NCCL_DEBUG_FILE": str(FIXTURES / log)})
+
+
+def _sanity_with_efa(tmp_path, *, log="nccl-efa.log", fi_info="fi_info-efa-4.txt", uverbs=4, extra=()):
+    flags, env = _efa_inputs(tmp_path, log=log, fi_info=fi_info, uverbs=uverbs)
+    report = tmp_path / "sanity.json"
+    run = th.torchrun("sanity_check.py", [*ARGS, *flags, "--report", str(report), *extra], **env)
+    return run, (json.loads(report.read_text()) if report.exists() else None)
+
+
+def test_efa_proof_passes_with_every_device_and_the_efa_provider(tmp_path):
+    run, report = _sanity_with_efa(tmp_path)
+    assert run.returncode == 0 and report["passed"], run.stderr[-2000:]
+    efa = report["efa"]
+    assert efa["transport"]["kind"] == "efa" and efa["transport"]["network"] == "Libfabric"
+    assert len(efa["uverbs"]) == 4 and len(efa["fi_info_domains"]) == 4
+    # The report records the gate: one size, its threshold and the threshold's source, and busbw per size.
+    assert report["measured_at_bytes"] == 65536 and set(report["busbw_gbps_by_size"]) == {"4096", "65536"}
+
+
+def test_efa_proof_fails_on_a_socket_fallback_naming_the_transport(tmp_path):
+    run, report = _sanity_with_efa(tmp_path, log="nccl-socket-fallback.log")
+    assert run.returncode == 1 and not report["passed"]
+    (line,) = [f for f in report["failures"] if f.startswith("transport")]
+    assert line == "transport: NCCL used socket (NET/OFI aws-ofi-nccl initialization failed), not EFA", line
+
+
+def test_efa_proof_fails_on_a_missing_uverbs_device(tmp_path):
+    run, report = _sanity_with_efa(tmp_path, uverbs=3)
+    assert run.returncode == 1
+    (line,) = [f for f in report["failures"] if f.startswith("EFA devices")]
+    assert line.startswith("EFA devices: 3 of 4 /dev/infiniband/uverbs* visible in the container"), line
+
+
+def test_efa_proof_fails_when_libfabric_offers_fewer_devices(tmp_path):
+    run, report = _sanity_with_efa(tmp_path, fi_info="fi_info-efa-3.txt")
+    assert run.returncode == 1
+    (line,) = [f for f in report["failures"] if f.startswith("EFA devices")]
+    assert line.startswith("EFA devices: libfabric's efa provider offers 3 of 4 devices"), line
+
+
+def test_bandwidth_gate_uses_the_fixed_size_not_the_largest(tmp_path):
+    # --busbw-bytes 4K: the gate reads the 4 KiB figure even though 64 KiB was measured too.
+    run, report = _sanity_with_efa(tmp_path, extra=["--busbw-bytes", "4K", "--min-busbw-gbps", "100000"])
+    assert run.returncode == 1 and report["measured_at_bytes"] == 4096
+    assert report["measured_busbw_gbps"] == report["busbw_gbps_by_size"]["4096"]
+    (line,) = [f for f in report["failures"] if f.startswith("bandwidth")]
+    assert "at 4096 bytes < --min-busbw-gbps 100000" in line
+
+
+def test_nccl_transport_parses_each_kind():
+    import efa_proof
+    efa = efa_proof.nccl_transport((FIXTURES / "nccl-efa.log").read_text())
+    assert (efa.kind, efa.provider) == ("efa", "efa")
+    socket = efa_proof.nccl_transport((FIXTURES / "nccl-socket-fallback.log").read_text())
+    assert socket.kind == "socket" and "initialization failed" in socket.evidence
+    assert efa_proof.nccl_transport("x NCCL INFO Using network IB\n").kind == "ib"
+    # Libfabric with another provider (tcp) is not EFA either.
+    tcp = efa_proof.nccl_transport("NCCL INFO NET/OFI Selected Provider is tcp (found 1 nics)\n"
+                                   "h:1:1 [0] NCCL INFO Using network Libfabric\n")
+    assert tcp.kind == "unknown" and "provider tcp" in tcp.evidence
+    assert efa_proof.nccl_transport("").kind == "unknown"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TRAINING_IMAGE = Path(__file__).resolve().parents[2] / "training_image"
+TESTS = Path(__file__).resolve().parent  # slow_train.py: train.py with test-only delays and faults
 PYTHON = sys.executable
 
 # Shared by the reference run and the resume tests: they must be the same job to compare bit for bit.
@@ -34,7 +35,9 @@ def free_port() -> int:
 
 def env(**extra: str) -> dict:
     e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RUN_ID="test")
-    e.pop("TRAIN_TEST_STEP_DELAY_S", None)
+    for name in ("TRAIN_TEST_BATCH_DELAY_S", "TRAIN_TEST_NAN_FROM_BATCH", "TRAIN_TEST_HOLD_WHILE",
+                 "LAUNCH_EXIT_CODE_DIR"):
+        e.pop(name, None)
     e.update(extra)
     return e
 
@@ -47,11 +50,15 @@ def train_args(data: Path, ckpt: Path, *, steps: int = TRAIN_STEPS, every: int =
             "--grad-accum-steps", "2"]
 
 
+def script_path(script: str) -> Path:
+    return TESTS / script if (TESTS / script).exists() else TRAINING_IMAGE / script
+
+
 def torchrun_cmd(script: str, args: list[str], nproc: int, max_restarts: int = 0) -> list[str]:
     return [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--nnodes", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{free_port()}",
             "--max-restarts", str(max_restarts), "--monitor-interval", "0.1",
-            str(TRAINING_IMAGE / script), *args]
+            str(script_path(script)), *args]
 
 
 @dataclass
@@ -80,7 +87,7 @@ def torchrun(script: str, args: list[str], nproc: int = 2, max_restarts: int = 0
 
 def single_process(script: str, args: list[str], timeout: float = 120, **env_extra: str) -> Run:
     """The script without torchrun: train.py then runs as a world of one."""
-    p = subprocess.run([PYTHON, str(TRAINING_IMAGE / script), *args], env=env(**env_extra),
+    p = subprocess.run([PYTHON, str(script_path(script)), *args], env=env(**env_extra),
                        capture_output=True, text=True, timeout=timeout)
     return Run(p.returncode, p.stdout, p.stderr)
 
@@ -164,3 +171,17 @@ def final_model_state(ckpt: Path) -> dict:
     import torch
     newest = max(ckpt.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     return torch.load(newest / "state.pt", map_location="cpu", weights_only=True)["model"]
+
+
+def launched(script: str, args: list[str], nproc: int = 2, timeout: float = 120, **env_extra: str) -> Run:
+    """torchrun behind exit_relay.py, run the way launch.py runs it, so the workers' exit codes survive."""
+    cmd = torchrun_cmd("exit_relay.py", [str(script_path(script)), *args], nproc)
+    runner = ("import os, sys; sys.path.insert(0, sys.argv[1]); import launch; "
+              "sys.exit(launch.run_torchrun(sys.argv[2:], dict(os.environ)))")
+    p = subprocess.run([PYTHON, "-c", runner, str(TRAINING_IMAGE), *cmd], env=env(**env_extra),
+                       capture_output=True, text=True, timeout=timeout)
+    return Run(p.returncode, p.stdout, p.stderr)
+
+
+def error_lines(stderr: str, prog: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(f"{prog}: error: ")]

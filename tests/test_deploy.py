@@ -1,0 +1,92 @@
+"""`make deploy ENV=...` (tools/deploy.py): one line per missing prerequisite, then bootstrap, registry login, deploy."""
+
+import pytest
+from botocore.stub import Stubber
+from moto import mock_aws
+
+from tests.conftest import CDK_JSON_CONTEXT
+from tools import deploy
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    """STS and ECR from moto; CloudFormation (not among the moto extras we install) stubbed: no CDKToolkit yet."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    real = deploy._client
+
+    def client(service, region):
+        made = real(service, region)
+        if service == "cloudformation":
+            stubber = Stubber(made)
+            stubber.add_client_error("describe_stacks", service_error_code="ValidationError",
+                                     service_message="Stack with id CDKToolkit does not exist")
+            stubber.activate()
+        return made
+
+    monkeypatch.setattr(deploy, "_client", client)
+    with mock_aws():
+        yield
+
+
+@pytest.fixture
+def docker_ok(monkeypatch):
+    monkeypatch.setattr(deploy.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+
+def test_gpu_base_image_registry_is_read_from_the_dockerfile():
+    # The DLC base lives in AWS's own ECR registry (account 763104351884): it needs a login; public ECR does not.
+    host, account, region = deploy.base_registry(deploy.ROOT / "training_image" / "Dockerfile.gpu")
+    assert (account, region) == ("763104351884", "us-west-2") and host == f"{account}.dkr.ecr.{region}.amazonaws.com"
+    assert deploy.base_registry(deploy.ROOT / "training_image" / "Dockerfile.neuron") is None
+
+
+def test_missing_docker_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(deploy.shutil, "which", lambda name: None)
+    assert deploy.main(["dev", "--dry-run"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: Docker is not installed")
+
+
+def test_stopped_docker_daemon_is_one_line(docker_ok, capsys):
+    assert pytest.raises(deploy.DeployError, deploy.check_docker, lambda command: 1).match("daemon does not answer")
+
+
+def test_missing_credentials_are_one_line(docker_ok, monkeypatch, tmp_path, capsys):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup from a test
+    monkeypatch.setattr(deploy, "check_docker", lambda run: None)
+    assert deploy.main(["dev", "--dry-run"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: no usable AWS credentials (NoCredentialsError")
+
+
+def test_first_deploy_bootstraps_logs_in_and_deploys(aws, monkeypatch):
+    monkeypatch.setattr(deploy, "check_docker", lambda run: None)
+    ran = []
+    commands = deploy.plan("dev", dry_run=False, run=lambda command, stdin=None: ran.append((command, stdin)) or 0)
+    assert [c[1] for c in commands] == ["bootstrap", "login", "deploy"]
+    assert commands[0][2] == "aws://123456789012/us-east-1"  # the caller's account, the environment's region
+    assert commands[1][-1] == "763104351884.dkr.ecr.us-west-2.amazonaws.com"
+    assert ran[1][1]  # the registry password goes to docker on stdin, never on the command line
+    assert commands[2][-3:] == ["--all", "-c", "env=dev"]
+
+
+def test_an_account_mismatch_stops_before_anything_runs(aws, monkeypatch):
+    monkeypatch.setattr(deploy, "check_docker", lambda run: None)
+    ran = []
+    context = {**CDK_JSON_CONTEXT, "account": "111111111111"}
+    with pytest.raises(deploy.DeployError, match="is for account 111111111111, but the credentials are for 123456789012"):
+        deploy.plan("dev", dry_run=False, run=lambda *a, **k: ran.append(a) or 0, context=context)
+    assert ran == []
+
+
+def test_a_failed_step_is_one_line_with_its_exit_code(aws, monkeypatch, capsys):
+    monkeypatch.setattr(deploy, "check_docker", lambda run: None)
+    monkeypatch.setattr(deploy, "_run", lambda command, stdin=None: 3 if "deploy" in command else 0)
+    assert deploy.main(["dev"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("failed with exit code 3")

@@ -1,0 +1,123 @@
+"""A damaged newest checkpoint: every rank drops it together, sets it aside and resumes from the previous one.
+
+One job per strategy writes a checkpoint at every step 1..8; each of steps 2..8 is then damaged a different
+way, and the resumed job must come back from step 1, having named every problem, without hanging (the
+subprocess timeout would fail the test: a rank entering DCP's collective load alone waits forever).
+"""
+import json
+import shutil
+
+import pytest
+
+import training_helpers as th
+
+pytestmark = pytest.mark.slow  # real torchrun processes
+
+STEPS = 8
+
+
+def _shard(step_dir, strategy, rank):
+    return step_dir / ("state.pt" if strategy == "ddp" else f"__{rank}_0.distcp")
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_bit(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    path.write_bytes(bytes(data))
+
+
+def _drop_meta_field(step_dir, field):
+    meta = json.loads((step_dir / "meta.json").read_text())
+    del meta[field]
+    (step_dir / "meta.json").write_text(json.dumps(meta))
+
+
+def _damage_behind_the_manifest(step_dir, strategy):
+    # Truncated, and the manifest rewritten to match: verification passes, the load itself fails (on DCP,
+    # with a CheckpointException, which is a BaseException in torch 2.13), and every rank must agree on it.
+    import checkpoint
+    shard = _shard(step_dir, strategy, 1)
+    _truncate(shard)
+    meta = json.loads((step_dir / "meta.json").read_text())
+    meta["files"][shard.name].update(checkpoint.file_record(shard))
+    (step_dir / "meta.json").write_text(json.dumps(meta))
+
+
+# kind: (damage, words the warning must contain)
+DAMAGE = {
+    "shard truncated": (lambda d, s: _truncate(_shard(d, s, 0)), "bytes, the manifest says"),
+    "shard deleted": (lambda d, s: _shard(d, s, 1).unlink(), "No such file or directory"),
+    "metadata deleted": (lambda d, s: (d / ("meta.json" if s == "ddp" else ".metadata")).unlink(), ""),
+    "rank 1's own file damaged": (lambda d, s: _flip_bit(d / "rng_rank1.pt"), "rank 1: "),
+    "bit flip": (lambda d, s: _flip_bit(_shard(d, s, 0)), "CRC-32 mismatch"),
+    "incomplete meta.json": (lambda d, s: _drop_meta_field(d, "world_size"), "meta.json lacks or mistypes world_size"),
+    "damaged behind the manifest": (_damage_behind_the_manifest, "loading failed: "),
+}
+STEP_OF_KIND = {kind: STEPS - i for i, kind in enumerate(DAMAGE)}  # 8, 7, ..., 2
+
+
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def trained(request, dataset, tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp(f"damage-{request.param}")
+    run = th.torchrun("train.py", [*th.train_args(dataset, ckpt, steps=STEPS, every=1, strategy=request.param),
+                                   "--keep-last", str(STEPS)])
+    assert run.returncode == 0 and th.checkpoint_steps(ckpt) == list(range(1, STEPS + 1)), run.stderr[-3000:]
+    return request.param, ckpt
+
+
+@pytest.fixture(scope="module")
+def resumed(trained, dataset, tmp_path_factory):
+    strategy, clean = trained
+    ckpt = tmp_path_factory.mktemp(f"damaged-{strategy}") / "ckpt"
+    shutil.copytree(clean, ckpt)
+    for kind, (damage, _) in DAMAGE.items():
+        damage(ckpt / f"step_{STEP_OF_KIND[kind]:09d}", strategy)
+    run = th.torchrun("train.py", th.train_args(dataset, ckpt, steps=2, every=1, strategy=strategy), timeout=180)
+    return strategy, ckpt, run
+
+
+def test_resume_falls_back_past_every_damaged_checkpoint_without_hanging(resumed):
+    _, ckpt, run = resumed
+    assert run.returncode == 0 and f"resumed from {ckpt}/step_{1:09d}" in run.stderr, run.stderr[-4000:]
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_each_damage_is_named_and_the_checkpoint_set_aside(resumed, kind):
+    _, ckpt, run = resumed
+    name = f"step_{STEP_OF_KIND[kind]:09d}"
+    warnings = [line for line in run.stderr.splitlines() if f"{name} is damaged: " in line]
+    assert warnings and DAMAGE[kind][1] in warnings[0], (kind, warnings, run.stderr[-3000:])
+    assert (ckpt / f".damaged-{name}").is_dir()
+
+
+def test_training_continues_into_a_complete_checkpoint(resumed):
+    # The damaged step 2 was set aside, so the step saved after the resume takes its place, complete.
+    import checkpoint
+    strategy, ckpt, _ = resumed
+    meta = checkpoint.verify(ckpt / f"step_{2:09d}", "full" if strategy == "ddp" else "dcp")
+    assert meta["step"] == 2 and sorted(p.name for p in ckpt.glob("step_*")) == [f"step_{1:09d}", f"step_{2:09d}"]
+
+
+def test_validation_skips_a_damaged_newest_checkpoint(trained, tmp_path, capsys):
+    # validate.py applies the same verification: a bit flip in the newest is skipped with a warning.
+    import validate
+    _, clean = trained
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(clean, ckpt)
+    _flip_bit(_shard(ckpt / f"step_{STEPS:09d}", trained[0], 0))
+    _, meta, path = validate.find_and_load(ckpt)
+    assert meta["step"] == STEPS - 1 and "CRC-32 mismatch" in capsys.readouterr().err
+
+
+def test_validation_of_a_damaged_checkpoint_named_directly_is_an_error(trained, tmp_path):
+    import validate
+    _, clean = trained
+    step_dir = tmp_path / f"step_{STEPS:09d}"
+    shutil.copytree(clean / step_dir.name, step_dir)
+    (step_dir / "rng_rank1.pt").unlink()
+    with pytest.raises(RuntimeError, match="is damaged: rng_rank1.pt: No such file"):
+        validate.find_and_load(step_dir)

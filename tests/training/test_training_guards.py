@@ -1,0 +1,126 @@
+"""What protects a run's good state: divergence stops before any save, one writer per checkpoint folder,
+and the exit codes that tell the pipeline "do not retry" survive torchrun."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import errors
+import training_helpers as th
+
+pytestmark = pytest.mark.slow  # real torchrun processes
+
+
+def _worker_tracebacks(run) -> int:
+    # torchrun itself prints one traceback (its ChildFailedError report) whenever a worker fails.
+    return run.stderr.count("Traceback (most recent call last)") - run.stderr.count("errors.ChildFailedError: ")
+
+
+@pytest.fixture(scope="module")
+def diverged(dataset, tmp_path_factory):
+    # Checkpoints every 2 steps, 2 kept; every loss is NaN from micro-batch 19 on (2 per step: step 10),
+    # so without protection the NaN step-10 checkpoint would rotate out step 6 and later saves the rest.
+    ckpt = tmp_path_factory.mktemp("diverged")
+    args = [*th.train_args(dataset, ckpt, steps=20, every=2), "--keep-last", "2"]
+    run = th.launched("slow_train.py", args, TRAIN_TEST_NAN_FROM_BATCH="19")
+    again = th.launched("train.py", args)
+    return ckpt, run, again
+
+
+def test_nan_loss_stops_the_run_with_its_own_exit_code_and_one_line(diverged):
+    _, run, _ = diverged
+    lines = th.error_lines(run.stderr, "train.py")
+    assert run.returncode == errors.EXIT_DIVERGED == 4, run.stderr[-3000:]
+    assert len(lines) == 1 and "diverged at step 10: loss nan" in lines[0] and _worker_tracebacks(run) == 0, lines
+
+
+def test_checkpoints_from_before_the_divergence_survive(diverged):
+    import checkpoint
+    ckpt, _, _ = diverged
+    assert th.checkpoint_steps(ckpt) == [6, 8]
+    assert all(checkpoint.verify(ckpt / f"step_{s:09d}", "full")["step"] == s for s in (6, 8))
+
+
+def test_the_nan_step_is_still_reported_to_the_metrics(diverged):
+    # The NonFiniteLoss alarm needs the diverged step's EMF line.
+    _, run, _ = diverged
+    assert [r["Step"] for r in run.emf() if r.get("NonFiniteLoss")] == [10]
+
+
+def test_rerun_with_the_same_settings_is_refused_at_once(diverged):
+    # torchrun restarts and pipeline retries would otherwise each retrain to the same NaN.
+    _, _, again = diverged
+    lines = th.error_lines(again.stderr, "train.py")
+    assert again.returncode == 4 and lines and "diverged before with the same settings" in lines[0], \
+        again.stderr[-2000:]
+    assert not again.emf()
+
+
+@pytest.fixture(scope="module")
+def two_jobs(dataset, tmp_path_factory):
+    # The first job is held mid-run (after its step-5 checkpoint) while the same run is submitted again
+    # through launch.py; then it is let go and must finish.
+    ckpt = tmp_path_factory.mktemp("two-jobs")
+    hold = ckpt.parent / "hold-first-job"
+    first = th.Background("slow_train.py", th.train_args(dataset, ckpt, steps=30, every=5), ckpt.parent,
+                          TRAIN_TEST_BATCH_DELAY_S="0.02", TRAIN_TEST_HOLD_WHILE=str(hold))
+    first.wait_for(lambda: 5 in th.checkpoint_steps(ckpt))
+    hold.touch()
+    second = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train",
+                             *th.train_args(dataset, ckpt, steps=30, every=5)],
+                            env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port())),
+                            capture_output=True, text=True, timeout=120)
+    steps_when_refused = th.checkpoint_steps(ckpt)
+    hold.unlink()
+    return ckpt, first.finish(), second, steps_when_refused
+
+
+def test_second_job_on_a_folder_is_refused_naming_the_holder(two_jobs):
+    _, first, second, _ = two_jobs
+    lines = th.error_lines(second.stderr, "train.py")
+    assert second.returncode == errors.EXIT_FOLDER_LOCKED == 5, second.stderr[-3000:]
+    assert len(lines) == 1 and "is in use by another job (holder: {" in lines[0] and '"run_id": "test"' in lines[0]
+    assert _worker_tracebacks(second) == 0, second.stderr[-3000:]
+
+
+def test_first_job_finishes_unharmed(two_jobs):
+    import checkpoint
+    ckpt, first, _, steps_when_refused = two_jobs
+    assert first.returncode == 0 and first.summary()["steps"] == 30, first.stderr[-3000:]
+    assert th.checkpoint_steps(ckpt)[-1] == 30 and steps_when_refused[-1] < 30
+    assert checkpoint.verify(ckpt / f"step_{30:09d}", "full")["step"] == 30
+
+
+def test_lock_of_a_killed_job_is_released(tmp_path):
+    # flock belongs to the process: SIGKILL (no clean-up code runs) frees the folder for the next job.
+    import checkpoint
+    holder = subprocess.Popen([th.PYTHON, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); import checkpoint; "
+                               "f = checkpoint.lock_folder(__import__('pathlib').Path(sys.argv[2]), {'who': 'first'}); "
+                               "print('locked', flush=True); time.sleep(120)", str(th.TRAINING_IMAGE), str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    assert checkpoint.lock_folder(tmp_path, {"who": "second"}) == '{"who": "first"}'
+    holder.kill()
+    holder.wait(30)
+    lock = checkpoint.lock_folder(tmp_path, {"who": "second"})
+    assert not isinstance(lock, str)
+    lock.close()
+
+
+def test_launcher_keeps_the_sanity_checks_report_not_written_code(tmp_path):
+    # Rank 0 exits 3 (checks passed, report lost); torchrun alone would say 1.
+    (tmp_path / "f").write_text("x")
+    p = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "sanity", "--sizes", "4K", "--warmup", "0",
+                        "--iters", "1", "--report", str(tmp_path / "f" / "sanity.json")],
+                       env=th.env(ACCELERATOR_KIND="cpu", ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port())),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 3, p.stderr[-3000:]
+
+
+def test_launcher_keeps_a_usage_error_code():
+    p = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train", "--data", "/nonexistent",
+                        "--checkpoint-dir", "/tmp/unused", "--max-steps", "1"],
+                       env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port())),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == errors.EXIT_USAGE, p.stderr[-2000:]
