@@ -97,7 +97,9 @@ def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
         # Defaults match training_image/train.py's TrainConfig, so a run may omit any of them.
         Field("hyperparameters.model", "string", "tiny", choices=MODELS),
         Field("hyperparameters.max_steps", "integer", 1000, 1, 10_000_000),
-        Field("hyperparameters.checkpoint_every", "integer", 250, 1, 10_000_000),
+        # 0: the image derives the interval (Young/Daly) from the measured save and step times.
+        Field("hyperparameters.checkpoint_every", "integer", 0, 0, 10_000_000,
+              rule="0 (the training image picks the interval: Young/Daly) or a number of steps up to 10000000"),
         Field("hyperparameters.seed", "integer", 1337, 0, 2**32 - 1),  # numpy's seed range
         Field("hyperparameters.strategy", "string", "ddp", choices=STRATEGIES),
         Field("hyperparameters.lr", "number", 3e-4, 0, 1, exclusive_minimum=True),

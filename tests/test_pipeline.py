@@ -127,7 +127,7 @@ def test_happy_path_records_the_approved_model(emulator):
     train = emulator.submitted[1]
     # Per-run values reach Batch as string job Parameters (multi-node jobs take no container overrides).
     assert train["parameters"] == {"run_id": "gpt-tiny-001", "dataset": "datasets/wikitext/", "model": "tiny",
-                                   "strategy": "ddp", "max_steps": "500", "checkpoint_every": "250",
+                                   "strategy": "ddp", "max_steps": "500", "checkpoint_every": "0",
                                    "seed": "1337", "lr": train["parameters"]["lr"], "batch_size": "8",
                                    "nodes": "2"}
     assert float(train["parameters"]["lr"]) == 0.0006
@@ -273,7 +273,7 @@ MALFORMED = [
     ("max_steps a string", _hyper(max_steps="500"), "max_steps is not valid"),
     ("batch_size 2.0", _hyper(batch_size=2.0), "batch_size is not valid"),
     ("batch_size too large", _hyper(batch_size=100_000), "batch_size is not valid"),
-    ("checkpoint_every zero", _hyper(checkpoint_every=0), "checkpoint_every is not valid"),
+    ("checkpoint_every negative", _hyper(checkpoint_every=-1), "checkpoint_every is not valid"),
     ("seed negative", _hyper(seed=-1), "seed is not valid"),
     ("seed beyond 32 bits", _hyper(seed=2**40), "seed is not valid"),
     ("seed 1e3 (exponent)", _hyper(seed=1e3), "seed is not valid"),

@@ -22,7 +22,8 @@ def test_hyperparameter_defaults_are_the_training_configs():
     hyper = defaults(max_nodes=2)["hyperparameters"]
     assert {k: hyper[k] for k in ("checkpoint_every", "seed", "strategy", "model", "lr")} == {
         k: image[k] for k in ("checkpoint_every", "seed", "strategy", "model", "lr")}
-    assert hyper["batch_size"] == image["micro_batch_size"]  # --batch-size is the micro-batch per worker
+    assert hyper["batch_size"] == image["micro_batch_size"]
+    assert hyper["max_steps"] >= 1  # required by the image; the contract gives the job definitions' default  # --batch-size is the micro-batch per worker
 
 
 def test_each_stage_waits_for_every_attempt_and_its_queue_wait():
