@@ -118,7 +118,8 @@ class TrainingPipeline(Construct):
                 "approval_key.$": f"States.Format('{MODELS_PREFIX}{{}}/approval.json', $.run.run_id)",
             },
             # Batch may make `max_attempts` attempts inside one training submission: the Train state waits
-            # for all of them (TimeoutSecondsPath), each with its queue wait.
+            # for all of them, each with its queue wait (Task state `TimeoutSecondsPath`:
+            # https://docs.aws.amazon.com/step-functions/latest/dg/state-task.html).
             "timeouts": {"train.$": "States.ArrayGetItem(States.Array("
                                     f"{', '.join(map(str, train_state_seconds(train_attempt_hours)))}), "
                                     "$.run.max_attempts)"},

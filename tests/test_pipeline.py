@@ -207,6 +207,8 @@ def _hyper(**changes) -> dict:
 
 
 DROP = object()
+# Patterns and lengths are checked by a JSONata state inside the JSONPath state machine ("Transforming data with
+# JSONata in Step Functions": https://docs.aws.amazon.com/step-functions/latest/dg/transforming-data.html).
 # (what is wrong, the execution input, a fragment of the refusal's cause: the field it names)
 MALFORMED = [
     # the input's shape

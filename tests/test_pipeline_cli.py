@@ -235,6 +235,7 @@ def test_progress_counts_phases_the_state_machine_really_has():
     assert set(PHASES) <= set(_states(template))
 
 
+# botocore Config connect_timeout/read_timeout/retries: https://botocore.amazonaws.com/v1/documentation/api/latest/reference/config.html
 @pytest.mark.slow
 def test_an_endpoint_that_never_answers_ends_in_one_line_within_60_seconds(tmp_path):
     server = socket.socket()

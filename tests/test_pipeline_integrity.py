@@ -27,6 +27,8 @@ def parameter_versions(emulator) -> int:
 
 
 # ---- a run id names one run (S3 conditional writes: If-None-Match / If-Match) ---------------------------
+# S3 user guide, "Add preconditions to S3 operations with conditional requests":
+# https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-requests.html
 
 def test_a_second_run_with_the_same_id_is_refused_before_any_job(emulator):
     emulator.verdict = ACCEPTED
@@ -118,6 +120,8 @@ def test_two_resumes_at_once_take_the_run_once(emulator):
 
 
 # ---- nothing after training is lost to a transient error -------------------------------------------------
+# Error names `ServiceName.ErrorName` (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html);
+# Retry with JitterStrategy FULL (https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html).
 
 TRANSIENT = [
     ("s3.get_object", ["SlowDown"]),  # reading the verdict

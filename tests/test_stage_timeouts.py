@@ -38,6 +38,7 @@ def _pipeline(train_attempt_hours: int) -> dict:
     return Template.from_stack(stack).to_json()
 
 
+# Task state TimeoutSeconds / TimeoutSecondsPath: https://docs.aws.amazon.com/step-functions/latest/dg/state-task.html
 def test_states_wait_for_their_jobs_and_follow_the_training_timeout():
     states, machine = _states(_pipeline(train_attempt_hours=24))
     table = stages(24)
