@@ -23,6 +23,7 @@ from constructs.pipeline_aws_calls import CALL_TIMEOUT, NOTIFICATION_ERRORS, ret
 from constructs.pipeline_input import input_validation
 from constructs.pipeline_jobs import JobRunner
 from constructs.pipeline_run_claim import PRECONDITION_FAILED, RunClaim
+from constructs.pipeline_train_attempt import ATTEMPT_FAILED, classified_training
 
 
 @dataclass(frozen=True)
@@ -139,14 +140,16 @@ class TrainingPipeline(Construct):
         on_failure(sanity, "SanityCheck", "SanityCheckFailed")
 
         # ---- 3. training; a retry resumes from the run's checkpoints instead of starting over
-        train = runner.submit(
-            self, "Train", job="train", parameters={k: job_params[k] for k in (
+        train_job = runner.submit(
+            self, "TrainJob", job="train", parameters={k: job_params[k] for k in (
                 "run_id", "dataset", "model", "strategy", "max_steps", "checkpoint_every", "seed", "lr", "batch_size")},
             job_name="States.Format('{}-train', $.run.run_id)", nodes="$.run.nodes", attempts="$.run.max_attempts",
-            result_path="$.jobs.train", timeout="$.timeouts.train")
+            result_path="$", timeout="$.timeouts.train")
+        # Retried only when the job failed for a reason other than the run itself (its exit code says which).
+        train = classified_training(self, "Train", train_job, result_path="$.jobs.train")
         # A rejected request (bad job definition, bad parameters) will not improve on retry.
         train.add_retry(errors=["Batch.ClientException"], max_attempts=0)
-        train.add_retry(errors=["States.TaskFailed"], max_attempts=retry.max_attempts, interval=retry.interval,
+        train.add_retry(errors=[ATTEMPT_FAILED], max_attempts=retry.max_attempts, interval=retry.interval,
                         backoff_rate=retry.backoff_rate, max_delay=retry.max_delay, jitter_strategy=sfn.JitterType.FULL)
         on_failure(train, "Train", "TrainingFailed")
 

@@ -246,3 +246,10 @@ def execution_seconds(train_attempt_hours: int, *, sanity_submissions: int, trai
              + train_submissions * train_state_seconds(train_attempt_hours)[-1] + train_backoff_seconds
              + validate_submissions * table["validate"].state_seconds() + calls_seconds)
     return min(worst, MAX_EXECUTION_SECONDS)
+
+
+# ---- how a training job ends: exit codes the training image uses for a failure of the run itself
+# (training_image/errors.py; tests/training/test_run_contract.py keeps the two equal). Retrying them on new hosts
+# repeats the failure at the price of booting every node again, so the pipeline stops at the first one.
+REFUSED_EXIT_CODES = {2: "a bad flag, dataset or checkpoint folder", 4: "the loss diverged",
+                      5: "another job writes to the run's checkpoint folder"}

@@ -132,6 +132,10 @@ class _ClientProxy:
                 response = method(**request)
                 for job in response["jobs"]:
                     job.update(JobId=job["jobId"], JobName=job["jobName"], Status=job["status"])
+                    # Step Functions' optimized Batch integration returns the job in PascalCase (its ResultSelector
+                    # reads $.JobId); the failure Cause carries the attempts with their exit codes the same way.
+                    job["Attempts"] = [{"Container": {"ExitCode": a.get("container", {}).get("exitCode")}}
+                                       for a in job.get("attempts", [])]
                 return response
             return describe_jobs
         if service == "s3" and name == "get_object":
@@ -156,13 +160,15 @@ class Emulator:
     """Create with the pipeline stack's template and the app's templates (for cross-stack outputs)."""
     template: dict
     templates: dict[str, dict]
-    outcomes: dict[str, list[bool]] = field(default_factory=dict)  # kind -> outcome per submission
+    outcomes: dict[str, list[bool | int]] = field(default_factory=dict)  # kind -> outcome (or exit code) per submission
     verdict: dict | None = None  # written by a succeeding validate job
     submitted: list[dict] = field(default_factory=list)
     retry_sleeps: list[float] = field(default_factory=list)
     physical: dict[str, dict[str, str]] = field(default_factory=dict)  # logical id -> {"Ref": .., "Arn": ..}
     faults: dict[str, list[str]] = field(default_factory=dict)  # "service.operation" -> error codes, one per call
     faulted: list[str] = field(default_factory=list)  # the faults raised, in order
+    # kind -> an Event the first job of that kind waits on before it finishes: holds an execution RUNNING
+    held: dict[str, threading.Event] = field(default_factory=dict)
 
     def next_fault(self, call: str) -> str | None:
         """The error code the next `call` fails with; None (or an entry None) lets it through."""
@@ -267,8 +273,15 @@ class Emulator:
             with emulator._lock:
                 index = emulator._counts[kind]
                 emulator._counts[kind] += 1
+            if index == 0 and kind in emulator.held:
+                emulator.held[kind].wait(timeout=60)
             plan = emulator.outcomes.get(kind, [True])
-            success = plan[min(index, len(plan) - 1)]
+            outcome = plan[min(index, len(plan) - 1)]
+            # True/False: succeeded/failed (exit code 1); an int: the main container's exit code (0 succeeds).
+            success = outcome is True or (not isinstance(outcome, bool) and outcome == 0)
+            job.exit_code = (0 if success else 1) if isinstance(outcome, bool) else int(outcome)
+            if job.latest_attempt:
+                job.latest_attempt["container"]["exitCode"] = job.exit_code
             if success and kind == "validate" and emulator.verdict is not None:
                 run_id = job.parameters["run_id"]
                 emulator.s3.put_object(Bucket=emulator.bucket, Key=f"runs/{run_id}/verdict.json",

@@ -75,10 +75,11 @@ class EksEmulator(Emulator):
         return super()._create(kind, name)
 
     def template_retries(self, state: str) -> int:
-        """MaxAttempts of the pipeline's States.TaskFailed retry on `state`."""
+        """MaxAttempts of the pipeline's retry of a failed job attempt on `state`."""
         definition = json.loads(self.definition)
         retry = definition["States"][state]["Retry"]
-        return next(r["MaxAttempts"] for r in retry if "States.TaskFailed" in r["ErrorEquals"])
+        return next(r["MaxAttempts"] for r in retry
+                    if {"States.TaskFailed", "TrainingAttemptFailed"} & set(r["ErrorEquals"]))
 
 
 @pytest.fixture(scope="module")

@@ -156,6 +156,27 @@ def test_training_failing_once_is_retried_and_succeeds(emulator):
     assert approved_model(emulator) is not None
 
 
+@pytest.mark.parametrize("exit_code", [2, 4, 5])
+def test_training_that_refuses_the_run_is_not_retried_on_new_hosts(emulator, exit_code):
+    # Exit 2 (bad input), 4 (diverged), 5 (folder locked): the run itself failed; booting every node again would
+    # repeat it. The job's last attempt's exit code (Batch fills a multi-node job's exit information from its
+    # main node: Batch user guide, "Multi-node parallel jobs") decides, so one submission and no backoff.
+    emulator.outcomes = {"train": [exit_code]}
+    result = emulator.run(RUN)
+    assert result["status"] == "FAILED" and result.get("error") == "TrainingFailed"
+    assert emulator.submitted_kinds() == ["sanity", "train"] and emulator.retry_sleeps == []
+    (alert,) = messages(emulator)
+    assert alert["detail"] == "TrainingRefused" and f"exited with {exit_code}" in alert["cause"]
+
+
+def test_training_failing_with_another_exit_code_is_retried(emulator):
+    # Exit 1 (an infrastructure or unexpected failure) and 143 (stopped by SIGTERM) are worth a retry elsewhere.
+    emulator.verdict = ACCEPTED
+    emulator.outcomes = {"train": [1, 143, 0]}
+    assert emulator.run(RUN)["status"] == "SUCCEEDED"
+    assert emulator.submitted_kinds() == ["sanity", "train", "train", "train", "validate"]
+
+
 def test_training_failing_every_time_notifies_and_fails(emulator):
     emulator.outcomes = {"train": [False]}
     result = emulator.run(RUN)
@@ -348,15 +369,20 @@ def test_every_task_has_a_timeout_and_a_catch():
     _, template = pipeline_app()
     states = _states(template)
     task_states = {name: s for name, s in states.items() if s["Type"] == "Task"}
-    assert {"SanityCheck", "Train", "ReadVerdict", "CopyVerdictToModels", "PublishApprovedModel",
+    assert {"SanityCheck", "ReadVerdict", "CopyVerdictToModels", "PublishApprovedModel",
             "NotifyApproved", "NotifyRejected", "NotifyFailure"} <= set(task_states)
     for name, state in task_states.items():
-        assert state.get("TimeoutSeconds") or state.get("TimeoutSecondsPath") == "$.timeouts.train", name
+        assert state.get("TimeoutSeconds"), name
         assert state.get("Catch"), name
-    # Validation: one state from the outside (Spot, then on-demand inside), caught like every task.
-    assert states["Validate"]["Type"] == "Parallel" and states["Validate"]["Catch"]
-    (branch,) = states["Validate"]["Branches"]
-    assert all(inner.get("TimeoutSeconds") for inner in branch["States"].values())
+    # Validation (Spot, then on-demand) and training (its failure named by the exit code) are one state from the
+    # outside, caught like every task; the job states inside have their timeouts.
+    for block, timeout in (("Validate", "TimeoutSeconds"), ("Train", "TimeoutSecondsPath")):
+        assert states[block]["Type"] == "Parallel" and states[block]["Catch"], block
+        (branch,) = states[block]["Branches"]
+        jobs = [inner for inner in branch["States"].values() if inner["Type"] == "Task"]
+        assert jobs and all(inner.get(timeout) for inner in jobs), block
+    (train_branch,) = states["Train"]["Branches"]
+    assert train_branch["States"]["TrainJob"]["TimeoutSecondsPath"] == "$.timeouts.train"
 
 
 def test_validation_falls_back_to_on_demand_when_spot_fails():
@@ -387,7 +413,8 @@ def test_training_retry_has_exponential_backoff_with_full_jitter():
     _, template = pipeline_app()
     retry = _states(template)["Train"]["Retry"]
     assert retry[0] == {"ErrorEquals": ["Batch.ClientException"], "MaxAttempts": 0}
-    assert retry[1]["ErrorEquals"] == ["States.TaskFailed"]
+    # Only attempt failures retry (a refusal by the run itself is TrainingRefused): see constructs/pipeline_train_attempt.
+    assert retry[1]["ErrorEquals"] == ["TrainingAttemptFailed"]
     assert retry[1]["JitterStrategy"] == "FULL" and retry[1]["BackoffRate"] == 2 and retry[1]["MaxAttempts"] == 3
     assert _states(template)["SanityCheck"]["Retry"][0]["MaxAttempts"] == 1
 

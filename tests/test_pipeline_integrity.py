@@ -2,6 +2,7 @@
 loses a validated model (tests/sfn_emulator.py runs the synthesized definition in moto)."""
 
 import json
+import threading
 import time
 
 import boto3
@@ -108,14 +109,19 @@ def test_two_resumes_at_once_take_the_run_once(emulator):
                                                           "EfaTraining-dev-Pipeline-TrainingPipeline:gone",
                                             "run": RUN}).encode())
     emulator.verdict = ACCEPTED
-    results = [emulator.wait(arn) for arn in [started(emulator, {**RUN, "resume": True}, f"resume-{i}")
-                                              for i in range(2)]]
-    statuses = sorted(r["status"] for r in results)
-    assert statuses == ["FAILED", "SUCCEEDED"], results
-    (refused,) = [r for r in results if r["status"] == "FAILED"]
-    # Refused either by the conditional write (both read the same record) or, later, by the holder check.
-    assert refused["error"] == "InvalidInput" and ("resumed by another execution" in refused["cause"]
-                                                   or "is running in execution" in refused["cause"]), refused
+    # The first resume holds the run (its sanity job is held RUNNING) while the second one starts: without the
+    # hold, a loaded machine could finish the first before the second begins, which is a legitimate later resume.
+    emulator.held["sanity"] = threading.Event()
+    first = started(emulator, {**RUN, "resume": True}, "resume-0")
+    deadline = time.monotonic() + 30
+    while not emulator.submitted and time.monotonic() < deadline:
+        time.sleep(0.02)
+    refused = emulator.wait(started(emulator, {**RUN, "resume": True}, "resume-1"))
+    emulator.held["sanity"].set()
+    assert emulator.wait(first)["status"] == "SUCCEEDED"
+    # Refused either by the conditional write (both read the same record) or by the holder check.
+    assert refused["status"] == "FAILED" and refused["error"] == "InvalidInput" and (
+        "resumed by another execution" in refused["cause"] or "is running in execution" in refused["cause"]), refused
     assert emulator.submitted_kinds() == ["sanity", "train", "validate"]
 
 

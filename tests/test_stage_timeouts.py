@@ -45,7 +45,8 @@ def test_states_wait_for_their_jobs_and_follow_the_training_timeout():
     assert states["SanityCheck"]["TimeoutSeconds"] == table["sanity"].state_seconds()
     assert states["Validate"]["TimeoutSeconds"] == table["validate"].state_seconds()
     # Train: the run's max_attempts picks its timeout from the table (every Batch attempt plus queue wait).
-    assert states["Train"]["TimeoutSecondsPath"] == "$.timeouts.train"
+    (train_branch,) = states["Train"]["Branches"]  # the job inside the block that names its failures
+    assert train_branch["States"]["TrainJob"]["TimeoutSecondsPath"] == "$.timeouts.train"
     lookup = states["PrepareRun"]["Parameters"]["timeouts"]["train.$"]
     assert lookup == (f"States.ArrayGetItem(States.Array({', '.join(map(str, train_state_seconds(24)))}), "
                       "$.run.max_attempts)")

@@ -210,7 +210,7 @@ def _progress(done: int) -> str:
 def watch(pipeline: Pipeline, execution_arn: str, out, interval: float = 10.0) -> int:
     """Print states as they pass, with attempts, elapsed time and progress; return the run's exit code."""
     start, attempts, done, last_id = None, {}, set(), 0
-    current = None
+    phase = task = None
     while True:
         # Status first, then history: every event before a final status is in the history read after it.
         described = call(pipeline.sfn.describe_execution, executionArn=execution_arn)
@@ -222,18 +222,25 @@ def watch(pipeline: Pipeline, execution_arn: str, out, interval: float = 10.0) -
             elapsed = _elapsed((event["timestamp"] - start).total_seconds())
             kind = event["type"]
             if kind.endswith("StateEntered"):
-                current = event["stateEnteredEventDetails"]["name"]
-                # The phases of the run, and where it ends; the checks and reshaping states in between are quiet.
-                if current in STAGES or kind in ("SucceedStateEntered", "FailStateEntered"):
-                    done.add(current) if current in STAGES else None
-                    print(f"{elapsed}  {_progress(len(done))}  {current}", file=out)
-            elif kind == "TaskScheduled" and current:
-                attempts[current] = attempts.get(current, 0) + 1
-                if attempts[current] > 1:
-                    print(f"{elapsed}  {_progress(len(done))}  {current} attempt {attempts[current]}", file=out)
+                name = event["stateEnteredEventDetails"]["name"]
+                # The phases of the run, and where it ends; the checks and reshaping states in between are quiet,
+                # and so are the states inside a phase (Train's job and its failure kinds, Validate's Spot and
+                # on-demand submissions): their attempts count for the phase.
+                inside = bool(phase) and name != phase and name.startswith(phase)
+                task = phase if inside else name
+                if name in STAGES:
+                    phase = task = name
+                    done.add(name)
+                    print(f"{elapsed}  {_progress(len(done))}  {name}", file=out)
+                elif kind in ("SucceedStateEntered", "FailStateEntered") and not inside:
+                    print(f"{elapsed}  {_progress(len(done))}  {name}", file=out)
+            elif kind == "TaskScheduled" and task:
+                attempts[task] = attempts.get(task, 0) + 1
+                if attempts[task] > 1:
+                    print(f"{elapsed}  {_progress(len(done))}  {task} attempt {attempts[task]}", file=out)
             elif kind in ("TaskFailed", "TaskTimedOut"):
                 details = event.get("taskFailedEventDetails") or event.get("taskTimedOutEventDetails") or {}
-                print(f"{elapsed}  {' ' * len(_progress(len(STAGES)))}  {current} attempt {attempts.get(current, 1)} "
+                print(f"{elapsed}  {' ' * len(_progress(len(STAGES)))}  {task} attempt {attempts.get(task, 1)} "
                       f"failed: {details.get('error', '')}", file=out)
         if described["status"] != "RUNNING":
             stop = described.get("stopDate") or datetime.now(timezone.utc)

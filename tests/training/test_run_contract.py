@@ -48,3 +48,11 @@ def test_the_execution_outlasts_its_stages_within_the_one_year_quota():
                                  {"hyperparameters": {"seed": 10**5000}}, {"nodes": float("-inf")}])
 def test_validate_run_never_raises(run):
     assert validate_run(run, max_nodes=2)  # problems, never an exception
+
+
+def test_refused_exit_codes_are_the_training_images():
+    # The pipeline does not retry a run that refused itself (constructs/pipeline_train_attempt.py): the codes it
+    # matches are the ones the image exits with.
+    import errors
+    from contracts.run import REFUSED_EXIT_CODES
+    assert set(REFUSED_EXIT_CODES) == {errors.EXIT_USAGE, errors.EXIT_DIVERGED, errors.EXIT_FOLDER_LOCKED}
