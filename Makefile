@@ -9,6 +9,8 @@ export PATH := $(NODE_BIN):$(PATH)
 
 CDK_ARGS    ?=
 PYTEST_ARGS ?=
+# The suite runs one pytest-xdist worker per core of these 2-core machines.
+PYTEST_WORKERS ?= 2
 HOURS       ?= 24
 
 DIAGRAM_ENV ?= prod
@@ -35,7 +37,7 @@ synth: $(VENV)/.synth-deps node_modules/.installed
 	$(PY) -m tools.synth_summary cdk.out
 
 test: $(VENV)/.test-deps node_modules/.installed
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # One command per environment: checks Docker and credentials (one line each), bootstraps if needed, logs in to
 # the base image's registry, deploys every stack. DRY_RUN=1 prints the plan; CDK_ARGS go to `cdk deploy`.

@@ -56,8 +56,14 @@ def _eks_commands(synthesized, monkeypatch) -> dict[str, list[str]]:
     machine = next(r for r in synthesized.raw("pipeline")["Resources"].values()
                    if r["Type"] == "AWS::StepFunctions::StateMachine")
     definition = json.loads(resolve(machine["Properties"]["DefinitionString"]))
+    def every_state(states: dict):  # top-level ones and those inside Parallel blocks (Train, Validate)
+        for state in states.values():
+            yield state
+            for branch in state.get("Branches", []):
+                yield from every_state(branch["States"])
+
     commands = {}
-    for state in definition["States"].values():
+    for state in every_state(definition["States"]):
         if "eks:runJob" not in state.get("Resource", ""):
             continue
         container = state["Parameters"]["Job"]["spec"]["template"]["spec"]["containers"][0]
