@@ -43,7 +43,7 @@ test: $(VENV)/.test-deps node_modules/.installed
 # the base image's registry, deploys every stack. DRY_RUN=1 prints the plan; CDK_ARGS go to `cdk deploy`.
 ENV ?= dev
 deploy: $(VENV)/.synth-deps node_modules/.installed
-	$(PY) -m tools.deploy $(ENV) $(if $(DRY_RUN),--dry-run) -- $(CDK_ARGS)
+	$(PY) -m tools.deploy $(ENV) $(if $(DRY_RUN),--dry-run) $(if $(CDK_ARGS),-- $(CDK_ARGS))
 
 local-run: $(VENV)/.test-deps
 	$(PY) training_image/local_run.py --out local-run

@@ -90,3 +90,20 @@ def test_a_failed_step_is_one_line_with_its_exit_code(aws, monkeypatch, capsys):
     monkeypatch.setattr(deploy, "_run", lambda command, stdin=None: 3 if "deploy" in command else 0)
     assert deploy.main(["dev"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("failed with exit code 3")
+
+
+def test_arguments_after_the_separator_go_to_cdk_deploy(aws, monkeypatch):
+    # `make deploy CDK_ARGS="--require-approval never"` passes them on as they are, and no separator is fine too.
+    monkeypatch.setattr(deploy, "check_docker", lambda run: None)
+    ran = []
+    monkeypatch.setattr(deploy, "_run", lambda command, stdin=None: ran.append(command) or 0)
+    assert deploy.main(["dev", "--", "--require-approval", "never"]) == 0
+    assert ran[-1][-5:] == ["--all", "-c", "env=dev", "--require-approval", "never"]
+    assert deploy.main(["dev"]) == 0 and ran[-1][-3:] == ["--all", "-c", "env=dev"]
+
+
+def test_context_overrides_reach_the_checks(aws, monkeypatch):
+    # With -c image_tag=TAG nothing is built, so Docker is neither checked nor logged in to.
+    monkeypatch.setattr(deploy.shutil, "which", lambda name: None)  # no Docker at all
+    commands = deploy.plan("dev", dry_run=True, run=lambda *a, **k: 0, extra=["-c", "image_tag=v1"])
+    assert [c[1] for c in commands] == ["bootstrap", "deploy"] and commands[-1][-2:] == ["-c", "image_tag=v1"]

@@ -107,8 +107,11 @@ def plan(env: str, *, dry_run: bool, run: Callable[..., int], extra: Sequence[st
     from config import ConfigError, load_config
 
     context = context if context is not None else json.loads((ROOT / "cdk.json").read_text())["context"]
+    # `-c FIELD=VALUE` among the cdk arguments changes the configuration the checks see, as it does cdk's.
+    overrides = dict(value.split("=", 1) for flag, value in zip(extra, [*extra[1:], ""])
+                     if flag in ("-c", "--context") and "=" in value)
     try:
-        config = load_config({**context, "env": env})
+        config = load_config({**context, **overrides, "env": env})
     except ConfigError as error:
         raise DeployError(str(error)) from None
     commands: list[list[str]] = []
@@ -144,13 +147,16 @@ def _run(command: Sequence[str], stdin: str | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    argv = sys.argv[1:] if argv is None else argv
+    # Everything after `--` goes to `cdk deploy` as it is (argparse would read its flags as ours).
+    ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="after --: more `cdk deploy` arguments, e.g. -- --require-approval never")
     parser.add_argument("env", help="an environment of cdk.json (dev, prod, ...)")
     parser.add_argument("--dry-run", action="store_true", help="check and print the plan, run nothing")
-    parser.add_argument("extra", nargs="*", help="after --: more `cdk deploy` arguments")
-    options = parser.parse_args(argv)
+    options = parser.parse_args(ours)
     try:
-        plan(options.env, dry_run=options.dry_run, run=_run, extra=options.extra)
+        plan(options.env, dry_run=options.dry_run, run=_run, extra=extra)
     except DeployError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
