@@ -17,6 +17,7 @@ from contracts.run import REFUSED_EXIT_CODES
 
 ATTEMPT_FAILED = "TrainingAttemptFailed"
 REFUSED = "TrainingRefused"
+REQUEST_REJECTED = "Batch.ClientException"
 
 
 def classified_training(scope: Construct, id_: str, submission: sfn.CustomState | sfn.Parallel,
@@ -43,8 +44,13 @@ def classified_training(scope: Construct, id_: str, submission: sfn.CustomState 
     has_attempts = (sfn.Choice(scope, f"{id_}HasAttempts")
                     .when(sfn.Condition.is_present("$.job.Attempts[0]"), last_attempt.next(by_exit_code))
                     .otherwise(attempt_failed))
+    # The Catch's States.TaskFailed also matches every other task error but States.Timeout (ASL "Error names"):
+    # a rejected request (Batch.ClientException: bad parameters, an inactive definition) leaves the block under
+    # its own name, which the Parallel's Retry does not retry.
+    rejected = sfn.Fail(scope, f"{id_}RequestRejected", error=REQUEST_REJECTED, cause_path="$.caught.Cause")
     # A Cause that is not a job description (another backend's failure) is an attempt failure, not a refusal.
     is_json = (sfn.Choice(scope, f"{id_}IsJobDescription")
+               .when(sfn.Condition.string_equals("$.caught.Error", REQUEST_REJECTED), rejected)
                .when(sfn.Condition.and_(sfn.Condition.is_string("$.caught.Cause"),
                                         sfn.Condition.string_matches("$.caught.Cause", "{*}")),
                      parse.next(has_attempts))

@@ -31,16 +31,24 @@ FSX_PERIOD = cdk.Duration.minutes(1)
 PIPELINE_PERIOD = cdk.Duration.minutes(5)
 # The error of the pipeline's Fail state for a model that did not pass validation (TrainingPipeline).
 MODEL_REJECTED_ERROR = "ValidationFailed"
+# A refused input (malformed, or a run id already taken) is the caller's mistake, told to the caller by the
+# execution's own error; it ran nothing, so it does not page as a broken pipeline.
+INPUT_REFUSED_ERROR = "InvalidInput"
 PIPELINE_FAILURES_METRIC = "PipelineFailures"
 MODELS_REJECTED_METRIC = "ModelsRejected"
 
 
 def execution_failed_filter(error_is_rejection: bool) -> logs.IFilterPattern:
     """Step Functions' ExecutionFailed log event ({"type": "ExecutionFailed", "details": {"error": ...}}, Step
-    Functions developer guide, cw-logs.html), split on whether the error is a rejected model."""
-    operator = "=" if error_is_rejection else "!="
-    return logs.FilterPattern.all(logs.FilterPattern.string_value("$.type", "=", "ExecutionFailed"),
-                                  logs.FilterPattern.string_value("$.details.error", operator, MODEL_REJECTED_ERROR))
+    Functions developer guide, cw-logs.html), split on whether the error is a rejected model; a refused input
+    counts as neither."""
+    failed = logs.FilterPattern.string_value("$.type", "=", "ExecutionFailed")
+    if error_is_rejection:
+        return logs.FilterPattern.all(failed,
+                                      logs.FilterPattern.string_value("$.details.error", "=", MODEL_REJECTED_ERROR))
+    return logs.FilterPattern.all(failed,
+                                  logs.FilterPattern.string_value("$.details.error", "!=", MODEL_REJECTED_ERROR),
+                                  logs.FilterPattern.string_value("$.details.error", "!=", INPUT_REFUSED_ERROR))
 
 
 class TrainingAlarms(Construct):

@@ -184,7 +184,9 @@ def test_broken_pipeline_alarm_adds_failures_timeouts_and_aborts():
 
 
 @pytest.mark.parametrize(("metric", "pattern"), [
-    ("PipelineFailures", '{ ($.type = "ExecutionFailed") && ($.details.error != "ValidationFailed") }'),
+    # A refused input (InvalidInput: malformed, or a run id already taken) ran nothing: it is not a broken pipeline.
+    ("PipelineFailures", '{ ($.type = "ExecutionFailed") && ($.details.error != "ValidationFailed") && '
+                         '($.details.error != "InvalidInput") }'),
     ("ModelsRejected", '{ ($.type = "ExecutionFailed") && ($.details.error = "ValidationFailed") }'),
 ])
 def test_execution_log_filters_split_failures_from_rejected_models(metric, pattern):

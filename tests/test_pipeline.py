@@ -169,6 +169,18 @@ def test_training_that_refuses_the_run_is_not_retried_on_new_hosts(emulator, exi
     assert alert["detail"] == "TrainingRefused" and f"exited with {exit_code}" in alert["cause"]
 
 
+def test_a_rejected_training_request_is_not_retried():
+    # States.TaskFailed in a Catch also matches Batch.ClientException (ASL error names): the block re-raises it
+    # under its own name, which the Train block's Retry (MaxAttempts 0) and the failure path receive.
+    _, template = pipeline_app()
+    (branch,) = _states(template)["Train"]["Branches"]
+    choice = branch["States"]["TrainIsJobDescription"]["Choices"][0]
+    assert choice == {"Variable": "$.caught.Error", "StringEquals": "Batch.ClientException",
+                      "Next": "TrainRequestRejected"}
+    assert branch["States"]["TrainRequestRejected"]["Error"] == "Batch.ClientException"
+    assert _states(template)["Train"]["Retry"][0] == {"ErrorEquals": ["Batch.ClientException"], "MaxAttempts": 0}
+
+
 def test_training_failing_with_another_exit_code_is_retried(emulator):
     # Exit 1 (an infrastructure or unexpected failure) and 143 (stopped by SIGTERM) are worth a retry elsewhere.
     emulator.verdict = ACCEPTED

@@ -75,7 +75,7 @@ def caller_account(region: str) -> str:
 
 
 def is_bootstrapped(region: str) -> bool:
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         _client("cloudformation", region).describe_stacks(StackName=BOOTSTRAP_STACK)
@@ -83,6 +83,9 @@ def is_bootstrapped(region: str) -> bool:
         if "does not exist" in str(exc):
             return False
         raise DeployError(f"could not check the CDK bootstrap stack in {region}: {exc}") from None
+    except BotoCoreError as exc:
+        raise DeployError(f"could not reach CloudFormation in {region} to check the CDK bootstrap stack "
+                          f"({type(exc).__name__})") from None
     return True
 
 

@@ -94,8 +94,10 @@ def run_fi_info(command: str | None = None, timeout: float = 30.0) -> tuple[str,
 
 
 def debug_file(template: str) -> str:
-    """NCCL_DEBUG_FILE's path for this process: NCCL expands %h (hostname) and %p (pid)."""
-    return template.replace("%h", socket.gethostname()).replace("%p", str(os.getpid()))
+    """NCCL_DEBUG_FILE's path for this process: NCCL expands %h to the hostname cut at its first '.' (NCCL
+    src/debug.cc, getHostName(..., '.')) and %p to the pid. Batch awsvpc containers are named by their private
+    DNS name (ip-10-0-1-5.ec2.internal), so the full hostname would name another file."""
+    return template.replace("%h", socket.gethostname().split(".", 1)[0]).replace("%p", str(os.getpid()))
 
 
 def prepare_nccl_logging(env: dict, rank: int, directory: str = "/tmp") -> str:
@@ -110,7 +112,8 @@ def prepare_nccl_logging(env: dict, rank: int, directory: str = "/tmp") -> str:
         env["NCCL_DEBUG_SUBSYS"] = ",".join(subsystems)
     elif not subsystems or subsystems[0].startswith("^"):
         env["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
-    env.setdefault("NCCL_DEBUG_FILE", os.path.join(directory, f"nccl-sanity.%h.rank{rank}.log"))
+    # One file per rank inside this container's own /tmp: no hostname needed in the name.
+    env.setdefault("NCCL_DEBUG_FILE", os.path.join(directory, f"nccl-sanity.rank{rank}.log"))
     return debug_file(env["NCCL_DEBUG_FILE"])
 
 
@@ -121,6 +124,15 @@ class EfaEvidence:
     fi_info_domains: list[str]
     fi_info_problem: str | None
     transport: Transport
+    # Neuron: the runtime's collectives are not known here to write NCCL_DEBUG_FILE, so an empty log is "not
+    # seen" (a warning), while positive evidence of another transport still fails.
+    transport_proof_required: bool = True
+
+    def warnings(self) -> list[str]:
+        if self.transport.kind == "unknown" and not self.transport_proof_required:
+            return [f"transport: not proven ({self.transport.evidence}); this accelerator's runtime may not write "
+                    "NCCL's debug file: check its log for 'Selected Provider is efa'"]
+        return []
 
     def failures(self) -> list[str]:
         """One line per broken proof, naming what was found."""
@@ -134,16 +146,17 @@ class EfaEvidence:
         elif len(self.fi_info_domains) != n:
             problems.append(f"EFA devices: libfabric's efa provider offers {len(self.fi_info_domains)} of {n} "
                             f"devices ({', '.join(self.fi_info_domains) or 'none'})")
-        if self.transport.kind != "efa":
+        if self.transport.kind != "efa" and not self.warnings():
             problems.append(f"transport: NCCL used {self.transport.kind} ({self.transport.evidence}), not EFA")
         return problems
 
     def report(self) -> dict:
-        return {**asdict(self), "transport": asdict(self.transport), "failures": self.failures()}
+        return {**asdict(self), "transport": asdict(self.transport), "failures": self.failures(),
+                "warnings": self.warnings()}
 
 
 def collect(expected_interfaces: int, nccl_log_path: str, *, uverbs_dir: str = UVERBS_DIR,
-            fi_info: str | None = None) -> EfaEvidence:
+            fi_info: str | None = None, transport_proof_required: bool = True) -> EfaEvidence:
     """This process's evidence: its own NCCL log, and the node's devices (uverbs and libfabric's view)."""
     try:
         transport = nccl_transport(Path(nccl_log_path).read_text(errors="replace"))
@@ -151,4 +164,4 @@ def collect(expected_interfaces: int, nccl_log_path: str, *, uverbs_dir: str = U
         transport = Transport("unknown", None, None, f"NCCL's debug log {nccl_log_path} unreadable: {exc.strerror}")
     output, problem = run_fi_info(fi_info)
     return EfaEvidence(expected_interfaces, uverbs_devices(uverbs_dir), sorted(efa_domains(output)), problem,
-                       transport)
+                       transport, transport_proof_required)

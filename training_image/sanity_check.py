@@ -179,18 +179,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def _efa_checks(args: argparse.Namespace, rt: Runtime, efa_interfaces: int, nccl_log: str) -> tuple[dict, int, int]:
+def _efa_checks(args: argparse.Namespace, rt: Runtime, efa_interfaces: int, nccl_log: str,
+                kind: str) -> tuple[dict, int, int]:
     """(this rank's EFA report, devices-bad flag, transport code); devices are probed once per node."""
     if not efa_interfaces:
         return {"expected_interfaces": 0, "checked": False}, 0, 0
-    evidence = efa_proof.collect(efa_interfaces, nccl_log, uverbs_dir=args.uverbs_dir, fi_info=args.fi_info)
+    evidence = efa_proof.collect(efa_interfaces, nccl_log, uverbs_dir=args.uverbs_dir, fi_info=args.fi_info,
+                                 transport_proof_required=kind != "neuron")
+    for line in evidence.warnings():
+        print(f"sanity_check: rank {rt.rank}: warning: {line}", file=sys.stderr, flush=True)
     devices_checked = int(os.environ.get("LOCAL_RANK", "0")) == 0
     report = evidence.report()
     device_problems = [f for f in report["failures"] if f.startswith("EFA devices")] if devices_checked else []
     for line in report["failures"] if devices_checked else [f for f in report["failures"] if f.startswith("transport")]:
         print(f"sanity_check: rank {rt.rank}: {line}", file=sys.stderr, flush=True)  # this node's own log names it
     return ({**report, "checked": True, "devices_checked": devices_checked},
-            int(bool(device_problems)), efa_proof.TRANSPORTS.index(evidence.transport.kind))
+            int(bool(device_problems)),
+            0 if evidence.warnings() else efa_proof.TRANSPORTS.index(evidence.transport.kind))
 
 
 def run_checks(args: argparse.Namespace, rt: Runtime, sizes: list[int], kind: str, expected: int | None,
@@ -199,7 +204,7 @@ def run_checks(args: argparse.Namespace, rt: Runtime, sizes: list[int], kind: st
     results = [measure(op, size, rt, args.warmup, args.iters) for op in COLLECTIVES for size in sizes]
     by_size = {r["size_bytes"]: r["busbw_gbps"] for r in results if r["op"] == "all_reduce"}
     measured = by_size[gate_bytes]
-    efa, devices_bad, transport = _efa_checks(args, rt, efa_interfaces, nccl_log)
+    efa, devices_bad, transport = _efa_checks(args, rt, efa_interfaces, nccl_log, kind)
     failures = []
     # Every rank's own verdicts are combined, so all ranks exit with the same code.
     local_bad = torch.tensor([0 if accel["ok"] else 1, sum(not r["correct"] for r in results), devices_bad],
@@ -255,8 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         expected_text = os.environ.get("ACCELERATORS_PER_NODE", "")
         if expected_text and not expected_text.isdigit():
             raise UsageError("ACCELERATORS_PER_NODE", expected_text, "not a count", "a positive integer")
-        sizes = [parse_size(s) for s in (args.sizes or DEFAULT_SIZES[device_type]).split(",")]
+        # float32 buffers: each size is measured as its whole 4-byte elements
+        sizes = [size - size % 4 for size in (parse_size(s) for s in (args.sizes or DEFAULT_SIZES[device_type]).split(","))]
         gate_bytes = parse_size(args.busbw_bytes, "--busbw-bytes") if args.busbw_bytes else max(sizes)
+        if gate_bytes % 4:
+            raise UsageError("--busbw-bytes", args.busbw_bytes, "not a whole number of float32 elements",
+                             "a multiple of 4 bytes")
         sizes = sorted({*sizes, gate_bytes})
         efa_text = os.environ.get("EFA_INTERFACES", "") or "0"
         if not efa_text.isdigit():

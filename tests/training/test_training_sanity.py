@@ -153,3 +153,38 @@ def test_nccl_transport_parses_each_kind():
                                    "h:1:1 [0] NCCL INFO Using network Libfabric\n")
     assert tcp.kind == "unknown" and "provider tcp" in tcp.evidence
     assert efa_proof.nccl_transport("").kind == "unknown"
+
+
+def test_nccl_debug_file_names_the_file_nccl_writes_on_a_dotted_hostname(monkeypatch):
+    # Batch awsvpc containers are named by their private DNS name; NCCL's %h is the hostname cut at the first '.'.
+    import efa_proof
+    monkeypatch.setattr(efa_proof.socket, "gethostname", lambda: "ip-10-0-1-5.ec2.internal")
+    assert efa_proof.debug_file("/tmp/nccl.%h.%p.log") == f"/tmp/nccl.ip-10-0-1-5.{efa_proof.os.getpid()}.log"
+    env = {}
+    path = efa_proof.prepare_nccl_logging(env, rank=3)
+    assert path == env["NCCL_DEBUG_FILE"] == "/tmp/nccl-sanity.rank3.log"
+    assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,NET")
+
+
+def test_neuron_without_an_nccl_log_is_a_warning_but_a_socket_fallback_still_fails(tmp_path):
+    # The Neuron runtime is not known here to write NCCL_DEBUG_FILE: no log is "not proven", not a failure.
+    import efa_proof
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    quiet = efa_proof.collect(0, str(empty), uverbs_dir=str(tmp_path), fi_info="/bin/true",
+                              transport_proof_required=False)
+    assert quiet.warnings() and not [f for f in quiet.failures() if f.startswith("transport")]
+    socket_log = str(FIXTURES / "nccl-socket-fallback.log")
+    loud = efa_proof.collect(0, socket_log, uverbs_dir=str(tmp_path), fi_info="/bin/true",
+                             transport_proof_required=False)
+    assert [f for f in loud.failures() if f.startswith("transport: NCCL used socket")]
+
+
+def test_a_gate_size_that_is_not_whole_float32_elements_is_one_usage_error(monkeypatch, capsys):
+    # Checked before any process group exists: exit 2 and one line, not a KeyError after the measurements.
+    import sanity_check
+    monkeypatch.setenv("ACCELERATOR_KIND", "cpu")
+    with pytest.raises(SystemExit) as exited:
+        sanity_check.main(["--sizes", "4K", "--busbw-bytes", "4099", "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(err) == 1 and "--busbw-bytes" in err[0], err
