@@ -51,10 +51,10 @@ class RunClaim:
         taken = sfn.Fail(scope, "RunIdTaken", error=INVALID, cause_path=J.format(
             "run_id {} already names a run (s3://" + self.bucket.bucket_name + "/" + RUNS_PREFIX + "{}/" + RECORD +
             "); give \"resume\": true to resume it from its checkpoints, or choose a new run_id", RUN_ID, RUN_ID))
-        self._refuse_on_precondition(scope, claim, "ClaimRun", taken)
         finds = [self._find(scope, f"Find{name}", prefix, name.lower()) for name, prefix in (
             ("Checkpoints", f"{CHECKPOINTS_PREFIX}{{}}/"), ("Verdict", f"{RUNS_PREFIX}{{}}/verdict"),
             ("Model", f"{MODELS_PREFIX}{{}}/"))]
+        self._refuse_on_precondition(scope, claim, "ClaimRun", taken, ours=finds[0])
         earlier = sfn.Fail(scope, "RunIdUsedBefore", error=INVALID, cause_path=J.format(
             "run_id {} already has checkpoints, a verdict or an approved model from an earlier run; give "
             "\"resume\": true to resume it, or choose a new run_id", RUN_ID))
@@ -108,7 +108,7 @@ class RunClaim:
             J.string_at("$.claim.record.execution")))
         raced = sfn.Fail(scope, "RunResumedElsewhere", error=INVALID, cause_path=J.format(
             "run_id {} was resumed by another execution at the same time", RUN_ID))
-        self._refuse_on_precondition(scope, take_over, "TakeOverRun", raced)
+        self._refuse_on_precondition(scope, take_over, "TakeOverRun", raced, ours=self.claimed)
         take_over.next(self.claimed)
         read.next(holder).next(sfn.Choice(scope, "IsHolderRunning")
                                .when(C.string_equals("$.holder.status", "RUNNING"), running)
@@ -126,15 +126,28 @@ class RunClaim:
         return retry_transient(task)
 
     def _refuse_on_precondition(self, scope: Construct, task: tasks.CallAwsService, state: str,
-                                refused: sfn.Fail) -> None:
-        """412 means the condition did not hold (the record exists, or changed): refuse the run. Anything else
-        left after the retries goes to the failure path."""
+                                refused: sfn.Fail, ours: sfn.IChainable) -> None:
+        """412 means the condition did not hold (the record exists, or changed): refuse the run, unless the record
+        is this execution's own (a retried write whose first try succeeded but whose answer was lost): then go on
+        to `ours`. Anything else left after the retries goes to the failure path."""
         other = sfn.Pass(scope, f"{state}Failed", parameters={
             "run.$": "$.run", "failure": {"state": state, "error": "RunNotClaimed",
                                           "detail.$": "$.caught.Error", "cause.$": "$.caught.Cause"}})
         other.next(self.notify_failure)
+        reread = tasks.CallAwsService(
+            scope, f"{state}ReadBack", service="s3", action="getObject",
+            parameters={"Bucket": self.bucket.bucket_name, "Key": record_key()},
+            iam_resources=[self.bucket.arn_for_objects(f"{RUNS_PREFIX}*/{RECORD}")], iam_action="s3:GetObject",
+            result_selector={"record.$": "States.StringToJson($.Body)"}, result_path="$.stored",
+            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT))
+        retry_transient(reread)
+        reread.add_catch(refused, errors=["States.ALL"], result_path="$.reread_error")
+        reread.next(sfn.Choice(scope, f"Is{state}Ours")
+                    .when(C.and_(C.is_present("$.stored.record.execution"),
+                                 C.string_equals_json_path("$.stored.record.execution", "$.record.execution")), ours)
+                    .otherwise(refused))
         task.add_catch(sfn.Choice(scope, f"Is{state}Refused")
-                       .when(C.string_matches("$.caught.Cause", PRECONDITION_FAILED), refused)
+                       .when(C.string_matches("$.caught.Cause", PRECONDITION_FAILED), reread)
                        .otherwise(other),
                        errors=["S3.S3Exception"], result_path="$.caught")
         self.on_failure(task, state, "RunNotClaimed")

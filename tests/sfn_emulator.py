@@ -30,7 +30,8 @@
    (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html: "S3.NoSuchKeyException";
    moto 5.2.1 knows the casing of DynamoDb and Sfn only and would say "s3.NoSuchKeyException").
 8. Injects transient faults: `faults["s3.get_object"] = ["SlowDown"]` makes the next such call fail with that
-   error code (and its HTTP status), one entry per call, before moto sees it.
+   error code (and its HTTP status), one entry per call, before moto sees it; `"after:InternalError"` lets the
+   call take effect first and then loses its answer, as a timeout after a successful write does.
 """
 
 import copy
@@ -113,9 +114,14 @@ class _ClientProxy:
         service = self._client.meta.service_model.service_name
         fault = self._recorder.next_fault(f"{service}.{name}")
         if fault is not None:
+            # "after:Code": the call takes effect, then its answer is lost (the caller sees Code and may retry).
+            code, lost_reply = (fault[len("after:"):], True) if fault.startswith("after:") else (fault, False)
+
             def failing(**request):
-                raise ClientError({"Error": {"Code": fault, "Message": f"injected {fault}"},
-                                   "ResponseMetadata": {"HTTPStatusCode": FAULT_STATUS.get(fault, 500),
+                if lost_reply:
+                    getattr(self._recorder._raw(service), name)(**request)
+                raise ClientError({"Error": {"Code": code, "Message": f"injected {code}"},
+                                   "ResponseMetadata": {"HTTPStatusCode": FAULT_STATUS.get(code, 500),
                                                         "RequestId": "injected"}}, name)
             return failing
         if service == "batch" and name == "submit_job":
@@ -169,6 +175,10 @@ class Emulator:
     faulted: list[str] = field(default_factory=list)  # the faults raised, in order
     # kind -> an Event the first job of that kind waits on before it finishes: holds an execution RUNNING
     held: dict[str, threading.Event] = field(default_factory=dict)
+
+    def _raw(self, service: str):
+        """A plain moto client of `service` (the calls a lost reply lets through)."""
+        return boto3.client(service, region_name=REGION)
 
     def next_fault(self, call: str) -> str | None:
         """The error code the next `call` fails with; None (or an entry None) lets it through."""

@@ -192,3 +192,16 @@ def test_every_aws_call_of_the_pipeline_retries_with_full_jitter():
         (retry,) = state["Retry"]
         assert retry["JitterStrategy"] == "FULL" and retry["BackoffRate"] == 2 and retry["MaxAttempts"] >= 3, name
         assert "States.Timeout" in retry["ErrorEquals"], name
+
+
+def test_a_claim_whose_answer_was_lost_is_recognised_as_this_runs_own(emulator):
+    # The claim's PutObject took effect but its answer was lost; the retry's If-None-Match then fails with 412
+    # (S3 user guide, conditional requests). The record names this execution, so the run goes on, once.
+    emulator.verdict = ACCEPTED
+    emulator.faults["s3.put_object"] = ["after:InternalError"]
+    result = emulator.run(RUN)
+    assert result["status"] == "SUCCEEDED", result
+    entered = [e["stateEnteredEventDetails"]["name"] for e in emulator.history(result["executionArn"])
+               if "stateEnteredEventDetails" in e]
+    assert "ClaimRunReadBack" in entered and "RunIdTaken" not in entered
+    assert emulator.submitted_kinds() == ["sanity", "train", "validate"] and parameter_versions(emulator) == 1
