@@ -273,6 +273,35 @@ def probe_writable(root: Path) -> None:
             from None
 
 
+# A lock whose holder is this same run (an earlier attempt whose host died) is waited for this long: a dead
+# node's Lustre locks go only when the file system evicts that client, which takes minutes, not seconds.
+# CHECKPOINT_LOCK_WAIT_SECONDS changes it; it stays well inside the process group's timeout (ranks wait meanwhile).
+SAME_RUN_LOCK_WAIT_SECONDS = 300
+LOCK_POLL_SECONDS = 5.0
+
+
+def lock_folder_waiting(root: Path, holder: dict) -> IO | str:
+    """`lock_folder`, but a lock held under this run's own id is retried for a bounded time before giving up."""
+    text = os.environ.get("CHECKPOINT_LOCK_WAIT_SECONDS", "")
+    wait = float(text) if text.replace(".", "", 1).isdigit() else SAME_RUN_LOCK_WAIT_SECONDS
+    deadline = time.monotonic() + wait
+    while True:
+        got = lock_folder(root, holder)
+        if not isinstance(got, str) or time.monotonic() >= deadline or not _same_run(got, holder):
+            return got
+        log(f"checkpoint folder held by an earlier attempt of this run ({got}); waiting up to {wait:.0f} s "
+            "for its lock to be released")
+        time.sleep(LOCK_POLL_SECONDS)
+
+
+def _same_run(held: str, holder: dict) -> bool:
+    try:
+        previous = json.loads(held)
+    except ValueError:
+        return False
+    return isinstance(previous, dict) and bool(holder.get("run_id")) and previous.get("run_id") == holder["run_id"]
+
+
 def lock_folder(root: Path, holder: dict) -> IO | str:
     """Take the folder's writer lock: the open lock file on success, else the holder's description.
 

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import (CheckpointManager, TrainerState, check_reusable, lock_folder, lock_holder, log,
+from checkpoint import (CheckpointManager, TrainerState, check_reusable, lock_folder_waiting, lock_holder, log,
                         probe_writable)
 from data import BatchSpec, SequenceBatches, TokenStream, list_shards, max_token_id, open_shard
 from distributed import DEVICES, Runtime, destroy_distributed, init_distributed, resolve_device
@@ -466,8 +466,9 @@ def take_folder(root: Path, rt: Runtime):
     """One writer per checkpoint folder: global rank 0 takes the lock and every rank learns the outcome.
 
     Held by the rank-0 worker process, so the kernel releases it when that worker dies; torchrun's restart
-    takes it again. Another job on the same folder is refused with the holder's name and exit code 5."""
-    got = lock_folder(root, lock_holder()) if rt.is_main else None
+    takes it again. Another job on the same folder is refused with the holder's name and exit code 5, at once when
+    it is another run, after a bounded wait when it is this run's own earlier attempt (its host may have died)."""
+    got = lock_folder_waiting(root, lock_holder()) if rt.is_main else None
     refused = torch.tensor([int(isinstance(got, str))], dtype=torch.int32, device=rt.device)
     dist.broadcast(refused, src=0)
     if int(refused.item()):

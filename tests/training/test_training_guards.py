@@ -2,6 +2,7 @@
 and the exit codes that tell the pipeline "do not retry" survive torchrun."""
 import json
 import subprocess
+import time
 import sys
 
 import pytest
@@ -69,7 +70,9 @@ def two_jobs(dataset, tmp_path_factory):
     hold.touch()
     second = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train",
                              *th.train_args(dataset, ckpt, steps=30, every=5)],
-                            env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port())),
+                            # The same run id: it waits for the holder, bounded; 2 s here instead of 300.
+                            env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port()),
+                                       CHECKPOINT_LOCK_WAIT_SECONDS="2"),
                             capture_output=True, text=True, timeout=120)
     steps_when_refused = th.checkpoint_steps(ckpt)
     hold.unlink()
@@ -124,3 +127,23 @@ def test_launcher_keeps_a_usage_error_code():
                        env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port())),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == errors.EXIT_USAGE, p.stderr[-2000:]
+
+
+def test_an_earlier_attempt_of_the_same_run_is_waited_for_and_another_run_is_not(tmp_path, monkeypatch):
+    # A dead host's Lustre lock lasts until the file system evicts that client: a retried attempt of the same
+    # run waits for it (bounded); a different run is refused at once.
+    import checkpoint
+    held = subprocess.Popen([th.PYTHON, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); import checkpoint; "
+                             "f = checkpoint.lock_folder(__import__('pathlib').Path(sys.argv[2]), {'run_id': 'r1'}); "
+                             "print('locked', flush=True); time.sleep(3)", str(th.TRAINING_IMAGE), str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    assert held.stdout.readline().strip() == "locked"
+    monkeypatch.setenv("CHECKPOINT_LOCK_WAIT_SECONDS", "60")
+    monkeypatch.setattr(checkpoint, "LOCK_POLL_SECONDS", 0.2)
+    started = time.monotonic()
+    assert checkpoint.lock_folder_waiting(tmp_path, {"run_id": "r2"}) == '{"run_id": "r1"}'  # another run
+    assert time.monotonic() - started < 1
+    lock = checkpoint.lock_folder_waiting(tmp_path, {"run_id": "r1"})  # the same run: waits for the holder
+    assert not isinstance(lock, str) and time.monotonic() - started < 30
+    lock.close()
+    held.wait(timeout=30)
