@@ -109,6 +109,9 @@ LINE_RATE_SHARE = 0.5
 _NCCL_TESTS_README = "awslabs/awsome-distributed-training micro-benchmarks/nccl-tests README, 2 nodes, 2 GB"
 
 
+_P5_48XLARGE_USD_PER_HOUR = 98.32  # p5.4xlarge's estimate is derived from it
+
+
 def _env(values: dict) -> MappingProxyType:
     return MappingProxyType(dict(values))
 
@@ -135,7 +138,7 @@ CATALOGUE: MappingProxyType = MappingProxyType({
         InstanceType(
             name="p5.48xlarge", accelerator=Accelerator.NVIDIA, accelerators=8,
             accelerator_model="H100 80 GB", vcpus=192, memory_gib=2048, efa_interfaces=32,
-            on_demand_usd_per_hour=98.32, network_gbps=3200, published_busbw_gbps=443.7,
+            on_demand_usd_per_hour=_P5_48XLARGE_USD_PER_HOUR, network_gbps=3200, published_busbw_gbps=443.7,
             busbw_source=f"{_NCCL_TESTS_README} (2 x p5.48xlarge: 443.72 GB/s at 2147483648 bytes)",
             peak_bf16_tflops_per_accelerator=989.0, collective_env=_env(_NCCL_OVER_EFA),
             validation_instance_type="p5.4xlarge",
@@ -177,7 +180,7 @@ CATALOGUE: MappingProxyType = MappingProxyType({
         InstanceType(
             name="p5.4xlarge", accelerator=Accelerator.NVIDIA, accelerators=1,
             accelerator_model="H100 80 GB", vcpus=16, memory_gib=256, efa_interfaces=0,
-            on_demand_usd_per_hour=round(98.32 / 8, 4), network_gbps=100, published_busbw_gbps=None,
+            on_demand_usd_per_hour=round(_P5_48XLARGE_USD_PER_HOUR / 8, 4), network_gbps=100, published_busbw_gbps=None,
             busbw_source="single-node only", peak_bf16_tflops_per_accelerator=989.0, single_node_only=True,
             price_note="estimated as one eighth of p5.48xlarge; not confirmed from the EC2 price list here",
         ),

@@ -21,7 +21,8 @@ MAX_NODES = 64
 # A `cdk deploy` must never cut a training attempt short: the compute environment's update policy waits for
 # running jobs at most 7200 minutes (Batch API reference, UpdatePolicy.jobExecutionTimeoutMinutes), so an
 # attempt may not be allowed longer.
-MAX_BATCH_TRAIN_TIMEOUT_HOURS = 7200 // 60
+BATCH_UPDATE_WAIT_MAX_MINUTES = 7200
+MAX_BATCH_TRAIN_TIMEOUT_HOURS = BATCH_UPDATE_WAIT_MAX_MINUTES // 60
 FSX_DEPLOYMENT_TYPES = ("PERSISTENT_2", "SCRATCH_2")
 FSX_THROUGHPUTS_PER_TIB = (125, 250, 500, 1000)
 EKS_CAPACITY_TYPES = ("on_demand", "spot", "capacity_block")
@@ -147,7 +148,7 @@ class EnvironmentConfig:
                    "a Batch fair-share weight factor from 0.0001 to 999.9999 (lower gets more compute)")
         _check(self, "batch_train_timeout_hours", 1 <= self.batch_train_timeout_hours <= MAX_BATCH_TRAIN_TIMEOUT_HOURS,
                f"an integer number of hours from 1 to {MAX_BATCH_TRAIN_TIMEOUT_HOURS} (Batch lets running jobs finish "
-               "for at most 7200 minutes when a deploy updates their hosts)")
+               f"for at most {BATCH_UPDATE_WAIT_MAX_MINUTES} minutes when a deploy updates their hosts)")
         single = self.batch_single_node_instance_type
         _check(self, "batch_single_node_instance_type",
                single is None or (single in CATALOGUE and CATALOGUE[single].accelerator is self.instance.accelerator),

@@ -282,8 +282,10 @@ LOCK_POLL_SECONDS = 5.0
 
 def lock_folder_waiting(root: Path, holder: dict) -> IO | str:
     """`lock_folder`, but a lock held under this run's own id is retried for a bounded time before giving up."""
-    text = os.environ.get("CHECKPOINT_LOCK_WAIT_SECONDS", "")
-    wait = float(text) if text.replace(".", "", 1).isdigit() else SAME_RUN_LOCK_WAIT_SECONDS
+    text = os.environ.get("CHECKPOINT_LOCK_WAIT_SECONDS", "").strip()
+    if text and not (text.isascii() and text.replace(".", "", 1).isdigit()):
+        raise UsageError("CHECKPOINT_LOCK_WAIT_SECONDS", text, "not a number of seconds", "e.g. 300, or unset")
+    wait = float(text) if text else SAME_RUN_LOCK_WAIT_SECONDS
     deadline = time.monotonic() + wait
     while True:
         got = lock_folder(root, holder)

@@ -147,3 +147,11 @@ def test_an_earlier_attempt_of_the_same_run_is_waited_for_and_another_run_is_not
     assert not isinstance(lock, str) and time.monotonic() - started < 30
     lock.close()
     held.wait(timeout=30)
+
+
+def test_a_lock_wait_that_is_not_a_number_is_one_usage_error(tmp_path, monkeypatch):
+    import checkpoint
+    from errors import UsageError
+    monkeypatch.setenv("CHECKPOINT_LOCK_WAIT_SECONDS", "five minutes")
+    with pytest.raises(UsageError, match="CHECKPOINT_LOCK_WAIT_SECONDS"):
+        checkpoint.lock_folder_waiting(tmp_path, {"run_id": "r1"})
