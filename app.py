@@ -5,6 +5,7 @@
 tests call `build_app()` in-process to synthesize each variant once.
 """
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -22,10 +23,19 @@ from config import ConfigError, EnvironmentConfig, load_config  # noqa: E402
 from stacks.alerts_stack import AlertsStack  # noqa: E402
 from stacks.network_stack import NetworkStack  # noqa: E402
 from stacks.observability_stack import ObservabilityStack  # noqa: E402
+from stacks.pipeline_stack import PipelineStack  # noqa: E402
 from stacks.registry_stack import RegistryStack  # noqa: E402
 from stacks.storage_stack import StorageStack  # noqa: E402
 
 PROJECT = "efa-training"
+
+
+# One line per compute backend: config field `compute` -> the stack implementing ComputeBackend, imported only
+# when chosen (only EKS variants pay for importing aws_eks_v2). The stack's id is `<prefix>-<Name>`.
+COMPUTE_STACKS = {
+    "batch": ("stacks.batch_stack", "BatchStack", "Batch"),
+    "eks": ("stacks.eks_stack", "EksStack", "Eks"),
+}
 
 
 def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
@@ -36,30 +46,19 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
     storage = StorageStack(app, f"{prefix}-Storage", config=config, network=network, env=env)
     registry = RegistryStack(app, f"{prefix}-Registry", config=config, env=env)
     alerts = AlertsStack(app, f"{prefix}-Alerts", config=config, env=env)
-    stacks: dict[str, cdk.Stack] = {"network": network, "storage": storage, "registry": registry, "alerts": alerts}
-    # Compute backend (selected by config.compute), then the pipeline, then observability, which reads both.
-    if config.compute == "batch":
-        from stacks.batch_stack import BatchStack
-
-        stacks["compute"] = BatchStack(app, f"{prefix}-Batch", config=config, network=network, storage=storage,
-                                       registry=registry, env=env)
-    if config.compute == "eks":
-        from stacks.eks_stack import EksStack  # only EKS variants pay for importing aws_eks_v2
-
-        stacks["compute"] = EksStack(app, f"{prefix}-Eks", config=config, network=network, storage=storage,
-                                     registry=registry, env=env)
-    if "compute" in stacks:
-        from stacks.pipeline_stack import PipelineStack
-
-        stacks["pipeline"] = PipelineStack(app, f"{prefix}-Pipeline", config=config, storage=storage, alerts=alerts,
-                                           compute=stacks["compute"], env=env)
-    stacks["observability"] = ObservabilityStack(
-        app, f"{prefix}-Observability", config=config, storage=storage, alerts=alerts,
-        compute=stacks.get("compute"), pipeline=stacks.get("pipeline"), env=env)
+    module, class_name, unit = COMPUTE_STACKS[config.compute]
+    compute_stack = getattr(importlib.import_module(module), class_name)
+    compute = compute_stack(app, f"{prefix}-{unit}", config=config, network=network, storage=storage,
+                            registry=registry, env=env)
+    pipeline = PipelineStack(app, f"{prefix}-Pipeline", config=config, storage=storage, alerts=alerts,
+                             compute=compute, env=env)
+    observability = ObservabilityStack(app, f"{prefix}-Observability", config=config, storage=storage,
+                                       alerts=alerts, compute=compute, pipeline=pipeline, env=env)
     # Every resource carries the project and environment: the cost-allocation tags budgets filter on.
     cdk.Tags.of(app).add("Project", PROJECT)
     cdk.Tags.of(app).add("Environment", config.name)
-    return stacks
+    return {"network": network, "storage": storage, "registry": registry, "alerts": alerts, "compute": compute,
+            "pipeline": pipeline, "observability": observability}
 
 
 def build_app(context: dict | None = None, outdir: str | None = None) -> tuple[cdk.App, dict[str, cdk.Stack]]:

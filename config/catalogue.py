@@ -24,7 +24,7 @@ PRICE_DATE = "2025-05-31"
 # another provider (it does not stop NCCL from falling back to its own sockets: the sanity check proves the
 # transport from NCCL's log instead). NCCL_DEBUG=INFO prints "NET/OFI Selected Provider is efa".
 # The bootstrap interface (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) is a fact of the backend, not of the
-# instance: constructs/job_environment.py sets it per backend.
+# instance: contracts/job_environment.py sets it per backend.
 _NCCL_OVER_EFA = {
     "FI_PROVIDER": "efa",
     "FI_EFA_USE_DEVICE_RDMA": "1",

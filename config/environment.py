@@ -12,12 +12,15 @@ import typing
 from dataclasses import dataclass, fields
 
 from config.catalogue import CATALOGUE, InstanceType, efa_instance_types
+from config.layout import stack_prefix
 from config.regions import CHECKED as REGIONS_CHECKED
 from config.regions import REGION_ZONES, zones
 
 DEFAULT_ENVIRONMENT = "dev"
 # A guard against expensive typos (160 for 16 p5 nodes is ~$15,000 an hour); raise it on purpose.
 MAX_NODES = 64
+# The compute backends app.py can build (its COMPUTE_STACKS has one line per name; a test keeps them equal).
+COMPUTE_BACKENDS = ("batch", "eks")
 # A `cdk deploy` must never cut a training attempt short: the compute environment's update policy waits for
 # running jobs at most 7200 minutes (Batch API reference, UpdatePolicy.jobExecutionTimeoutMinutes), so an
 # attempt may not be allowed longer.
@@ -99,7 +102,7 @@ class EnvironmentConfig:
                "12 digits, or unset")
         _check(self, "availability_zone", self.availability_zone is None or self.availability_zone in zones(self.region),
                f"a zone of region {self.region} ({', '.join(zones(self.region))}), or unset")
-        _check(self, "compute", self.compute in ("batch", "eks"), "batch or eks")
+        _check(self, "compute", self.compute in COMPUTE_BACKENDS, " or ".join(COMPUTE_BACKENDS))
         _check(self, "instance_type", self.instance_type in CATALOGUE,
                f"one of {', '.join(CATALOGUE)}")
         _check(self, "instance_type", self.instance.has_efa,
@@ -168,7 +171,7 @@ class EnvironmentConfig:
     @property
     def stack_prefix(self) -> str:
         """Stack names carry the environment so dev and prod can share an account."""
-        return f"EfaTraining-{self.name}"
+        return stack_prefix(self.name)
 
 
 FIELD_NAMES = tuple(f.name for f in fields(EnvironmentConfig) if f.name != "name")

@@ -8,3 +8,17 @@ DATASETS_PREFIX = "datasets/"
 CHECKPOINTS_PREFIX = "checkpoints/"
 MODELS_PREFIX = "models/"
 RUNS_PREFIX = "runs/"  # per-run reports: sanity check, verdicts, summaries
+
+
+
+def stack_prefix(environment: str) -> str:
+    """Every stack of an environment is `EfaTraining-<env>-<Unit>` (Network, Storage, Batch, Pipeline, ...)."""
+    return f"EfaTraining-{environment}"
+
+
+def stack_name(environment: str, unit: str) -> str:
+    return f"{stack_prefix(environment)}-{unit}"
+
+
+def dashboard_name(environment: str) -> str:
+    return f"{stack_prefix(environment)}-training"

@@ -1,7 +1,7 @@
 """The training run's contract: its fields, types, limits, defaults, known models and strategies, stage timeouts.
 
 One source for every run fact. The state machine's input checks are generated from these tables
-(constructs/pipeline_input.py), the operator CLI validates a run file with `validate_run`, the Batch job
+(constructs/pipeline/input_checks.py), the operator CLI validates a run file with `validate_run`, the Batch job
 definitions and the state machine read the stage timeouts, so none of them can disagree.
 """
 
@@ -122,6 +122,30 @@ def defaults(max_nodes: int) -> dict[str, object]:
     run["hyperparameters"] = {f.key: f.default for f in hyperparameters(table)}
     return run
 
+
+
+# ---- what each job receives from a run: job parameter -> where the state machine reads its value. Values are
+# strings (Batch job Parameters, `Ref::name` in the job definitions; launcher flags on EKS); tests hold the Batch
+# job definitions' placeholders and the training image's flags to these names.
+def _as_string(path: str) -> str:
+    return f"States.Format('{{}}', {path})"
+
+
+JOB_VALUES = {
+    "run_id": "$.run.run_id",
+    "dataset": "$.run.dataset",
+    "model": "$.run.hyperparameters.model",
+    "strategy": "$.run.hyperparameters.strategy",
+    **{name: _as_string(f"$.run.hyperparameters.{name}")
+       for name in ("max_steps", "checkpoint_every", "seed", "lr", "batch_size")},
+    "baseline": _as_string("$.run.baseline"),
+    "tolerance": _as_string("$.run.tolerance"),
+}
+JOB_PARAMETERS = {
+    "sanity": ("run_id",),
+    "train": ("run_id", "dataset", "model", "strategy", "max_steps", "checkpoint_every", "seed", "lr", "batch_size"),
+    "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
+}
 
 # ---- validation (the state machine checks the same, and stops at the first problem) ------------------
 

@@ -17,8 +17,8 @@ if (ROOT / "node_modules" / ".bin" / "node").exists():
     os.environ.setdefault("JSII_NODE", str(ROOT / "node_modules" / ".bin" / "node"))
 
 from config import CATALOGUE, efa_instance_types  # noqa: E402
-from constructs.eks_job_spec import FSX_CLAIM, PHASES, Site  # noqa: E402
-from constructs.eks_job_templates import indexed_job, train_job, training_runtime  # noqa: E402
+from contracts.eks.job_spec import FSX_CLAIM, PHASES, Site  # noqa: E402
+from contracts.eks.job_templates import indexed_job, train_job, training_runtime  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

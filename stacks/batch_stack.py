@@ -1,11 +1,11 @@
 """AWS Batch compute backend: EFA hosts in one cluster placement group, fair-share queues, the three jobs.
 
-Public interface (the pipeline and observability stacks read these):
-  multi_node_queue, single_node_queue: batch.JobQueue; single_node_on_demand_queue: the on-demand path of
-  single-node jobs when single_node_queue is on Spot (else None)
-  job_definitions: {"sanity", "train", "validate"} -> batch.IJobDefinition
-  log_group: logs.LogGroup (every job's output), job_role: iam.Role (what the training code may do)
-  multi_node_environment, single_node_environment, placement_group, launch_templates
+A `ComputeBackend` (constructs/compute/backend.py): `job_runner` submits the pipeline's jobs to the queues,
+`accelerator_metrics` and `job_queue_arns` feed the dashboard. Also exposed for operators and tests:
+  multi_node_queue, single_node_queue, single_node_on_demand_queue (the on-demand path of single-node jobs when
+  single_node_queue is on Spot, else None); job_definitions {"sanity", "train", "validate"}; log_group (every
+  job's output); job_role (what the training code may do); the compute environments, placement group and
+  launch templates.
 """
 
 import aws_cdk as cdk
@@ -13,14 +13,17 @@ import aws_cdk.aws_batch as batch
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_logs as logs
+import aws_cdk.aws_stepfunctions as sfn
 from constructs import Construct
 
 from config import Accelerator, EnvironmentConfig, InstanceType
-from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
-from constructs.batch_job_definitions import BatchJobDefinitions
-from constructs.efa_launch_template import EfaLaunchTemplate
-from constructs.host_user_data import host_user_data
-from constructs.job_environment import STOP_GRACE_SECONDS
+from constructs.compute.batch.host_user_data import host_user_data
+from constructs.compute.batch.job_definitions import BatchJobDefinitions
+from constructs.compute.batch.job_runner import BatchJobRunner
+from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate
+from constructs.nag import acknowledge, managed_policy_finding
+from constructs.observability.accelerator_metrics import accelerator_metrics
+from contracts.job_environment import STOP_GRACE_SECONDS
 from contracts.run import QUEUE_WAIT_MINUTES
 from stacks.network_stack import NetworkStack
 from stacks.policies import data_removal_policy, log_retention
@@ -42,6 +45,14 @@ SINGLE_NODE_MAX_INSTANCES = 2  # two validations at once; more wait in the queue
 ROOT_VOLUME_GIB = 200  # the accelerated training images are 15-25 GiB; layers are unpacked next to them
 
 
+NO_CAPACITY = batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACITY
+
+
+def _cancel_after(minutes: int, reason: batch.JobStateTimeLimitActionsReason) -> batch.JobStateTimeLimitAction:
+    return batch.JobStateTimeLimitAction(max_time=cdk.Duration.minutes(minutes), reason=reason,
+                                         action=batch.JobStateTimeLimitActionsAction.CANCEL)
+
+
 def machine_image(instance: InstanceType) -> batch.EcsMachineImage:
     """GPU hosts: Batch's ECS AL2023 NVIDIA image. Neuron hosts: the ECS AL2023 Neuron AMI from SSM."""
     if instance.accelerator is Accelerator.NVIDIA:
@@ -51,15 +62,41 @@ def machine_image(instance: InstanceType) -> batch.EcsMachineImage:
 
 
 class BatchStack(cdk.Stack):
+    """Implements constructs.compute.backend.ComputeBackend."""
+
     def __init__(self, scope: Construct, id_: str, *, config: EnvironmentConfig, network: NetworkStack,
                  storage: StorageStack, registry: RegistryStack, **kwargs) -> None:
         super().__init__(scope, id_, **kwargs)
-        instance = config.instance
-        single = config.single_node_instance
-        removal = data_removal_policy(config)
-        efa_sg = network.efa_security_group
+        self._config = config
+        self._hosts(config, network, storage)
+        # ---- logs and the job role (least privilege on the data bucket's prefixes)
+        self.log_group = logs.LogGroup(self, "JobLogs", retention=log_retention(config),
+                                       removal_policy=data_removal_policy(config))
+        self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+                                 description="Training containers: read datasets, write checkpoints, models, reports")
+        storage.data_access.grant_training(self.job_role, "Batch training jobs")
+        self.log_group.grant_write(self.job_role)
+        self.jobs = BatchJobDefinitions(
+            self, "Jobs", instance=config.instance, single_node_instance=config.single_node_instance,
+            nodes=config.nodes, image=registry.container_image, job_role=self.job_role, log_group=self.log_group,
+            bucket_name=storage.bucket.bucket_name,
+            train_timeout=cdk.Duration.hours(config.batch_train_timeout_hours), environment=config.name)
+        self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
+        self._compute_environments(config, network)
+        self._queues(config)
+        self.job_runner = BatchJobRunner(
+            multi_node_queue=self.multi_node_queue, single_node_queue=self.single_node_queue,
+            job_definitions=self.job_definitions, share_identifier=PIPELINE_SHARE,
+            single_node_on_demand_queue=self.single_node_on_demand_queue)
+        self.accelerator_metrics = accelerator_metrics("batch", config.instance.accelerator, environment=config.name)
+        self.job_queue_arns = [self.multi_node_queue.job_queue_arn, self.single_node_queue.job_queue_arn]
+        self._outputs()
 
-        # ---- hosts: instance role, placement group, launch templates
+    def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:
+        """Nothing to add: Batch queues jobs and scales its compute environments itself."""
+
+    def _hosts(self, config: EnvironmentConfig, network: NetworkStack, storage: StorageStack) -> None:
+        """The instance role, the cluster placement group and one launch template per host kind."""
         self.instance_role = iam.Role(
             self, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description="Batch training hosts: ECS agent, CloudWatch agent",
@@ -67,12 +104,10 @@ class BatchStack(cdk.Stack):
                 iam.ManagedPolicy.from_aws_managed_policy_name("service-role/AmazonEC2ContainerServiceforEC2Role"),
                 iam.ManagedPolicy.from_aws_managed_policy_name("CloudWatchAgentServerPolicy"),
             ])
-        cdk.Validations.of(self.instance_role).acknowledge(cdk.Acknowledgment(
-            id="AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonEC2ContainerServiceforEC2Role]",
-            reason="The ECS container agent on every Batch host needs exactly this AWS-maintained policy"))
-        cdk.Validations.of(self.instance_role).acknowledge(cdk.Acknowledgment(
-            id="AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/CloudWatchAgentServerPolicy]",
-            reason="The CloudWatch agent publishes nvidia_smi_* and efa_* host metrics (CWAgent) the dashboard reads"))
+        acknowledge(self.instance_role, managed_policy_finding("service-role/AmazonEC2ContainerServiceforEC2Role"),
+                    "The ECS container agent on every Batch host needs exactly this AWS-maintained policy")
+        acknowledge(self.instance_role, managed_policy_finding("CloudWatchAgentServerPolicy"),
+                    "The CloudWatch agent publishes nvidia_smi_* and efa_* host metrics (CWAgent) the dashboard reads")
         self.placement_group = ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
 
         def template(id_: str, host: InstanceType, efa: bool) -> EfaLaunchTemplate:
@@ -81,33 +116,22 @@ class BatchStack(cdk.Stack):
                                        fsx_mount_name=storage.file_system.mount_name, check_efa=efa,
                                        environment=config.name,
                                        ecs_stop_timeout_seconds=STOP_GRACE_SECONDS)
-            return EfaLaunchTemplate(self, id_, instance=host, security_groups=[efa_sg], user_data=user_data,
-                                     root_volume_gib=ROOT_VOLUME_GIB, include_network_interfaces=efa)
+            return EfaLaunchTemplate(self, id_, instance=host, security_groups=[network.efa_security_group],
+                                     user_data=user_data, root_volume_gib=ROOT_VOLUME_GIB, include_network_interfaces=efa)
 
-        self.launch_templates = {"multi_node": template("MultiNodeLaunchTemplate", instance, efa=True),
-                                 "single_node": template("SingleNodeLaunchTemplate", single, efa=False)}
+        self.launch_templates = {"multi_node": template("MultiNodeLaunchTemplate", config.instance, efa=True),
+                                 "single_node": template("SingleNodeLaunchTemplate", config.single_node_instance,
+                                                         efa=False)}
 
-        # ---- logs and the job role (least privilege on the data bucket's prefixes)
-        self.log_group = logs.LogGroup(self, "JobLogs", retention=log_retention(config), removal_policy=removal)
-        self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
-                                 description="Training containers: read datasets, write checkpoints, models, reports")
-        bucket = storage.bucket
-        self._grant_prefixes(storage)
-        self.log_group.grant_write(self.job_role)
-
-        self.jobs = BatchJobDefinitions(
-            self, "Jobs", instance=instance, single_node_instance=single, nodes=config.nodes,
-            image=registry.container_image, job_role=self.job_role, log_group=self.log_group,
-            bucket_name=bucket.bucket_name, train_timeout=cdk.Duration.hours(config.batch_train_timeout_hours),
-            environment=config.name)
-        self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
-
-        # ---- compute environments, both in the one training subnet (the FSx file system's AZ)
+    def _compute_environments(self, config: EnvironmentConfig, network: NetworkStack) -> None:
+        """Multi-node (on-demand, EFA, placement group) and single-node (Spot when configured, with an on-demand
+        twin for when Spot capacity is short), all in the one training subnet (the FSx file system's zone)."""
+        instance, single = config.instance, config.single_node_instance
         subnets = ec2.SubnetSelection(subnets=[network.training_subnet])
         self.multi_node_environment = batch.ManagedEc2EcsComputeEnvironment(
             self, "MultiNodeEnvironment",
             vpc=network.vpc, vpc_subnets=subnets,
-            security_groups=[efa_sg],  # given so the L2 creates none; removed below
+            security_groups=[network.efa_security_group],  # given so the L2 creates none; removed below
             spot=False,  # multi-node parallel jobs cannot run on Spot
             instance_types=[ec2.InstanceType(instance.name)],
             use_optimal_instance_classes=False,
@@ -123,9 +147,6 @@ class BatchStack(cdk.Stack):
         # Batch rejects compute-environment security groups next to launch-template network interfaces
         # ("exclusively allowed"); the interfaces carry the EFA group instead.
         self.multi_node_environment.node.default_child.add_property_deletion_override("ComputeResources.SecurityGroupIds")
-
-        # Single-node hosts (validation): Spot when configured, with an on-demand environment for when Spot
-        # capacity is short (the pipeline submits there after a Spot attempt fails; see BatchJobRunner).
         self.single_node_environment = self._single_node_environment(
             "SingleNodeEnvironment", network, subnets, single, spot=config.batch_single_node_spot)
         self.single_node_on_demand_environment = (self._single_node_environment(
@@ -133,37 +154,25 @@ class BatchStack(cdk.Stack):
             if config.batch_single_node_spot else None)
         self._allow_task_network(network)
 
-        # ---- queues with fair-share scheduling (lower weight factor = larger share)
+    def _queues(self, config: EnvironmentConfig) -> None:
+        """Fair-share queues (lower weight factor = larger share). A job whose resources no instance of the queue
+        can ever satisfy is cancelled instead of waiting forever; so is a job waiting for capacity that does not
+        come (the hosts already launched for a multi-node job would idle meanwhile; the pipeline retries later)."""
         weights = {"research": config.batch_research_weight, "production": config.batch_production_weight}
         self.scheduling_policy = batch.FairshareSchedulingPolicy(
             self, "FairshareSchedulingPolicy", share_decay=cdk.Duration.hours(1),
             shares=[batch.Share(share_identifier=name, weight_factor=weights[name]) for name in SHARES])
-        self.pipeline_share = PIPELINE_SHARE
-        # A job whose resources no instance of the queue can ever satisfy is cancelled instead of waiting forever.
-        # A job waiting for capacity that does not come is cancelled too: the hosts already launched for a
-        # multi-node job would idle meanwhile, and the pipeline's Retry (backoff, jitter) tries again later.
-        stuck = [batch.JobStateTimeLimitAction(
-            max_time=cdk.Duration.minutes(30), reason=batch.JobStateTimeLimitActionsReason.JOB_RESOURCE_REQUIREMENT,
-            action=batch.JobStateTimeLimitActionsAction.CANCEL),
-                 batch.JobStateTimeLimitAction(
-            max_time=cdk.Duration.minutes(CAPACITY_WAIT_MINUTES),
-            reason=batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACITY,
-            action=batch.JobStateTimeLimitActionsAction.CANCEL)]
-        self.multi_node_queue = batch.JobQueue(
-            self, "MultiNodeQueue", priority=1, scheduling_policy=self.scheduling_policy,
-            compute_environments=[batch.OrderedComputeEnvironment(
-                compute_environment=self.multi_node_environment, order=1)],
-            job_state_time_limit_actions=stuck)
-        spot_stuck = [stuck[0], batch.JobStateTimeLimitAction(
-            max_time=cdk.Duration.minutes(SPOT_CAPACITY_WAIT_MINUTES),
-            reason=batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACITY,
-            action=batch.JobStateTimeLimitActionsAction.CANCEL)]
+        unsatisfiable = _cancel_after(30, batch.JobStateTimeLimitActionsReason.JOB_RESOURCE_REQUIREMENT)
+        stuck = [unsatisfiable, _cancel_after(CAPACITY_WAIT_MINUTES, NO_CAPACITY)]
+        spot_stuck = [unsatisfiable, _cancel_after(SPOT_CAPACITY_WAIT_MINUTES, NO_CAPACITY)]
+        self.multi_node_queue = self._queue("MultiNodeQueue", self.multi_node_environment, stuck)
         self.single_node_queue = self._queue("SingleNodeQueue", self.single_node_environment,
                                              spot_stuck if config.batch_single_node_spot else stuck)
         self.single_node_on_demand_queue = (self._queue("SingleNodeOnDemandQueue",
                                                         self.single_node_on_demand_environment, stuck)
                                             if self.single_node_on_demand_environment else None)
 
+    def _outputs(self) -> None:
         for name, queue in (("MultiNode", self.multi_node_queue), ("SingleNode", self.single_node_queue),
                             ("SingleNodeOnDemand", self.single_node_on_demand_queue)):
             if queue is not None:
@@ -231,32 +240,3 @@ class BatchStack(cdk.Stack):
         default_sg.add_ingress_rule(default_sg, ec2.Port.all_traffic(), "Multi-node job containers: rendezvous, NCCL bootstrap")
         default_sg.add_egress_rule(default_sg, ec2.Port.all_traffic(), "Multi-node job containers: to each other")
         default_sg.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "Job containers: S3, CloudWatch, STS")
-
-    def _grant_prefixes(self, storage: StorageStack) -> None:
-        """datasets/ read-only; checkpoints/, models/, runs/ read-write; nothing else in the bucket.
-
-        The bucket ARN comes through a named export (shared with the EKS and pipeline stacks), so the
-        cdk-nag finding for each prefix has a stable name to acknowledge.
-        """
-        export = f"{storage.stack_name}-DataBucketArn"
-        if storage.node.try_find_child(f"Export{export}") is None:
-            storage.export_value(storage.bucket.bucket_arn, name=export)
-        bucket_arn = cdk.Fn.import_value(export)
-        read, read_write = (DATASETS_PREFIX,), (CHECKPOINTS_PREFIX, MODELS_PREFIX, RUNS_PREFIX)
-
-        def objects(prefixes: tuple[str, ...]) -> list[str]:
-            return [cdk.Fn.join("", [bucket_arn, f"/{prefix}*"]) for prefix in prefixes]
-
-        self.job_role.add_to_principal_policy(iam.PolicyStatement(
-            actions=["s3:ListBucket"], resources=[bucket_arn],
-            conditions={"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in (*read, *read_write)]}}))
-        self.job_role.add_to_principal_policy(iam.PolicyStatement(
-            actions=["s3:GetObject"], resources=objects((*read, *read_write))))
-        self.job_role.add_to_principal_policy(iam.PolicyStatement(
-            actions=["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"], resources=objects(read_write)))
-        for prefix in (*read, *read_write):
-            access = "read" if prefix in read else "read-write"
-            cdk.Validations.of(self.job_role).acknowledge(cdk.Acknowledgment(
-                id=f"AwsSolutions::AwsSolutions-IAM5[Resource::{export}/{prefix}*]",
-                reason=f"Batch training jobs get {access} access to objects under {prefix} only; object names "
-                       "(run ids) are chosen at submit time"))

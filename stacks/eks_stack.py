@@ -1,14 +1,21 @@
-"""EKS compute backend (-c compute=eks): cluster, accelerator node group, training workspace, pipeline job runner."""
+"""EKS compute backend (-c compute=eks): cluster, accelerator node group, training workspace, pipeline job runner.
+
+A `ComputeBackend` (constructs/compute/backend.py): `job_runner` runs the pipeline's jobs as Indexed Jobs, and
+`attach_pipeline` adds the node-group scaling that follows the pipeline's executions.
+"""
 
 import aws_cdk as cdk
+import aws_cdk.aws_stepfunctions as sfn
 from constructs import Construct
 
 from config import EnvironmentConfig
 from config.layout import RUNS_PREFIX
-from constructs.eks_accelerator_nodegroup import EksAcceleratorNodegroup
-from constructs.eks_cluster import EksTrainingCluster
-from constructs.eks_job_runner import EksJobRunner
-from constructs.eks_training_workspace import EksTrainingWorkspace
+from constructs.compute.eks.accelerator_nodegroup import EksAcceleratorNodegroup
+from constructs.compute.eks.cluster import EksTrainingCluster
+from constructs.compute.eks.job_runner import EksJobRunner
+from constructs.compute.eks.node_scaling import EksNodeScaling
+from constructs.compute.eks.training_workspace import EksTrainingWorkspace
+from constructs.observability.accelerator_metrics import accelerator_metrics
 from stacks.network_stack import NetworkStack
 from stacks.policies import log_retention
 from stacks.registry_stack import RegistryStack
@@ -16,6 +23,8 @@ from stacks.storage_stack import StorageStack
 
 
 class EksStack(cdk.Stack):
+    """Implements constructs.compute.backend.ComputeBackend."""
+
     def __init__(self, scope: Construct, id_: str, *, config: EnvironmentConfig, network: NetworkStack,
                  storage: StorageStack, registry: RegistryStack, **kwargs) -> None:
         super().__init__(scope, id_, **kwargs)
@@ -34,13 +43,9 @@ class EksStack(cdk.Stack):
             capacity_reservation_id=config.eks_capacity_reservation_id)
         self.nodegroup = accelerators.nodegroup
         self.launch_template = accelerators.launch_template
-        # A named export: the pod role's S3 statements (and their cdk-nag acknowledgements) name it verbatim.
-        bucket_arn_export = f"{storage.stack_name}-DataBucketArn"
-        if storage.node.try_find_child(f"Export{bucket_arn_export}") is None:  # PipelineStack shares it
-            storage.export_value(storage.bucket.bucket_arn, name=bucket_arn_export)
         self.add_stack_dependency(storage)
         self.workspace = EksTrainingWorkspace(
-            self, "Workspace", cluster=self.cluster, bucket_arn_export=bucket_arn_export,
+            self, "Workspace", cluster=self.cluster, data_access=storage.data_access,
             file_system=storage.file_system,
             storage_gib=config.fsx_storage_gib, instance=config.instance, image=registry.image_uri,
             nodes=config.nodes, trainer_chart=training.charts["trainer"],
@@ -48,9 +53,18 @@ class EksStack(cdk.Stack):
             environment=config.name)
         # The pipeline (PipelineStack) runs its jobs through this.
         self.job_runner = EksJobRunner(cluster=self.cluster, instance=config.instance, image=registry.image_uri,
-                                       max_nodes=config.nodes, nodegroup=self.nodegroup,
-                                       runs_uri=f"s3://{storage.bucket.bucket_name}/{RUNS_PREFIX}",
-                                       log_retention=log_retention(config), site=self.workspace.site)
+                                       max_nodes=config.nodes, runs_uri=f"s3://{storage.bucket.bucket_name}/{RUNS_PREFIX}",
+                                       site=self.workspace.site)
+        self.accelerator_metrics = accelerator_metrics("eks", config.instance.accelerator, environment=config.name,
+                                                       cluster_name=self.cluster.cluster_name)
+        self.job_queue_arns: list[str] = []  # Jobs go straight to the cluster
+        self._log_retention = log_retention(config)
         cdk.CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
         cdk.CfnOutput(self, "KubeconfigCommand", value=cdk.Fn.join("", [
             "aws eks update-kubeconfig --region ", self.region, " --name ", self.cluster.cluster_name]))
+
+    def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:
+        """The accelerator node group follows the pipeline's executions (nothing in the cluster scales it)."""
+        self.node_scaling = EksNodeScaling(scope, "EksNodeScaling", cluster=self.cluster, nodegroup=self.nodegroup,
+                                           max_nodes=self.nodes, pipeline=state_machine,
+                                           log_retention=self._log_retention)

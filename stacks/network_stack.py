@@ -4,7 +4,7 @@ import aws_cdk as cdk
 from constructs import Construct
 
 from config import EnvironmentConfig
-from constructs.efa_network import EfaNetwork
+from constructs.network.efa_network import EfaNetwork
 from stacks.policies import data_removal_policy, log_retention
 
 

@@ -1,19 +1,21 @@
 """Observability and cost control: the environment's dashboard, its alarms and its monthly budget.
 
-Takes the compute backend and the pipeline when they exist (`compute=None`, `pipeline=None` otherwise), so
-the stack synthesizes at every stage of the app and gains widgets and alarms as those stacks land.
+The compute backend says where its hosts publish accelerator metrics and which job queues it has; the pipeline
+gives the state machine and its execution logs.
 """
 
 import aws_cdk as cdk
 from constructs import Construct
 
 from config import EnvironmentConfig
-from constructs.accelerator_metrics import accelerator_metrics
-from constructs.cost_budget import CostBudget
-from constructs.job_state_metrics import JobStateMetrics
-from constructs.training_alarms import TrainingAlarms
-from constructs.training_dashboard import TrainingDashboard
+from config.layout import dashboard_name
+from constructs.compute.backend import ComputeBackend
+from constructs.observability.alarms import TrainingAlarms
+from constructs.observability.cost_budget import CostBudget
+from constructs.observability.dashboard import TrainingDashboard
+from constructs.observability.job_state_metrics import JobStateMetrics
 from stacks.alerts_stack import AlertsStack
+from stacks.pipeline_stack import PipelineStack
 from stacks.policies import data_removal_policy, log_retention
 from stacks.storage_stack import StorageStack
 
@@ -21,28 +23,14 @@ from stacks.storage_stack import StorageStack
 COST_TAG_KEY = "Environment"
 
 
-def _job_queue_arns(compute: cdk.Stack | None) -> list[str]:
-    """The Batch stack's job queues (multi-node and single-node), when the backend is Batch."""
-    queues = [getattr(compute, name, None) for name in ("multi_node_queue", "single_node_queue")]
-    return [queue.job_queue_arn for queue in queues if queue is not None]
-
-
-def _cluster_name(compute: cdk.Stack | None) -> str | None:
-    cluster = getattr(compute, "cluster", None)
-    return cluster.cluster_name if cluster is not None else None
-
-
 class ObservabilityStack(cdk.Stack):
     def __init__(self, scope: Construct, id_: str, *, config: EnvironmentConfig, storage: StorageStack,
-                 alerts: AlertsStack, compute: cdk.Stack | None = None, pipeline: cdk.Stack | None = None,
-                 **kwargs) -> None:
+                 alerts: AlertsStack, compute: ComputeBackend, pipeline: PipelineStack, **kwargs) -> None:
         super().__init__(scope, id_, **kwargs)
-        state_machine = getattr(pipeline, "state_machine", None)
+        state_machine = pipeline.state_machine
         file_system_id = storage.file_system.file_system_id
-        accelerators = accelerator_metrics(config.compute, config.instance.accelerator, environment=config.name,
-                                           cluster_name=_cluster_name(compute) if config.compute == "eks" else None)
-
-        queue_arns = _job_queue_arns(compute) if config.compute == "batch" else []
+        accelerators = compute.accelerator_metrics
+        queue_arns = list(compute.job_queue_arns)
         self.job_states = None
         if queue_arns:
             self.job_states = JobStateMetrics(
@@ -54,12 +42,12 @@ class ObservabilityStack(cdk.Stack):
             file_system_id=file_system_id, fsx_storage_gib=config.fsx_storage_gib,
             fsx_free_percent=config.fsx_free_capacity_alarm_percent,
             idle_threshold_percent=config.gpu_idle_threshold_percent, idle_minutes=config.gpu_idle_minutes,
-            state_machine=state_machine, execution_log_group=getattr(pipeline, "log_group", None),
+            state_machine=state_machine, execution_log_group=pipeline.log_group,
             pipeline_namespace=f"EfaTraining/{config.name}/Pipeline", environment=config.name,
         )
         self.alarms = alarms.alarms
         self.dashboard = TrainingDashboard(
-            self, "Dashboard", dashboard_name=f"{config.stack_prefix}-training",
+            self, "Dashboard", dashboard_name=dashboard_name(config.name),
             accelerators=accelerators, file_system_id=file_system_id, state_machine=state_machine,
             pipeline_outcomes=alarms.pipeline_metrics,
             job_state_namespace=self.job_states.namespace if self.job_states else None, environment=config.name,

@@ -8,7 +8,8 @@ from constructs import Construct
 
 from config import EnvironmentConfig
 from config.layout import FSX_MOUNT_PATH
-from constructs.training_storage import TrainingStorage
+from constructs.storage.data_bucket_access import DataBucketAccess
+from constructs.storage.training_storage import TrainingStorage
 from stacks.network_stack import NetworkStack
 from stacks.policies import data_removal_policy
 
@@ -50,6 +51,8 @@ class StorageStack(cdk.Stack):
         self.file_system = storage.file_system
         self.file_system_revision = file_system_revision(config, self.file_system.node.path)
         self.mount_path = FSX_MOUNT_PATH
+        # The compute and pipeline stacks reach the bucket through this (its ARN through one named export).
+        self.data_access = DataBucketAccess(self, self.bucket)
         cdk.CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
         cdk.CfnOutput(self, "FileSystemId", value=self.file_system.file_system_id)
         cdk.CfnOutput(self, "MountCommand", value=cdk.Fn.join("", [

@@ -9,7 +9,7 @@ import pytest
 from aws_cdk.assertions import Match
 
 from config import CATALOGUE, ConfigError, efa_instance_types
-from constructs.job_environment import STOP_GRACE_SECONDS
+from contracts.job_environment import STOP_GRACE_SECONDS
 from stacks.batch_stack import CAPACITY_WAIT_MINUTES
 from tests.conftest import CDK_JSON_CONTEXT, ROOT
 from app import build_app

@@ -8,8 +8,8 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 from config import CATALOGUE, efa_instance_types
-from constructs.efa_launch_template import EfaLaunchTemplate, efa_network_interfaces
-from constructs.host_user_data import cloudwatch_agent_config, host_commands
+from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate, efa_network_interfaces
+from constructs.compute.batch.host_user_data import cloudwatch_agent_config, host_commands
 
 
 def _template(instance: str = "p4d.24xlarge", **kwargs) -> tuple[EfaLaunchTemplate, Template]:

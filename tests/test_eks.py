@@ -10,9 +10,9 @@ import pytest
 from aws_cdk.assertions import Match
 
 from config import CATALOGUE
-from constructs import eks_versions as versions
-from constructs.eks_job_spec import ACCELERATOR_TAINT_KEY, EFA_RESOURCE
-from constructs.job_environment import STOP_GRACE_SECONDS, shared_memory_gib
+import constructs.compute.eks.versions as versions
+from contracts.eks.job_spec import ACCELERATOR_TAINT_KEY, EFA_RESOURCE
+from contracts.job_environment import STOP_GRACE_SECONDS, shared_memory_gib
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTANCE_TYPES = ("p4d.24xlarge", "p5.48xlarge", "trn1.32xlarge")
@@ -202,16 +202,6 @@ def test_accelerator_nodegroup_ami_labels_taint_scaling(variant):
     assert group["Taints"] == [{"Effect": "NO_SCHEDULE", "Key": ACCELERATOR_TAINT_KEY, "Value": "true"}]
     assert group["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": synthesized.stacks["compute"].nodes}
     assert len(group["Subnets"]) == 1 and group["CapacityType"] == "ON_DEMAND"
-
-
-# cfn-lint finds no errors in the EKS stack's template (warnings from CDK's own custom resources are allowed).
-def test_cfn_lint_has_no_errors(variant):
-    _, synthesized, _, _ = variant
-    template = synthesized.outdir / f"{synthesized.stacks['compute'].stack_name}.template.json"
-    result = subprocess.run([str(Path(sys.executable).parent / "cfn-lint"), "--format", "parseable", str(template)],
-                            capture_output=True, text=True)
-    errors = [line for line in result.stdout.splitlines() if ":E" in line]
-    assert errors == []
 
 
 # Capacity type and admin access come from the config (one extra variant).

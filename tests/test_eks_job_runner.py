@@ -4,14 +4,16 @@ import contextlib
 import importlib.util
 import io
 import json
+
+import pytest
 from pathlib import Path
 
 import aws_cdk as cdk
 import aws_cdk.aws_eks_v2 as eks
 
 from config import CATALOGUE
-from constructs.eks_job_runner import EksJobRunner
-from constructs.eks_job_templates import indexed_job
+from constructs.compute.eks.job_runner import EksJobRunner
+from contracts.eks.job_templates import indexed_job
 
 ROOT = Path(__file__).resolve().parent.parent
 P5 = CATALOGUE["p5.48xlarge"]
@@ -77,8 +79,7 @@ def test_job_state_is_a_plain_run_job_task():
     stack = cdk.Stack()
     cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="training",
                                                   cluster_endpoint="https://example", cluster_certificate_authority_data="ca")
-    nodegroup = eks.Nodegroup.from_nodegroup_name(stack, "Accelerators", "accelerators")
-    runner_ = EksJobRunner(cluster=cluster, instance=P5, image="image:tag", max_nodes=4, nodegroup=nodegroup)
+    runner_ = EksJobRunner(cluster=cluster, instance=P5, image="image:tag", max_nodes=4)
     state = stack.resolve(runner_.submit(stack, "Train", job="train", parameters={}, job_name="$.name",
                                          nodes="$.run.nodes", result_path="$.jobs.train").to_state_json())
     assert state["Type"] == "Task" and ":states:::eks:runJob.sync" in json.dumps(state["Resource"])
@@ -90,3 +91,12 @@ def test_checked_in_examples_are_current():
     for phase in ("sanity", "train", "validate", "runtime"):
         current = rendered(phase, "--instance-type", "p5.48xlarge", "--nodes", "2", "--image", "<TRAINING_IMAGE_URI>")
         assert current == json.loads((ROOT / "k8s" / "examples" / f"p5.48xlarge-{phase}.json").read_text()), phase
+
+
+# A Job that lost a pod is not restarted in place (backoffLimit 0): the runner refuses an attempts count rather
+# than silently ignoring it, and says so to the pipeline (restarts_lost_hosts), which then passes none.
+def test_runner_refuses_in_place_attempts():
+    eks_runner = runner()
+    assert eks_runner.restarts_lost_hosts is False
+    with pytest.raises(ValueError, match="backoffLimit 0"):
+        eks_runner.submit(cdk.Stack(), "Train", job="train", parameters={}, job_name="$.n", attempts="$.a")

@@ -125,3 +125,10 @@ def test_failing_training_is_retried_then_fails_the_run(emulator):
     phases = [job["spec"]["template"]["spec"]["containers"][0]["args"][0] for job in emulator.jobs]
     assert phases[0] == "sanity" and phases.count("train") == 1 + emulator.template_retries("Train")
     assert [m["outcome"] for m in messages(emulator)] == ["FAILED"]
+
+
+# The generic pipeline names no backend's errors: on EKS nothing refers to Batch (JobRunner.rejected_errors is empty).
+def test_eks_pipeline_names_no_batch_error(synth):
+    definition = json.dumps(synth(compute="eks").template("pipeline").find_resources(
+        "AWS::StepFunctions::StateMachine"))
+    assert "eks:runJob.sync" in definition and "Batch." not in definition

@@ -9,10 +9,10 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 from config import CATALOGUE, Accelerator, load_config
-from constructs.accelerator_metrics import accelerator_metrics
-from constructs.job_state_metrics import METRIC_NAME as JOB_STATE_METRIC, JobStateMetrics
-from constructs.training_alarms import GIB, TrainingAlarms
-from constructs.training_dashboard import TRAINING_METRICS, TrainingDashboard
+from constructs.observability.accelerator_metrics import accelerator_metrics
+from constructs.observability.job_state_metrics import METRIC_NAME as JOB_STATE_METRIC, JobStateMetrics
+from constructs.observability.alarms import GIB, TrainingAlarms
+from constructs.observability.dashboard import TRAINING_METRICS, TrainingDashboard
 from tests.conftest import CDK_JSON_CONTEXT
 
 NVIDIA = next(name for name, it in CATALOGUE.items() if it.accelerator is Accelerator.NVIDIA and it.has_efa)
@@ -198,7 +198,7 @@ def test_execution_log_filters_split_failures_from_rejected_models(metric, patte
 
 def test_rejection_error_is_the_pipelines_validation_failed_state(synth):
     # The filter's error name is the one the pipeline's Fail state for a rejected model raises.
-    from constructs.training_alarms import MODEL_REJECTED_ERROR
+    from constructs.observability.alarms import MODEL_REJECTED_ERROR
     (machine,) = synth().template("pipeline").find_resources("AWS::StepFunctions::StateMachine").values()
     assert f'\\"Error\\":\\"{MODEL_REJECTED_ERROR}\\"' in json.dumps(machine["Properties"]["DefinitionString"])
 
@@ -247,14 +247,13 @@ def test_eks_dashboard_is_scoped_to_the_environments_cluster(synth):
     assert body.count("ClusterName=") >= len(EXPECTED_ACCELERATOR_METRICS[("eks", NVIDIA)])
 
 
-def test_batch_queues_are_read_from_the_compute_stack():
-    # The Batch stack's multi-node and single-node queues are the ones whose job states are counted.
-    from types import SimpleNamespace
-
-    from stacks.observability_stack import _job_queue_arns
-    compute = SimpleNamespace(multi_node_queue=SimpleNamespace(job_queue_arn="arn:m"),
-                              single_node_queue=SimpleNamespace(job_queue_arn="arn:s"))
-    assert _job_queue_arns(compute) == ["arn:m", "arn:s"] and _job_queue_arns(None) == []
+def test_job_states_are_counted_for_the_batch_stacks_queues(synth):
+    # The seam (ComputeBackend.job_queue_arns): the job-state rule listens to the Batch stack's own queues.
+    synthesized = synth()
+    (rule,) = synthesized.template("observability").find_resources("AWS::Events::Rule").values()
+    queues = [q["Fn::GetStackOutput"] for q in rule["Properties"]["EventPattern"]["detail"]["jobQueue"]]
+    assert {q["StackName"] for q in queues} == {synthesized.stacks["compute"].stack_name}
+    assert [q["OutputName"].split("FnGetAtt")[1].split("Queue")[0] for q in queues] == ["MultiNode", "SingleNode"]
 
 
 def _topic_statements(synth) -> list[dict]:
@@ -303,7 +302,7 @@ def test_eks_observability_addon_runs_the_agents_emf_listener(synth):
 
 def test_eks_training_pods_send_metrics_to_the_node_agent():
     # Every training container names the agent's node-local Service on the EMF port and the metrics log group.
-    from constructs import eks_job_spec as spec
+    import contracts.eks.job_spec as spec
     pod = spec.pod_spec(CATALOGUE[NVIDIA], image="i", phase="train", nodes=2)
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
     assert env["AWS_EMF_AGENT_ENDPOINT"] == "tcp://cloudwatch-agent.amazon-cloudwatch:25888"

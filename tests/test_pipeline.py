@@ -425,7 +425,7 @@ def test_training_retry_has_exponential_backoff_with_full_jitter():
     _, template = pipeline_app()
     retry = _states(template)["Train"]["Retry"]
     assert retry[0] == {"ErrorEquals": ["Batch.ClientException"], "MaxAttempts": 0}
-    # Only attempt failures retry (a refusal by the run itself is TrainingRefused): see constructs/pipeline_train_attempt.
+    # Only attempt failures retry (a refusal by the run itself is TrainingRefused): see constructs/pipeline/train_attempt.
     assert retry[1]["ErrorEquals"] == ["TrainingAttemptFailed"]
     assert retry[1]["JitterStrategy"] == "FULL" and retry[1]["BackoffRate"] == 2 and retry[1]["MaxAttempts"] == 3
     assert _states(template)["SanityCheck"]["Retry"][0]["MaxAttempts"] == 1
@@ -452,8 +452,8 @@ def test_construct_in_a_bare_stack_takes_its_retry_policy():
     import aws_cdk.aws_sns as sns
     from aws_cdk.assertions import Template
 
-    from constructs.pipeline_jobs import BatchJobRunner
-    from constructs.training_pipeline import TrainingPipeline, TrainingRetry
+    from constructs.compute.batch.job_runner import BatchJobRunner
+    from constructs.pipeline.training_pipeline import TrainingPipeline, TrainingRetry
 
     stack = cdk.Stack()
     container = batch.EcsEc2ContainerDefinition(stack, "Container", image=ecs.ContainerImage.from_registry("trainer"),

@@ -12,9 +12,9 @@ import aws_cdk.aws_sns as sns
 from aws_cdk.assertions import Template
 
 from config import CATALOGUE
-from constructs.batch_job_definitions import job_specs
-from constructs.pipeline_jobs import BatchJobRunner
-from constructs.training_pipeline import TrainingPipeline
+from constructs.compute.batch.job_definitions import job_specs
+from constructs.compute.batch.job_runner import BatchJobRunner
+from constructs.pipeline.training_pipeline import TrainingPipeline
 from contracts.run import stages, train_state_seconds
 
 

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
-from config.layout import RUNS_PREFIX
+from config.layout import RUNS_PREFIX, dashboard_name, stack_name
 from contracts import run as schema
 
 # Every AWS client: bounded waits and a few retries, so an endpoint that accepts and never answers costs about
@@ -35,9 +35,6 @@ def client_config():
     return Config(connect_timeout=5, read_timeout=8, retries={"max_attempts": ATTEMPTS, "mode": "standard"})
 
 ROOT = Path(__file__).resolve().parent.parent
-STACK = "EfaTraining-{env}-Pipeline"
-STORAGE_STACK = "EfaTraining-{env}-Storage"
-DASHBOARD = "EfaTraining-{env}-training"
 STAGES = schema.PHASES  # the states a successful run passes through, in order
 RESULT_CODES = {"SUCCEEDED": 0, "RUNNING": 1, "FAILED": 1, "TIMED_OUT": 1, "ABORTED": 1, "PENDING_REDRIVE": 1}
 
@@ -70,7 +67,7 @@ class Pipeline:
         self.sfn = self._client("stepfunctions")
         outputs = self._outputs()
         if "StateMachineArn" not in outputs:
-            raise CliError(f"environment {env!r}: stack {STACK.format(env=env)} has no StateMachineArn output; "
+            raise CliError(f"environment {env!r}: stack {stack_name(env, 'Pipeline')} has no StateMachineArn output; "
                            "redeploy the pipeline stack")
         self.state_machine_arn = outputs["StateMachineArn"]
         self.max_nodes = int(outputs.get("MaxNodes", 1))
@@ -85,12 +82,12 @@ class Pipeline:
     def bucket(self) -> str | None:
         """The data bucket: output `BucketName` of the environment's storage stack."""
         try:
-            return self._outputs(STORAGE_STACK.format(env=self.env)).get("BucketName")
+            return self._outputs(stack_name(self.env, "Storage")).get("BucketName")
         except CliError:
             return None
 
     def _outputs(self, stack: str | None = None) -> dict[str, str]:
-        stack = stack or STACK.format(env=self.env)
+        stack = stack or stack_name(self.env, "Pipeline")
         try:
             described = call(self._client("cloudformation").describe_stacks, StackName=stack)
         except CliError as error:
@@ -302,7 +299,7 @@ def cmd_describe(args, pipeline: Pipeline, out) -> int:
     for state, job_id in jobs.items():
         print(f"job        {state:<12} {job_id}  {_console(pipeline.region, f'batch/home#jobs/detail/{job_id}')}",
               file=out)
-    dashboard = DASHBOARD.format(env=pipeline.env)
+    dashboard = dashboard_name(pipeline.env)
     print(f"dashboard  {_console(pipeline.region, f'cloudwatch/home#dashboards/dashboard/{dashboard}')}", file=out)
     print(f"execution  {_console(pipeline.region, f'states/home#/v2/executions/details/{arn}')}", file=out)
     if pipeline.log_group:

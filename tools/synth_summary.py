@@ -5,7 +5,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from cfnlint.api import ManualArgs, lint_file
+from tools.gates import cfn_lint, open_findings
 
 
 def main(outdir: str = "cdk.out") -> int:
@@ -22,21 +22,16 @@ def main(outdir: str = "cdk.out") -> int:
         print(f"  {name:<36} {sum(kinds.values()):>4} resources  ({top})")
     print(f"  {'total':<36} {total:>4} resources")
 
-    report = json.loads((root / "validation-report.json").read_text())
-    violations = [v for plugin in report["pluginReports"] for v in plugin.get("violations", [])]
-    open_findings = [v for v in violations if not v.get("acknowledgedId")]
-    print(f"cdk-nag AwsSolutions: {'passed' if not open_findings else 'FAILED'} "
-          f"({len(open_findings)} open, {len(violations) - len(open_findings)} acknowledged in the report)")
-
+    unacknowledged, acknowledged = open_findings(root)
+    print(f"cdk-nag AwsSolutions: {'passed' if not unacknowledged else 'FAILED'} "
+          f"({len(unacknowledged)} open, {acknowledged} acknowledged in the report)")
     region = next(iter(stacks.values()))["environment"].rsplit("/", 1)[-1]
-    matches = [m for template in sorted(root.glob("*.template.json"))
-               for m in lint_file(template, ManualArgs(regions=[region] if region != "unknown-region" else None))]
-    errors = [m for m in matches if m.rule.id.startswith("E")]
-    print(f"cfn-lint: {'passed' if not errors else 'FAILED'} ({len(errors)} errors, {len(matches) - len(errors)} "
+    errors, warnings = cfn_lint(root, region)
+    print(f"cfn-lint: {'passed' if not errors else 'FAILED'} ({len(errors)} errors, {len(warnings)} "
           f"warnings over {len(list(root.glob('*.template.json')))} templates)")
     for match in errors:
         print(f"  {match}")
-    return 1 if errors or open_findings else 0
+    return 1 if errors or unacknowledged else 0
 
 
 if __name__ == "__main__":

@@ -188,7 +188,7 @@ def own_ipv4(env: Mapping[str, str]) -> str | None:
     """The address this node's torchrun agent publishes: the bootstrap interface's, where the job names one.
 
     On Batch (awsvpc) GLOO_SOCKET_IFNAME=eth0 names the task's interface; the container also has ecs-eth0, a
-    link-local link to the ECS agent that no other host can reach (constructs/job_environment.py).
+    link-local link to the ECS agent that no other host can reach (contracts/job_environment.py).
     """
     interface = env.get("GLOO_SOCKET_IFNAME", "").split(",")[0].strip()
     if interface:

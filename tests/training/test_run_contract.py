@@ -51,7 +51,7 @@ def test_validate_run_never_raises(run):
 
 
 def test_refused_exit_codes_are_the_training_images():
-    # The pipeline does not retry a run that refused itself (constructs/pipeline_train_attempt.py): the codes it
+    # The pipeline does not retry a run that refused itself (constructs/pipeline/train_attempt.py): the codes it
     # matches are the ones the image exits with.
     import errors
     from contracts.run import REFUSED_EXIT_CODES

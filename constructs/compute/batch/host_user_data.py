@@ -7,7 +7,7 @@ What it does, in order (every step logs to /var/log/efa-training-host.log and th
 3. the Lustre client (`dnf install -y lustre-client`) and the FSx mount at /fsx (relatime,flock);
 4. an accelerator check: nvidia-smi must list every GPU, or neuron-ls every Trainium device;
 5. the CloudWatch agent: `nvidia_gpu` (nvidia_smi_* in CWAgent) and `efa` metrics; Neuron hosts also pipe
-   neuron-monitor to CloudWatch (see constructs/accelerator_metrics.py for the names dashboards read).
+   neuron-monitor to CloudWatch (see constructs/observability/accelerator_metrics.py for the names dashboards read).
 A failed step powers the host off (terminate on shutdown, see EfaLaunchTemplate), so Batch replaces it
 instead of running a job on a broken node.
 """
@@ -18,7 +18,7 @@ import aws_cdk.aws_ec2 as ec2
 
 from config import Accelerator, InstanceType
 from config.layout import FSX_MOUNT_PATH
-from constructs.accelerator_metrics import CWAGENT, ENVIRONMENT_DIMENSION, batch_neuron_namespace
+from constructs.observability.accelerator_metrics import CWAGENT, ENVIRONMENT_DIMENSION, batch_neuron_namespace
 
 # EC2 user guide, EFA: 5128 pages of 2 MiB for the libfabric EFA provider's registered buffers.
 HUGE_PAGES = 5128

@@ -1,13 +1,6 @@
-"""The pipeline's one seam to the compute backend: how a job is run and waited for.
-
-The state machine asks a `JobRunner` for one Task state per job ("sanity", "train", "validate")
-and then adds its own Retry, Catch and timeout to it; the runner also grants the state machine's
-role what its states need. `BatchJobRunner` runs the jobs on AWS Batch; an EKS runner implements
-the same two methods (see docs/pipeline.md).
-"""
+"""The pipeline's jobs on AWS Batch: one `batch:submitJob.sync` Task state per job, and the grants it needs."""
 
 from collections.abc import Mapping
-from typing import Literal, Protocol
 
 import aws_cdk as cdk
 import aws_cdk.aws_batch as batch
@@ -15,41 +8,20 @@ import aws_cdk.aws_iam as iam
 import aws_cdk.aws_stepfunctions as sfn
 from constructs import Construct
 
-JobKind = Literal["sanity", "train", "validate"]
-MULTI_NODE_JOBS: frozenset[str] = frozenset({"sanity", "train"})
+from constructs.compute.backend import MULTI_NODE_JOBS, JobKind
+from constructs.compute.batch.job_definitions import RETRY_RULES
+from constructs.nag import acknowledge
 
 
 def _host_loss_rules() -> list[dict]:
-    """The Batch job definitions' own EvaluateOnExit rules (constructs/batch_job_definitions.py), in ASL.
+    """The Batch job definitions' own EvaluateOnExit rules (constructs/compute/batch/job_definitions.py), in ASL.
 
     A SubmitJob RetryStrategy replaces the job definition's, so the run's `max_attempts` comes with the same
     rules: retry when the host or the container start failed, exit when the code failed or on anything else.
     """
-    from constructs.batch_job_definitions import RETRY_RULES
-
     keys = {"on_status_reason": "OnStatusReason", "on_reason": "OnReason", "on_exit_code": "OnExitCode"}
     return [{**{keys[k]: v for k, v in on.items()}, "Action": action.value} for action, on in RETRY_RULES]
 
-
-class JobRunner(Protocol):
-    def submit(self, scope: Construct, id_: str, *, job: JobKind, parameters: Mapping[str, str],
-               job_name: str, nodes: str | None = None, attempts: str | None = None,
-               result_path: str = sfn.JsonPath.DISCARD,
-               timeout: cdk.Duration | str | None = None) -> sfn.CustomState | sfn.Parallel:
-        """A Task state that runs `job` and succeeds only when it succeeded.
-
-        `parameters`: job parameter name -> JSONPath or intrinsic function giving its string value
-        (Batch job Parameters, `Ref::name` in the job definition). `job_name`: JSONPath or
-        intrinsic for the job's name. `nodes`: path to the run's node count (multi-node jobs).
-        `attempts`: path to how many times the backend may restart the job after losing a host.
-        `timeout`: how long the state waits, or a JSONPath to it in seconds (`TimeoutSecondsPath`).
-        The state's result is `{"JobId", "JobName", "Status"}` at `result_path`.
-        """
-        ...
-
-    def grant(self, principal: iam.IGrantable) -> None:
-        """Everything the states from `submit` need, on the state machine's role."""
-        ...
 
 
 class BatchJobRunner:
@@ -62,6 +34,10 @@ class BatchJobRunner:
     # The multi-node job definitions fix the node count (their node range is the environment's `nodes`), and
     # Step Functions' Batch integration documents no NodeOverrides: a run uses exactly that many nodes.
     fixed_node_count = True
+    # SubmitJob refuses the request itself (bad parameters, unknown definition): resubmitting cannot help.
+    rejected_errors = ("Batch.ClientException",)
+    # SubmitJob's RetryStrategy restarts a job whose host was lost, inside the one submission.
+    restarts_lost_hosts = True
 
     def __init__(self, *, multi_node_queue: batch.IJobQueue, single_node_queue: batch.IJobQueue,
                  job_definitions: Mapping[str, batch.IJobDefinition], share_identifier: str | None = None,
@@ -160,11 +136,9 @@ class BatchJobRunner:
             account = "<AWS::AccountId>" if cdk.Token.is_unresolved(scope.account) else scope.account
             region = "<AWS::Region>" if cdk.Token.is_unresolved(scope.region) else scope.region
             partition = "<AWS::Partition>" if cdk.Token.is_unresolved(scope.partition) else scope.partition
-            policy = principal.role.node.try_find_child("DefaultPolicy") or principal.role
-            cdk.Validations.of(policy).acknowledge(cdk.Acknowledgment(
-                id=f"AwsSolutions-IAM5[Resource::arn:{partition}:batch:{region}:{account}:job/*]",
-                reason="batch:TerminateJob (stopping the job when its state times out or the execution is "
-                       "stopped) can only name job/*: job ids exist only once the job is submitted"))
+            acknowledge(principal.role, f"AwsSolutions-IAM5[Resource::arn:{partition}:batch:{region}:{account}:job/*]",
+                        "batch:TerminateJob (stopping the job when its state times out or the execution is "
+                        "stopped) can only name job/*: job ids exist only once the job is submitted")
         # The managed rule through which Step Functions learns that a Batch job ended.
         iam.Grant.add_to_principal(
             grantee=principal, actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],

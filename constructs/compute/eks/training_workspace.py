@@ -11,19 +11,16 @@ import aws_cdk.aws_fsx as fsx
 import aws_cdk.aws_iam as iam
 from constructs import Construct
 
-import constructs.eks_job_spec as spec
+import contracts.eks.job_spec as spec
 from config import InstanceType
-from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
-from constructs.eks_job_templates import RUNTIME_NAME, WORKERS_SERVICE, job_templates, training_runtime
-from constructs.eks_nag import acknowledge
+from contracts.eks.job_templates import RUNTIME_NAME, WORKERS_SERVICE, job_templates, training_runtime
+from constructs.storage.data_bucket_access import DataBucketAccess
 
-READ_PREFIXES = (DATASETS_PREFIX,)
-READ_WRITE_PREFIXES = (CHECKPOINTS_PREFIX, MODELS_PREFIX, RUNS_PREFIX)
 FSX_VOLUME = "fsx-training"
 
 
 class EksTrainingWorkspace(Construct):
-    def __init__(self, scope: Construct, id_: str, *, cluster: eks.Cluster, bucket_arn_export: str,
+    def __init__(self, scope: Construct, id_: str, *, cluster: eks.Cluster, data_access: DataBucketAccess,
                  file_system: fsx.LustreFileSystem, storage_gib: int, instance: InstanceType, image: str,
                  nodes: int, trainer_chart: eks.HelmChart, fsx_csi_driver: eks.Addon, fsx_revision: str = "",
                  environment: str = "") -> None:
@@ -36,7 +33,7 @@ class EksTrainingWorkspace(Construct):
             identity_type=eks.IdentityType.POD_IDENTITY)
         self.service_account.node.add_dependency(namespace)
         self.role = self.service_account.role
-        _grant_prefixes(self.role, bucket_arn_export)
+        data_access.grant_training(self.role, "Training pods")
 
         # Static provisioning: the file system already exists (storage stack); no CSI controller AWS calls needed.
         # Volume and claim are named by the file system's revision: a replaced file system gets new ones (their
@@ -91,29 +88,3 @@ class EksTrainingWorkspace(Construct):
         runtime.node.add_dependency(namespace)
         cdk.CfnOutput(self, "RuntimeName", value=RUNTIME_NAME)
         cdk.CfnOutput(self, "FsxClaimName", value=self.fsx_claim)
-
-
-def _grant_prefixes(role: iam.IRole, bucket_arn_export: str) -> None:
-    """datasets/ read-only; checkpoints/, models/ and runs/ read-write; nothing else in the bucket.
-
-    The bucket ARN comes through a named export, so the cdk-nag finding for each prefix has a stable name.
-    """
-    bucket_arn = cdk.Fn.import_value(bucket_arn_export)
-    prefixes = (*READ_PREFIXES, *READ_WRITE_PREFIXES)
-
-    def objects(prefix: str) -> str:
-        return cdk.Fn.join("", [bucket_arn, f"/{prefix}*"])
-
-    role.add_to_principal_policy(iam.PolicyStatement(
-        actions=["s3:ListBucket"], resources=[bucket_arn],
-        conditions={"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in prefixes]}}))
-    role.add_to_principal_policy(iam.PolicyStatement(
-        actions=["s3:GetObject"], resources=[objects(prefix) for prefix in prefixes]))
-    role.add_to_principal_policy(iam.PolicyStatement(
-        actions=["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-        resources=[objects(prefix) for prefix in READ_WRITE_PREFIXES]))
-    for prefix in prefixes:
-        access = "read" if prefix in READ_PREFIXES else "read-write"
-        acknowledge(role, f"AwsSolutions-IAM5[Resource::{bucket_arn_export}/{prefix}*]",
-                    f"Training pods get {access} access to objects under {prefix} only; object names are chosen "
-                    "at run time")

@@ -16,8 +16,9 @@ import aws_cdk.aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from config.layout import CHECKPOINTS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
-from constructs.pipeline_aws_calls import CALL_TIMEOUT, retry_transient
-from constructs.pipeline_input import INVALID
+from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
+from constructs.pipeline.failure_path import FailurePath
+from constructs.pipeline.input_checks import INVALID
 
 C = sfn.Condition
 J = sfn.JsonPath
@@ -32,11 +33,10 @@ def record_key() -> str:
 
 class RunClaim:
     """`start` (reached with `$.run` validated) leads to `claimed` or to a Fail `InvalidInput`. Tasks that fail
-    otherwise are given to `on_failure(task, state, error)`, the pipeline's failure path."""
+    otherwise go to the pipeline's failure path."""
 
-    def __init__(self, scope: Construct, *, bucket: s3.IBucket, execution_arns: str, on_failure,
-                 notify_failure: sfn.IChainable) -> None:
-        self.bucket, self.on_failure, self.notify_failure = bucket, on_failure, notify_failure
+    def __init__(self, scope: Construct, *, bucket: s3.IBucket, execution_arns: str, failures: FailurePath) -> None:
+        self.bucket, self.on_failure, self.notify_failure = bucket, failures.catch, failures.notify
         self.claimed = sfn.Pass(scope, "RunClaimed", parameters={"run.$": "$.run"})
         describe = sfn.Pass(scope, "DescribeRun", result_path="$.record", parameters={
             "run.$": "$.run", "execution.$": "$$.Execution.Id", "since.$": "$$.State.EnteredTime"})

@@ -13,7 +13,7 @@ The launcher reads MASTER_ADDR/MASTER_PORT/PET_NNODES/PET_NODE_RANK: both job ki
 import copy
 
 from config import InstanceType
-import constructs.eks_job_spec as spec
+import contracts.eks.job_spec as spec
 
 RUNTIME_NAME = "efa-torch-distributed"
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"

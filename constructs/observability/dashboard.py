@@ -10,8 +10,8 @@ import aws_cdk.aws_stepfunctions as sfn
 from constructs import Construct
 
 from config import Accelerator
-from constructs.accelerator_metrics import AcceleratorMetrics
-from constructs.job_state_metrics import METRIC_NAME as JOB_STATE_METRIC
+from constructs.observability.accelerator_metrics import AcceleratorMetrics
+from constructs.observability.job_state_metrics import METRIC_NAME as JOB_STATE_METRIC
 
 TRAINING_NAMESPACE = "EfaTraining"
 TRAINING_METRICS = ("Loss", "TokensPerSecond", "StepTimeSeconds", "MFU")

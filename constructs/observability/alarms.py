@@ -20,8 +20,8 @@ import aws_cdk.aws_sns as sns
 import aws_cdk.aws_stepfunctions as sfn
 from constructs import Construct
 
-from constructs.accelerator_metrics import AcceleratorMetrics
-from constructs.training_dashboard import NON_FINITE_LOSS_METRIC, TRAINING_NAMESPACE
+from constructs.observability.accelerator_metrics import AcceleratorMetrics
+from constructs.observability.dashboard import NON_FINITE_LOSS_METRIC, TRAINING_NAMESPACE
 
 GIB = 1024 ** 3
 IDLE_PERIOD = cdk.Duration.minutes(5)

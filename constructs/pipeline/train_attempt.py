@@ -17,12 +17,16 @@ from contracts.run import REFUSED_EXIT_CODES
 
 ATTEMPT_FAILED = "TrainingAttemptFailed"
 REFUSED = "TrainingRefused"
-REQUEST_REJECTED = "Batch.ClientException"
 
 
 def classified_training(scope: Construct, id_: str, submission: sfn.CustomState | sfn.Parallel,
-                        result_path: str) -> sfn.Parallel:
-    """`submission` (the backend's job state, result at `$`) wrapped so its failures carry their kind."""
+                        result_path: str, rejected_errors: tuple[str, ...] = ()) -> sfn.Parallel:
+    """`submission` (the backend's job state, result at `$`) wrapped so its failures carry their kind.
+
+    `rejected_errors`: the backend's errors for a request it refuses outright (JobRunner.rejected_errors); they
+    leave the block under their own names. The exit code is read from a Batch DescribeJobs entry; a Cause of
+    another shape is an attempt failure.
+    """
     attempt_failed = sfn.Fail(scope, f"{id_}AttemptFailed", error=ATTEMPT_FAILED, cause_path="$.caught.Cause")
     refused = sfn.Fail(scope, f"{id_}Refused", error=REFUSED, cause_path=sfn.JsonPath.format(
         "The training job exited with {}: the run itself failed, so it is not retried on other hosts. {}",
@@ -47,10 +51,12 @@ def classified_training(scope: Construct, id_: str, submission: sfn.CustomState 
     # The Catch's States.TaskFailed also matches every other task error but States.Timeout (ASL "Error names"):
     # a rejected request (Batch.ClientException: bad parameters, an inactive definition) leaves the block under
     # its own name, which the Parallel's Retry does not retry.
-    rejected = sfn.Fail(scope, f"{id_}RequestRejected", error=REQUEST_REJECTED, cause_path="$.caught.Cause")
+    is_json = sfn.Choice(scope, f"{id_}IsJobDescription")
+    for index, error in enumerate(rejected_errors):
+        rejected = sfn.Fail(scope, f"{id_}RequestRejected{index or ''}", error=error, cause_path="$.caught.Cause")
+        is_json.when(sfn.Condition.string_equals("$.caught.Error", error), rejected)
     # A Cause that is not a job description (another backend's failure) is an attempt failure, not a refusal.
-    is_json = (sfn.Choice(scope, f"{id_}IsJobDescription")
-               .when(sfn.Condition.string_equals("$.caught.Error", REQUEST_REJECTED), rejected)
+    is_json = (is_json
                .when(sfn.Condition.and_(sfn.Condition.is_string("$.caught.Cause"),
                                         sfn.Condition.string_matches("$.caught.Cause", "{*}")),
                      parse.next(has_attempts))

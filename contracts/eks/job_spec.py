@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from config import InstanceType
 from config.layout import FSX_MOUNT_PATH
-from constructs.job_environment import STOP_GRACE_SECONDS, job_environment, shared_memory_gib
+from contracts.job_environment import STOP_GRACE_SECONDS, job_environment, shared_memory_gib
 
 NAMESPACE = "training"
 SERVICE_ACCOUNT = "efa-training"

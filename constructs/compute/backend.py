@@ -1,0 +1,66 @@
+"""The seam between a compute backend and the rest of the app.
+
+A backend stack (stacks/batch_stack.py, stacks/eks_stack.py) implements `ComputeBackend`: the pipeline stack
+takes its `job_runner` and lets it add what it needs next to the state machine; the observability stack takes
+its metrics. The state machine asks the `JobRunner` for one Task state per job ("sanity", "train", "validate")
+and adds its own Retry, Catch and timeout to it. A new backend is one component under constructs/compute/,
+one stack implementing `ComputeBackend` and one line in app.py's COMPUTE_STACKS.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Literal, Protocol
+
+import aws_cdk as cdk
+import aws_cdk.aws_iam as iam
+import aws_cdk.aws_stepfunctions as sfn
+from constructs import Construct
+
+from constructs.observability.accelerator_metrics import AcceleratorMetrics
+
+JobKind = Literal["sanity", "train", "validate"]
+MULTI_NODE_JOBS: frozenset[str] = frozenset({"sanity", "train"})
+
+
+class JobRunner(Protocol):
+    """How the pipeline runs one job on a backend and waits for it."""
+
+    # Whether the multi-node jobs always run the environment's node count (the pipeline then refuses other sizes).
+    fixed_node_count: bool
+    # Errors by which the backend refuses a request outright: retrying the same request cannot help.
+    rejected_errors: tuple[str, ...]
+    # Whether one submission may itself restart a job after losing a host (`submit(attempts=...)`); where not,
+    # only the pipeline's Retry starts the job again.
+    restarts_lost_hosts: bool
+
+    def submit(self, scope: Construct, id_: str, *, job: JobKind, parameters: Mapping[str, str],
+               job_name: str, nodes: str | None = None, attempts: str | None = None,
+               result_path: str = sfn.JsonPath.DISCARD,
+               timeout: cdk.Duration | str | None = None) -> sfn.CustomState | sfn.Parallel:
+        """A Task state that runs `job` and succeeds only when it succeeded.
+
+        `parameters`: job parameter name -> JSONPath or intrinsic function giving its string value
+        (Batch job Parameters, `Ref::name` in the job definition). `job_name`: JSONPath or
+        intrinsic for the job's name. `nodes`: path to the run's node count (multi-node jobs).
+        `attempts`: path to how many attempts the submission may make (only where `restarts_lost_hosts`).
+        `timeout`: how long the state waits, or a JSONPath to it in seconds (`TimeoutSecondsPath`).
+        The state's result is `{"JobId", "JobName", "Status"}` at `result_path`.
+        """
+        ...
+
+    def grant(self, principal: iam.IGrantable) -> None:
+        """Everything the states from `submit` need, on the state machine's role."""
+        ...
+
+
+class ComputeBackend(Protocol):
+    """What a compute backend stack offers the pipeline and observability stacks."""
+
+    job_runner: JobRunner
+    # Where the backend's hosts publish accelerator and EFA metrics (the dashboard's and the alarms' source).
+    accelerator_metrics: AcceleratorMetrics
+    # The job queues whose job-state changes the dashboard counts (Batch); empty where jobs have no queue.
+    job_queue_arns: Sequence[str]
+
+    def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:
+        """Add, in the pipeline's stack, what the backend needs next to the pipeline (may add nothing)."""
+        ...

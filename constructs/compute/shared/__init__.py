@@ -1,0 +1,1 @@
+"""What the backends share: the EFA launch template of the accelerator hosts."""

@@ -1,0 +1,20 @@
+"""cdk-nag acknowledgements: one helper, one id form (`AwsSolutions::<finding>`), one finding per call.
+
+Every acknowledgement names one rule or one finding on one construct, with a reason a reviewer can check
+(cdklabs/cdk-nag: "the narrowest scope"). A role's findings sit on its DefaultPolicy when it has one, so the
+acknowledgement goes there; other constructs (a role's managed policies, a function) are acknowledged themselves.
+"""
+
+import aws_cdk as cdk
+from constructs import IConstruct
+
+
+def acknowledge(scope: IConstruct, finding: str, reason: str) -> None:
+    """`finding` as cdk-nag names it: a rule (AwsSolutions-L1) or one finding (AwsSolutions-IAM5[Resource::*])."""
+    policy = scope.node.try_find_child("DefaultPolicy") if finding.startswith("AwsSolutions-IAM5") else None
+    cdk.Validations.of(policy or scope).acknowledge(cdk.Acknowledgment(id=f"AwsSolutions::{finding}", reason=reason))
+
+
+def managed_policy_finding(name: str) -> str:
+    """The finding of one AWS managed policy attached to a role (AwsSolutions-IAM4)."""
+    return f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{name}]"
