@@ -48,17 +48,34 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
     alerts = AlertsStack(app, f"{prefix}-Alerts", config=config, env=env)
     module, class_name, unit = COMPUTE_STACKS[config.compute]
     compute_stack = getattr(importlib.import_module(module), class_name)
-    compute = compute_stack(app, f"{prefix}-{unit}", config=config, network=network, storage=storage,
-                            registry=registry, env=env)
-    pipeline = PipelineStack(app, f"{prefix}-Pipeline", config=config, storage=storage, alerts=alerts,
-                             compute=compute, env=env)
-    observability = ObservabilityStack(app, f"{prefix}-Observability", config=config, storage=storage,
-                                       alerts=alerts, compute=compute, pipeline=pipeline, env=env)
+    compute = compute_stack(
+        app, f"{prefix}-{unit}", config=config, network=network, storage=storage, registry=registry, env=env
+    )
+    pipeline = PipelineStack(
+        app, f"{prefix}-Pipeline", config=config, storage=storage, alerts=alerts, compute=compute, env=env
+    )
+    observability = ObservabilityStack(
+        app,
+        f"{prefix}-Observability",
+        config=config,
+        storage=storage,
+        alerts=alerts,
+        compute=compute,
+        pipeline=pipeline,
+        env=env,
+    )
     # Every resource carries the project and environment: the cost-allocation tags budgets filter on.
     cdk.Tags.of(app).add("Project", PROJECT)
     cdk.Tags.of(app).add("Environment", config.name)
-    return {"network": network, "storage": storage, "registry": registry, "alerts": alerts, "compute": compute,
-            "pipeline": pipeline, "observability": observability}
+    return {
+        "network": network,
+        "storage": storage,
+        "registry": registry,
+        "alerts": alerts,
+        "compute": compute,
+        "pipeline": pipeline,
+        "observability": observability,
+    }
 
 
 def build_app(context: dict | None = None, outdir: str | None = None) -> tuple[cdk.App, dict[str, cdk.Stack]]:

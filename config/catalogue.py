@@ -6,11 +6,11 @@ Prices are Linux on-demand in us-east-1; `make cost-report` prefers the live Pri
 """
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from types import MappingProxyType
 
 
-class Accelerator(str, Enum):
+class Accelerator(StrEnum):
     NVIDIA = "nvidia"
     NEURON = "neuron"
 
@@ -116,85 +116,164 @@ def _env(values: dict) -> MappingProxyType:
     return MappingProxyType(dict(values))
 
 
-CATALOGUE: MappingProxyType = MappingProxyType({
-    it.name: it
-    for it in (
-        InstanceType(
-            name="p4d.24xlarge", accelerator=Accelerator.NVIDIA, accelerators=8,
-            accelerator_model="A100 40 GB", vcpus=96, memory_gib=1152, efa_interfaces=4,
-            on_demand_usd_per_hour=32.7726, network_gbps=400, published_busbw_gbps=78.3,
-            busbw_source=f"p4de's figure (same 4 x 100 Gbps EFA and NVSwitch): {_NCCL_TESTS_README} (2 x p4de)",
-            peak_bf16_tflops_per_accelerator=312.0, collective_env=_env(_NCCL_OVER_EFA),
-            validation_instance_type="p5.4xlarge",
-        ),
-        InstanceType(
-            name="p4de.24xlarge", accelerator=Accelerator.NVIDIA, accelerators=8,
-            accelerator_model="A100 80 GB", vcpus=96, memory_gib=1152, efa_interfaces=4,
-            on_demand_usd_per_hour=40.9657, network_gbps=400, published_busbw_gbps=78.3,
-            busbw_source=f"{_NCCL_TESTS_README} (2 x p4de.24xlarge: 78.33 GB/s at 2147483648 bytes)",
-            peak_bf16_tflops_per_accelerator=312.0, collective_env=_env(_NCCL_OVER_EFA),
-            validation_instance_type="p5.4xlarge",
-        ),
-        InstanceType(
-            name="p5.48xlarge", accelerator=Accelerator.NVIDIA, accelerators=8,
-            accelerator_model="H100 80 GB", vcpus=192, memory_gib=2048, efa_interfaces=32,
-            on_demand_usd_per_hour=_P5_48XLARGE_USD_PER_HOUR, network_gbps=3200, published_busbw_gbps=443.7,
-            busbw_source=f"{_NCCL_TESTS_README} (2 x p5.48xlarge: 443.72 GB/s at 2147483648 bytes)",
-            peak_bf16_tflops_per_accelerator=989.0, collective_env=_env(_NCCL_OVER_EFA),
-            validation_instance_type="p5.4xlarge",
-        ),
-        InstanceType(
-            name="trn1.32xlarge", accelerator=Accelerator.NEURON, accelerators=16,
-            accelerator_model="Trainium (2 NeuronCores each)", vcpus=128, memory_gib=512,
-            efa_interfaces=8, on_demand_usd_per_hour=21.50, network_gbps=800, published_busbw_gbps=None,
-            busbw_source="no published two-node figure found; half the 800 Gbps EFA line rate",
-            peak_bf16_tflops_per_accelerator=190.0, collective_env=_env(_NEURON_OVER_EFA),
-            cores_per_accelerator=2, validation_instance_type="trn1.2xlarge",
-        ),
-        InstanceType(
-            name="trn1n.32xlarge", accelerator=Accelerator.NEURON, accelerators=16,
-            accelerator_model="Trainium (2 NeuronCores each)", vcpus=128, memory_gib=512,
-            efa_interfaces=16, on_demand_usd_per_hour=24.78, network_gbps=1600, published_busbw_gbps=None,
-            busbw_source="no published two-node figure found; half the 1600 Gbps EFA line rate",
-            peak_bf16_tflops_per_accelerator=190.0, collective_env=_env(_NEURON_OVER_EFA),
-            cores_per_accelerator=2, validation_instance_type="trn1.2xlarge",
-        ),
-        InstanceType(
-            name="g5.12xlarge", accelerator=Accelerator.NVIDIA, accelerators=4,
-            accelerator_model="A10G 24 GB", vcpus=48, memory_gib=192, efa_interfaces=1,
-            on_demand_usd_per_hour=5.672, network_gbps=40, published_busbw_gbps=None,
-            # EFA and ENA share the same 40 Gbps here: bandwidth alone cannot tell EFA from a socket fallback,
-            # which is why the sanity check also proves the transport from NCCL's own log.
-            busbw_source="no published two-node figure found; half the 40 Gbps network rate (low-cost trials only)",
-            peak_bf16_tflops_per_accelerator=125.0, collective_env=_env(_NCCL_OVER_EFA_NO_RDMA),
-            validation_instance_type="g5.xlarge",
-        ),
-        # Single-node types: one accelerator, no EFA. They validate models; choosing one to train fails with a reason.
-        InstanceType(
-            name="g5.xlarge", accelerator=Accelerator.NVIDIA, accelerators=1,
-            accelerator_model="A10G 24 GB", vcpus=4, memory_gib=16, efa_interfaces=0,
-            on_demand_usd_per_hour=1.006, network_gbps=10, published_busbw_gbps=None,
-            busbw_source="no EFA", peak_bf16_tflops_per_accelerator=125.0, single_node_only=True,
-        ),
-        # No EC2 type has one A100, so A100 models validate on one H100 80 GB (it loads what an A100 wrote).
-        InstanceType(
-            name="p5.4xlarge", accelerator=Accelerator.NVIDIA, accelerators=1,
-            accelerator_model="H100 80 GB", vcpus=16, memory_gib=256, efa_interfaces=0,
-            on_demand_usd_per_hour=round(_P5_48XLARGE_USD_PER_HOUR / 8, 4), network_gbps=100, published_busbw_gbps=None,
-            busbw_source="single-node only", peak_bf16_tflops_per_accelerator=989.0, single_node_only=True,
-            price_note="estimated as one eighth of p5.48xlarge; not confirmed from the EC2 price list here",
-        ),
-        InstanceType(
-            name="trn1.2xlarge", accelerator=Accelerator.NEURON, accelerators=1,
-            accelerator_model="Trainium (2 NeuronCores each)", vcpus=8, memory_gib=32, efa_interfaces=0,
-            on_demand_usd_per_hour=1.34375, network_gbps=12, published_busbw_gbps=None,
-            busbw_source="single-node only", peak_bf16_tflops_per_accelerator=190.0, cores_per_accelerator=2,
-            single_node_only=True,
-        ),
-    )
-})
+CATALOGUE: MappingProxyType = MappingProxyType(
+    {
+        it.name: it
+        for it in (
+            InstanceType(
+                name="p4d.24xlarge",
+                accelerator=Accelerator.NVIDIA,
+                accelerators=8,
+                accelerator_model="A100 40 GB",
+                vcpus=96,
+                memory_gib=1152,
+                efa_interfaces=4,
+                on_demand_usd_per_hour=32.7726,
+                network_gbps=400,
+                published_busbw_gbps=78.3,
+                busbw_source=f"p4de's figure (same 4 x 100 Gbps EFA and NVSwitch): {_NCCL_TESTS_README} (2 x p4de)",
+                peak_bf16_tflops_per_accelerator=312.0,
+                collective_env=_env(_NCCL_OVER_EFA),
+                validation_instance_type="p5.4xlarge",
+            ),
+            InstanceType(
+                name="p4de.24xlarge",
+                accelerator=Accelerator.NVIDIA,
+                accelerators=8,
+                accelerator_model="A100 80 GB",
+                vcpus=96,
+                memory_gib=1152,
+                efa_interfaces=4,
+                on_demand_usd_per_hour=40.9657,
+                network_gbps=400,
+                published_busbw_gbps=78.3,
+                busbw_source=f"{_NCCL_TESTS_README} (2 x p4de.24xlarge: 78.33 GB/s at 2147483648 bytes)",
+                peak_bf16_tflops_per_accelerator=312.0,
+                collective_env=_env(_NCCL_OVER_EFA),
+                validation_instance_type="p5.4xlarge",
+            ),
+            InstanceType(
+                name="p5.48xlarge",
+                accelerator=Accelerator.NVIDIA,
+                accelerators=8,
+                accelerator_model="H100 80 GB",
+                vcpus=192,
+                memory_gib=2048,
+                efa_interfaces=32,
+                on_demand_usd_per_hour=_P5_48XLARGE_USD_PER_HOUR,
+                network_gbps=3200,
+                published_busbw_gbps=443.7,
+                busbw_source=f"{_NCCL_TESTS_README} (2 x p5.48xlarge: 443.72 GB/s at 2147483648 bytes)",
+                peak_bf16_tflops_per_accelerator=989.0,
+                collective_env=_env(_NCCL_OVER_EFA),
+                validation_instance_type="p5.4xlarge",
+            ),
+            InstanceType(
+                name="trn1.32xlarge",
+                accelerator=Accelerator.NEURON,
+                accelerators=16,
+                accelerator_model="Trainium (2 NeuronCores each)",
+                vcpus=128,
+                memory_gib=512,
+                efa_interfaces=8,
+                on_demand_usd_per_hour=21.50,
+                network_gbps=800,
+                published_busbw_gbps=None,
+                busbw_source="no published two-node figure found; half the 800 Gbps EFA line rate",
+                peak_bf16_tflops_per_accelerator=190.0,
+                collective_env=_env(_NEURON_OVER_EFA),
+                cores_per_accelerator=2,
+                validation_instance_type="trn1.2xlarge",
+            ),
+            InstanceType(
+                name="trn1n.32xlarge",
+                accelerator=Accelerator.NEURON,
+                accelerators=16,
+                accelerator_model="Trainium (2 NeuronCores each)",
+                vcpus=128,
+                memory_gib=512,
+                efa_interfaces=16,
+                on_demand_usd_per_hour=24.78,
+                network_gbps=1600,
+                published_busbw_gbps=None,
+                busbw_source="no published two-node figure found; half the 1600 Gbps EFA line rate",
+                peak_bf16_tflops_per_accelerator=190.0,
+                collective_env=_env(_NEURON_OVER_EFA),
+                cores_per_accelerator=2,
+                validation_instance_type="trn1.2xlarge",
+            ),
+            InstanceType(
+                name="g5.12xlarge",
+                accelerator=Accelerator.NVIDIA,
+                accelerators=4,
+                accelerator_model="A10G 24 GB",
+                vcpus=48,
+                memory_gib=192,
+                efa_interfaces=1,
+                on_demand_usd_per_hour=5.672,
+                network_gbps=40,
+                published_busbw_gbps=None,
+                # EFA and ENA share the same 40 Gbps here: bandwidth alone cannot tell EFA from a socket fallback,
+                # which is why the sanity check also proves the transport from NCCL's own log.
+                busbw_source="no published two-node figure found; half the 40 Gbps network rate (low-cost trials only)",
+                peak_bf16_tflops_per_accelerator=125.0,
+                collective_env=_env(_NCCL_OVER_EFA_NO_RDMA),
+                validation_instance_type="g5.xlarge",
+            ),
+            # Single-node types: one accelerator, no EFA. They validate models; choosing one to train fails
+            # with a reason.
+            InstanceType(
+                name="g5.xlarge",
+                accelerator=Accelerator.NVIDIA,
+                accelerators=1,
+                accelerator_model="A10G 24 GB",
+                vcpus=4,
+                memory_gib=16,
+                efa_interfaces=0,
+                on_demand_usd_per_hour=1.006,
+                network_gbps=10,
+                published_busbw_gbps=None,
+                busbw_source="no EFA",
+                peak_bf16_tflops_per_accelerator=125.0,
+                single_node_only=True,
+            ),
+            # No EC2 type has one A100, so A100 models validate on one H100 80 GB (it loads what an A100 wrote).
+            InstanceType(
+                name="p5.4xlarge",
+                accelerator=Accelerator.NVIDIA,
+                accelerators=1,
+                accelerator_model="H100 80 GB",
+                vcpus=16,
+                memory_gib=256,
+                efa_interfaces=0,
+                on_demand_usd_per_hour=round(_P5_48XLARGE_USD_PER_HOUR / 8, 4),
+                network_gbps=100,
+                published_busbw_gbps=None,
+                busbw_source="single-node only",
+                peak_bf16_tflops_per_accelerator=989.0,
+                single_node_only=True,
+                price_note="estimated as one eighth of p5.48xlarge; not confirmed from the EC2 price list here",
+            ),
+            InstanceType(
+                name="trn1.2xlarge",
+                accelerator=Accelerator.NEURON,
+                accelerators=1,
+                accelerator_model="Trainium (2 NeuronCores each)",
+                vcpus=8,
+                memory_gib=32,
+                efa_interfaces=0,
+                on_demand_usd_per_hour=1.34375,
+                network_gbps=12,
+                published_busbw_gbps=None,
+                busbw_source="single-node only",
+                peak_bf16_tflops_per_accelerator=190.0,
+                cores_per_accelerator=2,
+                single_node_only=True,
+            ),
+        )
+    }
+)
 
 
 def efa_instance_types() -> tuple[str, ...]:
     return tuple(name for name, it in CATALOGUE.items() if it.has_efa)
-

@@ -29,16 +29,39 @@ MAX_BATCH_TRAIN_TIMEOUT_HOURS = BATCH_UPDATE_WAIT_MAX_MINUTES // 60
 FSX_DEPLOYMENT_TYPES = ("PERSISTENT_2", "SCRATCH_2")
 FSX_THROUGHPUTS_PER_TIB = (125, 250, 500, 1000)
 EKS_CAPACITY_TYPES = ("on_demand", "spot", "capacity_block")
-LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
-                      2557, 2922, 3288, 3653)
+LOG_RETENTION_DAYS = (
+    1,
+    3,
+    5,
+    7,
+    14,
+    30,
+    60,
+    90,
+    120,
+    150,
+    180,
+    365,
+    400,
+    545,
+    731,
+    1096,
+    1827,
+    2192,
+    2557,
+    2922,
+    3288,
+    3653,
+)
 
 # Identifiers by the services' own patterns, ASCII only and matched whole (`fullmatch`: `$` would let a trailing
 # newline through). E-mail: the SNS e-mail endpoint's local@domain form, at most 254 characters (RFC 5321).
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,63}", re.ASCII)
 _ACCOUNT = re.compile(r"[0-9]{12}")
 # IAM ARNs: path and name of [\w+=,.@-] (IAM API_Role: RoleName up to 64, Path up to 512 characters).
-_ARN = re.compile(r"arn:aws(-cn|-us-gov)?:iam::[0-9]{12}:(role|user)(/[A-Za-z0-9_+=,.@-]+)*/[A-Za-z0-9_+=,.@-]{1,64}",
-                  re.ASCII)
+_ARN = re.compile(
+    r"arn:aws(-cn|-us-gov)?:iam::[0-9]{12}:(role|user)(/[A-Za-z0-9_+=,.@-]+)*/[A-Za-z0-9_+=,.@-]{1,64}", re.ASCII
+)
 _CIDR16 = re.compile(r"10\.([0-9]{1,3})\.0\.0/16")
 # Docker image tags (and ECR's): [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}.
 _IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -96,67 +119,139 @@ class EnvironmentConfig:
     batch_single_node_spot: bool = True
 
     def __post_init__(self) -> None:
-        _check(self, "region", self.region in REGION_ZONES,
-               f"an AWS region like us-east-1 (the project's list, checked {REGIONS_CHECKED}: config/regions.py)")
-        _check(self, "account", self.account is None or bool(_ACCOUNT.fullmatch(self.account)),
-               "12 digits, or unset")
-        _check(self, "availability_zone", self.availability_zone is None or self.availability_zone in zones(self.region),
-               f"a zone of region {self.region} ({', '.join(zones(self.region))}), or unset")
+        _check(
+            self,
+            "region",
+            self.region in REGION_ZONES,
+            f"an AWS region like us-east-1 (the project's list, checked {REGIONS_CHECKED}: config/regions.py)",
+        )
+        _check(self, "account", self.account is None or bool(_ACCOUNT.fullmatch(self.account)), "12 digits, or unset")
+        _check(
+            self,
+            "availability_zone",
+            self.availability_zone is None or self.availability_zone in zones(self.region),
+            f"a zone of region {self.region} ({', '.join(zones(self.region))}), or unset",
+        )
         _check(self, "compute", self.compute in COMPUTE_BACKENDS, " or ".join(COMPUTE_BACKENDS))
-        _check(self, "instance_type", self.instance_type in CATALOGUE,
-               f"one of {', '.join(CATALOGUE)}")
-        _check(self, "instance_type", self.instance.has_efa,
-               f"an instance type with EFA ({', '.join(efa_instance_types())}); "
-               f"{self.instance_type} has no EFA, so collectives would crawl over TCP")
+        _check(self, "instance_type", self.instance_type in CATALOGUE, f"one of {', '.join(CATALOGUE)}")
+        _check(
+            self,
+            "instance_type",
+            self.instance.has_efa,
+            f"an instance type with EFA ({', '.join(efa_instance_types())}); "
+            f"{self.instance_type} has no EFA, so collectives would crawl over TCP",
+        )
         _check(self, "nodes", 1 <= self.nodes <= MAX_NODES, f"an integer from 1 to {MAX_NODES}")
-        _check(self, "vpc_cidr", bool(_CIDR16.fullmatch(self.vpc_cidr))
-               and int(_CIDR16.fullmatch(self.vpc_cidr).group(1)) <= 255, "a /16 inside 10.0.0.0/8 like 10.0.0.0/16")
-        _check(self, "fsx_deployment_type", self.fsx_deployment_type in FSX_DEPLOYMENT_TYPES,
-               " or ".join(FSX_DEPLOYMENT_TYPES))
-        _check(self, "fsx_storage_gib",
-               self.fsx_storage_gib in (1200, 2400) or (0 < self.fsx_storage_gib <= FSX_MAX_STORAGE_GIB
-                                                        and self.fsx_storage_gib % 2400 == 0),
-               f"1200, 2400 or a multiple of 2400 GiB for {self.fsx_deployment_type}, at most "
-               f"{FSX_MAX_STORAGE_GIB} (FSx for Lustre's default storage quota)")
-        _check(self, "fsx_throughput_per_tib", self.fsx_throughput_per_tib in FSX_THROUGHPUTS_PER_TIB,
-               f"one of {', '.join(map(str, FSX_THROUGHPUTS_PER_TIB))} MB/s per TiB")
-        _check(self, "budget_monthly_usd", 0 < self.budget_monthly_usd <= BUDGET_MAX_USD,
-               f"a positive amount in USD, at most {BUDGET_MAX_USD}")
-        _check_list(self, "alert_emails", _EMAIL, "e-mail addresses like ops@example.com", MAX_ALERT_EMAILS,
-                    max_length=254)
-        _check(self, "log_retention_days", self.log_retention_days in LOG_RETENTION_DAYS,
-               f"a CloudWatch Logs retention: {', '.join(map(str, LOG_RETENTION_DAYS))}")
+        _check(
+            self,
+            "vpc_cidr",
+            bool(_CIDR16.fullmatch(self.vpc_cidr)) and int(_CIDR16.fullmatch(self.vpc_cidr).group(1)) <= 255,
+            "a /16 inside 10.0.0.0/8 like 10.0.0.0/16",
+        )
+        _check(
+            self,
+            "fsx_deployment_type",
+            self.fsx_deployment_type in FSX_DEPLOYMENT_TYPES,
+            " or ".join(FSX_DEPLOYMENT_TYPES),
+        )
+        _check(
+            self,
+            "fsx_storage_gib",
+            self.fsx_storage_gib in (1200, 2400)
+            or (0 < self.fsx_storage_gib <= FSX_MAX_STORAGE_GIB and self.fsx_storage_gib % 2400 == 0),
+            f"1200, 2400 or a multiple of 2400 GiB for {self.fsx_deployment_type}, at most "
+            f"{FSX_MAX_STORAGE_GIB} (FSx for Lustre's default storage quota)",
+        )
+        _check(
+            self,
+            "fsx_throughput_per_tib",
+            self.fsx_throughput_per_tib in FSX_THROUGHPUTS_PER_TIB,
+            f"one of {', '.join(map(str, FSX_THROUGHPUTS_PER_TIB))} MB/s per TiB",
+        )
+        _check(
+            self,
+            "budget_monthly_usd",
+            0 < self.budget_monthly_usd <= BUDGET_MAX_USD,
+            f"a positive amount in USD, at most {BUDGET_MAX_USD}",
+        )
+        _check_list(
+            self, "alert_emails", _EMAIL, "e-mail addresses like ops@example.com", MAX_ALERT_EMAILS, max_length=254
+        )
+        _check(
+            self,
+            "log_retention_days",
+            self.log_retention_days in LOG_RETENTION_DAYS,
+            f"a CloudWatch Logs retention: {', '.join(map(str, LOG_RETENTION_DAYS))}",
+        )
         _check(self, "ecr_keep_images", 1 <= self.ecr_keep_images <= 1000, "an integer from 1 to 1000")
-        _check(self, "eks_capacity_type", self.eks_capacity_type in EKS_CAPACITY_TYPES,
-               " or ".join(EKS_CAPACITY_TYPES))
-        _check(self, "eks_capacity_reservation_id",
-               self.eks_capacity_reservation_id is None
-               or bool(re.fullmatch(r"cr-[0-9a-f]{17}", self.eks_capacity_reservation_id)),
-               "a capacity reservation id like cr-0123456789abcdef0, or unset")
-        _check(self, "eks_capacity_reservation_id",
-               self.eks_capacity_type != "capacity_block" or self.eks_capacity_reservation_id is not None,
-               "the Capacity Block's reservation id (cr-...), required when eks_capacity_type=capacity_block")
-        _check_list(self, "eks_admin_role_arns", _ARN,
-                    "IAM role or user ARNs like arn:aws:iam::123456789012:role/Admin", MAX_ADMIN_ROLES, max_length=2048)
-        _check(self, "image_tag", self.image_tag is None or bool(_IMAGE_TAG.fullmatch(self.image_tag)),
-               "a Docker tag: up to 128 ASCII letters, digits, '_', '.', '-', not starting with '.' or '-'; or unset")
-        _check(self, "gpu_idle_threshold_percent", 0 < self.gpu_idle_threshold_percent < 100,
-               "a utilisation percentage between 0 and 100 (exclusive)")
-        _check(self, "gpu_idle_minutes", 5 <= self.gpu_idle_minutes <= 1440 and self.gpu_idle_minutes % 5 == 0,
-               "a multiple of 5 minutes from 5 to 1440 (the alarm evaluates 5-minute periods)")
-        _check(self, "fsx_free_capacity_alarm_percent", 0 < self.fsx_free_capacity_alarm_percent < 100,
-               "a percentage of fsx_storage_gib between 0 and 100 (exclusive)")
+        _check(self, "eks_capacity_type", self.eks_capacity_type in EKS_CAPACITY_TYPES, " or ".join(EKS_CAPACITY_TYPES))
+        _check(
+            self,
+            "eks_capacity_reservation_id",
+            self.eks_capacity_reservation_id is None
+            or bool(re.fullmatch(r"cr-[0-9a-f]{17}", self.eks_capacity_reservation_id)),
+            "a capacity reservation id like cr-0123456789abcdef0, or unset",
+        )
+        _check(
+            self,
+            "eks_capacity_reservation_id",
+            self.eks_capacity_type != "capacity_block" or self.eks_capacity_reservation_id is not None,
+            "the Capacity Block's reservation id (cr-...), required when eks_capacity_type=capacity_block",
+        )
+        _check_list(
+            self,
+            "eks_admin_role_arns",
+            _ARN,
+            "IAM role or user ARNs like arn:aws:iam::123456789012:role/Admin",
+            MAX_ADMIN_ROLES,
+            max_length=2048,
+        )
+        _check(
+            self,
+            "image_tag",
+            self.image_tag is None or bool(_IMAGE_TAG.fullmatch(self.image_tag)),
+            "a Docker tag: up to 128 ASCII letters, digits, '_', '.', '-', not starting with '.' or '-'; or unset",
+        )
+        _check(
+            self,
+            "gpu_idle_threshold_percent",
+            0 < self.gpu_idle_threshold_percent < 100,
+            "a utilisation percentage between 0 and 100 (exclusive)",
+        )
+        _check(
+            self,
+            "gpu_idle_minutes",
+            5 <= self.gpu_idle_minutes <= 1440 and self.gpu_idle_minutes % 5 == 0,
+            "a multiple of 5 minutes from 5 to 1440 (the alarm evaluates 5-minute periods)",
+        )
+        _check(
+            self,
+            "fsx_free_capacity_alarm_percent",
+            0 < self.fsx_free_capacity_alarm_percent < 100,
+            "a percentage of fsx_storage_gib between 0 and 100 (exclusive)",
+        )
         for weight in ("batch_research_weight", "batch_production_weight"):
-            _check(self, weight, 0.0001 <= getattr(self, weight) <= 999.9999,
-                   "a Batch fair-share weight factor from 0.0001 to 999.9999 (lower gets more compute)")
-        _check(self, "batch_train_timeout_hours", 1 <= self.batch_train_timeout_hours <= MAX_BATCH_TRAIN_TIMEOUT_HOURS,
-               f"an integer number of hours from 1 to {MAX_BATCH_TRAIN_TIMEOUT_HOURS} (Batch lets running jobs finish "
-               f"for at most {BATCH_UPDATE_WAIT_MAX_MINUTES} minutes when a deploy updates their hosts)")
+            _check(
+                self,
+                weight,
+                0.0001 <= getattr(self, weight) <= 999.9999,
+                "a Batch fair-share weight factor from 0.0001 to 999.9999 (lower gets more compute)",
+            )
+        _check(
+            self,
+            "batch_train_timeout_hours",
+            1 <= self.batch_train_timeout_hours <= MAX_BATCH_TRAIN_TIMEOUT_HOURS,
+            f"an integer number of hours from 1 to {MAX_BATCH_TRAIN_TIMEOUT_HOURS} (Batch lets running jobs finish "
+            f"for at most {BATCH_UPDATE_WAIT_MAX_MINUTES} minutes when a deploy updates their hosts)",
+        )
         single = self.batch_single_node_instance_type
-        _check(self, "batch_single_node_instance_type",
-               single is None or (single in CATALOGUE and CATALOGUE[single].accelerator is self.instance.accelerator),
-               f"unset (then {self.instance.validation_instance_type}), or a catalogue instance type with "
-               f"{self.instance.accelerator.value} accelerators (validation loads the training checkpoint on one)")
+        _check(
+            self,
+            "batch_single_node_instance_type",
+            single is None or (single in CATALOGUE and CATALOGUE[single].accelerator is self.instance.accelerator),
+            f"unset (then {self.instance.validation_instance_type}), or a catalogue instance type with "
+            f"{self.instance.accelerator.value} accelerators (validation loads the training checkpoint on one)",
+        )
 
     @property
     def instance(self) -> InstanceType:
@@ -165,8 +260,9 @@ class EnvironmentConfig:
     @property
     def single_node_instance(self) -> InstanceType:
         """Where single-node jobs (validation) run: the configured type, else the catalogue's small one."""
-        return CATALOGUE[self.batch_single_node_instance_type or self.instance.validation_instance_type
-                         or self.instance_type]
+        return CATALOGUE[
+            self.batch_single_node_instance_type or self.instance.validation_instance_type or self.instance_type
+        ]
 
     @property
     def stack_prefix(self) -> str:
@@ -178,8 +274,9 @@ FIELD_NAMES = tuple(f.name for f in fields(EnvironmentConfig) if f.name != "name
 _TYPES = typing.get_type_hints(EnvironmentConfig)
 
 
-def _check_list(config: EnvironmentConfig, name: str, pattern: re.Pattern, allowed: str, max_items: int,
-                max_length: int) -> None:
+def _check_list(
+    config: EnvironmentConfig, name: str, pattern: re.Pattern, allowed: str, max_items: int, max_length: int
+) -> None:
     """Every item matches `pattern` whole, no item twice, at most `max_items` items."""
     items = getattr(config, name)
     for item in items:
@@ -255,19 +352,24 @@ def load_config(context: dict) -> EnvironmentConfig:
         raise ConfigError(f"env={env!r} is not valid; expected one of {', '.join(environments)} (from cdk.json)")
 
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,19}", env):
-        raise ConfigError(f"env={env!r} is not valid; expected a name of letters, digits and '-' (it goes into stack names)")
+        raise ConfigError(
+            f"env={env!r} is not valid; expected a name of letters, digits and '-' (it goes into stack names)"
+        )
     if not isinstance(environments[env], dict):
         raise ConfigError(f"cdk.json environment '{env}': expected an object of fields, not {environments[env]!r}")
     values = dict(environments[env])
     unknown = [key for key in values if key not in FIELD_NAMES]
     if unknown:
-        raise ConfigError(f"cdk.json environment '{env}': unknown field {unknown[0]!r}; "
-                          f"expected fields: {', '.join(FIELD_NAMES)}")
+        raise ConfigError(
+            f"cdk.json environment '{env}': unknown field {unknown[0]!r}; expected fields: {', '.join(FIELD_NAMES)}"
+        )
     for key, raw in context.items():
         if key in ("environments", "env") or _CDK_KEYS.search(key) or key in _CDK_PLAIN_KEYS:
             continue
         if key not in FIELD_NAMES:
-            raise ConfigError(f"-c {key}={raw}: unknown field {key!r}; expected env or one of: {', '.join(FIELD_NAMES)}")
+            raise ConfigError(
+                f"-c {key}={raw}: unknown field {key!r}; expected env or one of: {', '.join(FIELD_NAMES)}"
+            )
         values[key] = raw
     if "region" not in values:
         raise ConfigError(f"environment '{env}': region is missing; expected an AWS region like us-east-1")

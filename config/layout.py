@@ -10,7 +10,6 @@ MODELS_PREFIX = "models/"
 RUNS_PREFIX = "runs/"  # per-run reports: sanity check, verdicts, summaries
 
 
-
 def stack_prefix(environment: str) -> str:
     """Every stack of an environment is `EfaTraining-<env>-<Unit>` (Network, Storage, Batch, Pipeline, ...)."""
     return f"EfaTraining-{environment}"

@@ -6,6 +6,7 @@ acknowledgement goes there; other constructs (a role's managed policies, a funct
 """
 
 import aws_cdk as cdk
+
 from constructs import IConstruct
 
 

@@ -30,9 +30,11 @@ DATASET_PREFIX = DATASETS_PREFIX
 DATASET_MAX_LENGTH = 256
 _SEGMENT = r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*"
 DATASET_PATTERN = rf"{re.escape(DATASET_PREFIX)}{_SEGMENT}(?:/{_SEGMENT})*/?"
-DATASET_RULE = (f"a folder under {DATASET_PREFIX} in the data bucket like {DATASET_PREFIX}wikitext/: at most "
-                f"{DATASET_MAX_LENGTH} characters, segments of ASCII letters, digits, '_', '-' and inner dots "
-                "(no '..', no empty segment)")
+DATASET_RULE = (
+    f"a folder under {DATASET_PREFIX} in the data bucket like {DATASET_PREFIX}wikitext/: at most "
+    f"{DATASET_MAX_LENGTH} characters, segments of ASCII letters, digits, '_', '-' and inner dots "
+    "(no '..', no empty segment)"
+)
 
 # What the training image knows (training_image/model.py MODEL_SIZES, train.py STRATEGIES; tests hold them equal).
 MODELS = ("tiny", "mini", "125m", "350m", "760m", "1.3b", "2.7b", "6.7b", "13b")
@@ -43,6 +45,7 @@ STRATEGIES = ("ddp", "fsdp")
 class Field:
     """One input field. `kind`: string, integer, number, boolean or object; integers are whole JSON numbers
     written without a fraction or exponent (2.0 and 1e3 are refused: the job would receive "2.0")."""
+
     name: str  # dotted for nested fields: hyperparameters.max_steps
     kind: str
     default: object = REQUIRED
@@ -81,14 +84,22 @@ def _num(value: float) -> str:
 def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
     """Every field with its rule. `nodes` defaults to the environment's maximum; a backend whose multi-node jobs
     have a fixed size (Batch) takes exactly that many (min_nodes == max_nodes)."""
-    nodes_rule = (f"exactly {max_nodes}: this backend's multi-node job definitions fix the node count"
-                  if min_nodes == max_nodes else f"an integer from {min_nodes} to {max_nodes} (this environment's maximum)")
+    nodes_rule = (
+        f"exactly {max_nodes}: this backend's multi-node job definitions fix the node count"
+        if min_nodes == max_nodes
+        else f"an integer from {min_nodes} to {max_nodes} (this environment's maximum)"
+    )
     return (
         Field("run_id", "string", pattern=RUN_ID_PATTERN, max_length=RUN_ID_MAX_LENGTH, rule=RUN_ID_RULE),
         Field("dataset", "string", pattern=DATASET_PATTERN, max_length=DATASET_MAX_LENGTH, rule=DATASET_RULE),
         Field("nodes", "integer", max_nodes, min_nodes, max_nodes, rule=nodes_rule),
-        Field("baseline", "number", minimum=-1e12, maximum=1e12,
-              rule="a finite number from -1e12 to 1e12: the validation metric the model must match"),
+        Field(
+            "baseline",
+            "number",
+            minimum=-1e12,
+            maximum=1e12,
+            rule="a finite number from -1e12 to 1e12: the validation metric the model must match",
+        ),
         Field("tolerance", "number", 0.001, 0.0, 1.0),  # 0.1%: the seeds accept a model within 0.1% of the baseline
         # Batch's own attempts per training submission (SubmitJob RetryStrategy.attempts: 1-10, API_RetryStrategy).
         Field("max_attempts", "integer", 2, 1, 10),
@@ -98,8 +109,14 @@ def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
         Field("hyperparameters.model", "string", "tiny", choices=MODELS),
         Field("hyperparameters.max_steps", "integer", 1000, 1, 10_000_000),
         # 0: the image derives the interval (Young/Daly) from the measured save and step times.
-        Field("hyperparameters.checkpoint_every", "integer", 0, 0, 10_000_000,
-              rule="0 (the training image picks the interval: Young/Daly) or a number of steps up to 10000000"),
+        Field(
+            "hyperparameters.checkpoint_every",
+            "integer",
+            0,
+            0,
+            10_000_000,
+            rule="0 (the training image picks the interval: Young/Daly) or a number of steps up to 10000000",
+        ),
         Field("hyperparameters.seed", "integer", 1337, 0, 2**32 - 1),  # numpy's seed range
         Field("hyperparameters.strategy", "string", "ddp", choices=STRATEGIES),
         Field("hyperparameters.lr", "number", 3e-4, 0, 1, exclusive_minimum=True),
@@ -123,7 +140,6 @@ def defaults(max_nodes: int) -> dict[str, object]:
     return run
 
 
-
 # ---- what each job receives from a run: job parameter -> where the state machine reads its value. Values are
 # strings (Batch job Parameters, `Ref::name` in the job definitions; launcher flags on EKS); tests hold the Batch
 # job definitions' placeholders and the training image's flags to these names.
@@ -136,8 +152,10 @@ JOB_VALUES = {
     "dataset": "$.run.dataset",
     "model": "$.run.hyperparameters.model",
     "strategy": "$.run.hyperparameters.strategy",
-    **{name: _as_string(f"$.run.hyperparameters.{name}")
-       for name in ("max_steps", "checkpoint_every", "seed", "lr", "batch_size")},
+    **{
+        name: _as_string(f"$.run.hyperparameters.{name}")
+        for name in ("max_steps", "checkpoint_every", "seed", "lr", "batch_size")
+    },
     "baseline": _as_string("$.run.baseline"),
     "tolerance": _as_string("$.run.tolerance"),
 }
@@ -148,6 +166,7 @@ JOB_PARAMETERS = {
 }
 
 # ---- validation (the state machine checks the same, and stops at the first problem) ------------------
+
 
 def validate_run(run: object, max_nodes: int, min_nodes: int = 1) -> list[str]:
     """Every problem with a run, one line each, naming the field, the value and what is allowed."""
@@ -161,7 +180,9 @@ def validate_run(run: object, max_nodes: int, min_nodes: int = 1) -> list[str]:
         problems.append(f"hyperparameters={_show(hyper)} is not valid; expected an object")
         hyper = {}
     names = [f.key for f in hyperparameters(table)]
-    problems += [f"unknown hyperparameter {key!r}; expected only {', '.join(names)}" for key in hyper if key not in names]
+    problems += [
+        f"unknown hyperparameter {key!r}; expected only {', '.join(names)}" for key in hyper if key not in names
+    ]
     for f in table:
         if f.kind == "object":
             continue
@@ -206,7 +227,8 @@ def _json_type(value: object) -> str:
     if value is None:
         return "null"
     return {bool: "a boolean", str: "a string", list: "an array", int: "a number", float: "a number"}.get(
-        type(value), type(value).__name__)
+        type(value), type(value).__name__
+    )
 
 
 def _show(value: object) -> str:
@@ -227,6 +249,7 @@ QUEUE_WAIT_MINUTES = 60
 class Stage:
     """One job's attempt timeout (Batch job definition `timeout`) and how many attempts Batch makes per
     submission (job definition `retryStrategy.attempts`; the run's `max_attempts` for training)."""
+
     attempt_seconds: int
     attempts: int
 
@@ -246,8 +269,18 @@ def stages(train_attempt_hours: int) -> dict[str, Stage]:
 
 # The states every successful run passes through, in order (a new run and a resume both reach RunClaimed):
 # what the CLI's progress counts; a test holds them to the synthesized definition.
-PHASES = ("ValidateInput", "RunClaimed", "SanityCheck", "Train", "Validate", "ReadVerdict", "IsModelAccepted",
-          "RecordApproval", "PublishApprovedModel", "NotifyApproved")
+PHASES = (
+    "ValidateInput",
+    "RunClaimed",
+    "SanityCheck",
+    "Train",
+    "Validate",
+    "ReadVerdict",
+    "IsModelAccepted",
+    "RecordApproval",
+    "PublishApprovedModel",
+    "NotifyApproved",
+)
 
 
 MAX_ATTEMPTS = next(f.maximum for f in fields(1) if f.name == "max_attempts")
@@ -261,19 +294,33 @@ def train_state_seconds(train_attempt_hours: int) -> list[int]:
     return [0] + [train.state_seconds(attempts) for attempts in range(1, int(MAX_ATTEMPTS) + 1)]
 
 
-def execution_seconds(train_attempt_hours: int, *, sanity_submissions: int, train_submissions: int,
-                      train_backoff_seconds: int, calls_seconds: int, validate_submissions: int = 2) -> int:
+def execution_seconds(
+    train_attempt_hours: int,
+    *,
+    sanity_submissions: int,
+    train_submissions: int,
+    train_backoff_seconds: int,
+    calls_seconds: int,
+    validate_submissions: int = 2,
+) -> int:
     """The execution's timeout: every stage's worst case (each submission at its longest), within the quota.
     Validation may be submitted twice: on Spot, then on demand (BatchJobRunner's on-demand path)."""
     table = stages(train_attempt_hours)
-    worst = (sanity_submissions * table["sanity"].state_seconds()
-             + train_submissions * train_state_seconds(train_attempt_hours)[-1] + train_backoff_seconds
-             + validate_submissions * table["validate"].state_seconds() + calls_seconds)
+    worst = (
+        sanity_submissions * table["sanity"].state_seconds()
+        + train_submissions * train_state_seconds(train_attempt_hours)[-1]
+        + train_backoff_seconds
+        + validate_submissions * table["validate"].state_seconds()
+        + calls_seconds
+    )
     return min(worst, MAX_EXECUTION_SECONDS)
 
 
 # ---- how a training job ends: exit codes the training image uses for a failure of the run itself
 # (training_image/errors.py; tests/training/test_run_contract.py keeps the two equal). Retrying them on new hosts
 # repeats the failure at the price of booting every node again, so the pipeline stops at the first one.
-REFUSED_EXIT_CODES = {2: "a bad flag, dataset or checkpoint folder", 4: "the loss diverged",
-                      5: "another job writes to the run's checkpoint folder"}
+REFUSED_EXIT_CODES = {
+    2: "a bad flag, dataset or checkpoint folder",
+    4: "the loss diverged",
+    5: "another job writes to the run's checkpoint folder",
+}

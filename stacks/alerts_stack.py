@@ -13,9 +13,9 @@ import aws_cdk.aws_iam as iam
 import aws_cdk.aws_kms as kms
 import aws_cdk.aws_sns as sns
 import aws_cdk.aws_sns_subscriptions as subscriptions
-from constructs import Construct
 
 from config import EnvironmentConfig
+from constructs import Construct
 from stacks.policies import data_removal_policy
 
 CLOUDWATCH = "cloudwatch.amazonaws.com"
@@ -28,29 +28,45 @@ def publishers(stack: cdk.Stack) -> dict[str, str]:
     # Notify_Users_Alarm_Changes.html, SNS access policy for alarms). Budgets: arn:aws:budgets::<account>:*
     # (AWS Budgets user guide, budgets-sns-policy.html, "Creating an Amazon SNS topic for budget notifications").
     return {
-        CLOUDWATCH: stack.format_arn(service="cloudwatch", resource="alarm", resource_name="*",
-                                     arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME),
-        BUDGETS: stack.format_arn(service="budgets", region="", resource="*",
-                                  arn_format=cdk.ArnFormat.NO_RESOURCE_NAME),
+        CLOUDWATCH: stack.format_arn(
+            service="cloudwatch", resource="alarm", resource_name="*", arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME
+        ),
+        BUDGETS: stack.format_arn(
+            service="budgets", region="", resource="*", arn_format=cdk.ArnFormat.NO_RESOURCE_NAME
+        ),
     }
 
 
 class AlertsStack(cdk.Stack):
     def __init__(self, scope: Construct, id_: str, *, config: EnvironmentConfig, **kwargs) -> None:
         super().__init__(scope, id_, **kwargs)
-        self.key = kms.Key(self, "AlertsKey", enable_key_rotation=True, removal_policy=data_removal_policy(config),
-                           description=f"Encrypts the {config.name} training alerts topic")
-        self.topic = sns.Topic(self, "AlertsTopic", master_key=self.key, enforce_ssl=True,
-                               display_name=f"EFA training alerts ({config.name})")
+        self.key = kms.Key(
+            self,
+            "AlertsKey",
+            enable_key_rotation=True,
+            removal_policy=data_removal_policy(config),
+            description=f"Encrypts the {config.name} training alerts topic",
+        )
+        self.topic = sns.Topic(
+            self,
+            "AlertsTopic",
+            master_key=self.key,
+            enforce_ssl=True,
+            display_name=f"EFA training alerts ({config.name})",
+        )
         for service, source_arn in publishers(self).items():
             # Confused-deputy guard (SNS developer guide, "Example cases for Amazon SNS access control":
             # aws:SourceAccount and aws:SourceArn): only this account's alarms/budgets may publish.
-            conditions = {"StringEquals": {"aws:SourceAccount": self.account},
-                          "ArnLike": {"aws:SourceArn": source_arn}}
-            self.topic.add_to_resource_policy(iam.PolicyStatement(
-                sid=f"Allow{service.split('.')[0].capitalize()}Publish",
-                principals=[iam.ServicePrincipal(service)], actions=["sns:Publish"],
-                resources=[self.topic.topic_arn], conditions=conditions))
+            conditions = {"StringEquals": {"aws:SourceAccount": self.account}, "ArnLike": {"aws:SourceArn": source_arn}}
+            self.topic.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid=f"Allow{service.split('.')[0].capitalize()}Publish",
+                    principals=[iam.ServicePrincipal(service)],
+                    actions=["sns:Publish"],
+                    resources=[self.topic.topic_arn],
+                    conditions=conditions,
+                )
+            )
             # Publishing to an encrypted topic needs the key (SNS developer guide, sns-key-management.html,
             # "compatibility between event sources from AWS services and encrypted topics").
             self.key.grant(iam.ServicePrincipal(service), "kms:Decrypt", "kms:GenerateDataKey*")

@@ -14,9 +14,9 @@ import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_logs as logs
 import aws_cdk.aws_stepfunctions as sfn
-from constructs import Construct
 
 from config import Accelerator, EnvironmentConfig, InstanceType
+from constructs import Construct
 from constructs.compute.batch.host_user_data import host_user_data
 from constructs.compute.batch.job_definitions import BatchJobDefinitions
 from constructs.compute.batch.job_runner import BatchJobRunner
@@ -49,45 +49,73 @@ NO_CAPACITY = batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACIT
 
 
 def _cancel_after(minutes: int, reason: batch.JobStateTimeLimitActionsReason) -> batch.JobStateTimeLimitAction:
-    return batch.JobStateTimeLimitAction(max_time=cdk.Duration.minutes(minutes), reason=reason,
-                                         action=batch.JobStateTimeLimitActionsAction.CANCEL)
+    return batch.JobStateTimeLimitAction(
+        max_time=cdk.Duration.minutes(minutes), reason=reason, action=batch.JobStateTimeLimitActionsAction.CANCEL
+    )
 
 
 def machine_image(instance: InstanceType) -> batch.EcsMachineImage:
     """GPU hosts: Batch's ECS AL2023 NVIDIA image. Neuron hosts: the ECS AL2023 Neuron AMI from SSM."""
     if instance.accelerator is Accelerator.NVIDIA:
         return batch.EcsMachineImage(image_type=getattr(batch.EcsMachineImageType, instance.batch_image_type))
-    return batch.EcsMachineImage(image=ec2.MachineImage.from_ssm_parameter(NEURON_AMI_PARAMETER),
-                                 image_type=getattr(batch.EcsMachineImageType, instance.batch_image_type))
+    return batch.EcsMachineImage(
+        image=ec2.MachineImage.from_ssm_parameter(NEURON_AMI_PARAMETER),
+        image_type=getattr(batch.EcsMachineImageType, instance.batch_image_type),
+    )
 
 
 class BatchStack(cdk.Stack):
     """Implements constructs.compute.backend.ComputeBackend."""
 
-    def __init__(self, scope: Construct, id_: str, *, config: EnvironmentConfig, network: NetworkStack,
-                 storage: StorageStack, registry: RegistryStack, **kwargs) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        config: EnvironmentConfig,
+        network: NetworkStack,
+        storage: StorageStack,
+        registry: RegistryStack,
+        **kwargs,
+    ) -> None:
         super().__init__(scope, id_, **kwargs)
         self._config = config
         self._hosts(config, network, storage)
         # ---- logs and the job role (least privilege on the data bucket's prefixes)
-        self.log_group = logs.LogGroup(self, "JobLogs", retention=log_retention(config),
-                                       removal_policy=data_removal_policy(config))
-        self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
-                                 description="Training containers: read datasets, write checkpoints, models, reports")
+        self.log_group = logs.LogGroup(
+            self, "JobLogs", retention=log_retention(config), removal_policy=data_removal_policy(config)
+        )
+        self.job_role = iam.Role(
+            self,
+            "JobRole",
+            assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+            description="Training containers: read datasets, write checkpoints, models, reports",
+        )
         storage.data_access.grant_training(self.job_role, "Batch training jobs")
         self.log_group.grant_write(self.job_role)
         self.jobs = BatchJobDefinitions(
-            self, "Jobs", instance=config.instance, single_node_instance=config.single_node_instance,
-            nodes=config.nodes, image=registry.container_image, job_role=self.job_role, log_group=self.log_group,
+            self,
+            "Jobs",
+            instance=config.instance,
+            single_node_instance=config.single_node_instance,
+            nodes=config.nodes,
+            image=registry.container_image,
+            job_role=self.job_role,
+            log_group=self.log_group,
             bucket_name=storage.bucket.bucket_name,
-            train_timeout=cdk.Duration.hours(config.batch_train_timeout_hours), environment=config.name)
+            train_timeout=cdk.Duration.hours(config.batch_train_timeout_hours),
+            environment=config.name,
+        )
         self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
         self._compute_environments(config, network)
         self._queues(config)
         self.job_runner = BatchJobRunner(
-            multi_node_queue=self.multi_node_queue, single_node_queue=self.single_node_queue,
-            job_definitions=self.job_definitions, share_identifier=PIPELINE_SHARE,
-            single_node_on_demand_queue=self.single_node_on_demand_queue)
+            multi_node_queue=self.multi_node_queue,
+            single_node_queue=self.single_node_queue,
+            job_definitions=self.job_definitions,
+            share_identifier=PIPELINE_SHARE,
+            single_node_on_demand_queue=self.single_node_on_demand_queue,
+        )
         self.accelerator_metrics = accelerator_metrics("batch", config.instance.accelerator, environment=config.name)
         self.job_queue_arns = [self.multi_node_queue.job_queue_arn, self.single_node_queue.job_queue_arn]
         self._outputs()
@@ -98,30 +126,51 @@ class BatchStack(cdk.Stack):
     def _hosts(self, config: EnvironmentConfig, network: NetworkStack, storage: StorageStack) -> None:
         """The instance role, the cluster placement group and one launch template per host kind."""
         self.instance_role = iam.Role(
-            self, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            self,
+            "InstanceRole",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description="Batch training hosts: ECS agent, CloudWatch agent",
             managed_policies=[
                 iam.ManagedPolicy.from_aws_managed_policy_name("service-role/AmazonEC2ContainerServiceforEC2Role"),
                 iam.ManagedPolicy.from_aws_managed_policy_name("CloudWatchAgentServerPolicy"),
-            ])
-        acknowledge(self.instance_role, managed_policy_finding("service-role/AmazonEC2ContainerServiceforEC2Role"),
-                    "The ECS container agent on every Batch host needs exactly this AWS-maintained policy")
-        acknowledge(self.instance_role, managed_policy_finding("CloudWatchAgentServerPolicy"),
-                    "The CloudWatch agent publishes nvidia_smi_* and efa_* host metrics (CWAgent) the dashboard reads")
+            ],
+        )
+        acknowledge(
+            self.instance_role,
+            managed_policy_finding("service-role/AmazonEC2ContainerServiceforEC2Role"),
+            "The ECS container agent on every Batch host needs exactly this AWS-maintained policy",
+        )
+        acknowledge(
+            self.instance_role,
+            managed_policy_finding("CloudWatchAgentServerPolicy"),
+            "The CloudWatch agent publishes nvidia_smi_* and efa_* host metrics (CWAgent) the dashboard reads",
+        )
         self.placement_group = ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
 
         def template(id_: str, host: InstanceType, efa: bool) -> EfaLaunchTemplate:
-            user_data = host_user_data(instance=host, fsx_dns_name=storage.file_system.dns_name,
-                                       fsx_revision=storage.file_system_revision,
-                                       fsx_mount_name=storage.file_system.mount_name, check_efa=efa,
-                                       environment=config.name,
-                                       ecs_stop_timeout_seconds=STOP_GRACE_SECONDS)
-            return EfaLaunchTemplate(self, id_, instance=host, security_groups=[network.efa_security_group],
-                                     user_data=user_data, root_volume_gib=ROOT_VOLUME_GIB, include_network_interfaces=efa)
+            user_data = host_user_data(
+                instance=host,
+                fsx_dns_name=storage.file_system.dns_name,
+                fsx_revision=storage.file_system_revision,
+                fsx_mount_name=storage.file_system.mount_name,
+                check_efa=efa,
+                environment=config.name,
+                ecs_stop_timeout_seconds=STOP_GRACE_SECONDS,
+            )
+            return EfaLaunchTemplate(
+                self,
+                id_,
+                instance=host,
+                security_groups=[network.efa_security_group],
+                user_data=user_data,
+                root_volume_gib=ROOT_VOLUME_GIB,
+                include_network_interfaces=efa,
+            )
 
-        self.launch_templates = {"multi_node": template("MultiNodeLaunchTemplate", config.instance, efa=True),
-                                 "single_node": template("SingleNodeLaunchTemplate", config.single_node_instance,
-                                                         efa=False)}
+        self.launch_templates = {
+            "multi_node": template("MultiNodeLaunchTemplate", config.instance, efa=True),
+            "single_node": template("SingleNodeLaunchTemplate", config.single_node_instance, efa=False),
+        }
 
     def _compute_environments(self, config: EnvironmentConfig, network: NetworkStack) -> None:
         """Multi-node (on-demand, EFA, placement group) and single-node (Spot when configured, with an on-demand
@@ -129,13 +178,16 @@ class BatchStack(cdk.Stack):
         instance, single = config.instance, config.single_node_instance
         subnets = ec2.SubnetSelection(subnets=[network.training_subnet])
         self.multi_node_environment = batch.ManagedEc2EcsComputeEnvironment(
-            self, "MultiNodeEnvironment",
-            vpc=network.vpc, vpc_subnets=subnets,
+            self,
+            "MultiNodeEnvironment",
+            vpc=network.vpc,
+            vpc_subnets=subnets,
             security_groups=[network.efa_security_group],  # given so the L2 creates none; removed below
             spot=False,  # multi-node parallel jobs cannot run on Spot
             instance_types=[ec2.InstanceType(instance.name)],
             use_optimal_instance_classes=False,
-            minv_cpus=0, maxv_cpus=config.nodes * instance.vcpus,
+            minv_cpus=0,
+            maxv_cpus=config.nodes * instance.vcpus,
             images=[machine_image(instance)],
             launch_template=self.launch_templates["multi_node"].launch_template,
             placement_group=self.placement_group,
@@ -146,12 +198,17 @@ class BatchStack(cdk.Stack):
         self._launch_template_version(self.multi_node_environment, self.launch_templates["multi_node"])
         # Batch rejects compute-environment security groups next to launch-template network interfaces
         # ("exclusively allowed"); the interfaces carry the EFA group instead.
-        self.multi_node_environment.node.default_child.add_property_deletion_override("ComputeResources.SecurityGroupIds")
+        self.multi_node_environment.node.default_child.add_property_deletion_override(
+            "ComputeResources.SecurityGroupIds"
+        )
         self.single_node_environment = self._single_node_environment(
-            "SingleNodeEnvironment", network, subnets, single, spot=config.batch_single_node_spot)
-        self.single_node_on_demand_environment = (self._single_node_environment(
-            "SingleNodeOnDemandEnvironment", network, subnets, single, spot=False)
-            if config.batch_single_node_spot else None)
+            "SingleNodeEnvironment", network, subnets, single, spot=config.batch_single_node_spot
+        )
+        self.single_node_on_demand_environment = (
+            self._single_node_environment("SingleNodeOnDemandEnvironment", network, subnets, single, spot=False)
+            if config.batch_single_node_spot
+            else None
+        )
         self._allow_task_network(network)
 
     def _queues(self, config: EnvironmentConfig) -> None:
@@ -160,21 +217,30 @@ class BatchStack(cdk.Stack):
         come (the hosts already launched for a multi-node job would idle meanwhile; the pipeline retries later)."""
         weights = {"research": config.batch_research_weight, "production": config.batch_production_weight}
         self.scheduling_policy = batch.FairshareSchedulingPolicy(
-            self, "FairshareSchedulingPolicy", share_decay=cdk.Duration.hours(1),
-            shares=[batch.Share(share_identifier=name, weight_factor=weights[name]) for name in SHARES])
+            self,
+            "FairshareSchedulingPolicy",
+            share_decay=cdk.Duration.hours(1),
+            shares=[batch.Share(share_identifier=name, weight_factor=weights[name]) for name in SHARES],
+        )
         unsatisfiable = _cancel_after(30, batch.JobStateTimeLimitActionsReason.JOB_RESOURCE_REQUIREMENT)
         stuck = [unsatisfiable, _cancel_after(CAPACITY_WAIT_MINUTES, NO_CAPACITY)]
         spot_stuck = [unsatisfiable, _cancel_after(SPOT_CAPACITY_WAIT_MINUTES, NO_CAPACITY)]
         self.multi_node_queue = self._queue("MultiNodeQueue", self.multi_node_environment, stuck)
-        self.single_node_queue = self._queue("SingleNodeQueue", self.single_node_environment,
-                                             spot_stuck if config.batch_single_node_spot else stuck)
-        self.single_node_on_demand_queue = (self._queue("SingleNodeOnDemandQueue",
-                                                        self.single_node_on_demand_environment, stuck)
-                                            if self.single_node_on_demand_environment else None)
+        self.single_node_queue = self._queue(
+            "SingleNodeQueue", self.single_node_environment, spot_stuck if config.batch_single_node_spot else stuck
+        )
+        self.single_node_on_demand_queue = (
+            self._queue("SingleNodeOnDemandQueue", self.single_node_on_demand_environment, stuck)
+            if self.single_node_on_demand_environment
+            else None
+        )
 
     def _outputs(self) -> None:
-        for name, queue in (("MultiNode", self.multi_node_queue), ("SingleNode", self.single_node_queue),
-                            ("SingleNodeOnDemand", self.single_node_on_demand_queue)):
+        for name, queue in (
+            ("MultiNode", self.multi_node_queue),
+            ("SingleNode", self.single_node_queue),
+            ("SingleNodeOnDemand", self.single_node_on_demand_queue),
+        ):
             if queue is not None:
                 cdk.CfnOutput(self, f"{name}QueueArn", value=queue.job_queue_arn)
         for name, definition in self.job_definitions.items():
@@ -189,19 +255,26 @@ class BatchStack(cdk.Stack):
         timeout to fit. With terminateJobsOnUpdate false, no attempt is cut short by a `cdk deploy`.
         """
         minutes = max(int(self.jobs.specs[job].timeout.to_minutes()) for job in jobs)
-        return {"update_timeout": cdk.Duration.minutes(minutes), "terminate_on_update": False,
-                "replace_compute_environment": False}
+        return {
+            "update_timeout": cdk.Duration.minutes(minutes),
+            "terminate_on_update": False,
+            "replace_compute_environment": False,
+        }
 
-    def _single_node_environment(self, id_: str, network: NetworkStack, subnets: ec2.SubnetSelection,
-                                 single: InstanceType, *, spot: bool) -> batch.ManagedEc2EcsComputeEnvironment:
+    def _single_node_environment(
+        self, id_: str, network: NetworkStack, subnets: ec2.SubnetSelection, single: InstanceType, *, spot: bool
+    ) -> batch.ManagedEc2EcsComputeEnvironment:
         environment = batch.ManagedEc2EcsComputeEnvironment(
-            self, id_,
-            vpc=network.vpc, vpc_subnets=subnets,
+            self,
+            id_,
+            vpc=network.vpc,
+            vpc_subnets=subnets,
             security_groups=[network.efa_security_group],  # reaches FSx, S3 and ECR like the training hosts
             spot=spot,
             instance_types=[ec2.InstanceType(single.name)],
             use_optimal_instance_classes=False,
-            minv_cpus=0, maxv_cpus=SINGLE_NODE_MAX_INSTANCES * single.vcpus,
+            minv_cpus=0,
+            maxv_cpus=SINGLE_NODE_MAX_INSTANCES * single.vcpus,
             images=[machine_image(single)],
             launch_template=self.launch_templates["single_node"].launch_template,
             instance_role=self.instance_role,
@@ -211,20 +284,27 @@ class BatchStack(cdk.Stack):
         self._launch_template_version(environment, self.launch_templates["single_node"])
         return environment
 
-    def _queue(self, id_: str, environment: batch.IComputeEnvironment,
-               stuck: list[batch.JobStateTimeLimitAction]) -> batch.JobQueue:
+    def _queue(
+        self, id_: str, environment: batch.IComputeEnvironment, stuck: list[batch.JobStateTimeLimitAction]
+    ) -> batch.JobQueue:
         return batch.JobQueue(
-            self, id_, priority=1, scheduling_policy=self.scheduling_policy,
+            self,
+            id_,
+            priority=1,
+            scheduling_policy=self.scheduling_policy,
             compute_environments=[batch.OrderedComputeEnvironment(compute_environment=environment, order=1)],
-            job_state_time_limit_actions=stuck)
+            job_state_time_limit_actions=stuck,
+        )
 
     @staticmethod
-    def _launch_template_version(environment: batch.ManagedEc2EcsComputeEnvironment,
-                                 template: EfaLaunchTemplate) -> None:
+    def _launch_template_version(
+        environment: batch.ManagedEc2EcsComputeEnvironment, template: EfaLaunchTemplate
+    ) -> None:
         # The L2 renders no version, so Batch would keep the template's first version; pinning the latest
         # version number makes a template change update the compute environment.
         environment.node.default_child.add_property_override(
-            "ComputeResources.LaunchTemplate.Version", template.launch_template.latest_version_number)
+            "ComputeResources.LaunchTemplate.Version", template.launch_template.latest_version_number
+        )
 
     def _allow_task_network(self, network: NetworkStack) -> None:
         """Multi-node job containers (awsvpc) get the VPC's default group when the environment names none.
@@ -235,8 +315,14 @@ class BatchStack(cdk.Stack):
         torchrun and the job need: all traffic between the job's containers, HTTPS to AWS APIs.
         """
         default_sg = ec2.SecurityGroup.from_security_group_id(
-            self, "VpcDefaultSecurityGroup", network.vpc.vpc_default_security_group, allow_all_outbound=False,
-            mutable=True)
-        default_sg.add_ingress_rule(default_sg, ec2.Port.all_traffic(), "Multi-node job containers: rendezvous, NCCL bootstrap")
+            self,
+            "VpcDefaultSecurityGroup",
+            network.vpc.vpc_default_security_group,
+            allow_all_outbound=False,
+            mutable=True,
+        )
+        default_sg.add_ingress_rule(
+            default_sg, ec2.Port.all_traffic(), "Multi-node job containers: rendezvous, NCCL bootstrap"
+        )
         default_sg.add_egress_rule(default_sg, ec2.Port.all_traffic(), "Multi-node job containers: to each other")
         default_sg.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "Job containers: S3, CloudWatch, STS")

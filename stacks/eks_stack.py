@@ -6,10 +6,10 @@ A `ComputeBackend` (constructs/compute/backend.py): `job_runner` runs the pipeli
 
 import aws_cdk as cdk
 import aws_cdk.aws_stepfunctions as sfn
-from constructs import Construct
 
 from config import EnvironmentConfig
 from config.layout import RUNS_PREFIX
+from constructs import Construct
 from constructs.compute.eks.accelerator_nodegroup import EksAcceleratorNodegroup
 from constructs.compute.eks.cluster import EksTrainingCluster
 from constructs.compute.eks.job_runner import EksJobRunner
@@ -25,46 +25,88 @@ from stacks.storage_stack import StorageStack
 class EksStack(cdk.Stack):
     """Implements constructs.compute.backend.ComputeBackend."""
 
-    def __init__(self, scope: Construct, id_: str, *, config: EnvironmentConfig, network: NetworkStack,
-                 storage: StorageStack, registry: RegistryStack, **kwargs) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        config: EnvironmentConfig,
+        network: NetworkStack,
+        storage: StorageStack,
+        registry: RegistryStack,
+        **kwargs,
+    ) -> None:
         super().__init__(scope, id_, **kwargs)
         self.instance = config.instance
         self.nodes = config.nodes
         self.image_uri = registry.image_uri
-        training = EksTrainingCluster(self, "Training", vpc=network.vpc, instance=config.instance,
-                                      admin_role_arns=config.eks_admin_role_arns)
+        training = EksTrainingCluster(
+            self, "Training", vpc=network.vpc, instance=config.instance, admin_role_arns=config.eks_admin_role_arns
+        )
         self.cluster = training.cluster
         self.cluster_name = self.cluster.cluster_name
         self.addons = training.addons
         self.charts = training.charts
         accelerators = EksAcceleratorNodegroup(
-            self, "Accelerators", cluster=self.cluster, instance=config.instance, subnet=network.training_subnet,
-            efa_security_group=network.efa_security_group, nodes=config.nodes, capacity_type=config.eks_capacity_type,
-            capacity_reservation_id=config.eks_capacity_reservation_id)
+            self,
+            "Accelerators",
+            cluster=self.cluster,
+            instance=config.instance,
+            subnet=network.training_subnet,
+            efa_security_group=network.efa_security_group,
+            nodes=config.nodes,
+            capacity_type=config.eks_capacity_type,
+            capacity_reservation_id=config.eks_capacity_reservation_id,
+        )
         self.nodegroup = accelerators.nodegroup
         self.launch_template = accelerators.launch_template
         self.add_stack_dependency(storage)
         self.workspace = EksTrainingWorkspace(
-            self, "Workspace", cluster=self.cluster, data_access=storage.data_access,
+            self,
+            "Workspace",
+            cluster=self.cluster,
+            data_access=storage.data_access,
             file_system=storage.file_system,
-            storage_gib=config.fsx_storage_gib, instance=config.instance, image=registry.image_uri,
-            nodes=config.nodes, trainer_chart=training.charts["trainer"],
-            fsx_csi_driver=training.addons["aws-fsx-csi-driver"], fsx_revision=storage.file_system_revision,
-            environment=config.name)
+            storage_gib=config.fsx_storage_gib,
+            instance=config.instance,
+            image=registry.image_uri,
+            nodes=config.nodes,
+            trainer_chart=training.charts["trainer"],
+            fsx_csi_driver=training.addons["aws-fsx-csi-driver"],
+            fsx_revision=storage.file_system_revision,
+            environment=config.name,
+        )
         # The pipeline (PipelineStack) runs its jobs through this.
-        self.job_runner = EksJobRunner(cluster=self.cluster, instance=config.instance, image=registry.image_uri,
-                                       max_nodes=config.nodes, runs_uri=f"s3://{storage.bucket.bucket_name}/{RUNS_PREFIX}",
-                                       site=self.workspace.site)
-        self.accelerator_metrics = accelerator_metrics("eks", config.instance.accelerator, environment=config.name,
-                                                       cluster_name=self.cluster.cluster_name)
+        self.job_runner = EksJobRunner(
+            cluster=self.cluster,
+            instance=config.instance,
+            image=registry.image_uri,
+            max_nodes=config.nodes,
+            runs_uri=f"s3://{storage.bucket.bucket_name}/{RUNS_PREFIX}",
+            site=self.workspace.site,
+        )
+        self.accelerator_metrics = accelerator_metrics(
+            "eks", config.instance.accelerator, environment=config.name, cluster_name=self.cluster.cluster_name
+        )
         self.job_queue_arns: list[str] = []  # Jobs go straight to the cluster
         self._log_retention = log_retention(config)
         cdk.CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
-        cdk.CfnOutput(self, "KubeconfigCommand", value=cdk.Fn.join("", [
-            "aws eks update-kubeconfig --region ", self.region, " --name ", self.cluster.cluster_name]))
+        cdk.CfnOutput(
+            self,
+            "KubeconfigCommand",
+            value=cdk.Fn.join(
+                "", ["aws eks update-kubeconfig --region ", self.region, " --name ", self.cluster.cluster_name]
+            ),
+        )
 
     def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:
         """The accelerator node group follows the pipeline's executions (nothing in the cluster scales it)."""
-        self.node_scaling = EksNodeScaling(scope, "EksNodeScaling", cluster=self.cluster, nodegroup=self.nodegroup,
-                                           max_nodes=self.nodes, pipeline=state_machine,
-                                           log_retention=self._log_retention)
+        self.node_scaling = EksNodeScaling(
+            scope,
+            "EksNodeScaling",
+            cluster=self.cluster,
+            nodegroup=self.nodegroup,
+            max_nodes=self.nodes,
+            pipeline=state_machine,
+            log_retention=self._log_retention,
+        )

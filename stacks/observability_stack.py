@@ -5,10 +5,10 @@ gives the state machine and its execution logs.
 """
 
 import aws_cdk as cdk
-from constructs import Construct
 
 from config import EnvironmentConfig
 from config.layout import dashboard_name
+from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.observability.alarms import TrainingAlarms
 from constructs.observability.cost_budget import CostBudget
@@ -24,8 +24,18 @@ COST_TAG_KEY = "Environment"
 
 
 class ObservabilityStack(cdk.Stack):
-    def __init__(self, scope: Construct, id_: str, *, config: EnvironmentConfig, storage: StorageStack,
-                 alerts: AlertsStack, compute: ComputeBackend, pipeline: PipelineStack, **kwargs) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        config: EnvironmentConfig,
+        storage: StorageStack,
+        alerts: AlertsStack,
+        compute: ComputeBackend,
+        pipeline: PipelineStack,
+        **kwargs,
+    ) -> None:
         super().__init__(scope, id_, **kwargs)
         state_machine = pipeline.state_machine
         file_system_id = storage.file_system.file_system_id
@@ -34,26 +44,49 @@ class ObservabilityStack(cdk.Stack):
         self.job_states = None
         if queue_arns:
             self.job_states = JobStateMetrics(
-                self, "JobStates", job_queue_arns=queue_arns, namespace=f"EfaTraining/{config.name}/Batch",
-                retention=log_retention(config), removal_policy=data_removal_policy(config))
+                self,
+                "JobStates",
+                job_queue_arns=queue_arns,
+                namespace=f"EfaTraining/{config.name}/Batch",
+                retention=log_retention(config),
+                removal_policy=data_removal_policy(config),
+            )
 
         alarms = TrainingAlarms(
-            self, "Alarms", topic=alerts.topic, accelerators=accelerators, alarm_prefix=config.stack_prefix,
-            file_system_id=file_system_id, fsx_storage_gib=config.fsx_storage_gib,
+            self,
+            "Alarms",
+            topic=alerts.topic,
+            accelerators=accelerators,
+            alarm_prefix=config.stack_prefix,
+            file_system_id=file_system_id,
+            fsx_storage_gib=config.fsx_storage_gib,
             fsx_free_percent=config.fsx_free_capacity_alarm_percent,
-            idle_threshold_percent=config.gpu_idle_threshold_percent, idle_minutes=config.gpu_idle_minutes,
-            state_machine=state_machine, execution_log_group=pipeline.log_group,
-            pipeline_namespace=f"EfaTraining/{config.name}/Pipeline", environment=config.name,
+            idle_threshold_percent=config.gpu_idle_threshold_percent,
+            idle_minutes=config.gpu_idle_minutes,
+            state_machine=state_machine,
+            execution_log_group=pipeline.log_group,
+            pipeline_namespace=f"EfaTraining/{config.name}/Pipeline",
+            environment=config.name,
         )
         self.alarms = alarms.alarms
         self.dashboard = TrainingDashboard(
-            self, "Dashboard", dashboard_name=dashboard_name(config.name),
-            accelerators=accelerators, file_system_id=file_system_id, state_machine=state_machine,
+            self,
+            "Dashboard",
+            dashboard_name=dashboard_name(config.name),
+            accelerators=accelerators,
+            file_system_id=file_system_id,
+            state_machine=state_machine,
             pipeline_outcomes=alarms.pipeline_metrics,
-            job_state_namespace=self.job_states.namespace if self.job_states else None, environment=config.name,
+            job_state_namespace=self.job_states.namespace if self.job_states else None,
+            environment=config.name,
         ).dashboard
         self.budget = CostBudget(
-            self, "Budget", budget_name=f"{config.stack_prefix}-monthly", monthly_limit_usd=config.budget_monthly_usd,
-            tag_key=COST_TAG_KEY, tag_value=config.name, topic=alerts.topic,
+            self,
+            "Budget",
+            budget_name=f"{config.stack_prefix}-monthly",
+            monthly_limit_usd=config.budget_monthly_usd,
+            tag_key=COST_TAG_KEY,
+            tag_value=config.name,
+            topic=alerts.topic,
         ).budget
         cdk.CfnOutput(self, "DashboardName", value=self.dashboard.dashboard_name)

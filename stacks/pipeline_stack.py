@@ -6,10 +6,10 @@ finds the state machine by this stack's `StateMachineArn` output.
 """
 
 import aws_cdk as cdk
-from constructs import Construct
 
 from config import EnvironmentConfig
 from config.layout import MODELS_PREFIX, RUNS_PREFIX
+from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.pipeline.training_pipeline import TrainingPipeline
 from stacks.alerts_stack import AlertsStack
@@ -26,12 +26,22 @@ BUCKET_OBJECTS = (
 
 
 class PipelineStack(cdk.Stack):
-    def __init__(self, scope: Construct, id_: str, *, config: EnvironmentConfig, storage: StorageStack,
-                 alerts: AlertsStack, compute: ComputeBackend, **kwargs) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        config: EnvironmentConfig,
+        storage: StorageStack,
+        alerts: AlertsStack,
+        compute: ComputeBackend,
+        **kwargs,
+    ) -> None:
         super().__init__(scope, id_, **kwargs)
         runner = compute.job_runner
         pipeline = TrainingPipeline(
-            self, "TrainingPipeline",
+            self,
+            "TrainingPipeline",
             environment=config.name,
             max_nodes=config.nodes,
             bucket=storage.data_access.bucket(self),
@@ -44,8 +54,10 @@ class PipelineStack(cdk.Stack):
         compute.attach_pipeline(self, pipeline.state_machine)
         for objects, why in BUCKET_OBJECTS:
             storage.data_access.acknowledge_objects(
-                pipeline.state_machine.role, objects,
-                f"The pipeline {why}; run ids are chosen at run time, so only the key pattern is fixed")
+                pipeline.state_machine.role,
+                objects,
+                f"The pipeline {why}; run ids are chosen at run time, so only the key pattern is fixed",
+            )
         self.state_machine = pipeline.state_machine
         self.log_group = pipeline.log_group
         self.approved_model_parameter = pipeline.approved_model_parameter

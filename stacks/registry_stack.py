@@ -6,9 +6,9 @@ import aws_cdk as cdk
 import aws_cdk.aws_ecr as ecr
 import aws_cdk.aws_ecr_assets as ecr_assets
 import aws_cdk.aws_ecs as ecs
-from constructs import Construct
 
 from config import Accelerator, EnvironmentConfig
+from constructs import Construct
 from stacks.policies import data_removal_policy
 
 TRAINING_IMAGE_DIR = Path(__file__).resolve().parent.parent / "training_image"
@@ -21,14 +21,17 @@ class RegistryStack(cdk.Stack):
         removal_policy = data_removal_policy(config)
         self.repositories = {
             accelerator: ecr.Repository(
-                self, f"{accelerator.value.capitalize()}Repository",
+                self,
+                f"{accelerator.value.capitalize()}Repository",
                 image_scan_on_push=True,
                 image_tag_mutability=ecr.TagMutability.IMMUTABLE,
                 encryption=ecr.RepositoryEncryption.AES_256,
-                lifecycle_rules=[ecr.LifecycleRule(
-                    description=f"keep the last {config.ecr_keep_images} images",
-                    max_image_count=config.ecr_keep_images,
-                )],
+                lifecycle_rules=[
+                    ecr.LifecycleRule(
+                        description=f"keep the last {config.ecr_keep_images} images",
+                        max_image_count=config.ecr_keep_images,
+                    )
+                ],
                 removal_policy=removal_policy,
                 empty_on_delete=removal_policy == cdk.RemovalPolicy.DESTROY,
             )
@@ -43,7 +46,8 @@ class RegistryStack(cdk.Stack):
         else:
             # Built by `cdk deploy` from training_image/ (synth only stages the build context).
             asset = ecr_assets.DockerImageAsset(
-                self, "TrainingImage",
+                self,
+                "TrainingImage",
                 directory=str(TRAINING_IMAGE_DIR),
                 file=DOCKERFILES[accelerator],
                 platform=ecr_assets.Platform.LINUX_AMD64,

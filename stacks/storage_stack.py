@@ -4,10 +4,10 @@ import hashlib
 import json
 
 import aws_cdk as cdk
-from constructs import Construct
 
 from config import EnvironmentConfig
 from config.layout import FSX_MOUNT_PATH
+from constructs import Construct
 from constructs.storage.data_bucket_access import DataBucketAccess
 from constructs.storage.training_storage import TrainingStorage
 from stacks.network_stack import NetworkStack
@@ -28,17 +28,25 @@ def file_system_revision(config: EnvironmentConfig, path: str) -> str:
     AWS::FSx::FileSystem: a new DeploymentType, SubnetIds or SecurityGroupIds requires replacement; the subnet
     follows from the VPC range and the zone; the construct path is the logical id.
     """
-    inputs = {"path": path, "deployment_type": config.fsx_deployment_type, "lustre": "2.15",
-              "region": config.region, "vpc_cidr": config.vpc_cidr, "availability_zone": config.availability_zone}
+    inputs = {
+        "path": path,
+        "deployment_type": config.fsx_deployment_type,
+        "lustre": "2.15",
+        "region": config.region,
+        "vpc_cidr": config.vpc_cidr,
+        "availability_zone": config.availability_zone,
+    }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:10]
 
 
 class StorageStack(cdk.Stack):
-    def __init__(self, scope: Construct, id_: str, *, config: EnvironmentConfig, network: NetworkStack,
-                 **kwargs) -> None:
+    def __init__(
+        self, scope: Construct, id_: str, *, config: EnvironmentConfig, network: NetworkStack, **kwargs
+    ) -> None:
         super().__init__(scope, id_, **kwargs)
         storage = TrainingStorage(
-            self, "Storage",
+            self,
+            "Storage",
             vpc=network.vpc,
             subnet=network.training_subnet,
             security_group=network.lustre_security_group,
@@ -55,6 +63,17 @@ class StorageStack(cdk.Stack):
         self.data_access = DataBucketAccess(self, self.bucket)
         cdk.CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
         cdk.CfnOutput(self, "FileSystemId", value=self.file_system.file_system_id)
-        cdk.CfnOutput(self, "MountCommand", value=cdk.Fn.join("", [
-            "mount -t lustre -o relatime,flock ", self.file_system.dns_name, "@tcp:/",
-            self.file_system.mount_name, f" {FSX_MOUNT_PATH}"]))
+        cdk.CfnOutput(
+            self,
+            "MountCommand",
+            value=cdk.Fn.join(
+                "",
+                [
+                    "mount -t lustre -o relatime,flock ",
+                    self.file_system.dns_name,
+                    "@tcp:/",
+                    self.file_system.mount_name,
+                    f" {FSX_MOUNT_PATH}",
+                ],
+            ),
+        )

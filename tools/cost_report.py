@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -80,11 +80,19 @@ def has_credentials(session) -> bool:
 
 def live_on_demand(pricing_client, config: EnvironmentConfig) -> float | None:
     """Linux, shared-tenancy on-demand price of the instance type in the environment's region."""
-    filters = {"instanceType": config.instance_type, "regionCode": config.region, "operatingSystem": "Linux",
-               "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": "Used"}
+    filters = {
+        "instanceType": config.instance_type,
+        "regionCode": config.region,
+        "operatingSystem": "Linux",
+        "tenancy": "Shared",
+        "preInstalledSw": "NA",
+        "capacitystatus": "Used",
+    }
     response = pricing_client.get_products(
-        ServiceCode="AmazonEC2", MaxResults=10,
-        Filters=[{"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in filters.items()])
+        ServiceCode="AmazonEC2",
+        MaxResults=10,
+        Filters=[{"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in filters.items()],
+    )
     for item in response.get("PriceList", []):
         product = json.loads(item) if isinstance(item, str) else item
         for term in product.get("terms", {}).get("OnDemand", {}).values():
@@ -97,8 +105,12 @@ def live_on_demand(pricing_client, config: EnvironmentConfig) -> float | None:
 
 def live_spot(ec2_client, config: EnvironmentConfig) -> tuple[float, str] | None:
     """The latest Spot price in the environment's AZ, or the highest across AZs when none is pinned."""
-    kwargs = {"InstanceTypes": [config.instance_type], "ProductDescriptions": ["Linux/UNIX"],
-              "StartTime": datetime.now(timezone.utc), "MaxResults": 100}
+    kwargs = {
+        "InstanceTypes": [config.instance_type],
+        "ProductDescriptions": ["Linux/UNIX"],
+        "StartTime": datetime.now(UTC),
+        "MaxResults": 100,
+    }
     if config.availability_zone:
         kwargs["AvailabilityZone"] = config.availability_zone
     latest: dict[str, float] = {}
@@ -122,16 +134,24 @@ def estimate(config: EnvironmentConfig, hours: float, session=None) -> Estimate:
             live, catalogue = None, Price(catalogue.usd_per_hour, f"{catalogue.source}; Price List API failed: {error}")
             on_demand = catalogue
         if live is not None:
-            on_demand = Price(live, f"AWS Price List API, {config.region}, {datetime.now(timezone.utc):%Y-%m-%d}")
+            on_demand = Price(live, f"AWS Price List API, {config.region}, {datetime.now(UTC):%Y-%m-%d}")
         if allowed:
             try:
                 found = live_spot(session.client("ec2", region_name=config.region), config)
-                spot = (Price(found[0], f"EC2 Spot price history, {found[1]}, now") if found
-                        else Price(None, f"n/a (no Spot price for {config.instance_type} in {config.region})"))
+                spot = (
+                    Price(found[0], f"EC2 Spot price history, {found[1]}, now")
+                    if found
+                    else Price(None, f"n/a (no Spot price for {config.instance_type} in {config.region})")
+                )
             except (BotoCoreError, ClientError) as error:
                 spot = Price(None, f"n/a (Spot price history failed: {error})")
-    return Estimate(config=config, hours=hours, on_demand=on_demand, spot=spot,
-                    fsx_usd_per_gb_month=fsx_usd_per_gb_month(config.fsx_deployment_type, config.fsx_throughput_per_tib))
+    return Estimate(
+        config=config,
+        hours=hours,
+        on_demand=on_demand,
+        spot=spot,
+        fsx_usd_per_gb_month=fsx_usd_per_gb_month(config.fsx_deployment_type, config.fsx_throughput_per_tib),
+    )
 
 
 def cost_tag_status(session, tag_key: str) -> str:
@@ -141,15 +161,18 @@ def cost_tag_status(session, tag_key: str) -> str:
     costs incurred after the tag was activated (AWS Billing user guide, activating-tags.html)."""
     try:
         response = session.client("ce", region_name=COST_EXPLORER_REGION).list_cost_allocation_tags(
-            TagKeys=[tag_key], Type="UserDefined")
+            TagKeys=[tag_key], Type="UserDefined"
+        )
     except (BotoCoreError, ClientError) as error:
         return f"Cost-allocation tag {tag_key!r}: not checked ({error}); see README, Cost."
     statuses = {tag["TagKey"]: tag["Status"] for tag in response.get("CostAllocationTags", [])}
     if statuses.get(tag_key) == "Active":
         return f"Cost-allocation tag {tag_key!r}: active; the budgets count costs from its activation on."
     seen = "inactive" if tag_key in statuses else "not seen yet by Billing (no tagged cost so far)"
-    return (f"WARNING: cost-allocation tag {tag_key!r} is {seen}: every budget filtered on it reads $0 until it "
-            "is activated in the payer account (Billing console > Cost allocation tags).")
+    return (
+        f"WARNING: cost-allocation tag {tag_key!r} is {seen}: every budget filtered on it reads $0 until it "
+        "is activated in the payer account (Billing console > Cost allocation tags)."
+    )
 
 
 def render(e: Estimate) -> str:
@@ -167,8 +190,10 @@ def render(e: Estimate) -> str:
     if e.spot.usd_per_hour is None:
         lines.append(f"                      Spot {e.spot.source}")
     else:
-        lines.append(f"                      Spot ${e.spot_run_usd:,.2f} ({c.nodes} x ${e.spot.usd_per_hour:,.4f}/h)"
-                     f"   [{e.spot.source}]")
+        lines.append(
+            f"                      Spot ${e.spot_run_usd:,.2f} ({c.nodes} x ${e.spot.usd_per_hour:,.4f}/h)"
+            f"   [{e.spot.source}]"
+        )
     return "\n".join(lines)
 
 
@@ -188,8 +213,14 @@ def main(argv: list[str] | None = None, session=None) -> int:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--env", help="one environment from cdk.json")
     which.add_argument("--all", action="store_true", help="every environment in cdk.json (the default)")
-    parser.add_argument("-c", "--context", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a config field, as with cdk synth -c (repeatable)")
+    parser.add_argument(
+        "-c",
+        "--context",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a config field, as with cdk synth -c (repeatable)",
+    )
     parser.add_argument("--offline", action="store_true", help="catalogue prices only; do not look for credentials")
     args = parser.parse_args(argv)
     if args.hours <= 0:
@@ -203,15 +234,19 @@ def main(argv: list[str] | None = None, session=None) -> int:
         return 2
     if session is None and not args.offline:
         import boto3  # only when live prices may be used
+
         session = boto3.Session()
     blocks = [render(estimate(config, args.hours, session)) for config in configs]
     print("\n\n".join(blocks))
     if has_credentials(session):
         from stacks.observability_stack import COST_TAG_KEY  # the tag the budgets filter on (imports the CDK)
+
         print("\n" + cost_tag_status(session, COST_TAG_KEY))
-    print(f"\nPrices: EC2 on-demand from the catalogue ({PRICE_SOURCE}, {PRICE_DATE}) unless marked live; "
-          f"FSx from {FSX_PRICE_SOURCE}, {FSX_PRICE_DATE}; a month is {HOURS_PER_MONTH} h. "
-          "Excludes EBS, data transfer, NAT, logs and S3.")
+    print(
+        f"\nPrices: EC2 on-demand from the catalogue ({PRICE_SOURCE}, {PRICE_DATE}) unless marked live; "
+        f"FSx from {FSX_PRICE_SOURCE}, {FSX_PRICE_DATE}; a month is {HOURS_PER_MONTH} h. "
+        "Excludes EBS, data transfer, NAT, logs and S3."
+    )
     return 0
 
 

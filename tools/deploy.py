@@ -52,14 +52,19 @@ def _client(service: str, region: str):
     from botocore.config import Config
 
     # Bounded: a credential or endpoint problem ends in a line, not a hang.
-    return boto3.client(service, region_name=region, config=Config(
-        connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}))
+    return boto3.client(
+        service,
+        region_name=region,
+        config=Config(connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}),
+    )
 
 
 def check_docker(run: Callable[[Sequence[str]], int]) -> None:
     if shutil.which("docker") is None:
-        raise DeployError("Docker is not installed: `cdk deploy` builds the training image from training_image/ "
-                          "(install Docker, or deploy a pushed image with -c image_tag=TAG)")
+        raise DeployError(
+            "Docker is not installed: `cdk deploy` builds the training image from training_image/ "
+            "(install Docker, or deploy a pushed image with -c image_tag=TAG)"
+        )
     if run(["docker", "info", "--format", "{{.ServerVersion}}"]) != 0:
         raise DeployError("Docker is installed but its daemon does not answer (`docker info` failed): start it")
 
@@ -70,8 +75,10 @@ def caller_account(region: str) -> str:
     try:
         return _client("sts", region).get_caller_identity()["Account"]
     except (BotoCoreError, ClientError) as exc:
-        raise DeployError(f"no usable AWS credentials ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                          "configure a profile or AWS_* variables for the target account") from None
+        raise DeployError(
+            f"no usable AWS credentials ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+            "configure a profile or AWS_* variables for the target account"
+        ) from None
 
 
 def is_bootstrapped(region: str) -> bool:
@@ -84,8 +91,9 @@ def is_bootstrapped(region: str) -> bool:
             return False
         raise DeployError(f"could not check the CDK bootstrap stack in {region}: {exc}") from None
     except BotoCoreError as exc:
-        raise DeployError(f"could not reach CloudFormation in {region} to check the CDK bootstrap stack "
-                          f"({type(exc).__name__})") from None
+        raise DeployError(
+            f"could not reach CloudFormation in {region} to check the CDK bootstrap stack ({type(exc).__name__})"
+        ) from None
     return True
 
 
@@ -97,22 +105,28 @@ def registry_password(registry_account: str, registry_region: str) -> str:
     try:
         data = _client("ecr", registry_region).get_authorization_token(registryIds=[registry_account])
     except (BotoCoreError, ClientError) as exc:
-        raise DeployError(f"could not get a login for the base image's registry ({registry_account}, "
-                          f"{registry_region}): {type(exc).__name__}") from None
+        raise DeployError(
+            f"could not get a login for the base image's registry ({registry_account}, "
+            f"{registry_region}): {type(exc).__name__}"
+        ) from None
     token = data["authorizationData"][0]["authorizationToken"]
     return base64.b64decode(token).decode().split(":", 1)[1]
 
 
-def plan(env: str, *, dry_run: bool, run: Callable[..., int], extra: Sequence[str] = (),
-         context: dict | None = None) -> list[list[str]]:
+def plan(
+    env: str, *, dry_run: bool, run: Callable[..., int], extra: Sequence[str] = (), context: dict | None = None
+) -> list[list[str]]:
     """The commands, in order, after every check; runs them unless dry_run. Returns them."""
     sys.path.insert(0, str(ROOT))
     from config import ConfigError, load_config
 
     context = context if context is not None else json.loads((ROOT / "cdk.json").read_text())["context"]
     # `-c FIELD=VALUE` among the cdk arguments changes the configuration the checks see, as it does cdk's.
-    overrides = dict(value.split("=", 1) for flag, value in zip(extra, [*extra[1:], ""])
-                     if flag in ("-c", "--context") and "=" in value)
+    overrides = dict(
+        value.split("=", 1)
+        for flag, value in zip(extra, [*extra[1:], ""], strict=True)
+        if flag in ("-c", "--context") and "=" in value
+    )
     try:
         config = load_config({**context, **overrides, "env": env})
     except ConfigError as error:
@@ -123,8 +137,10 @@ def plan(env: str, *, dry_run: bool, run: Callable[..., int], extra: Sequence[st
         check_docker(run)
     account = caller_account(config.region)
     if config.account and config.account != account:
-        raise DeployError(f"environment '{env}' is for account {config.account}, but the credentials are for "
-                          f"{account}: switch profile, or change `account` in cdk.json")
+        raise DeployError(
+            f"environment '{env}' is for account {config.account}, but the credentials are for "
+            f"{account}: switch profile, or change `account` in cdk.json"
+        )
     if not is_bootstrapped(config.region):
         commands.append([str(CDK), "bootstrap", f"aws://{account}/{config.region}"])
     login = None
@@ -145,16 +161,24 @@ def plan(env: str, *, dry_run: bool, run: Callable[..., int], extra: Sequence[st
 
 
 def _run(command: Sequence[str], stdin: str | None = None) -> int:
-    return subprocess.run(list(command), input=stdin, text=True, cwd=ROOT, check=False,
-                          stdout=None if stdin is None else subprocess.DEVNULL).returncode
+    return subprocess.run(
+        list(command),
+        input=stdin,
+        text=True,
+        cwd=ROOT,
+        check=False,
+        stdout=None if stdin is None else subprocess.DEVNULL,
+    ).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Everything after `--` goes to `cdk deploy` as it is (argparse would read its flags as ours).
-    ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     epilog="after --: more `cdk deploy` arguments, e.g. -- --require-approval never")
+    ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="after --: more `cdk deploy` arguments, e.g. -- --require-approval never",
+    )
     parser.add_argument("env", help="an environment of cdk.json (dev, prod, ...)")
     parser.add_argument("--dry-run", action="store_true", help="check and print the plan, run nothing")
     options = parser.parse_args(ours)

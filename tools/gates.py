@@ -21,7 +21,10 @@ def open_findings(outdir: Path) -> tuple[list[str], int]:
 def cfn_lint(outdir: Path, region: str | None) -> tuple[list[Match], list[Match]]:
     """cfn-lint over every template of the cloud assembly: (errors, warnings); errors fail the gate."""
     regions = [region] if region and region != "unknown-region" else None
-    matches = [m for template in sorted(outdir.glob("*.template.json"))
-               for m in lint_file(template, ManualArgs(regions=regions))]
+    matches = [
+        m
+        for template in sorted(outdir.glob("*.template.json"))
+        for m in lint_file(template, ManualArgs(regions=regions))
+    ]
     errors = [m for m in matches if m.rule.id.startswith("E")]
     return errors, [m for m in matches if not m.rule.id.startswith("E")]

@@ -16,7 +16,7 @@ import json
 import re
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
@@ -34,11 +34,10 @@ def client_config():
 
     return Config(connect_timeout=5, read_timeout=8, retries={"max_attempts": ATTEMPTS, "mode": "standard"})
 
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = schema.PHASES  # the states a successful run passes through, in order
 RESULT_CODES = {"SUCCEEDED": 0, "RUNNING": 1, "FAILED": 1, "TIMED_OUT": 1, "ABORTED": 1, "PENDING_REDRIVE": 1}
-
-
 
 
 class CliError(Exception):
@@ -46,6 +45,7 @@ class CliError(Exception):
 
 
 # ---- AWS access --------------------------------------------------------------------------------
+
 
 def region_of(env: str, override: str | None) -> str:
     if override:
@@ -67,8 +67,10 @@ class Pipeline:
         self.sfn = self._client("stepfunctions")
         outputs = self._outputs()
         if "StateMachineArn" not in outputs:
-            raise CliError(f"environment {env!r}: stack {stack_name(env, 'Pipeline')} has no StateMachineArn output; "
-                           "redeploy the pipeline stack")
+            raise CliError(
+                f"environment {env!r}: stack {stack_name(env, 'Pipeline')} has no StateMachineArn output; "
+                "redeploy the pipeline stack"
+            )
         self.state_machine_arn = outputs["StateMachineArn"]
         self.max_nodes = int(outputs.get("MaxNodes", 1))
         self.min_nodes = int(outputs.get("MinNodes", 1))
@@ -92,8 +94,10 @@ class Pipeline:
             described = call(self._client("cloudformation").describe_stacks, StackName=stack)
         except CliError as error:
             if "does not exist" in str(error):
-                raise CliError(f"environment {self.env!r} is not deployed: no stack {stack} in {self.region} "
-                               f"(deploy it with `cdk deploy -c env={self.env} {stack}`)") from None
+                raise CliError(
+                    f"environment {self.env!r} is not deployed: no stack {stack} in {self.region} "
+                    f"(deploy it with `cdk deploy -c env={self.env} {stack}`)"
+                ) from None
             raise
         return {o["OutputKey"]: o["OutputValue"] for o in described["Stacks"][0].get("Outputs", [])}
 
@@ -117,8 +121,15 @@ class Pipeline:
 
 def call(method, **kwargs):
     """Call boto3, turning credential and API errors into one-line CliErrors."""
-    from botocore.exceptions import (BotoCoreError, ClientError, ConnectTimeoutError, EndpointConnectionError,
-                                     NoCredentialsError, NoRegionError, ReadTimeoutError)
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        NoRegionError,
+        ReadTimeoutError,
+    )
 
     try:
         return method(**kwargs)
@@ -134,8 +145,7 @@ def call(method, **kwargs):
             raise CliError(f"no such execution: {kwargs.get('executionArn')}") from None
         raise CliError(_one_line(f"{code}: {message}")) from None
     except (ConnectTimeoutError, ReadTimeoutError, EndpointConnectionError) as error:
-        raise CliError(f"AWS did not answer after {ATTEMPTS} attempts: "
-                       f"{_one_line(error)}") from None
+        raise CliError(f"AWS did not answer after {ATTEMPTS} attempts: {_one_line(error)}") from None
     except BotoCoreError as error:
         raise CliError(_one_line(error)) from None
 
@@ -180,11 +190,13 @@ def load_run(path: str, max_nodes: int, min_nodes: int = 1) -> dict:
 
 # ---- commands ----------------------------------------------------------------------------------
 
+
 def cmd_start(args, pipeline: Pipeline, out) -> int:
     run = load_run(args.run_file, pipeline.max_nodes, pipeline.min_nodes)
-    name = args.name or f"{run['run_id']}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
-    started = call(pipeline.sfn.start_execution, stateMachineArn=pipeline.state_machine_arn, name=name[:80],
-                   input=json.dumps(run))
+    name = args.name or f"{run['run_id']}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
+    started = call(
+        pipeline.sfn.start_execution, stateMachineArn=pipeline.state_machine_arn, name=name[:80], input=json.dumps(run)
+    )
     print(f"started {name}\n  {started['executionArn']}", file=out)
     if args.watch:
         return watch(pipeline, started["executionArn"], out, interval=args.interval)
@@ -237,10 +249,13 @@ def watch(pipeline: Pipeline, execution_arn: str, out, interval: float = 10.0) -
                     print(f"{elapsed}  {_progress(len(done))}  {task} attempt {attempts[task]}", file=out)
             elif kind in ("TaskFailed", "TaskTimedOut"):
                 details = event.get("taskFailedEventDetails") or event.get("taskTimedOutEventDetails") or {}
-                print(f"{elapsed}  {' ' * len(_progress(len(STAGES)))}  {task} attempt {attempts.get(task, 1)} "
-                      f"failed: {details.get('error', '')}", file=out)
+                print(
+                    f"{elapsed}  {' ' * len(_progress(len(STAGES)))}  {task} attempt {attempts.get(task, 1)} "
+                    f"failed: {details.get('error', '')}",
+                    file=out,
+                )
         if described["status"] != "RUNNING":
-            stop = described.get("stopDate") or datetime.now(timezone.utc)
+            stop = described.get("stopDate") or datetime.now(UTC)
             total = _elapsed((stop - described["startDate"]).total_seconds())
             line = f"{described['status']} after {total}"
             if described.get("error"):
@@ -258,8 +273,10 @@ def cmd_list(args, pipeline: Pipeline, out) -> int:
     for execution in executions:
         stop = execution.get("stopDate")
         took = _elapsed((stop - execution["startDate"]).total_seconds()) if stop else "running"
-        print(f"{execution['name']:<50} {execution['status']:<10} {execution['startDate']:%Y-%m-%d %H:%M} {took}",
-              file=out)
+        print(
+            f"{execution['name']:<50} {execution['status']:<10} {execution['startDate']:%Y-%m-%d %H:%M} {took}",
+            file=out,
+        )
     if not executions:
         print("no runs yet", file=out)
     return 0
@@ -291,20 +308,27 @@ def cmd_describe(args, pipeline: Pipeline, out) -> int:
         verdict = _read_verdict(pipeline, run_id)
     if isinstance(verdict, dict) and verdict:
         outcome = "accepted" if verdict.get("passed") else "rejected"
-        print(f"verdict    {outcome}: {verdict.get('metric')} = {verdict.get('value')} (baseline "
-              f"{verdict.get('baseline')}, relative delta {verdict.get('relative_delta')}, tolerance "
-              f"{verdict.get('tolerance')})", file=out)
+        print(
+            f"verdict    {outcome}: {verdict.get('metric')} = {verdict.get('value')} (baseline "
+            f"{verdict.get('baseline')}, relative delta {verdict.get('relative_delta')}, tolerance "
+            f"{verdict.get('tolerance')})",
+            file=out,
+        )
     else:
         print("verdict    none yet", file=out)
     for state, job_id in jobs.items():
-        print(f"job        {state:<12} {job_id}  {_console(pipeline.region, f'batch/home#jobs/detail/{job_id}')}",
-              file=out)
+        print(
+            f"job        {state:<12} {job_id}  {_console(pipeline.region, f'batch/home#jobs/detail/{job_id}')}",
+            file=out,
+        )
     dashboard = dashboard_name(pipeline.env)
     print(f"dashboard  {_console(pipeline.region, f'cloudwatch/home#dashboards/dashboard/{dashboard}')}", file=out)
     print(f"execution  {_console(pipeline.region, f'states/home#/v2/executions/details/{arn}')}", file=out)
     if pipeline.log_group:
         group = quote(quote(pipeline.log_group, safe=""), safe="")  # the console's double encoding
-        print(f"logs       {_console(pipeline.region, f'cloudwatch/home#logsV2:log-groups/log-group/{group}')}", file=out)
+        print(
+            f"logs       {_console(pipeline.region, f'cloudwatch/home#logsV2:log-groups/log-group/{group}')}", file=out
+        )
     return RESULT_CODES.get(described["status"], 1) if described["status"] != "RUNNING" else 0
 
 
@@ -323,7 +347,9 @@ def _read_verdict(pipeline: Pipeline, run_id: str) -> dict | None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        body = pipeline._client("s3").get_object(Bucket=pipeline.bucket, Key=f"{RUNS_PREFIX}{run_id}/verdict.json")["Body"]
+        body = pipeline._client("s3").get_object(Bucket=pipeline.bucket, Key=f"{RUNS_PREFIX}{run_id}/verdict.json")[
+            "Body"
+        ]
         return _json_object(body.read(64 * 1024).decode("utf-8", "replace"))
     except (ClientError, BotoCoreError):
         return None
@@ -335,6 +361,7 @@ def _console(region: str, fragment: str) -> str:
 
 
 # ---- entry point -------------------------------------------------------------------------------
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipeline_cli", description=__doc__.split("\n\n")[0])

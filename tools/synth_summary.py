@@ -23,12 +23,16 @@ def main(outdir: str = "cdk.out") -> int:
     print(f"  {'total':<36} {total:>4} resources")
 
     unacknowledged, acknowledged = open_findings(root)
-    print(f"cdk-nag AwsSolutions: {'passed' if not unacknowledged else 'FAILED'} "
-          f"({len(unacknowledged)} open, {acknowledged} acknowledged in the report)")
+    print(
+        f"cdk-nag AwsSolutions: {'passed' if not unacknowledged else 'FAILED'} "
+        f"({len(unacknowledged)} open, {acknowledged} acknowledged in the report)"
+    )
     region = next(iter(stacks.values()))["environment"].rsplit("/", 1)[-1]
     errors, warnings = cfn_lint(root, region)
-    print(f"cfn-lint: {'passed' if not errors else 'FAILED'} ({len(errors)} errors, {len(warnings)} "
-          f"warnings over {len(list(root.glob('*.template.json')))} templates)")
+    print(
+        f"cfn-lint: {'passed' if not errors else 'FAILED'} ({len(errors)} errors, {len(warnings)} "
+        f"warnings over {len(list(root.glob('*.template.json')))} templates)"
+    )
     for match in errors:
         print(f"  {match}")
     return 1 if errors or unacknowledged else 0

@@ -13,8 +13,8 @@ from typing import Literal, Protocol
 import aws_cdk as cdk
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_stepfunctions as sfn
-from constructs import Construct
 
+from constructs import Construct
 from constructs.observability.accelerator_metrics import AcceleratorMetrics
 
 JobKind = Literal["sanity", "train", "validate"]
@@ -32,10 +32,19 @@ class JobRunner(Protocol):
     # only the pipeline's Retry starts the job again.
     restarts_lost_hosts: bool
 
-    def submit(self, scope: Construct, id_: str, *, job: JobKind, parameters: Mapping[str, str],
-               job_name: str, nodes: str | None = None, attempts: str | None = None,
-               result_path: str = sfn.JsonPath.DISCARD,
-               timeout: cdk.Duration | str | None = None) -> sfn.CustomState | sfn.Parallel:
+    def submit(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        job: JobKind,
+        parameters: Mapping[str, str],
+        job_name: str,
+        nodes: str | None = None,
+        attempts: str | None = None,
+        result_path: str = sfn.JsonPath.DISCARD,
+        timeout: cdk.Duration | str | None = None,
+    ) -> sfn.CustomState | sfn.Parallel:
         """A Task state that runs `job` and succeeds only when it succeeded.
 
         `parameters`: job parameter name -> JSONPath or intrinsic function giving its string value

@@ -42,15 +42,25 @@ class AcceleratorMetrics:
     schema: tuple[str, ...] = ()  # the node-level dimension set, for Metrics Insights SCHEMA(...)
     efa_scoped: bool = False  # whether the EFA series carry the scope dimension too
 
-    def search(self, metric_name: str, statistic: str, label: str, *, namespace: str | None = None,
-               period: cdk.Duration = cdk.Duration.minutes(1), scoped: bool = True) -> cloudwatch.MathExpression:
+    def search(
+        self,
+        metric_name: str,
+        statistic: str,
+        label: str,
+        *,
+        namespace: str | None = None,
+        period: cdk.Duration = cdk.Duration.minutes(1),
+        scoped: bool = True,
+    ) -> cloudwatch.MathExpression:
         """One line per time series of `metric_name`, whatever its dimensions, within this environment."""
         ns = namespace or self.namespace
         scope = f' {self.scope[0]}="{self.scope[1]}"' if scoped and self.scope else ""
         query = f'Namespace="{ns}" MetricName="{metric_name}"{scope}'
         return cloudwatch.MathExpression(
             expression=f"SEARCH('{query}', '{statistic}', {int(period.to_seconds())})",
-            label=label, period=period, using_metrics={},
+            label=label,
+            period=period,
+            using_metrics={},
         )
 
     def insights_lowest_node(self, metric_name: str) -> str:
@@ -59,33 +69,50 @@ class AcceleratorMetrics:
         Create_Metrics_Insights_Alarm.html and multi-time-series-alarm.html)."""
         source = f"SCHEMA({self.namespace}, {', '.join(self.schema)})" if self.schema else self.namespace
         where = f" WHERE {self.scope[0]} = '{self.scope[1]}'" if self.scope else ""
-        return (f"SELECT AVG({metric_name}) FROM {source}{where} "
-                f"GROUP BY {self.node_dimension} ORDER BY AVG() ASC")
+        return f"SELECT AVG({metric_name}) FROM {source}{where} GROUP BY {self.node_dimension} ORDER BY AVG() ASC"
 
 
-def accelerator_metrics(backend: str, accelerator: Accelerator, *, environment: str,
-                        cluster_name: str | None = None) -> AcceleratorMetrics:
+def accelerator_metrics(
+    backend: str, accelerator: Accelerator, *, environment: str, cluster_name: str | None = None
+) -> AcceleratorMetrics:
     nvidia = accelerator is Accelerator.NVIDIA
     if backend == "eks":
         # Container Insights (enhanced) node GPU/NeuronCore metrics: dimension set ClusterName, InstanceId, NodeName.
         return AcceleratorMetrics(
-            backend=backend, accelerator=accelerator, namespace=CONTAINER_INSIGHTS,
+            backend=backend,
+            accelerator=accelerator,
+            namespace=CONTAINER_INSIGHTS,
             utilization="node_gpu_utilization" if nvidia else "node_neuroncore_utilization",
             memory="node_gpu_memory_utilization" if nvidia else "node_neuroncore_memory_usage_total",
-            efa_namespace=CONTAINER_INSIGHTS, efa_rx_bytes="node_efa_rx_bytes", efa_tx_bytes="node_efa_tx_bytes",
-            node_dimension="NodeName", scope=("ClusterName", cluster_name) if cluster_name else None,
-            schema=("ClusterName", "InstanceId", "NodeName"), efa_scoped=True,
+            efa_namespace=CONTAINER_INSIGHTS,
+            efa_rx_bytes="node_efa_rx_bytes",
+            efa_tx_bytes="node_efa_tx_bytes",
+            node_dimension="NodeName",
+            scope=("ClusterName", cluster_name) if cluster_name else None,
+            schema=("ClusterName", "InstanceId", "NodeName"),
+            efa_scoped=True,
         )
     if nvidia:
         return AcceleratorMetrics(
-            backend=backend, accelerator=accelerator, namespace=CWAGENT,
-            utilization="nvidia_smi_utilization_gpu", memory="nvidia_smi_memory_used",
-            efa_namespace=CWAGENT, efa_rx_bytes="efa_rx_bytes", efa_tx_bytes="efa_tx_bytes",
-            node_dimension="host", scope=(ENVIRONMENT_DIMENSION, environment),
+            backend=backend,
+            accelerator=accelerator,
+            namespace=CWAGENT,
+            utilization="nvidia_smi_utilization_gpu",
+            memory="nvidia_smi_memory_used",
+            efa_namespace=CWAGENT,
+            efa_rx_bytes="efa_rx_bytes",
+            efa_tx_bytes="efa_tx_bytes",
+            node_dimension="host",
+            scope=(ENVIRONMENT_DIMENSION, environment),
         )
     return AcceleratorMetrics(
-        backend=backend, accelerator=accelerator, namespace=batch_neuron_namespace(environment),
-        utilization="neuroncore_utilization", memory="neuron_runtime_memory_used_bytes",
-        efa_namespace=CWAGENT, efa_rx_bytes="efa_rx_bytes", efa_tx_bytes="efa_tx_bytes",
+        backend=backend,
+        accelerator=accelerator,
+        namespace=batch_neuron_namespace(environment),
+        utilization="neuroncore_utilization",
+        memory="neuron_runtime_memory_used_bytes",
+        efa_namespace=CWAGENT,
+        efa_rx_bytes="efa_rx_bytes",
+        efa_tx_bytes="efa_tx_bytes",
         node_dimension="InstanceId",
     )

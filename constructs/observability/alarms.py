@@ -18,12 +18,12 @@ import aws_cdk.aws_cloudwatch_actions as cw_actions
 import aws_cdk.aws_logs as logs
 import aws_cdk.aws_sns as sns
 import aws_cdk.aws_stepfunctions as sfn
-from constructs import Construct
 
+from constructs import Construct
 from constructs.observability.accelerator_metrics import AcceleratorMetrics
 from constructs.observability.dashboard import NON_FINITE_LOSS_METRIC, TRAINING_NAMESPACE
 
-GIB = 1024 ** 3
+GIB = 1024**3
 IDLE_PERIOD = cdk.Duration.minutes(5)
 # FSx publishes FreeDataStorageCapacity once a minute per storage target: a one-minute Sum is the whole
 # file system's free bytes (FSx for Lustre user guide, fs-metrics.html, storage capacity metrics).
@@ -44,19 +44,35 @@ def execution_failed_filter(error_is_rejection: bool) -> logs.IFilterPattern:
     counts as neither."""
     failed = logs.FilterPattern.string_value("$.type", "=", "ExecutionFailed")
     if error_is_rejection:
-        return logs.FilterPattern.all(failed,
-                                      logs.FilterPattern.string_value("$.details.error", "=", MODEL_REJECTED_ERROR))
-    return logs.FilterPattern.all(failed,
-                                  logs.FilterPattern.string_value("$.details.error", "!=", MODEL_REJECTED_ERROR),
-                                  logs.FilterPattern.string_value("$.details.error", "!=", INPUT_REFUSED_ERROR))
+        return logs.FilterPattern.all(
+            failed, logs.FilterPattern.string_value("$.details.error", "=", MODEL_REJECTED_ERROR)
+        )
+    return logs.FilterPattern.all(
+        failed,
+        logs.FilterPattern.string_value("$.details.error", "!=", MODEL_REJECTED_ERROR),
+        logs.FilterPattern.string_value("$.details.error", "!=", INPUT_REFUSED_ERROR),
+    )
 
 
 class TrainingAlarms(Construct):
-    def __init__(self, scope: Construct, id_: str, *, topic: sns.ITopic, accelerators: AcceleratorMetrics,
-                 file_system_id: str, fsx_storage_gib: int, fsx_free_percent: float,
-                 idle_threshold_percent: float, idle_minutes: int, state_machine: sfn.IStateMachine | None = None,
-                 execution_log_group: logs.ILogGroup | None = None, pipeline_namespace: str = "",
-                 alarm_prefix: str, environment: str) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        topic: sns.ITopic,
+        accelerators: AcceleratorMetrics,
+        file_system_id: str,
+        fsx_storage_gib: int,
+        fsx_free_percent: float,
+        idle_threshold_percent: float,
+        idle_minutes: int,
+        state_machine: sfn.IStateMachine | None = None,
+        execution_log_group: logs.ILogGroup | None = None,
+        pipeline_namespace: str = "",
+        alarm_prefix: str,
+        environment: str,
+    ) -> None:
         super().__init__(scope, id_)
         self._action = cw_actions.SnsAction(topic)
         self.alarms: dict[str, cloudwatch.Alarm] = {}
@@ -65,63 +81,119 @@ class TrainingAlarms(Construct):
         if state_machine is not None and execution_log_group is not None:
             self._pipeline_alarm(state_machine, execution_log_group, pipeline_namespace, alarm_prefix)
 
-        self._add("NonFiniteLoss", cloudwatch.MathExpression(
-            expression=f"SELECT MAX({NON_FINITE_LOSS_METRIC}) FROM SCHEMA({TRAINING_NAMESPACE}, Environment, RunId) "
-                       f"WHERE Environment = '{environment}'",
-            label="runs with a non-finite loss", period=cdk.Duration.minutes(1), using_metrics={}),
-            threshold=1, operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        self._add(
+            "NonFiniteLoss",
+            cloudwatch.MathExpression(
+                expression=f"SELECT MAX({NON_FINITE_LOSS_METRIC}) "
+                f"FROM SCHEMA({TRAINING_NAMESPACE}, Environment, RunId) "
+                f"WHERE Environment = '{environment}'",
+                label="runs with a non-finite loss",
+                period=cdk.Duration.minutes(1),
+                using_metrics={},
+            ),
+            threshold=1,
+            operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             description="A training run reported a NaN or infinite loss; its checkpoints since then are suspect.",
-            name=f"{alarm_prefix}-non-finite-loss")
+            name=f"{alarm_prefix}-non-finite-loss",
+        )
 
         # One contributor per host/node: the alarm fires when any one of them averages under the threshold.
         # No accelerator hosts running means no data, which is not idleness: missing data does not breach.
         kind = "GPU" if accelerators.accelerator.value == "nvidia" else "NeuronCore"
-        self._add("AcceleratorsIdle", cloudwatch.MathExpression(
-            expression=accelerators.insights_lowest_node(accelerators.utilization),
-            label=f"{kind} utilisation per node", period=IDLE_PERIOD, using_metrics={}),
-            threshold=idle_threshold_percent, operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+        self._add(
+            "AcceleratorsIdle",
+            cloudwatch.MathExpression(
+                expression=accelerators.insights_lowest_node(accelerators.utilization),
+                label=f"{kind} utilisation per node",
+                period=IDLE_PERIOD,
+                using_metrics={},
+            ),
+            threshold=idle_threshold_percent,
+            operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
             evaluation_periods=idle_minutes // int(IDLE_PERIOD.to_minutes()),
             description=f"A node's {kind}s averaged under {idle_threshold_percent:g}% for {idle_minutes} minutes "
-                        "while it was up: a stalled job or node, or an instance left running without work.",
-            name=f"{alarm_prefix}-accelerators-idle")
+            "while it was up: a stalled job or node, or an instance left running without work.",
+            name=f"{alarm_prefix}-accelerators-idle",
+        )
 
         free_bytes = fsx_storage_gib * GIB * fsx_free_percent / 100
-        self._add("FsxFreeCapacityLow", cloudwatch.Metric(
-            namespace="AWS/FSx", metric_name="FreeDataStorageCapacity", statistic="Sum",
-            dimensions_map={"FileSystemId": file_system_id}, period=FSX_PERIOD),
-            threshold=free_bytes, operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+        self._add(
+            "FsxFreeCapacityLow",
+            cloudwatch.Metric(
+                namespace="AWS/FSx",
+                metric_name="FreeDataStorageCapacity",
+                statistic="Sum",
+                dimensions_map={"FileSystemId": file_system_id},
+                period=FSX_PERIOD,
+            ),
+            threshold=free_bytes,
+            operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
             description=f"FSx for Lustre has under {fsx_free_percent:g}% of its {fsx_storage_gib} GiB free; "
-                        "checkpoints will start failing when it is full.",
-            name=f"{alarm_prefix}-fsx-free-capacity-low")
+            "checkpoints will start failing when it is full.",
+            name=f"{alarm_prefix}-fsx-free-capacity-low",
+        )
 
-    def _pipeline_alarm(self, state_machine: sfn.IStateMachine, log_group: logs.ILogGroup, namespace: str,
-                        prefix: str) -> None:
-        for id_, metric_name, is_rejection in (("Failures", PIPELINE_FAILURES_METRIC, False),
-                                               ("Rejections", MODELS_REJECTED_METRIC, True)):
+    def _pipeline_alarm(
+        self, state_machine: sfn.IStateMachine, log_group: logs.ILogGroup, namespace: str, prefix: str
+    ) -> None:
+        for id_, metric_name, is_rejection in (
+            ("Failures", PIPELINE_FAILURES_METRIC, False),
+            ("Rejections", MODELS_REJECTED_METRIC, True),
+        ):
             log_filter = logs.MetricFilter(
-                self, id_, log_group=log_group, filter_pattern=execution_failed_filter(is_rejection),
-                metric_namespace=namespace, metric_name=metric_name, metric_value="1", default_value=0)
+                self,
+                id_,
+                log_group=log_group,
+                filter_pattern=execution_failed_filter(is_rejection),
+                metric_namespace=namespace,
+                metric_name=metric_name,
+                metric_value="1",
+                default_value=0,
+            )
             self.pipeline_metrics[metric_name] = log_filter.metric(statistic="Sum", period=PIPELINE_PERIOD)
         # Broken = failed for any reason but a rejected model, timed out (the state machine's 7 days), or aborted.
         broken = cloudwatch.MathExpression(
-            expression="FILL(failed, 0) + FILL(timedOut, 0) + FILL(aborted, 0)", label="broken executions",
-            period=PIPELINE_PERIOD, using_metrics={
+            expression="FILL(failed, 0) + FILL(timedOut, 0) + FILL(aborted, 0)",
+            label="broken executions",
+            period=PIPELINE_PERIOD,
+            using_metrics={
                 "failed": self.pipeline_metrics[PIPELINE_FAILURES_METRIC],
                 "timedOut": state_machine.metric_timed_out(period=PIPELINE_PERIOD, statistic="Sum"),
-                "aborted": state_machine.metric_aborted(period=PIPELINE_PERIOD, statistic="Sum")})
-        self._add("PipelineBroken", broken, threshold=1,
-                  operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                  description="A training pipeline execution failed (for a reason other than a rejected model), "
-                              "timed out or was aborted.",
-                  name=f"{prefix}-pipeline-broken")
+                "aborted": state_machine.metric_aborted(period=PIPELINE_PERIOD, statistic="Sum"),
+            },
+        )
+        self._add(
+            "PipelineBroken",
+            broken,
+            threshold=1,
+            operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            description="A training pipeline execution failed (for a reason other than a rejected model), "
+            "timed out or was aborted.",
+            name=f"{prefix}-pipeline-broken",
+        )
 
-    def _add(self, id_: str, metric: cloudwatch.IMetric, *, threshold: float,
-             operator: cloudwatch.ComparisonOperator, description: str, name: str,
-             evaluation_periods: int = 1) -> None:
+    def _add(
+        self,
+        id_: str,
+        metric: cloudwatch.IMetric,
+        *,
+        threshold: float,
+        operator: cloudwatch.ComparisonOperator,
+        description: str,
+        name: str,
+        evaluation_periods: int = 1,
+    ) -> None:
         alarm = cloudwatch.Alarm(
-            self, id_, metric=metric, threshold=threshold, comparison_operator=operator,
-            evaluation_periods=evaluation_periods, datapoints_to_alarm=evaluation_periods,
+            self,
+            id_,
+            metric=metric,
+            threshold=threshold,
+            comparison_operator=operator,
+            evaluation_periods=evaluation_periods,
+            datapoints_to_alarm=evaluation_periods,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-            alarm_description=description, alarm_name=name)
+            alarm_description=description,
+            alarm_name=name,
+        )
         alarm.add_alarm_action(self._action)
         self.alarms[id_] = alarm

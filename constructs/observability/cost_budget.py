@@ -7,6 +7,7 @@ step that CloudFormation cannot do), and only covers costs incurred after activa
 
 import aws_cdk.aws_budgets as budgets
 import aws_cdk.aws_sns as sns
+
 from constructs import Construct
 
 ACTUAL_PERCENT = 80.0
@@ -14,20 +15,34 @@ FORECASTED_PERCENT = 100.0
 
 
 class CostBudget(Construct):
-    def __init__(self, scope: Construct, id_: str, *, budget_name: str, monthly_limit_usd: float,
-                 tag_key: str, tag_value: str, topic: sns.ITopic) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        budget_name: str,
+        monthly_limit_usd: float,
+        tag_key: str,
+        tag_value: str,
+        topic: sns.ITopic,
+    ) -> None:
         super().__init__(scope, id_)
         subscribers = [budgets.CfnBudget.SubscriberProperty(subscription_type="SNS", address=topic.topic_arn)]
 
         def notify(kind: str, percent: float) -> budgets.CfnBudget.NotificationWithSubscribersProperty:
             return budgets.CfnBudget.NotificationWithSubscribersProperty(
                 notification=budgets.CfnBudget.NotificationProperty(
-                    notification_type=kind, comparison_operator="GREATER_THAN",
-                    threshold=percent, threshold_type="PERCENTAGE"),
-                subscribers=subscribers)
+                    notification_type=kind,
+                    comparison_operator="GREATER_THAN",
+                    threshold=percent,
+                    threshold_type="PERCENTAGE",
+                ),
+                subscribers=subscribers,
+            )
 
         self.budget = budgets.CfnBudget(
-            self, "Budget",
+            self,
+            "Budget",
             budget=budgets.CfnBudget.BudgetDataProperty(
                 budget_name=budget_name,
                 budget_type="COST",

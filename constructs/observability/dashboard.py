@@ -1,15 +1,16 @@
 """One CloudWatch dashboard per environment: accelerators, EFA, FSx, jobs, pipeline and the training metrics.
 
-Training metrics are EMF lines from train.py (namespace EfaTraining, dimensions Environment and RunId). Run ids are new for
-every run, so those graphs are SEARCH expressions: each run appears as its own line without a redeploy.
+Training metrics are EMF lines from train.py (namespace EfaTraining, dimensions Environment and RunId).
+Run ids are new for every run, so those graphs are SEARCH expressions: each run appears as its own line
+without a redeploy.
 """
 
 import aws_cdk as cdk
 import aws_cdk.aws_cloudwatch as cloudwatch
 import aws_cdk.aws_stepfunctions as sfn
-from constructs import Construct
 
 from config import Accelerator
+from constructs import Construct
 from constructs.observability.accelerator_metrics import AcceleratorMetrics
 from constructs.observability.job_state_metrics import METRIC_NAME as JOB_STATE_METRIC
 
@@ -23,27 +24,43 @@ _WIDE, _HALF, _THIRD = 24, 12, 8
 def training_search(metric_name: str, environment: str, statistic: str = "Average") -> cloudwatch.MathExpression:
     """Every run of this environment: one line per RunId of one EMF metric."""
     return cloudwatch.MathExpression(
-        expression=f"SEARCH('{{{TRAINING_NAMESPACE},Environment,RunId}} Environment=\"{environment}\" "
-                   f"MetricName=\"{metric_name}\"', '{statistic}', 60)",
-        label=metric_name, period=cdk.Duration.minutes(1), using_metrics={},
+        expression=f'SEARCH(\'{{{TRAINING_NAMESPACE},Environment,RunId}} Environment="{environment}" '
+        f"MetricName=\"{metric_name}\"', '{statistic}', 60)",
+        label=metric_name,
+        period=cdk.Duration.minutes(1),
+        using_metrics={},
     )
 
 
 class TrainingDashboard(Construct):
-    def __init__(self, scope: Construct, id_: str, *, dashboard_name: str, accelerators: AcceleratorMetrics,
-                 file_system_id: str, state_machine: sfn.IStateMachine | None = None,
-                 pipeline_outcomes: dict[str, cloudwatch.IMetric] | None = None,
-                 job_state_namespace: str | None = None, environment: str = "") -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        dashboard_name: str,
+        accelerators: AcceleratorMetrics,
+        file_system_id: str,
+        state_machine: sfn.IStateMachine | None = None,
+        pipeline_outcomes: dict[str, cloudwatch.IMetric] | None = None,
+        job_state_namespace: str | None = None,
+        environment: str = "",
+    ) -> None:
         super().__init__(scope, id_)
-        self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=dashboard_name,
-                                              default_interval=cdk.Duration.hours(6))
+        self.dashboard = cloudwatch.Dashboard(
+            self, "Dashboard", dashboard_name=dashboard_name, default_interval=cdk.Duration.hours(6)
+        )
         # aws-cdk-lib tags dashboards, but cfn-lint 1.51's resource schema has no Tags on AWS::CloudWatch::Dashboard
         # (E3002); a dashboard costs a flat $3 a month, so it drops out of cost allocation without loss.
         self.dashboard.node.default_child.add_property_deletion_override("Tags")
-        self.dashboard.add_widgets(cloudwatch.TextWidget(
-            markdown=f"# {dashboard_name}\nBackend **{accelerators.backend}**, accelerator "
-                     f"**{accelerators.accelerator.value}**. Lines per host/node and per training run (RunId).",
-            width=_WIDE, height=2))
+        self.dashboard.add_widgets(
+            cloudwatch.TextWidget(
+                markdown=f"# {dashboard_name}\nBackend **{accelerators.backend}**, accelerator "
+                f"**{accelerators.accelerator.value}**. Lines per host/node and per training run (RunId).",
+                width=_WIDE,
+                height=2,
+            )
+        )
         self.dashboard.add_widgets(*self._accelerator_widgets(accelerators))
         self.dashboard.add_widgets(*self._training_widgets(environment))
         self.dashboard.add_widgets(*self._fsx_widgets(file_system_id))
@@ -58,46 +75,95 @@ class TrainingDashboard(Construct):
     @staticmethod
     def _accelerator_widgets(m: AcceleratorMetrics) -> list[cloudwatch.IWidget]:
         kind = "GPU" if m.accelerator is Accelerator.NVIDIA else "NeuronCore"
-        widgets = [cloudwatch.GraphWidget(
-            title=f"{kind} utilisation (%)", width=_THIRD,
-            left=[m.search(m.utilization, "Average", f"{kind} %")],
-            left_y_axis=cloudwatch.YAxisProps(min=0, max=100))]
+        widgets = [
+            cloudwatch.GraphWidget(
+                title=f"{kind} utilisation (%)",
+                width=_THIRD,
+                left=[m.search(m.utilization, "Average", f"{kind} %")],
+                left_y_axis=cloudwatch.YAxisProps(min=0, max=100),
+            )
+        ]
         if m.memory:
-            widgets.append(cloudwatch.GraphWidget(
-                title=f"{kind} memory in use", width=_THIRD, left=[m.search(m.memory, "Average", "memory")]))
-        widgets.append(cloudwatch.GraphWidget(
-            title="EFA bytes in / out (per 5 min)", width=_THIRD,
-            left=[m.search(m.efa_rx_bytes, "Sum", "rx", namespace=m.efa_namespace, period=_FIVE_MINUTES,
-                           scoped=m.efa_scoped)],
-            right=[m.search(m.efa_tx_bytes, "Sum", "tx", namespace=m.efa_namespace, period=_FIVE_MINUTES,
-                            scoped=m.efa_scoped)]))
+            widgets.append(
+                cloudwatch.GraphWidget(
+                    title=f"{kind} memory in use", width=_THIRD, left=[m.search(m.memory, "Average", "memory")]
+                )
+            )
+        widgets.append(
+            cloudwatch.GraphWidget(
+                title="EFA bytes in / out (per 5 min)",
+                width=_THIRD,
+                left=[
+                    m.search(
+                        m.efa_rx_bytes,
+                        "Sum",
+                        "rx",
+                        namespace=m.efa_namespace,
+                        period=_FIVE_MINUTES,
+                        scoped=m.efa_scoped,
+                    )
+                ],
+                right=[
+                    m.search(
+                        m.efa_tx_bytes,
+                        "Sum",
+                        "tx",
+                        namespace=m.efa_namespace,
+                        period=_FIVE_MINUTES,
+                        scoped=m.efa_scoped,
+                    )
+                ],
+            )
+        )
         return widgets
 
     @staticmethod
     def _training_widgets(environment: str) -> list[cloudwatch.IWidget]:
-        titles = {"Loss": "Loss", "TokensPerSecond": "Tokens per second", "StepTimeSeconds": "Step time (s)",
-                  "MFU": "Model FLOPs utilisation (%)"}
-        return [cloudwatch.GraphWidget(title=f"{titles[name]} by run", width=6, left=[training_search(name, environment)])
-                for name in TRAINING_METRICS]
+        titles = {
+            "Loss": "Loss",
+            "TokensPerSecond": "Tokens per second",
+            "StepTimeSeconds": "Step time (s)",
+            "MFU": "Model FLOPs utilisation (%)",
+        }
+        return [
+            cloudwatch.GraphWidget(title=f"{titles[name]} by run", width=6, left=[training_search(name, environment)])
+            for name in TRAINING_METRICS
+        ]
 
     @staticmethod
     def _fsx_widgets(file_system_id: str) -> list[cloudwatch.IWidget]:
         def fsx(metric_name: str, statistic: str) -> cloudwatch.Metric:
-            return cloudwatch.Metric(namespace="AWS/FSx", metric_name=metric_name, statistic=statistic,
-                                     dimensions_map={"FileSystemId": file_system_id}, period=_FIVE_MINUTES)
+            return cloudwatch.Metric(
+                namespace="AWS/FSx",
+                metric_name=metric_name,
+                statistic=statistic,
+                dimensions_map={"FileSystemId": file_system_id},
+                period=_FIVE_MINUTES,
+            )
 
         # Bytes per period divided by the period's seconds: throughput in bytes per second.
         throughput = [
-            cloudwatch.MathExpression(expression=f"{var}/PERIOD({var})", label=label, period=_FIVE_MINUTES,
-                                      using_metrics={var: fsx(metric, "Sum")})
+            cloudwatch.MathExpression(
+                expression=f"{var}/PERIOD({var})",
+                label=label,
+                period=_FIVE_MINUTES,
+                using_metrics={var: fsx(metric, "Sum")},
+            )
             for var, metric, label in (("r", "DataReadBytes", "read B/s"), ("w", "DataWriteBytes", "write B/s"))
         ]
         # FreeDataStorageCapacity: Sum = the file system's free bytes, Minimum = the fullest storage target's
         # (FSx for Lustre user guide, fs-metrics.html); one-minute periods hold one sample per target.
-        free = [cloudwatch.Metric(namespace="AWS/FSx", metric_name="FreeDataStorageCapacity", statistic=statistic,
-                                  dimensions_map={"FileSystemId": file_system_id}, period=cdk.Duration.minutes(1),
-                                  label=label)
-                for statistic, label in (("Sum", "file system"), ("Minimum", "fullest storage target"))]
+        free = [
+            cloudwatch.Metric(
+                namespace="AWS/FSx",
+                metric_name="FreeDataStorageCapacity",
+                statistic=statistic,
+                dimensions_map={"FileSystemId": file_system_id},
+                period=cdk.Duration.minutes(1),
+                label=label,
+            )
+            for statistic, label in (("Sum", "file system"), ("Minimum", "fullest storage target"))
+        ]
         return [
             cloudwatch.GraphWidget(title="FSx throughput (bytes/s)", width=_HALF, left=throughput),
             cloudwatch.GraphWidget(title="FSx free capacity (bytes)", width=_HALF, left=free),
@@ -106,25 +172,45 @@ class TrainingDashboard(Construct):
     @staticmethod
     def _job_state_widget(namespace: str) -> cloudwatch.IWidget:
         # One line per (queue, state) that occurred: SUBMITTED, RUNNABLE, RUNNING, SUCCEEDED, FAILED, ...
-        return cloudwatch.GraphWidget(title="Batch jobs entering each state (per 5 min)", width=_THIRD, left=[
-            cloudwatch.MathExpression(
-                expression=f"SEARCH('{{{namespace},JobQueue,Status}} MetricName=\"{JOB_STATE_METRIC}\"', 'Sum', 300)",
-                label="", period=_FIVE_MINUTES, using_metrics={})])
+        return cloudwatch.GraphWidget(
+            title="Batch jobs entering each state (per 5 min)",
+            width=_THIRD,
+            left=[
+                cloudwatch.MathExpression(
+                    expression=f"SEARCH('{{{namespace},JobQueue,Status}} "
+                    f"MetricName=\"{JOB_STATE_METRIC}\"', 'Sum', 300)",
+                    label="",
+                    period=_FIVE_MINUTES,
+                    using_metrics={},
+                )
+            ],
+        )
 
     @staticmethod
-    def _pipeline_widgets(state_machine: sfn.IStateMachine,
-                          outcomes: dict[str, cloudwatch.IMetric]) -> list[cloudwatch.IWidget]:
+    def _pipeline_widgets(
+        state_machine: sfn.IStateMachine, outcomes: dict[str, cloudwatch.IMetric]
+    ) -> list[cloudwatch.IWidget]:
         # Failed executions split into broken runs and rejected models where the execution log is counted.
-        failed = ([metric.with_(label=name) for name, metric in outcomes.items()] if outcomes
-                  else [state_machine.metric_failed(period=_FIVE_MINUTES, label="failed")])
+        failed = (
+            [metric.with_(label=name) for name, metric in outcomes.items()]
+            if outcomes
+            else [state_machine.metric_failed(period=_FIVE_MINUTES, label="failed")]
+        )
         return [
-            cloudwatch.GraphWidget(title="Pipeline executions", width=_THIRD, left=[
-                state_machine.metric_started(period=_FIVE_MINUTES, label="started"),
-                state_machine.metric_succeeded(period=_FIVE_MINUTES, label="succeeded"),
-                *failed,
-                state_machine.metric_timed_out(period=_FIVE_MINUTES, label="timed out"),
-                state_machine.metric_aborted(period=_FIVE_MINUTES, label="aborted"),
-            ]),
-            cloudwatch.GraphWidget(title="Pipeline execution time (ms)", width=_THIRD, left=[
-                state_machine.metric_time(period=_FIVE_MINUTES, label="execution time")]),
+            cloudwatch.GraphWidget(
+                title="Pipeline executions",
+                width=_THIRD,
+                left=[
+                    state_machine.metric_started(period=_FIVE_MINUTES, label="started"),
+                    state_machine.metric_succeeded(period=_FIVE_MINUTES, label="succeeded"),
+                    *failed,
+                    state_machine.metric_timed_out(period=_FIVE_MINUTES, label="timed out"),
+                    state_machine.metric_aborted(period=_FIVE_MINUTES, label="aborted"),
+                ],
+            ),
+            cloudwatch.GraphWidget(
+                title="Pipeline execution time (ms)",
+                width=_THIRD,
+                left=[state_machine.metric_time(period=_FIVE_MINUTES, label="execution time")],
+            ),
         ]

@@ -11,6 +11,7 @@ import aws_cdk.aws_events as events
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_logs as logs
 import jsii
+
 from constructs import Construct
 
 METRIC_NAME = "JobStateChanges"
@@ -27,36 +28,61 @@ class _LogGroupTarget:
     def bind(self, _rule: events.IRule, _id: str | None = None) -> events.RuleTargetConfig:
         # The target ARN names the log group without the ":*" suffix that LogGroup.log_group_arn carries.
         stack = cdk.Stack.of(self._log_group)
-        return events.RuleTargetConfig(arn=stack.format_arn(
-            service="logs", resource="log-group", arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-            resource_name=self._log_group.log_group_name))
+        return events.RuleTargetConfig(
+            arn=stack.format_arn(
+                service="logs",
+                resource="log-group",
+                arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+                resource_name=self._log_group.log_group_name,
+            )
+        )
 
 
 class JobStateMetrics(Construct):
-    def __init__(self, scope: Construct, id_: str, *, job_queue_arns: list[str], namespace: str,
-                 retention: logs.RetentionDays, removal_policy: cdk.RemovalPolicy) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        job_queue_arns: list[str],
+        namespace: str,
+        retention: logs.RetentionDays,
+        removal_policy: cdk.RemovalPolicy,
+    ) -> None:
         super().__init__(scope, id_)
         self.namespace = namespace
         # EventBridge requires a log group name starting with /aws/events/.
         self.log_group = logs.LogGroup(
-            self, "Events", log_group_name=f"/aws/events/{cdk.Stack.of(self).stack_name}/batch-job-states",
-            retention=retention, removal_policy=removal_policy)
-        self.log_group.add_to_resource_policy(iam.PolicyStatement(
-            principals=[iam.ServicePrincipal("events.amazonaws.com"), iam.ServicePrincipal("delivery.logs.amazonaws.com")],
-            actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-            resources=[self.log_group.log_group_arn],
-        ))
+            self,
+            "Events",
+            log_group_name=f"/aws/events/{cdk.Stack.of(self).stack_name}/batch-job-states",
+            retention=retention,
+            removal_policy=removal_policy,
+        )
+        self.log_group.add_to_resource_policy(
+            iam.PolicyStatement(
+                principals=[
+                    iam.ServicePrincipal("events.amazonaws.com"),
+                    iam.ServicePrincipal("delivery.logs.amazonaws.com"),
+                ],
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[self.log_group.log_group_arn],
+            )
+        )
         self.rule = events.Rule(
-            self, "JobStateChange",
+            self,
+            "JobStateChange",
             description="Batch job state changes of this environment's queues, counted by a metric filter",
             event_pattern=events.EventPattern(
-                source=["aws.batch"], detail_type=["Batch Job State Change"],
+                source=["aws.batch"],
+                detail_type=["Batch Job State Change"],
                 detail={"jobQueue": job_queue_arns},
             ),
         )
         self.rule.add_target(_LogGroupTarget(self.log_group))
         self.metric_filter = logs.MetricFilter(
-            self, "ByState",
+            self,
+            "ByState",
             log_group=self.log_group,
             filter_pattern=logs.FilterPattern.exists("$.detail.status"),
             metric_namespace=namespace,

@@ -12,8 +12,14 @@ too: every call retried here is idempotent (reads, conditional writes, writes of
 import aws_cdk as cdk
 import aws_cdk.aws_stepfunctions as sfn
 
-TRANSIENT_ERRORS = ("S3.S3Exception", "Ssm.SsmException", "Ssm.InternalServerErrorException",
-                    "Ssm.TooManyUpdatesException", "Sfn.SfnException", "States.Timeout")
+TRANSIENT_ERRORS = (
+    "S3.S3Exception",
+    "Ssm.SsmException",
+    "Ssm.InternalServerErrorException",
+    "Ssm.TooManyUpdatesException",
+    "Sfn.SfnException",
+    "States.Timeout",
+)
 # SNS publishing: any failure is retried, since a duplicate notification costs less than a lost one.
 NOTIFICATION_ERRORS = ("States.TaskFailed", "States.Timeout")
 CALL_TIMEOUT = cdk.Duration.minutes(2)
@@ -23,6 +29,12 @@ def retry_transient(task: sfn.TaskStateBase, errors: tuple[str, ...] = TRANSIENT
     """Exponential backoff with full jitter ("Handling errors in Step Functions workflows", Retry fields
     `JitterStrategy`, `MaxDelaySeconds`: https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html):
     6 attempts over about a minute."""
-    task.add_retry(errors=list(errors), interval=cdk.Duration.seconds(1), backoff_rate=2, max_attempts=5,
-                   max_delay=cdk.Duration.seconds(30), jitter_strategy=sfn.JitterType.FULL)
+    task.add_retry(
+        errors=list(errors),
+        interval=cdk.Duration.seconds(1),
+        backoff_rate=2,
+        max_attempts=5,
+        max_delay=cdk.Duration.seconds(30),
+        jitter_strategy=sfn.JitterType.FULL,
+    )
     return task

@@ -6,8 +6,8 @@ A failed notification must not hide the run's own error: its Catch goes straight
 import aws_cdk.aws_sns as sns
 import aws_cdk.aws_stepfunctions as sfn
 import aws_cdk.aws_stepfunctions_tasks as tasks
-from constructs import Construct
 
+from constructs import Construct
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, NOTIFICATION_ERRORS, retry_transient
 
 J = sfn.JsonPath
@@ -21,17 +21,23 @@ class FailurePath:
         self._scope = scope
         self.failed = sfn.Fail(scope, "RunFailed", error_path="$.failure.error", cause_path="$.failure.cause")
         self.notify = tasks.SnsPublish(
-            scope, "NotifyFailure", topic=topic, result_path=J.DISCARD,
+            scope,
+            "NotifyFailure",
+            topic=topic,
+            result_path=J.DISCARD,
             subject=J.format(f"EFA training {environment}: {{}}", J.string_at("$.failure.error")),
-            message=sfn.TaskInput.from_object({
-                "environment": environment, "outcome": "FAILED",
-                "run_id": J.string_at("$.run.run_id"),
-                "error": J.string_at("$.failure.error"),
-                "state": J.string_at("$.failure.state"),
-                "detail": J.string_at("$.failure.detail"),
-                "cause": J.string_at("$.failure.cause"),
-                "execution": J.execution_id,
-            }),
+            message=sfn.TaskInput.from_object(
+                {
+                    "environment": environment,
+                    "outcome": "FAILED",
+                    "run_id": J.string_at("$.run.run_id"),
+                    "error": J.string_at("$.failure.error"),
+                    "state": J.string_at("$.failure.state"),
+                    "detail": J.string_at("$.failure.detail"),
+                    "cause": J.string_at("$.failure.cause"),
+                    "execution": J.execution_id,
+                }
+            ),
             task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
         retry_transient(self.notify, NOTIFICATION_ERRORS)
@@ -40,10 +46,14 @@ class FailurePath:
 
     def record(self, state: str, error: str) -> sfn.Pass:
         """The Pass that names the failure of `state` (from `$.caught`); `.next(self.notify)` is up to the caller."""
-        return sfn.Pass(self._scope, f"On{state}Failure", parameters={
-            "run.$": "$.run",
-            "failure": {"state": state, "error": error, "detail.$": "$.caught.Error", "cause.$": "$.caught.Cause"},
-        })
+        return sfn.Pass(
+            self._scope,
+            f"On{state}Failure",
+            parameters={
+                "run.$": "$.run",
+                "failure": {"state": state, "error": error, "detail.$": "$.caught.Error", "cause.$": "$.caught.Cause"},
+            },
+        )
 
     def catch(self, task: Catchable, state: str, error: str) -> None:
         task.add_catch(self.record(state, error).next(self.notify), errors=["States.ALL"], result_path="$.caught")

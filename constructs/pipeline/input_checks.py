@@ -16,8 +16,8 @@ is allowed:
 """
 
 import aws_cdk.aws_stepfunctions as sfn
-from constructs import Construct
 
+from constructs import Construct
 from contracts.run import Field, defaults, fields, hyperparameters, top_level
 
 C = sfn.Condition
@@ -63,44 +63,84 @@ def input_validation(scope: Construct, *, max_nodes: int, min_nodes: int = 1) ->
 
     # ---- 1. shapes, defaults
     read = sfn.Pass(scope, "ReadInput", parameters={"input.$": "$", "shape.$": "States.JsonToString($)"})
-    apply_defaults = sfn.Pass(scope, "ApplyDefaults", parameters={
-        "input.$": "$.input",
-        "defaults": {**{f.name: MISSING for f in top if f.required},
-                     **{k: v for k, v in run_defaults.items() if k != "hyperparameters"}, "hyperparameters": {}},
-        "hyperparameter_defaults": run_defaults["hyperparameters"],
-    })
-    merge = sfn.Pass(scope, "MergeDefaults", parameters={
-        "run.$": "States.JsonMerge($.defaults, $.input, false)",
-        "hyperparameter_defaults.$": "$.hyperparameter_defaults",
-    })
-    inspect_hyper = sfn.Pass(scope, "InspectHyperparameters", parameters={
-        "run.$": "$.run", "hyperparameter_defaults.$": "$.hyperparameter_defaults",
-        "shape.$": "States.JsonToString($.run.hyperparameters)"})
-    merge_hyper = sfn.Pass(scope, "MergeHyperparameters", parameters={
-        "given.$": "$.run",
-        "merged": {"hyperparameters.$": "States.JsonMerge($.hyperparameter_defaults, $.run.hyperparameters, false)"},
-    })
-    complete = sfn.Pass(scope, "CompleteInput", parameters={"given.$": "States.JsonMerge($.given, $.merged, false)"})
-    project = sfn.Pass(scope, "KeepKnownFields", parameters={
-        "given.$": "$.given",
-        "run": {
-            **{f"{f.name}.$": f"$.given.{f.name}" for f in top if f.kind != "object"},
-            "hyperparameters": {f"{f.key}.$": f"$.given.hyperparameters.{f.key}" for f in hyper},
+    apply_defaults = sfn.Pass(
+        scope,
+        "ApplyDefaults",
+        parameters={
+            "input.$": "$.input",
+            "defaults": {
+                **{f.name: MISSING for f in top if f.required},
+                **{k: v for k, v in run_defaults.items() if k != "hyperparameters"},
+                "hyperparameters": {},
+            },
+            "hyperparameter_defaults": run_defaults["hyperparameters"],
         },
-    })
-    count = sfn.Pass(scope, "CountFields", parameters={
-        "run.$": "$.run", "field_count": {"given.$": _count("$.given"), "known.$": _count("$.run")},
-    })
+    )
+    merge = sfn.Pass(
+        scope,
+        "MergeDefaults",
+        parameters={
+            "run.$": "States.JsonMerge($.defaults, $.input, false)",
+            "hyperparameter_defaults.$": "$.hyperparameter_defaults",
+        },
+    )
+    inspect_hyper = sfn.Pass(
+        scope,
+        "InspectHyperparameters",
+        parameters={
+            "run.$": "$.run",
+            "hyperparameter_defaults.$": "$.hyperparameter_defaults",
+            "shape.$": "States.JsonToString($.run.hyperparameters)",
+        },
+    )
+    merge_hyper = sfn.Pass(
+        scope,
+        "MergeHyperparameters",
+        parameters={
+            "given.$": "$.run",
+            "merged": {
+                "hyperparameters.$": "States.JsonMerge($.hyperparameter_defaults, $.run.hyperparameters, false)"
+            },
+        },
+    )
+    complete = sfn.Pass(scope, "CompleteInput", parameters={"given.$": "States.JsonMerge($.given, $.merged, false)"})
+    project = sfn.Pass(
+        scope,
+        "KeepKnownFields",
+        parameters={
+            "given.$": "$.given",
+            "run": {
+                **{f"{f.name}.$": f"$.given.{f.name}" for f in top if f.kind != "object"},
+                "hyperparameters": {f"{f.key}.$": f"$.given.hyperparameters.{f.key}" for f in hyper},
+            },
+        },
+    )
+    count = sfn.Pass(
+        scope,
+        "CountFields",
+        parameters={
+            "run.$": "$.run",
+            "field_count": {"given.$": _count("$.given"), "known.$": _count("$.run")},
+        },
+    )
 
     # ---- 3. presence, types, ranges, known values
     check = sfn.Choice(scope, "ValidateInput")
-    check.when(C.number_greater_than_json_path("$.field_count.given", "$.field_count.known"), fail(
-        "unknown", "Field", f"the input has an unknown field; expected only {', '.join(f.name for f in top)} and, "
-                            f"in hyperparameters, {', '.join(f.key for f in hyper)}"))
+    check.when(
+        C.number_greater_than_json_path("$.field_count.given", "$.field_count.known"),
+        fail(
+            "unknown",
+            "Field",
+            f"the input has an unknown field; expected only {', '.join(f.name for f in top)} and, "
+            f"in hyperparameters, {', '.join(f.key for f in hyper)}",
+        ),
+    )
     for f in table:
         if f.required:
-            check.when(C.or_(C.is_null(f"$.run.{f.name}"), C.string_equals(f"$.run.{f.name}", MISSING)),
-                       fail(f.name, "Missing", f"{f.name} is missing; expected {f.allowed()}"))
+            check.when(
+                C.or_(C.is_null(f"$.run.{f.name}"), C.string_equals(f"$.run.{f.name}", MISSING)),
+                fail(f.name, "Missing", f"{f.name} is missing; expected {f.allowed()}"),
+            )
     for f in table:
         if f.kind != "object":
             _check_field(check, f, invalid(f, "Type"))
@@ -108,16 +148,29 @@ def input_validation(scope: Construct, *, max_nodes: int, min_nodes: int = 1) ->
     # ---- 4. integers as written; 5. patterns and lengths (JSONata)
     integers = [f for f in table if f.kind == "integer"]
     patterned = [f for f in table if f.pattern]
-    measure = sfn.Pass(scope, "MeasureIntegers", parameters={
-        "run.$": "$.run",
-        "fraction_parts": {f.name.replace(".", "_") + ".$": f"States.ArrayLength(States.StringSplit(States.Format('{{}}', "
-                                                     f"$.run.{f.name}), '.eE'))" for f in integers}})
-    match = sfn.Pass.jsonata(scope, "MatchPatterns", outputs={
-        "run": "{% $states.input.run %}",
-        "fraction_parts": "{% $states.input.fraction_parts %}",
-        "patterns": {f.name: _matches_whole(f"$states.input.run.{f.name}", f.pattern, f.max_length)
-                     for f in patterned},
-    })
+    measure = sfn.Pass(
+        scope,
+        "MeasureIntegers",
+        parameters={
+            "run.$": "$.run",
+            "fraction_parts": {
+                f.name.replace(".", "_") + ".$": f"States.ArrayLength(States.StringSplit(States.Format('{{}}', "
+                f"$.run.{f.name}), '.eE'))"
+                for f in integers
+            },
+        },
+    )
+    match = sfn.Pass.jsonata(
+        scope,
+        "MatchPatterns",
+        outputs={
+            "run": "{% $states.input.run %}",
+            "fraction_parts": "{% $states.input.fraction_parts %}",
+            "patterns": {
+                f.name: _matches_whole(f"$states.input.run.{f.name}", f.pattern, f.max_length) for f in patterned
+            },
+        },
+    )
     values = sfn.Choice(scope, "ValidateValues")
     for f in integers:
         values.when(C.number_greater_than(f"$.fraction_parts.{f.name.replace('.', '_')}", 1), invalid(f, "NotInteger"))
@@ -127,12 +180,22 @@ def input_validation(scope: Construct, *, max_nodes: int, min_nodes: int = 1) ->
     values.otherwise(valid)
     check.otherwise(measure.next(match).next(values))
 
-    read.next(_is_object(scope, "IsObject", fail("input", "NotObject", "the input must be a JSON object with "
-                                                       f"the fields {', '.join(f.name for f in top)}"), apply_defaults))
+    read.next(
+        _is_object(
+            scope,
+            "IsObject",
+            fail(
+                "input",
+                "NotObject",
+                f"the input must be a JSON object with the fields {', '.join(f.name for f in top)}",
+            ),
+            apply_defaults,
+        )
+    )
     hyper_field = next(f for f in top if f.name == "hyperparameters")
     apply_defaults.next(merge).next(inspect_hyper).next(
-        _is_object(scope, "HyperparametersIsObject", invalid(hyper_field, "NotObject"),
-                   merge_hyper))
+        _is_object(scope, "HyperparametersIsObject", invalid(hyper_field, "NotObject"), merge_hyper)
+    )
     merge_hyper.next(complete).next(project).next(count).next(check)
     return read, valid
 

@@ -11,16 +11,21 @@ bad input, divergence, a locked checkpoint folder) goes straight to the failure 
 """
 
 import aws_cdk.aws_stepfunctions as sfn
-from constructs import Construct
 
+from constructs import Construct
 from contracts.run import REFUSED_EXIT_CODES
 
 ATTEMPT_FAILED = "TrainingAttemptFailed"
 REFUSED = "TrainingRefused"
 
 
-def classified_training(scope: Construct, id_: str, submission: sfn.CustomState | sfn.Parallel,
-                        result_path: str, rejected_errors: tuple[str, ...] = ()) -> sfn.Parallel:
+def classified_training(
+    scope: Construct,
+    id_: str,
+    submission: sfn.CustomState | sfn.Parallel,
+    result_path: str,
+    rejected_errors: tuple[str, ...] = (),
+) -> sfn.Parallel:
     """`submission` (the backend's job state, result at `$`) wrapped so its failures carry their kind.
 
     `rejected_errors`: the backend's errors for a request it refuses outright (JobRunner.rejected_errors); they
@@ -28,26 +33,50 @@ def classified_training(scope: Construct, id_: str, submission: sfn.CustomState 
     another shape is an attempt failure.
     """
     attempt_failed = sfn.Fail(scope, f"{id_}AttemptFailed", error=ATTEMPT_FAILED, cause_path="$.caught.Cause")
-    refused = sfn.Fail(scope, f"{id_}Refused", error=REFUSED, cause_path=sfn.JsonPath.format(
-        "The training job exited with {}: the run itself failed, so it is not retried on other hosts. {}",
-        sfn.JsonPath.string_at("$.exit.code_text"), sfn.JsonPath.string_at("$.caught.Cause")))
-    parse = sfn.Pass(scope, f"{id_}ReadExit", parameters={
-        "caught.$": "$.caught", "job.$": "States.StringToJson($.caught.Cause)"})
-    last_attempt = sfn.Pass(scope, f"{id_}LastAttempt", parameters={
-        "caught.$": "$.caught",
-        "last.$": "States.ArrayGetItem($.job.Attempts, States.MathAdd(States.ArrayLength($.job.Attempts), -1))"})
+    refused = sfn.Fail(
+        scope,
+        f"{id_}Refused",
+        error=REFUSED,
+        cause_path=sfn.JsonPath.format(
+            "The training job exited with {}: the run itself failed, so it is not retried on other hosts. {}",
+            sfn.JsonPath.string_at("$.exit.code_text"),
+            sfn.JsonPath.string_at("$.caught.Cause"),
+        ),
+    )
+    parse = sfn.Pass(
+        scope, f"{id_}ReadExit", parameters={"caught.$": "$.caught", "job.$": "States.StringToJson($.caught.Cause)"}
+    )
+    last_attempt = sfn.Pass(
+        scope,
+        f"{id_}LastAttempt",
+        parameters={
+            "caught.$": "$.caught",
+            "last.$": "States.ArrayGetItem($.job.Attempts, States.MathAdd(States.ArrayLength($.job.Attempts), -1))",
+        },
+    )
     code = "$.last.Container.ExitCode"
-    text = sfn.Pass(scope, f"{id_}ExitText", parameters={
-        "caught.$": "$.caught", "exit": {"code_text.$": f"States.Format('{{}}', {code})"}})
+    text = sfn.Pass(
+        scope,
+        f"{id_}ExitText",
+        parameters={"caught.$": "$.caught", "exit": {"code_text.$": f"States.Format('{{}}', {code})"}},
+    )
     by_exit_code = sfn.Choice(scope, f"{id_}IsRunRefused")
     for exit_code in sorted(REFUSED_EXIT_CODES):
-        by_exit_code.when(sfn.Condition.and_(sfn.Condition.is_present(code), sfn.Condition.is_numeric(code),
-                                             sfn.Condition.number_equals(code, exit_code)), text)
+        by_exit_code.when(
+            sfn.Condition.and_(
+                sfn.Condition.is_present(code),
+                sfn.Condition.is_numeric(code),
+                sfn.Condition.number_equals(code, exit_code),
+            ),
+            text,
+        )
     by_exit_code.otherwise(attempt_failed)
     text.next(refused)
-    has_attempts = (sfn.Choice(scope, f"{id_}HasAttempts")
-                    .when(sfn.Condition.is_present("$.job.Attempts[0]"), last_attempt.next(by_exit_code))
-                    .otherwise(attempt_failed))
+    has_attempts = (
+        sfn.Choice(scope, f"{id_}HasAttempts")
+        .when(sfn.Condition.is_present("$.job.Attempts[0]"), last_attempt.next(by_exit_code))
+        .otherwise(attempt_failed)
+    )
     # The Catch's States.TaskFailed also matches every other task error but States.Timeout (ASL "Error names"):
     # a rejected request (Batch.ClientException: bad parameters, an inactive definition) leaves the block under
     # its own name, which the Parallel's Retry does not retry.
@@ -56,15 +85,19 @@ def classified_training(scope: Construct, id_: str, submission: sfn.CustomState 
         rejected = sfn.Fail(scope, f"{id_}RequestRejected{index or ''}", error=error, cause_path="$.caught.Cause")
         is_json.when(sfn.Condition.string_equals("$.caught.Error", error), rejected)
     # A Cause that is not a job description (another backend's failure) is an attempt failure, not a refusal.
-    is_json = (is_json
-               .when(sfn.Condition.and_(sfn.Condition.is_string("$.caught.Cause"),
-                                        sfn.Condition.string_matches("$.caught.Cause", "{*}")),
-                     parse.next(has_attempts))
-               .otherwise(attempt_failed))
+    is_json = is_json.when(
+        sfn.Condition.and_(
+            sfn.Condition.is_string("$.caught.Cause"), sfn.Condition.string_matches("$.caught.Cause", "{*}")
+        ),
+        parse.next(has_attempts),
+    ).otherwise(attempt_failed)
     submission.add_catch(is_json, errors=["States.TaskFailed"], result_path="$.caught")
-    parallel = sfn.Parallel(scope, id_, result_path=result_path,
-                            result_selector={"JobId.$": "$[0].JobId", "JobName.$": "$[0].JobName",
-                                             "Status.$": "$[0].Status"},
-                            comment="one training submission; its failure is named by the job's exit code")
+    parallel = sfn.Parallel(
+        scope,
+        id_,
+        result_path=result_path,
+        result_selector={"JobId.$": "$[0].JobId", "JobName.$": "$[0].JobName", "Status.$": "$[0].Status"},
+        comment="one training submission; its failure is named by the job's exit code",
+    )
     parallel.branch(submission)
     return parallel

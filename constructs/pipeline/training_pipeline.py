@@ -13,9 +13,9 @@ import aws_cdk.aws_logs as logs
 import aws_cdk.aws_s3 as s3
 import aws_cdk.aws_sns as sns
 import aws_cdk.aws_stepfunctions as sfn
-from constructs import Construct
 
 from config.layout import CHECKPOINTS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
+from constructs import Construct
 from constructs.compute.backend import JobKind, JobRunner
 from constructs.nag import acknowledge
 from constructs.pipeline.failure_path import FailurePath
@@ -29,6 +29,7 @@ from contracts.run import JOB_PARAMETERS, JOB_VALUES, execution_seconds, stages,
 @dataclass(frozen=True)
 class TrainingRetry:
     """Step Functions Retry of a failed training job; each attempt resumes from the last checkpoint."""
+
     max_attempts: int = 3  # retries after the first attempt
     interval: cdk.Duration = field(default_factory=lambda: cdk.Duration.minutes(2))
     backoff_rate: float = 2.0
@@ -39,10 +40,22 @@ SANITY_RETRIES = 1  # one more submission (fresh placement) after a failed sanit
 
 
 class TrainingPipeline(Construct):
-    def __init__(self, scope: Construct, id_: str, *, environment: str, max_nodes: int, bucket: s3.IBucket,
-                 topic: sns.ITopic, runner: JobRunner, log_retention: logs.RetentionDays,
-                 removal_policy: cdk.RemovalPolicy, training_retry: TrainingRetry | None = None,
-                 sanity_retry_interval: cdk.Duration | None = None, train_attempt_hours: int = 72) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        environment: str,
+        max_nodes: int,
+        bucket: s3.IBucket,
+        topic: sns.ITopic,
+        runner: JobRunner,
+        log_retention: logs.RetentionDays,
+        removal_policy: cdk.RemovalPolicy,
+        training_retry: TrainingRetry | None = None,
+        sanity_retry_interval: cdk.Duration | None = None,
+        train_attempt_hours: int = 72,
+    ) -> None:
         super().__init__(scope, id_)
         self.training_retry = training_retry or TrainingRetry()
         self._runner, self._train_attempt_hours = runner, train_attempt_hours
@@ -56,20 +69,37 @@ class TrainingPipeline(Construct):
         # 1. the input (pure ASL, before anything is submitted); a backend whose multi-node jobs have a fixed size
         # takes runs of exactly that size. 2. the run id names one run (S3 conditional writes) unless resumed.
         validation_start, validated = input_validation(
-            self, max_nodes=max_nodes, min_nodes=max_nodes if runner.fixed_node_count else 1)
-        claim = RunClaim(self, bucket=bucket, execution_arns=stack.format_arn(
-            service="states", resource="execution", resource_name=f"{self.state_machine_name}:*",
-            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME), failures=self._failures)
+            self, max_nodes=max_nodes, min_nodes=max_nodes if runner.fixed_node_count else 1
+        )
+        claim = RunClaim(
+            self,
+            bucket=bucket,
+            execution_arns=stack.format_arn(
+                service="states",
+                resource="execution",
+                resource_name=f"{self.state_machine_name}:*",
+                arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+            ),
+            failures=self._failures,
+        )
         # 3. sanity check, training, validation job; 4. the verdict: approve, reject or fail.
-        verdict = VerdictBranch(self, environment=environment, bucket=bucket, topic=topic, failures=self._failures,
-                                approved_model_parameter=self.approved_model_parameter)
+        verdict = VerdictBranch(
+            self,
+            environment=environment,
+            bucket=bucket,
+            topic=topic,
+            failures=self._failures,
+            approved_model_parameter=self.approved_model_parameter,
+        )
         validated.next(claim.start)
-        claim.claimed.next(self._prepare(bucket.bucket_name)).next(self._sanity_check(sanity_retry_interval)) \
-            .next(self._train()).next(self._validate()).next(verdict.start)
+        claim.claimed.next(self._prepare(bucket.bucket_name)).next(self._sanity_check(sanity_retry_interval)).next(
+            self._train()
+        ).next(self._validate()).next(verdict.start)
 
         self.log_group = logs.LogGroup(self, "ExecutionLogs", retention=log_retention, removal_policy=removal_policy)
         self.state_machine = sfn.StateMachine(
-            self, "StateMachine",
+            self,
+            "StateMachine",
             definition_body=sfn.DefinitionBody.from_chainable(sfn.Chain.start(validation_start)),
             comment=f"EFA training pipeline ({environment}): validate input, sanity check, train, validate, approve",
             state_machine_name=self.state_machine_name,
@@ -84,38 +114,61 @@ class TrainingPipeline(Construct):
 
     def _prepare(self, bucket_name: str) -> sfn.Pass:
         """The jobs' string parameters, the run's S3 keys and the Train state's timeout, from the validated run."""
+
         def run_key(prefix: str, key: str) -> str:
             return f"States.Format('{prefix}{{}}/{key}', $.run.run_id)"
-        return sfn.Pass(self, "PrepareRun", parameters={
-            "run.$": "$.run",
-            # Job parameters are strings (Batch job Parameters, launcher flags on EKS).
-            "job": {f"{name}.$": path for name, path in JOB_VALUES.items()},
-            "paths": {
-                "verdict_key.$": run_key(RUNS_PREFIX, "verdict.json"),
-                "verdict_source.$": run_key(f"{bucket_name}/{RUNS_PREFIX}", "verdict.json"),
-                "model_verdict_key.$": run_key(MODELS_PREFIX, "verdict.json"),
-                "model_uri.$": run_key(f"s3://{bucket_name}/{MODELS_PREFIX}", ""),
-                "checkpoints_uri.$": run_key(f"s3://{bucket_name}/{CHECKPOINTS_PREFIX}", ""),
-                "approval_key.$": run_key(MODELS_PREFIX, "approval.json"),
+
+        return sfn.Pass(
+            self,
+            "PrepareRun",
+            parameters={
+                "run.$": "$.run",
+                # Job parameters are strings (Batch job Parameters, launcher flags on EKS).
+                "job": {f"{name}.$": path for name, path in JOB_VALUES.items()},
+                "paths": {
+                    "verdict_key.$": run_key(RUNS_PREFIX, "verdict.json"),
+                    "verdict_source.$": run_key(f"{bucket_name}/{RUNS_PREFIX}", "verdict.json"),
+                    "model_verdict_key.$": run_key(MODELS_PREFIX, "verdict.json"),
+                    "model_uri.$": run_key(f"s3://{bucket_name}/{MODELS_PREFIX}", ""),
+                    "checkpoints_uri.$": run_key(f"s3://{bucket_name}/{CHECKPOINTS_PREFIX}", ""),
+                    "approval_key.$": run_key(MODELS_PREFIX, "approval.json"),
+                },
+                # A backend may make `max_attempts` attempts inside one training submission: the Train state waits
+                # for all of them, each with its queue wait (Task state `TimeoutSecondsPath`:
+                # https://docs.aws.amazon.com/step-functions/latest/dg/state-task.html).
+                "timeouts": {
+                    "train.$": "States.ArrayGetItem(States.Array("
+                    f"{', '.join(map(str, train_state_seconds(self._train_attempt_hours)))}), "
+                    "$.run.max_attempts)"
+                },
             },
-            # A backend may make `max_attempts` attempts inside one training submission: the Train state waits
-            # for all of them, each with its queue wait (Task state `TimeoutSecondsPath`:
-            # https://docs.aws.amazon.com/step-functions/latest/dg/state-task.html).
-            "timeouts": {"train.$": "States.ArrayGetItem(States.Array("
-                                    f"{', '.join(map(str, train_state_seconds(self._train_attempt_hours)))}), "
-                                    "$.run.max_attempts)"},
-        })
+        )
 
     def _submit(self, id_: str, job: JobKind, **options) -> sfn.CustomState | sfn.Parallel:
-        return self._runner.submit(self, id_, job=job, parameters={name: f"$.job.{name}" for name in JOB_PARAMETERS[job]},
-                                   job_name=f"States.Format('{{}}-{job}', $.run.run_id)", **options)
+        return self._runner.submit(
+            self,
+            id_,
+            job=job,
+            parameters={name: f"$.job.{name}" for name in JOB_PARAMETERS[job]},
+            job_name=f"States.Format('{{}}-{job}', $.run.run_id)",
+            **options,
+        )
 
     def _sanity_check(self, retry_interval: cdk.Duration | None) -> sfn.IChainable:
         """On the run's nodes; once more (fresh placement) if it fails."""
-        sanity = self._submit("SanityCheck", "sanity", nodes="$.run.nodes", result_path="$.jobs.sanity",
-                              timeout=cdk.Duration.seconds(stages(self._train_attempt_hours)["sanity"].state_seconds()))
-        sanity.add_retry(errors=["States.TaskFailed"], max_attempts=SANITY_RETRIES,
-                         interval=retry_interval or cdk.Duration.minutes(1), backoff_rate=1)
+        sanity = self._submit(
+            "SanityCheck",
+            "sanity",
+            nodes="$.run.nodes",
+            result_path="$.jobs.sanity",
+            timeout=cdk.Duration.seconds(stages(self._train_attempt_hours)["sanity"].state_seconds()),
+        )
+        sanity.add_retry(
+            errors=["States.TaskFailed"],
+            max_attempts=SANITY_RETRIES,
+            interval=retry_interval or cdk.Duration.minutes(1),
+            backoff_rate=1,
+        )
         self._failures.catch(sanity, "SanityCheck", "SanityCheckFailed")
         return sanity
 
@@ -124,20 +177,39 @@ class TrainingPipeline(Construct):
         the run itself (its exit code says which), never when the backend rejected the request."""
         runner, retry = self._runner, self.training_retry
         train = classified_training(
-            self, "Train", self._submit("TrainJob", "train", nodes="$.run.nodes", result_path="$",
-                                        attempts="$.run.max_attempts" if runner.restarts_lost_hosts else None,
-                                        timeout="$.timeouts.train"),
-            result_path="$.jobs.train", rejected_errors=runner.rejected_errors)
+            self,
+            "Train",
+            self._submit(
+                "TrainJob",
+                "train",
+                nodes="$.run.nodes",
+                result_path="$",
+                attempts="$.run.max_attempts" if runner.restarts_lost_hosts else None,
+                timeout="$.timeouts.train",
+            ),
+            result_path="$.jobs.train",
+            rejected_errors=runner.rejected_errors,
+        )
         if runner.rejected_errors:
             train.add_retry(errors=list(runner.rejected_errors), max_attempts=0)
-        train.add_retry(errors=[ATTEMPT_FAILED], max_attempts=retry.max_attempts, interval=retry.interval,
-                        backoff_rate=retry.backoff_rate, max_delay=retry.max_delay, jitter_strategy=sfn.JitterType.FULL)
+        train.add_retry(
+            errors=[ATTEMPT_FAILED],
+            max_attempts=retry.max_attempts,
+            interval=retry.interval,
+            backoff_rate=retry.backoff_rate,
+            max_delay=retry.max_delay,
+            jitter_strategy=sfn.JitterType.FULL,
+        )
         self._failures.catch(train, "Train", "TrainingFailed")
         return train
 
     def _validate(self) -> sfn.IChainable:
-        validate = self._submit("Validate", "validate", result_path="$.jobs.validate",
-                                timeout=cdk.Duration.seconds(stages(self._train_attempt_hours)["validate"].state_seconds()))
+        validate = self._submit(
+            "Validate",
+            "validate",
+            result_path="$.jobs.validate",
+            timeout=cdk.Duration.seconds(stages(self._train_attempt_hours)["validate"].state_seconds()),
+        )
         self._failures.catch(validate, "Validate", "ValidationJobFailed")
         return validate
 
@@ -145,22 +217,35 @@ class TrainingPipeline(Construct):
         """Every stage at its longest (the Train state's at the most attempts a run may ask for)."""
         retry = self.training_retry
         return execution_seconds(
-            self._train_attempt_hours, sanity_submissions=1 + SANITY_RETRIES, train_submissions=1 + retry.max_attempts,
-            train_backoff_seconds=retry.max_attempts * int(retry.max_delay.to_seconds()), calls_seconds=3600)
+            self._train_attempt_hours,
+            sanity_submissions=1 + SANITY_RETRIES,
+            train_submissions=1 + retry.max_attempts,
+            train_backoff_seconds=retry.max_attempts * int(retry.max_delay.to_seconds()),
+            calls_seconds=3600,
+        )
 
     def _acknowledge(self) -> None:
         """cdk-nag: the one wildcard finding that belongs to the state machine itself (bucket and job
         wildcards are acknowledged where their resources are named: PipelineStack, the job runner)."""
-        acknowledge(self.state_machine.role, "AwsSolutions-IAM5[Resource::*]",
-                    "X-Ray (PutTraceSegments, PutTelemetryRecords, GetSampling*) and CloudWatch Logs delivery "
-                    "(logs:CreateLogDelivery ...) allow no resource-level permissions; nor does the job runner's "
-                    "status polling (batch:DescribeJobs)")
+        acknowledge(
+            self.state_machine.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "X-Ray (PutTraceSegments, PutTelemetryRecords, GetSampling*) and CloudWatch Logs delivery "
+            "(logs:CreateLogDelivery ...) allow no resource-level permissions; nor does the job runner's "
+            "status polling (batch:DescribeJobs)",
+        )
         stack = cdk.Stack.of(self)
 
         def shown(value: str, pseudo: str) -> str:
             return f"<AWS::{pseudo}>" if cdk.Token.is_unresolved(value) else value
-        executions = (f"arn:{shown(stack.partition, 'Partition')}:states:{shown(stack.region, 'Region')}:"
-                      f"{shown(stack.account, 'AccountId')}:execution:{self.state_machine_name}:*")
-        acknowledge(self.state_machine.role, f"AwsSolutions-IAM5[Resource::{executions}]",
-                    "A resumed run describes the execution that holds it (is it still running?); execution "
-                    "names are chosen at start, so only this state machine's prefix is fixed")
+
+        executions = (
+            f"arn:{shown(stack.partition, 'Partition')}:states:{shown(stack.region, 'Region')}:"
+            f"{shown(stack.account, 'AccountId')}:execution:{self.state_machine_name}:*"
+        )
+        acknowledge(
+            self.state_machine.role,
+            f"AwsSolutions-IAM5[Resource::{executions}]",
+            "A resumed run describes the execution that holds it (is it still running?); execution "
+            "names are chosen at start, so only this state machine's prefix is fixed",
+        )

@@ -9,9 +9,9 @@ checkpoints/, models/ and runs/; nothing else in the bucket (config/layout.py na
 import aws_cdk as cdk
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_s3 as s3
-from constructs import Construct
 
 from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
+from constructs import Construct
 from constructs.nag import acknowledge
 
 READ_PREFIXES = (DATASETS_PREFIX,)
@@ -43,17 +43,28 @@ class DataBucketAccess:
         def objects(names: tuple[str, ...]) -> list[str]:
             return [cdk.Fn.join("", [bucket_arn, f"/{prefix}*"]) for prefix in names]
 
-        role.add_to_principal_policy(iam.PolicyStatement(
-            actions=["s3:ListBucket"], resources=[bucket_arn],
-            conditions={"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in prefixes]}}))
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in prefixes]}},
+            )
+        )
         role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=objects(prefixes)))
-        role.add_to_principal_policy(iam.PolicyStatement(
-            actions=["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-            resources=objects(READ_WRITE_PREFIXES)))
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                resources=objects(READ_WRITE_PREFIXES),
+            )
+        )
         for prefix in prefixes:
             access = "read" if prefix in READ_PREFIXES else "read-write"
-            self.acknowledge_objects(role, f"{prefix}*", f"{who} get {access} access to objects under {prefix} "
-                                     "only; object names (run ids) are chosen at run time")
+            self.acknowledge_objects(
+                role,
+                f"{prefix}*",
+                f"{who} get {access} access to objects under {prefix} "
+                "only; object names (run ids) are chosen at run time",
+            )
 
     def acknowledge_objects(self, role: iam.IRole, objects: str, reason: str) -> None:
         """The wildcard finding of one object pattern (`runs/*/verdict.json`) on `role`'s policy."""

@@ -4,6 +4,7 @@ import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_fsx as fsx
 import aws_cdk.aws_s3 as s3
+
 from constructs import Construct
 
 # Import what lands in S3 and export what training writes (checkpoints, models, reports), continuously.
@@ -11,9 +12,19 @@ _REPOSITORY_EVENTS = ["NEW", "CHANGED", "DELETED"]
 
 
 class TrainingStorage(Construct):
-    def __init__(self, scope: Construct, id_: str, *, vpc: ec2.IVpc, subnet: ec2.ISubnet,
-                 security_group: ec2.ISecurityGroup, deployment_type: str, storage_gib: int,
-                 throughput_per_tib: int, removal_policy: cdk.RemovalPolicy) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        vpc: ec2.IVpc,
+        subnet: ec2.ISubnet,
+        security_group: ec2.ISecurityGroup,
+        deployment_type: str,
+        storage_gib: int,
+        throughput_per_tib: int,
+        removal_policy: cdk.RemovalPolicy,
+    ) -> None:
         super().__init__(scope, id_)
         destroy = removal_policy == cdk.RemovalPolicy.DESTROY
         bucket_defaults = dict(
@@ -23,14 +34,22 @@ class TrainingStorage(Construct):
             removal_policy=removal_policy,
             auto_delete_objects=destroy,  # dev: `cdk destroy` empties the bucket so it can go
         )
-        self.access_logs = s3.Bucket(self, "AccessLogs", **bucket_defaults,
-                                     object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED)
-        self.bucket = s3.Bucket(self, "Data", **bucket_defaults, versioned=True,
-                                server_access_logs_bucket=self.access_logs, server_access_logs_prefix="data/")
+        self.access_logs = s3.Bucket(
+            self, "AccessLogs", **bucket_defaults, object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED
+        )
+        self.bucket = s3.Bucket(
+            self,
+            "Data",
+            **bucket_defaults,
+            versioned=True,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="data/",
+        )
 
         persistent = deployment_type == "PERSISTENT_2"
         self.file_system = fsx.LustreFileSystem(
-            self, "Lustre",
+            self,
+            "Lustre",
             vpc=vpc,
             vpc_subnet=subnet,
             security_group=security_group,
@@ -43,13 +62,15 @@ class TrainingStorage(Construct):
                 data_compression_type=fsx.LustreDataCompressionType.LZ4,
                 # Backups only where data is kept (scratch has none); a destroyed dev file system leaves nothing.
                 automatic_backup_retention=cdk.Duration.days(7 if persistent and not destroy else 0)
-                if persistent else None,
+                if persistent
+                else None,
             ),
             removal_policy=removal_policy,
         )
         # No L2 for data repository associations; PERSISTENT_2 rejects auto_import_policy, so link S3 here.
         self.data_repository = fsx.CfnDataRepositoryAssociation(
-            self, "S3Link",
+            self,
+            "S3Link",
             file_system_id=self.file_system.file_system_id,
             file_system_path="/",
             data_repository_path=f"s3://{self.bucket.bucket_name}/",

@@ -1,1 +1,4 @@
-"""Kubernetes manifests of the training jobs as plain dictionaries (no CDK): read by the EKS constructs and k8s/render.py."""
+"""Kubernetes manifests of the training jobs as plain dictionaries (no CDK).
+
+Read by the EKS constructs and by k8s/render.py.
+"""

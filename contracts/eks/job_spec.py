@@ -20,6 +20,7 @@ FSX_CLAIM = "fsx-training"  # the claim's name prefix; a deployed cluster's clai
 class Site:
     """What a deployed environment adds to every training pod: its name (the Environment dimension of the
     training metrics, which the alarms and dashboard filter on) and the claim of its file system."""
+
     environment: str = ""
     fsx_claim: str = FSX_CLAIM
 
@@ -31,6 +32,8 @@ def fsx_claim_name(revision: str | None) -> str:
     replaced file system gets a new volume and claim instead of an update Kubernetes would refuse.
     """
     return f"{FSX_CLAIM}-{revision}" if revision else FSX_CLAIM
+
+
 # Only training pods tolerate this taint, so nothing else lands on (and holds) an accelerator node.
 ACCELERATOR_TAINT_KEY = "efa-training/accelerator"
 ACCELERATOR_LABEL = {ACCELERATOR_TAINT_KEY: "true"}
@@ -47,7 +50,6 @@ HUGEPAGES_2MI = f"{HUGEPAGES_2MI_PAGES * 2}Mi"
 # eks_cluster), through the agent's node-local Service (internalTrafficPolicy Local in daemonset mode).
 EMF_AGENT_ENDPOINT = "tcp://cloudwatch-agent.amazon-cloudwatch:25888"
 EMF_LOG_GROUP = "/efa-training/eks/training-metrics"
-
 
 
 def toleration() -> dict:
@@ -67,8 +69,12 @@ def resources(instance: InstanceType) -> dict:
 
 def environment(instance: InstanceType, *, nodes: int, site: Site = Site()) -> list[dict]:
     """What launch.py reads besides the launcher's own MASTER_ADDR/MASTER_PORT/PET_NNODES/PET_NODE_RANK."""
-    env = {**job_environment(instance, backend="eks", environment=site.environment), "PET_NNODES": str(nodes),
-           "AWS_EMF_AGENT_ENDPOINT": EMF_AGENT_ENDPOINT, "AWS_EMF_LOG_GROUP_NAME": EMF_LOG_GROUP}
+    env = {
+        **job_environment(instance, backend="eks", environment=site.environment),
+        "PET_NNODES": str(nodes),
+        "AWS_EMF_AGENT_ENDPOINT": EMF_AGENT_ENDPOINT,
+        "AWS_EMF_LOG_GROUP_NAME": EMF_LOG_GROUP,
+    }
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
@@ -84,8 +90,16 @@ def volume_mounts() -> list[dict]:
     return [{"name": "fsx", "mountPath": FSX_MOUNT_PATH}, {"name": "shm", "mountPath": "/dev/shm"}]
 
 
-def container(instance: InstanceType, *, image: str, phase: str, nodes: int, args: list[str] = (),
-              extra_env: list[dict] = (), site: Site = Site()) -> dict:
+def container(
+    instance: InstanceType,
+    *,
+    image: str,
+    phase: str,
+    nodes: int,
+    args: list[str] = (),
+    extra_env: list[dict] = (),
+    site: Site = Site(),
+) -> dict:
     if phase not in PHASES:
         raise ValueError(f"phase={phase!r} is not valid; expected one of {', '.join(PHASES)}")
     return {
@@ -102,15 +116,25 @@ def container(instance: InstanceType, *, image: str, phase: str, nodes: int, arg
     }
 
 
-def pod_spec(instance: InstanceType, *, image: str, phase: str, nodes: int, args: list[str] = (),
-             extra_env: list[dict] = (), restart_policy: str = "Never", site: Site = Site()) -> dict:
+def pod_spec(
+    instance: InstanceType,
+    *,
+    image: str,
+    phase: str,
+    nodes: int,
+    args: list[str] = (),
+    extra_env: list[dict] = (),
+    restart_policy: str = "Never",
+    site: Site = Site(),
+) -> dict:
     return {
         "serviceAccountName": SERVICE_ACCOUNT,
         "restartPolicy": restart_policy,
         "terminationGracePeriodSeconds": STOP_GRACE_SECONDS,
         "nodeSelector": {**ACCELERATOR_LABEL, "node.kubernetes.io/instance-type": instance.name},
         "tolerations": [toleration()],
-        "containers": [container(instance, image=image, phase=phase, nodes=nodes, args=args, extra_env=extra_env,
-                                 site=site)],
+        "containers": [
+            container(instance, image=image, phase=phase, nodes=nodes, args=args, extra_env=extra_env, site=site)
+        ],
         "volumes": volumes(instance, site),
     }

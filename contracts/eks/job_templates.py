@@ -12,8 +12,8 @@ The launcher reads MASTER_ADDR/MASTER_PORT/PET_NNODES/PET_NODE_RANK: both job ki
 
 import copy
 
-from config import InstanceType
 import contracts.eks.job_spec as spec
+from config import InstanceType
 
 RUNTIME_NAME = "efa-torch-distributed"
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
@@ -33,19 +33,33 @@ def training_runtime(instance: InstanceType, *, image: str, nodes: int, site: sp
         "metadata": {"name": RUNTIME_NAME, "labels": {"trainer.kubeflow.org/framework": "torch"}},
         "spec": {
             "mlPolicy": {"numNodes": nodes, "torch": {"numProcPerNode": instance.workers_per_node}},
-            "template": {"spec": {"replicatedJobs": [{
-                "name": "node",
-                "template": {
-                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                    "spec": {"template": {"spec": pod}},
-                },
-            }]}},
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": "node",
+                            "template": {
+                                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                                "spec": {"template": {"spec": pod}},
+                            },
+                        }
+                    ]
+                }
+            },
         },
     }
 
 
-def train_job(instance: InstanceType, *, image: str, phase: str, nodes: int, name: str | None = None,
-              args: list[str] = (), site: spec.Site = spec.Site()) -> dict:
+def train_job(
+    instance: InstanceType,
+    *,
+    image: str,
+    phase: str,
+    nodes: int,
+    name: str | None = None,
+    args: list[str] = (),
+    site: spec.Site = spec.Site(),
+) -> dict:
     """A TrainJob on the runtime; rank 0 is JobSet pod `<name>-node-0-0` under the JobSet's service `<name>`."""
     name = name or f"efa-{phase}"
     pod = spec.pod_spec(instance, image=image, phase=phase, nodes=nodes, args=list(args), site=site)
@@ -61,9 +75,11 @@ def train_job(instance: InstanceType, *, image: str, phase: str, nodes: int, nam
                 "args": container["args"],
                 "numNodes": nodes,
                 "resourcesPerNode": container["resources"],
-                "env": [*_without_trainer_env(container["env"]),
-                        {"name": "MASTER_ADDR", "value": f"{name}-node-0-0.{name}"},
-                        {"name": "MASTER_PORT", "value": str(spec.MASTER_PORT)}],
+                "env": [
+                    *_without_trainer_env(container["env"]),
+                    {"name": "MASTER_ADDR", "value": f"{name}-node-0-0.{name}"},
+                    {"name": "MASTER_PORT", "value": str(spec.MASTER_PORT)},
+                ],
             },
         },
     }
@@ -78,20 +94,34 @@ def job_templates(instance: InstanceType, *, image: str, nodes: int, site: spec.
     return {phase: train_job(instance, image=image, phase=phase, nodes=nodes, site=site) for phase in spec.PHASES}
 
 
-def indexed_job(instance: InstanceType, *, image: str, phase: str, nodes: int, name: str,
-                args: list[str] = (), site: spec.Site = spec.Site()) -> dict:
+def indexed_job(
+    instance: InstanceType,
+    *,
+    image: str,
+    phase: str,
+    nodes: int,
+    name: str,
+    args: list[str] = (),
+    site: spec.Site = spec.Site(),
+) -> dict:
     """batch/v1 Indexed Job: one pod per node, all started together, rank from the completion index."""
-    rank_from_index = {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
-        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
+    rank_from_index = {
+        "name": "PET_NODE_RANK",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}},
+    }
     launcher_env = [
         # From the pod's own label, so the name can be chosen at submission (Step Functions) without a second copy.
-        {"name": "JOB_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
+        {
+            "name": "JOB_NAME",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}},
+        },
         {"name": "MASTER_ADDR", "value": f"$(JOB_NAME)-0.{WORKERS_SERVICE}"},
         {"name": "MASTER_PORT", "value": str(spec.MASTER_PORT)},
         rank_from_index,
     ]
-    pod = spec.pod_spec(instance, image=image, phase=phase, nodes=nodes, args=list(args), extra_env=launcher_env,
-                        site=site)
+    pod = spec.pod_spec(
+        instance, image=image, phase=phase, nodes=nodes, args=list(args), extra_env=launcher_env, site=site
+    )
     pod["subdomain"] = WORKERS_SERVICE
     return {
         "apiVersion": "batch/v1",

@@ -35,25 +35,42 @@ def cloudwatch_agent_config(instance: InstanceType, environment: str) -> dict:
     this environment's hosts; the agent's `efa` section takes no such field (its JSON schema)."""
     scoped = {"append_dimensions": {ENVIRONMENT_DIMENSION: environment}, "metrics_collection_interval": 60}
     metrics: dict = {
-        "efa": {"measurement": ["rx_bytes", "tx_bytes", "rx_dropped", "rdma_read_bytes", "rdma_write_bytes"],
-                "metrics_collection_interval": 60},
+        "efa": {
+            "measurement": ["rx_bytes", "tx_bytes", "rx_dropped", "rdma_read_bytes", "rdma_write_bytes"],
+            "metrics_collection_interval": 60,
+        },
         "mem": {"measurement": ["mem_used_percent"], **scoped},
         "disk": {"measurement": ["used_percent"], "resources": ["/"], **scoped},
     }
     if instance.accelerator is Accelerator.NVIDIA:
         metrics["nvidia_gpu"] = {
-            "measurement": ["utilization_gpu", "utilization_memory", "memory_used", "memory_total",
-                            "temperature_gpu", "power_draw"],
+            "measurement": [
+                "utilization_gpu",
+                "utilization_memory",
+                "memory_used",
+                "memory_total",
+                "temperature_gpu",
+                "power_draw",
+            ],
             **scoped,
         }
-    return {"agent": {"metrics_collection_interval": 60, "run_as_user": "root"},
-            "metrics": {"namespace": CWAGENT, "metrics_collected": metrics}}
+    return {
+        "agent": {"metrics_collection_interval": 60, "run_as_user": "root"},
+        "metrics": {"namespace": CWAGENT, "metrics_collected": metrics},
+    }
 
 
-def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: str, environment: str,
-                  fsx_revision: str = "",
-                  check_efa: bool = True, region: str = "${AWS_REGION}",
-                  ecs_stop_timeout_seconds: int | None = None) -> list[str]:
+def host_commands(
+    *,
+    instance: InstanceType,
+    fsx_dns_name: str,
+    fsx_mount_name: str,
+    environment: str,
+    fsx_revision: str = "",
+    check_efa: bool = True,
+    region: str = "${AWS_REGION}",
+    ecs_stop_timeout_seconds: int | None = None,
+) -> list[str]:
     """The shell lines (bash, set -euo pipefail) that prepare one host; tokens are allowed in the FSx names."""
     lines = [
         f"exec > >(tee -a {LOG} | logger -t efa-training-host -s 2>/dev/console) 2>&1",
@@ -61,7 +78,7 @@ def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: 
         "# A host that fails a check powers off; the launch template makes that a termination, so Batch replaces it.",
         "trap 'echo \"efa-training host preparation failed at line $LINENO\"; shutdown -h now' ERR",
         "TOKEN=$(curl -sS -X PUT http://169.254.169.254/latest/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')",
-        "AWS_REGION=$(curl -sS -H \"X-aws-ec2-metadata-token: $TOKEN\" http://169.254.169.254/latest/meta-data/placement/region)",
+        'AWS_REGION=$(curl -sS -H "X-aws-ec2-metadata-token: $TOKEN" http://169.254.169.254/latest/meta-data/placement/region)',
         "# 1. huge pages for the libfabric EFA provider",
         f"echo 'vm.nr_hugepages = {HUGE_PAGES}' > /etc/sysctl.d/90-efa-hugepages.conf",
         "sysctl -p /etc/sysctl.d/90-efa-hugepages.conf",
@@ -71,13 +88,13 @@ def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: 
             f"# 2. the EFA driver: {instance.efa_interfaces} uverbs device(s) expected on {instance.name}",
             "modprobe efa || true",
             "efa_devices() { ls /dev/infiniband/uverbs* 2>/dev/null | wc -l; }",
-            f"if [ \"$(efa_devices)\" -lt {instance.efa_interfaces} ]; then",
+            f'if [ "$(efa_devices)" -lt {instance.efa_interfaces} ]; then',
             f"  curl -sSfL {EFA_INSTALLER_URL} -o /tmp/efa.tar.gz && tar -xzf /tmp/efa.tar.gz -C /tmp",
             "  (cd /tmp/aws-efa-installer && ./efa_installer.sh -y --minimal)",
             "  modprobe efa",
             "fi",
-            f"if [ \"$(efa_devices)\" -lt {instance.efa_interfaces} ]; then "
-            f"echo \"EFA check failed: $(efa_devices) of {instance.efa_interfaces} uverbs devices\"; false; fi",
+            f'if [ "$(efa_devices)" -lt {instance.efa_interfaces} ]; then '
+            f'echo "EFA check failed: $(efa_devices) of {instance.efa_interfaces} uverbs devices"; false; fi',
         ]
     lines += [
         "# 3. FSx for Lustre at " + FSX_MOUNT_PATH,
@@ -93,13 +110,13 @@ def host_commands(*, instance: InstanceType, fsx_dns_name: str, fsx_mount_name: 
         lines += [
             f"# 4. every GPU visible: {instance.accelerators} x {instance.accelerator_model}",
             "GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)",
-            f"if [ \"$GPUS\" -ne {instance.accelerators} ]; then echo \"GPU check failed: $GPUS of {instance.accelerators}\"; false; fi",
+            f'if [ "$GPUS" -ne {instance.accelerators} ]; then echo "GPU check failed: $GPUS of {instance.accelerators}"; false; fi',
         ]
     else:
         lines += [
             f"# 4. every Trainium device visible: {instance.accelerators} (/dev/neuron0..{instance.accelerators - 1})",
             "DEVICES=$(ls /dev/neuron* | wc -l)",
-            f"if [ \"$DEVICES\" -ne {instance.accelerators} ]; then echo \"Neuron check failed: $DEVICES of {instance.accelerators}\"; false; fi",
+            f'if [ "$DEVICES" -ne {instance.accelerators} ]; then echo "Neuron check failed: $DEVICES of {instance.accelerators}"; false; fi',
             "/opt/aws/neuron/bin/neuron-ls",
         ]
     agent_json = json.dumps(cloudwatch_agent_config(instance, environment), separators=(",", ":"))

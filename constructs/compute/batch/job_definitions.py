@@ -16,10 +16,10 @@ import aws_cdk.aws_batch as batch
 import aws_cdk.aws_ecs as ecs
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_logs as logs
-from constructs import Construct
 
 from config import Accelerator, InstanceType
 from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, FSX_MOUNT_PATH, RUNS_PREFIX
+from constructs import Construct
 from constructs.nag import acknowledge
 from contracts.job_environment import job_environment, shared_memory_gib
 from contracts.run import defaults as run_defaults
@@ -49,6 +49,7 @@ def retry_strategies() -> list[batch.RetryStrategy]:
 @dataclass(frozen=True)
 class JobSpec:
     """One job definition: its mode, command flags (after the mode), parameter defaults, timeout, attempts."""
+
     mode: str
     flags: tuple[str, ...]
     defaults: Mapping[str, str]
@@ -60,7 +61,9 @@ class JobSpec:
         return [self.mode, *self.flags]
 
 
-def job_specs(*, instance: InstanceType, nodes: int, bucket_name: str, train_timeout: cdk.Duration) -> dict[str, JobSpec]:
+def job_specs(
+    *, instance: InstanceType, nodes: int, bucket_name: str, train_timeout: cdk.Duration
+) -> dict[str, JobSpec]:
     """The three jobs' commands. Flags the image must accept are listed in docs/batch.md. Attempt timeouts and
     attempts come from the run contract's stages, which the pipeline's states also read."""
     runs_uri = f"s3://{bucket_name}/{RUNS_PREFIX}"
@@ -75,86 +78,192 @@ def job_specs(*, instance: InstanceType, nodes: int, bucket_name: str, train_tim
     return {
         "sanity": JobSpec(
             mode="sanity",
-            flags=("--min-busbw-gbps", f"{instance.expected_busbw_gbps:g}", "--run-id", "Ref::run_id",
-                   "--expected-nodes", "Ref::nodes", "--report-prefix", runs_uri),
-            defaults=common, **limits("sanity")),
+            flags=(
+                "--min-busbw-gbps",
+                f"{instance.expected_busbw_gbps:g}",
+                "--run-id",
+                "Ref::run_id",
+                "--expected-nodes",
+                "Ref::nodes",
+                "--report-prefix",
+                runs_uri,
+            ),
+            defaults=common,
+            **limits("sanity"),
+        ),
         "train": JobSpec(
             mode="train",
-            flags=("--datasets-root", DATASETS_ROOT, "--dataset", "Ref::dataset",
-                   "--checkpoints-root", CHECKPOINTS_ROOT, "--run-id", "Ref::run_id",
-                   "--max-steps", "Ref::max_steps", "--checkpoint-every", "Ref::checkpoint_every",
-                   "--seed", "Ref::seed", "--strategy", "Ref::strategy", "--model", "Ref::model",
-                   "--lr", "Ref::lr", "--batch-size", "Ref::batch_size", "--expected-nodes", "Ref::nodes"),
+            flags=(
+                "--datasets-root",
+                DATASETS_ROOT,
+                "--dataset",
+                "Ref::dataset",
+                "--checkpoints-root",
+                CHECKPOINTS_ROOT,
+                "--run-id",
+                "Ref::run_id",
+                "--max-steps",
+                "Ref::max_steps",
+                "--checkpoint-every",
+                "Ref::checkpoint_every",
+                "--seed",
+                "Ref::seed",
+                "--strategy",
+                "Ref::strategy",
+                "--model",
+                "Ref::model",
+                "--lr",
+                "Ref::lr",
+                "--batch-size",
+                "Ref::batch_size",
+                "--expected-nodes",
+                "Ref::nodes",
+            ),
             defaults={**common, "dataset": "sample", **{k: str(v) for k, v in hyper.items()}},
-            **limits("train")),
+            **limits("train"),
+        ),
         "validate": JobSpec(
             mode="validate",
-            flags=("--checkpoints-root", CHECKPOINTS_ROOT, "--run-id", "Ref::run_id",
-                   "--datasets-root", DATASETS_ROOT, "--dataset", "Ref::dataset", "--model", "Ref::model",
-                   "--baseline", "Ref::baseline", "--tolerance", "Ref::tolerance", "--verdict-prefix", runs_uri),
-            defaults={"run_id": "manual", "dataset": "sample", "model": hyper["model"], "baseline": "none",
-                      "tolerance": str(run["tolerance"])},
-            **limits("validate")),
+            flags=(
+                "--checkpoints-root",
+                CHECKPOINTS_ROOT,
+                "--run-id",
+                "Ref::run_id",
+                "--datasets-root",
+                DATASETS_ROOT,
+                "--dataset",
+                "Ref::dataset",
+                "--model",
+                "Ref::model",
+                "--baseline",
+                "Ref::baseline",
+                "--tolerance",
+                "Ref::tolerance",
+                "--verdict-prefix",
+                runs_uri,
+            ),
+            defaults={
+                "run_id": "manual",
+                "dataset": "sample",
+                "model": hyper["model"],
+                "baseline": "none",
+                "tolerance": str(run["tolerance"]),
+            },
+            **limits("validate"),
+        ),
     }
 
 
 class BatchJobDefinitions(Construct):
     """Job definitions sharing one execution role, job role and log group; `.definitions[name]`."""
 
-    def __init__(self, scope: Construct, id_: str, *, instance: InstanceType, single_node_instance: InstanceType,
-                 nodes: int, image: ecs.ContainerImage, job_role: iam.IRole, log_group: logs.ILogGroup,
-                 bucket_name: str, train_timeout: cdk.Duration, environment: str = "") -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        instance: InstanceType,
+        single_node_instance: InstanceType,
+        nodes: int,
+        image: ecs.ContainerImage,
+        job_role: iam.IRole,
+        log_group: logs.ILogGroup,
+        bucket_name: str,
+        train_timeout: cdk.Duration,
+        environment: str = "",
+    ) -> None:
         super().__init__(scope, id_)
         self.environment = environment
-        self.execution_role = iam.Role(self, "ExecutionRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
-                                       description="Batch jobs: pull the training image and write the job logs")
+        self.execution_role = iam.Role(
+            self,
+            "ExecutionRole",
+            assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+            description="Batch jobs: pull the training image and write the job logs",
+        )
         self.specs = job_specs(instance=instance, nodes=nodes, bucket_name=bucket_name, train_timeout=train_timeout)
         self.definitions: dict[str, batch.IJobDefinition] = {}
         for name, spec in self.specs.items():
             multi_node = name in ("sanity", "train")
             host = instance if multi_node else single_node_instance
-            container = self._container(f"{name.capitalize()}Container", spec, host, image, job_role, log_group,
-                                        efa=multi_node)
-            common = dict(parameters=dict(spec.defaults), timeout=spec.timeout, retry_attempts=spec.attempts,
-                          retry_strategies=retry_strategies(), propagate_tags=True)
+            container = self._container(
+                f"{name.capitalize()}Container", spec, host, image, job_role, log_group, efa=multi_node
+            )
+            common = dict(
+                parameters=dict(spec.defaults),
+                timeout=spec.timeout,
+                retry_attempts=spec.attempts,
+                retry_strategies=retry_strategies(),
+                propagate_tags=True,
+            )
             if multi_node:
                 # Nodes 0..nodes-1 run the same container; node 0 is the main node (torchrun's rendezvous host).
                 self.definitions[name] = batch.MultiNodeJobDefinition(
-                    self, f"{name.capitalize()}JobDefinition", main_node=0, **common,
-                    containers=[batch.MultiNodeContainer(start_node=0, end_node=nodes - 1, container=container)])
+                    self,
+                    f"{name.capitalize()}JobDefinition",
+                    main_node=0,
+                    **common,
+                    containers=[batch.MultiNodeContainer(start_node=0, end_node=nodes - 1, container=container)],
+                )
             else:
                 self.definitions[name] = batch.EcsJobDefinition(
-                    self, f"{name.capitalize()}JobDefinition", container=container, **common)
+                    self, f"{name.capitalize()}JobDefinition", container=container, **common
+                )
         if self.execution_role.node.try_find_child("DefaultPolicy") is not None:  # the image's pull grant made it
-            acknowledge(self.execution_role, "AwsSolutions-IAM5[Resource::*]",
-                        "ecr:GetAuthorizationToken has no resource-level permissions; the layer and image reads "
-                        "are limited to the training image's repository")
+            acknowledge(
+                self.execution_role,
+                "AwsSolutions-IAM5[Resource::*]",
+                "ecr:GetAuthorizationToken has no resource-level permissions; the layer and image reads "
+                "are limited to the training image's repository",
+            )
 
-    def _container(self, id_: str, spec: JobSpec, host: InstanceType, image: ecs.ContainerImage,
-                   job_role: iam.IRole, log_group: logs.ILogGroup, *, efa: bool) -> batch.EcsEc2ContainerDefinition:
+    def _container(
+        self,
+        id_: str,
+        spec: JobSpec,
+        host: InstanceType,
+        image: ecs.ContainerImage,
+        job_role: iam.IRole,
+        log_group: logs.ILogGroup,
+        *,
+        efa: bool,
+    ) -> batch.EcsEc2ContainerDefinition:
         memory_mib = int(host.memory_gib * 1024 * MEMORY_SHARE)
         # Multi-node jobs take every accelerator of their host; a single-node job (validation) takes one.
         accelerators = host.accelerators if efa else 1
-        linux = batch.LinuxParameters(self, f"{id_}Linux",
-                                      # NCCL and data loaders exchange through /dev/shm: a quarter of the host's memory.
-                                      shared_memory_size=cdk.Size.gibibytes(shared_memory_gib(host)))
+        linux = batch.LinuxParameters(
+            self,
+            f"{id_}Linux",
+            # NCCL and data loaders exchange through /dev/shm: a quarter of the host's memory.
+            shared_memory_size=cdk.Size.gibibytes(shared_memory_gib(host)),
+        )
         # Permissions left out: Batch's default is read, write and mknod (CDK would render them lowercase).
         if efa:
-            linux.add_devices(*(batch.Device(host_path=f"/dev/infiniband/uverbs{i}",
-                                             container_path=f"/dev/infiniband/uverbs{i}")
-                                for i in range(host.efa_interfaces)))
+            linux.add_devices(
+                *(
+                    batch.Device(host_path=f"/dev/infiniband/uverbs{i}", container_path=f"/dev/infiniband/uverbs{i}")
+                    for i in range(host.efa_interfaces)
+                )
+            )
         if host.accelerator is Accelerator.NEURON:
-            linux.add_devices(*(batch.Device(host_path=f"/dev/neuron{i}", container_path=f"/dev/neuron{i}")
-                                for i in range(accelerators)))
+            linux.add_devices(
+                *(
+                    batch.Device(host_path=f"/dev/neuron{i}", container_path=f"/dev/neuron{i}")
+                    for i in range(accelerators)
+                )
+            )
         environment = job_environment(host, backend="batch", environment=self.environment)
         if not efa:
             # One process on one accelerator: no collectives, no EFA, no bootstrap interface.
-            environment = {k: v for k, v in environment.items()
-                           if not k.startswith(("FI_", "NCCL_SOCKET", "GLOO_SOCKET", "BUSBW_", "EXPECTED_BUSBW"))
-                           and k != "EFA_INTERFACES"}
+            environment = {
+                k: v
+                for k, v in environment.items()
+                if not k.startswith(("FI_", "NCCL_SOCKET", "GLOO_SOCKET", "BUSBW_", "EXPECTED_BUSBW"))
+                and k != "EFA_INTERFACES"
+            }
             environment["ACCELERATORS_PER_NODE"] = str(accelerators * host.cores_per_accelerator)
         return batch.EcsEc2ContainerDefinition(
-            self, id_,
+            self,
+            id_,
             image=image,
             cpu=host.vcpus,
             memory=cdk.Size.mebibytes(memory_mib),

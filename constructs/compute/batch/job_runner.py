@@ -6,8 +6,8 @@ import aws_cdk as cdk
 import aws_cdk.aws_batch as batch
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_stepfunctions as sfn
-from constructs import Construct
 
+from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, JobKind
 from constructs.compute.batch.job_definitions import RETRY_RULES
 from constructs.nag import acknowledge
@@ -21,7 +21,6 @@ def _host_loss_rules() -> list[dict]:
     """
     keys = {"on_status_reason": "OnStatusReason", "on_reason": "OnReason", "on_exit_code": "OnExitCode"}
     return [{**{keys[k]: v for k, v in on.items()}, "Action": action.value} for action, on in RETRY_RULES]
-
 
 
 class BatchJobRunner:
@@ -39,9 +38,15 @@ class BatchJobRunner:
     # SubmitJob's RetryStrategy restarts a job whose host was lost, inside the one submission.
     restarts_lost_hosts = True
 
-    def __init__(self, *, multi_node_queue: batch.IJobQueue, single_node_queue: batch.IJobQueue,
-                 job_definitions: Mapping[str, batch.IJobDefinition], share_identifier: str | None = None,
-                 single_node_on_demand_queue: batch.IJobQueue | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        multi_node_queue: batch.IJobQueue,
+        single_node_queue: batch.IJobQueue,
+        job_definitions: Mapping[str, batch.IJobDefinition],
+        share_identifier: str | None = None,
+        single_node_on_demand_queue: batch.IJobQueue | None = None,
+    ) -> None:
         missing = {"sanity", "train", "validate"} - set(job_definitions)
         if missing:
             raise ValueError(f"job_definitions lacks {', '.join(sorted(missing))}; expected sanity, train, validate")
@@ -57,33 +62,83 @@ class BatchJobRunner:
     def _queue(self, job: JobKind) -> batch.IJobQueue:
         return self.multi_node_queue if job in MULTI_NODE_JOBS else self.single_node_queue
 
-    def submit(self, scope: Construct, id_: str, *, job: JobKind, parameters: Mapping[str, str],
-               job_name: str, nodes: str | None = None, attempts: str | None = None,
-               result_path: str = sfn.JsonPath.DISCARD,
-               timeout: cdk.Duration | str | None = None) -> sfn.CustomState | sfn.Parallel:
+    def submit(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        job: JobKind,
+        parameters: Mapping[str, str],
+        job_name: str,
+        nodes: str | None = None,
+        attempts: str | None = None,
+        result_path: str = sfn.JsonPath.DISCARD,
+        timeout: cdk.Duration | str | None = None,
+    ) -> sfn.CustomState | sfn.Parallel:
         fallback = self.single_node_on_demand_queue if job not in MULTI_NODE_JOBS else None
         if fallback is None:
-            return self._submit_state(scope, id_, self._queue(job), job=job, parameters=parameters, job_name=job_name,
-                                      nodes=nodes, attempts=attempts, result_path=result_path, timeout=timeout)
+            return self._submit_state(
+                scope,
+                id_,
+                self._queue(job),
+                job=job,
+                parameters=parameters,
+                job_name=job_name,
+                nodes=nodes,
+                attempts=attempts,
+                result_path=result_path,
+                timeout=timeout,
+            )
         # One state from the outside (the pipeline adds Retry/Catch to it): a Spot attempt, and when it fails
         # (no Spot capacity within the queue's wait, a reclaimed host beyond the job's own retries, or the job
         # itself) one more on on-demand capacity, so a trained model is never left unvalidated for want of Spot.
-        on_spot = self._submit_state(scope, f"{id_}OnSpot", self._queue(job), job=job, parameters=parameters,
-                                     job_name=job_name, attempts=attempts, result_path="$", timeout=timeout)
-        on_demand = self._submit_state(scope, f"{id_}OnDemand", fallback, job=job, parameters=parameters,
-                                       job_name=job_name, attempts=attempts, result_path="$", timeout=timeout)
+        on_spot = self._submit_state(
+            scope,
+            f"{id_}OnSpot",
+            self._queue(job),
+            job=job,
+            parameters=parameters,
+            job_name=job_name,
+            attempts=attempts,
+            result_path="$",
+            timeout=timeout,
+        )
+        on_demand = self._submit_state(
+            scope,
+            f"{id_}OnDemand",
+            fallback,
+            job=job,
+            parameters=parameters,
+            job_name=job_name,
+            attempts=attempts,
+            result_path="$",
+            timeout=timeout,
+        )
         on_spot.add_catch(on_demand, errors=["States.TaskFailed"], result_path="$.spot_failure")
-        parallel = sfn.Parallel(scope, id_, result_path=result_path,
-                                result_selector={key: f"$[0].{key[:-2]}" for key in ("JobId.$", "JobName.$",
-                                                                                     "Status.$")},
-                                comment=f"{job}: on Spot, then on-demand if the Spot attempt fails")
+        parallel = sfn.Parallel(
+            scope,
+            id_,
+            result_path=result_path,
+            result_selector={key: f"$[0].{key[:-2]}" for key in ("JobId.$", "JobName.$", "Status.$")},
+            comment=f"{job}: on Spot, then on-demand if the Spot attempt fails",
+        )
         parallel.branch(on_spot)
         return parallel
 
-    def _submit_state(self, scope: Construct, id_: str, queue: batch.IJobQueue, *, job: JobKind,
-                      parameters: Mapping[str, str], job_name: str, nodes: str | None = None,
-                      attempts: str | None = None, result_path: str = sfn.JsonPath.DISCARD,
-                      timeout: cdk.Duration | str | None = None) -> sfn.CustomState:
+    def _submit_state(
+        self,
+        scope: Construct,
+        id_: str,
+        queue: batch.IJobQueue,
+        *,
+        job: JobKind,
+        parameters: Mapping[str, str],
+        job_name: str,
+        nodes: str | None = None,
+        attempts: str | None = None,
+        result_path: str = sfn.JsonPath.DISCARD,
+        timeout: cdk.Duration | str | None = None,
+    ) -> sfn.CustomState:
         request: dict = {
             "JobName.$": job_name,
             "JobQueue": queue.job_queue_arn,
@@ -118,10 +173,14 @@ class BatchJobRunner:
 
     def grant(self, principal: iam.IGrantable) -> None:
         stack = cdk.Stack.of(principal) if isinstance(principal, Construct) else None
-        queues = {id(q): q.job_queue_arn for q in (self.multi_node_queue, self.single_node_queue,
-                                                   self.single_node_on_demand_queue) if q is not None}
+        queues = {
+            id(q): q.job_queue_arn
+            for q in (self.multi_node_queue, self.single_node_queue, self.single_node_on_demand_queue)
+            if q is not None
+        }
         iam.Grant.add_to_principal(
-            grantee=principal, actions=["batch:SubmitJob"],
+            grantee=principal,
+            actions=["batch:SubmitJob"],
             resource_arns=[*queues.values(), *(d.job_definition_arn for d in self.job_definitions.values())],
         )
         # .sync polls DescribeJobs (no resource-level permissions) and stops the job with TerminateJob
@@ -129,19 +188,27 @@ class BatchJobRunner:
         iam.Grant.add_to_principal(grantee=principal, actions=["batch:DescribeJobs"], resource_arns=["*"])
         scope = stack or cdk.Stack.of(self.multi_node_queue)
         iam.Grant.add_to_principal(
-            grantee=principal, actions=["batch:TerminateJob"],
+            grantee=principal,
+            actions=["batch:TerminateJob"],
             resource_arns=[scope.format_arn(service="batch", resource="job", resource_name="*")],
         )
         if isinstance(principal, Construct) and isinstance(getattr(principal, "role", None), Construct):
             account = "<AWS::AccountId>" if cdk.Token.is_unresolved(scope.account) else scope.account
             region = "<AWS::Region>" if cdk.Token.is_unresolved(scope.region) else scope.region
             partition = "<AWS::Partition>" if cdk.Token.is_unresolved(scope.partition) else scope.partition
-            acknowledge(principal.role, f"AwsSolutions-IAM5[Resource::arn:{partition}:batch:{region}:{account}:job/*]",
-                        "batch:TerminateJob (stopping the job when its state times out or the execution is "
-                        "stopped) can only name job/*: job ids exist only once the job is submitted")
+            acknowledge(
+                principal.role,
+                f"AwsSolutions-IAM5[Resource::arn:{partition}:batch:{region}:{account}:job/*]",
+                "batch:TerminateJob (stopping the job when its state times out or the execution is "
+                "stopped) can only name job/*: job ids exist only once the job is submitted",
+            )
         # The managed rule through which Step Functions learns that a Batch job ended.
         iam.Grant.add_to_principal(
-            grantee=principal, actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
-            resource_arns=[scope.format_arn(service="events", resource="rule",
-                                            resource_name="StepFunctionsGetEventsForBatchJobsRule")],
+            grantee=principal,
+            actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+            resource_arns=[
+                scope.format_arn(
+                    service="events", resource="rule", resource_name="StepFunctionsGetEventsForBatchJobsRule"
+                )
+            ],
         )

@@ -8,15 +8,18 @@ with interfaces in the template, EKS adds no security group of its own. Scales f
 import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_eks_v2 as eks
-from constructs import Construct, IConstruct
 
 from config import Accelerator, InstanceType
+from constructs import Construct, IConstruct
 from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate
-from contracts.eks.job_spec import ACCELERATOR_LABEL, ACCELERATOR_TAINT_KEY, HUGEPAGES_2MI_PAGES
 from constructs.nag import acknowledge, managed_policy_finding
+from contracts.eks.job_spec import ACCELERATOR_LABEL, ACCELERATOR_TAINT_KEY, HUGEPAGES_2MI_PAGES
 
-CAPACITY_TYPES = {"on_demand": eks.CapacityType.ON_DEMAND, "spot": eks.CapacityType.SPOT,
-                  "capacity_block": eks.CapacityType.CAPACITY_BLOCK}
+CAPACITY_TYPES = {
+    "on_demand": eks.CapacityType.ON_DEMAND,
+    "spot": eks.CapacityType.SPOT,
+    "capacity_block": eks.CapacityType.CAPACITY_BLOCK,
+}
 # catalogue eks_ami_type (aws_eks_v2.NodegroupAmiType member) -> the CloudFormation AmiType value
 CFN_AMI_TYPES = {"AL2023_X86_64_NVIDIA": "AL2023_x86_64_NVIDIA", "AL2023_X86_64_NEURON": "AL2023_x86_64_NEURON"}
 ROOT_VOLUME_GIB = 500  # container images of the CUDA / Neuron stacks are tens of GB
@@ -27,29 +30,47 @@ ROOT_VOLUME_GIB = 500  # container images of the CUDA / Neuron stacks are tens o
 NVIDIA_GPU_PRESENT_LABEL = {"nvidia.com/gpu.present": "true"}
 # nodeadm (AL2023) merges the MIME parts EKS adds; this one reserves the huge pages EFA's libfabric uses
 # (2560 x 2 MiB = the 5 GiB each training pod requests as hugepages-2Mi).
-_HUGEPAGES_SCRIPT = ("#!/bin/bash\nset -euo pipefail\n"
-                     f"echo 'vm.nr_hugepages = {HUGEPAGES_2MI_PAGES}' > /etc/sysctl.d/90-efa-hugepages.conf\n"
-                     "sysctl --system\n")
+_HUGEPAGES_SCRIPT = (
+    "#!/bin/bash\nset -euo pipefail\n"
+    f"echo 'vm.nr_hugepages = {HUGEPAGES_2MI_PAGES}' > /etc/sysctl.d/90-efa-hugepages.conf\n"
+    "sysctl --system\n"
+)
 
 
 class EksAcceleratorNodegroup(Construct):
-    def __init__(self, scope: Construct, id_: str, *, cluster: eks.Cluster, instance: InstanceType,
-                 subnet: ec2.ISubnet, efa_security_group: ec2.ISecurityGroup, nodes: int,
-                 capacity_type: str, capacity_reservation_id: str | None = None) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        cluster: eks.Cluster,
+        instance: InstanceType,
+        subnet: ec2.ISubnet,
+        efa_security_group: ec2.ISecurityGroup,
+        nodes: int,
+        capacity_type: str,
+        capacity_reservation_id: str | None = None,
+    ) -> None:
         super().__init__(scope, id_)
         self.placement_group = ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
         user_data = ec2.MultipartUserData()
-        user_data.add_part(ec2.MultipartBody.from_raw_body(
-            content_type='text/x-shellscript; charset="us-ascii"', body=_HUGEPAGES_SCRIPT))
+        user_data.add_part(
+            ec2.MultipartBody.from_raw_body(
+                content_type='text/x-shellscript; charset="us-ascii"', body=_HUGEPAGES_SCRIPT
+            )
+        )
         self.launch_template = EfaLaunchTemplate(
-            self, "LaunchTemplate",
+            self,
+            "LaunchTemplate",
             instance=instance,
             security_groups=[efa_security_group, cluster.cluster_security_group],
             user_data=user_data,
             root_volume_gib=ROOT_VOLUME_GIB,
         ).launch_template
         template = self.launch_template.node.default_child
-        template.add_property_override("LaunchTemplateData.Placement.GroupName", self.placement_group.placement_group_name)
+        template.add_property_override(
+            "LaunchTemplateData.Placement.GroupName", self.placement_group.placement_group_name
+        )
         # EKS managed node groups reject a template with shutdown behaviour "terminate" (EKS API reference,
         # LaunchTemplateSpecification: no TerminateInstances); the node group replaces failed nodes itself.
         template.add_property_deletion_override("LaunchTemplateData.InstanceInitiatedShutdownBehavior")
@@ -63,18 +84,25 @@ class EksAcceleratorNodegroup(Construct):
             template.add_property_override("LaunchTemplateData.InstanceMarketOptions.MarketType", "capacity-block")
             template.add_property_override(
                 "LaunchTemplateData.CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId",
-                capacity_reservation_id)
+                capacity_reservation_id,
+            )
             template.add_property_override("LaunchTemplateData.InstanceType", instance.name)
         self.nodegroup = cluster.add_nodegroup_capacity(
             "Accelerator",
             instance_types=None if capacity_block else [ec2.InstanceType(instance.name)],
             capacity_type=CAPACITY_TYPES[capacity_type],
-            launch_template_spec=eks.LaunchTemplateSpec(id=self.launch_template.launch_template_id,
-                                                        version=self.launch_template.latest_version_number),
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=self.launch_template.launch_template_id, version=self.launch_template.latest_version_number
+            ),
             subnets=ec2.SubnetSelection(subnets=[subnet]),
-            min_size=0, desired_size=0, max_size=nodes,
-            labels={**ACCELERATOR_LABEL, "efa-training/instance-type": instance.name,
-                    **(NVIDIA_GPU_PRESENT_LABEL if instance.accelerator is Accelerator.NVIDIA else {})},
+            min_size=0,
+            desired_size=0,
+            max_size=nodes,
+            labels={
+                **ACCELERATOR_LABEL,
+                "efa-training/instance-type": instance.name,
+                **(NVIDIA_GPU_PRESENT_LABEL if instance.accelerator is Accelerator.NVIDIA else {}),
+            },
             taints=[eks.TaintSpec(key=ACCELERATOR_TAINT_KEY, value="true", effect=eks.TaintEffect.NO_SCHEDULE)],
         )
         # The AMI type is set explicitly, through the L1: CDK checks ami_type against its built-in GPU list, which
@@ -82,7 +110,8 @@ class EksAcceleratorNodegroup(Construct):
         self.ami_type = CFN_AMI_TYPES[instance.eks_ami_type]
         self.nodegroup.node.default_child.add_property_override("AmiType", self.ami_type)
         cdk.Annotations.of(self.nodegroup).acknowledge_warning(
-            "@aws-cdk/aws-eks:gpuInstancesUseAL2", f"AmiType is set to {self.ami_type} on the CfnNodegroup")
+            "@aws-cdk/aws-eks:gpuInstancesUseAL2", f"AmiType is set to {self.ami_type} on the CfnNodegroup"
+        )
         acknowledge_node_role(self.nodegroup.role)
 
 
@@ -92,5 +121,8 @@ NODE_ROLE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "Amaz
 def acknowledge_node_role(role: IConstruct) -> None:
     """The managed policies EKS documents for a managed node group's role (EKS user guide, create-node-role)."""
     for policy in NODE_ROLE_POLICIES:
-        acknowledge(role, managed_policy_finding(policy),
-                    f"{policy} is one of the policies EKS documents for managed node group roles")
+        acknowledge(
+            role,
+            managed_policy_finding(policy),
+            f"{policy} is one of the policies EKS documents for managed node group roles",
+        )

@@ -19,9 +19,9 @@ import aws_cdk as cdk
 import aws_cdk.aws_eks_v2 as eks
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_stepfunctions as sfn
-from constructs import Construct
 
 from config import InstanceType
+from constructs import Construct
 from contracts.eks.job_spec import NAMESPACE, Site
 from contracts.eks.job_templates import indexed_job
 
@@ -41,8 +41,16 @@ class EksJobRunner:
     # A Job that lost a pod is not restarted in place (backoffLimit 0): each pipeline retry is a fresh Job.
     restarts_lost_hosts = False
 
-    def __init__(self, *, cluster: eks.ICluster, instance: InstanceType, image: str, max_nodes: int,
-                 runs_uri: str | None = None, site: Site = Site()) -> None:
+    def __init__(
+        self,
+        *,
+        cluster: eks.ICluster,
+        instance: InstanceType,
+        image: str,
+        max_nodes: int,
+        runs_uri: str | None = None,
+        site: Site = Site(),
+    ) -> None:
         self.cluster = cluster
         self.site = site
         # s3://<bucket>/runs/: the sanity report and the verdict go straight to S3, where the pipeline reads
@@ -54,8 +62,9 @@ class EksJobRunner:
 
     def job_manifest(self, *, job: str, parameters: Mapping[str, str], job_name: str, nodes: str | None) -> dict:
         """The Job as an ASL payload template: static fields, plus `.$` fields resolved per execution."""
-        manifest = indexed_job(self.instance, image=self.image, phase=job, nodes=self.max_nodes, name="placeholder",
-                               site=self.site)
+        manifest = indexed_job(
+            self.instance, image=self.image, phase=job, nodes=self.max_nodes, name="placeholder", site=self.site
+        )
         metadata, spec = manifest["metadata"], manifest["spec"]
         metadata.pop("name")
         metadata["name.$"] = f"States.Format('{job}-{{}}', States.UUID())"
@@ -76,8 +85,10 @@ class EksJobRunner:
         container.pop("args")
         container["args.$"] = f"States.Array('{job}', {', '.join(flags)})" if flags else f"States.Array('{job}')"
         if self.runs_uri:
-            container["env"] += [{"name": "REPORT_PREFIX", "value": self.runs_uri},
-                                 {"name": "VERDICT_PREFIX", "value": self.runs_uri}]
+            container["env"] += [
+                {"name": "REPORT_PREFIX", "value": self.runs_uri},
+                {"name": "VERDICT_PREFIX", "value": self.runs_uri},
+            ]
         for variable in container["env"]:
             if variable["name"] == "PET_NNODES":
                 if count is not None:
@@ -87,9 +98,19 @@ class EksJobRunner:
                     variable["value.$"] = f"States.Format('{{}}', {nodes})"
         return manifest
 
-    def submit(self, scope: Construct, id_: str, *, job: str, parameters: Mapping[str, str], job_name: str,
-               nodes: str | None = None, attempts: str | None = None, result_path: str = sfn.JsonPath.DISCARD,
-               timeout: cdk.Duration | str | None = None) -> sfn.CustomState:
+    def submit(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        job: str,
+        parameters: Mapping[str, str],
+        job_name: str,
+        nodes: str | None = None,
+        attempts: str | None = None,
+        result_path: str = sfn.JsonPath.DISCARD,
+        timeout: cdk.Duration | str | None = None,
+    ) -> sfn.CustomState:
         if attempts is not None:
             raise ValueError("EksJobRunner runs each job once (backoffLimit 0); the pipeline's Retry restarts it")
         state: dict = {
@@ -102,9 +123,11 @@ class EksJobRunner:
                 "Namespace": NAMESPACE,
                 "Job": self.job_manifest(job=job, parameters=parameters, job_name=job_name, nodes=nodes),
             },
-            "ResultSelector": {"JobId.$": "$.ResponseBody.metadata.uid",
-                               "JobName.$": "$.ResponseBody.metadata.name",
-                               "Status": "SUCCEEDED"},  # .sync fails the state unless the Job completed
+            "ResultSelector": {
+                "JobId.$": "$.ResponseBody.metadata.uid",
+                "JobName.$": "$.ResponseBody.metadata.name",
+                "Status": "SUCCEEDED",
+            },  # .sync fails the state unless the Job completed
             "ResultPath": result_path,
         }
         if isinstance(timeout, str):  # a JSONPath to the timeout, in seconds
@@ -115,12 +138,19 @@ class EksJobRunner:
 
     def grant(self, principal: iam.IGrantable) -> None:
         """Kubernetes access for the state machine's role: edit rights in the training namespace only."""
-        iam.Grant.add_to_principal(grantee=principal, actions=["eks:DescribeCluster"],
-                                   resource_arns=[self.cluster.cluster_arn])
+        iam.Grant.add_to_principal(
+            grantee=principal, actions=["eks:DescribeCluster"], resource_arns=[self.cluster.cluster_arn]
+        )
         role = principal.grant_principal
         # In the principal's stack: the pipeline stack already depends on the EKS stack, not the reverse.
-        eks.AccessEntry(cdk.Stack.of(role) if isinstance(role, Construct) else cdk.Stack.of(self.cluster),
-                        "EksJobRunnerAccess", cluster=self.cluster, principal=role.role_arn,
-                        access_policies=[eks.AccessPolicy.from_access_policy_name(
-                            "AmazonEKSEditPolicy", access_scope_type=eks.AccessScopeType.NAMESPACE,
-                            namespaces=[NAMESPACE])])
+        eks.AccessEntry(
+            cdk.Stack.of(role) if isinstance(role, Construct) else cdk.Stack.of(self.cluster),
+            "EksJobRunnerAccess",
+            cluster=self.cluster,
+            principal=role.role_arn,
+            access_policies=[
+                eks.AccessPolicy.from_access_policy_name(
+                    "AmazonEKSEditPolicy", access_scope_type=eks.AccessScopeType.NAMESPACE, namespaces=[NAMESPACE]
+                )
+            ],
+        )

@@ -8,29 +8,45 @@ import json
 import aws_cdk as cdk
 import aws_cdk.aws_eks_v2 as eks
 import aws_cdk.aws_fsx as fsx
-import aws_cdk.aws_iam as iam
-from constructs import Construct
 
 import contracts.eks.job_spec as spec
 from config import InstanceType
-from contracts.eks.job_templates import RUNTIME_NAME, WORKERS_SERVICE, job_templates, training_runtime
+from constructs import Construct
 from constructs.storage.data_bucket_access import DataBucketAccess
+from contracts.eks.job_templates import RUNTIME_NAME, WORKERS_SERVICE, job_templates, training_runtime
 
 FSX_VOLUME = "fsx-training"
 
 
 class EksTrainingWorkspace(Construct):
-    def __init__(self, scope: Construct, id_: str, *, cluster: eks.Cluster, data_access: DataBucketAccess,
-                 file_system: fsx.LustreFileSystem, storage_gib: int, instance: InstanceType, image: str,
-                 nodes: int, trainer_chart: eks.HelmChart, fsx_csi_driver: eks.Addon, fsx_revision: str = "",
-                 environment: str = "") -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        cluster: eks.Cluster,
+        data_access: DataBucketAccess,
+        file_system: fsx.LustreFileSystem,
+        storage_gib: int,
+        instance: InstanceType,
+        image: str,
+        nodes: int,
+        trainer_chart: eks.HelmChart,
+        fsx_csi_driver: eks.Addon,
+        fsx_revision: str = "",
+        environment: str = "",
+    ) -> None:
         super().__init__(scope, id_)
-        namespace = cluster.add_manifest("Namespace", {
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.NAMESPACE}})
+        namespace = cluster.add_manifest(
+            "Namespace", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.NAMESPACE}}
+        )
 
         self.service_account = cluster.add_service_account(
-            "TrainingServiceAccount", name=spec.SERVICE_ACCOUNT, namespace=spec.NAMESPACE,
-            identity_type=eks.IdentityType.POD_IDENTITY)
+            "TrainingServiceAccount",
+            name=spec.SERVICE_ACCOUNT,
+            namespace=spec.NAMESPACE,
+            identity_type=eks.IdentityType.POD_IDENTITY,
+        )
         self.service_account.node.add_dependency(namespace)
         self.role = self.service_account.role
         data_access.grant_training(self.role, "Training pods")
@@ -42,48 +58,69 @@ class EksTrainingWorkspace(Construct):
         self.site = spec.Site(environment=environment, fsx_claim=self.fsx_claim)
         fsx_volume = f"{FSX_VOLUME}-{fsx_revision}" if fsx_revision else FSX_VOLUME
         capacity = f"{storage_gib}Gi"
-        volume = cluster.add_manifest("FsxVolume", {
-            "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": fsx_volume},
-            "spec": {
-                "capacity": {"storage": capacity},
-                "volumeMode": "Filesystem",
-                "accessModes": ["ReadWriteMany"],
-                "persistentVolumeReclaimPolicy": "Retain",  # the file system's life is the storage stack's business
-                "storageClassName": "",
-                "mountOptions": ["relatime", "flock"],
-                "csi": {
-                    "driver": "fsx.csi.aws.com",
-                    "volumeHandle": file_system.file_system_id,
-                    "volumeAttributes": {"dnsname": file_system.dns_name, "mountname": file_system.mount_name},
+        volume = cluster.add_manifest(
+            "FsxVolume",
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": fsx_volume},
+                "spec": {
+                    "capacity": {"storage": capacity},
+                    "volumeMode": "Filesystem",
+                    "accessModes": ["ReadWriteMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",  # the file system's life is the storage stack's business
+                    "storageClassName": "",
+                    "mountOptions": ["relatime", "flock"],
+                    "csi": {
+                        "driver": "fsx.csi.aws.com",
+                        "volumeHandle": file_system.file_system_id,
+                        "volumeAttributes": {"dnsname": file_system.dns_name, "mountname": file_system.mount_name},
+                    },
                 },
             },
-        }, {
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": self.fsx_claim, "namespace": spec.NAMESPACE},
-            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": fsx_volume,
-                     "resources": {"requests": {"storage": capacity}}},
-        })
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": self.fsx_claim, "namespace": spec.NAMESPACE},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": fsx_volume,
+                    "resources": {"requests": {"storage": capacity}},
+                },
+            },
+        )
         volume.node.add_dependency(namespace)
         volume.node.add_dependency(fsx_csi_driver)
 
         # The pipeline's Jobs find their rank-0 pod by DNS through this headless service (see eks_job_runner).
-        workers = cluster.add_manifest("WorkersService", {
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": WORKERS_SERVICE, "namespace": spec.NAMESPACE},
-            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                     "selector": {"efa-training/workers": WORKERS_SERVICE},
-                     "ports": [{"name": "rendezvous", "port": spec.MASTER_PORT}]},
-        })
+        workers = cluster.add_manifest(
+            "WorkersService",
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": WORKERS_SERVICE, "namespace": spec.NAMESPACE},
+                "spec": {
+                    "clusterIP": "None",
+                    "publishNotReadyAddresses": True,
+                    "selector": {"efa-training/workers": WORKERS_SERVICE},
+                    "ports": [{"name": "rendezvous", "port": spec.MASTER_PORT}],
+                },
+            },
+        )
         workers.node.add_dependency(namespace)
 
         self.templates = job_templates(instance, image=image, nodes=nodes, site=self.site)
-        runtime = cluster.add_manifest("TrainingRuntime", training_runtime(instance, image=image, nodes=nodes,
-                                                                          site=self.site), {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "job-templates", "namespace": spec.NAMESPACE},
-            "data": {f"{phase}.json": json.dumps(job, indent=2) for phase, job in self.templates.items()},
-        })
+        runtime = cluster.add_manifest(
+            "TrainingRuntime",
+            training_runtime(instance, image=image, nodes=nodes, site=self.site),
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "job-templates", "namespace": spec.NAMESPACE},
+                "data": {f"{phase}.json": json.dumps(job, indent=2) for phase, job in self.templates.items()},
+            },
+        )
         runtime.node.add_dependency(trainer_chart)  # the ClusterTrainingRuntime CRD comes with the chart
         runtime.node.add_dependency(namespace)
         cdk.CfnOutput(self, "RuntimeName", value=RUNTIME_NAME)

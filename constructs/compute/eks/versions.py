@@ -39,9 +39,11 @@ class Chart:
 # None of these charts declares an upper Kubernetes bound (`kubeVersion`); Kubeflow Trainer 2.1.0's end-to-end
 # tests cover 1.31-1.34 (its .github/workflows/test-e2e.yaml), so 1.37 is untested upstream.
 EFA_DEVICE_PLUGIN = Chart("aws-efa-k8s-device-plugin", "https://aws.github.io/eks-charts", "v0.5.29", "kube-system")
-NVIDIA_DEVICE_PLUGIN = Chart("nvidia-device-plugin", "https://nvidia.github.io/k8s-device-plugin", "0.17.2",
-                             "kube-system")
+NVIDIA_DEVICE_PLUGIN = Chart(
+    "nvidia-device-plugin", "https://nvidia.github.io/k8s-device-plugin", "0.17.2", "kube-system"
+)
 # OCI charts: the CDK kubectl handler pulls `repository` itself (public ECR login, or anonymous for ghcr.io).
 NEURON = Chart("neuron-helm-chart", "oci://public.ecr.aws/neuron/neuron-helm-chart", "1.1.2", "kube-system")
-KUBEFLOW_TRAINER = Chart("kubeflow-trainer", "oci://ghcr.io/kubeflow/charts/kubeflow-trainer", "2.1.0",
-                         "kubeflow-system")
+KUBEFLOW_TRAINER = Chart(
+    "kubeflow-trainer", "oci://ghcr.io/kubeflow/charts/kubeflow-trainer", "2.1.0", "kubeflow-system"
+)

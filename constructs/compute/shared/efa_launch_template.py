@@ -13,22 +13,25 @@ managed node groups reject a SubnetId in the template.
 from typing import Literal
 
 import aws_cdk.aws_ec2 as ec2
-from constructs import Construct
 
 from config import InstanceType
+from constructs import Construct
 
 SecondaryInterfaceType = Literal["efa-only", "efa"]
 # Amazon Linux 2023 AMIs (ECS- and EKS-optimized) boot from /dev/xvda.
 ROOT_DEVICE = "/dev/xvda"
 
 
-def efa_network_interfaces(efa_interfaces: int, security_group_ids: list[str],
-                           secondary_interface_type: SecondaryInterfaceType = "efa-only") -> list[dict]:
+def efa_network_interfaces(
+    efa_interfaces: int, security_group_ids: list[str], secondary_interface_type: SecondaryInterfaceType = "efa-only"
+) -> list[dict]:
     """The LaunchTemplateData.NetworkInterfaces list (CloudFormation casing), one interface per network card."""
     if efa_interfaces < 1:
         raise ValueError(f"efa_interfaces={efa_interfaces} is not valid; expected at least 1 (an EFA instance type)")
     if secondary_interface_type not in ("efa-only", "efa"):
-        raise ValueError(f"secondary_interface_type={secondary_interface_type!r} is not valid; expected efa-only or efa")
+        raise ValueError(
+            f"secondary_interface_type={secondary_interface_type!r} is not valid; expected efa-only or efa"
+        )
     return [
         {
             "NetworkCardIndex": card,
@@ -54,19 +57,31 @@ class EfaLaunchTemplate(Construct):
     `.launch_template` is the ec2.LaunchTemplate; `.network_interfaces` what was rendered (for tests).
     """
 
-    def __init__(self, scope: Construct, id_: str, *, instance: InstanceType,
-                 security_groups: list[ec2.ISecurityGroup], user_data: ec2.UserData,
-                 root_volume_gib: int = 200, include_network_interfaces: bool = True,
-                 secondary_interface_type: SecondaryInterfaceType = "efa-only",
-                 terminate_on_shutdown: bool = True,
-                 placement_group: ec2.IPlacementGroup | None = None,
-                 launch_template_name: str | None = None) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        instance: InstanceType,
+        security_groups: list[ec2.ISecurityGroup],
+        user_data: ec2.UserData,
+        root_volume_gib: int = 200,
+        include_network_interfaces: bool = True,
+        secondary_interface_type: SecondaryInterfaceType = "efa-only",
+        terminate_on_shutdown: bool = True,
+        placement_group: ec2.IPlacementGroup | None = None,
+        launch_template_name: str | None = None,
+    ) -> None:
         super().__init__(scope, id_)
         if not security_groups:
-            raise ValueError("security_groups is empty; expected the EFA security group (all traffic to and from itself)")
+            raise ValueError(
+                "security_groups is empty; expected the EFA security group (all traffic to and from itself)"
+            )
         if root_volume_gib < 30:
-            raise ValueError(f"root_volume_gib={root_volume_gib} is not valid; expected at least 30 GiB "
-                             "(accelerated images are tens of GiB)")
+            raise ValueError(
+                f"root_volume_gib={root_volume_gib} is not valid; expected at least 30 GiB "
+                "(accelerated images are tens of GiB)"
+            )
         if not isinstance(user_data, ec2.MultipartUserData):
             # Batch and ECS accept only MIME multipart user data in a launch template.
             multipart = ec2.MultipartUserData()
@@ -74,14 +89,21 @@ class EfaLaunchTemplate(Construct):
             user_data = multipart
         self.instance = instance
         self.launch_template = ec2.LaunchTemplate(
-            self, "Resource",
+            self,
+            "Resource",
             launch_template_name=launch_template_name,
             user_data=user_data,
-            block_devices=[ec2.BlockDevice(
-                device_name=ROOT_DEVICE,
-                volume=ec2.BlockDeviceVolume.ebs(root_volume_gib, volume_type=ec2.EbsDeviceVolumeType.GP3,
-                                                 encrypted=True, delete_on_termination=True),
-            )],
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name=ROOT_DEVICE,
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        root_volume_gib,
+                        volume_type=ec2.EbsDeviceVolumeType.GP3,
+                        encrypted=True,
+                        delete_on_termination=True,
+                    ),
+                )
+            ],
             # IMDSv2 only, one hop: a container (bridge network, pod) cannot reach the metadata service and
             # borrow the node's role (EC2 user guide, "Instance metadata access considerations": the container
             # is one more hop; EKS best practices, "Restrict access to the instance profile assigned to the
@@ -93,8 +115,9 @@ class EfaLaunchTemplate(Construct):
             instance_metadata_tags=False,
             # A host whose preparation fails shuts itself down; terminating lets the scheduler replace it
             # (EKS managed node groups reject the setting: pass terminate_on_shutdown=False there).
-            instance_initiated_shutdown_behavior=(ec2.InstanceInitiatedShutdownBehavior.TERMINATE
-                                                  if terminate_on_shutdown else None),
+            instance_initiated_shutdown_behavior=(
+                ec2.InstanceInitiatedShutdownBehavior.TERMINATE if terminate_on_shutdown else None
+            ),
             # Batch sets the placement group on the compute environment; EKS node groups need it here.
             placement_group=placement_group,
             security_group=None if include_network_interfaces else security_groups[0],
@@ -105,9 +128,9 @@ class EfaLaunchTemplate(Construct):
         self.network_interfaces: list[dict] = []
         if include_network_interfaces:
             self.network_interfaces = efa_network_interfaces(
-                instance.efa_interfaces, [sg.security_group_id for sg in security_groups], secondary_interface_type)
+                instance.efa_interfaces, [sg.security_group_id for sg in security_groups], secondary_interface_type
+            )
             # Escape hatch: the L2 LaunchTemplate has no network-interface (card index, EFA type) properties.
             cfn = self.launch_template.node.default_child
             assert isinstance(cfn, ec2.CfnLaunchTemplate)
             cfn.add_property_override("LaunchTemplateData.NetworkInterfaces", self.network_interfaces)
-
