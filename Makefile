@@ -15,7 +15,7 @@ HOURS       ?= 24
 
 DIAGRAM_ENV ?= prod
 
-.PHONY: synth test setup deploy local-run cost-report bench diagram clean
+.PHONY: synth test lint setup deploy local-run cost-report bench diagram clean
 
 setup: $(VENV)/.test-deps node_modules/.installed
 
@@ -36,8 +36,14 @@ synth: $(VENV)/.synth-deps node_modules/.installed
 	cdk synth --quiet $(CDK_ARGS)
 	$(PY) -m tools.synth_summary cdk.out
 
-test: $(VENV)/.test-deps node_modules/.installed
+test: $(VENV)/.test-deps node_modules/.installed lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# The gates a newcomer gets for free (pyproject.toml configures them): lint, format, types, over the whole tree.
+lint: $(VENV)/.test-deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # One command per environment: checks Docker and credentials (one line each), bootstraps if needed, logs in to
 # the base image's registry, deploys every stack. DRY_RUN=1 prints the plan; CDK_ARGS go to `cdk deploy`.

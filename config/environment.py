@@ -10,6 +10,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass, fields
+from typing import Any
 
 from config.catalogue import CATALOGUE, InstanceType, efa_instance_types
 from config.layout import stack_prefix
@@ -145,7 +146,7 @@ class EnvironmentConfig:
         _check(
             self,
             "vpc_cidr",
-            bool(_CIDR16.fullmatch(self.vpc_cidr)) and int(_CIDR16.fullmatch(self.vpc_cidr).group(1)) <= 255,
+            (match := _CIDR16.fullmatch(self.vpc_cidr)) is not None and int(match.group(1)) <= 255,
             "a /16 inside 10.0.0.0/8 like 10.0.0.0/16",
         )
         _check(
@@ -292,7 +293,7 @@ def _check(config: EnvironmentConfig, name: str, ok: bool, allowed: str, value: 
         raise ConfigError(f"environment '{config.name}': {name}={shown!r} is not valid; expected {allowed}")
 
 
-def _coerce(env: str, name: str, raw: object) -> object:
+def _coerce(env: str, name: str, raw: object) -> Any:
     """Turn a context value (JSON from cdk.json, or a string from -c) into the field's type."""
     kind = _TYPES[name]
     optional = type(None) in typing.get_args(kind)

@@ -283,7 +283,7 @@ PHASES = (
 )
 
 
-MAX_ATTEMPTS = next(f.maximum for f in fields(1) if f.name == "max_attempts")
+MAX_ATTEMPTS = int(next(f.maximum or 0 for f in fields(1) if f.name == "max_attempts"))
 # Step Functions Standard workflows run for at most one year (Step Functions quotas).
 MAX_EXECUTION_SECONDS = 365 * 24 * 3600
 
@@ -291,7 +291,7 @@ MAX_EXECUTION_SECONDS = 365 * 24 * 3600
 def train_state_seconds(train_attempt_hours: int) -> list[int]:
     """The Train state's timeout for each `max_attempts` (index 0 unused): the state reads it from this table."""
     train = stages(train_attempt_hours)["train"]
-    return [0] + [train.state_seconds(attempts) for attempts in range(1, int(MAX_ATTEMPTS) + 1)]
+    return [0] + [train.state_seconds(attempts) for attempts in range(1, MAX_ATTEMPTS + 1)]
 
 
 def execution_seconds(

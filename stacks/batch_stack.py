@@ -21,6 +21,7 @@ from constructs.compute.batch.host_user_data import host_user_data
 from constructs.compute.batch.job_definitions import BatchJobDefinitions
 from constructs.compute.batch.job_runner import BatchJobRunner
 from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate
+from constructs.escape_hatch import cfn
 from constructs.nag import acknowledge, managed_policy_finding
 from constructs.observability.accelerator_metrics import accelerator_metrics
 from contracts.job_environment import STOP_GRACE_SECONDS
@@ -198,9 +199,7 @@ class BatchStack(cdk.Stack):
         self._launch_template_version(self.multi_node_environment, self.launch_templates["multi_node"])
         # Batch rejects compute-environment security groups next to launch-template network interfaces
         # ("exclusively allowed"); the interfaces carry the EFA group instead.
-        self.multi_node_environment.node.default_child.add_property_deletion_override(
-            "ComputeResources.SecurityGroupIds"
-        )
+        cfn(self.multi_node_environment).add_property_deletion_override("ComputeResources.SecurityGroupIds")
         self.single_node_environment = self._single_node_environment(
             "SingleNodeEnvironment", network, subnets, single, spot=config.batch_single_node_spot
         )
@@ -302,7 +301,7 @@ class BatchStack(cdk.Stack):
     ) -> None:
         # The L2 renders no version, so Batch would keep the template's first version; pinning the latest
         # version number makes a template change update the compute environment.
-        environment.node.default_child.add_property_override(
+        cfn(environment).add_property_override(
             "ComputeResources.LaunchTemplate.Version", template.launch_template.latest_version_number
         )
 

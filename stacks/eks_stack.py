@@ -11,7 +11,7 @@ from config import EnvironmentConfig
 from config.layout import RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.eks.accelerator_nodegroup import EksAcceleratorNodegroup
-from constructs.compute.eks.cluster import EksTrainingCluster
+from constructs.compute.eks.cluster import EksTrainingCluster, as_icluster
 from constructs.compute.eks.job_runner import EksJobRunner
 from constructs.compute.eks.node_scaling import EksNodeScaling
 from constructs.compute.eks.training_workspace import EksTrainingWorkspace
@@ -78,7 +78,7 @@ class EksStack(cdk.Stack):
         )
         # The pipeline (PipelineStack) runs its jobs through this.
         self.job_runner = EksJobRunner(
-            cluster=self.cluster,
+            cluster=as_icluster(self.cluster),
             instance=config.instance,
             image=registry.image_uri,
             max_nodes=config.nodes,
@@ -104,7 +104,7 @@ class EksStack(cdk.Stack):
         self.node_scaling = EksNodeScaling(
             scope,
             "EksNodeScaling",
-            cluster=self.cluster,
+            cluster=as_icluster(self.cluster),
             nodegroup=self.nodegroup,
             max_nodes=self.nodes,
             pipeline=state_machine,

@@ -41,7 +41,9 @@ class RegistryStack(cdk.Stack):
         if config.image_tag:
             # A tag that CI pushed to our repository (immutable, scanned).
             repository = self.repositories[accelerator]
-            self.container_image = ecs.ContainerImage.from_ecr_repository(repository, config.image_tag)
+            self.container_image: ecs.ContainerImage = ecs.ContainerImage.from_ecr_repository(
+                repository, config.image_tag
+            )
             self.image_uri = repository.repository_uri_for_tag(config.image_tag)
         else:
             # Built by `cdk deploy` from training_image/ (synth only stages the build context).

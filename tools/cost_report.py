@@ -38,10 +38,18 @@ class Price:
 
 
 @dataclass(frozen=True)
+class KnownPrice:
+    """A price that always exists (on-demand: the catalogue has one for every type)."""
+
+    usd_per_hour: float
+    source: str
+
+
+@dataclass(frozen=True)
 class Estimate:
     config: EnvironmentConfig
     hours: float
-    on_demand: Price  # per node
+    on_demand: KnownPrice  # per node
     spot: Price  # per node
     fsx_usd_per_gb_month: float
 
@@ -118,23 +126,26 @@ def live_spot(ec2_client, config: EnvironmentConfig) -> tuple[float, str] | None
         latest.setdefault(entry["AvailabilityZone"], float(entry["SpotPrice"]))  # newest first per AZ
     if not latest:
         return None
-    zone = max(latest, key=latest.get)
+    zone = max(latest, key=lambda z: latest[z])
     return latest[zone], zone
 
 
 def estimate(config: EnvironmentConfig, hours: float, session=None) -> Estimate:
     """Prices for one environment: live where credentials allow, the catalogue otherwise."""
-    catalogue = Price(config.instance.on_demand_usd_per_hour, f"catalogue: {PRICE_SOURCE}, {PRICE_DATE}")
+    catalogue = KnownPrice(config.instance.on_demand_usd_per_hour, f"catalogue: {PRICE_SOURCE}, {PRICE_DATE}")
     allowed, reason = spot_allowed(config)
     on_demand, spot = catalogue, Price(None, reason or NEEDS_CREDENTIALS)
     if has_credentials(session):
         try:
             live = live_on_demand(session.client("pricing", region_name=PRICING_REGION), config)
         except (BotoCoreError, ClientError) as error:
-            live, catalogue = None, Price(catalogue.usd_per_hour, f"{catalogue.source}; Price List API failed: {error}")
+            live, catalogue = (
+                None,
+                KnownPrice(catalogue.usd_per_hour, f"{catalogue.source}; Price List API failed: {error}"),
+            )
             on_demand = catalogue
         if live is not None:
-            on_demand = Price(live, f"AWS Price List API, {config.region}, {datetime.now(UTC):%Y-%m-%d}")
+            on_demand = KnownPrice(live, f"AWS Price List API, {config.region}, {datetime.now(UTC):%Y-%m-%d}")
         if allowed:
             try:
                 found = live_spot(session.client("ec2", region_name=config.region), config)

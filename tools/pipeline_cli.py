@@ -218,7 +218,8 @@ def _progress(done: int) -> str:
 
 def watch(pipeline: Pipeline, execution_arn: str, out, interval: float = 10.0) -> int:
     """Print states as they pass, with attempts, elapsed time and progress; return the run's exit code."""
-    start, attempts, done, last_id = None, {}, set(), 0
+    attempts: dict[str | None, int] = {}
+    start, done, last_id = None, set(), 0
     phase = task = None
     while True:
         # Status first, then history: every event before a final status is in the history read after it.

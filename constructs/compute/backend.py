@@ -24,13 +24,21 @@ MULTI_NODE_JOBS: frozenset[str] = frozenset({"sanity", "train"})
 class JobRunner(Protocol):
     """How the pipeline runs one job on a backend and waits for it."""
 
-    # Whether the multi-node jobs always run the environment's node count (the pipeline then refuses other sizes).
-    fixed_node_count: bool
-    # Errors by which the backend refuses a request outright: retrying the same request cannot help.
-    rejected_errors: tuple[str, ...]
-    # Whether one submission may itself restart a job after losing a host (`submit(attempts=...)`); where not,
-    # only the pipeline's Retry starts the job again.
-    restarts_lost_hosts: bool
+    @property
+    def fixed_node_count(self) -> bool:
+        """Whether the multi-node jobs always run the environment's node count (the pipeline refuses other sizes)."""
+        ...
+
+    @property
+    def rejected_errors(self) -> tuple[str, ...]:
+        """Errors by which the backend refuses a request outright: retrying the same request cannot help."""
+        ...
+
+    @property
+    def restarts_lost_hosts(self) -> bool:
+        """Whether one submission may itself restart a job after losing a host (`submit(attempts=...)`); where
+        not, only the pipeline's Retry starts the job again."""
+        ...
 
     def submit(
         self,
@@ -64,11 +72,18 @@ class JobRunner(Protocol):
 class ComputeBackend(Protocol):
     """What a compute backend stack offers the pipeline and observability stacks."""
 
-    job_runner: JobRunner
-    # Where the backend's hosts publish accelerator and EFA metrics (the dashboard's and the alarms' source).
-    accelerator_metrics: AcceleratorMetrics
-    # The job queues whose job-state changes the dashboard counts (Batch); empty where jobs have no queue.
-    job_queue_arns: Sequence[str]
+    @property
+    def job_runner(self) -> JobRunner: ...
+
+    @property
+    def accelerator_metrics(self) -> AcceleratorMetrics:
+        """Where the backend's hosts publish accelerator and EFA metrics (the dashboard's and the alarms' source)."""
+        ...
+
+    @property
+    def job_queue_arns(self) -> Sequence[str]:
+        """The job queues whose job-state changes the dashboard counts (Batch); empty where jobs have no queue."""
+        ...
 
     def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:
         """Add, in the pipeline's stack, what the backend needs next to the pipeline (may add nothing)."""

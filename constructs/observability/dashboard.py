@@ -5,12 +5,15 @@ Run ids are new for every run, so those graphs are SEARCH expressions: each run 
 without a redeploy.
 """
 
+from collections.abc import Mapping
+
 import aws_cdk as cdk
 import aws_cdk.aws_cloudwatch as cloudwatch
 import aws_cdk.aws_stepfunctions as sfn
 
 from config import Accelerator
 from constructs import Construct
+from constructs.escape_hatch import cfn
 from constructs.observability.accelerator_metrics import AcceleratorMetrics
 from constructs.observability.job_state_metrics import METRIC_NAME as JOB_STATE_METRIC
 
@@ -42,7 +45,7 @@ class TrainingDashboard(Construct):
         accelerators: AcceleratorMetrics,
         file_system_id: str,
         state_machine: sfn.IStateMachine | None = None,
-        pipeline_outcomes: dict[str, cloudwatch.IMetric] | None = None,
+        pipeline_outcomes: Mapping[str, cloudwatch.Metric] | None = None,
         job_state_namespace: str | None = None,
         environment: str = "",
     ) -> None:
@@ -52,7 +55,7 @@ class TrainingDashboard(Construct):
         )
         # aws-cdk-lib tags dashboards, but cfn-lint 1.51's resource schema has no Tags on AWS::CloudWatch::Dashboard
         # (E3002); a dashboard costs a flat $3 a month, so it drops out of cost allocation without loss.
-        self.dashboard.node.default_child.add_property_deletion_override("Tags")
+        cfn(self.dashboard).add_property_deletion_override("Tags")
         self.dashboard.add_widgets(
             cloudwatch.TextWidget(
                 markdown=f"# {dashboard_name}\nBackend **{accelerators.backend}**, accelerator "
@@ -75,7 +78,7 @@ class TrainingDashboard(Construct):
     @staticmethod
     def _accelerator_widgets(m: AcceleratorMetrics) -> list[cloudwatch.IWidget]:
         kind = "GPU" if m.accelerator is Accelerator.NVIDIA else "NeuronCore"
-        widgets = [
+        widgets: list[cloudwatch.IWidget] = [
             cloudwatch.GraphWidget(
                 title=f"{kind} utilisation (%)",
                 width=_THIRD,
@@ -188,7 +191,7 @@ class TrainingDashboard(Construct):
 
     @staticmethod
     def _pipeline_widgets(
-        state_machine: sfn.IStateMachine, outcomes: dict[str, cloudwatch.IMetric]
+        state_machine: sfn.IStateMachine, outcomes: Mapping[str, cloudwatch.Metric]
     ) -> list[cloudwatch.IWidget]:
         # Failed executions split into broken runs and rejected models where the execution log is counted.
         failed = (

@@ -6,6 +6,8 @@ The result is state *transitions* per period (jobs that became RUNNING, FAILED, 
 jobs currently in each state. No Lambda is involved.
 """
 
+from typing import cast
+
 import aws_cdk as cdk
 import aws_cdk.aws_events as events
 import aws_cdk.aws_iam as iam
@@ -79,7 +81,8 @@ class JobStateMetrics(Construct):
                 detail={"jobQueue": job_queue_arns},
             ),
         )
-        self.rule.add_target(_LogGroupTarget(self.log_group))
+        # jsii.implements makes the class an IRuleTarget at run time; mypy cannot see the decorator's effect.
+        self.rule.add_target(cast(events.IRuleTarget, _LogGroupTarget(self.log_group)))
         self.metric_filter = logs.MetricFilter(
             self,
             "ByState",

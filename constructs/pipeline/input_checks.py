@@ -41,10 +41,11 @@ def _is_object(scope: Construct, id_: str, fail: sfn.Fail, then: sfn.IChainable)
     return sfn.Choice(scope, id_).when(C.not_(C.string_matches("$.shape", "{*")), fail).otherwise(then)
 
 
-def _matches_whole(path: str, pattern: str, max_length: int) -> str:
+def _matches_whole(path: str, pattern: str | None, max_length: int | None) -> str:
     """JSONata: the value is at most `max_length` long and the contract's pattern matches all of it. Anchored at
     the start only, and compared with the value: a `$` anchor would also match before a trailing newline in
     Java's and Python's regular expressions."""
+    assert pattern is not None and max_length is not None, path  # only fields with a pattern reach here
     regex = "/^" + pattern.replace("/", "\\/") + "/"
     return f"{{% $length({path}) <= {max_length} and $match({path}, {regex})[0].match = {path} %}}"
 

@@ -211,7 +211,8 @@ class RunClaim:
             result_path=J.DISCARD,
             task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
-        return retry_transient(task)
+        retry_transient(task)
+        return task
 
     def _refuse_on_precondition(
         self, scope: Construct, task: tasks.CallAwsService, state: str, refused: sfn.Fail, ours: sfn.IChainable

@@ -108,7 +108,7 @@ class TrainingPipeline(Construct):
             logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
         )
         runner.grant(self.state_machine)
-        if getattr(topic, "master_key", None) is not None:  # an encrypted topic: publishing needs its key
+        if topic.master_key is not None:  # an encrypted topic: publishing needs its key
             topic.master_key.grant(self.state_machine, "kms:Decrypt", "kms:GenerateDataKey")
         self._acknowledge()
 

@@ -1,5 +1,7 @@
 """Training data storage: an S3 bucket and FSx for Lustre in the training subnet, linked both ways."""
 
+from typing import Any
+
 import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_fsx as fsx
@@ -27,7 +29,7 @@ class TrainingStorage(Construct):
     ) -> None:
         super().__init__(scope, id_)
         destroy = removal_policy == cdk.RemovalPolicy.DESTROY
-        bucket_defaults = dict(
+        bucket_defaults: dict[str, Any] = dict(
             encryption=s3.BucketEncryption.S3_MANAGED,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,

@@ -5,6 +5,7 @@ The container is the training image: ENTRYPOINT `python /opt/training/launch.py`
 Every pod takes a whole accelerator node: all its GPUs or Trainium chips and all its EFA interfaces.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from config import InstanceType
@@ -96,8 +97,8 @@ def container(
     image: str,
     phase: str,
     nodes: int,
-    args: list[str] = (),
-    extra_env: list[dict] = (),
+    args: Sequence[str] = (),
+    extra_env: Sequence[dict] = (),
     site: Site = Site(),
 ) -> dict:
     if phase not in PHASES:
@@ -122,8 +123,8 @@ def pod_spec(
     image: str,
     phase: str,
     nodes: int,
-    args: list[str] = (),
-    extra_env: list[dict] = (),
+    args: Sequence[str] = (),
+    extra_env: Sequence[dict] = (),
     restart_policy: str = "Never",
     site: Site = Site(),
 ) -> dict:

@@ -11,6 +11,7 @@ The launcher reads MASTER_ADDR/MASTER_PORT/PET_NNODES/PET_NODE_RANK: both job ki
 """
 
 import copy
+from collections.abc import Sequence
 
 import contracts.eks.job_spec as spec
 from config import InstanceType
@@ -57,7 +58,7 @@ def train_job(
     phase: str,
     nodes: int,
     name: str | None = None,
-    args: list[str] = (),
+    args: Sequence[str] = (),
     site: spec.Site = spec.Site(),
 ) -> dict:
     """A TrainJob on the runtime; rank 0 is JobSet pod `<name>-node-0-0` under the JobSet's service `<name>`."""
@@ -101,7 +102,7 @@ def indexed_job(
     phase: str,
     nodes: int,
     name: str,
-    args: list[str] = (),
+    args: Sequence[str] = (),
     site: spec.Site = spec.Site(),
 ) -> dict:
     """batch/v1 Indexed Job: one pod per node, all started together, rank from the completion index."""
@@ -109,7 +110,7 @@ def indexed_job(
         "name": "PET_NODE_RANK",
         "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}},
     }
-    launcher_env = [
+    launcher_env: list[dict] = [
         # From the pod's own label, so the name can be chosen at submission (Step Functions) without a second copy.
         {
             "name": "JOB_NAME",

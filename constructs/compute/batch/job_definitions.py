@@ -10,6 +10,7 @@ them per run with SubmitJob `Parameters` (multi-node jobs take no container over
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aws_cdk as cdk
 import aws_cdk.aws_batch as batch
@@ -68,7 +69,7 @@ def job_specs(
     attempts come from the run contract's stages, which the pipeline's states also read."""
     runs_uri = f"s3://{bucket_name}/{RUNS_PREFIX}"
     stage = stages(int(train_timeout.to_hours()))
-    run = run_defaults(nodes)  # the run contract's defaults: what a run that omits a field gets
+    run: dict[str, Any] = run_defaults(nodes)  # the run contract's defaults: what a run that omits a field gets
     hyper = run["hyperparameters"]
 
     def limits(name: str) -> dict:
@@ -188,7 +189,7 @@ class BatchJobDefinitions(Construct):
             container = self._container(
                 f"{name.capitalize()}Container", spec, host, image, job_role, log_group, efa=multi_node
             )
-            common = dict(
+            common: dict[str, Any] = dict(
                 parameters=dict(spec.defaults),
                 timeout=spec.timeout,
                 retry_attempts=spec.attempts,

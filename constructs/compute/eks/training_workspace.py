@@ -32,7 +32,7 @@ class EksTrainingWorkspace(Construct):
         image: str,
         nodes: int,
         trainer_chart: eks.HelmChart,
-        fsx_csi_driver: eks.Addon,
+        fsx_csi_driver: eks.IAddon,
         fsx_revision: str = "",
         environment: str = "",
     ) -> None:

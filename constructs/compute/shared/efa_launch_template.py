@@ -16,6 +16,7 @@ import aws_cdk.aws_ec2 as ec2
 
 from config import InstanceType
 from constructs import Construct
+from constructs.escape_hatch import cfn
 
 SecondaryInterfaceType = Literal["efa-only", "efa"]
 # Amazon Linux 2023 AMIs (ECS- and EKS-optimized) boot from /dev/xvda.
@@ -131,6 +132,6 @@ class EfaLaunchTemplate(Construct):
                 instance.efa_interfaces, [sg.security_group_id for sg in security_groups], secondary_interface_type
             )
             # Escape hatch: the L2 LaunchTemplate has no network-interface (card index, EFA type) properties.
-            cfn = self.launch_template.node.default_child
-            assert isinstance(cfn, ec2.CfnLaunchTemplate)
-            cfn.add_property_override("LaunchTemplateData.NetworkInterfaces", self.network_interfaces)
+            cfn(self.launch_template).add_property_override(
+                "LaunchTemplateData.NetworkInterfaces", self.network_interfaces
+            )
