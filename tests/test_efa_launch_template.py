@@ -105,7 +105,6 @@ def test_eks_options_drop_shutdown_behaviour_and_set_placement():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"root_volume_gib": 8}, "root_volume_gib"),
-    ({"secondary_interface_type": "interface"}, "secondary_interface_type"),
 ])
 def test_bad_arguments_are_refused(kwargs, message):
     # Arguments that would build a useless template fail with the field's name.

@@ -1,4 +1,6 @@
-"""Host preparation for EFA training nodes: one shell script, wrapped as MIME multipart for Batch/ECS and EKS.
+"""Host preparation for Batch training hosts: one shell script, wrapped as MIME multipart for Batch/ECS.
+
+EKS nodes are prepared by the EKS accelerated AMI and the cluster's add-ons instead (constructs/compute/eks/).
 
 What it does, in order (every step logs to /var/log/efa-training-host.log and the console):
 1. huge pages for libfabric's EFA provider (EC2 user guide, "Get started with EFA": vm.nr_hugepages=5128);
@@ -156,7 +158,7 @@ def host_commands(
 
 
 def host_user_data(**kwargs) -> ec2.MultipartUserData:
-    """MIME multipart user data (Batch and ECS merge their own part into it; EKS nodeadm reads it too)."""
+    """MIME multipart user data: Batch and ECS accept only that in a launch template, and merge their own part."""
     script = ec2.UserData.for_linux()
     script.add_commands(*host_commands(**kwargs))
     multipart = ec2.MultipartUserData()

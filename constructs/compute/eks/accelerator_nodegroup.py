@@ -69,14 +69,12 @@ class EksAcceleratorNodegroup(Construct):
             security_groups=[efa_security_group, cluster.cluster_security_group],
             user_data=user_data,
             root_volume_gib=ROOT_VOLUME_GIB,
+            # EKS managed node groups reject a template with shutdown behaviour "terminate" (EKS API reference,
+            # LaunchTemplateSpecification: no TerminateInstances); the node group replaces failed nodes itself.
+            terminate_on_shutdown=False,
+            placement_group=self.placement_group,
         ).launch_template
         template = cfn(self.launch_template)
-        template.add_property_override(
-            "LaunchTemplateData.Placement.GroupName", self.placement_group.placement_group_name
-        )
-        # EKS managed node groups reject a template with shutdown behaviour "terminate" (EKS API reference,
-        # LaunchTemplateSpecification: no TerminateInstances); the node group replaces failed nodes itself.
-        template.add_property_deletion_override("LaunchTemplateData.InstanceInitiatedShutdownBehavior")
         capacity_block = capacity_type == "capacity_block"
         if capacity_block:
             # Capacity Blocks (EKS user guide, "Create a managed node group with Capacity Blocks for ML"): the launch

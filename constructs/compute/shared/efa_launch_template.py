@@ -3,14 +3,12 @@
 Network interfaces follow the EC2 user guide, "Maximize network bandwidth on Amazon EC2 instances with
 multiple network cards" (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html):
 network card 0 / device 0 is the primary interface, here `efa` (ENA + EFA, it carries the node's IP);
-every further network card i gets one interface at device index 0, `efa-only` by default (no IP address
-used; EFA-only exists on every EFA instance type since 2024-10) or `efa`. The EFA security group goes on
+every further network card i gets one interface at device index 0, `efa-only` (no IP address used;
+EFA-only exists on every EFA instance type since 2024-10). The EFA security group goes on
 every interface (`Groups`): a launch template with network interfaces cannot use SecurityGroupIds.
 No SubnetId and no public IP: Batch places the instance in its compute environment's subnet, and EKS
 managed node groups reject a SubnetId in the template.
 """
-
-from typing import Literal
 
 import aws_cdk.aws_ec2 as ec2
 
@@ -18,26 +16,19 @@ from config import InstanceType
 from constructs import Construct
 from constructs.escape_hatch import cfn
 
-SecondaryInterfaceType = Literal["efa-only", "efa"]
 # Amazon Linux 2023 AMIs (ECS- and EKS-optimized) boot from /dev/xvda.
 ROOT_DEVICE = "/dev/xvda"
 
 
-def efa_network_interfaces(
-    efa_interfaces: int, security_group_ids: list[str], secondary_interface_type: SecondaryInterfaceType = "efa-only"
-) -> list[dict]:
+def efa_network_interfaces(efa_interfaces: int, security_group_ids: list[str]) -> list[dict]:
     """The LaunchTemplateData.NetworkInterfaces list (CloudFormation casing), one interface per network card."""
     if efa_interfaces < 1:
         raise ValueError(f"efa_interfaces={efa_interfaces} is not valid; expected at least 1 (an EFA instance type)")
-    if secondary_interface_type not in ("efa-only", "efa"):
-        raise ValueError(
-            f"secondary_interface_type={secondary_interface_type!r} is not valid; expected efa-only or efa"
-        )
     return [
         {
             "NetworkCardIndex": card,
             "DeviceIndex": 0,
-            "InterfaceType": "efa" if card == 0 else secondary_interface_type,
+            "InterfaceType": "efa" if card == 0 else "efa-only",
             "Groups": security_group_ids,
             "DeleteOnTermination": True,
             # Several interfaces rule out a public IP anyway; the primary one states it explicitly.
@@ -53,8 +44,8 @@ class EfaLaunchTemplate(Construct):
 
     `include_network_interfaces=False` leaves the interfaces (and so EFA) out and puts the security
     groups on the template instead: for single-node hosts that need the same host preparation only.
-    `terminate_on_shutdown=False` for EKS managed node groups (they refuse the shutdown behaviour);
-    `placement_group` where the scheduler does not set one itself (EKS; Batch sets it on the environment).
+    `terminate_on_shutdown=False` and `placement_group` for EKS managed node groups: they refuse the shutdown
+    behaviour, and nothing else places their nodes (Batch sets the group on its compute environment).
     `.launch_template` is the ec2.LaunchTemplate; `.network_interfaces` what was rendered (for tests).
     """
 
@@ -68,10 +59,8 @@ class EfaLaunchTemplate(Construct):
         user_data: ec2.UserData,
         root_volume_gib: int = 200,
         include_network_interfaces: bool = True,
-        secondary_interface_type: SecondaryInterfaceType = "efa-only",
         terminate_on_shutdown: bool = True,
         placement_group: ec2.IPlacementGroup | None = None,
-        launch_template_name: str | None = None,
     ) -> None:
         super().__init__(scope, id_)
         if not security_groups:
@@ -92,7 +81,6 @@ class EfaLaunchTemplate(Construct):
         self.launch_template = ec2.LaunchTemplate(
             self,
             "Resource",
-            launch_template_name=launch_template_name,
             user_data=user_data,
             block_devices=[
                 ec2.BlockDevice(
@@ -129,7 +117,7 @@ class EfaLaunchTemplate(Construct):
         self.network_interfaces: list[dict] = []
         if include_network_interfaces:
             self.network_interfaces = efa_network_interfaces(
-                instance.efa_interfaces, [sg.security_group_id for sg in security_groups], secondary_interface_type
+                instance.efa_interfaces, [sg.security_group_id for sg in security_groups]
             )
             # Escape hatch: the L2 LaunchTemplate has no network-interface (card index, EFA type) properties.
             cfn(self.launch_template).add_property_override(
