@@ -8,7 +8,6 @@ tests call `build_app()` in-process to synthesize each variant once.
 import importlib
 import os
 import sys
-from typing import TYPE_CHECKING
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -33,13 +32,6 @@ PROJECT = "efa-training"
 
 # One line per compute backend: config field `compute` -> the stack implementing ComputeBackend, imported only
 # when chosen (only EKS variants pay for importing aws_eks_v2). The stack's id is `<prefix>-<Name>`.
-if TYPE_CHECKING:  # the type checker holds every backend stack to the seam the other stacks depend on
-    from constructs.compute.backend import ComputeBackend
-    from stacks.batch_stack import BatchStack
-    from stacks.eks_stack import EksStack
-
-    _SEAM: tuple[type[ComputeBackend], ...] = (BatchStack, EksStack)
-
 COMPUTE_STACKS = {
     "batch": ("stacks.batch_stack", "BatchStack", "Batch"),
     "eks": ("stacks.eks_stack", "EksStack", "Eks"),

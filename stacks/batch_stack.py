@@ -8,6 +8,8 @@ A `ComputeBackend` (constructs/compute/backend.py): `job_runner` submits the pip
   launch templates.
 """
 
+from typing import TYPE_CHECKING
+
 import aws_cdk as cdk
 import aws_cdk.aws_batch as batch
 import aws_cdk.aws_ec2 as ec2
@@ -17,6 +19,7 @@ import aws_cdk.aws_stepfunctions as sfn
 
 from config import Accelerator, EnvironmentConfig, InstanceType
 from constructs import Construct
+from constructs.compute.backend import ComputeBackend
 from constructs.compute.batch.host_user_data import host_user_data
 from constructs.compute.batch.job_definitions import BatchJobDefinitions
 from constructs.compute.batch.job_runner import BatchJobRunner
@@ -325,3 +328,7 @@ class BatchStack(cdk.Stack):
         )
         default_sg.add_egress_rule(default_sg, ec2.Port.all_traffic(), "Multi-node job containers: to each other")
         default_sg.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "Job containers: S3, CloudWatch, STS")
+
+
+if TYPE_CHECKING:  # the type checker holds this stack to the seam the pipeline and observability stacks take
+    _SEAM: type[ComputeBackend] = BatchStack

@@ -4,12 +4,15 @@ A `ComputeBackend` (constructs/compute/backend.py): `job_runner` runs the pipeli
 `attach_pipeline` adds the node-group scaling that follows the pipeline's executions.
 """
 
+from typing import TYPE_CHECKING
+
 import aws_cdk as cdk
 import aws_cdk.aws_stepfunctions as sfn
 
 from config import EnvironmentConfig
 from config.layout import RUNS_PREFIX
 from constructs import Construct
+from constructs.compute.backend import ComputeBackend
 from constructs.compute.eks.accelerator_nodegroup import EksAcceleratorNodegroup
 from constructs.compute.eks.cluster import EksTrainingCluster, as_icluster
 from constructs.compute.eks.job_runner import EksJobRunner
@@ -110,3 +113,7 @@ class EksStack(cdk.Stack):
             pipeline=state_machine,
             log_retention=self._log_retention,
         )
+
+
+if TYPE_CHECKING:  # the type checker holds this stack to the seam the pipeline and observability stacks take
+    _SEAM: type[ComputeBackend] = EksStack

@@ -1,0 +1,24 @@
+"""The app's one registry of compute backends and the seam each backend stack implements."""
+
+import importlib
+
+from app import COMPUTE_STACKS
+from config.environment import COMPUTE_BACKENDS
+
+
+def test_every_configurable_backend_has_a_stack():
+    # `compute` accepts exactly the backends app.py can build: one line per backend in COMPUTE_STACKS.
+    assert tuple(COMPUTE_STACKS) == COMPUTE_BACKENDS
+
+
+def test_every_backend_stack_offers_the_seam(synth):
+    # What the pipeline and observability stacks read (constructs/compute/backend.py: ComputeBackend); mypy holds
+    # the types, this holds the synthesized objects: a runner with the three seam facts, metrics, queue list.
+    for backend, (module, class_name, _) in COMPUTE_STACKS.items():
+        stack = synth(compute=backend).stacks["compute"]
+        assert isinstance(stack, getattr(importlib.import_module(module), class_name))
+        runner = stack.job_runner
+        assert isinstance(runner.fixed_node_count, bool) and isinstance(runner.restarts_lost_hosts, bool)
+        assert all(isinstance(error, str) for error in runner.rejected_errors)
+        assert stack.accelerator_metrics.backend == backend
+        assert (len(stack.job_queue_arns) == 2) == (backend == "batch")
