@@ -22,3 +22,16 @@ def test_every_backend_stack_offers_the_seam(synth):
         assert all(isinstance(error, str) for error in runner.rejected_errors)
         assert stack.accelerator_metrics.backend == backend
         assert (len(stack.job_queue_arns) == 2) == (backend == "batch")
+
+
+def test_batch_job_definitions_take_every_parameter_the_pipeline_sends(synth):
+    # contracts.run.JOB_PARAMETERS is what the state machine passes to each job; a Batch job definition that lacked
+    # one would run with its default (Batch user guide, "Parameter substitution": Ref::name needs a default).
+    from contracts.run import JOB_PARAMETERS
+
+    definitions = synth().template("compute").find_resources("AWS::Batch::JobDefinition")
+    for job, names in JOB_PARAMETERS.items():
+        (definition,) = [d for logical_id, d in definitions.items() if f"{job.capitalize()}JobDefinition" in logical_id]
+        command = str(definition["Properties"])
+        assert set(names) <= set(definition["Properties"]["Parameters"]), job
+        assert all(f"Ref::{name}" in command for name in names), job
