@@ -3,10 +3,10 @@ import json
 
 import boto3
 import pytest
+import validate
 from moto import mock_aws
 
-import training_helpers as th
-import validate
+from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # needs the shared 2-process training run
 
@@ -70,7 +70,7 @@ def test_missing_s3_baseline_is_created_from_this_run(final_ckpt, dataset, monke
 
 @mock_aws
 def test_batch_job_definition_flags_write_the_verdict_under_the_run(final_ckpt, dataset, monkeypatch):
-    # The validate job's command in constructs/batch_job_definitions.py: roots + names, a numeric baseline.
+    # The validate job's command in constructs/compute/batch/job_definitions.py: roots + names, a numeric baseline.
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="data")
