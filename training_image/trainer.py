@@ -90,6 +90,8 @@ class StepMeter:
 
 
 class Trainer:
+    """One rank's training run: built from the config, resumed from the newest good checkpoint, then `fit`."""
+
     def __init__(self, cfg: TrainConfig, rt: Runtime) -> None:
         if rt.device_type == "xla" and cfg.strategy == "fsdp":
             raise UsageError("--strategy", "fsdp", "FSDP2 is not supported on the xla device", "ddp")
