@@ -4,8 +4,8 @@ Shard format (`{split}_{index:06d}.bin`): a 32-byte header, then uint16 tokens.
   header = magic b"GPTSHARD" | uint32 version | uint32 itemsize (2) | uint64 n_tokens
            | uint32 1 + largest token id (0: not recorded) | 4 pad bytes
 The header lets a reader reject a wrong dtype, a truncated file or token ids beyond the
-model's vocabulary before training starts instead of failing mid-run or training on garbage. A sidecar `dataset.json` records
-the tokenizer and split sizes for humans and for `validate.py`.
+model's vocabulary before training starts instead of failing mid-run or training on garbage. A sidecar
+`dataset.json` records the tokenizer and split sizes for humans (the training code does not read it).
 
 Data position: the loader is a pure function of (seed, sample index), and one
 integer `samples_consumed` (global, summed over ranks) is the whole resumable
@@ -14,16 +14,14 @@ different number of nodes continues from the same place in the data.
 """
 from __future__ import annotations
 
-import json
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
-
 from errors import UsageError
 
 MAGIC = b"GPTSHARD"
@@ -166,7 +164,3 @@ class SequenceBatches:
         batch = torch.from_numpy(np.stack(rows))
         return batch[:, :-1], batch[:, 1:]
 
-
-def read_dataset_info(data_dir: Path) -> dict:
-    path = data_dir / "dataset.json"
-    return json.loads(path.read_text()) if path.exists() else {}

@@ -1,7 +1,9 @@
 """Device and process-group set-up for the three backends.
 
   cuda: NCCL, one GPU per process (LOCAL_RANK), bf16 autocast.
-  cpu:  gloo, fp32, deterministic algorithms (tests and the local run).
+  cpu:  gloo, fp32 (tests and the local run). Runs are seeded and the CPU kernels used are deterministic, so a
+        resumed CPU run matches an uninterrupted one bit for bit; torch.use_deterministic_algorithms is not
+        enabled (it imports inductor, +1 s per process), so GPU runs are seeded but not bit-reproducible.
   xla:  Trainium through torch-neuronx; torch_xla is imported on this path only,
         because it is not installed in the GPU image or on CPU machines.
 
@@ -18,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from errors import UsageError
 
 DEVICES = ("auto", "cuda", "cpu", "xla")
@@ -50,16 +51,18 @@ class Runtime:
             self.xm.mark_step()
 
 
-def resolve_device(requested: str) -> str:
-    if requested not in DEVICES:
-        raise UsageError("--device", requested, "unknown device", ", ".join(DEVICES))
+def resolve_device(requested: str, supported: tuple[str, ...] = DEVICES) -> str:
+    """The device type for `--device`: auto follows ACCELERATOR_KIND where the script supports that device
+    (validate.py has no XLA path: a Neuron node evaluates on CPU), else cuda if present, else cpu."""
+    if requested not in supported:
+        raise UsageError("--device", requested, "unknown device", ", ".join(supported))
     if requested != "auto":
         _require_xla_if(requested, "--device", requested)
         return requested
     kind = os.environ.get("ACCELERATOR_KIND", "")
-    if kind:
-        if kind not in KIND_TO_DEVICE:
-            raise UsageError("ACCELERATOR_KIND", kind, "unknown accelerator kind", ", ".join(KIND_TO_DEVICE))
+    if kind not in ("", *KIND_TO_DEVICE):
+        raise UsageError("ACCELERATOR_KIND", kind, "unknown accelerator kind", ", ".join(KIND_TO_DEVICE))
+    if kind and KIND_TO_DEVICE[kind] in supported:
         _require_xla_if(KIND_TO_DEVICE[kind], "ACCELERATOR_KIND", kind)
         return KIND_TO_DEVICE[kind]
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -72,6 +75,15 @@ def _require_xla_if(device_type: str, field: str, value: str) -> None:
                          "cuda, cpu, or the Neuron image")
 
 
+def _xla_model() -> Any:
+    """torch_xla's xla_model, with the "xla" process-group backend registered. torch_xla is only in the Neuron
+    image, so it is imported here, by name, when the device is xla."""
+    importlib.import_module("torch_xla")
+    xla_model = importlib.import_module("torch_xla.core.xla_model")
+    importlib.import_module("torch_xla.distributed.xla_backend")  # registers the "xla" backend
+    return xla_model
+
+
 def init_distributed(requested_device: str, timeout_s: int = 1800) -> Runtime:
     device_type = resolve_device(requested_device)
     rank = int(os.environ.get("RANK", "0"))
@@ -79,7 +91,7 @@ def init_distributed(requested_device: str, timeout_s: int = 1800) -> Runtime:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     timeout = timedelta(seconds=timeout_s)
     under_launcher = "MASTER_ADDR" in os.environ
-    xm = None
+    xm: Any = None
     if device_type == "cuda":
         if not torch.cuda.is_available():
             raise UsageError("--device", "cuda", "no CUDA device visible", "cpu, xla or auto")
@@ -88,9 +100,7 @@ def init_distributed(requested_device: str, timeout_s: int = 1800) -> Runtime:
         device = torch.device("cuda", local_rank)
         backend = "nccl"
     elif device_type == "xla":
-        import torch_xla  # noqa: F401  (Trainium only)
-        import torch_xla.core.xla_model as xm
-        import torch_xla.distributed.xla_backend  # noqa: F401  registers the "xla" backend
+        xm = _xla_model()
         device = xm.xla_device()
         backend = "xla"
     else:

@@ -16,7 +16,8 @@ check proves three things on every node before any training:
 
 Neuron: the Neuron runtime's collectives load the same aws-ofi-nccl plugin and log the same provider line
 with NCCL_DEBUG=INFO; whether it honours NCCL_DEBUG_FILE is not confirmed here (no Trainium host to try).
-Everything below is pure parsing plus two small probes, so tests feed recorded outputs through it.
+Everything below is pure parsing plus two small probes, so tests feed recorded outputs through it;
+`group_failures` turns the whole group's agreed counts and this rank's own evidence into the report's lines.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import re
 import shutil
 import socket
 import subprocess
+from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,6 +54,7 @@ def nccl_transport(log: str) -> Transport:
     networks = [m.group("name") for m in _USING_NETWORK.finditer(log)]
     provider_match = _PROVIDER.search(log)
     provider = provider_match.group("provider").split(";")[0].lower() if provider_match else None
+    provider_line = provider_match.group(0) if provider_match else ""
     network = networks[-1] if networks else None
     if network and "socket" in network.lower():
         failed = _OFI_FAILED.search(log)
@@ -59,9 +62,9 @@ def nccl_transport(log: str) -> Transport:
     if network and network.strip().upper() == "IB":
         return Transport("ib", network, provider, f"Using network {network}")
     if network and re.search(r"libfabric|ofi", network, re.IGNORECASE) and provider == "efa":
-        return Transport("efa", network, provider, provider_match.group(0))
+        return Transport("efa", network, provider, provider_line)
     if provider == "efa" and network is None:  # Neuron's collectives log the provider, not NCCL's network line
-        return Transport("efa", None, provider, provider_match.group(0))
+        return Transport("efa", None, provider, provider_line)
     evidence = (f"Using network {network}, provider {provider or 'none'}" if network
                 else "no 'Using network' line and no 'Selected Provider is efa' line in NCCL's log")
     return Transport("unknown", network, provider, evidence)
@@ -100,7 +103,7 @@ def debug_file(template: str) -> str:
     return template.replace("%h", socket.gethostname().split(".", 1)[0]).replace("%p", str(os.getpid()))
 
 
-def prepare_nccl_logging(env: dict, rank: int, directory: str = "/tmp") -> str:
+def prepare_nccl_logging(env: MutableMapping[str, str], rank: int, directory: str = "/tmp") -> str:
     """Make NCCL write the lines `nccl_transport` reads, to a file of this process; returns its path.
 
     Call before the process group exists (NCCL reads its environment at communicator creation).
@@ -165,3 +168,19 @@ def collect(expected_interfaces: int, nccl_log_path: str, *, uverbs_dir: str = U
     output, problem = run_fi_info(fi_info)
     return EfaEvidence(expected_interfaces, uverbs_devices(uverbs_dir), sorted(efa_domains(output)), problem,
                        transport, transport_proof_required)
+
+
+def group_failures(own: dict, bad_devices: int, worst_transport: int) -> list[str]:
+    """The group's EFA failure lines: `own` is this rank's report, `bad_devices` the nodes whose devices failed and
+    `worst_transport` the index in TRANSPORTS of the worst transport any rank saw (0: EFA everywhere)."""
+    failures = []
+    if bad_devices:
+        mine = [f for f in own.get("failures", []) if f.startswith("EFA devices")]
+        failures.append(mine[0] + (f" (and {bad_devices - 1} more node(s))" if bad_devices > 1 else "")
+                        if mine else f"EFA devices: wrong on {bad_devices} node(s); see those nodes' logs")
+    if worst_transport:
+        found = TRANSPORTS[worst_transport]
+        failures.append(f"transport: NCCL used {found} ({own['transport']['evidence']}), not EFA"
+                        if own["transport"]["kind"] == found
+                        else f"transport: NCCL used {found}, not EFA, on another rank; see its log")
+    return failures

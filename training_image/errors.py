@@ -1,14 +1,17 @@
-"""User-facing errors and the exit codes the pipeline branches on: one line, no traceback.
+"""User-facing errors and the image's exit codes: one line, no traceback.
 
 Every entry point catches `UsageError` at the top of `main()` and prints it as a
 single line on stderr with exit code 2, so a Batch/EKS job log shows the cause
 without a traceback to scroll through. `RunRefused` is the same for a run that
 must not go on for a reason other than a flag (diverged, folder held by another job).
 
-Exit codes (launch.py passes them through torchrun, which would turn them all into 1):
+Exit codes (launch.py passes them through torchrun, which would turn them all into 1). The pipeline stops a
+training run at 2, 4 and 5 (contracts/run.py REFUSED_EXIT_CODES, tested equal to these) and retries any other
+failure on new hosts:
   0    success
   1    a failure of the infrastructure or an unexpected error: worth a retry on other hosts
   2    EXIT_USAGE: bad flag, data or checkpoint folder; a retry fails the same way
+  3    sanity_check.py only: the checks passed but the report was not written (sanity_check.EXIT_REPORT_NOT_WRITTEN)
   4    EXIT_DIVERGED: the loss or the gradient norm stopped being finite, or exploded; a failure
        of the run (its hyperparameters or data), not of the hosts: no retry
   5    EXIT_FOLDER_LOCKED: another live job writes to the same checkpoint folder; no retry

@@ -2,9 +2,9 @@
 
     python exit_relay.py train.py --data ...       (launch.py puts it in front of the script)
 
-torchrun reports any failed worker group as exit code 1 (its ChildFailedError), which hides the codes
-the pipeline branches on (errors.py: 2 usage, 4 diverged, 5 folder locked; sanity_check.py: 3 report
-not written). Each worker writes its code to $LAUNCH_EXIT_CODE_DIR/restart<N>-rank<R>, and launch.py
+torchrun reports any failed worker group as exit code 1 (its ChildFailedError), which hides the scripts'
+own codes (errors.py: 2 usage, 4 diverged, 5 folder locked, which the pipeline does not retry; sanity_check.py:
+3 report not written). Each worker writes its code to $LAUNCH_EXIT_CODE_DIR/restart<N>-rank<R>, and launch.py
 exits with the code of the newest restart (`relayed_exit_code`). Without that variable it only runs
 the script.
 

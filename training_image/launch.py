@@ -22,7 +22,6 @@ Both:
   MASTER_PORT (default 29500)          -> rendezvous port on the main node
   RUN_ID                               -> --rdzv-id when no Batch job id; RunId metric dimension
 Set LAUNCH_DRY_RUN=1 to print the command as JSON instead of running it.
-
 Exit codes: torchrun turns every worker failure into 1, so each worker runs behind exit_relay.py, which
 records its own exit code, and launch.py ends with the code of torchrun's last restart (errors.py lists
 them: 2 usage, 4 diverged, 5 checkpoint folder locked; sanity_check.py's 3, report not written).
@@ -37,9 +36,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Mapping
 
 from errors import UsageError, exit_with_usage_error
 from exit_relay import EXIT_CODE_DIR, relayed_exit_code
@@ -115,37 +114,41 @@ def plan_launch(mode: str, env: Mapping[str, str], own_address: str | None = Non
                          f"disagrees with ACCELERATORS_PER_NODE={nproc}", "the same count, or unset")
     max_restarts = _int(env, "MAX_RESTARTS", DEFAULT_MAX_RESTARTS[mode])
     port = _int(env, "MASTER_PORT", DEFAULT_PORT, minimum=1)
-    run_id = env.get("RUN_ID", "")
-
+    # One local node; a scheduler's plan replaces what it knows (each checks its own node count).
+    local = LaunchPlan("local", "1", nproc, f"localhost:{port}", env.get("RUN_ID", "") or "local", max_restarts,
+                       node_rank=0, is_main_node=True)
     if "AWS_BATCH_JOB_NUM_NODES" in env:
-        nodes = _int(env, "AWS_BATCH_JOB_NUM_NODES", minimum=1)
-        index = _int(env, "AWS_BATCH_JOB_NODE_INDEX", 0)
-        main = _int(env, "AWS_BATCH_JOB_MAIN_NODE_INDEX", 0)
-        is_main = index == main
-        if is_main:
-            host = own_address or "localhost"  # the main node is not told its own address
-        else:
-            host = env.get("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS", "")
-            if not host:
-                raise UsageError("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS", None,
-                                 f"not set on child node {index}", "the main node's IPv4 address (set by Batch)")
-        job_id = env.get("AWS_BATCH_JOB_ID", "").split("#")[0]
-        rdzv_id = f"{job_id}-{env.get('AWS_BATCH_JOB_ATTEMPT', '1')}" if job_id else (run_id or "batch")
-        return LaunchPlan("aws-batch", _nnodes(env, str(nodes)), nproc, f"{host}:{port}", rdzv_id,
-                          max_restarts, index, is_main, own_address)
-
+        return _batch_plan(env, local, port, own_address)
     master = env.get("MASTER_ADDR") or env.get("PET_MASTER_ADDR")  # PyTorchJob v1 / Kubeflow Trainer v2
     if master and ("PET_NNODES" in env or "WORLD_SIZE" in env):
-        nodes = _node_count(env, "PET_NNODES") if env.get("PET_NNODES") else str(_int(env, "WORLD_SIZE", minimum=1))
-        # RANK is a fallback only: with PET_NODE_RANK set, a RANK meaning something else must not matter.
-        rank = _int(env, "PET_NODE_RANK") if env.get("PET_NODE_RANK") else _int(env, "RANK", 0)
-        if "MASTER_PORT" not in env and env.get("PET_MASTER_PORT"):
-            port = _int(env, "PET_MASTER_PORT", minimum=1)
-        return LaunchPlan("pytorchjob", _nnodes(env, nodes), nproc, f"{master}:{port}",
-                          run_id or master, max_restarts, rank, rank == 0, own_address)
+        return _kubernetes_plan(env, local, master, port, own_address)
+    return replace(local, nnodes=_nnodes(env, "1"))
 
-    return LaunchPlan("local", _nnodes(env, "1"), nproc, f"localhost:{port}", run_id or "local",
-                      max_restarts, 0, True, None)
+
+def _batch_plan(env: Mapping[str, str], local: LaunchPlan, port: int, own_address: str | None) -> LaunchPlan:
+    nodes = _int(env, "AWS_BATCH_JOB_NUM_NODES", minimum=1)
+    index = _int(env, "AWS_BATCH_JOB_NODE_INDEX", 0)
+    is_main = index == _int(env, "AWS_BATCH_JOB_MAIN_NODE_INDEX", 0)
+    host = (own_address or "localhost") if is_main else env.get("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS", "")
+    if not host:  # the main node is not told its own address; every child node is told the main node's
+        raise UsageError("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS", None,
+                         f"not set on child node {index}", "the main node's IPv4 address (set by Batch)")
+    job_id = env.get("AWS_BATCH_JOB_ID", "").split("#")[0]
+    rdzv_id = f"{job_id}-{env.get('AWS_BATCH_JOB_ATTEMPT', '1')}" if job_id else (env.get("RUN_ID", "") or "batch")
+    return replace(local, scheduler="aws-batch", nnodes=_nnodes(env, str(nodes)), rdzv_endpoint=f"{host}:{port}",
+                   rdzv_id=rdzv_id, node_rank=index, is_main_node=is_main, local_addr=own_address)
+
+
+def _kubernetes_plan(env: Mapping[str, str], local: LaunchPlan, master: str, port: int,
+                     own_address: str | None) -> LaunchPlan:
+    nodes = _node_count(env, "PET_NNODES") if env.get("PET_NNODES") else str(_int(env, "WORLD_SIZE", minimum=1))
+    # RANK is a fallback only: with PET_NODE_RANK set, a RANK meaning something else must not matter.
+    rank = _int(env, "PET_NODE_RANK") if env.get("PET_NODE_RANK") else _int(env, "RANK", 0)
+    if "MASTER_PORT" not in env and env.get("PET_MASTER_PORT"):
+        port = _int(env, "PET_MASTER_PORT", minimum=1)
+    return replace(local, scheduler="pytorchjob", nnodes=_nnodes(env, nodes), rdzv_endpoint=f"{master}:{port}",
+                   rdzv_id=env.get("RUN_ID", "") or master, node_rank=rank, is_main_node=rank == 0,
+                   local_addr=own_address)
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:

@@ -1,11 +1,12 @@
-"""Run the whole pipeline on CPU with the container's entry points, then report and plot.
+"""Run the training pipeline's stages on CPU with the container's entry points, then report and plot.
 
     python training_image/local_run.py --out local-run
 
 Steps (each through launch.py, as in the container): make a small corpus and shards
 (prepare-data), sanity check (2 processes, gloo), train a tiny GPT (2 processes, DDP),
 validate an early checkpoint to create a baseline, validate the final checkpoint against
-it, print a report and save loss / tokens-per-second curves as a PNG.
+it, print a report and save loss / tokens-per-second curves as a PNG. No AWS: the deployed pipeline (a Step
+Functions state machine) runs the same stages as Batch or EKS jobs.
 Owns only these paths under --out: corpus/, data/, checkpoints/, *.json, *.log, *.png.
 """
 from __future__ import annotations
@@ -82,20 +83,32 @@ def main(argv: list[str] | None = None) -> int:
     for owned in ("corpus", "data", "checkpoints"):
         shutil.rmtree(out / owned, ignore_errors=True)  # a fresh run, not a resume of the last one
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "ACCELERATOR_KIND": "cpu", "ACCELERATORS_PER_NODE": str(args.nproc),
+    t_start = time.perf_counter()
+    train = run_stages(out, local_env(args.nproc), args.steps)
+    report = summarize(out, train.stdout, t_start)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2), flush=True)
+    return 0 if report["sanity"]["passed"] and report["validate"]["passed"] else 1
+
+
+def local_env(nproc: int) -> dict:
+    env = {**os.environ, "ACCELERATOR_KIND": "cpu", "ACCELERATORS_PER_NODE": str(nproc),
            "RUN_ID": os.environ.get("RUN_ID", "local-run"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     for var in [k for k in env if k.startswith(("AWS_BATCH_", "PET_")) or k in ("MASTER_ADDR", "WORLD_SIZE", "RANK")]:
         env.pop(var)  # a local run must not pick up a scheduler's variables
-    t_start = time.perf_counter()
-    ckpt, data = out / "checkpoints", out / "data"
-    every = max(1, args.steps // 3)
+    return env
 
+
+def run_stages(out: Path, env: dict, steps: int) -> subprocess.CompletedProcess:
+    """prepare-data, sanity, train, a baseline from an early checkpoint, validation; the training stage's output."""
+    ckpt, data = out / "checkpoints", out / "data"
+    every = max(1, steps // 3)
     write_corpus(out / "corpus", documents=8, sentences=600)
     run_stage("prepare_data", ["prepare-data", "--input", str(out / "corpus"), "--output", str(data),
                                "--val-fraction", "0.1"], out, env)
     run_stage("sanity", ["sanity", "--sizes", "64K,1M", "--report", str(out / "sanity.json")], out, env)
     train, _ = run_stage("train", ["train", "--data", str(data), "--checkpoint-dir", str(ckpt),
-                                   "--max-steps", str(args.steps), "--checkpoint-every", str(every),
+                                   "--max-steps", str(steps), "--checkpoint-every", str(every),
                                    "--model", "tiny", "--lr", "3e-3", "--warmup-steps", "20", "--seed", "1"],
                          out, env)
     for stale in ("baseline.json", "verdict.json"):
@@ -104,13 +117,17 @@ def main(argv: list[str] | None = None) -> int:
                            "--baseline", str(out / "baseline.json")], out, env)
     run_stage("validate", ["validate", "--checkpoint", str(ckpt), "--data", str(data),
                            "--baseline", str(out / "baseline.json"), "--verdict", str(out / "verdict.json")], out, env)
+    return train
 
-    records = parse_emf_lines(train.stdout.splitlines())
+
+def summarize(out: Path, train_stdout: str, t_start: float) -> dict:
+    """The report of a finished run, and its loss and throughput curves as a PNG."""
+    records = parse_emf_lines(train_stdout.splitlines())
     plot(records, out / "training_curves.png")
-    summary = [json.loads(l)["summary"] for l in train.stdout.splitlines() if l.startswith('{"summary"')][-1]
+    summary = [json.loads(line)["summary"] for line in train_stdout.splitlines() if line.startswith('{"summary"')][-1]
     sanity = json.loads((out / "sanity.json").read_text())
     verdict = json.loads((out / "verdict.json").read_text())
-    report = {
+    return {
         "sanity": {"passed": sanity["passed"], "all_reduce_busbw_gbps": round(sanity["measured_busbw_gbps"], 4)},
         "train": {"steps": summary["steps"], "first_loss": round(records[0]["Loss"], 4),
                   "final_loss": round(summary["final_loss"], 4),
@@ -120,9 +137,6 @@ def main(argv: list[str] | None = None) -> int:
                       "sanity_report": str(out / "sanity.json"), "logs": str(out)},
         "wall_seconds": round(time.perf_counter() - t_start, 1),
     }
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2), flush=True)
-    return 0 if sanity["passed"] and verdict["passed"] else 1
 
 
 if __name__ == "__main__":

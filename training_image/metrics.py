@@ -26,19 +26,24 @@ NAMESPACE = "EfaTraining"
 UNITS = {"Loss": "None", "TokensPerSecond": "Count/Second", "StepTimeSeconds": "Seconds", "MFU": "Percent",
          "NonFiniteLoss": "Count"}
 
-# Dense bf16 peak TFLOPS per accelerator, by device-name substring (vendor data sheets).
-# PEAK_TFLOPS_PER_ACCELERATOR overrides it for devices not listed here.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0, "L4": 121.0}
+# Dense bf16 peak TFLOPS per accelerator, by device-name substring, first match wins (so L40S before L4). The
+# jobs of a deployed environment set PEAK_TFLOPS_PER_ACCELERATOR from config/catalogue.py, which takes precedence;
+# this table serves hand runs, and tests/training/test_catalogue_contract.py holds it equal to the catalogue.
+#   A10G: 70 dense (140 with sparsity), NVIDIA's A10G datasheet for AWS
+#     (d1.awsstatic.com/product-marketing/ec2/NVIDIA_AWS_A10G_DataSheet_FINAL_02_17_2022.pdf); the 125 of the A10's
+#     datasheet is another GPU's figure.
+#   Trainium (trn1): 190 per chip, two NeuronCores (Neuron docs, "Trainium Architecture").
+#   H100/H200 SXM 989, A100 312, L40S 362, L4 121: NVIDIA's datasheets, dense.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0, "L4": 121.0,
+                    "Trainium": 190.0}
 
 
 def peak_tflops(device_name: str) -> float | None:
+    """bf16 peak of one accelerator: PEAK_TFLOPS_PER_ACCELERATOR where the job sets it, else the table's."""
     override = os.environ.get("PEAK_TFLOPS_PER_ACCELERATOR")
     if override:
         return float(override)
-    for key, value in PEAK_BF16_TFLOPS.items():
-        if key in device_name:
-            return value
-    return None
+    return next((value for key, value in PEAK_BF16_TFLOPS.items() if key in device_name), None)
 
 
 def emf_record(run_id: str, step: int, values: dict[str, float], timestamp_ms: int | None = None,

@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from errors import UsageError
 
 

@@ -1,6 +1,6 @@
 """Turn text files into uint16 token shards with a byte-level tokenizer.
 
-    python prepare_data.py --input corpus/ --output /fsx/data/run1 --val-fraction 0.05
+    python prepare_data.py --input corpus/ --output /fsx/datasets/wikitext --val-fraction 0.05
 
 Byte-level: each UTF-8 byte is a token (0..255), 256 separates documents (one
 file = one document). No vocabulary file and no network. The holdout split is
@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from data import EOT_TOKEN, SPLITS, TOKEN_DTYPE, VOCAB_SIZE, write_shard
 from errors import UsageError, exit_with_usage_error
 

@@ -1,7 +1,8 @@
 r"""Evaluate a checkpoint on the holdout split and compare with a baseline.
 
-    python validate.py --checkpoint /fsx/ckpt/run1 --data /fsx/data/run1 \
-        --baseline s3://bucket/baselines/gpt-1.3b.json --verdict s3://bucket/verdicts/run1.json
+    python validate.py --checkpoint /fsx/checkpoints/run-7 --data /fsx/datasets/wikitext \
+        --baseline 3.2 --verdict-prefix s3://<data bucket>/runs/ --run-id run-7
+(the pipeline's layout, config/layout.py: the verdict lands at s3://<data bucket>/runs/run-7/verdict.json)
 
 Metric: mean cross-entropy per token on val_*.bin (`val_loss`, lower is better; perplexity
 is reported too). Accept when value <= baseline * (1 + tolerance). With no baseline at the
@@ -25,18 +26,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from torch.distributed.checkpoint.api import CheckpointException
-
-from checkpoint import CheckpointDamaged, log, step_dirs, verify
+from checkpoint_format import CheckpointDamaged, step_dirs, verify
+from console import log
 from data import TokenStream
+from distributed import resolve_device
 from errors import UsageError, exit_with_usage_error
 from model import GPT, ModelConfig
 from run_paths import add_layout_flags, checkpoint_dir, data_dir
 from storage import read_json, under_prefix, write_json
+from torch.distributed.checkpoint.api import CheckpointException
 
 METRIC = "val_loss"
 EXIT_ERROR = 1
+# The pipeline passes the run's tolerance (contracts/run.py, the same default: tests/training/test_run_contract.py).
+DEFAULT_TOLERANCE = 0.001
+DEVICES = ("auto", "cuda", "cpu")  # evaluation is fp32 on one device; no XLA path
 
 
 def baseline_value(doc: dict, location: str) -> float:
@@ -51,7 +55,6 @@ def baseline_value(doc: dict, location: str) -> float:
                      f'{{"metric": "{METRIC}", "value": <float>}} or {{"{METRIC}": <float>}}')
 
 
-# ---- model loading ---------------------------------------------------------------------------------
 def load_model(ckpt_dir: Path) -> tuple[GPT, dict]:
     """A checkpoint that passes the same verification as train.py's resume (manifest sizes and CRCs), loaded."""
     meta = verify(ckpt_dir, None)
@@ -113,7 +116,7 @@ def evaluate(model: GPT, data: Path, batch_size: int, max_batches: int, device: 
     return total / count, count
 
 
-def resolve_baseline(spec: str, record: dict, verdict_at: str) -> tuple[float, str | None, bool]:
+def resolve_baseline(spec: str, record: dict, verdict_at: str) -> tuple[float | None, str | None, bool]:
     """(baseline value, where it came from or was written, whether this run became the baseline)."""
     spec = spec.strip()
     try:
@@ -148,13 +151,15 @@ def perplexity(value: float | None) -> float | None:
 def verdict(value: float | None, baseline: float | None, tolerance: float) -> dict:
     """Accept when value <= baseline*(1+tolerance). A non-finite value (diverged model) is rejected with
     value/delta/perplexity null, so the document stays strict JSON for the pipeline's StringToJson."""
-    finite = value is not None and math.isfinite(value) and baseline is not None and math.isfinite(baseline)
     value = value if value is not None and math.isfinite(value) else None
-    delta = value - baseline if finite else None
-    return {"metric": METRIC, "value": value, "baseline": baseline, "delta": delta,
-            "relative_delta": delta / baseline if finite and baseline else None,
-            "tolerance": tolerance, "passed": bool(finite and value <= baseline * (1 + tolerance)),
-            "perplexity": perplexity(value)}
+    delta = relative = None
+    passed = False
+    if value is not None and baseline is not None and math.isfinite(baseline):
+        delta = value - baseline
+        relative = delta / baseline if baseline else None
+        passed = value <= baseline * (1 + tolerance)
+    return {"metric": METRIC, "value": value, "baseline": baseline, "delta": delta, "relative_delta": relative,
+            "tolerance": tolerance, "passed": bool(passed), "perplexity": perplexity(value)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,11 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verdict-prefix", default=env("VERDICT_PREFIX", ""),
                    help="write the verdict to PREFIX<run-id>/verdict.json, PREFIX a path or s3://bucket/prefix/ "
                         "(default: env VERDICT_PREFIX)")
-    p.add_argument("--tolerance", type=float, default=0.001,
-                   help="relative tolerance: accept if value <= baseline*(1+tolerance) (default 0.001 = 0.1%%)")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help="relative tolerance: accept if value <= baseline*(1+tolerance) (default %(default)s)")
     p.add_argument("--batch-size", type=int, default=16, help="windows per forward pass (default 16)")
     p.add_argument("--max-batches", type=int, default=0, help="evaluate at most N batches; 0 = whole split")
-    p.add_argument("--device", default="auto", help="auto (cuda if present, else cpu), cuda or cpu")
+    p.add_argument("--device", default="auto", help="auto (ACCELERATOR_KIND's GPU, else cuda if present, else cpu), "
+                                                    "cuda or cpu")
     return p
 
 
@@ -195,33 +201,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        if not 0 <= args.tolerance < math.inf:
-            raise UsageError("--tolerance", args.tolerance, "negative or not finite", "a finite number >= 0")
-        if args.batch_size < 1 or args.max_batches < 0:
-            raise UsageError("--batch-size/--max-batches", (args.batch_size, args.max_batches), "out of range",
-                             "batch size >= 1, max batches >= 0")
-        if args.device not in ("auto", "cuda", "cpu"):
-            raise UsageError("--device", args.device, "unknown device", "auto, cuda, cpu")
-        device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-                              else "cpu")
-        verdict_at = args.verdict or (under_prefix(args.verdict_prefix, args.run_id, "verdict.json")
-                                      if args.verdict_prefix and args.run_id else "")
-        if args.verdict_prefix and not args.run_id:
-            raise UsageError("--verdict-prefix", args.verdict_prefix, "needs a run id", "--run-id or env RUN_ID")
-        model, meta, path = find_and_load(Path(checkpoint_dir(args, "--checkpoint")).resolve())
-        trained = meta.get("config", {}).get("train", {}).get("model")
-        if args.model and trained and args.model != trained:
-            raise UsageError("--model", args.model, f"the checkpoint {path} holds model {trained!r}", trained)
-        value, tokens = evaluate(model, Path(data_dir(args)), args.batch_size, args.max_batches, device)
-        if not math.isfinite(value):
-            log(f"validate: WARNING {METRIC} of {path} is {value}: the model diverged; rejecting it")
-            value = None
-        record = {"metric": METRIC, "value": value, "perplexity": perplexity(value), "checkpoint": str(path),
-                  "step": meta["step"], "tokens_evaluated": tokens}
-        base, baseline_location, created = resolve_baseline(args.baseline, record, verdict_at)
-        result = {**verdict(value, base, args.tolerance), "checkpoint": str(path),
-                  "step": meta["step"], "tokens_evaluated": tokens, "baseline_location": baseline_location,
-                  "baseline_created": created}
+        device, verdict_at = check_flags(args)
+        result = _validate(args, device, verdict_at)
         if verdict_at:
             write_json(verdict_at, result)
     except UsageError as err:
@@ -231,6 +212,38 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     print(json.dumps({"verdict": result}, allow_nan=False), flush=True)
     return 0
+
+
+def check_flags(args: argparse.Namespace) -> tuple[torch.device, str]:
+    """The evaluation device and where the verdict goes, after every flag is checked."""
+    if not 0 <= args.tolerance < math.inf:
+        raise UsageError("--tolerance", args.tolerance, "negative or not finite", "a finite number >= 0")
+    if args.batch_size < 1 or args.max_batches < 0:
+        raise UsageError("--batch-size/--max-batches", (args.batch_size, args.max_batches), "out of range",
+                         "batch size >= 1, max batches >= 0")
+    device = torch.device(resolve_device(args.device, DEVICES))
+    if args.verdict_prefix and not args.run_id:
+        raise UsageError("--verdict-prefix", args.verdict_prefix, "needs a run id", "--run-id or env RUN_ID")
+    return device, args.verdict or (under_prefix(args.verdict_prefix, args.run_id, "verdict.json")
+                                    if args.verdict_prefix else "")
+
+
+def _validate(args: argparse.Namespace, device: torch.device, verdict_at: str) -> dict:
+    """The verdict document for the checkpoint and data the flags name."""
+    model, meta, path = find_and_load(Path(checkpoint_dir(args, "--checkpoint")).resolve())
+    trained = meta.get("config", {}).get("train", {}).get("model")
+    if args.model and trained and args.model != trained:
+        raise UsageError("--model", args.model, f"the checkpoint {path} holds model {trained!r}", trained)
+    measured, tokens = evaluate(model, Path(data_dir(args)), args.batch_size, args.max_batches, device)
+    value: float | None = measured
+    if not math.isfinite(measured):
+        log(f"validate: WARNING {METRIC} of {path} is {measured}: the model diverged; rejecting it")
+        value = None
+    record = {"metric": METRIC, "value": value, "perplexity": perplexity(value), "checkpoint": str(path),
+              "step": meta["step"], "tokens_evaluated": tokens}
+    base, baseline_location, created = resolve_baseline(args.baseline, record, verdict_at)
+    return {**verdict(value, base, args.tolerance), "checkpoint": str(path), "step": meta["step"],
+            "tokens_evaluated": tokens, "baseline_location": baseline_location, "baseline_created": created}
 
 
 if __name__ == "__main__":

@@ -12,9 +12,8 @@ import pytest
 
 TRAINING_IMAGE = Path(__file__).resolve().parents[2] / "training_image"
 sys.path.insert(0, str(TRAINING_IMAGE))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import training_helpers as th  # noqa: E402
+from tests.training import training_helpers as th  # noqa: E402  (tests/conftest.py put the repository on sys.path)
 
 
 @pytest.fixture(scope="session")

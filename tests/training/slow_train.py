@@ -37,8 +37,9 @@ def poisoned_forward(self, idx, targets=None):
     return out * float("nan") if NAN_FROM and fetched >= NAN_FROM else out
 
 
-data.SequenceBatches.__next__ = slow_next
-model.GPT.forward = poisoned_forward
+# Test-only fault injection: replacing the two methods is this file's purpose.
+data.SequenceBatches.__next__ = slow_next  # type: ignore[method-assign]
+model.GPT.forward = poisoned_forward  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     sys.exit(train.main())

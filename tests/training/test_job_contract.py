@@ -4,17 +4,18 @@ Batch job definitions and the EKS pipeline's jobs are read from the synthesized 
 values a pipeline run sends, and parsed by train.py, validate.py and sanity_check.py themselves.
 """
 
+import argparse
 import json
 import re
 
 import pytest
-
 import run_paths
-from config.layout import RUNS_PREFIX
 import sanity_check
 import storage
 import train
 import validate
+
+from config.layout import RUNS_PREFIX
 
 RUN = {"run_id": "run-7", "dataset": "datasets/wikitext/", "model": "tiny", "strategy": "fsdp", "max_steps": "500",
        "checkpoint_every": "100", "seed": "1", "lr": "0.0006", "batch_size": "4", "baseline": "3.2",
@@ -67,7 +68,9 @@ def _eks_commands(synthesized, monkeypatch) -> dict[str, list[str]]:
         if "eks:runJob" not in state.get("Resource", ""):
             continue
         container = state["Parameters"]["Job"]["spec"]["template"]["spec"]["containers"][0]
-        mode, rest = re.fullmatch(r"States\.Array\('(\w+)'((?:, [^,)]+)*)\)", container["args.$"]).groups()
+        found = re.fullmatch(r"States\.Array\('(\w+)'((?:, [^,)]+)*)\)", container["args.$"])
+        assert found, container["args.$"]
+        mode, rest = found.groups()
         items = [item.strip() for item in rest.split(",") if item.strip()]
         commands[mode] = [RUN[item.split(".")[-1]] if item.startswith("$.job.") else item.strip("'") for item in items]
         # The job's own environment, as synthesized, supplies what the flags leave out.
@@ -113,3 +116,10 @@ def test_validation_reads_the_runs_checkpoints_and_writes_its_verdict_to_s3(comm
 def test_sanity_report_goes_to_the_runs_folder(commands):
     # The sanity report lands beside the verdict, under runs/<run_id>/.
     assert commands["sanity"].report_prefix == RUNS_URI and commands["sanity"].run_id == "run-7"
+
+
+def test_pipeline_layout_flags_name_the_data_and_checkpoint_dirs():
+    args = argparse.Namespace(data=None, checkpoint_dir=None, datasets_root="/fsx/datasets",
+                              dataset="datasets/wikitext/", checkpoints_root="/fsx/checkpoints", run_id="run-7")
+    assert run_paths.data_dir(args) == "/fsx/datasets/wikitext"
+    assert run_paths.checkpoint_dir(args, "--checkpoint-dir") == "/fsx/checkpoints/run-7"

@@ -11,9 +11,8 @@ import math
 import socket
 import threading
 
-import pytest
-
 import metrics
+import pytest
 
 UNITS = {"Seconds", "Microseconds", "Milliseconds", "Bytes", "Kilobytes", "Megabytes", "Gigabytes", "Terabytes",
          "Bits", "Kilobits", "Megabits", "Gigabits", "Terabits", "Percent", "Count", "Bytes/Second",
@@ -72,7 +71,8 @@ def test_fluent_bit_wrapped_line_is_not_emf():
     assert emf_problems(wrapped) == ["no _aws object at the root"]
 
 
-@pytest.mark.parametrize(("loss", "tokens"), [(float("nan"), 1000.0), (2.5, float("inf")), (float("-inf"), float("nan"))])
+@pytest.mark.parametrize(("loss", "tokens"),
+                         [(float("nan"), 1000.0), (2.5, float("inf")), (float("-inf"), float("nan"))])
 def test_non_finite_values_never_make_a_line_invalid(loss, tokens):
     # NaN/Infinity are not JSON: such a value is left out and the rest of the line still becomes metrics.
     line = _stdout_line(step=9, loss=loss, tokens_per_s=tokens, step_time_s=0.4)
@@ -112,6 +112,7 @@ def test_eks_event_reaches_the_agent_as_a_valid_emf_document_naming_its_log_grou
         "AWS_EMF_AGENT_ENDPOINT": agent.endpoint, "AWS_EMF_LOG_GROUP_NAME": "/efa-training/metrics"})
     logger.step(1, 3.0, 500.0, 0.5)
     logger.step(2, float("nan"), 500.0, 0.5)
+    assert logger.agent is not None
     logger.agent.close()
     received = agent.lines()
     assert received == stream.getvalue().splitlines() and len(received) == 2
@@ -136,3 +137,45 @@ def test_unreachable_agent_never_stops_training(capsys):
 def test_malformed_agent_endpoint_is_refused_with_its_value():
     with pytest.raises(ValueError, match="AWS_EMF_AGENT_ENDPOINT='udp://x' is not valid; expected tcp://HOST:PORT"):
         metrics.MetricsLogger("r", enabled=True, environ={"AWS_EMF_AGENT_ENDPOINT": "udp://x"})
+
+
+def test_emf_record_declares_the_dashboard_metric_names():
+    rec = metrics.emf_record("run-1", 5, {"Loss": 1.0, "TokensPerSecond": 2.0, "StepTimeSeconds": 0.5, "MFU": 40.0})
+    decl = rec["_aws"]["CloudWatchMetrics"][0]
+    assert decl["Namespace"] == "EfaTraining" and decl["Dimensions"] == [["RunId"]]
+    assert [m["Name"] for m in decl["Metrics"]] == ["Loss", "TokensPerSecond", "StepTimeSeconds", "MFU"]
+    assert rec["RunId"] == "run-1" and json.loads(json.dumps(rec)) == rec
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf")])
+def test_non_finite_loss_is_reported_as_a_count_in_valid_json(loss):
+    # CloudWatch drops lines that are not JSON; a diverged step must still reach the NonFiniteLoss alarm.
+    stream = io.StringIO()
+    metrics.MetricsLogger("run-1", enabled=True, stream=stream).step(7, loss, 100.0, 0.5)
+    record = json.loads(stream.getvalue(), parse_constant=lambda name: pytest.fail(f"{name} written"))
+    assert record["NonFiniteLoss"] == 1 and "Loss" not in record
+    assert "Loss" not in [m["Name"] for m in record["_aws"]["CloudWatchMetrics"][0]["Metrics"]]
+
+
+def test_finite_loss_reports_zero_non_finite_steps():
+    # The alarm's metric exists on every healthy step too, so "no data" never hides a diverged run.
+    stream = io.StringIO()
+    metrics.MetricsLogger("run-1", enabled=True, stream=stream).step(7, 2.5, 100.0, 0.5)
+    record = json.loads(stream.getvalue())
+    assert (record["NonFiniteLoss"], record["Loss"]) == (0, 2.5)
+
+
+def test_training_summary_with_infinite_loss_is_strict_json():
+    # A diverged run's summary line must still parse: Infinity becomes null.
+    stream = io.StringIO()
+    metrics.MetricsLogger("run-1", enabled=True, stream=stream).summary({"final_loss": float("inf"), "steps": 3})
+    line = json.loads(stream.getvalue(), parse_constant=lambda name: pytest.fail(f"{name} written"))
+    assert line["summary"] == {"final_loss": None, "steps": 3}
+
+
+def test_emf_record_carries_the_environment_dimension_when_the_job_names_one():
+    # Alarms and dashboards of one environment query Environment and RunId: the line declares both.
+    rec = metrics.emf_record("run-1", 5, {"Loss": 1.0}, environment="prod")
+    assert rec["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["Environment", "RunId"]]
+    assert (rec["Environment"], rec["RunId"]) == ("prod", "run-1")
+    assert metrics.emf_record("run-1", 5, {"Loss": 1.0})["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["RunId"]]

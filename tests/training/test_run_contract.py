@@ -1,29 +1,79 @@
 """The run contract (contracts/run.py) against the training image it describes, and its stage timeouts."""
 
-from dataclasses import fields
+from dataclasses import MISSING, fields
+from typing import Any
 
 import pytest
 
-from contracts.run import (MODELS, QUEUE_WAIT_MINUTES, STRATEGIES, defaults, execution_seconds, stages,
-                           train_state_seconds, validate_run)
+from contracts.run import (
+    MODELS,
+    QUEUE_WAIT_MINUTES,
+    STRATEGIES,
+    execution_seconds,
+    hyperparameters,
+    stages,
+    train_state_seconds,
+    validate_run,
+)
+from contracts.run import fields as contract_fields
+
+# The TrainConfig field each contract hyperparameter sets (--batch-size is the micro-batch per worker).
+IMAGE_FIELD = {"batch_size": "micro_batch_size"}
+HYPERPARAMETERS = {f.key: f for f in hyperparameters(contract_fields(max_nodes=2))}
 
 
 def test_models_and_strategies_are_the_training_images_own():
     from model import MODEL_SIZES
-    from train import STRATEGIES as IMAGE_STRATEGIES
+    from train_config import STRATEGIES as IMAGE_STRATEGIES
 
-    assert MODELS == tuple(MODEL_SIZES) and STRATEGIES == IMAGE_STRATEGIES
+    assert tuple(MODEL_SIZES) == MODELS and STRATEGIES == IMAGE_STRATEGIES
 
 
-def test_hyperparameter_defaults_are_the_training_configs():
-    from train import TrainConfig
+def test_every_hyperparameter_is_a_training_config_field():
+    from train_config import TrainConfig
+
+    assert {IMAGE_FIELD.get(key, key) for key in HYPERPARAMETERS} <= {f.name for f in fields(TrainConfig)}
+
+
+@pytest.mark.parametrize("key", sorted(set(HYPERPARAMETERS) - {"max_steps"}))
+def test_hyperparameter_default_is_the_training_configs(key):
+    # The image cannot import contracts/ (its build context is training_image/): the two defaults are held equal.
+    from train_config import TrainConfig
 
     image = {f.name: f.default for f in fields(TrainConfig)}
-    hyper = defaults(max_nodes=2)["hyperparameters"]
-    assert {k: hyper[k] for k in ("checkpoint_every", "seed", "strategy", "model", "lr")} == {
-        k: image[k] for k in ("checkpoint_every", "seed", "strategy", "model", "lr")}
-    assert hyper["batch_size"] == image["micro_batch_size"]
-    assert hyper["max_steps"] >= 1  # required by the image; the contract gives the job definitions' default  # --batch-size is the micro-batch per worker
+    assert HYPERPARAMETERS[key].default == image[IMAGE_FIELD.get(key, key)]
+
+
+def test_max_steps_has_no_image_default_and_the_contracts_is_accepted():
+    # train.py requires --max-steps (no default to disagree with); the job definitions pass the contract's.
+    from train_config import TrainConfig
+
+    contract = HYPERPARAMETERS["max_steps"].default
+    assert next(f for f in fields(TrainConfig) if f.name == "max_steps").default is MISSING
+    assert isinstance(contract, int) and TrainConfig(data="d", checkpoint_dir="c", max_steps=contract).max_steps >= 1
+
+
+@pytest.mark.parametrize("key", sorted(k for k, f in HYPERPARAMETERS.items() if f.kind in ("integer", "number")))
+def test_the_contracts_limits_are_values_the_training_config_accepts(key):
+    # Every value the state machine lets through must start training, not fail on the nodes with exit 2.
+    from train_config import TrainConfig
+
+    f = HYPERPARAMETERS[key]
+    limits = [f.maximum] + ([] if f.exclusive_minimum else [f.minimum])
+    for value in limits:
+        assert value is not None
+        given: dict[str, Any] = {IMAGE_FIELD.get(key, key): int(value) if f.kind == "integer" else value}
+        TrainConfig(data="d", checkpoint_dir="c", **{"max_steps": 1, **given})  # raises UsageError if not
+
+
+def test_validation_tolerance_default_is_the_contracts():
+    import validate
+
+    tolerance = next(f for f in contract_fields(max_nodes=2) if f.name == "tolerance")
+    assert validate.build_parser().get_default("tolerance") == validate.DEFAULT_TOLERANCE == tolerance.default
+    assert tolerance.minimum is not None and tolerance.maximum is not None
+    for value in (tolerance.minimum, tolerance.maximum):  # validate.py accepts the contract's whole range
+        assert validate.check_flags(validate.parse_args(["--tolerance", str(value)]))
 
 
 def test_each_stage_waits_for_every_attempt_and_its_queue_wait():
@@ -54,5 +104,6 @@ def test_refused_exit_codes_are_the_training_images():
     # The pipeline does not retry a run that refused itself (constructs/pipeline/train_attempt.py): the codes it
     # matches are the ones the image exits with.
     import errors
+
     from contracts.run import REFUSED_EXIT_CODES
     assert set(REFUSED_EXIT_CODES) == {errors.EXIT_USAGE, errors.EXIT_DIVERGED, errors.EXIT_FOLDER_LOCKED}

@@ -7,9 +7,9 @@ import subprocess
 
 import numpy as np
 import pytest
-
 import train
-import training_helpers as th
+
+from tests.training import training_helpers as th
 
 
 def _wrong_dtype_data(tmp_path):

@@ -7,9 +7,10 @@ subprocess timeout would fail the test: a rank entering DCP's collective load al
 import json
 import shutil
 
+import checkpoint_format
 import pytest
 
-import training_helpers as th
+from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
 
@@ -39,11 +40,10 @@ def _drop_meta_field(step_dir, field):
 def _damage_behind_the_manifest(step_dir, strategy):
     # Truncated, and the manifest rewritten to match: verification passes, the load itself fails (on DCP,
     # with a CheckpointException, which is a BaseException in torch 2.13), and every rank must agree on it.
-    import checkpoint
     shard = _shard(step_dir, strategy, 1)
     _truncate(shard)
     meta = json.loads((step_dir / "meta.json").read_text())
-    meta["files"][shard.name].update(checkpoint.file_record(shard))
+    meta["files"][shard.name].update(checkpoint_format.file_record(shard))
     (step_dir / "meta.json").write_text(json.dumps(meta))
 
 
@@ -96,9 +96,8 @@ def test_each_damage_is_named_and_the_checkpoint_set_aside(resumed, kind):
 
 def test_training_continues_into_a_complete_checkpoint(resumed):
     # The damaged step 2 was set aside, so the step saved after the resume takes its place, complete.
-    import checkpoint
     strategy, ckpt, _ = resumed
-    meta = checkpoint.verify(ckpt / f"step_{2:09d}", "full" if strategy == "ddp" else "dcp")
+    meta = checkpoint_format.verify(ckpt / f"step_{2:09d}", "full" if strategy == "ddp" else "dcp")
     assert meta["step"] == 2 and sorted(p.name for p in ckpt.glob("step_*")) == [f"step_{1:09d}", f"step_{2:09d}"]
 
 

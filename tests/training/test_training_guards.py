@@ -3,12 +3,13 @@ and the exit codes that tell the pipeline "do not retry" survive torchrun."""
 import json
 import subprocess
 import time
-import sys
 
+import checkpoint_format
+import checkpoint_lock
+import errors
 import pytest
 
-import errors
-import training_helpers as th
+from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
 
@@ -37,10 +38,9 @@ def test_nan_loss_stops_the_run_with_its_own_exit_code_and_one_line(diverged):
 
 
 def test_checkpoints_from_before_the_divergence_survive(diverged):
-    import checkpoint
     ckpt, _, _ = diverged
     assert th.checkpoint_steps(ckpt) == [6, 8]
-    assert all(checkpoint.verify(ckpt / f"step_{s:09d}", "full")["step"] == s for s in (6, 8))
+    assert all(checkpoint_format.verify(ckpt / f"step_{s:09d}", "full")["step"] == s for s in (6, 8))
 
 
 def test_the_nan_step_is_still_reported_to_the_metrics(diverged):
@@ -88,25 +88,30 @@ def test_second_job_on_a_folder_is_refused_naming_the_holder(two_jobs):
 
 
 def test_first_job_finishes_unharmed(two_jobs):
-    import checkpoint
     ckpt, first, _, steps_when_refused = two_jobs
     assert first.returncode == 0 and first.summary()["steps"] == 30, first.stderr[-3000:]
     assert th.checkpoint_steps(ckpt)[-1] == 30 and steps_when_refused[-1] < 30
-    assert checkpoint.verify(ckpt / f"step_{30:09d}", "full")["step"] == 30
+    assert checkpoint_format.verify(ckpt / f"step_{30:09d}", "full")["step"] == 30
+
+
+def _hold_lock(folder, holder: dict, seconds: float) -> subprocess.Popen:
+    """Another process that takes the folder's lock as `holder` and keeps it for `seconds` (or until killed)."""
+    code = ("import json, pathlib, sys, time; sys.path.insert(0, sys.argv[1]); import checkpoint_lock; "
+            "f = checkpoint_lock.lock_folder(pathlib.Path(sys.argv[2]), json.loads(sys.argv[3])); "
+            "print('locked', flush=True); time.sleep(float(sys.argv[4]))")
+    process = subprocess.Popen([th.PYTHON, "-c", code, str(th.TRAINING_IMAGE), str(folder), json.dumps(holder),
+                                str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "locked"
+    return process
 
 
 def test_lock_of_a_killed_job_is_released(tmp_path):
     # flock belongs to the process: SIGKILL (no clean-up code runs) frees the folder for the next job.
-    import checkpoint
-    holder = subprocess.Popen([th.PYTHON, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); import checkpoint; "
-                               "f = checkpoint.lock_folder(__import__('pathlib').Path(sys.argv[2]), {'who': 'first'}); "
-                               "print('locked', flush=True); time.sleep(120)", str(th.TRAINING_IMAGE), str(tmp_path)],
-                              stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "locked"
-    assert checkpoint.lock_folder(tmp_path, {"who": "second"}) == '{"who": "first"}'
+    holder = _hold_lock(tmp_path, {"who": "first"}, seconds=120)
+    assert checkpoint_lock.lock_folder(tmp_path, {"who": "second"}) == '{"who": "first"}'
     holder.kill()
     holder.wait(30)
-    lock = checkpoint.lock_folder(tmp_path, {"who": "second"})
+    lock = checkpoint_lock.lock_folder(tmp_path, {"who": "second"})
     assert not isinstance(lock, str)
     lock.close()
 
@@ -132,26 +137,20 @@ def test_launcher_keeps_a_usage_error_code():
 def test_an_earlier_attempt_of_the_same_run_is_waited_for_and_another_run_is_not(tmp_path, monkeypatch):
     # A dead host's Lustre lock lasts until the file system evicts that client: a retried attempt of the same
     # run waits for it (bounded); a different run is refused at once.
-    import checkpoint
-    held = subprocess.Popen([th.PYTHON, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); import checkpoint; "
-                             "f = checkpoint.lock_folder(__import__('pathlib').Path(sys.argv[2]), {'run_id': 'r1'}); "
-                             "print('locked', flush=True); time.sleep(3)", str(th.TRAINING_IMAGE), str(tmp_path)],
-                            stdout=subprocess.PIPE, text=True)
-    assert held.stdout.readline().strip() == "locked"
+    held = _hold_lock(tmp_path, {"run_id": "r1"}, seconds=3)
     monkeypatch.setenv("CHECKPOINT_LOCK_WAIT_SECONDS", "60")
-    monkeypatch.setattr(checkpoint, "LOCK_POLL_SECONDS", 0.2)
+    monkeypatch.setattr(checkpoint_lock, "LOCK_POLL_SECONDS", 0.2)
     started = time.monotonic()
-    assert checkpoint.lock_folder_waiting(tmp_path, {"run_id": "r2"}) == '{"run_id": "r1"}'  # another run
+    assert checkpoint_lock.lock_folder_waiting(tmp_path, {"run_id": "r2"}) == '{"run_id": "r1"}'  # another run
     assert time.monotonic() - started < 1
-    lock = checkpoint.lock_folder_waiting(tmp_path, {"run_id": "r1"})  # the same run: waits for the holder
+    lock = checkpoint_lock.lock_folder_waiting(tmp_path, {"run_id": "r1"})  # the same run: waits for the holder
     assert not isinstance(lock, str) and time.monotonic() - started < 30
     lock.close()
     held.wait(timeout=30)
 
 
 def test_a_lock_wait_that_is_not_a_number_is_one_usage_error(tmp_path, monkeypatch):
-    import checkpoint
     from errors import UsageError
     monkeypatch.setenv("CHECKPOINT_LOCK_WAIT_SECONDS", "five minutes")
     with pytest.raises(UsageError, match="CHECKPOINT_LOCK_WAIT_SECONDS"):
-        checkpoint.lock_folder_waiting(tmp_path, {"run_id": "r1"})
+        checkpoint_lock.lock_folder_waiting(tmp_path, {"run_id": "r1"})

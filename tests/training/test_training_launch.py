@@ -1,7 +1,8 @@
-"""launch.py maps scheduler environments to torchrun arguments (pure function)."""
-import pytest
-
+"""launch.py maps scheduler environments to torchrun arguments (pure function); exit_relay.py keeps the workers'
+own exit codes."""
+import exit_relay
 import launch
+import pytest
 from errors import UsageError
 
 BATCH = {"ACCELERATORS_PER_NODE": "8", "AWS_BATCH_JOB_NUM_NODES": "4", "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0",
@@ -70,7 +71,8 @@ def test_expected_nodes_must_match_the_scheduler():
     env = {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"}
     with pytest.raises(UsageError, match="--expected-nodes"):
         launch.build_command("train", ["--expected-nodes", "2"], env)
-    assert launch.build_command("train", ["--expected-nodes", "4"], env)[1].nnodes == "4"
+    plan = launch.build_command("train", ["--expected-nodes", "4"], env)[1]
+    assert plan is not None and plan.nnodes == "4"
 
 
 def test_kubeflow_trainer_pet_master_addr_is_accepted():
@@ -112,3 +114,27 @@ def test_a_missing_bootstrap_interface_is_one_usage_error():
     from errors import UsageError
     with pytest.raises(UsageError, match="GLOO_SOCKET_IFNAME"):
         launch.own_ipv4({"GLOO_SOCKET_IFNAME": "no-such-if0"})
+
+
+def test_relayed_exit_code_is_the_first_failure_of_the_last_restart(tmp_path):
+    for name, text in {"restart0-rank0": "4 10.0", "restart1-rank0": "143 30.0", "restart1-rank1": "5 20.0"}.items():
+        (tmp_path / name).write_text(text)
+    assert exit_relay.relayed_exit_code(tmp_path, 1) == 5  # restart 1: rank 1 failed first, rank 0 was stopped
+    assert exit_relay.relayed_exit_code(tmp_path, 0) == 0
+    (tmp_path / "restart1-rank0").write_text("1 15.0")
+    assert exit_relay.relayed_exit_code(tmp_path, 1) == 1  # a crash first: torchrun's own code
+    assert exit_relay.relayed_exit_code(tmp_path / "empty", 1) == 1
+
+
+def test_a_restart_after_a_final_code_ends_the_same_way_without_running_again(tmp_path, monkeypatch):
+    # torchrun restarts the group after a refusal too; the relay ends it at once with the same code.
+    (tmp_path / "restart0-rank1").write_text("5 10.0")
+    monkeypatch.setenv(exit_relay.EXIT_CODE_DIR, str(tmp_path))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(exit_relay.sys, "argv", ["exit_relay.py", str(tmp_path / "never-run.py")])
+    with pytest.raises(SystemExit) as exit_info:
+        exit_relay.main()
+    assert exit_info.value.code == 5 and (tmp_path / "restart1-rank1").read_text().startswith("5 ")
+    (tmp_path / "restart0-rank1").write_text("1 10.0")  # a crash: the restart runs the script again
+    assert exit_relay.previous_final_code() is None

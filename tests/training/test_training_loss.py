@@ -1,7 +1,7 @@
 """Both strategies train a real model on 2 CPU processes and the loss falls."""
 import pytest
 
-import training_helpers as th
+from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
 
@@ -45,3 +45,7 @@ def test_fsdp_dcp_checkpoint_loads_into_a_plain_model(fsdp_run, dataset):
     newest = th.checkpoint_steps(fsdp_run.checkpoint_dir)[-1]
     model, meta, _ = validate.find_and_load(fsdp_run.checkpoint_dir)
     assert meta["format"] == "dcp" and meta["step"] == newest == th.TRAIN_STEPS
+
+
+def test_training_emits_emf_lines_and_a_summary(ddp_reference):
+    assert len(ddp_reference.emf()) == 30 and ddp_reference.summary()["steps"] == 30

@@ -4,7 +4,7 @@ import signal
 import pytest
 import torch
 
-import training_helpers as th
+from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
 

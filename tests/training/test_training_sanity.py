@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-import training_helpers as th
+from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
 
 ARGS = ["--sizes", "4K,64K", "--warmup", "1", "--iters", "3"]
-NODE = {"ACCELERATOR_KIND": "cpu", "ACCELERATORS_PER_NODE": "2"}
+NODE: dict = {"ACCELERATOR_KIND": "cpu", "ACCELERATORS_PER_NODE": "2"}  # environment of the workers
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +69,10 @@ def test_sanity_fails_below_the_bandwidth_threshold():
 
 
 def test_bus_bandwidth_formulas_match_nccl_tests():
-    import sanity_check
-    assert sanity_check.bus_bandwidth("all_reduce", 10.0, 8) == pytest.approx(17.5)
-    assert sanity_check.bus_bandwidth("all_gather", 10.0, 8) == pytest.approx(8.75)
-    assert sanity_check.bus_bandwidth("reduce_scatter", 10.0, 8) == pytest.approx(8.75)
+    import collectives
+    assert collectives.bus_bandwidth("all_reduce", 10.0, 8) == pytest.approx(17.5)
+    assert collectives.bus_bandwidth("all_gather", 10.0, 8) == pytest.approx(8.75)
+    assert collectives.bus_bandwidth("reduce_scatter", 10.0, 8) == pytest.approx(8.75)
 
 
 # ---- EFA proof: the devices the container sees and the transport NCCL chose (training_image/efa_proof.py).
@@ -160,7 +160,7 @@ def test_nccl_debug_file_names_the_file_nccl_writes_on_a_dotted_hostname(monkeyp
     import efa_proof
     monkeypatch.setattr(efa_proof.socket, "gethostname", lambda: "ip-10-0-1-5.ec2.internal")
     assert efa_proof.debug_file("/tmp/nccl.%h.%p.log") == f"/tmp/nccl.ip-10-0-1-5.{efa_proof.os.getpid()}.log"
-    env = {}
+    env: dict[str, str] = {}
     path = efa_proof.prepare_nccl_logging(env, rank=3)
     assert path == env["NCCL_DEBUG_FILE"] == "/tmp/nccl-sanity.rank3.log"
     assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,NET")

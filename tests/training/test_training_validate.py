@@ -3,10 +3,10 @@ import json
 
 import boto3
 import pytest
+import validate
 from moto import mock_aws
 
-import training_helpers as th
-import validate
+from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # needs the shared 2-process training run
 

@@ -1,6 +1,7 @@
 """Helpers shared by the training image tests (plain functions; fixtures live in conftest.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -69,13 +70,13 @@ class Run:
     checkpoint_dir: Path | None = None
 
     def emf(self) -> list[dict]:
-        return [json.loads(l) for l in self.stdout.splitlines() if l.startswith("{") and '"_aws"' in l]
+        return [json.loads(line) for line in self.stdout.splitlines() if line.startswith("{") and '"_aws"' in line]
 
     def losses(self) -> list[float]:
         return [r["Loss"] for r in self.emf()]
 
     def summary(self) -> dict:
-        return [json.loads(l)["summary"] for l in self.stdout.splitlines() if l.startswith('{"summary"')][-1]
+        return [json.loads(line)["summary"] for line in self.stdout.splitlines() if line.startswith('{"summary"')][-1]
 
 
 def torchrun(script: str, args: list[str], nproc: int = 2, max_restarts: int = 0, timeout: float = 120,
@@ -98,9 +99,9 @@ class Background:
     def __init__(self, script: str, args: list[str], workdir: Path, nproc: int = 2, max_restarts: int = 0,
                  **env_extra: str) -> None:
         self.out, self.err = workdir / "stdout.txt", workdir / "stderr.txt"
-        self.proc = subprocess.Popen(torchrun_cmd(script, args, nproc, max_restarts), env=env(**env_extra),
-                                     stdout=open(self.out, "w"), stderr=open(self.err, "w"),
-                                     start_new_session=True)
+        with open(self.out, "w") as stdout, open(self.err, "w") as stderr:  # the child keeps its own copies
+            self.proc = subprocess.Popen(torchrun_cmd(script, args, nproc, max_restarts), env=env(**env_extra),
+                                         stdout=stdout, stderr=stderr, start_new_session=True)
 
     def wait_for(self, predicate, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -142,10 +143,8 @@ class Background:
         group alone would leave the workers running."""
         workers = self.workers()
         for pgid in [self.proc.pid, *workers]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.proc.wait(30)
         for pid in workers:  # reaped by init; wait until they are really gone
             while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):

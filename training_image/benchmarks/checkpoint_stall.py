@@ -14,14 +14,11 @@ Two measurements, CPU, 2 processes:
 """
 import argparse
 import json
-import math
 import statistics
 import tempfile
 from pathlib import Path
 
 from common import IMAGE, ensure_dataset, torchrun, train_records
-
-MTBF_HOURS = 24.0  # train.py's --mtbf-hours default
 
 
 def run(data: Path, ckpt: Path, model: str, steps: int, every: int) -> tuple[list[dict], dict]:
@@ -31,13 +28,17 @@ def run(data: Path, ckpt: Path, model: str, steps: int, every: int) -> tuple[lis
 
 
 def main() -> None:
+    # The image's own modules, on sys.path once `common` is imported.
+    import train_config
+    from checkpoint_manager import young_daly_steps
+    mtbf_hours = train_config.build_parser().get_default("mtbf_hours")  # train.py's --mtbf-hours default
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--work", default="", help="scratch directory (default: a temp dir)")
     p.add_argument("--model", default="mini", help="model size (default mini)")
     p.add_argument("--steps", type=int, default=300, help="steps per run (default 300)")
     p.add_argument("--every", type=int, default=0,
                    help="checkpoint interval in steps (default 0: train.py's Young/Daly interval for the measured "
-                        f"save time and {MTBF_HOURS:g} h MTBF)")
+                        f"save time and {mtbf_hours:g} h MTBF)")
     p.add_argument("--dense-every", type=int, default=20, help="dense interval for the in-run save timing (default 20)")
     args = p.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-"))
@@ -46,7 +47,7 @@ def main() -> None:
     emf, summary = run(data, work / "ckpt-stall-dense", args.model, args.steps, args.dense_every)
     save_s = summary["checkpoint_seconds"] / summary["checkpoints_saved"]
     step_s = statistics.median(e["StepTimeSeconds"] for e in emf)
-    every = args.every or max(1, round(math.sqrt(2 * save_s * MTBF_HOURS * 3600) / step_s))
+    every = args.every or young_daly_steps(save_s, step_s, mtbf_hours)[0]
     walls = {}
     for name, k in (("none", args.steps), ("default", min(every, args.steps))):
         walls[name] = run(data, work / f"ckpt-stall-{name}", args.model, args.steps, k)[1]["wall_seconds"]

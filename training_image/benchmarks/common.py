@@ -38,8 +38,8 @@ def torchrun(script: Path, args: list[str], nproc: int = 2) -> str:
 
 def train_records(stdout: str) -> tuple[list[dict], dict]:
     lines = stdout.splitlines()
-    emf = [json.loads(l) for l in lines if l.startswith("{") and '"_aws"' in l]
-    summary = [json.loads(l)["summary"] for l in lines if l.startswith('{"summary"')][-1]
+    emf = [json.loads(line) for line in lines if line.startswith("{") and '"_aws"' in line]
+    summary = [json.loads(line)["summary"] for line in lines if line.startswith('{"summary"')][-1]
     return emf, summary
 
 

@@ -12,8 +12,8 @@ average; checkpointing costs C per K steps. Minimising the sum gives the Young/D
 sqrt(2 * C * MTBF) (Young 1974, Daly 2006), printed for the measured C and a few MTBFs.
 """
 import argparse
+import contextlib
 import json
-import math
 import os
 import random
 import re
@@ -41,8 +41,8 @@ class Job:
     def __init__(self, cmd: list[str], out: Path) -> None:
         self.out = out
         env = dict(os.environ, OMP_NUM_THREADS="1", RUN_ID="bench", PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=open(out, "w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        with open(out, "w") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def steps(self) -> list[int]:
         return [int(m) for m in STEP.findall(self.out.read_text())]
@@ -70,10 +70,8 @@ class Job:
 
     def kill_all(self) -> None:
         for pgid in [self.proc.pid, *self.workers()]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.proc.wait(30)
 
 
@@ -126,10 +124,11 @@ def main() -> None:
     data = ensure_dataset(work)
     rng = random.Random(args.seed)
     save_s, step_s = save_and_step_seconds(data, work, args.model)
-    trials = [trial(data, work, args.model, int(k), mode, rng) for k in args.every.split(",") for mode in ("job", "worker")]
-    young_daly = {f"{h} h": {"seconds": round(math.sqrt(2 * save_s * h * 3600), 1),
-                             "steps": max(1, round(math.sqrt(2 * save_s * h * 3600) / step_s))}
-                  for h in (1, 24, 168)}
+    trials = [trial(data, work, args.model, int(k), mode, rng)
+              for k in args.every.split(",") for mode in ("job", "worker")]
+    from checkpoint_manager import young_daly_steps  # the image's own formula (common put it on sys.path)
+    young_daly = {f"{h} h": {"seconds": round(young_daly_steps(save_s, step_s, h)[1], 1),
+                             "steps": young_daly_steps(save_s, step_s, h)[0]} for h in (1, 24, 168)}
     print(json.dumps({"benchmark": "recovery_cost", "model": args.model, "seconds_per_save": round(save_s, 4),
                       "median_step_seconds": round(step_s, 4), "trials": trials,
                       "young_daly_interval_by_mtbf": young_daly}, indent=2))

@@ -1,0 +1,107 @@
+"""When to save, and the run's one handle on its checkpoints.
+
+The trainer reports every finished step; the manager alone decides whether to save at it:
+  * every K steps (--checkpoint-every K); with K = 0 (the default), at step FIRST_AUTO_SAVE, where the save's stall
+    C is measured, and from then on every Young/Daly interval sqrt(2 x C x MTBF) (Young 1974; Daly 2006);
+  * at the last step;
+  * at the step where a stop was requested (SIGTERM/SIGINT on any rank, agreed by the step's all-reduce).
+The saving and the resume are checkpoint.py's CheckpointStore: torch.save of the full state for DDP,
+torch.distributed.checkpoint shards for FSDP2, both atomic and verified.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from checkpoint import CheckpointStore
+from console import log
+from distributed import Runtime
+from train_state import TrainerState
+
+if TYPE_CHECKING:
+    from train_config import TrainConfig
+
+FIRST_AUTO_SAVE = 20  # --checkpoint-every 0: the first save, where the save time is measured
+
+
+class SaveSchedule:
+    """Which steps are save steps (pure: no clock, no collective)."""
+
+    def __init__(self, every: int, max_steps: int) -> None:
+        self.measured = every > 0  # a fixed interval needs no measurement
+        self.every = every or FIRST_AUTO_SAVE  # auto: replaced after the first save
+        self.max_steps = max_steps
+
+    def due(self, step: int, stopping: bool) -> bool:
+        return step % self.every == 0 or step == self.max_steps or stopping
+
+    def measures_at(self, step: int, stopping: bool, saves_so_far: int) -> bool:
+        """Whether this save sets the Young/Daly interval: the first save of this process, unless it is the last.
+
+        Not after the final save: its barrier stays the last collective before teardown (a collective right
+        before destroy_process_group made gloo abort at exit, 3 runs in 8)."""
+        return not self.measured and saves_so_far == 0 and not stopping and step < self.max_steps
+
+
+def young_daly_steps(save_s: float, step_s: float, mtbf_hours: float) -> tuple[int, float]:
+    """(steps, seconds) between checkpoints that minimise the expected lost time: sqrt(2 * C * MTBF)."""
+    seconds = math.sqrt(2 * save_s * mtbf_hours * 3600)
+    return max(1, round(seconds / step_s)), seconds
+
+
+def young_daly_interval(save_s: float, step_times: list[float], mtbf_hours: float, rt: Runtime) -> int:
+    """The Young/Daly interval from the slowest rank's figures, agreed by one all-reduce, so every rank saves at
+    the same steps."""
+    times = sorted(step_times[1:] or step_times)  # the first step after a (re)start includes warm-up
+    measured = torch.tensor([save_s, times[len(times) // 2]], dtype=torch.float64, device=rt.device)
+    dist.all_reduce(measured, op=dist.ReduceOp.MAX)
+    save_s, step_s = measured.tolist()
+    steps, seconds = young_daly_steps(save_s, step_s, mtbf_hours)
+    if rt.is_main:
+        log(f"checkpoint: every {steps} steps (Young/Daly: sqrt(2 x {save_s:.3g} s per save x {mtbf_hours:g} h "
+            f"MTBF) = {seconds:.0f} s at {step_s:.3g} s per step)")
+    return steps
+
+
+class CheckpointManager:
+    """Resumes the run, then saves at the steps the schedule names; counts what saving cost."""
+
+    def __init__(self, cfg: TrainConfig, rt: Runtime, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: Any, config_record: dict) -> None:
+        self.store = CheckpointStore(Path(cfg.checkpoint_dir), "dcp" if cfg.strategy == "fsdp" else "full",
+                                     cfg.keep_last, rt.rank, rt.world_size)
+        self.schedule = SaveSchedule(cfg.checkpoint_every, cfg.max_steps)
+        self.mtbf_hours, self.rt, self.config_record = cfg.mtbf_hours, rt, config_record
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.last_saved = -1  # the step of the newest checkpoint, -1 before there is one
+        self.saves, self.save_seconds = 0, 0.0  # the training stall caused by saving, in this process
+
+    def resume(self) -> tuple[TrainerState, Path | None]:
+        """The newest loadable checkpoint restored into model, optimizer, scheduler and RNGs, or a fresh state."""
+        resumed = self.store.load_latest(self.model, self.optimizer, self.scheduler, self.rt.device)
+        if resumed is None:
+            return TrainerState(), None
+        state, path = resumed
+        self.last_saved = state.step
+        return state, path
+
+    def after_step(self, state: TrainerState, stopping: bool, step_times: list[float]) -> Path | None:
+        """Save if this step is a save step (collective: every rank calls it with the same arguments)."""
+        if not self.schedule.due(state.step, stopping):
+            return None
+        started = time.perf_counter()
+        path = self.store.save(self.model, self.optimizer, self.scheduler, state, self.config_record,
+                               self.rt.mark_step)
+        seconds = time.perf_counter() - started
+        self.save_seconds += seconds
+        if self.schedule.measures_at(state.step, stopping, self.saves):
+            self.schedule.every = young_daly_interval(seconds, step_times, self.mtbf_hours, self.rt)
+        self.saves += 1
+        self.last_saved = state.step
+        if self.rt.is_main:
+            log(f"checkpoint: saved {path}{' (SIGTERM)' if stopping else ''}")
+        return path
