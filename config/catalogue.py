@@ -10,6 +10,11 @@ from enum import StrEnum
 from types import MappingProxyType
 
 
+# NVIDIA A10G datasheet for AWS (d1.awsstatic.com/.../NVIDIA_AWS_A10G_DataSheet_FINAL_02_17_2022.pdf): 70 dense bf16
+# TFLOPS (140 with sparsity). 125 is the plain A10's figure, which the catalogue carried before.
+A10G_BF16_TFLOPS = 70.0
+
+
 class Accelerator(StrEnum):
     NVIDIA = "nvidia"
     NEURON = "neuron"
@@ -216,7 +221,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 # EFA and ENA share the same 40 Gbps here: bandwidth alone cannot tell EFA from a socket fallback,
                 # which is why the sanity check also proves the transport from NCCL's own log.
                 busbw_source="no published two-node figure found; half the 40 Gbps network rate (low-cost trials only)",
-                peak_bf16_tflops_per_accelerator=125.0,
+                peak_bf16_tflops_per_accelerator=A10G_BF16_TFLOPS,
                 collective_env=_env(_NCCL_OVER_EFA_NO_RDMA),
                 validation_instance_type="g5.xlarge",
             ),
@@ -234,7 +239,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 network_gbps=10,
                 published_busbw_gbps=None,
                 busbw_source="no EFA",
-                peak_bf16_tflops_per_accelerator=125.0,
+                peak_bf16_tflops_per_accelerator=A10G_BF16_TFLOPS,
                 single_node_only=True,
             ),
             # No EC2 type has one A100, so A100 models validate on one H100 80 GB (it loads what an A100 wrote).

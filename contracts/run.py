@@ -36,7 +36,7 @@ DATASET_RULE = (
     "(no '..', no empty segment)"
 )
 
-# What the training image knows (training_image/model.py MODEL_SIZES, train.py STRATEGIES; tests hold them equal).
+# What the training image knows (training_image/model.py MODEL_SIZES, train_config.py STRATEGIES; tests hold them equal).
 MODELS = ("tiny", "mini", "125m", "350m", "760m", "1.3b", "2.7b", "6.7b", "13b")
 STRATEGIES = ("ddp", "fsdp")
 
@@ -105,7 +105,7 @@ def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
         Field("max_attempts", "integer", 2, 1, 10),
         Field("resume", "boolean", False, rule="true or false: true resumes an earlier run with this run_id"),
         Field("hyperparameters", "object", {}, rule="an object with only the hyperparameters listed"),
-        # Defaults match training_image/train.py's TrainConfig, so a run may omit any of them.
+        # Defaults match training_image/train_config.py's TrainConfig, so a run may omit any of them.
         Field("hyperparameters.model", "string", "tiny", choices=MODELS),
         Field("hyperparameters.max_steps", "integer", 1000, 1, 10_000_000),
         # 0: the image derives the interval (Young/Daly) from the measured save and step times.
@@ -184,17 +184,17 @@ def validate_run(run: object, max_nodes: int, min_nodes: int = 1) -> list[str]:
         f"unknown hyperparameter {key!r}; expected only {', '.join(names)}" for key in hyper if key not in names
     ]
     for f in table:
-        if f.kind == "object":
-            continue
-        source = hyper if f.name.startswith("hyperparameters.") else run
-        if f.key not in source or (f.required and source[f.key] is None):
-            if f.required:
-                problems.append(f"{f.name} is missing; expected {f.allowed()}")
-            continue  # the default applies
-        problem = check_value(f, source[f.key])
-        if problem:
-            problems.append(problem)
+        if f.kind != "object":
+            problem = _field_problem(f, hyper if f.name.startswith("hyperparameters.") else run)
+            problems += [problem] if problem else []
     return problems
+
+
+def _field_problem(f: Field, source: dict) -> str | None:
+    """The problem with field `f` in `source` (the run or its hyperparameters); an absent optional field is fine."""
+    if f.key not in source or (f.required and source[f.key] is None):
+        return f"{f.name} is missing; expected {f.allowed()}" if f.required else None  # else the default applies
+    return check_value(f, source[f.key])
 
 
 def check_value(f: Field, value: object) -> str | None:
