@@ -43,23 +43,30 @@ class Assembly:
 
 def read_assembly(stacks: Sequence["cdk.Stack"], assembly_dir: Path) -> Assembly:
     """Every resource of `stacks`, synthesized into `assembly_dir`, with its references resolved across stacks."""
-    names = tuple(stack.stack_name for stack in stacks)
     templates = {stack.stack_name: json.loads((assembly_dir / stack.template_file).read_text()) for stack in stacks}
+    paths = {stack.stack_name: construct_paths(stack) for stack in stacks}
+    assets = {stack.stack_name: docker_image_assets(assembly_dir / f"{stack.artifact_id}.assets.json")
+              for stack in stacks}
+    return assemble(templates, paths, assets)
+
+
+def assemble(templates: dict[str, dict], paths: dict[str, dict[str, str]],
+             assets: dict[str, dict[str, str]]) -> Assembly:
+    """The model of synthesized stacks (in the order of `templates`): their templates, the construct path of each
+    logical id, and the Docker image assets each publishes (image tag -> origin)."""
     resources: dict[Key, Resource] = {}
-    for stack in stacks:
-        paths = construct_paths(stack)
-        for logical_id, body in templates[stack.stack_name].get("Resources", {}).items():
-            key = (stack.stack_name, logical_id)
-            resources[key] = Resource(key, body["Type"], paths.get(logical_id, logical_id))
-        for tag, path in docker_image_assets(assembly_dir / f"{stack.artifact_id}.assets.json").items():
-            key = (stack.stack_name, f"asset:{tag}")
-            resources[key] = Resource(key, DOCKER_IMAGE_ASSET, path)
+    for stack, template in templates.items():
+        for logical_id, body in template.get("Resources", {}).items():
+            key = (stack, logical_id)
+            resources[key] = Resource(key, body["Type"], paths.get(stack, {}).get(logical_id, logical_id))
+        for tag, origin in assets.get(stack, {}).items():
+            resources[(stack, f"asset:{tag}")] = Resource((stack, f"asset:{tag}"), DOCKER_IMAGE_ASSET, origin)
     resolver = _References(templates, resources)
     for key, resource in resources.items():
         if resource.type != DOCKER_IMAGE_ASSET:
             body = templates[key[0]]["Resources"][key[1]]
             resource.refs = set(resolver.of(body.get("Properties", {}), key[0])) - {key}
-    return Assembly(names, templates, resources)
+    return Assembly(tuple(templates), templates, resources)
 
 
 def construct_paths(stack: "cdk.Stack") -> dict[str, str]:
