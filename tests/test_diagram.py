@@ -260,6 +260,13 @@ def test_a_chain_of_input_checks_is_one_box():
     assert sorted(b.states for b in picture.boxes) == [("IsObject", "HasName"), ("NotObject", "NoName"), ("Work",)]
 
 
+def test_a_state_that_catches_into_itself_keeps_its_arrow():
+    picture = condense(small_machine({
+        "Poll": {"Type": "Task", "Resource": "arn:aws:states:::sns:publish", "End": True,
+                 "Catch": [{"ErrorEquals": ["Busy"], "Next": "Poll"}]}}))
+    assert [(a.source, a.target, a.errors) for a in picture.arrows] == [("Poll", "Poll", ("Busy",))]
+
+
 # --- rendering ---------------------------------------------------------------------------------------------------
 
 

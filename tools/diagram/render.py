@@ -98,7 +98,7 @@ def render_pipeline(picture: Picture, title: str, png: Path) -> None:
                              edge_attr={"fontname": "Sans-Serif", "fontsize": "11", "color": "#44505C",
                                         "arrowsize": "0.7"})
     graph.node(START, "", shape="circle", style="filled", fillcolor="#44505C", width="0.18")
-    parents = {box.parent for box in picture.boxes if box.parent}
+    parents = dict.fromkeys(box.parent for box in picture.boxes if box.parent)  # in the definition's order
     for parent in [None, *parents]:
         scope = graph if parent is None else graphviz.Digraph(f"cluster_{parent}")
         if parent:

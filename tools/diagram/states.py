@@ -152,13 +152,15 @@ def _retries(body: dict) -> tuple[str, ...]:
 class Box:
     id: str
     type: str
-    states: tuple[str, ...]  # one state, or Fail states reached from the same states
+    states: tuple[str, ...]  # one state, Fail states entered from the same boxes, or a chain of input checks
     parent: str | None
     integration: str = ""
     retry: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
+        """The state's name; for a box of several, the first and last (in the definition's order) or their
+        common prefix, and how many."""
         if len(self.states) == 1:
             return self.states[0]
         if self.type != "Fail":
@@ -195,8 +197,9 @@ def condense(graph: StateGraph) -> Picture:
         if name not in folded:
             members[box_of.get(name, name)].append(name)
     boxes = tuple(_box(graph, box_id, names) for box_id, names in members.items())
-    merged = _merge(Arrow(box_of.get(a.source, a.source), box_of.get(a.target, a.target), a.kind, a.errors)
-                    for a in arrows)
+    boxed = [Arrow(box_of.get(a.source, a.source), box_of.get(a.target, a.target), a.kind, a.errors) for a in arrows]
+    # Arrows between states of one box are inside it; a state's arrow to itself stays.
+    merged = _merge(b for a, b in zip(arrows, boxed, strict=True) if a.source == a.target or b.source != b.target)
     start = box_of.get(through[graph.start], through[graph.start])
     return Picture(start, boxes, merged, tuple(sorted(folded)))
 
@@ -231,7 +234,7 @@ def _guard_chains(graph: StateGraph, arrows: list[Arrow]) -> dict[str, str]:
     chains = {}
     for head in heads:
         chain = [head]
-        while onward.get(chain[-1]) in onward:
+        while onward.get(chain[-1]) in onward and onward[chain[-1]] not in chain:
             chain.append(onward[chain[-1]])
         if len(chain) > 1:
             chains.update({name: head for name in chain})
@@ -256,5 +259,4 @@ def _merge(arrows: Iterable[Arrow]) -> tuple[Arrow, ...]:
     for arrow in arrows:
         names = errors.setdefault((arrow.source, arrow.target, arrow.kind), [])
         names += [e for e in arrow.errors if e not in names]
-    return tuple(Arrow(source, target, kind, tuple(names))
-                 for (source, target, kind), names in errors.items() if source != target)
+    return tuple(Arrow(source, target, kind, tuple(names)) for (source, target, kind), names in errors.items())
