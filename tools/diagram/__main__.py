@@ -13,12 +13,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from app import ROOT, build_app
+from app import build_app
 from config import ConfigError
 from tools.diagram.architecture import architecture, cluster_label
 from tools.diagram.render import render_architecture, render_pipeline
 from tools.diagram.states import condense, pipeline_definition, state_graph
 from tools.diagram.synthesized import read_assembly
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(argv: list[str] | None = None) -> int:
