@@ -89,6 +89,12 @@ def test_batch_jobs_run_the_training_image(batch):
     assert edge_labels(batch, "Batch/AWS::Batch::JobDefinition", f"Registry/{DOCKER_IMAGE_ASSET}") == {"image"}
 
 
+def test_with_an_image_tag_batch_jobs_run_the_image_from_the_registrys_repository(synth):
+    model = model_of(synth(image_tag="v1"))
+    assert edge_labels(model, "Batch/AWS::Batch::JobDefinition", "Registry/AWS::ECR::Repository") == {"image"}
+    assert f"Registry/{DOCKER_IMAGE_ASSET}" not in {node.id for node in model.nodes}
+
+
 def test_the_pipeline_submits_to_the_job_queues_and_notifies_the_topic(batch):
     pipeline = "Pipeline/AWS::StepFunctions::StateMachine"
     assert edge_labels(batch, pipeline, "Batch/AWS::Batch::JobQueue") == {"submits jobs"}
