@@ -130,7 +130,9 @@ def _legend(title: str, picture: Picture, policies: list[tuple[str, ...]]) -> st
             '<TR><TD ALIGN="LEFT">solid: Next, Choices, Default · <FONT COLOR="#C62828">dashed: Catch</FONT>'
             " (unlabelled: States.ALL) · dotted: a branch's start</TD></TR>",
             f'<TR><TD ALIGN="LEFT">{len(picture.folded)} Pass states (they only shape data) are drawn as part of'
-            " the arrows through them</TD></TR>"]
+            " the arrows through them</TD></TR>",
+            '<TR><TD ALIGN="LEFT">Fail states entered from the same box share one (… ×N); a chain of input checks'
+            " is one box</TD></TR>"]
     rows += [f'<TR><TD ALIGN="LEFT"><FONT COLOR="#3B7DD8">↻ R{i}</FONT> retries '
              f'{html.escape("; ".join(policy))}</TD></TR>' for i, policy in enumerate(policies, 1)]
     return '<<TABLE BORDER="0" CELLSPACING="0" CELLPADDING="2">' + "".join(rows) + "</TABLE>>"
