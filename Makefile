@@ -15,7 +15,7 @@ HOURS       ?= 24
 
 DIAGRAM_ENV ?= prod
 
-.PHONY: synth test lint setup deploy local-run cost-report bench diagram clean
+.PHONY: synth test lint setup deploy local-run cost-report bench diagram diagram-tree clean
 
 setup: $(VENV)/.test-deps node_modules/.installed
 
@@ -60,16 +60,25 @@ cost-report: $(VENV)/.synth-deps
 bench: $(VENV)/.test-deps node_modules/.installed
 	$(PY) benchmarks/synth_ratio.py
 
-# The architecture picture, drawn from the synthesized app (cdk-dia + Graphviz), so it cannot drift from the code.
+# The pictures, drawn from the app synthesized for DIAGRAM_ENV, so they cannot drift from the code: per backend,
+# docs/architecture-<env>-<compute>.png (stacks and main resources) and docs/pipeline-<env>-<compute>.png (states and
+# failure paths) by tools/diagram, and docs/architecture-tree-<env>.png (every construct) by cdk-dia.
+NEED_DOT = @command -v dot >/dev/null || { echo "error: Graphviz is missing; install it with: apt-get install -y graphviz"; exit 1; }
+
 tools/diagram/node_modules/.installed: tools/diagram/package.json tools/diagram/package-lock.json
 	npm ci --prefix tools/diagram --no-audit --no-fund --loglevel=error
 	touch $@
 
-diagram: $(VENV)/.synth-deps node_modules/.installed tools/diagram/node_modules/.installed
-	@command -v dot >/dev/null || { echo "error: Graphviz is missing; install it with: apt-get install -y graphviz"; exit 1; }
+diagram: $(VENV)/.test-deps node_modules/.installed diagram-tree
+	$(NEED_DOT)
+	$(PY) -m tools.diagram --env $(DIAGRAM_ENV) --out docs
+
+diagram-tree: $(VENV)/.test-deps node_modules/.installed tools/diagram/node_modules/.installed
+	$(NEED_DOT)
 	cdk synth --quiet -c env=$(DIAGRAM_ENV) --output build/diagram-$(DIAGRAM_ENV)
 	tools/diagram/node_modules/.bin/cdk-dia --tree build/diagram-$(DIAGRAM_ENV)/tree.json \
-		--target docs/architecture-$(DIAGRAM_ENV).png
+		--target docs/architecture-tree-$(DIAGRAM_ENV).png
+	$(PY) -m tools.diagram.shrink docs/architecture-tree-$(DIAGRAM_ENV).png
 
 clean:
 	rm -rf cdk.out build local-run .pytest_cache

@@ -1,0 +1,63 @@
+"""`make diagram`: draw docs/architecture-<env>-<compute>.png and docs/pipeline-<env>-<compute>.png.
+
+    .venv/bin/python -m tools.diagram --env prod --compute batch eks --out docs
+
+Each picture is drawn from the app synthesized in-process with `-c env=<env> -c compute=<compute>`, so it cannot
+drift from the code. Needs Graphviz (`apt-get install -y graphviz`).
+"""
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from app import build_app
+from config import ConfigError
+from tools.diagram.architecture import architecture, cluster_label
+from tools.diagram.render import render_architecture, render_pipeline
+from tools.diagram.states import condense, pipeline_definition, state_graph
+from tools.diagram.synthesized import read_assembly
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.diagram", description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="prod", help="environment from cdk.json (default: prod)")
+    parser.add_argument("--compute", nargs="+", default=["batch", "eks"], help="backends to draw (default: both)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for the PNG files (default: docs)")
+    args = parser.parse_args(argv)
+    if shutil.which("dot") is None:
+        print("error: Graphviz is missing; install it with: apt-get install -y graphviz", file=sys.stderr)
+        return 1
+    context = json.loads((ROOT / "cdk.json").read_text())["context"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    for compute in args.compute:
+        try:
+            for png in draw({**context, "env": args.env, "compute": compute}, args.out, f"{args.env}-{compute}"):
+                print(png)
+        except ConfigError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def draw(context: dict, out: Path, suffix: str) -> list[Path]:
+    with tempfile.TemporaryDirectory(prefix="diagram-") as outdir:
+        app, stacks = build_app(context=context, outdir=outdir)
+        assembly = read_assembly(list(stacks.values()), Path(app.synth().directory))
+    pipeline_stack = next(name for name in assembly.stacks if cluster_label(name) == "Pipeline")
+    prefix, compute = pipeline_stack.rsplit("-", 1)[0], context["compute"]
+    model = architecture(assembly, f"{prefix} (compute={compute}): its stacks and their main resources")
+    pipeline = condense(state_graph(pipeline_definition(assembly.templates[pipeline_stack])))
+    pictures = [out / f"architecture-{suffix}.png", out / f"pipeline-{suffix}.png"]
+    render_architecture(model, pictures[0])
+    render_pipeline(pipeline, f"{pipeline_stack} (compute={compute}): the training pipeline's states and failure paths",
+                    pictures[1])
+    return pictures
+
+
+if __name__ == "__main__":
+    sys.exit(main())
