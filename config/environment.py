@@ -120,6 +120,16 @@ class EnvironmentConfig:
     batch_single_node_spot: bool = True
 
     def __post_init__(self) -> None:
+        """Every field checked when the app starts, in this order: the first problem is the one reported."""
+        self._check_placement()
+        self._check_compute()
+        self._check_storage()
+        self._check_costs()
+        self._check_eks()
+        self._check_alarms_and_jobs()
+
+    def _check_placement(self) -> None:
+        """Where the environment lives: region, account and zone."""
         _check(
             self,
             "region",
@@ -133,6 +143,9 @@ class EnvironmentConfig:
             self.availability_zone is None or self.availability_zone in zones(self.region),
             f"a zone of region {self.region} ({', '.join(zones(self.region))}), or unset",
         )
+
+    def _check_compute(self) -> None:
+        """What trains: the backend, an EFA instance type, the node count, the VPC range."""
         _check(self, "compute", self.compute in COMPUTE_BACKENDS, " or ".join(COMPUTE_BACKENDS))
         _check(self, "instance_type", self.instance_type in CATALOGUE, f"one of {', '.join(CATALOGUE)}")
         _check(
@@ -149,6 +162,9 @@ class EnvironmentConfig:
             (match := _CIDR16.fullmatch(self.vpc_cidr)) is not None and int(match.group(1)) <= 255,
             "a /16 inside 10.0.0.0/8 like 10.0.0.0/16",
         )
+
+    def _check_storage(self) -> None:
+        """The FSx for Lustre file system."""
         _check(
             self,
             "fsx_deployment_type",
@@ -169,6 +185,9 @@ class EnvironmentConfig:
             self.fsx_throughput_per_tib in FSX_THROUGHPUTS_PER_TIB,
             f"one of {', '.join(map(str, FSX_THROUGHPUTS_PER_TIB))} MB/s per TiB",
         )
+
+    def _check_costs(self) -> None:
+        """Budget, log retention and images kept."""
         _check(
             self,
             "budget_monthly_usd",
@@ -185,6 +204,9 @@ class EnvironmentConfig:
             f"a CloudWatch Logs retention: {', '.join(map(str, LOG_RETENTION_DAYS))}",
         )
         _check(self, "ecr_keep_images", 1 <= self.ecr_keep_images <= 1000, "an integer from 1 to 1000")
+
+    def _check_eks(self) -> None:
+        """EKS capacity and access, and the image tag."""
         _check(self, "eks_capacity_type", self.eks_capacity_type in EKS_CAPACITY_TYPES, " or ".join(EKS_CAPACITY_TYPES))
         _check(
             self,
@@ -213,6 +235,9 @@ class EnvironmentConfig:
             self.image_tag is None or bool(_IMAGE_TAG.fullmatch(self.image_tag)),
             "a Docker tag: up to 128 ASCII letters, digits, '_', '.', '-', not starting with '.' or '-'; or unset",
         )
+
+    def _check_alarms_and_jobs(self) -> None:
+        """Alarm thresholds and the Batch jobs' own settings."""
         _check(
             self,
             "gpu_idle_threshold_percent",

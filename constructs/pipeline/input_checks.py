@@ -52,153 +52,170 @@ def _matches_whole(path: str, pattern: str | None, max_length: int | None) -> st
 
 def input_validation(scope: Construct, *, max_nodes: int, min_nodes: int = 1) -> tuple[sfn.IChainable, sfn.Pass]:
     """The validation states: (first state, the Pass reached by valid input, holding `$.run`)."""
-    table = fields(max_nodes, min_nodes)
-    top, hyper = top_level(table), hyperparameters(table)
-    run_defaults = defaults(max_nodes)
-
-    def fail(field: str, problem: str, cause: str) -> sfn.Fail:
-        return sfn.Fail(scope, _state_name(field, problem), error=INVALID, cause=cause)
-
-    def invalid(f: Field, problem: str) -> sfn.Fail:
-        return fail(f.name, problem, f"{f.name} is not valid; expected {f.allowed()}")
-
-    # ---- 1. shapes, defaults
-    read = sfn.Pass(scope, "ReadInput", parameters={"input.$": "$", "shape.$": "States.JsonToString($)"})
-    apply_defaults = sfn.Pass(
-        scope,
-        "ApplyDefaults",
-        parameters={
-            "input.$": "$.input",
-            "defaults": {
-                **{f.name: MISSING for f in top if f.required},
-                **{k: v for k, v in run_defaults.items() if k != "hyperparameters"},
-                "hyperparameters": {},
-            },
-            "hyperparameter_defaults": run_defaults["hyperparameters"],
-        },
-    )
-    merge = sfn.Pass(
-        scope,
-        "MergeDefaults",
-        parameters={
-            "run.$": "States.JsonMerge($.defaults, $.input, false)",
-            "hyperparameter_defaults.$": "$.hyperparameter_defaults",
-        },
-    )
-    inspect_hyper = sfn.Pass(
-        scope,
-        "InspectHyperparameters",
-        parameters={
-            "run.$": "$.run",
-            "hyperparameter_defaults.$": "$.hyperparameter_defaults",
-            "shape.$": "States.JsonToString($.run.hyperparameters)",
-        },
-    )
-    merge_hyper = sfn.Pass(
-        scope,
-        "MergeHyperparameters",
-        parameters={
-            "given.$": "$.run",
-            "merged": {
-                "hyperparameters.$": "States.JsonMerge($.hyperparameter_defaults, $.run.hyperparameters, false)"
-            },
-        },
-    )
-    complete = sfn.Pass(scope, "CompleteInput", parameters={"given.$": "States.JsonMerge($.given, $.merged, false)"})
-    project = sfn.Pass(
-        scope,
-        "KeepKnownFields",
-        parameters={
-            "given.$": "$.given",
-            "run": {
-                **{f"{f.name}.$": f"$.given.{f.name}" for f in top if f.kind != "object"},
-                "hyperparameters": {f"{f.key}.$": f"$.given.hyperparameters.{f.key}" for f in hyper},
-            },
-        },
-    )
-    count = sfn.Pass(
-        scope,
-        "CountFields",
-        parameters={
-            "run.$": "$.run",
-            "field_count": {"given.$": _count("$.given"), "known.$": _count("$.run")},
-        },
-    )
-
-    # ---- 3. presence, types, ranges, known values
-    check = sfn.Choice(scope, "ValidateInput")
-    check.when(
-        C.number_greater_than_json_path("$.field_count.given", "$.field_count.known"),
-        fail(
-            "unknown",
-            "Field",
-            f"the input has an unknown field; expected only {', '.join(f.name for f in top)} and, "
-            f"in hyperparameters, {', '.join(f.key for f in hyper)}",
-        ),
-    )
-    for f in table:
-        if f.required:
-            check.when(
-                C.or_(C.is_null(f"$.run.{f.name}"), C.string_equals(f"$.run.{f.name}", MISSING)),
-                fail(f.name, "Missing", f"{f.name} is missing; expected {f.allowed()}"),
-            )
-    for f in table:
-        if f.kind != "object":
-            _check_field(check, f, invalid(f, "Type"))
-
-    # ---- 4. integers as written; 5. patterns and lengths (JSONata)
-    integers = [f for f in table if f.kind == "integer"]
-    patterned = [f for f in table if f.pattern]
-    measure = sfn.Pass(
-        scope,
-        "MeasureIntegers",
-        parameters={
-            "run.$": "$.run",
-            "fraction_parts": {
-                f.name.replace(".", "_") + ".$": f"States.ArrayLength(States.StringSplit(States.Format('{{}}', "
-                f"$.run.{f.name}), '.eE'))"
-                for f in integers
-            },
-        },
-    )
-    match = sfn.Pass.jsonata(
-        scope,
-        "MatchPatterns",
-        outputs={
-            "run": "{% $states.input.run %}",
-            "fraction_parts": "{% $states.input.fraction_parts %}",
-            "patterns": {
-                f.name: _matches_whole(f"$states.input.run.{f.name}", f.pattern, f.max_length) for f in patterned
-            },
-        },
-    )
-    values = sfn.Choice(scope, "ValidateValues")
-    for f in integers:
-        values.when(C.number_greater_than(f"$.fraction_parts.{f.name.replace('.', '_')}", 1), invalid(f, "NotInteger"))
-    for f in patterned:
-        values.when(C.not_(C.boolean_equals(f"$.patterns.{f.name}", True)), invalid(f, "Pattern"))
-    valid = sfn.Pass(scope, "InputValid", parameters={"run.$": "$.run"})
-    values.otherwise(valid)
-    check.otherwise(measure.next(match).next(values))
-
-    read.next(
-        _is_object(
-            scope,
-            "IsObject",
-            fail(
-                "input",
-                "NotObject",
-                f"the input must be a JSON object with the fields {', '.join(f.name for f in top)}",
-            ),
-            apply_defaults,
-        )
-    )
-    hyper_field = next(f for f in top if f.name == "hyperparameters")
-    apply_defaults.next(merge).next(inspect_hyper).next(
-        _is_object(scope, "HyperparametersIsObject", invalid(hyper_field, "NotObject"), merge_hyper)
-    )
-    merge_hyper.next(complete).next(project).next(count).next(check)
+    states = _InputStates(scope, max_nodes=max_nodes, min_nodes=min_nodes)
+    read, counted = states.complete_run()
+    valid = states.check_values()
+    counted.next(states.check_fields(then=states.values_start))
     return read, valid
+
+
+class _InputStates:
+    """1. shape and defaults, 2. presence, types, ranges and known values, 3. integers as written, patterns."""
+
+    def __init__(self, scope: Construct, *, max_nodes: int, min_nodes: int) -> None:
+        self.scope = scope
+        self.table = fields(max_nodes, min_nodes)
+        self.top, self.hyper = top_level(self.table), hyperparameters(self.table)
+        self.run_defaults = defaults(max_nodes)
+
+    def fail(self, field: str, problem: str, cause: str) -> sfn.Fail:
+        return sfn.Fail(self.scope, _state_name(field, problem), error=INVALID, cause=cause)
+
+    def invalid(self, f: Field, problem: str) -> sfn.Fail:
+        return self.fail(f.name, problem, f"{f.name} is not valid; expected {f.allowed()}")
+
+    def complete_run(self) -> tuple[sfn.Pass, sfn.Pass]:
+        """ReadInput .. CountFields: the input as an object with every default applied, and its field counts."""
+        scope, top, hyper = self.scope, self.top, self.hyper
+        read = sfn.Pass(scope, "ReadInput", parameters={"input.$": "$", "shape.$": "States.JsonToString($)"})
+        apply_defaults = sfn.Pass(
+            scope,
+            "ApplyDefaults",
+            parameters={
+                "input.$": "$.input",
+                "defaults": {
+                    **{f.name: MISSING for f in top if f.required},
+                    **{k: v for k, v in self.run_defaults.items() if k != "hyperparameters"},
+                    "hyperparameters": {},
+                },
+                "hyperparameter_defaults": self.run_defaults["hyperparameters"],
+            },
+        )
+        merge = sfn.Pass(
+            scope,
+            "MergeDefaults",
+            parameters={
+                "run.$": "States.JsonMerge($.defaults, $.input, false)",
+                "hyperparameter_defaults.$": "$.hyperparameter_defaults",
+            },
+        )
+        inspect_hyper = sfn.Pass(
+            scope,
+            "InspectHyperparameters",
+            parameters={
+                "run.$": "$.run",
+                "hyperparameter_defaults.$": "$.hyperparameter_defaults",
+                "shape.$": "States.JsonToString($.run.hyperparameters)",
+            },
+        )
+        merge_hyper = sfn.Pass(
+            scope,
+            "MergeHyperparameters",
+            parameters={
+                "given.$": "$.run",
+                "merged": {
+                    "hyperparameters.$": "States.JsonMerge($.hyperparameter_defaults, $.run.hyperparameters, false)"
+                },
+            },
+        )
+        complete = sfn.Pass(
+            scope, "CompleteInput", parameters={"given.$": "States.JsonMerge($.given, $.merged, false)"}
+        )
+        project = sfn.Pass(
+            scope,
+            "KeepKnownFields",
+            parameters={
+                "given.$": "$.given",
+                "run": {
+                    **{f"{f.name}.$": f"$.given.{f.name}" for f in top if f.kind != "object"},
+                    "hyperparameters": {f"{f.key}.$": f"$.given.hyperparameters.{f.key}" for f in hyper},
+                },
+            },
+        )
+        count = sfn.Pass(
+            scope,
+            "CountFields",
+            parameters={
+                "run.$": "$.run",
+                "field_count": {"given.$": _count("$.given"), "known.$": _count("$.run")},
+            },
+        )
+        not_object = self.fail(
+            "input", "NotObject", f"the input must be a JSON object with the fields {', '.join(f.name for f in top)}"
+        )
+        read.next(_is_object(scope, "IsObject", not_object, apply_defaults))
+        hyper_field = next(f for f in top if f.name == "hyperparameters")
+        apply_defaults.next(merge).next(inspect_hyper).next(
+            _is_object(scope, "HyperparametersIsObject", self.invalid(hyper_field, "NotObject"), merge_hyper)
+        )
+        merge_hyper.next(complete).next(project).next(count)
+        return read, count
+
+    def check_fields(self, *, then: sfn.IChainable) -> sfn.Choice:
+        """ValidateInput: no unknown field, every required one, each of its type, range or choice."""
+        check = sfn.Choice(self.scope, "ValidateInput")
+        check.when(
+            C.number_greater_than_json_path("$.field_count.given", "$.field_count.known"),
+            self.fail(
+                "unknown",
+                "Field",
+                f"the input has an unknown field; expected only {', '.join(f.name for f in self.top)} and, "
+                f"in hyperparameters, {', '.join(f.key for f in self.hyper)}",
+            ),
+        )
+        for f in self.table:
+            if f.required:
+                check.when(
+                    C.or_(C.is_null(f"$.run.{f.name}"), C.string_equals(f"$.run.{f.name}", MISSING)),
+                    self.fail(f.name, "Missing", f"{f.name} is missing; expected {f.allowed()}"),
+                )
+        for f in self.table:
+            if f.kind != "object":
+                _check_field(check, f, self.invalid(f, "Type"))
+        check.otherwise(then)
+        return check
+
+    def check_values(self) -> sfn.Pass:
+        """MeasureIntegers .. ValidateValues: integers written without a fraction, patterns and lengths (JSONata).
+        Returns InputValid; the chain starts at `self.values_start`."""
+        scope = self.scope
+        integers = [f for f in self.table if f.kind == "integer"]
+        patterned = [f for f in self.table if f.pattern]
+        measure = sfn.Pass(
+            scope,
+            "MeasureIntegers",
+            parameters={
+                "run.$": "$.run",
+                "fraction_parts": {
+                    f.name.replace(".", "_") + ".$": f"States.ArrayLength(States.StringSplit(States.Format('{{}}', "
+                    f"$.run.{f.name}), '.eE'))"
+                    for f in integers
+                },
+            },
+        )
+        match = sfn.Pass.jsonata(
+            scope,
+            "MatchPatterns",
+            outputs={
+                "run": "{% $states.input.run %}",
+                "fraction_parts": "{% $states.input.fraction_parts %}",
+                "patterns": {
+                    f.name: _matches_whole(f"$states.input.run.{f.name}", f.pattern, f.max_length) for f in patterned
+                },
+            },
+        )
+        values = sfn.Choice(scope, "ValidateValues")
+        for f in integers:
+            values.when(
+                C.number_greater_than(f"$.fraction_parts.{f.name.replace('.', '_')}", 1), self.invalid(f, "NotInteger")
+            )
+        for f in patterned:
+            values.when(C.not_(C.boolean_equals(f"$.patterns.{f.name}", True)), self.invalid(f, "Pattern"))
+        valid = sfn.Pass(scope, "InputValid", parameters={"run.$": "$.run"})
+        values.otherwise(valid)
+        measure.next(match).next(values)
+        self.values_start = measure
+        return valid
 
 
 def _check_field(check: sfn.Choice, f: Field, invalid: sfn.Fail) -> None:
