@@ -36,11 +36,6 @@ def test_one_interface_per_efa_network_card(name):
     assert all(i["Groups"] == ["sg-1"] for i in interfaces)
 
 
-def test_secondary_interfaces_can_be_plain_efa():
-    # Stacks whose EFA driver predates efa-only can ask for `efa` on every card.
-    assert {i["InterfaceType"] for i in efa_network_interfaces(4, ["sg-1"], "efa")} == {"efa"}
-
-
 def test_rendered_interfaces_carry_the_group_and_no_subnet_or_public_ip():
     # The template's interfaces: the security group on each, no SubnetId (Batch/EKS pick it), no public IP.
     construct, template = _template("p4d.24xlarge")

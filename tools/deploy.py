@@ -124,7 +124,7 @@ def plan(
     # `-c FIELD=VALUE` among the cdk arguments changes the configuration the checks see, as it does cdk's.
     overrides = dict(
         value.split("=", 1)
-        for flag, value in zip(extra, [*extra[1:], ""], strict=True)
+        for flag, value in zip(extra, [*extra[1:], ""], strict=False)  # each flag with the next item (or "")
         if flag in ("-c", "--context") and "=" in value
     )
     try:
