@@ -216,11 +216,63 @@ def _progress(done: int) -> str:
     return "[" + "#" * done + "-" * (len(STAGES) - done) + f"] {done}/{len(STAGES)}"
 
 
+class _Progress:
+    """What `watch` prints for each history event: the phases, where the run ends, retries and failures."""
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.attempts: dict[str | None, int] = {}
+        self.done: set[str] = set()
+        self.start = None
+        self.phase: str | None = None
+        self.task: str | None = None
+
+    def show(self, event: dict) -> None:
+        self.start = self.start or event["timestamp"]
+        elapsed = _elapsed((event["timestamp"] - self.start).total_seconds())
+        kind = event["type"]
+        if kind.endswith("StateEntered"):
+            self._entered(elapsed, kind, event["stateEnteredEventDetails"]["name"])
+        elif kind == "TaskScheduled" and self.task:
+            self.attempts[self.task] = self.attempts.get(self.task, 0) + 1
+            if self.attempts[self.task] > 1:
+                self._print(elapsed, f"{self.task} attempt {self.attempts[self.task]}")
+        elif kind in ("TaskFailed", "TaskTimedOut"):
+            details = event.get("taskFailedEventDetails") or event.get("taskTimedOutEventDetails") or {}
+            print(
+                f"{elapsed}  {' ' * len(_progress(len(STAGES)))}  {self.task} attempt "
+                f"{self.attempts.get(self.task, 1)} failed: {details.get('error', '')}",
+                file=self.out,
+            )
+
+    def _entered(self, elapsed: str, kind: str, name: str) -> None:
+        # The phases of the run, and where it ends; the checks and reshaping states in between are quiet, and so
+        # are the states inside a phase (Train's job and its failure kinds, Validate's Spot and on-demand
+        # submissions): their attempts count for the phase.
+        inside = bool(self.phase) and name != self.phase and name.startswith(self.phase or "")
+        self.task = self.phase if inside else name
+        if name in STAGES:
+            self.phase = self.task = name
+            self.done.add(name)
+            self._print(elapsed, name)
+        elif kind in ("SucceedStateEntered", "FailStateEntered") and not inside:
+            self._print(elapsed, name)
+
+    def _print(self, elapsed: str, text: str) -> None:
+        print(f"{elapsed}  {_progress(len(self.done))}  {text}", file=self.out)
+
+
+def _final_line(described: dict) -> str:
+    stop = described.get("stopDate") or datetime.now(UTC)
+    line = f"{described['status']} after {_elapsed((stop - described['startDate']).total_seconds())}"
+    if described.get("error"):
+        line += f": {described['error']}: {described.get('cause', '')[:300]}"
+    return line
+
+
 def watch(pipeline: Pipeline, execution_arn: str, out, interval: float = 10.0) -> int:
     """Print states as they pass, with attempts, elapsed time and progress; return the run's exit code."""
-    attempts: dict[str | None, int] = {}
-    start, done, last_id = None, set(), 0
-    phase = task = None
+    progress, last_id = _Progress(out), 0
     while True:
         # Status first, then history: every event before a final status is in the history read after it.
         described = call(pipeline.sfn.describe_execution, executionArn=execution_arn)
@@ -228,40 +280,9 @@ def watch(pipeline: Pipeline, execution_arn: str, out, interval: float = 10.0) -
         events = [event for event in pipeline.all_history(execution_arn) if event["id"] > last_id]
         last_id = events[-1]["id"] if events else last_id
         for event in events:
-            start = start or event["timestamp"]
-            elapsed = _elapsed((event["timestamp"] - start).total_seconds())
-            kind = event["type"]
-            if kind.endswith("StateEntered"):
-                name = event["stateEnteredEventDetails"]["name"]
-                # The phases of the run, and where it ends; the checks and reshaping states in between are quiet,
-                # and so are the states inside a phase (Train's job and its failure kinds, Validate's Spot and
-                # on-demand submissions): their attempts count for the phase.
-                inside = bool(phase) and name != phase and name.startswith(phase)
-                task = phase if inside else name
-                if name in STAGES:
-                    phase = task = name
-                    done.add(name)
-                    print(f"{elapsed}  {_progress(len(done))}  {name}", file=out)
-                elif kind in ("SucceedStateEntered", "FailStateEntered") and not inside:
-                    print(f"{elapsed}  {_progress(len(done))}  {name}", file=out)
-            elif kind == "TaskScheduled" and task:
-                attempts[task] = attempts.get(task, 0) + 1
-                if attempts[task] > 1:
-                    print(f"{elapsed}  {_progress(len(done))}  {task} attempt {attempts[task]}", file=out)
-            elif kind in ("TaskFailed", "TaskTimedOut"):
-                details = event.get("taskFailedEventDetails") or event.get("taskTimedOutEventDetails") or {}
-                print(
-                    f"{elapsed}  {' ' * len(_progress(len(STAGES)))}  {task} attempt {attempts.get(task, 1)} "
-                    f"failed: {details.get('error', '')}",
-                    file=out,
-                )
+            progress.show(event)
         if described["status"] != "RUNNING":
-            stop = described.get("stopDate") or datetime.now(UTC)
-            total = _elapsed((stop - described["startDate"]).total_seconds())
-            line = f"{described['status']} after {total}"
-            if described.get("error"):
-                line += f": {described['error']}: {described.get('cause', '')[:300]}"
-            print(line, file=out)
+            print(_final_line(described), file=out)
             return RESULT_CODES.get(described["status"], 1)
         time.sleep(interval)
 
