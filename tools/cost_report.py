@@ -101,14 +101,15 @@ def live_on_demand(pricing_client, config: EnvironmentConfig) -> float | None:
         MaxResults=10,
         Filters=[{"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in filters.items()],
     )
-    for item in response.get("PriceList", []):
-        product = json.loads(item) if isinstance(item, str) else item
-        for term in product.get("terms", {}).get("OnDemand", {}).values():
-            for dimension in term.get("priceDimensions", {}).values():
-                usd = float(dimension.get("pricePerUnit", {}).get("USD", "0"))
-                if usd > 0:
-                    return usd
-    return None
+    products = [json.loads(item) if isinstance(item, str) else item for item in response.get("PriceList", [])]
+    dimensions = [
+        dimension
+        for product in products
+        for term in product.get("terms", {}).get("OnDemand", {}).values()
+        for dimension in term.get("priceDimensions", {}).values()
+    ]
+    prices = [float(dimension.get("pricePerUnit", {}).get("USD", "0")) for dimension in dimensions]
+    return next((usd for usd in prices if usd > 0), None)
 
 
 def live_spot(ec2_client, config: EnvironmentConfig) -> tuple[float, str] | None:
