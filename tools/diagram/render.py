@@ -30,17 +30,20 @@ def render_architecture(model: Architecture, png: Path) -> None:
         drawn: dict[str, Any] = {}
         for label in model.clusters:
             with diagrams.Cluster(label, graph_attr=_CLUSTER) as cluster:
-                for node in (n for n in model.nodes if n.cluster == label):
-                    drawn[node.id] = _icon_node(node)
-                # Two resources linked both ways are peers: side by side, not one above the other.
-                for edge in (e for e in model.edges if e.both_ways and e.source.startswith(f"{label}/")):
-                    cluster.dot.body.append(f'{{rank=same; "{drawn[edge.source].nodeid}"; '
-                                            f'"{drawn[edge.target].nodeid}"}}')
+                _draw_cluster(model, label, cluster, drawn)
         for upper, lower in _unlinked(model):
             drawn[upper].connect(drawn[lower], diagrams.Edge(drawn[upper], style="invis"))
         for edge in model.edges:
             source, target = drawn[edge.source], drawn[edge.target]
             source.connect(target, diagrams.Edge(source, forward=True, reverse=edge.both_ways, label=edge.label))
+
+
+def _draw_cluster(model: Architecture, label: str, cluster: Any, drawn: dict[str, Any]) -> None:
+    """The cluster's nodes; two resources linked both ways are peers: side by side, not one above the other."""
+    for node in (n for n in model.nodes if n.cluster == label):
+        drawn[node.id] = _icon_node(node)
+    for edge in (e for e in model.edges if e.both_ways and e.source.startswith(f"{label}/")):
+        cluster.dot.body.append(f'{{rank=same; "{drawn[edge.source].nodeid}"; "{drawn[edge.target].nodeid}"}}')
 
 
 def _unlinked(model: Architecture) -> list[tuple[str, str]]:
