@@ -24,7 +24,10 @@
    whole backend) at every StartExecution, and an execution holds locks that cannot be copied. So runs can
    follow each other and overlap in one test; `forget_executions` still clears them between tests. Parsing
    a definition is serialized: moto's parser keeps its query-language scopes in a list shared by all threads,
-   so two executions starting together with a JSONata state could read each other's scope.
+   so two executions starting together with a JSONata state could read each other's scope. It is also done
+   once per definition: moto parses at every StartExecution (about a second of ANTLR for the pipeline); each
+   execution gets a deep copy of the parsed program, as fresh as a new parse, so nothing one execution does to
+   the program's components can reach another.
 7. Evaluates JSONata states with jsonata-python (a port of jsonata-java; moto's own bridge needs a JVM), and
    names AWS SDK integration errors as Step Functions does, `ServiceName.ErrorName` in PascalCase
    (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html: "S3.NoSuchKeyException";
@@ -226,11 +229,15 @@ class Emulator:
         machine_class = type(stepfunctions_parser_backends[ACCOUNT][REGION].state_machines[0])
         self._patch(machine_class, "__deepcopy__", _copy_without_executions)
         parse, parsing = asl_parser.AmazonStateLanguageParser.parse, threading.Lock()
+        parsed: dict[str, tuple] = {}
 
-        def parse_one_at_a_time(definition):
+        def parse_once(definition):
             with parsing:
-                return parse(definition)
-        self._patch(asl_parser.AmazonStateLanguageParser, "parse", staticmethod(parse_one_at_a_time))
+                if definition not in parsed:
+                    parsed[definition] = parse(definition)
+                program, tree = parsed[definition]
+                return copy.deepcopy(program), tree  # each execution gets a program never evaluated before
+        self._patch(asl_parser.AmazonStateLanguageParser, "parse", staticmethod(parse_once))
         return self
 
     def new_state_machine(self) -> str:

@@ -5,13 +5,9 @@ import json
 import threading
 import time
 
-import boto3
 import pytest
 
-from test_pipeline import ACCEPTED, RUN, approved_model, emulator, messages, world  # noqa: F401  (fixtures)
-from tests.sfn_emulator import REGION
-
-PARAMETER = "/efa-training/dev/approved-model"
+from tests.pipeline.runs import ACCEPTED, APPROVED_MODEL_PARAMETER, RUN, approved_model, messages
 
 
 def started(emulator, execution_input: dict, name: str) -> str:
@@ -24,7 +20,7 @@ def record(emulator, run_id: str) -> dict:
 
 
 def parameter_versions(emulator) -> int:
-    return len(emulator.ssm.get_parameter_history(Name=PARAMETER)["Parameters"])
+    return len(emulator.ssm.get_parameter_history(Name=APPROVED_MODEL_PARAMETER)["Parameters"])
 
 
 # ---- a run id names one run (S3 conditional writes: If-None-Match / If-Match) ---------------------------
@@ -176,22 +172,6 @@ def test_a_notification_that_keeps_failing_does_not_fail_an_approved_run(emulato
     assert result["status"] == "SUCCEEDED", result
     assert approved_model(emulator)["run_id"] == RUN["run_id"]
     assert messages(emulator) == []
-
-
-def test_every_aws_call_of_the_pipeline_retries_with_full_jitter():
-    from test_pipeline import _states, pipeline_app
-
-    _, template = pipeline_app()
-    calls = {name: state for name, state in _states(template).items()
-             if state["Type"] == "Task" and ":aws-sdk:" in state["Resource"] or state.get("Resource", "").endswith(
-                 ":sns:publish")}
-    assert {"ClaimRun", "FindCheckpoints", "ReadRunRecord", "DescribeRunHolder", "TakeOverRun", "ReadVerdict",
-            "CopyVerdictToModels", "RecordApproval", "ReadRecordedApproval", "PublishApprovedModel",
-            "NotifyApproved", "NotifyRejected", "NotifyFailure"} <= set(calls)
-    for name, state in calls.items():
-        (retry,) = state["Retry"]
-        assert retry["JitterStrategy"] == "FULL" and retry["BackoffRate"] == 2 and retry["MaxAttempts"] >= 3, name
-        assert "States.Timeout" in retry["ErrorEquals"], name
 
 
 def test_a_claim_whose_answer_was_lost_is_recognised_as_this_runs_own(emulator):

@@ -1,0 +1,44 @@
+"""What the pipeline tests send to the state machine and read back: a run, verdicts, the definition's states."""
+
+import json
+
+MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "batch": {"use_docker": False}}
+APPROVED_MODEL_PARAMETER = "/efa-training/dev/approved-model"
+RUN = {
+    "run_id": "gpt-tiny-001",
+    "dataset": "datasets/wikitext/",
+    "nodes": 2,
+    "hyperparameters": {"max_steps": 500, "lr": 0.0006},
+    "baseline": 3.2,
+    "tolerance": 0.05,
+}
+ACCEPTED = {"metric": "val_loss", "value": 3.18, "baseline": 3.2, "delta": -0.02, "relative_delta": -0.00625,
+            "tolerance": 0.05, "passed": True}
+REJECTED = {**ACCEPTED, "value": 3.6, "delta": 0.4, "relative_delta": 0.125, "passed": False}
+
+
+def messages(emulator) -> list[dict]:
+    """The alerts the run published (an SQS queue subscribed to the alerts topic)."""
+    received = emulator.sqs.receive_message(QueueUrl=emulator.alerts, MaxNumberOfMessages=10).get("Messages", [])
+    return [json.loads(m["Body"]) for m in received]
+
+
+def approved_model(emulator) -> dict | None:
+    try:
+        return json.loads(emulator.ssm.get_parameter(Name=APPROVED_MODEL_PARAMETER)["Parameter"]["Value"])
+    except emulator.ssm.exceptions.ParameterNotFound:
+        return None
+
+
+def state_machine(template: dict) -> dict:
+    return next(r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine")
+
+
+def definition(template: dict) -> dict:
+    """The state machine's definition; intrinsics sit inside JSON strings, so any placeholder keeps it JSON."""
+    parts = state_machine(template)["Properties"]["DefinitionString"]["Fn::Join"][1]
+    return json.loads("".join(p if isinstance(p, str) else "TOKEN" for p in parts))
+
+
+def states(template: dict) -> dict:
+    return definition(template)["States"]
