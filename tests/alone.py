@@ -77,10 +77,23 @@ class StacksAlone:
             compute=self.compute(), pipeline=self.pipeline(), env=self._env))
 
     def template(self, stack: cdk.Stack) -> Template:
-        """The stack's template (synthesizes the stacks built so far, once per stack)."""
+        """The stack's template (synthesizes the stacks built so far, once per stack: build every stack a test needs
+        first, CDK refuses new stacks after a synthesis)."""
         if stack.stack_name not in self._templates:
             self._templates[stack.stack_name] = Template.from_stack(stack)
         return self._templates[stack.stack_name]
 
     def raw(self, stack: cdk.Stack) -> dict:
         return self.template(stack).to_json()
+
+
+def template_of(stack: cdk.Stack) -> dict:
+    """A bare stack's template as a dict (one construct built alone in it)."""
+    return Template.from_stack(stack).to_json()
+
+
+def bare_stack(env: cdk.Environment | None = None) -> cdk.Stack:
+    """A bare stack for one construct, its App's output under the test run's directory (an EKS cluster stages a
+    60 MB kubectl layer, which pytest then removes with its old temporary folders)."""
+    app = cdk.App(outdir=tempfile.mkdtemp(dir=shared_directory(), prefix="bare-"))
+    return cdk.Stack(app, "Stack", env=env)
