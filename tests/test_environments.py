@@ -2,8 +2,11 @@
 in every stack, its tags on every taggable resource, its region, its data kept or not, and its observability."""
 
 import pytest
+from aws_cdk.assertions import Match
 
 from config import load_config
+from constructs.observability.alarms import GIB
+from tests.observability.metrics import alarms
 from tests.synthesis import BACKENDS, CDK_JSON_CONTEXT, ENVIRONMENTS
 
 MATRIX = [(env, compute) for env in ENVIRONMENTS for compute in BACKENDS]
@@ -70,3 +73,17 @@ def test_every_environment_and_backend_has_dashboard_alarms_and_budget(synth, en
     template.resource_count_is("AWS::CloudWatch::Dashboard", 1)
     template.resource_count_is("AWS::Budgets::Budget", 1)
     assert len(template.find_resources("AWS::CloudWatch::Alarm")) >= 3
+
+
+@pytest.mark.parametrize("env", ENVIRONMENTS)
+def test_observability_follows_the_environments_config(synth, env):
+    # The file system alarm at fsx_free_capacity_alarm_percent of fsx_storage_gib (in bytes); the budget at
+    # budget_monthly_usd, counting only costs tagged with the environment.
+    config = load_config({**CDK_JSON_CONTEXT, "env": env})
+    template = synth(env=env).template("observability")
+    alarm = alarms(template)[f"EfaTraining-{env}-fsx-free-capacity-low"]
+    free_bytes = config.fsx_storage_gib * GIB * config.fsx_free_capacity_alarm_percent / 100
+    assert alarm["Threshold"] == pytest.approx(free_bytes)
+    template.has_resource_properties("AWS::Budgets::Budget", {"Budget": Match.object_like({
+        "BudgetLimit": {"Amount": config.budget_monthly_usd, "Unit": "USD"},
+        "CostFilters": {"TagKeyValue": [f"user:Environment${env}"]}})})

@@ -16,6 +16,7 @@ from aws_cdk.assertions import Match, Template
 from config import CATALOGUE
 from constructs.compute.batch.job_runner import BatchJobRunner
 from constructs.compute.eks.job_runner import EksJobRunner
+from constructs.observability.alarms import MODEL_REJECTED_ERROR
 from constructs.pipeline.training_pipeline import TrainingPipeline, TrainingRetry
 from contracts.run import PHASES, stages, train_state_seconds
 from tests.pipeline.runs import definition, states
@@ -116,6 +117,13 @@ def test_every_aws_call_of_the_pipeline_retries_with_full_jitter(pipeline):
 def test_the_run_phases_the_cli_counts_are_states(pipeline):
     # tools/pipeline_cli.py shows progress over contracts.run.PHASES: each is a state of the definition.
     assert set(PHASES) <= set(states(pipeline))
+
+
+def test_a_rejected_model_fails_with_the_error_the_alarms_leave_out(pipeline):
+    # The broken-pipeline alarm's filter excludes this error name; the pipeline's Fail state for a rejected model
+    # raises exactly it (constructs/observability/alarms.py).
+    failures = [state for state in states(pipeline).values() if state["Type"] == "Fail"]
+    assert any(state.get("Error") == MODEL_REJECTED_ERROR for state in failures)
 
 
 def test_executions_are_logged_and_traced():
