@@ -42,3 +42,12 @@ def definition(template: dict) -> dict:
 
 def states(template: dict) -> dict:
     return definition(template)["States"]
+
+
+def queue_of(template: dict, state: str) -> str:
+    """The queue reference that follows a state's "JobQueue" key (queue ARNs are tokens in the definition)."""
+    parts = state_machine(template)["Properties"]["DefinitionString"]["Fn::Join"][1]
+    start = next(i for i, p in enumerate(parts) if isinstance(p, str) and f'"{state}":' in p)
+    after = next(i for i in range(start, len(parts)) if isinstance(parts[i], str)
+                 and parts[i].rstrip().endswith('"JobQueue":"'))
+    return json.dumps(parts[after + 1])

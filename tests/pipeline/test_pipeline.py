@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approved_model, messages, state_machine, states
+from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approved_model, messages, queue_of, states
 
 # ---- the definition executed --------------------------------------------------------------------
 
@@ -249,15 +249,6 @@ def test_defaults_fill_in_what_the_run_omits(emulator):
 
 # ---- contracts between the stacks, in the definition ------------------------------------------------
 
-def _queue_of(template: dict, state: str) -> str:
-    """The queue reference that follows a state's "JobQueue" key (queue ARNs are tokens in the definition)."""
-    parts = state_machine(template)["Properties"]["DefinitionString"]["Fn::Join"][1]
-    start = next(i for i, p in enumerate(parts) if isinstance(p, str) and f'"{state}":' in p)
-    after = next(i for i in range(start, len(parts)) if isinstance(parts[i], str)
-                 and parts[i].rstrip().endswith('"JobQueue":"'))
-    return json.dumps(parts[after + 1])
-
-
 def test_validation_falls_back_to_the_batch_stacks_on_demand_queue_when_spot_fails(synth):
     # Batch documents no fall-through between a queue's compute environments when EC2 has no Spot capacity,
     # so a failed Spot attempt is caught and the job is submitted once more, to the Batch stack's on-demand queue.
@@ -268,8 +259,8 @@ def test_validation_falls_back_to_the_batch_stacks_on_demand_queue_when_spot_fai
     assert on_spot["Catch"][0] == {"ErrorEquals": ["States.TaskFailed"], "ResultPath": "$.spot_failure",
                                    "Next": "ValidateOnDemand"}
     assert on_spot["Parameters"]["JobDefinition"] == on_demand["Parameters"]["JobDefinition"]
-    assert "SingleNodeOnDemandQueue" in _queue_of(template, "ValidateOnDemand")
-    spot_queue = _queue_of(template, "ValidateOnSpot")
+    assert "SingleNodeOnDemandQueue" in queue_of(template, "ValidateOnDemand")
+    spot_queue = queue_of(template, "ValidateOnSpot")
     assert "SingleNodeQueue" in spot_queue and "OnDemand" not in spot_queue
 
 
