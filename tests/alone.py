@@ -84,12 +84,12 @@ class StacksAlone:
         return self._templates[stack.stack_name]
 
     def raw(self, stack: cdk.Stack) -> dict:
-        return self.template(stack).to_json()
+        return dict(self.template(stack).to_json())
 
 
 def template_of(stack: cdk.Stack) -> dict:
     """A bare stack's template as a dict (one construct built alone in it)."""
-    return Template.from_stack(stack).to_json()
+    return dict(Template.from_stack(stack).to_json())
 
 
 def bare_stack(env: cdk.Environment | None = None) -> cdk.Stack:

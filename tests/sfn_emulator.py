@@ -48,9 +48,6 @@ from datetime import datetime
 
 import boto3
 import jsonata
-from botocore.exceptions import ClientError
-from botocore.response import StreamingBody
-
 import moto.batch_simple.models as batch_simple
 import moto.stepfunctions.parser.asl.component.common.retry.retrier_decl as retrier_decl
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_aws_sdk as sdk_service
@@ -58,6 +55,8 @@ import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.sta
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sns as sns_service
 import moto.stepfunctions.parser.asl.jsonata.jsonata as jsonata_bridge
 import moto.stepfunctions.parser.asl.parse.asl_parser as asl_parser
+from botocore.exceptions import ClientError
+from botocore.response import StreamingBody
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
     StateTaskServiceCallback,
 )
@@ -178,6 +177,7 @@ class Emulator:
     faulted: list[str] = field(default_factory=list)  # the faults raised, in order
     # kind -> an Event the first job of that kind waits on before it finishes: holds an execution RUNNING
     held: dict[str, threading.Event] = field(default_factory=dict)
+    alerts: str = ""  # the URL of an SQS queue subscribed to the alerts topic (subscribe_queue)
 
     def _raw(self, service: str):
         """A plain moto client of `service` (the calls a lost reply lets through)."""
@@ -194,10 +194,13 @@ class Emulator:
         return fault
 
     def __enter__(self) -> "Emulator":
-        self._patches = []
-        proxy = lambda region, service, state_credentials=None: _ClientProxy(  # noqa: E731
-            self._original_client(region=region, service=service, state_credentials=state_credentials), self)
-        self._original_client = batch_service.boto_client_for
+        self._patches: list[tuple[object, str, object]] = []
+        original_client = batch_service.boto_client_for
+        self._original_client = original_client
+
+        def proxy(region, service, state_credentials=None):
+            return _ClientProxy(original_client(region=region, service=service, state_credentials=state_credentials),
+                                self)
         self._patch(batch_service, "boto_client_for", proxy)
         self._patch(sdk_service, "boto_client_for", proxy)
         self._patch(sns_service, "boto_client_for", proxy)

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from app import build_app
-from config import CATALOGUE, ConfigError, load_config
+from config import CATALOGUE, ConfigError, efa_instance_types, load_config
 from config.environment import MAX_NODES
 from tests.synthesis import CDK_JSON_CONTEXT, ROOT
 
@@ -74,9 +74,9 @@ def test_default_environment_is_dev():
 
 
 def test_catalogue_instance_types_with_efa_are_all_accepted():
-    for name, instance in CATALOGUE.items():
-        if instance.has_efa:
-            assert load_config({**CDK_JSON_CONTEXT, "instance_type": name}).instance is instance
+    assert efa_instance_types()
+    for name in efa_instance_types():
+        assert load_config({**CDK_JSON_CONTEXT, "instance_type": name}).instance is CATALOGUE[name]
 
 
 def _run_app(**overrides: str) -> subprocess.CompletedProcess:

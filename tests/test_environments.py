@@ -36,10 +36,10 @@ def test_taggable_resources_carry_project_and_environment_tags(synth, env, compu
     # Cost allocation: budgets filter on these tags, so no tagged resource may miss them.
     synthesized = synth(env=env, compute=compute)
     expected = {**PROJECT_TAGS, "Environment": env}
-    tagged = {(unit, logical_id): _tags(resource.get("Properties", {}))
+    tagged = {(unit, logical_id): tags
               for unit in synthesized.stack_names
               for logical_id, resource in synthesized.raw(unit)["Resources"].items()
-              if _tags(resource.get("Properties", {})) is not None}
+              if (tags := _tags(resource.get("Properties", {}))) is not None}
     kinds = {synthesized.raw(unit)["Resources"][logical_id]["Type"] for unit, logical_id in tagged}
     assert {"AWS::EC2::VPC", "AWS::S3::Bucket", "AWS::FSx::FileSystem", "AWS::ECR::Repository"} <= kinds
     untagged = [key for key, tags in tagged.items() if not expected.items() <= tags.items()]

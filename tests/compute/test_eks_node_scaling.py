@@ -9,6 +9,7 @@ import aws_cdk.aws_stepfunctions as sfn
 import pytest
 from aws_cdk.assertions import Match, Template
 
+from constructs.compute.eks.cluster import as_icluster
 from constructs.compute.eks.node_scaling import EksNodeScaling
 from tests.alone import bare_stack
 from tests.compute.eks_parts import cluster, vpc
@@ -19,10 +20,11 @@ from tests.pipeline.runs import definition
 def scaling() -> Template:
     stack = bare_stack()
     training = cluster(stack, vpc(stack))
-    nodegroup = eks.Nodegroup(stack, "Accelerators", cluster=training, min_size=0, desired_size=0, max_size=4)
+    nodegroup = eks.Nodegroup(stack, "Accelerators", cluster=as_icluster(training), min_size=0, desired_size=0,
+                              max_size=4)
     pipeline = sfn.StateMachine(stack, "Pipeline", definition_body=sfn.DefinitionBody.from_chainable(
         sfn.Pass(stack, "Run")))
-    EksNodeScaling(stack, "Scaling", cluster=training, nodegroup=nodegroup, max_nodes=4, pipeline=pipeline,
+    EksNodeScaling(stack, "Scaling", cluster=as_icluster(training), nodegroup=nodegroup, max_nodes=4, pipeline=pipeline,
                    log_retention=logs.RetentionDays.TWO_WEEKS)
     return Template.from_stack(stack)
 

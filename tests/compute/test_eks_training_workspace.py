@@ -10,6 +10,7 @@ import aws_cdk.aws_s3 as s3
 import pytest
 
 from config import CATALOGUE
+from constructs.compute.eks.cluster import as_icluster
 from constructs.compute.eks.training_workspace import EksTrainingWorkspace
 from constructs.storage.data_bucket_access import DataBucketAccess
 from contracts.eks.job_spec import ACCELERATOR_TAINT_KEY, EFA_RESOURCE, HUGEPAGES_2MI_PAGES
@@ -32,7 +33,7 @@ def _workspace(instance_type: str, fsx_revision: str = "abc123") -> dict:
         stack, "Workspace", cluster=training, data_access=DataBucketAccess(stack, s3.Bucket(stack, "Data")),
         file_system=file_system, storage_gib=1200, instance=CATALOGUE[instance_type], image="training:v1", nodes=2,
         trainer_chart=training.add_helm_chart("Trainer", chart="kubeflow-trainer", repository="oci://example"),
-        fsx_csi_driver=eks.Addon(stack, "FsxCsi", cluster=training, addon_name="aws-fsx-csi-driver"),
+        fsx_csi_driver=eks.Addon(stack, "FsxCsi", cluster=as_icluster(training), addon_name="aws-fsx-csi-driver"),
         fsx_revision=fsx_revision, environment="dev")
     return template_of(stack)
 

@@ -1,6 +1,9 @@
 """EfaNetwork alone, in a bare stack: one training subnet in one AZ, NAT egress, endpoints, flow logs, and the EFA and
 Lustre security groups."""
 
+from collections.abc import Mapping
+from typing import Any
+
 import aws_cdk as cdk
 import aws_cdk.aws_logs as logs
 import pytest
@@ -22,7 +25,7 @@ def network() -> Template:
     return _network()
 
 
-def _resources(template: Template, kind: str) -> dict:
+def _resources(template: Template, kind: str) -> Mapping[str, Any]:
     return template.find_resources(kind)
 
 

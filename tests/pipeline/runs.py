@@ -1,10 +1,14 @@
 """What the pipeline tests send to the state machine and read back: a run, verdicts, the definition's states."""
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
-MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "batch": {"use_docker": False}}
+from moto.core.config import DefaultConfig
+
+MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "batch": {"use_docker": False}}
 APPROVED_MODEL_PARAMETER = "/efa-training/dev/approved-model"
-RUN = {
+RUN: dict[str, Any] = {
     "run_id": "gpt-tiny-001",
     "dataset": "datasets/wikitext/",
     "nodes": 2,
@@ -23,28 +27,36 @@ def messages(emulator) -> list[dict]:
     return [json.loads(m["Body"]) for m in received]
 
 
-def approved_model(emulator) -> dict | None:
+def approved_model(emulator) -> dict[str, Any] | None:
+    """The approved model the pipeline published (its SSM parameter), or None."""
     try:
         return json.loads(emulator.ssm.get_parameter(Name=APPROVED_MODEL_PARAMETER)["Parameter"]["Value"])
     except emulator.ssm.exceptions.ParameterNotFound:
         return None
 
 
-def state_machine(template: dict) -> dict:
+def approval(emulator) -> dict[str, Any]:
+    """The approved model, which the run must have published."""
+    model = approved_model(emulator)
+    assert model is not None, "no approved model"
+    return model
+
+
+def state_machine(template: Mapping[str, Any]) -> dict:
     return next(r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine")
 
 
-def definition(template: dict) -> dict:
+def definition(template: Mapping[str, Any]) -> dict:
     """The state machine's definition; intrinsics sit inside JSON strings, so any placeholder keeps it JSON."""
     parts = state_machine(template)["Properties"]["DefinitionString"]["Fn::Join"][1]
     return json.loads("".join(p if isinstance(p, str) else "TOKEN" for p in parts))
 
 
-def states(template: dict) -> dict:
+def states(template: Mapping[str, Any]) -> dict:
     return definition(template)["States"]
 
 
-def queue_of(template: dict, state: str) -> str:
+def queue_of(template: Mapping[str, Any], state: str) -> str:
     """The queue reference that follows a state's "JobQueue" key (queue ARNs are tokens in the definition)."""
     parts = state_machine(template)["Properties"]["DefinitionString"]["Fn::Join"][1]
     start = next(i for i, p in enumerate(parts) if isinstance(p, str) and f'"{state}":' in p)

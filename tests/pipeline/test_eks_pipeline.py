@@ -8,6 +8,7 @@ tests/compute/test_eks_node_scaling.py).
 
 import json
 from dataclasses import dataclass, field
+from typing import cast
 
 import pytest
 from moto import mock_aws
@@ -24,7 +25,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 )
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
-from tests.pipeline.runs import ACCEPTED, MOTO_CONFIG, RUN, approved_model, messages
+from tests.pipeline.runs import ACCEPTED, MOTO_CONFIG, RUN, approval, messages
 from tests.sfn_emulator import REGION, Emulator
 
 EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge"}
@@ -52,8 +53,8 @@ class EksEmulator(Emulator):
                     raise FailureEventException(FailureEvent(  # what eks:runJob.sync reports for a failed Job
                         env=env, error_name=StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed),
                         event_type=HistoryEventType.TaskFailed,
-                        event_details=EventDetails(taskFailedEventDetails=TaskFailedEventDetails(
-                            error="States.TaskFailed", cause=f"Job {job['metadata']['name']} failed"))))
+                        event_details=cast(EventDetails, {"taskFailedEventDetails": TaskFailedEventDetails(
+                            error="States.TaskFailed", cause=f"Job {job['metadata']['name']} failed")})))
                 if args[0] == "validate" and emulator.verdict is not None:
                     run_id = args[args.index("--run-id") + 1]
                     emulator.s3.put_object(Bucket=emulator.bucket, Key=f"runs/{run_id}/verdict.json",
@@ -111,7 +112,7 @@ def test_happy_path_on_eks_approves_the_model(emulator):
     assert train["spec"]["completions"] == train["spec"]["parallelism"] == RUN["nodes"]
     args = train["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--run-id") + 1] == RUN["run_id"]
-    assert approved_model(emulator)["run_id"] == RUN["run_id"]
+    assert approval(emulator)["run_id"] == RUN["run_id"]
     assert [m["outcome"] for m in messages(emulator)] == ["APPROVED"]
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approved_model, messages, queue_of, states
+from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_model, messages, queue_of, states
 
 # ---- the definition executed --------------------------------------------------------------------
 
@@ -23,7 +23,7 @@ def test_happy_path_records_the_approved_model(emulator):
                                    "nodes": "2"}
     assert float(train["parameters"]["lr"]) == 0.0006
     assert train["retryStrategy"]["attempts"] == 2 and train["retryStrategy"]["evaluateOnExit"][-1]["action"] == "EXIT"
-    model = approved_model(emulator)
+    model = approval(emulator)
     assert model["run_id"] == "gpt-tiny-001" and model["model"].endswith("/models/gpt-tiny-001/")
     assert model["verdict"]["passed"] is True
     copied = emulator.s3.get_object(Bucket=emulator.bucket, Key="models/gpt-tiny-001/verdict.json")

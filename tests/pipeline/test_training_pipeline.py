@@ -45,7 +45,7 @@ def _pipeline(*, train_attempt_hours: int = 72, on_demand_fallback: bool = True,
 
 @pytest.fixture(scope="module")
 def pipeline() -> dict:
-    return _pipeline().to_json()
+    return dict(_pipeline().to_json())
 
 
 def test_every_task_has_a_timeout_and_a_catch(pipeline):

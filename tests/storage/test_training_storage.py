@@ -1,6 +1,9 @@
 """TrainingStorage alone, in a bare stack: a locked-down versioned bucket and FSx for Lustre linked to it, in one
 subnet, kept or deleted on `cdk destroy` as the environment says."""
 
+from collections.abc import Mapping
+from typing import Any
+
 import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import pytest
@@ -31,11 +34,11 @@ def persistent_kept() -> Template:
     return _storage("PERSISTENT_2", 4800, 500, cdk.RemovalPolicy.RETAIN)
 
 
-def _data_bucket(template: Template) -> dict:
+def _data_bucket(template: Template) -> Mapping[str, Any]:
     return next(v for k, v in template.find_resources("AWS::S3::Bucket").items() if "Data" in k)
 
 
-def _file_system(template: Template) -> dict:
+def _file_system(template: Template) -> Mapping[str, Any]:
     (file_system,) = template.find_resources("AWS::FSx::FileSystem").values()
     return file_system
 
