@@ -1,8 +1,10 @@
 """Quality gates on every app variant: cdk-nag AwsSolutions at synth, cfn-lint over every template."""
 
+import contextlib
 import hashlib
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import aws_cdk as cdk
@@ -17,20 +19,26 @@ from tools.gates import cfn_lint, open_findings
 VARIANTS = app_variants()
 
 
-def lint_errors(template: Path, region: str) -> list[str]:
-    """cfn-lint's errors in one template. Variants share many templates (every dev variant's network, storage and
-    alerts, each accelerator's registry): each distinct content is linted once per test run and region, by
-    whichever worker meets it first, and its errors are recorded for the others."""
-    digest = hashlib.sha256(template.read_bytes()).hexdigest()
-    record = shared_directory() / "cfn-lint" / region / f"{digest}.json"
-    with locked(record):
-        if not record.exists():
-            alone = record.with_suffix("")  # tools.gates lints a cloud assembly's folder: one with this template only
-            alone.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(template, alone / template.name)
-            errors, _ = cfn_lint(alone, region)
-            record.write_text(json.dumps([f"{template.name}: {error}" for error in errors]))
-    return json.loads(record.read_text())
+def lint_errors(templates: list[Path], region: str) -> list[str]:
+    """cfn-lint's errors in these templates. Variants share many templates (every dev variant's network, storage
+    and alerts, each accelerator's registry): each distinct content is linted once per test run and region, by
+    whichever worker meets it first, and its errors are recorded for the others. The templates not linted yet go
+    to tools.gates together, in one folder (it lints a cloud assembly's folder)."""
+    folder = shared_directory() / "cfn-lint" / region
+    records = {template: folder / f"{hashlib.sha256(template.read_bytes()).hexdigest()}.json" for template in templates}
+    with contextlib.ExitStack() as held:
+        for record in sorted(set(records.values())):  # in one order, so two workers never wait on each other
+            held.enter_context(locked(record))
+        fresh = {template: record for template, record in records.items() if not record.exists()}
+        if fresh:
+            together = Path(tempfile.mkdtemp(dir=folder))
+            for template in fresh:
+                shutil.copyfile(template, together / template.name)
+            errors, _ = cfn_lint(together, region)
+            for template, record in fresh.items():
+                record.write_text(json.dumps([f"{template.name}: {error}" for error in errors
+                                              if Path(error.filename).name == template.name]))
+    return [error for record in records.values() for error in json.loads(record.read_text())]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
@@ -39,7 +47,7 @@ def test_cfn_lint_finds_no_errors(synth, variant):
     synthesized = synth(**variant)
     templates = sorted(synthesized.outdir.glob("*.template.json"))
     assert len(templates) >= len(synthesized.stack_names)
-    assert [error for template in templates for error in lint_errors(template, synthesized.config.region)] == []
+    assert lint_errors(templates, synthesized.config.region) == []
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
@@ -61,11 +69,12 @@ def test_the_lint_gate_can_fail(tmp_path):
     # cfn-lint's errors reach the gate: a resource type that does not exist is one.
     template = tmp_path / "Broken.template.json"
     template.write_text(json.dumps({"Resources": {"Thing": {"Type": "AWS::EC2::NoSuchThing", "Properties": {}}}}))
-    assert lint_errors(template, "us-east-1") != []
+    assert lint_errors([template], "us-east-1") != []
 
 
-def _acknowledgements(variant):
-    app, _ = build_app(context={**CDK_JSON_CONTEXT, **variant}, outdir=None)
+def _acknowledgements(synthesized):
+    # The synthesized app's construct tree (built again, not synthesized, where another worker synthesized it).
+    app = synthesized.stacks["network"].node.root
     for construct in app.node.find_all():
         for entry in construct.node.metadata:
             if entry.type == cdk.Validations.ACKNOWLEDGED_RULES_METADATA_KEY:
@@ -76,9 +85,9 @@ def _acknowledgements(variant):
 
 @pytest.mark.parametrize("variant", [{"env": "dev"}, {"env": "prod"},
                                      {"compute": "eks", "instance_type": efa_instance_types()[-1]}], ids=variant_id)
-def test_every_acknowledgement_is_narrow_and_explained(variant):
+def test_every_acknowledgement_is_narrow_and_explained(synth, variant):
     # No blanket suppressions: never on an app or stack, and every reason says something specific.
-    acknowledgements = list(_acknowledgements(variant))
+    acknowledgements = list(_acknowledgements(synth(**variant)))
     assert acknowledgements
     for construct, rule, reason in acknowledgements:
         assert not isinstance(construct, (cdk.App, cdk.Stack)), f"{rule} acknowledged on {construct.node.path}"

@@ -224,7 +224,7 @@ def test_describe_an_execution_someone_started_with_any_input(deployed):
 
 # botocore Config connect_timeout/read_timeout/retries: https://botocore.amazonaws.com/v1/documentation/api/latest/reference/config.html
 # Standard retry mode waits base 2 exponential backoff, at most 20 s per wait (boto3 guide, "Retries":
-# https://boto3.amazonaws.com/v1/documentation/api/latest/guide/retries.html).
+# https://docs.aws.amazon.com/boto3/latest/guide/retries.html: "a maximum backoff time of 20 seconds").
 def test_an_endpoint_that_never_answers_costs_at_most_a_minute():
     config = client_config()
     attempts = config.retries["max_attempts"]  # the first attempt included
