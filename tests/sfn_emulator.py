@@ -24,7 +24,10 @@
    whole backend) at every StartExecution, and an execution holds locks that cannot be copied. So runs can
    follow each other and overlap in one test; `forget_executions` still clears them between tests. Parsing
    a definition is serialized: moto's parser keeps its query-language scopes in a list shared by all threads,
-   so two executions starting together with a JSONata state could read each other's scope.
+   so two executions starting together with a JSONata state could read each other's scope. It is also done
+   once per definition: moto parses at every StartExecution (about a second of ANTLR for the pipeline); each
+   execution gets a deep copy of the parsed program, as fresh as a new parse, so nothing one execution does to
+   the program's components can reach another.
 7. Evaluates JSONata states with jsonata-python (a port of jsonata-java; moto's own bridge needs a JVM), and
    names AWS SDK integration errors as Step Functions does, `ServiceName.ErrorName` in PascalCase
    (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html: "S3.NoSuchKeyException";
@@ -45,9 +48,6 @@ from datetime import datetime
 
 import boto3
 import jsonata
-from botocore.exceptions import ClientError
-from botocore.response import StreamingBody
-
 import moto.batch_simple.models as batch_simple
 import moto.stepfunctions.parser.asl.component.common.retry.retrier_decl as retrier_decl
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_aws_sdk as sdk_service
@@ -55,6 +55,8 @@ import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.sta
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sns as sns_service
 import moto.stepfunctions.parser.asl.jsonata.jsonata as jsonata_bridge
 import moto.stepfunctions.parser.asl.parse.asl_parser as asl_parser
+from botocore.exceptions import ClientError
+from botocore.response import StreamingBody
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
     StateTaskServiceCallback,
 )
@@ -175,6 +177,7 @@ class Emulator:
     faulted: list[str] = field(default_factory=list)  # the faults raised, in order
     # kind -> an Event the first job of that kind waits on before it finishes: holds an execution RUNNING
     held: dict[str, threading.Event] = field(default_factory=dict)
+    alerts: str = ""  # the URL of an SQS queue subscribed to the alerts topic (subscribe_queue)
 
     def _raw(self, service: str):
         """A plain moto client of `service` (the calls a lost reply lets through)."""
@@ -191,10 +194,13 @@ class Emulator:
         return fault
 
     def __enter__(self) -> "Emulator":
-        self._patches = []
-        proxy = lambda region, service, state_credentials=None: _ClientProxy(  # noqa: E731
-            self._original_client(region=region, service=service, state_credentials=state_credentials), self)
-        self._original_client = batch_service.boto_client_for
+        self._patches: list[tuple[object, str, object]] = []
+        original_client = batch_service.boto_client_for
+        self._original_client = original_client
+
+        def proxy(region, service, state_credentials=None):
+            return _ClientProxy(original_client(region=region, service=service, state_credentials=state_credentials),
+                                self)
         self._patch(batch_service, "boto_client_for", proxy)
         self._patch(sdk_service, "boto_client_for", proxy)
         self._patch(sns_service, "boto_client_for", proxy)
@@ -226,11 +232,15 @@ class Emulator:
         machine_class = type(stepfunctions_parser_backends[ACCOUNT][REGION].state_machines[0])
         self._patch(machine_class, "__deepcopy__", _copy_without_executions)
         parse, parsing = asl_parser.AmazonStateLanguageParser.parse, threading.Lock()
+        parsed: dict[str, tuple] = {}
 
-        def parse_one_at_a_time(definition):
+        def parse_once(definition):
             with parsing:
-                return parse(definition)
-        self._patch(asl_parser.AmazonStateLanguageParser, "parse", staticmethod(parse_one_at_a_time))
+                if definition not in parsed:
+                    parsed[definition] = parse(definition)
+                program, tree = parsed[definition]
+                return copy.deepcopy(program), tree  # each execution gets a program never evaluated before
+        self._patch(asl_parser.AmazonStateLanguageParser, "parse", staticmethod(parse_once))
         return self
 
     def new_state_machine(self) -> str:
@@ -392,14 +402,17 @@ class Emulator:
         return self.wait(arn, timeout)
 
     def wait(self, execution_arn: str, timeout: float = 20.0) -> dict:
-        deadline = time.monotonic() + timeout
+        """The execution once it has ended. Asked at growing intervals (5 ms to 0.1 s): each answer costs moto
+        about as much as a state, so asking less often leaves the execution's thread the interpreter."""
+        deadline, pause = time.monotonic() + timeout, 0.005
         while True:
             described = self.sfn.describe_execution(executionArn=execution_arn)
             if described["status"] != "RUNNING":
                 return described
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{execution_arn} still RUNNING after {timeout}s")
-            time.sleep(0.02)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.1)
 
     def history(self, execution_arn: str) -> list[dict]:
         return self.sfn.get_execution_history(executionArn=execution_arn, maxResults=1000)["events"]

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from config import CATALOGUE, ConfigError, load_config
+from app import build_app
+from config import CATALOGUE, ConfigError, efa_instance_types, load_config
 from config.environment import MAX_NODES
-from tests.conftest import CDK_JSON_CONTEXT, ROOT
+from tests.synthesis import CDK_JSON_CONTEXT, ROOT
 
 BAD_INPUTS = [
     # (overrides, words the one-line message must contain)
@@ -73,9 +74,9 @@ def test_default_environment_is_dev():
 
 
 def test_catalogue_instance_types_with_efa_are_all_accepted():
-    for name, instance in CATALOGUE.items():
-        if instance.has_efa:
-            assert load_config({**CDK_JSON_CONTEXT, "instance_type": name}).instance is instance
+    assert efa_instance_types()
+    for name in efa_instance_types():
+        assert load_config({**CDK_JSON_CONTEXT, "instance_type": name}).instance is CATALOGUE[name]
 
 
 def _run_app(**overrides: str) -> subprocess.CompletedProcess:
@@ -86,10 +87,38 @@ def _run_app(**overrides: str) -> subprocess.CompletedProcess:
 
 
 def test_app_exits_non_zero_with_one_line_and_no_traceback():
-    result = _run_app(nodes="two")
+    # The process as the CDK CLI runs it (context in CDK_CONTEXT_JSON), with a value that is not ASCII, so the one
+    # line reaches stderr whole (test_config_properties.py checks main()'s line for any field and value).
+    result = _run_app(nodes="\u0663")  # ARABIC-INDIC DIGIT THREE: int() would take it, the config does not
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines == ["error: environment 'dev': nodes='two' is not valid; expected an integer"]
+    assert lines == ["error: environment 'dev': nodes='\u0663' is not valid; expected an integer"]
+
+
+def test_instance_without_efa_is_refused_in_process():
+    # build_app refuses g5.xlarge (no EFA) before building anything, naming the field and the allowed types.
+    expected = r"instance_type='g5.xlarge' is not valid; expected an instance type with EFA"
+    with pytest.raises(ConfigError, match=expected):
+        build_app(context={**CDK_JSON_CONTEXT, "compute": "batch", "instance_type": "g5.xlarge"})
+
+
+def test_training_timeout_beyond_what_an_update_can_wait_fails_at_synth():
+    # 121 hours could not be covered by UpdatePolicy's 7200-minute maximum: one line at synth, not a cut attempt.
+    with pytest.raises(ConfigError, match=r"batch_train_timeout_hours=121 is not valid; expected .* 1 to 120"):
+        build_app(context={**CDK_JSON_CONTEXT, "batch_train_timeout_hours": "121"})
+
+
+@pytest.mark.slow
+def test_instance_without_efa_is_refused_by_the_cli(tmp_path):
+    # The real CDK CLI: non-zero exit, the one-line message on stderr, no traceback.
+    env = {**os.environ, "PATH": f"{ROOT / 'node_modules' / '.bin'}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(
+        [str(ROOT / "node_modules" / ".bin" / "cdk"), "synth", "--no-notices", "-o", str(tmp_path / "out"),
+         "-c", "compute=batch", "-c", "instance_type=g5.xlarge"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode != 0
+    assert "error: environment 'dev': instance_type='g5.xlarge' is not valid" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_readme_documents_every_field():

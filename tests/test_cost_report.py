@@ -1,7 +1,7 @@
 """Cost report: arithmetic from the catalogue and pricing inputs, Spot rules, and the live-price paths (Stubber)."""
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import boto3
 import pytest
@@ -9,7 +9,7 @@ from botocore.stub import ANY, Stubber
 
 from config import CATALOGUE, load_config
 from config.pricing import HOURS_PER_MONTH, fsx_usd_per_gb_month
-from tests.conftest import CDK_JSON_CONTEXT
+from tests.synthesis import CDK_JSON_CONTEXT
 from tools import cost_report
 
 
@@ -39,7 +39,8 @@ def test_cluster_hourly_cost_is_nodes_times_catalogue_price():
     # Cluster cost per hour = nodes x the instance type's on-demand price from the catalogue.
     config = _config(env="prod")
     e = cost_report.estimate(config, hours=10)
-    assert e.cluster_usd_per_hour == pytest.approx(config.nodes * CATALOGUE[config.instance_type].on_demand_usd_per_hour)
+    node = CATALOGUE[config.instance_type].on_demand_usd_per_hour
+    assert e.cluster_usd_per_hour == pytest.approx(config.nodes * node)
 
 
 @pytest.mark.parametrize("env", list(CDK_JSON_CONTEXT["environments"]))
@@ -92,7 +93,7 @@ def test_live_prices_come_from_price_list_and_spot_history():
         "priceDimensions": {"D": {"unit": "Hrs", "pricePerUnit": {"USD": "50.0000000000"}}}}}}}
     pricing_stub.add_response("get_products", {"PriceList": [json.dumps(product)], "FormatVersion": "aws_v1"},
                               {"ServiceCode": "AmazonEC2", "Filters": ANY, "MaxResults": 10})
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     ec2_stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [
         {"AvailabilityZone": config.availability_zone, "InstanceType": config.instance_type,
          "ProductDescription": "Linux/UNIX", "SpotPrice": "20.000000", "Timestamp": now},

@@ -1,10 +1,11 @@
-"""`make deploy ENV=...` (tools/deploy.py): one line per missing prerequisite, then bootstrap, registry login, deploy."""
+"""`make deploy ENV=...` (tools/deploy.py): one line per missing prerequisite, then bootstrap, registry login and
+deploy."""
 
 import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from tests.conftest import CDK_JSON_CONTEXT
+from tests.synthesis import CDK_JSON_CONTEXT
 from tools import deploy
 
 
@@ -37,7 +38,9 @@ def docker_ok(monkeypatch):
 
 def test_gpu_base_image_registry_is_read_from_the_dockerfile():
     # The DLC base lives in AWS's own ECR registry (account 763104351884): it needs a login; public ECR does not.
-    host, account, region = deploy.base_registry(deploy.ROOT / "training_image" / "Dockerfile.gpu")
+    registry = deploy.base_registry(deploy.ROOT / "training_image" / "Dockerfile.gpu")
+    assert registry is not None
+    host, account, region = registry
     assert (account, region) == ("763104351884", "us-west-2") and host == f"{account}.dkr.ecr.{region}.amazonaws.com"
     assert deploy.base_registry(deploy.ROOT / "training_image" / "Dockerfile.neuron") is None
 
@@ -67,8 +70,13 @@ def test_missing_credentials_are_one_line(docker_ok, monkeypatch, tmp_path, caps
 
 def test_first_deploy_bootstraps_logs_in_and_deploys(aws, monkeypatch):
     monkeypatch.setattr(deploy, "check_docker", lambda run: None)
-    ran = []
-    commands = deploy.plan("dev", dry_run=False, run=lambda command, stdin=None: ran.append((command, stdin)) or 0)
+    ran: list[tuple[list[str], str | None]] = []
+
+    def run(command: list[str], stdin: str | None = None) -> int:
+        ran.append((command, stdin))
+        return 0
+
+    commands = deploy.plan("dev", dry_run=False, run=run)
     assert [c[1] for c in commands] == ["bootstrap", "login", "deploy"]
     assert commands[0][2] == "aws://123456789012/us-east-1"  # the caller's account, the environment's region
     assert commands[1][-1] == "763104351884.dkr.ecr.us-west-2.amazonaws.com"
@@ -78,10 +86,16 @@ def test_first_deploy_bootstraps_logs_in_and_deploys(aws, monkeypatch):
 
 def test_an_account_mismatch_stops_before_anything_runs(aws, monkeypatch):
     monkeypatch.setattr(deploy, "check_docker", lambda run: None)
-    ran = []
+    ran: list[tuple] = []
+
+    def run(*command: object, **options: object) -> int:
+        ran.append(command)
+        return 0
+
     context = {**CDK_JSON_CONTEXT, "account": "111111111111"}
-    with pytest.raises(deploy.DeployError, match="is for account 111111111111, but the credentials are for 123456789012"):
-        deploy.plan("dev", dry_run=False, run=lambda *a, **k: ran.append(a) or 0, context=context)
+    mismatch = "is for account 111111111111, but the credentials are for 123456789012"
+    with pytest.raises(deploy.DeployError, match=mismatch):
+        deploy.plan("dev", dry_run=False, run=run, context=context)
     assert ran == []
 
 
@@ -95,8 +109,13 @@ def test_a_failed_step_is_one_line_with_its_exit_code(aws, monkeypatch, capsys):
 def test_arguments_after_the_separator_go_to_cdk_deploy(aws, monkeypatch):
     # `make deploy CDK_ARGS="--require-approval never"` passes them on as they are, and no separator is fine too.
     monkeypatch.setattr(deploy, "check_docker", lambda run: None)
-    ran = []
-    monkeypatch.setattr(deploy, "_run", lambda command, stdin=None: ran.append(command) or 0)
+    ran: list[list[str]] = []
+
+    def run(command: list[str], stdin: str | None = None) -> int:
+        ran.append(command)
+        return 0
+
+    monkeypatch.setattr(deploy, "_run", run)
     assert deploy.main(["dev", "--", "--require-approval", "never"]) == 0
     assert ran[-1][-5:] == ["--all", "-c", "env=dev", "--require-approval", "never"]
     assert deploy.main(["dev"]) == 0 and ran[-1][-3:] == ["--all", "-c", "env=dev"]

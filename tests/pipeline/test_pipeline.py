@@ -1,121 +1,12 @@
-"""The training pipeline: its template, and its real definition executed by moto's ASL interpreter.
-
-The emulated tests run the Pipeline stack of the synthesized app (see tests/sfn_emulator.py for what
-is emulated and why). Until the Batch stack exists, the app is synthesized with a Pipeline stack on
-imported Batch queues and job definitions, which the emulator then creates under the same names.
+"""The training pipeline's real definition, synthesized with the dev app, executed by moto's ASL interpreter
+(tests/sfn_emulator.py says what is emulated and why). The construct's template alone: test_training_pipeline.py.
 """
 
 import json
 
 import pytest
-from moto import mock_aws
 
-from tests.conftest import CDK_JSON_CONTEXT, synthesize
-from tests.sfn_emulator import Emulator
-
-MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "batch": {"use_docker": False}}
-PIPELINE = "EfaTraining-dev-Pipeline"
-STUB_ARN = "arn:aws:batch:us-east-1:123456789012:"
-RUN = {
-    "run_id": "gpt-tiny-001",
-    "dataset": "datasets/wikitext/",
-    "nodes": 2,
-    "hyperparameters": {"max_steps": 500, "lr": 0.0006},
-    "baseline": 3.2,
-    "tolerance": 0.05,
-}
-ACCEPTED = {"metric": "val_loss", "value": 3.18, "baseline": 3.2, "delta": -0.02, "relative_delta": -0.00625,
-            "tolerance": 0.05, "passed": True}
-REJECTED = {**ACCEPTED, "value": 3.6, "delta": 0.4, "relative_delta": 0.125, "passed": False}
-
-_APP: dict = {}
-
-
-def pipeline_app() -> tuple[dict, dict]:
-    """(every stack's template by name, the Pipeline template) of the dev app, synthesized once."""
-    if not _APP:
-        synthesized = synthesize()
-        if "pipeline" in synthesized.stacks:
-            _APP.update(templates=synthesized.templates, pipeline=synthesized.raw("pipeline"))
-        else:
-            _APP.update(_synthesize_with_stub_batch())
-    return _APP["templates"], _APP["pipeline"]
-
-
-def _synthesize_with_stub_batch() -> dict:
-    import os
-    import tempfile
-
-    import aws_cdk as cdk
-    import aws_cdk.aws_batch as batch
-    from app import build_app
-    from config import load_config
-    from stacks.pipeline_stack import PipelineStack
-
-    app, stacks = build_app(context=dict(CDK_JSON_CONTEXT), outdir=tempfile.mkdtemp(prefix="cdk-pipeline-"))
-    storage = stacks["storage"]
-
-    class StubBatch:  # the BatchStack interface, on imported resources (nothing deployed)
-        multi_node_queue = batch.JobQueue.from_job_queue_arn(storage, "StubMultiNode", STUB_ARN + "job-queue/multi")
-        single_node_queue = batch.JobQueue.from_job_queue_arn(storage, "StubSingle", STUB_ARN + "job-queue/single")
-        job_definitions = {kind: batch.EcsJobDefinition.from_job_definition_arn(
-            storage, f"Stub{kind}", STUB_ARN + f"job-definition/{kind}:1") for kind in ("sanity", "train", "validate")}
-
-    config = load_config(app.node.get_all_context())
-    env = cdk.Environment(account=config.account or os.environ.get("CDK_DEFAULT_ACCOUNT"), region=config.region)
-    PipelineStack(app, PIPELINE, config=config, storage=storage, alerts=stacks["alerts"], compute=StubBatch(), env=env)
-    assembly = app.synth()
-    templates = {stack.stack_name: stack.template for stack in assembly.stacks}
-    return {"templates": templates, "pipeline": templates[PIPELINE]}
-
-
-@pytest.fixture(scope="module")
-def world():
-    """One emulated account per module: moto, the resolved state machine and an SQS queue on the alerts topic."""
-    templates, template = pipeline_app()
-    with mock_aws(config=MOTO_CONFIG):
-        emulator = Emulator(template=template, templates=templates)
-        if not any(r.get("Type") == "AWS::Batch::JobQueue" for t in templates.values()
-                   for r in t.get("Resources", {}).values()):
-            emulator.create_job_queue("multi")
-            emulator.create_job_queue("single")
-            for kind in ("sanity", "train", "validate"):
-                emulator.create_job_definition(kind)
-        with emulator:
-            topic = next(v["Ref"] for v in emulator.physical.values() if v["type"] == "AWS::SNS::Topic")
-            emulator.alerts = emulator.subscribe_queue(topic)
-            yield emulator
-
-
-@pytest.fixture
-def emulator(world):
-    """The shared emulator, reset: no job plan, no recorded jobs or sleeps, no approval, no messages."""
-    world.reset()
-    world.sqs.purge_queue(QueueUrl=world.alerts)
-    try:
-        world.ssm.delete_parameter(Name="/efa-training/dev/approved-model")
-    except world.ssm.exceptions.ParameterNotFound:
-        pass
-    for listed in world.s3.list_objects_v2(Bucket=world.bucket).get("Contents", []):
-        world.s3.delete_object(Bucket=world.bucket, Key=listed["Key"])
-    return world
-
-
-def messages(emulator) -> list[dict]:
-    received = emulator.sqs.receive_message(QueueUrl=emulator.alerts, MaxNumberOfMessages=10).get("Messages", [])
-    return [json.loads(m["Body"]) for m in received]
-
-
-def entered(history: list[dict]) -> list[str]:
-    return [e["stateEnteredEventDetails"]["name"] for e in history if "stateEnteredEventDetails" in e]
-
-
-def approved_model(emulator) -> dict | None:
-    try:
-        return json.loads(emulator.ssm.get_parameter(Name="/efa-training/dev/approved-model")["Parameter"]["Value"])
-    except emulator.ssm.exceptions.ParameterNotFound:
-        return None
-
+from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_model, messages, queue_of, states
 
 # ---- the definition executed --------------------------------------------------------------------
 
@@ -132,7 +23,7 @@ def test_happy_path_records_the_approved_model(emulator):
                                    "nodes": "2"}
     assert float(train["parameters"]["lr"]) == 0.0006
     assert train["retryStrategy"]["attempts"] == 2 and train["retryStrategy"]["evaluateOnExit"][-1]["action"] == "EXIT"
-    model = approved_model(emulator)
+    model = approval(emulator)
     assert model["run_id"] == "gpt-tiny-001" and model["model"].endswith("/models/gpt-tiny-001/")
     assert model["verdict"]["passed"] is True
     copied = emulator.s3.get_object(Bucket=emulator.bucket, Key="models/gpt-tiny-001/verdict.json")
@@ -167,18 +58,6 @@ def test_training_that_refuses_the_run_is_not_retried_on_new_hosts(emulator, exi
     assert emulator.submitted_kinds() == ["sanity", "train"] and emulator.retry_sleeps == []
     (alert,) = messages(emulator)
     assert alert["detail"] == "TrainingRefused" and f"exited with {exit_code}" in alert["cause"]
-
-
-def test_a_rejected_training_request_is_not_retried():
-    # States.TaskFailed in a Catch also matches Batch.ClientException (ASL error names): the block re-raises it
-    # under its own name, which the Train block's Retry (MaxAttempts 0) and the failure path receive.
-    _, template = pipeline_app()
-    (branch,) = _states(template)["Train"]["Branches"]
-    choice = branch["States"]["TrainIsJobDescription"]["Choices"][0]
-    assert choice == {"Variable": "$.caught.Error", "StringEquals": "Batch.ClientException",
-                      "Next": "TrainRequestRejected"}
-    assert branch["States"]["TrainRequestRejected"]["Error"] == "Batch.ClientException"
-    assert _states(template)["Train"]["Retry"][0] == {"ErrorEquals": ["Batch.ClientException"], "MaxAttempts": 0}
 
 
 def test_training_failing_with_another_exit_code_is_retried(emulator):
@@ -368,117 +247,21 @@ def test_defaults_fill_in_what_the_run_omits(emulator):
     assert "nodes" not in validate["parameters"]  # single-node
 
 
-# ---- the template -------------------------------------------------------------------------------
+# ---- contracts between the stacks, in the definition ------------------------------------------------
 
-def _states(template: dict) -> dict:
-    machine = next(r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine")
-    parts = machine["Properties"]["DefinitionString"]["Fn::Join"][1]
-    # Intrinsics sit inside JSON strings of the definition: any placeholder keeps it valid JSON.
-    return json.loads("".join(p if isinstance(p, str) else "TOKEN" for p in parts))["States"]
-
-
-def test_every_task_has_a_timeout_and_a_catch():
-    _, template = pipeline_app()
-    states = _states(template)
-    task_states = {name: s for name, s in states.items() if s["Type"] == "Task"}
-    assert {"SanityCheck", "ReadVerdict", "CopyVerdictToModels", "PublishApprovedModel",
-            "NotifyApproved", "NotifyRejected", "NotifyFailure"} <= set(task_states)
-    for name, state in task_states.items():
-        assert state.get("TimeoutSeconds"), name
-        assert state.get("Catch"), name
-    # Validation (Spot, then on-demand) and training (its failure named by the exit code) are one state from the
-    # outside, caught like every task; the job states inside have their timeouts.
-    for block, timeout in (("Validate", "TimeoutSeconds"), ("Train", "TimeoutSecondsPath")):
-        assert states[block]["Type"] == "Parallel" and states[block]["Catch"], block
-        (branch,) = states[block]["Branches"]
-        jobs = [inner for inner in branch["States"].values() if inner["Type"] == "Task"]
-        assert jobs and all(inner.get(timeout) for inner in jobs), block
-    (train_branch,) = states["Train"]["Branches"]
-    assert train_branch["States"]["TrainJob"]["TimeoutSecondsPath"] == "$.timeouts.train"
-
-
-def test_validation_falls_back_to_on_demand_when_spot_fails():
+def test_validation_falls_back_to_the_batch_stacks_on_demand_queue_when_spot_fails(synth):
     # Batch documents no fall-through between a queue's compute environments when EC2 has no Spot capacity,
-    # so a failed Spot attempt is caught and the job is submitted once more to the on-demand queue.
-    templates, template = pipeline_app()
-    (branch,) = _states(template)["Validate"]["Branches"]
+    # so a failed Spot attempt is caught and the job is submitted once more, to the Batch stack's on-demand queue.
+    template = synth().raw("pipeline")
+    (branch,) = states(template)["Validate"]["Branches"]
     on_spot, on_demand = branch["States"]["ValidateOnSpot"], branch["States"]["ValidateOnDemand"]
     assert branch["StartAt"] == "ValidateOnSpot"
     assert on_spot["Catch"][0] == {"ErrorEquals": ["States.TaskFailed"], "ResultPath": "$.spot_failure",
                                    "Next": "ValidateOnDemand"}
     assert on_spot["Parameters"]["JobDefinition"] == on_demand["Parameters"]["JobDefinition"]
-    # The queue ARNs are tokens: read the reference that follows each state's "JobQueue" key.
-    machine = next(r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine")
-    parts = machine["Properties"]["DefinitionString"]["Fn::Join"][1]
-
-    def queue_of(state: str) -> str:
-        start = next(i for i, p in enumerate(parts) if isinstance(p, str) and f'"{state}":' in p)
-        after = next(i for i in range(start, len(parts)) if isinstance(parts[i], str)
-                     and parts[i].rstrip().endswith('"JobQueue":"'))
-        return json.dumps(parts[after + 1])
-
-    assert "SingleNodeOnDemandQueue" in queue_of("ValidateOnDemand")
-    assert "SingleNodeQueue" in queue_of("ValidateOnSpot") and "OnDemand" not in queue_of("ValidateOnSpot")
-
-
-def test_training_retry_has_exponential_backoff_with_full_jitter():
-    _, template = pipeline_app()
-    retry = _states(template)["Train"]["Retry"]
-    assert retry[0] == {"ErrorEquals": ["Batch.ClientException"], "MaxAttempts": 0}
-    # Only attempt failures retry (a refusal by the run itself is TrainingRefused): see constructs/pipeline/train_attempt.
-    assert retry[1]["ErrorEquals"] == ["TrainingAttemptFailed"]
-    assert retry[1]["JitterStrategy"] == "FULL" and retry[1]["BackoffRate"] == 2 and retry[1]["MaxAttempts"] == 3
-    assert _states(template)["SanityCheck"]["Retry"][0]["MaxAttempts"] == 1
-
-
-def test_execution_logging_and_tracing():
-    _, template = pipeline_app()
-    machine = next(r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine")
-    assert machine["Properties"]["TracingConfiguration"] == {"Enabled": True}
-    assert machine["Properties"]["LoggingConfiguration"]["Level"] == "ALL"
-    (log_group,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Logs::LogGroup"]
-    assert log_group["Properties"]["RetentionInDays"] == 14  # dev's log_retention_days
-    assert "StateMachineArn" in template["Outputs"]
-
-
-# ---- the construct alone ------------------------------------------------------------------------
-
-def test_construct_in_a_bare_stack_takes_its_retry_policy():
-    import aws_cdk as cdk
-    import aws_cdk.aws_batch as batch
-    import aws_cdk.aws_ecs as ecs
-    import aws_cdk.aws_logs as logs
-    import aws_cdk.aws_s3 as s3
-    import aws_cdk.aws_sns as sns
-    from aws_cdk.assertions import Template
-
-    from constructs.compute.batch.job_runner import BatchJobRunner
-    from constructs.pipeline.training_pipeline import TrainingPipeline, TrainingRetry
-
-    stack = cdk.Stack()
-    container = batch.EcsEc2ContainerDefinition(stack, "Container", image=ecs.ContainerImage.from_registry("trainer"),
-                                                cpu=1, memory=cdk.Size.mebibytes(512))
-    environment = batch.UnmanagedComputeEnvironment(stack, "Hosts")
-    queues = {name: batch.JobQueue(stack, name, compute_environments=[
-        batch.OrderedComputeEnvironment(compute_environment=environment, order=1)]) for name in ("MultiNode", "Single")}
-    runner = BatchJobRunner(
-        multi_node_queue=queues["MultiNode"], single_node_queue=queues["Single"],
-        job_definitions={kind: batch.EcsJobDefinition(stack, kind, container=container)
-                         for kind in ("sanity", "train", "validate")})
-    TrainingPipeline(stack, "Pipeline", environment="test", max_nodes=4, bucket=s3.Bucket(stack, "Data"),
-                     topic=sns.Topic(stack, "Alerts"), runner=runner, log_retention=logs.RetentionDays.ONE_WEEK,
-                     removal_policy=cdk.RemovalPolicy.DESTROY,
-                     training_retry=TrainingRetry(max_attempts=5, interval=cdk.Duration.seconds(30)))
-    template = Template.from_stack(stack)
-    states = _states(template.to_json())
-    # The construct's retry policy, and the environment's maximum in the input check.
-    assert states["Train"]["Retry"][1]["MaxAttempts"] == 5 and states["Train"]["Retry"][1]["IntervalSeconds"] == 30
-    assert states["ApplyDefaults"]["Parameters"]["defaults"]["nodes"] == 4
-    # Least privilege: SubmitJob on the two queues and three job definitions, nothing else.
-    (policy,) = [r for r in template.find_resources("AWS::IAM::Policy").values()
-                 if "StateMachine" in json.dumps(r["Properties"]["Roles"])]
-    (submit,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Action"] == "batch:SubmitJob"]
-    assert len(submit["Resource"]) == 5
+    assert "SingleNodeOnDemandQueue" in queue_of(template, "ValidateOnDemand")
+    spot_queue = queue_of(template, "ValidateOnSpot")
+    assert "SingleNodeQueue" in spot_queue and "OnDemand" not in spot_queue
 
 
 def test_batch_submissions_name_a_share_of_the_fair_share_policy(synth):

@@ -5,13 +5,9 @@ import json
 import threading
 import time
 
-import boto3
 import pytest
 
-from test_pipeline import ACCEPTED, RUN, approved_model, emulator, messages, world  # noqa: F401  (fixtures)
-from tests.sfn_emulator import REGION
-
-PARAMETER = "/efa-training/dev/approved-model"
+from tests.pipeline.runs import ACCEPTED, APPROVED_MODEL_PARAMETER, RUN, approval, approved_model, messages
 
 
 def started(emulator, execution_input: dict, name: str) -> str:
@@ -24,7 +20,7 @@ def record(emulator, run_id: str) -> dict:
 
 
 def parameter_versions(emulator) -> int:
-    return len(emulator.ssm.get_parameter_history(Name=PARAMETER)["Parameters"])
+    return len(emulator.ssm.get_parameter_history(Name=APPROVED_MODEL_PARAMETER)["Parameters"])
 
 
 # ---- a run id names one run (S3 conditional writes: If-None-Match / If-Match) ---------------------------
@@ -41,7 +37,7 @@ def test_a_second_run_with_the_same_id_is_refused_before_any_job(emulator):
     assert "run_id gpt-tiny-001 already names a run" in second["cause"] and '"resume": true' in second["cause"]
     assert emulator.submitted == []
     assert record(emulator, "gpt-tiny-001")["execution"] == first["executionArn"]  # the first keeps the run
-    assert approved_model(emulator)["execution"] == first["executionArn"]
+    assert approval(emulator)["execution"] == first["executionArn"]
 
 
 def test_two_executions_started_together_with_one_run_id_run_once(emulator):
@@ -129,7 +125,7 @@ def test_two_resumes_at_once_take_the_run_once(emulator):
 # Error names `ServiceName.ErrorName` (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html);
 # Retry with JitterStrategy FULL (https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html).
 
-TRANSIENT = [
+TRANSIENT: list[tuple[str, list[str | None]]] = [
     ("s3.get_object", ["SlowDown"]),  # reading the verdict
     ("s3.get_object", ["ServiceUnavailable", "InternalError", "SlowDown"]),  # three in a row
     ("s3.copy_object", ["InternalError"]),  # copying the verdict to models/
@@ -151,7 +147,7 @@ def test_a_transient_fault_after_validation_is_absorbed(emulator, call, faults):
     assert emulator.faulted == [f"{call}:{fault}" for fault in faults if fault]  # the faults did happen
     assert emulator.submitted_kinds() == ["sanity", "train", "validate"]  # nothing trained twice
     assert parameter_versions(emulator) == 1  # one approval
-    assert approved_model(emulator)["execution"] == result["executionArn"]
+    assert approval(emulator)["execution"] == result["executionArn"]
     assert [m["outcome"] for m in messages(emulator)] == ["APPROVED"]
 
 
@@ -174,24 +170,8 @@ def test_a_notification_that_keeps_failing_does_not_fail_an_approved_run(emulato
     emulator.faults["sns.publish"] = ["Throttling"] * 6  # every attempt
     result = emulator.run(RUN)
     assert result["status"] == "SUCCEEDED", result
-    assert approved_model(emulator)["run_id"] == RUN["run_id"]
+    assert approval(emulator)["run_id"] == RUN["run_id"]
     assert messages(emulator) == []
-
-
-def test_every_aws_call_of_the_pipeline_retries_with_full_jitter():
-    from test_pipeline import _states, pipeline_app
-
-    _, template = pipeline_app()
-    calls = {name: state for name, state in _states(template).items()
-             if state["Type"] == "Task" and ":aws-sdk:" in state["Resource"] or state.get("Resource", "").endswith(
-                 ":sns:publish")}
-    assert {"ClaimRun", "FindCheckpoints", "ReadRunRecord", "DescribeRunHolder", "TakeOverRun", "ReadVerdict",
-            "CopyVerdictToModels", "RecordApproval", "ReadRecordedApproval", "PublishApprovedModel",
-            "NotifyApproved", "NotifyRejected", "NotifyFailure"} <= set(calls)
-    for name, state in calls.items():
-        (retry,) = state["Retry"]
-        assert retry["JitterStrategy"] == "FULL" and retry["BackoffRate"] == 2 and retry["MaxAttempts"] >= 3, name
-        assert "States.Timeout" in retry["ErrorEquals"], name
 
 
 def test_a_claim_whose_answer_was_lost_is_recognised_as_this_runs_own(emulator):

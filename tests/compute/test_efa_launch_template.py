@@ -9,7 +9,6 @@ from aws_cdk.assertions import Match, Template
 
 from config import CATALOGUE, efa_instance_types
 from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate, efa_network_interfaces
-from constructs.compute.batch.host_user_data import cloudwatch_agent_config, host_commands
 
 
 def _template(instance: str = "p4d.24xlarge", **kwargs) -> tuple[EfaLaunchTemplate, Template]:
@@ -34,6 +33,17 @@ def test_one_interface_per_efa_network_card(name):
     assert {i["DeviceIndex"] for i in interfaces} == {0}
     assert [i["InterfaceType"] for i in interfaces] == ["efa"] + ["efa-only"] * (CATALOGUE[name].efa_interfaces - 1)
     assert all(i["Groups"] == ["sg-1"] for i in interfaces)
+
+
+@pytest.mark.parametrize("name", efa_instance_types())
+def test_rendered_template_has_an_interface_on_every_efa_card(name):
+    # The launch template itself: one interface per card of the catalogue type, each with the EFA group, no subnet.
+    _, template = _template(name)
+    interfaces = _data(template)["NetworkInterfaces"]
+    count = CATALOGUE[name].efa_interfaces
+    assert [i["NetworkCardIndex"] for i in interfaces] == list(range(count))
+    assert [i["InterfaceType"] for i in interfaces] == ["efa"] + ["efa-only"] * (count - 1)
+    assert all(i["Groups"] == ["sg-0123456789abcdef0"] and "SubnetId" not in i for i in interfaces)
 
 
 def test_rendered_interfaces_carry_the_group_and_no_subnet_or_public_ip():
@@ -111,43 +121,3 @@ def test_non_efa_instance_is_refused():
     # An instance type without EFA cannot get EFA interfaces.
     with pytest.raises(ValueError, match="efa_interfaces=0"):
         _template("g5.xlarge")
-
-
-def test_host_script_mounts_fsx_and_checks_accelerators():
-    # The host script: Lustre client, the documented mount, huge pages, nvidia-smi GPU count.
-    script = "\n".join(host_commands(instance=CATALOGUE["p5.48xlarge"], fsx_dns_name="fs.example", fsx_mount_name="abc",
-                                         environment="dev"))
-    assert "dnf install -y lustre-client" in script
-    assert "mount -t lustre -o relatime,flock fs.example@tcp:/abc /fsx" in script
-    assert "vm.nr_hugepages" in script
-    assert 'if [ "$GPUS" -ne 8 ]' in script and "-lt 32" in script
-
-
-def test_neuron_host_checks_neuron_devices():
-    # Trainium hosts count /dev/neuron* and run neuron-ls instead of nvidia-smi.
-    script = "\n".join(host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m",
-                                         environment="dev"))
-    assert "neuron-ls" in script and "nvidia-smi" not in script and '-ne 16' in script
-
-
-def test_cloudwatch_agent_publishes_gpu_metrics_to_cwagent():
-    # The dashboard reads nvidia_smi_utilization_gpu / nvidia_smi_memory_used in CWAgent.
-    config = cloudwatch_agent_config(CATALOGUE["p4d.24xlarge"], "dev")
-    assert config["metrics"]["namespace"] == "CWAgent"
-    gpu = config["metrics"]["metrics_collected"]["nvidia_gpu"]["measurement"]
-    assert {"utilization_gpu", "memory_used"} <= set(gpu)
-    assert "nvidia_gpu" not in cloudwatch_agent_config(CATALOGUE["trn1.32xlarge"], "dev")["metrics"]["metrics_collected"]
-
-
-def test_cloudwatch_agent_tags_gpu_metrics_with_the_environment():
-    # The nvidia_gpu section appends Environment=<env> (a section's append_dimensions, CloudWatch agent
-    # configuration file reference), the dimension the dashboard and the idle alarm filter on.
-    gpu = cloudwatch_agent_config(CATALOGUE["p5.48xlarge"], "prod")["metrics"]["metrics_collected"]["nvidia_gpu"]
-    assert gpu["append_dimensions"] == {"Environment": "prod"}
-
-
-def test_neuron_host_publishes_to_the_environments_namespace():
-    # neuron-monitor's CloudWatch publisher takes no dimension, so the namespace names the environment.
-    script = "\n".join(host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m",
-                                     environment="prod"))
-    assert "--namespace EfaTraining/prod/Neuron" in script

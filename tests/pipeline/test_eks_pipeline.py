@@ -3,11 +3,12 @@
 moto has no EKS service integration, so `eks:runJob.sync` is emulated here: the Job is recorded and completes at
 once, or fails as `outcomes` plans (a succeeding validate Job writes its verdict, like the real one). Sizing the
 node group is not part of the pipeline's definition (an EventBridge rule and its own state machine, checked in
-test_eks.py).
+tests/compute/test_eks_node_scaling.py).
 """
 
 import json
 from dataclasses import dataclass, field
+from typing import cast
 
 import pytest
 from moto import mock_aws
@@ -24,9 +25,8 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 )
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
-from tests.conftest import synthesize
+from tests.pipeline.runs import ACCEPTED, MOTO_CONFIG, RUN, approval, messages
 from tests.sfn_emulator import REGION, Emulator
-from test_pipeline import ACCEPTED, MOTO_CONFIG, RUN, approved_model, messages
 
 EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge"}
 
@@ -53,8 +53,8 @@ class EksEmulator(Emulator):
                     raise FailureEventException(FailureEvent(  # what eks:runJob.sync reports for a failed Job
                         env=env, error_name=StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed),
                         event_type=HistoryEventType.TaskFailed,
-                        event_details=EventDetails(taskFailedEventDetails=TaskFailedEventDetails(
-                            error="States.TaskFailed", cause=f"Job {job['metadata']['name']} failed"))))
+                        event_details=cast(EventDetails, {"taskFailedEventDetails": TaskFailedEventDetails(
+                            error="States.TaskFailed", cause=f"Job {job['metadata']['name']} failed")})))
                 if args[0] == "validate" and emulator.verdict is not None:
                     run_id = args[args.index("--run-id") + 1]
                     emulator.s3.put_object(Bucket=emulator.bucket, Key=f"runs/{run_id}/verdict.json",
@@ -83,14 +83,13 @@ class EksEmulator(Emulator):
 
 
 @pytest.fixture(scope="module")
-def world():
-    synthesized = synthesize(**EKS_VARIANT)
-    assert "pipeline" in synthesized.stacks, "the EKS backend must plug into the same pipeline"
-    with mock_aws(config=MOTO_CONFIG):
-        with EksEmulator(template=synthesized.raw("pipeline"), templates=synthesized.templates) as emulated:
-            topic = next(v["Ref"] for v in emulated.physical.values() if v["type"] == "AWS::SNS::Topic")
-            emulated.alerts = emulated.subscribe_queue(topic)
-            yield emulated
+def world(synth):
+    synthesized = synth(**EKS_VARIANT)
+    with mock_aws(config=MOTO_CONFIG), EksEmulator(template=synthesized.raw("pipeline"),
+                                                   templates=synthesized.templates) as emulated:
+        topic = next(v["Ref"] for v in emulated.physical.values() if v["type"] == "AWS::SNS::Topic")
+        emulated.alerts = emulated.subscribe_queue(topic)
+        yield emulated
 
 
 @pytest.fixture
@@ -113,7 +112,7 @@ def test_happy_path_on_eks_approves_the_model(emulator):
     assert train["spec"]["completions"] == train["spec"]["parallelism"] == RUN["nodes"]
     args = train["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--run-id") + 1] == RUN["run_id"]
-    assert approved_model(emulator)["run_id"] == RUN["run_id"]
+    assert approval(emulator)["run_id"] == RUN["run_id"]
     assert [m["outcome"] for m in messages(emulator)] == ["APPROVED"]
 
 
@@ -125,10 +124,3 @@ def test_failing_training_is_retried_then_fails_the_run(emulator):
     phases = [job["spec"]["template"]["spec"]["containers"][0]["args"][0] for job in emulator.jobs]
     assert phases[0] == "sanity" and phases.count("train") == 1 + emulator.template_retries("Train")
     assert [m["outcome"] for m in messages(emulator)] == ["FAILED"]
-
-
-# The generic pipeline names no backend's errors: on EKS nothing refers to Batch (JobRunner.rejected_errors is empty).
-def test_eks_pipeline_names_no_batch_error(synth):
-    definition = json.dumps(synth(compute="eks").template("pipeline").find_resources(
-        "AWS::StepFunctions::StateMachine"))
-    assert "eks:runJob.sync" in definition and "Batch." not in definition

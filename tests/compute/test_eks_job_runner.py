@@ -1,25 +1,20 @@
-"""The EKS side of the pipeline seam and the hand-run templates, checked without synthesizing the app."""
+"""EksJobRunner alone (the EKS side of the pipeline seam), and the hand-run templates k8s/render.py prints."""
 
 import contextlib
-import importlib.util
 import io
 import json
 
-import pytest
-from pathlib import Path
-
 import aws_cdk as cdk
 import aws_cdk.aws_eks_v2 as eks
+import pytest
 
 from config import CATALOGUE
 from constructs.compute.eks.job_runner import EksJobRunner
 from contracts.eks.job_templates import indexed_job
+from k8s import render
+from tests.synthesis import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 P5 = CATALOGUE["p5.48xlarge"]
-_spec = importlib.util.spec_from_file_location("k8s_render", ROOT / "k8s" / "render.py")
-render = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(render)
 
 
 def rendered(*argv: str) -> dict:
@@ -73,12 +68,12 @@ def test_render_cli_prints_a_whole_node_trainjob():
     assert limits["vpc.amazonaws.com/efa"] == "8" and limits["aws.amazon.com/neuron"] == "16"
 
 
-
 # The job's state is a plain eks:runJob.sync Task, so Job errors reach the pipeline's Retry and Catch unchanged.
 def test_job_state_is_a_plain_run_job_task():
     stack = cdk.Stack()
     cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="training",
-                                                  cluster_endpoint="https://example", cluster_certificate_authority_data="ca")
+                                                  cluster_endpoint="https://example",
+                                                  cluster_certificate_authority_data="ca")
     runner_ = EksJobRunner(cluster=cluster, instance=P5, image="image:tag", max_nodes=4)
     state = stack.resolve(runner_.submit(stack, "Train", job="train", parameters={}, job_name="$.name",
                                          nodes="$.run.nodes", result_path="$.jobs.train").to_state_json())

@@ -1,16 +1,36 @@
-"""Network stack: one training subnet in one AZ, endpoints, flow logs, and the EFA security group."""
+"""EfaNetwork alone, in a bare stack: one training subnet in one AZ, NAT egress, endpoints, flow logs, and the EFA and
+Lustre security groups."""
 
+from collections.abc import Mapping
+from typing import Any
+
+import aws_cdk as cdk
+import aws_cdk.aws_logs as logs
 import pytest
-from aws_cdk.assertions import Match
+from aws_cdk.assertions import Match, Template
+
+from constructs.network.efa_network import EfaNetwork
+
+
+def _network(cidr: str = "10.0.0.0/16", availability_zone: str | None = None,
+             removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY) -> Template:
+    stack = cdk.Stack(env=cdk.Environment(region="us-west-2"))
+    EfaNetwork(stack, "Network", cidr=cidr, availability_zone=availability_zone,
+               log_retention=logs.RetentionDays.TWO_WEEKS, removal_policy=removal_policy)
+    return Template.from_stack(stack)
 
 
 @pytest.fixture(scope="module")
-def network(synth):
-    return synth().template("network")
+def network() -> Template:
+    return _network()
 
 
-def _resources(template, kind):
+def _resources(template: Template, kind: str) -> Mapping[str, Any]:
     return template.find_resources(kind)
+
+
+def _group_id(template: Template, prefix: str) -> str:
+    return next(k for k in _resources(template, "AWS::EC2::SecurityGroup") if k.startswith(prefix))
 
 
 def test_exactly_one_training_subnet_without_public_ips(network):
@@ -20,17 +40,17 @@ def test_exactly_one_training_subnet_without_public_ips(network):
     assert next(iter(training.values()))["Properties"]["MapPublicIpOnLaunch"] is False
 
 
-def test_training_subnet_is_in_the_configured_zone(synth):
-    # prod pins its availability zone; the training subnet must land there.
-    network = synth(env="prod").template("network")
-    network.has_resource_properties("AWS::EC2::Subnet", {
+def test_training_subnet_is_in_the_configured_zone():
+    # A pinned availability zone (prod's us-west-2b) is where the training subnet lands, in the top /19 of the VPC.
+    _network(cidr="10.1.0.0/16", availability_zone="us-west-2b").has_resource_properties("AWS::EC2::Subnet", {
         "AvailabilityZone": "us-west-2b", "CidrBlock": "10.1.224.0/19"})
 
 
 def test_no_subnet_maps_public_ips_on_launch(network):
     # Compute never gets a public IP, not even in the NAT's public subnets.
-    for subnet in _resources(network, "AWS::EC2::Subnet").values():
-        assert subnet["Properties"]["MapPublicIpOnLaunch"] is False
+    subnets = _resources(network, "AWS::EC2::Subnet").values()
+    assert len(subnets) == 5  # public and private in two zones, and the training subnet
+    assert all(subnet["Properties"]["MapPublicIpOnLaunch"] is False for subnet in subnets)
 
 
 def test_training_subnet_egresses_through_nat(network):
@@ -62,13 +82,18 @@ def test_vpc_flow_logs_go_to_cloudwatch(network):
     network.has_resource_properties("AWS::EC2::FlowLog", {"ResourceType": "VPC", "TrafficType": "ALL"})
 
 
-def _efa_group_id(network):
-    return next(k for k in _resources(network, "AWS::EC2::SecurityGroup") if k.startswith("NetworkEfaSecurityGroup"))
+@pytest.mark.parametrize(("removal_policy", "expected"), [(cdk.RemovalPolicy.DESTROY, "Delete"),
+                                                          (cdk.RemovalPolicy.RETAIN, "Retain")])
+def test_flow_logs_follow_the_removal_policy(removal_policy, expected):
+    # dev's flow logs go with `cdk destroy`; prod's stay.
+    (group,) = _network(removal_policy=removal_policy).find_resources("AWS::Logs::LogGroup").values()
+    assert (group["DeletionPolicy"], group["UpdateReplacePolicy"]) == (expected, expected)
+    assert group["Properties"]["RetentionInDays"] == 14
 
 
 def test_efa_group_allows_all_traffic_in_from_itself(network):
     # EFA user guide: all inbound traffic from the same security group.
-    group = _efa_group_id(network)
+    group = _group_id(network, "NetworkEfaSecurityGroup")
     network.has_resource_properties("AWS::EC2::SecurityGroupIngress", {
         "IpProtocol": "-1", "GroupId": {"Fn::GetAtt": [group, "GroupId"]},
         "SourceSecurityGroupId": {"Fn::GetAtt": [group, "GroupId"]}})
@@ -76,32 +101,25 @@ def test_efa_group_allows_all_traffic_in_from_itself(network):
 
 def test_efa_group_allows_all_traffic_out_to_itself(network):
     # EFA user guide: all outbound traffic to the same security group (the rule peers most often forget).
-    group = _efa_group_id(network)
+    group = _group_id(network, "NetworkEfaSecurityGroup")
     network.has_resource_properties("AWS::EC2::SecurityGroupEgress", {
         "IpProtocol": "-1", "GroupId": {"Fn::GetAtt": [group, "GroupId"]},
         "DestinationSecurityGroupId": {"Fn::GetAtt": [group, "GroupId"]}})
 
 
-def test_efa_group_is_exported_for_compute_stacks(synth):
-    # Compute stacks reference the EFA group across stacks, deliberately, through an export.
-    synth().template("network").has_output("EfaSecurityGroupId", {"Export": {"Name": "EfaTraining-dev-EfaSecurityGroupId"}})
-
-
 @pytest.mark.parametrize("port", [(988, 988), (1018, 1023)])
 def test_lustre_group_admits_training_nodes_on_lustre_ports(network, port):
     # FSx for Lustre needs TCP 988 and 1018-1023 from its clients.
-    lustre = next(k for k in _resources(network, "AWS::EC2::SecurityGroup") if k.startswith("NetworkLustre"))
     network.has_resource_properties("AWS::EC2::SecurityGroupIngress", {
         "IpProtocol": "tcp", "FromPort": port[0], "ToPort": port[1],
-        "GroupId": {"Fn::GetAtt": [lustre, "GroupId"]},
-        "SourceSecurityGroupId": {"Fn::GetAtt": [_efa_group_id(network), "GroupId"]}})
+        "GroupId": {"Fn::GetAtt": [_group_id(network, "NetworkLustre"), "GroupId"]},
+        "SourceSecurityGroupId": {"Fn::GetAtt": [_group_id(network, "NetworkEfaSecurityGroup"), "GroupId"]}})
 
 
 @pytest.mark.parametrize("port", [(988, 988), (1018, 1023)])
 def test_training_nodes_admit_lustre_servers_on_lustre_ports(network, port):
     # FSx for Lustre user guide (Lustre clients' rules): clients admit 988 and 1018-1023 from the file system's group.
-    lustre = next(k for k in _resources(network, "AWS::EC2::SecurityGroup") if k.startswith("NetworkLustre"))
     network.has_resource_properties("AWS::EC2::SecurityGroupIngress", {
         "IpProtocol": "tcp", "FromPort": port[0], "ToPort": port[1],
-        "GroupId": {"Fn::GetAtt": [_efa_group_id(network), "GroupId"]},
-        "SourceSecurityGroupId": {"Fn::GetAtt": [lustre, "GroupId"]}})
+        "GroupId": {"Fn::GetAtt": [_group_id(network, "NetworkEfaSecurityGroup"), "GroupId"]},
+        "SourceSecurityGroupId": {"Fn::GetAtt": [_group_id(network, "NetworkLustre"), "GroupId"]}})

@@ -1,0 +1,127 @@
+"""EksAcceleratorNodegroup alone, on a cluster in a bare stack, per catalogue family (p4d, p5: NVIDIA; trn1: Neuron):
+whole EFA nodes in one subnet and one placement group, tainted for training, scaling from 0."""
+
+import functools
+import json
+import re
+
+import aws_cdk.aws_ec2 as ec2
+import pytest
+
+from config import CATALOGUE
+from constructs.compute.eks.accelerator_nodegroup import EksAcceleratorNodegroup
+from contracts.eks.job_spec import ACCELERATOR_TAINT_KEY, HUGEPAGES_2MI_PAGES
+from tests.alone import bare_stack, template_of
+from tests.compute.eks_parts import cluster, vpc
+
+INSTANCE_TYPES = ("p4d.24xlarge", "p5.48xlarge", "trn1.32xlarge")
+NODES = 4
+RESERVATION = "cr-0123456789abcdef0"
+
+
+@functools.cache
+def _nodegroup(instance_type: str, capacity_type: str = "on_demand", reservation: str | None = None) -> dict:
+    stack = bare_stack()
+    network = vpc(stack)
+    subnet = ec2.PrivateSubnet(stack, "TrainingSubnet", vpc_id=network.vpc_id, availability_zone="us-east-1a",
+                               cidr_block="10.0.224.0/19")
+    EksAcceleratorNodegroup(stack, "Accelerators", cluster=cluster(stack, network), instance=CATALOGUE[instance_type],
+                            subnet=subnet, efa_security_group=ec2.SecurityGroup(stack, "Efa", vpc=network),
+                            nodes=NODES, capacity_type=capacity_type, capacity_reservation_id=reservation)
+    return template_of(stack)
+
+
+def _resources(raw: dict, kind: str) -> list[dict]:
+    return [r["Properties"] for r in raw["Resources"].values() if r["Type"] == kind]
+
+
+def _group(raw: dict) -> dict:
+    (group,) = _resources(raw, "AWS::EKS::Nodegroup")
+    return group
+
+
+def _launch_template(raw: dict) -> dict:
+    (template,) = _resources(raw, "AWS::EC2::LaunchTemplate")
+    return template["LaunchTemplateData"]
+
+
+@pytest.mark.parametrize("instance_type", INSTANCE_TYPES)
+def test_launch_template_has_every_efa_interface_no_subnet_and_the_placement_group(instance_type):
+    # Every EFA interface of the catalogue type, no subnet (EKS managed node groups pick it), one placement group.
+    data = _launch_template(_nodegroup(instance_type))
+    interfaces = data["NetworkInterfaces"]
+    assert sum(1 for i in interfaces if i.get("InterfaceType") in ("efa", "efa-only")) == \
+        CATALOGUE[instance_type].efa_interfaces
+    assert all("SubnetId" not in i for i in interfaces)
+    assert "GroupName" in data["Placement"]
+
+
+def test_cluster_security_group_is_on_every_interface():
+    # On all 32 of p5's interfaces next to the EFA group: with interfaces in the template, EKS adds no group itself.
+    raw = _nodegroup("p5.48xlarge")
+    (cluster_id,) = [k for k, v in raw["Resources"].items() if v["Type"] == "AWS::EKS::Cluster"]
+    interfaces = _launch_template(raw)["NetworkInterfaces"]
+    assert len(interfaces) == 32
+    cluster_group = {"Fn::GetAtt": [cluster_id, "ClusterSecurityGroupId"]}
+    assert all(cluster_group in i["Groups"] and len(i["Groups"]) == 2 for i in interfaces)
+
+
+@pytest.mark.parametrize("instance_type", INSTANCE_TYPES)
+def test_nodes_allow_one_imds_hop_and_never_terminate_themselves(instance_type):
+    # IMDSv2 with one hop (pods cannot use the node's role); no shutdown behaviour (EKS refuses "terminate").
+    data = _launch_template(_nodegroup(instance_type))
+    options = data["MetadataOptions"]
+    assert (options["HttpEndpoint"], options["HttpPutResponseHopLimit"], options["HttpTokens"]) == \
+        ("enabled", 1, "required")
+    assert "InstanceInitiatedShutdownBehavior" not in data
+    assert "LaunchTemplate" in _group(_nodegroup(instance_type))
+
+
+@pytest.mark.parametrize("instance_type", INSTANCE_TYPES)
+def test_nvidia_nodes_are_labelled_for_the_device_plugin(instance_type):
+    # NVIDIA nodes carry nvidia.com/gpu.present=true, which the device plugin chart's default node affinity requires.
+    expected = "true" if CATALOGUE[instance_type].accelerator.value == "nvidia" else None
+    assert _group(_nodegroup(instance_type))["Labels"].get("nvidia.com/gpu.present") == expected
+
+
+@pytest.mark.parametrize("instance_type", INSTANCE_TYPES)
+def test_accelerator_nodegroup_ami_labels_taint_scaling(instance_type):
+    # Explicit AMI type, training labels and taint, 0..nodes, one subnet, on-demand by default.
+    group = _group(_nodegroup(instance_type))
+    assert group["AmiType"] == {"AL2023_X86_64_NVIDIA": "AL2023_x86_64_NVIDIA",
+                                "AL2023_X86_64_NEURON": "AL2023_x86_64_NEURON"}[CATALOGUE[instance_type].eks_ami_type]
+    assert group["Labels"][ACCELERATOR_TAINT_KEY] == "true"
+    assert group["Taints"] == [{"Effect": "NO_SCHEDULE", "Key": ACCELERATOR_TAINT_KEY, "Value": "true"}]
+    assert group["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": NODES}
+    assert len(group["Subnets"]) == 1 and group["CapacityType"] == "ON_DEMAND"
+
+
+def test_nodes_reserve_the_huge_pages_training_pods_request():
+    # Nodes reserve exactly the huge pages each training pod requests (contracts/eks/job_spec.py); fewer and the
+    # pod would never schedule.
+    user_data = json.dumps(_launch_template(_nodegroup("p4d.24xlarge"))["UserData"])
+    reserved = re.search(r"vm\.nr_hugepages = (\d+)", user_data)
+    assert reserved and int(reserved.group(1)) == HUGEPAGES_2MI_PAGES
+
+
+def test_spot_capacity():
+    assert _group(_nodegroup("p4d.24xlarge", "spot"))["CapacityType"] == "SPOT"
+
+
+def test_capacity_block_targets_the_reservation():
+    # capacity_block targets the configured Capacity Block reservation in the accelerator launch template.
+    raw = _nodegroup("p5.48xlarge", "capacity_block", RESERVATION)
+    data = _launch_template(raw)
+    assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    assert data["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationId": RESERVATION}}
+    assert _group(raw)["CapacityType"] == "CAPACITY_BLOCK"
+    # EKS user guide, "Create a managed node group with Capacity Blocks for ML": InstanceType must be in the
+    # launch template, or the create request is rejected (15-25 minutes into a deploy); not on the node group too.
+    assert data["InstanceType"] == "p5.48xlarge"
+    assert "InstanceTypes" not in _group(raw)
+
+
+def test_capacity_block_without_a_reservation_is_refused():
+    with pytest.raises(ValueError, match="capacity_reservation_id"):
+        _nodegroup("p5.48xlarge", "capacity_block")

@@ -1,0 +1,65 @@
+"""What the pipeline tests send to the state machine and read back: a run, verdicts, the definition's states."""
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from moto.core.config import DefaultConfig
+
+MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "batch": {"use_docker": False}}
+APPROVED_MODEL_PARAMETER = "/efa-training/dev/approved-model"
+RUN: dict[str, Any] = {
+    "run_id": "gpt-tiny-001",
+    "dataset": "datasets/wikitext/",
+    "nodes": 2,
+    "hyperparameters": {"max_steps": 500, "lr": 0.0006},
+    "baseline": 3.2,
+    "tolerance": 0.05,
+}
+ACCEPTED = {"metric": "val_loss", "value": 3.18, "baseline": 3.2, "delta": -0.02, "relative_delta": -0.00625,
+            "tolerance": 0.05, "passed": True}
+REJECTED = {**ACCEPTED, "value": 3.6, "delta": 0.4, "relative_delta": 0.125, "passed": False}
+
+
+def messages(emulator) -> list[dict]:
+    """The alerts the run published (an SQS queue subscribed to the alerts topic)."""
+    received = emulator.sqs.receive_message(QueueUrl=emulator.alerts, MaxNumberOfMessages=10).get("Messages", [])
+    return [json.loads(m["Body"]) for m in received]
+
+
+def approved_model(emulator) -> dict[str, Any] | None:
+    """The approved model the pipeline published (its SSM parameter), or None."""
+    try:
+        return json.loads(emulator.ssm.get_parameter(Name=APPROVED_MODEL_PARAMETER)["Parameter"]["Value"])
+    except emulator.ssm.exceptions.ParameterNotFound:
+        return None
+
+
+def approval(emulator) -> dict[str, Any]:
+    """The approved model, which the run must have published."""
+    model = approved_model(emulator)
+    assert model is not None, "no approved model"
+    return model
+
+
+def state_machine(template: Mapping[str, Any]) -> dict:
+    return next(r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine")
+
+
+def definition(template: Mapping[str, Any]) -> dict:
+    """The state machine's definition; intrinsics sit inside JSON strings, so any placeholder keeps it JSON."""
+    parts = state_machine(template)["Properties"]["DefinitionString"]["Fn::Join"][1]
+    return json.loads("".join(p if isinstance(p, str) else "TOKEN" for p in parts))
+
+
+def states(template: Mapping[str, Any]) -> dict:
+    return definition(template)["States"]
+
+
+def queue_of(template: Mapping[str, Any], state: str) -> str:
+    """The queue reference that follows a state's "JobQueue" key (queue ARNs are tokens in the definition)."""
+    parts = state_machine(template)["Properties"]["DefinitionString"]["Fn::Join"][1]
+    start = next(i for i, p in enumerate(parts) if isinstance(p, str) and f'"{state}":' in p)
+    after = next(i for i in range(start, len(parts)) if isinstance(parts[i], str)
+                 and parts[i].rstrip().endswith('"JobQueue":"'))
+    return json.dumps(parts[after + 1])

@@ -1,0 +1,194 @@
+"""TrainingPipeline alone, in a bare stack, on a Batch job runner with queues and job definitions of its own: the
+definition's states, timeouts, retries and permissions. Its executions: test_pipeline.py (the dev app, in moto)."""
+
+import json
+
+import aws_cdk as cdk
+import aws_cdk.aws_batch as batch
+import aws_cdk.aws_ecs as ecs
+import aws_cdk.aws_eks_v2 as eks
+import aws_cdk.aws_logs as logs
+import aws_cdk.aws_s3 as s3
+import aws_cdk.aws_sns as sns
+import pytest
+from aws_cdk.assertions import Match, Template
+
+from config import CATALOGUE
+from constructs.compute.batch.job_runner import BatchJobRunner
+from constructs.compute.eks.job_runner import EksJobRunner
+from constructs.observability.alarms import MODEL_REJECTED_ERROR
+from constructs.pipeline.training_pipeline import TrainingPipeline, TrainingRetry
+from contracts.run import PHASES, stages, train_state_seconds
+from tests.pipeline.runs import definition, states
+
+
+def _pipeline(*, train_attempt_hours: int = 72, on_demand_fallback: bool = True, max_nodes: int = 2,
+              training_retry: TrainingRetry | None = None) -> Template:
+    stack = cdk.Stack()
+    container = batch.EcsEc2ContainerDefinition(stack, "Container", image=ecs.ContainerImage.from_registry("trainer"),
+                                                cpu=1, memory=cdk.Size.mebibytes(512))
+    hosts = batch.UnmanagedComputeEnvironment(stack, "Hosts")
+    queues = {name: batch.JobQueue(stack, name, compute_environments=[
+        batch.OrderedComputeEnvironment(compute_environment=hosts, order=1)])
+        for name in ("MultiNodeQueue", "SingleNodeQueue", "SingleNodeOnDemandQueue")}
+    runner = BatchJobRunner(
+        multi_node_queue=queues["MultiNodeQueue"], single_node_queue=queues["SingleNodeQueue"],
+        job_definitions={kind: batch.EcsJobDefinition(stack, kind, container=container)
+                         for kind in ("sanity", "train", "validate")},
+        single_node_on_demand_queue=queues["SingleNodeOnDemandQueue"] if on_demand_fallback else None)
+    TrainingPipeline(stack, "Pipeline", environment="test", max_nodes=max_nodes, bucket=s3.Bucket(stack, "Data"),
+                     topic=sns.Topic(stack, "Alerts"), runner=runner, log_retention=logs.RetentionDays.TWO_WEEKS,
+                     removal_policy=cdk.RemovalPolicy.DESTROY, train_attempt_hours=train_attempt_hours,
+                     training_retry=training_retry)
+    return Template.from_stack(stack)
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> dict:
+    return dict(_pipeline().to_json())
+
+
+def test_every_task_has_a_timeout_and_a_catch(pipeline):
+    # Every Task waits a bounded time and is caught (notify the alerts topic, then fail).
+    found = states(pipeline)
+    task_states = {name: s for name, s in found.items() if s["Type"] == "Task"}
+    assert {"SanityCheck", "ReadVerdict", "CopyVerdictToModels", "PublishApprovedModel",
+            "NotifyApproved", "NotifyRejected", "NotifyFailure"} <= set(task_states)
+    for name, state in task_states.items():
+        assert state.get("TimeoutSeconds"), name
+        assert state.get("Catch"), name
+    # Validation (Spot, then on-demand) and training (its failure named by the exit code) are one state from the
+    # outside, caught like every task; the job states inside have their timeouts.
+    for block, timeout in (("Validate", "TimeoutSeconds"), ("Train", "TimeoutSecondsPath")):
+        assert found[block]["Type"] == "Parallel" and found[block]["Catch"], block
+        (branch,) = found[block]["Branches"]
+        jobs = [inner for inner in branch["States"].values() if inner["Type"] == "Task"]
+        assert jobs and all(inner.get(timeout) for inner in jobs), block
+    (train_branch,) = found["Train"]["Branches"]
+    assert train_branch["States"]["TrainJob"]["TimeoutSecondsPath"] == "$.timeouts.train"
+
+
+def test_validation_falls_back_to_the_on_demand_queue_when_spot_fails(pipeline):
+    # A failed Spot attempt is caught and the same job definition goes to the runner's on-demand queue.
+    (branch,) = states(pipeline)["Validate"]["Branches"]
+    on_spot, on_demand = branch["States"]["ValidateOnSpot"], branch["States"]["ValidateOnDemand"]
+    assert branch["StartAt"] == "ValidateOnSpot"
+    assert on_spot["Catch"][0] == {"ErrorEquals": ["States.TaskFailed"], "ResultPath": "$.spot_failure",
+                                   "Next": "ValidateOnDemand"}
+    assert on_spot["Parameters"]["JobDefinition"] == on_demand["Parameters"]["JobDefinition"]
+
+
+def test_a_rejected_training_request_is_not_retried(pipeline):
+    # States.TaskFailed in a Catch also matches Batch.ClientException (ASL error names): the block re-raises it
+    # under its own name, which the Train block's Retry (MaxAttempts 0) and the failure path receive.
+    found = states(pipeline)
+    (branch,) = found["Train"]["Branches"]
+    choice = branch["States"]["TrainIsJobDescription"]["Choices"][0]
+    assert choice == {"Variable": "$.caught.Error", "StringEquals": "Batch.ClientException",
+                      "Next": "TrainRequestRejected"}
+    assert branch["States"]["TrainRequestRejected"]["Error"] == "Batch.ClientException"
+    assert found["Train"]["Retry"][0] == {"ErrorEquals": ["Batch.ClientException"], "MaxAttempts": 0}
+
+
+def test_training_retry_has_exponential_backoff_with_full_jitter(pipeline):
+    # Only attempt failures retry (a refusal by the run itself is TrainingRefused: constructs/pipeline/train_attempt).
+    retry = states(pipeline)["Train"]["Retry"]
+    assert retry[0] == {"ErrorEquals": ["Batch.ClientException"], "MaxAttempts": 0}
+    assert retry[1]["ErrorEquals"] == ["TrainingAttemptFailed"]
+    assert retry[1]["JitterStrategy"] == "FULL" and retry[1]["BackoffRate"] == 2 and retry[1]["MaxAttempts"] == 3
+    assert states(pipeline)["SanityCheck"]["Retry"][0]["MaxAttempts"] == 1
+
+
+def test_every_aws_call_of_the_pipeline_retries_with_full_jitter(pipeline):
+    # Throttling, 5xx and timeouts of the pipeline's own calls are retried with backoff and full jitter
+    # (https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html).
+    calls = {name: state for name, state in states(pipeline).items()
+             if state["Type"] == "Task" and ":aws-sdk:" in state["Resource"] or state.get("Resource", "").endswith(
+                 ":sns:publish")}
+    assert {"ClaimRun", "FindCheckpoints", "ReadRunRecord", "DescribeRunHolder", "TakeOverRun", "ReadVerdict",
+            "CopyVerdictToModels", "RecordApproval", "ReadRecordedApproval", "PublishApprovedModel",
+            "NotifyApproved", "NotifyRejected", "NotifyFailure"} <= set(calls)
+    for name, state in calls.items():
+        (retry,) = state["Retry"]
+        assert retry["JitterStrategy"] == "FULL" and retry["BackoffRate"] == 2 and retry["MaxAttempts"] >= 3, name
+        assert "States.Timeout" in retry["ErrorEquals"], name
+
+
+def test_the_run_phases_the_cli_counts_are_states(pipeline):
+    # tools/pipeline_cli.py shows progress over contracts.run.PHASES: each is a state of the definition.
+    assert set(PHASES) <= set(states(pipeline))
+
+
+def test_a_rejected_model_fails_with_the_error_the_alarms_leave_out(pipeline):
+    # The broken-pipeline alarm's filter excludes this error name; the pipeline's Fail state for a rejected model
+    # raises exactly it (constructs/observability/alarms.py).
+    failures = [state for state in states(pipeline).values() if state["Type"] == "Fail"]
+    assert any(state.get("Error") == MODEL_REJECTED_ERROR for state in failures)
+
+
+def test_executions_are_logged_and_traced():
+    # Every execution's events (with their data) go to the execution log group, kept as long as the stack says.
+    template = _pipeline()
+    template.has_resource_properties("AWS::StepFunctions::StateMachine", {
+        "TracingConfiguration": {"Enabled": True},
+        "LoggingConfiguration": Match.object_like({"Level": "ALL", "IncludeExecutionData": True})})
+    template.has_resource_properties("AWS::Logs::LogGroup", {"RetentionInDays": 14})
+
+
+def test_the_construct_takes_its_retry_policy_and_maximum_nodes():
+    template = _pipeline(max_nodes=4, training_retry=TrainingRetry(max_attempts=5, interval=cdk.Duration.seconds(30)))
+    found = states(template.to_json())
+    # The construct's retry policy, and the environment's maximum in the input check.
+    assert found["Train"]["Retry"][1]["MaxAttempts"] == 5 and found["Train"]["Retry"][1]["IntervalSeconds"] == 30
+    assert found["ApplyDefaults"]["Parameters"]["defaults"]["nodes"] == 4
+
+
+def test_the_state_machine_may_submit_only_to_its_queues_and_job_definitions():
+    # Least privilege: SubmitJob on the two queues and three job definitions, nothing else.
+    template = _pipeline(on_demand_fallback=False)
+    (policy,) = [r for r in template.find_resources("AWS::IAM::Policy").values()
+                 if "StateMachine" in json.dumps(r["Properties"]["Roles"])]
+    (submit,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Action"] == "batch:SubmitJob"]
+    assert len(submit["Resource"]) == 5
+
+
+def test_on_eks_the_definition_names_no_batch_error():
+    # The generic pipeline names no backend's errors: EksJobRunner.rejected_errors is empty, so nothing refers to Batch.
+    stack = cdk.Stack()
+    cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="training",
+                                                  cluster_endpoint="https://example",
+                                                  cluster_certificate_authority_data="ca")
+    TrainingPipeline(stack, "Pipeline", environment="test", max_nodes=2, bucket=s3.Bucket(stack, "Data"),
+                     topic=sns.Topic(stack, "Alerts"),
+                     runner=EksJobRunner(cluster=cluster, instance=CATALOGUE["p4d.24xlarge"], image="image:tag",
+                                         max_nodes=2),
+                     log_retention=logs.RetentionDays.TWO_WEEKS, removal_policy=cdk.RemovalPolicy.DESTROY)
+    machine = json.dumps(Template.from_stack(stack).find_resources("AWS::StepFunctions::StateMachine"))
+    assert "eks:runJob.sync" in machine and "Batch." not in machine
+
+
+# ---- stage timeouts: one table (contracts/run.py) for the job definitions and the states ---------------------
+# Task state TimeoutSeconds / TimeoutSecondsPath: https://docs.aws.amazon.com/step-functions/latest/dg/state-task.html
+
+def test_states_wait_for_their_jobs_and_follow_the_training_timeout():
+    template = _pipeline(train_attempt_hours=24, on_demand_fallback=False).to_json()
+    found, table = states(template), stages(24)
+    assert found["SanityCheck"]["TimeoutSeconds"] == table["sanity"].state_seconds()
+    assert found["Validate"]["TimeoutSeconds"] == table["validate"].state_seconds()
+    # Train: the run's max_attempts picks its timeout from the table (every Batch attempt plus queue wait).
+    (train_branch,) = found["Train"]["Branches"]  # the job inside the block that names its failures
+    assert train_branch["States"]["TrainJob"]["TimeoutSecondsPath"] == "$.timeouts.train"
+    lookup = found["PrepareRun"]["Parameters"]["timeouts"]["train.$"]
+    assert lookup == (f"States.ArrayGetItem(States.Array({', '.join(map(str, train_state_seconds(24)))}), "
+                      "$.run.max_attempts)")
+    # The execution outlasts the stages.
+    retries = found["Train"]["Retry"][1]["MaxAttempts"]
+    assert definition(template)["TimeoutSeconds"] >= \
+        (1 + retries) * train_state_seconds(24)[-1] + 2 * table["sanity"].state_seconds()
+
+
+def test_a_longer_training_timeout_lengthens_the_train_state():
+    short = states(_pipeline(train_attempt_hours=24, on_demand_fallback=False).to_json())
+    long = states(_pipeline(train_attempt_hours=96, on_demand_fallback=False).to_json())
+    assert long["PrepareRun"]["Parameters"] != short["PrepareRun"]["Parameters"]
+    assert str(train_state_seconds(96)[2]) in long["PrepareRun"]["Parameters"]["timeouts"]["train.$"]

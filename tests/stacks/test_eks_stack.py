@@ -1,0 +1,126 @@
+"""EksStack alone (with the network, storage and registry it takes): the cluster, the accelerator node group and the
+training workspace wired to the environment's config, and the node scaling it adds to the pipeline's stack.
+Its constructs alone: tests/compute/test_eks_*.py."""
+
+import functools
+import json
+import re
+
+import pytest
+from aws_cdk.assertions import Match
+
+from tests.alone import StacksAlone
+from tests.compute.eks_parts import manifests
+
+# The module's stacks are built once, on one xdist worker.
+pytestmark = pytest.mark.xdist_group("eks-stack")
+ADMIN = "arn:aws:iam::123456789012:role/Admin"
+
+
+@functools.cache
+def _environment(**overrides: object) -> StacksAlone:
+    return StacksAlone(compute="eks", **overrides)
+
+
+@functools.cache
+def _compute(**overrides: object) -> dict:
+    environment = _environment(**overrides)
+    return environment.raw(environment.compute())
+
+
+def _resources(raw: dict, kind: str) -> list[dict]:
+    return [r["Properties"] for r in raw["Resources"].values() if r["Type"] == kind]
+
+
+def _accelerator_group(raw: dict) -> dict:
+    return next(p for p in _resources(raw, "AWS::EKS::Nodegroup") if "Taints" in p)
+
+
+def test_every_node_launch_template_allows_one_imds_hop():
+    # IMDSv2 with one hop on every node (accelerator and system): pods cannot use the node's role.
+    raw = _compute(instance_type="p4d.24xlarge")
+    templates = _resources(raw, "AWS::EC2::LaunchTemplate")
+    assert len(templates) == 2  # accelerator and system node groups
+    for props in templates:
+        options = props["LaunchTemplateData"]["MetadataOptions"]
+        assert (options["HttpEndpoint"], options["HttpPutResponseHopLimit"], options["HttpTokens"]) == \
+            ("enabled", 1, "required")
+    nodegroups = _resources(raw, "AWS::EKS::Nodegroup")
+    assert len(nodegroups) == 2 and all("LaunchTemplate" in n for n in nodegroups)
+
+
+def test_nodes_reserve_the_huge_pages_pods_request():
+    # The node group's user data and the job templates of one stack agree: fewer pages and pods never schedule.
+    raw = _compute(instance_type="p4d.24xlarge")
+    reserved = re.search(r"vm\.nr_hugepages = (\d+)", json.dumps(_resources(raw, "AWS::EC2::LaunchTemplate")))
+    config_map = next(o for o in manifests(raw)
+                      if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "job-templates")
+    requested = json.loads(config_map["data"]["train.json"])["spec"]["trainer"]["resourcesPerNode"]["limits"]
+    assert reserved and requested["hugepages-2Mi"] == f"{int(reserved.group(1)) * 2}Mi"
+
+
+def test_accelerator_nodes_scale_to_the_environments_nodes_in_the_training_subnet():
+    group = _accelerator_group(_compute(instance_type="p4d.24xlarge"))
+    assert group["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": _environment(
+        instance_type="p4d.24xlarge").config.nodes}
+    (subnet,) = group["Subnets"]
+    assert "TrainingSubnet" in json.dumps(subnet)
+
+
+def test_capacity_type_and_admin_access_come_from_the_config():
+    raw = _compute(instance_type="p4d.24xlarge", eks_capacity_type="spot", eks_admin_role_arns=ADMIN)
+    entries = _resources(raw, "AWS::EKS::AccessEntry")
+    assert any(e["PrincipalArn"] == ADMIN and "AmazonEKSClusterAdminPolicy" in json.dumps(e["AccessPolicies"])
+               for e in entries)
+    assert _accelerator_group(raw)["CapacityType"] == "SPOT"
+
+
+def test_capacity_block_reservation_comes_from_the_config():
+    raw = _compute(instance_type="p5.48xlarge", eks_capacity_type="capacity_block",
+                   eks_capacity_reservation_id="cr-0123456789abcdef0")
+    data = next(p["LaunchTemplateData"] for p in _resources(raw, "AWS::EC2::LaunchTemplate")
+                if "NetworkInterfaces" in p.get("LaunchTemplateData", {}))
+    assert data["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}}
+    assert _accelerator_group(raw)["CapacityType"] == "CAPACITY_BLOCK"
+
+
+# A replaced file system (new DNS and mount name) must reach every consumer in the same deploy: consumers read the
+# names through Fn::GetStackOutput, which CloudFormation resolves only when the consumer itself is updated
+# (CloudFormation template reference, "Fn::GetStackOutput"). The revision in the volume's name forces that update.
+def test_replacing_the_file_system_renames_the_volume_and_claim():
+    def claim(**overrides: object) -> tuple[str, str]:
+        raw = _compute(instance_type="g5.12xlarge", **overrides)
+        (output,) = [o["Value"] for k, o in raw["Outputs"].items() if k.startswith("WorkspaceFsxClaimName")]
+        return output, json.dumps(raw)
+
+    (before, _), (after, raw_after) = claim(), claim(fsx_deployment_type="PERSISTENT_2", fsx_storage_gib="2400")
+    assert before != after and before.startswith("fsx-training-") and after.startswith("fsx-training-")
+    assert raw_after.count(f'\\"claimName\\":\\"{after}\\"') >= 1  # the runtime's pods use the new claim
+
+
+def test_the_volume_is_the_storage_stacks_file_system():
+    volume = next(o for o in manifests(_compute(instance_type="p4d.24xlarge")) if o["kind"] == "PersistentVolume")
+    assert volume["spec"]["csi"]["volumeHandle"] == "TOKEN"  # a reference: the storage stack's output
+    assert "GetStackOutput" in json.dumps(_compute(instance_type="p4d.24xlarge"))
+
+
+@pytest.mark.parametrize("output", ["ClusterName", "KubeconfigCommand"])
+def test_operators_find_the_cluster_in_the_outputs(output):
+    environment = _environment(instance_type="p4d.24xlarge")
+    environment.template(environment.compute()).has_output(output, {"Value": Match.any_value()})
+
+
+def test_pipeline_executions_drive_the_node_group_size():
+    # attach_pipeline: the scaling rule sits in the pipeline's stack and listens to its state machine
+    # (tests/compute/test_eks_node_scaling.py has the states).
+    environment = StacksAlone(compute="eks", instance_type="p4d.24xlarge")  # built through the pipeline's stack
+    pipeline = environment.template(environment.pipeline())
+    (machine_id,) = [k for k, r in pipeline.find_resources("AWS::StepFunctions::StateMachine").items()
+                     if k.startswith("TrainingPipeline")]
+    pipeline.has_resource_properties("AWS::Events::Rule", {"EventPattern": {
+        "source": ["aws.states"], "detail-type": ["Step Functions Execution Status Change"],
+        "detail": Match.object_like({"stateMachineArn": [{"Ref": machine_id}],
+                                     "status": ["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"]})}})
+    scaling = json.dumps(pipeline.find_resources("AWS::StepFunctions::StateMachine"))
+    assert "ScaleToZero" in scaling and "ScaleToRunNodes" in scaling and "ScaleToMaxNodes" in scaling
