@@ -23,11 +23,12 @@ def _worker_tracebacks(run) -> int:
 def diverged(dataset, tmp_path_factory):
     # Checkpoints every 2 steps, 2 kept; every loss is NaN from micro-batch 19 on (2 per step: step 10),
     # so without protection the NaN step-10 checkpoint would rotate out step 6 and later saves the rest.
-    ckpt = tmp_path_factory.mktemp("diverged")
-    args = [*th.train_args(dataset, ckpt, steps=20, every=2), "--keep-last", "2"]
-    run = th.launched("slow_train.py", args, TRAIN_TEST_NAN_FROM_BATCH="19")
-    again = th.launched("train.py", args)
-    return ckpt, run, again
+    def build(ckpt):
+        args = [*th.train_args(dataset, ckpt, steps=20, every=2), "--keep-last", "2"]
+        run = th.launched("slow_train.py", args, TRAIN_TEST_NAN_FROM_BATCH="19")
+        again = th.launched("train.py", args)
+        return ckpt, run, again
+    return th.shared(tmp_path_factory, "diverged", build)
 
 
 def test_nan_loss_stops_the_run_with_its_own_exit_code_and_one_line(diverged):
@@ -62,21 +63,22 @@ def test_rerun_with_the_same_settings_is_refused_at_once(diverged):
 def two_jobs(dataset, tmp_path_factory):
     # The first job is held mid-run (after its step-5 checkpoint) while the same run is submitted again
     # through launch.py; then it is let go and must finish.
-    ckpt = tmp_path_factory.mktemp("two-jobs")
-    hold = ckpt.parent / "hold-first-job"
-    first = th.Background("slow_train.py", th.train_args(dataset, ckpt, steps=30, every=5), ckpt.parent,
-                          TRAIN_TEST_BATCH_DELAY_S="0.02", TRAIN_TEST_HOLD_WHILE=str(hold))
-    first.wait_for(lambda: 5 in th.checkpoint_steps(ckpt))
-    hold.touch()
-    second = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train",
-                             *th.train_args(dataset, ckpt, steps=30, every=5)],
-                            # The same run id: it waits for the holder, bounded; 2 s here instead of 300.
-                            env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port()),
-                                       CHECKPOINT_LOCK_WAIT_SECONDS="2"),
-                            capture_output=True, text=True, timeout=120)
-    steps_when_refused = th.checkpoint_steps(ckpt)
-    hold.unlink()
-    return ckpt, first.finish(), second, steps_when_refused
+    def build(workdir):
+        ckpt, hold = workdir / "ckpt", workdir / "hold-first-job"
+        first = th.Background("slow_train.py", th.train_args(dataset, ckpt, steps=30, every=5), workdir,
+                              TRAIN_TEST_BATCH_DELAY_S="0.02", TRAIN_TEST_HOLD_WHILE=str(hold))
+        first.wait_for(lambda: 5 in th.checkpoint_steps(ckpt))
+        hold.touch()
+        second = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train",
+                                 *th.train_args(dataset, ckpt, steps=30, every=5)],
+                                # The same run id: it waits for the holder, bounded; 2 s here instead of 300.
+                                env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port()),
+                                           CHECKPOINT_LOCK_WAIT_SECONDS="2"),
+                                capture_output=True, text=True, timeout=120)
+        steps_when_refused = th.checkpoint_steps(ckpt)
+        hold.unlink()
+        return ckpt, first.finish(), second, steps_when_refused
+    return th.shared(tmp_path_factory, "two_jobs", build)
 
 
 def test_second_job_on_a_folder_is_refused_naming_the_holder(two_jobs):
