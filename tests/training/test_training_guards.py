@@ -2,6 +2,7 @@
 and the exit codes that tell the pipeline "do not retry" survive torchrun."""
 import json
 import subprocess
+import threading
 import time
 
 import checkpoint_format
@@ -138,17 +139,22 @@ def test_launcher_keeps_a_usage_error_code():
 
 def test_an_earlier_attempt_of_the_same_run_is_waited_for_and_another_run_is_not(tmp_path, monkeypatch):
     # A dead host's Lustre lock lasts until the file system evicts that client: a retried attempt of the same
-    # run waits for it (bounded); a different run is refused at once.
-    held = _hold_lock(tmp_path, {"run_id": "r1"}, seconds=3)
+    # run waits for it (bounded); a different run is refused at once. The earlier attempt's lock is held through
+    # a file of its own in this process (flock conflicts between open files, test_checkpoint_lock.py) and let go
+    # after 3 s; a process would only add a torch import (the killed-holder test above needs one).
+    held = checkpoint_lock.lock_folder(tmp_path, {"run_id": "r1"})
+    assert not isinstance(held, str)
+    evicted = threading.Timer(3, held.close)
     monkeypatch.setenv("CHECKPOINT_LOCK_WAIT_SECONDS", "60")
     monkeypatch.setattr(checkpoint_lock, "LOCK_POLL_SECONDS", 0.2)
     started = time.monotonic()
+    evicted.start()
     assert checkpoint_lock.lock_folder_waiting(tmp_path, {"run_id": "r2"}) == '{"run_id": "r1"}'  # another run
     assert time.monotonic() - started < 1
     lock = checkpoint_lock.lock_folder_waiting(tmp_path, {"run_id": "r1"})  # the same run: waits for the holder
     assert not isinstance(lock, str) and time.monotonic() - started < 30
     lock.close()
-    held.wait(timeout=30)
+    evicted.join(timeout=30)
 
 
 def test_a_lock_wait_that_is_not_a_number_is_one_usage_error(tmp_path, monkeypatch):
