@@ -7,9 +7,9 @@ subprocess timeout would fail the test: a rank entering DCP's collective load al
 import json
 import shutil
 
-import checkpoint_format
 import pytest
 
+import checkpoint_format
 from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes

@@ -5,11 +5,11 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 import checkpoint_format
 import checkpoint_lock
 import errors
-import pytest
-
 from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
