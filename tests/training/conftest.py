@@ -19,16 +19,18 @@ from tests.training import training_helpers as th  # noqa: E402  (tests/conftest
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory) -> Path:
     """prepare_data.py output for a seeded synthetic corpus (~126k train tokens)."""
-    root = tmp_path_factory.mktemp("dataset")
-    th.make_dataset(root / "corpus", root / "data")
-    return root / "data"
+    def build(root: Path) -> Path:
+        th.make_dataset(root / "corpus", root / "data")
+        return root / "data"
+    return th.shared(tmp_path_factory, "dataset", build)
 
 
 @pytest.fixture(scope="session")
 def ddp_reference(dataset, tmp_path_factory) -> th.Run:
     """One uninterrupted 2-process DDP run, shared by the loss, resume and validation tests."""
-    ckpt = tmp_path_factory.mktemp("ddp_reference")
-    run = th.torchrun("train.py", th.train_args(dataset, ckpt), nproc=2)
-    assert run.returncode == 0, run.stderr[-3000:]
-    run.checkpoint_dir = ckpt
-    return run
+    def build(ckpt: Path) -> th.Run:
+        run = th.torchrun("train.py", th.train_args(dataset, ckpt), nproc=2)
+        assert run.returncode == 0, run.stderr[-3000:]
+        run.checkpoint_dir = ckpt
+        return run
+    return th.shared(tmp_path_factory, "ddp_reference", build)

@@ -7,9 +7,9 @@ subprocess timeout would fail the test: a rank entering DCP's collective load al
 import json
 import shutil
 
-import checkpoint_format
 import pytest
 
+import checkpoint_format
 from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
@@ -62,22 +62,27 @@ STEP_OF_KIND = {kind: STEPS - i for i, kind in enumerate(DAMAGE)}  # 8, 7, ..., 
 
 @pytest.fixture(scope="module", params=["ddp", "fsdp"])
 def trained(request, dataset, tmp_path_factory):
-    ckpt = tmp_path_factory.mktemp(f"damage-{request.param}")
-    run = th.torchrun("train.py", [*th.train_args(dataset, ckpt, steps=STEPS, every=1, strategy=request.param),
-                                   "--keep-last", str(STEPS)])
-    assert run.returncode == 0 and th.checkpoint_steps(ckpt) == list(range(1, STEPS + 1)), run.stderr[-3000:]
-    return request.param, ckpt
+    def build(ckpt):
+        run = th.torchrun("train.py", [*th.train_args(dataset, ckpt, steps=STEPS, every=1, strategy=request.param),
+                                       "--keep-last", str(STEPS)])
+        assert run.returncode == 0 and th.checkpoint_steps(ckpt) == list(range(1, STEPS + 1)), run.stderr[-3000:]
+        return request.param, ckpt
+    return th.shared(tmp_path_factory, f"damage-{request.param}", build)
 
 
 @pytest.fixture(scope="module")
 def resumed(trained, dataset, tmp_path_factory):
     strategy, clean = trained
-    ckpt = tmp_path_factory.mktemp(f"damaged-{strategy}") / "ckpt"
-    shutil.copytree(clean, ckpt)
-    for kind, (damage, _) in DAMAGE.items():
-        damage(ckpt / f"step_{STEP_OF_KIND[kind]:09d}", strategy)
-    run = th.torchrun("train.py", th.train_args(dataset, ckpt, steps=2, every=1, strategy=strategy), timeout=180)
-    return strategy, ckpt, run
+
+    def build(workdir):
+        ckpt = workdir / "ckpt"
+        shutil.copytree(clean, ckpt)
+        for kind, (damage, _) in DAMAGE.items():
+            damage(ckpt / f"step_{STEP_OF_KIND[kind]:09d}", strategy)
+        run = th.torchrun("train.py", th.train_args(dataset, ckpt, steps=2, every=1, strategy=strategy),
+                          timeout=180)
+        return strategy, ckpt, run
+    return th.shared(tmp_path_factory, f"damaged-{strategy}", build)
 
 
 def test_resume_falls_back_past_every_damaged_checkpoint_without_hanging(resumed):

@@ -2,13 +2,14 @@
 and the exit codes that tell the pipeline "do not retry" survive torchrun."""
 import json
 import subprocess
+import threading
 import time
+
+import pytest
 
 import checkpoint_format
 import checkpoint_lock
 import errors
-import pytest
-
 from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
@@ -23,11 +24,12 @@ def _worker_tracebacks(run) -> int:
 def diverged(dataset, tmp_path_factory):
     # Checkpoints every 2 steps, 2 kept; every loss is NaN from micro-batch 19 on (2 per step: step 10),
     # so without protection the NaN step-10 checkpoint would rotate out step 6 and later saves the rest.
-    ckpt = tmp_path_factory.mktemp("diverged")
-    args = [*th.train_args(dataset, ckpt, steps=20, every=2), "--keep-last", "2"]
-    run = th.launched("slow_train.py", args, TRAIN_TEST_NAN_FROM_BATCH="19")
-    again = th.launched("train.py", args)
-    return ckpt, run, again
+    def build(ckpt):
+        args = [*th.train_args(dataset, ckpt, steps=20, every=2), "--keep-last", "2"]
+        run = th.launched("slow_train.py", args, TRAIN_TEST_NAN_FROM_BATCH="19")
+        again = th.launched("train.py", args)
+        return ckpt, run, again
+    return th.shared(tmp_path_factory, "diverged", build)
 
 
 def test_nan_loss_stops_the_run_with_its_own_exit_code_and_one_line(diverged):
@@ -62,21 +64,22 @@ def test_rerun_with_the_same_settings_is_refused_at_once(diverged):
 def two_jobs(dataset, tmp_path_factory):
     # The first job is held mid-run (after its step-5 checkpoint) while the same run is submitted again
     # through launch.py; then it is let go and must finish.
-    ckpt = tmp_path_factory.mktemp("two-jobs")
-    hold = ckpt.parent / "hold-first-job"
-    first = th.Background("slow_train.py", th.train_args(dataset, ckpt, steps=30, every=5), ckpt.parent,
-                          TRAIN_TEST_BATCH_DELAY_S="0.02", TRAIN_TEST_HOLD_WHILE=str(hold))
-    first.wait_for(lambda: 5 in th.checkpoint_steps(ckpt))
-    hold.touch()
-    second = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train",
-                             *th.train_args(dataset, ckpt, steps=30, every=5)],
-                            # The same run id: it waits for the holder, bounded; 2 s here instead of 300.
-                            env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port()),
-                                       CHECKPOINT_LOCK_WAIT_SECONDS="2"),
-                            capture_output=True, text=True, timeout=120)
-    steps_when_refused = th.checkpoint_steps(ckpt)
-    hold.unlink()
-    return ckpt, first.finish(), second, steps_when_refused
+    def build(workdir):
+        ckpt, hold = workdir / "ckpt", workdir / "hold-first-job"
+        first = th.Background("slow_train.py", th.train_args(dataset, ckpt, steps=30, every=5), workdir,
+                              TRAIN_TEST_BATCH_DELAY_S="0.02", TRAIN_TEST_HOLD_WHILE=str(hold))
+        first.wait_for(lambda: 5 in th.checkpoint_steps(ckpt))
+        hold.touch()
+        second = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train",
+                                 *th.train_args(dataset, ckpt, steps=30, every=5)],
+                                # The same run id: it waits for the holder, bounded; 2 s here instead of 300.
+                                env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port()),
+                                           CHECKPOINT_LOCK_WAIT_SECONDS="2"),
+                                capture_output=True, text=True, timeout=120)
+        steps_when_refused = th.checkpoint_steps(ckpt)
+        hold.unlink()
+        return ckpt, first.finish(), second, steps_when_refused
+    return th.shared(tmp_path_factory, "two_jobs", build)
 
 
 def test_second_job_on_a_folder_is_refused_naming_the_holder(two_jobs):
@@ -136,17 +139,22 @@ def test_launcher_keeps_a_usage_error_code():
 
 def test_an_earlier_attempt_of_the_same_run_is_waited_for_and_another_run_is_not(tmp_path, monkeypatch):
     # A dead host's Lustre lock lasts until the file system evicts that client: a retried attempt of the same
-    # run waits for it (bounded); a different run is refused at once.
-    held = _hold_lock(tmp_path, {"run_id": "r1"}, seconds=3)
+    # run waits for it (bounded); a different run is refused at once. The earlier attempt's lock is held through
+    # a file of its own in this process (flock conflicts between open files, test_checkpoint_lock.py) and let go
+    # after 3 s; a process would only add a torch import (the killed-holder test above needs one).
+    held = checkpoint_lock.lock_folder(tmp_path, {"run_id": "r1"})
+    assert not isinstance(held, str)
+    evicted = threading.Timer(3, held.close)
     monkeypatch.setenv("CHECKPOINT_LOCK_WAIT_SECONDS", "60")
     monkeypatch.setattr(checkpoint_lock, "LOCK_POLL_SECONDS", 0.2)
     started = time.monotonic()
+    evicted.start()
     assert checkpoint_lock.lock_folder_waiting(tmp_path, {"run_id": "r2"}) == '{"run_id": "r1"}'  # another run
     assert time.monotonic() - started < 1
     lock = checkpoint_lock.lock_folder_waiting(tmp_path, {"run_id": "r1"})  # the same run: waits for the holder
     assert not isinstance(lock, str) and time.monotonic() - started < 30
     lock.close()
-    held.wait(timeout=30)
+    evicted.join(timeout=30)
 
 
 def test_a_lock_wait_that_is_not_a_number_is_one_usage_error(tmp_path, monkeypatch):

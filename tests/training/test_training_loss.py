@@ -1,4 +1,6 @@
 """Both strategies train a real model on 2 CPU processes and the loss falls."""
+from pathlib import Path
+
 import pytest
 
 from tests.training import training_helpers as th
@@ -9,16 +11,18 @@ pytestmark = pytest.mark.slow  # real torchrun processes
 @pytest.fixture(scope="module")
 def fsdp_run(dataset, tmp_path_factory) -> th.Run:
     # Named the way the Batch job definition does it: roots plus names, --batch-size, --expected-nodes.
-    root = tmp_path_factory.mktemp("fsdp")
-    args = th.train_args(dataset, root / "unused", strategy="fsdp")
-    for flag in ("--data", "--checkpoint-dir"):
-        del args[args.index(flag):args.index(flag) + 2]
-    args = [a if a != "--micro-batch-size" else "--batch-size" for a in args]
-    run = th.torchrun("train.py", [*args, "--datasets-root", str(dataset.parent), "--dataset", dataset.name,
-                                   "--checkpoints-root", str(root), "--run-id", "fsdp-run", "--expected-nodes", "1"])
-    assert run.returncode == 0, run.stderr[-3000:]
-    run.checkpoint_dir = root / "fsdp-run"
-    return run
+    def build(root: Path) -> th.Run:
+        args = th.train_args(dataset, root / "unused", strategy="fsdp")
+        for flag in ("--data", "--checkpoint-dir"):
+            del args[args.index(flag):args.index(flag) + 2]
+        args = [a if a != "--micro-batch-size" else "--batch-size" for a in args]
+        run = th.torchrun("train.py", [*args, "--datasets-root", str(dataset.parent), "--dataset", dataset.name,
+                                       "--checkpoints-root", str(root), "--run-id", "fsdp-run",
+                                       "--expected-nodes", "1"])
+        assert run.returncode == 0, run.stderr[-3000:]
+        run.checkpoint_dir = root / "fsdp-run"
+        return run
+    return th.shared(tmp_path_factory, "fsdp_run", build)
 
 
 def _falls(losses: list[float]) -> bool:

@@ -2,15 +2,22 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import pickle
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 TRAINING_IMAGE = Path(__file__).resolve().parents[2] / "training_image"
 TESTS = Path(__file__).resolve().parent  # slow_train.py: train.py with test-only delays and faults
@@ -19,6 +26,29 @@ PYTHON = sys.executable
 # Shared by the reference run and the resume tests: they must be the same job to compare bit for bit.
 TRAIN_STEPS = 30
 CHECKPOINT_EVERY = 10
+
+
+def shared(tmp_path_factory, name: str, build: Callable[[Path], T]) -> T:
+    """`build(folder)` once per test run, even across pytest-xdist workers, which each have a session of their own.
+
+    xdist hands a module's tests to either worker, so each would otherwise repeat every module and session fixture
+    (a real multi-process training run each). The workers share the parent of their base temp folders: the first
+    to get there builds under a file lock, the others wait and load its pickled result. What `build` returns
+    (and writes under `folder`) is then read by tests on both workers: a test that changes it works on a copy.
+    A build that fails leaves no result, so the next worker builds again and reports its own error."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this run's folder (pytest-N), shared by its workers only
+    folder, result = root / f"shared-{name}", root / f"shared-{name}.pickle"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed, or when a worker dies
+        if result.exists():
+            return pickle.loads(result.read_bytes())
+        shutil.rmtree(folder, ignore_errors=True)  # a failed build's leftovers
+        folder.mkdir()
+        value = build(folder)
+        result.write_bytes(pickle.dumps(value))
+        return value
 
 
 def make_dataset(corpus_dir: Path, data_dir: Path) -> None:
