@@ -25,8 +25,9 @@ def _time(cwd: Path, outdir: str, runs: int, validation: bool = True) -> list[fl
     samples = []
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run([str(CDK), "synth", "--quiet", "--output", outdir], cwd=cwd, env=env, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [str(CDK), "synth", "--quiet", "--output", outdir], cwd=cwd, env=env, check=True, capture_output=True
+        )
         samples.append(time.perf_counter() - start)
     return samples
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-
 # NVIDIA A10G datasheet for AWS (d1.awsstatic.com/.../NVIDIA_AWS_A10G_DataSheet_FINAL_02_17_2022.pdf): 70 dense bf16
 # TFLOPS (140 with sparsity). 125 is the plain A10's figure, which the catalogue carried before.
 A10G_BF16_TFLOPS = 70.0

@@ -36,7 +36,8 @@ DATASET_RULE = (
     "(no '..', no empty segment)"
 )
 
-# What the training image knows (training_image/model.py MODEL_SIZES, train_config.py STRATEGIES; tests hold them equal).
+# What the training image knows (training_image/model.py MODEL_SIZES, train_config.py STRATEGIES;
+# tests hold them equal).
 MODELS = ("tiny", "mini", "125m", "350m", "760m", "1.3b", "2.7b", "6.7b", "13b")
 STRATEGIES = ("ddp", "fsdp")
 

@@ -43,38 +43,73 @@ class StacksAlone:
         return f"{self.config.stack_prefix}-{unit}"
 
     def network(self) -> NetworkStack:
-        return self._stack("network", lambda: NetworkStack(self.app, self._id("Network"), config=self.config,
-                                                           env=self._env))
+        return self._stack(
+            "network", lambda: NetworkStack(self.app, self._id("Network"), config=self.config, env=self._env)
+        )
 
     def storage(self) -> StorageStack:
-        return self._stack("storage", lambda: StorageStack(self.app, self._id("Storage"), config=self.config,
-                                                           network=self.network(), env=self._env))
+        return self._stack(
+            "storage",
+            lambda: StorageStack(
+                self.app, self._id("Storage"), config=self.config, network=self.network(), env=self._env
+            ),
+        )
 
     def registry(self) -> RegistryStack:
-        return self._stack("registry", lambda: RegistryStack(self.app, self._id("Registry"), config=self.config,
-                                                             env=self._env))
+        return self._stack(
+            "registry", lambda: RegistryStack(self.app, self._id("Registry"), config=self.config, env=self._env)
+        )
 
     def alerts(self) -> AlertsStack:
-        return self._stack("alerts", lambda: AlertsStack(self.app, self._id("Alerts"), config=self.config,
-                                                         env=self._env))
+        return self._stack(
+            "alerts", lambda: AlertsStack(self.app, self._id("Alerts"), config=self.config, env=self._env)
+        )
 
     def compute(self) -> Any:
         """The backend's stack (BatchStack or EksStack), as app.py's COMPUTE_STACKS names it."""
         module, class_name, unit = COMPUTE_STACKS[self.config.compute]
         stack_class = getattr(importlib.import_module(module), class_name)
-        return self._stack("compute", lambda: stack_class(
-            self.app, self._id(unit), config=self.config, network=self.network(), storage=self.storage(),
-            registry=self.registry(), env=self._env))
+        return self._stack(
+            "compute",
+            lambda: stack_class(
+                self.app,
+                self._id(unit),
+                config=self.config,
+                network=self.network(),
+                storage=self.storage(),
+                registry=self.registry(),
+                env=self._env,
+            ),
+        )
 
     def pipeline(self) -> PipelineStack:
-        return self._stack("pipeline", lambda: PipelineStack(
-            self.app, self._id("Pipeline"), config=self.config, storage=self.storage(), alerts=self.alerts(),
-            compute=self.compute(), env=self._env))
+        return self._stack(
+            "pipeline",
+            lambda: PipelineStack(
+                self.app,
+                self._id("Pipeline"),
+                config=self.config,
+                storage=self.storage(),
+                alerts=self.alerts(),
+                compute=self.compute(),
+                env=self._env,
+            ),
+        )
 
     def observability(self) -> ObservabilityStack:
-        return self._stack("observability", lambda: ObservabilityStack(
-            self.app, self._id("Observability"), config=self.config, storage=self.storage(), alerts=self.alerts(),
-            compute=self.compute(), pipeline=self.pipeline(), env=self._env))
+        return self._stack(
+            "observability",
+            lambda: ObservabilityStack(
+                self.app,
+                self._id("Observability"),
+                config=self.config,
+                storage=self.storage(),
+                alerts=self.alerts(),
+                compute=self.compute(),
+                pipeline=self.pipeline(),
+                env=self._env,
+            ),
+        )
 
     def template(self, stack: cdk.Stack) -> Template:
         """The stack's template (synthesizes the stacks built so far, once per stack: build every stack a test needs

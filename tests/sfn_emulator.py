@@ -66,8 +66,14 @@ ACCOUNT = "123456789012"  # moto's default account
 ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/pipeline-test"
 JOB_KINDS = ("sanity", "train", "validate")
 # Transient error codes and their HTTP status, as the services return them.
-FAULT_STATUS = {"SlowDown": 503, "InternalError": 500, "ServiceUnavailable": 503, "ThrottlingException": 400,
-                "Throttling": 400, "InternalFailure": 500}
+FAULT_STATUS = {
+    "SlowDown": 503,
+    "InternalError": 500,
+    "ServiceUnavailable": 503,
+    "ThrottlingException": 400,
+    "Throttling": 400,
+    "InternalFailure": 500,
+}
 ERROR_SERVICE_NAMES = {"s3": "S3", "ssm": "Ssm", "sns": "Sns", "sfn": "Sfn", "dynamodb": "DynamoDb"}
 
 
@@ -75,8 +81,10 @@ def _to_boto(value, shape):
     """Step Functions' PascalCase request -> boto member names, following botocore's input shape."""
     if shape.type_name == "structure" and isinstance(value, dict):
         members = {name.lower(): name for name in shape.members}
-        return {members.get(k.lower(), k): _to_boto(v, shape.members[members[k.lower()]])
-                if k.lower() in members else v for k, v in value.items()}
+        return {
+            members.get(k.lower(), k): _to_boto(v, shape.members[members[k.lower()]]) if k.lower() in members else v
+            for k, v in value.items()
+        }
     if shape.type_name == "list" and isinstance(value, list):
         return [_to_boto(item, shape.member) for item in value]
     return value  # maps (Parameters, Tags) and scalars unchanged
@@ -117,48 +125,68 @@ class _ClientProxy:
         fault = self._recorder.next_fault(f"{service}.{name}")
         if fault is not None:
             # "after:Code": the call takes effect, then its answer is lost (the caller sees Code and may retry).
-            code, lost_reply = (fault[len("after:"):], True) if fault.startswith("after:") else (fault, False)
+            code, lost_reply = (fault[len("after:") :], True) if fault.startswith("after:") else (fault, False)
 
             def failing(**request):
                 if lost_reply:
                     getattr(self._recorder._raw(service), name)(**request)
-                raise ClientError({"Error": {"Code": code, "Message": f"injected {code}"},
-                                   "ResponseMetadata": {"HTTPStatusCode": FAULT_STATUS.get(code, 500),
-                                                        "RequestId": "injected"}}, name)
+                raise ClientError(
+                    {
+                        "Error": {"Code": code, "Message": f"injected {code}"},
+                        "ResponseMetadata": {"HTTPStatusCode": FAULT_STATUS.get(code, 500), "RequestId": "injected"},
+                    },
+                    name,
+                )
+
             return failing
         if service == "batch" and name == "submit_job":
+
             def submit_job(**request):
                 shape = self._client.meta.service_model.operation_model("SubmitJob").input_shape
                 request = _to_boto(request, shape)
                 self._recorder.submitted.append(request)
                 response = method(**request)
-                return {**response, "JobId": response["jobId"], "JobName": response["jobName"],
-                        "JobArn": response.get("jobArn")}
+                return {
+                    **response,
+                    "JobId": response["jobId"],
+                    "JobName": response["jobName"],
+                    "JobArn": response.get("jobArn"),
+                }
+
             return submit_job
         if service == "batch" and name == "describe_jobs":
+
             def describe_jobs(**request):
                 response = method(**request)
                 for job in response["jobs"]:
                     job.update(JobId=job["jobId"], JobName=job["jobName"], Status=job["status"])
                     # Step Functions' optimized Batch integration returns the job in PascalCase (its ResultSelector
                     # reads $.JobId); the failure Cause carries the attempts with their exit codes the same way.
-                    job["Attempts"] = [{"Container": {"ExitCode": a.get("container", {}).get("exitCode")}}
-                                       for a in job.get("attempts", [])]
+                    job["Attempts"] = [
+                        {"Container": {"ExitCode": a.get("container", {}).get("exitCode")}}
+                        for a in job.get("attempts", [])
+                    ]
                 return response
+
             return describe_jobs
         if service == "s3" and name == "get_object":
             return lambda **request: _json_safe(method(**request))
         if service == "stepfunctions":  # a camelCase API: Step Functions speaks PascalCase to it both ways
+
             def pascal_case_call(**request):
                 shape = self._client.meta.service_model.operation_model(
-                    self._client.meta.method_to_api_mapping[name]).input_shape
+                    self._client.meta.method_to_api_mapping[name]
+                ).input_shape
                 response = method(**_to_boto(request, shape))
                 return {key[:1].upper() + key[1:]: value for key, value in _json_safe(response).items()}
+
             return pascal_case_call
         if service == "s3" and name == "put_object":
+
             def put_object(**request):
                 with self._recorder._lock:  # S3 decides conditional writes atomically; moto checks, then writes
                     return method(**request)
+
             return put_object
         return method
 
@@ -166,6 +194,7 @@ class _ClientProxy:
 @dataclass
 class Emulator:
     """Create with the pipeline stack's template and the app's templates (for cross-stack outputs)."""
+
     template: dict
     templates: dict[str, dict]
     outcomes: dict[str, list[bool | int]] = field(default_factory=dict)  # kind -> outcome (or exit code) per submission
@@ -199,8 +228,10 @@ class Emulator:
         self._original_client = original_client
 
         def proxy(region, service, state_credentials=None):
-            return _ClientProxy(original_client(region=region, service=service, state_credentials=state_credentials),
-                                self)
+            return _ClientProxy(
+                original_client(region=region, service=service, state_credentials=state_credentials), self
+            )
+
         self._patch(batch_service, "boto_client_for", proxy)
         self._patch(sdk_service, "boto_client_for", proxy)
         self._patch(sns_service, "boto_client_for", proxy)
@@ -213,8 +244,15 @@ class Emulator:
         def eval_sync(task, env, sync_resolver, timeout_seconds, callback_endpoint, heartbeat_endpoint):
             if callback_endpoint is not None and callback_endpoint.get_outcome() is None:
                 callback_endpoint._notify_event.clear()  # interrupted by the previous attempt, not notified
-            return original_eval_sync(task, env=env, sync_resolver=sync_resolver, timeout_seconds=timeout_seconds,
-                                      callback_endpoint=callback_endpoint, heartbeat_endpoint=heartbeat_endpoint)
+            return original_eval_sync(
+                task,
+                env=env,
+                sync_resolver=sync_resolver,
+                timeout_seconds=timeout_seconds,
+                callback_endpoint=callback_endpoint,
+                heartbeat_endpoint=heartbeat_endpoint,
+            )
+
         self._patch(StateTaskServiceCallback, "_eval_sync", eval_sync)
         self._lock = threading.Lock()
         self._counts: dict[str, int] = defaultdict(int)
@@ -222,8 +260,9 @@ class Emulator:
         self.s3 = boto3.client("s3", region_name=REGION)
         self.ssm = boto3.client("ssm", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
-        machine = next(r for r in self.template["Resources"].values()
-                       if r["Type"] == "AWS::StepFunctions::StateMachine")
+        machine = next(
+            r for r in self.template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine"
+        )
         self.definition = self.resolve(machine["Properties"]["DefinitionString"])
         self.name = machine["Properties"].get("StateMachineName", "pipeline")
         self.new_state_machine()
@@ -240,12 +279,14 @@ class Emulator:
                     parsed[definition] = parse(definition)
                 program, tree = parsed[definition]
                 return copy.deepcopy(program), tree  # each execution gets a program never evaluated before
+
         self._patch(asl_parser.AmazonStateLanguageParser, "parse", staticmethod(parse_once))
         return self
 
     def new_state_machine(self) -> str:
         self.state_machine_arn = self.sfn.create_state_machine(
-            name=self.name, definition=self.definition, roleArn=ROLE_ARN)["stateMachineArn"]
+            name=self.name, definition=self.definition, roleArn=ROLE_ARN
+        )["stateMachineArn"]
         return self.state_machine_arn
 
     @staticmethod
@@ -275,8 +316,9 @@ class Emulator:
                 setattr(owner, name, original)
 
     def _patch(self, owner, name, value) -> None:
-        self._patches.append((owner, name, owner.__dict__.get(name, _ABSENT) if isinstance(owner, type)
-                              else getattr(owner, name)))
+        self._patches.append(
+            (owner, name, owner.__dict__.get(name, _ABSENT) if isinstance(owner, type) else getattr(owner, name))
+        )
         setattr(owner, name, value)
 
     # ---- job outcomes -------------------------------------------------------------------------
@@ -304,9 +346,13 @@ class Emulator:
                 job.latest_attempt["container"]["exitCode"] = job.exit_code
             if success and kind == "validate" and emulator.verdict is not None:
                 run_id = job.parameters["run_id"]
-                emulator.s3.put_object(Bucket=emulator.bucket, Key=f"runs/{run_id}/verdict.json",
-                                       Body=json.dumps(emulator.verdict).encode())
+                emulator.s3.put_object(
+                    Bucket=emulator.bucket,
+                    Key=f"runs/{run_id}/verdict.json",
+                    Body=json.dumps(emulator.verdict).encode(),
+                )
             job._mark_stopped(success=success)
+
         return finish
 
     # ---- resolving the template ---------------------------------------------------------------
@@ -324,8 +370,12 @@ class Emulator:
             separator, parts = value["Fn::Join"]
             return separator.join(str(self.resolve(p, template)) for p in parts)
         if "Ref" in value:
-            pseudo = {"AWS::AccountId": ACCOUNT, "AWS::Region": REGION, "AWS::Partition": "aws",
-                      "AWS::URLSuffix": "amazonaws.com"}
+            pseudo = {
+                "AWS::AccountId": ACCOUNT,
+                "AWS::Region": REGION,
+                "AWS::Partition": "aws",
+                "AWS::URLSuffix": "amazonaws.com",
+            }
             return pseudo.get(value["Ref"]) or self._resource(template, value["Ref"])["Ref"]
         if "Fn::GetAtt" in value:
             logical, attribute = value["Fn::GetAtt"]
@@ -374,31 +424,43 @@ class Emulator:
             environment = environments[0]["computeEnvironmentArn"]
         else:
             role = boto3.client("iam", region_name=REGION).create_role(
-                RoleName="batch-service", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+                RoleName="batch-service", AssumeRolePolicyDocument="{}"
+            )["Role"]["Arn"]
             environment = batch.create_compute_environment(
-                computeEnvironmentName="emulated", type="UNMANAGED", state="ENABLED", serviceRole=role,
+                computeEnvironmentName="emulated",
+                type="UNMANAGED",
+                state="ENABLED",
+                serviceRole=role,
             )["computeEnvironmentArn"]
-        return batch.create_job_queue(jobQueueName=name, state="ENABLED", priority=1, computeEnvironmentOrder=[
-            {"order": 1, "computeEnvironment": environment}])["jobQueueArn"]
+        return batch.create_job_queue(
+            jobQueueName=name,
+            state="ENABLED",
+            priority=1,
+            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment}],
+        )["jobQueueArn"]
 
     def create_job_definition(self, name: str) -> str:
         return boto3.client("batch", region_name=REGION).register_job_definition(
-            jobDefinitionName=name, type="container",
-            containerProperties={"image": "training:latest", "vcpus": 1, "memory": 512})["jobDefinitionArn"]
+            jobDefinitionName=name,
+            type="container",
+            containerProperties={"image": "training:latest", "vcpus": 1, "memory": 512},
+        )["jobDefinitionArn"]
 
     # ---- running ------------------------------------------------------------------------------
     def subscribe_queue(self, topic_arn: str) -> str:
         url = self.sqs.create_queue(QueueName="alerts")["QueueUrl"]
         arn = self.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-        boto3.client("sns", region_name=REGION).subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=arn,
-                                                         Attributes={"RawMessageDelivery": "true"})
+        boto3.client("sns", region_name=REGION).subscribe(
+            TopicArn=topic_arn, Protocol="sqs", Endpoint=arn, Attributes={"RawMessageDelivery": "true"}
+        )
         return url
 
     def run(self, execution_input: dict, name: str | None = None, timeout: float = 20.0) -> dict:
         self._runs = getattr(self, "_runs", 0) + 1
         name = name or f"run-{self._runs}"
-        arn = self.sfn.start_execution(stateMachineArn=self.state_machine_arn, name=name,
-                                       input=json.dumps(execution_input))["executionArn"]
+        arn = self.sfn.start_execution(
+            stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(execution_input)
+        )["executionArn"]
         return self.wait(arn, timeout)
 
     def wait(self, execution_arn: str, timeout: float = 20.0) -> dict:

@@ -62,8 +62,9 @@ def context(**overrides: object) -> dict:
 
 def app_variants() -> list[dict]:
     """What CI synthesizes: every environment on every backend, and every EFA instance type on every backend."""
-    return ([{"env": env, "compute": compute} for env in ENVIRONMENTS for compute in BACKENDS]
-            + [{"compute": compute, "instance_type": name} for compute in BACKENDS for name in efa_instance_types()])
+    return [{"env": env, "compute": compute} for env in ENVIRONMENTS for compute in BACKENDS] + [
+        {"compute": compute, "instance_type": name} for compute in BACKENDS for name in efa_instance_types()
+    ]
 
 
 def variant_id(variant: dict) -> str:
@@ -73,6 +74,7 @@ def variant_id(variant: dict) -> str:
 @dataclass
 class Synthesized:
     """One synthesized app: its configuration, cloud assembly and every stack's template."""
+
     config: EnvironmentConfig
     outdir: Path
     templates: dict[str, dict]  # stack name -> CloudFormation template
@@ -133,11 +135,22 @@ def synthesize(**overrides: object) -> Synthesized:
                 app, stacks = build_app(context=app_context, outdir=str(outdir))
                 assembly = app.synth()
                 _drop_file_assets(outdir)
-                (outdir / _SUMMARY).write_text(json.dumps({
-                    "units": {unit: stack.stack_name for unit, stack in stacks.items()},
-                    "templates": {stack.stack_name: stack.template_file for stack in assembly.stacks}}))
+                (outdir / _SUMMARY).write_text(
+                    json.dumps(
+                        {
+                            "units": {unit: stack.stack_name for unit, stack in stacks.items()},
+                            "templates": {stack.stack_name: stack.template_file for stack in assembly.stacks},
+                        }
+                    )
+                )
         summary = json.loads((outdir / _SUMMARY).read_text())
         templates = {name: json.loads((outdir / file).read_text()) for name, file in summary["templates"].items()}
-        _synthesized[key] = Synthesized(config=config, outdir=outdir, templates=templates,
-                                        stack_names=summary["units"], context=app_context, _stacks=stacks)
+        _synthesized[key] = Synthesized(
+            config=config,
+            outdir=outdir,
+            templates=templates,
+            stack_names=summary["units"],
+            context=app_context,
+            _stacks=stacks,
+        )
     return _synthesized[key]

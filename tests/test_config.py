@@ -37,14 +37,17 @@ BAD_INPUTS = [
     ({"log_retention_days": "10"}, ["log_retention_days=10", "14"]),
     ({"account": "12345"}, ["account='12345'", "12 digits"]),
     ({"vpc_cidr": "192.168.0.0/16"}, ["vpc_cidr='192.168.0.0/16'", "10.0.0.0/16"]),
-    ({"eks_capacity_type": "capacity_block"},
-     ["eks_capacity_reservation_id=None", "required when eks_capacity_type=capacity_block"]),
+    (
+        {"eks_capacity_type": "capacity_block"},
+        ["eks_capacity_reservation_id=None", "required when eks_capacity_type=capacity_block"],
+    ),
     ({"eks_capacity_reservation_id": "cr-123"}, ["eks_capacity_reservation_id='cr-123'", "cr-0123456789abcdef0"]),
 ]
 
 
-@pytest.mark.parametrize("overrides,expected", BAD_INPUTS, ids=[next(iter(o)) + "=" + str(list(o.values())[-1])
-                                                                 for o, _ in BAD_INPUTS])
+@pytest.mark.parametrize(
+    "overrides,expected", BAD_INPUTS, ids=[next(iter(o)) + "=" + str(list(o.values())[-1]) for o, _ in BAD_INPUTS]
+)
 def test_bad_value_is_refused_with_one_line_naming_field_value_and_allowed(overrides, expected):
     with pytest.raises(ConfigError) as refused:
         load_config({**CDK_JSON_CONTEXT, **overrides})
@@ -55,8 +58,16 @@ def test_bad_value_is_refused_with_one_line_naming_field_value_and_allowed(overr
 
 
 def test_command_line_strings_are_coerced_to_field_types():
-    config = load_config({**CDK_JSON_CONTEXT, "nodes": "8", "budget_monthly_usd": "1500.5", "retain_data": "true",
-                          "alert_emails": "a@example.com, b@example.com", "availability_zone": "none"})
+    config = load_config(
+        {
+            **CDK_JSON_CONTEXT,
+            "nodes": "8",
+            "budget_monthly_usd": "1500.5",
+            "retain_data": "true",
+            "alert_emails": "a@example.com, b@example.com",
+            "availability_zone": "none",
+        }
+    )
     assert (config.nodes, config.budget_monthly_usd, config.retain_data) == (8, 1500.5, True)
     assert config.alert_emails == ("a@example.com", "b@example.com")
     assert config.availability_zone is None
@@ -81,8 +92,11 @@ def test_catalogue_instance_types_with_efa_are_all_accepted():
 
 def _run_app(**overrides: str) -> subprocess.CompletedProcess:
     """Run app.py as the CDK CLI does: context in CDK_CONTEXT_JSON."""
-    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({**CDK_JSON_CONTEXT, **overrides}),
-           "CDK_OUTDIR": str(ROOT / "build" / "bad-input")}
+    env = {
+        **os.environ,
+        "CDK_CONTEXT_JSON": json.dumps({**CDK_JSON_CONTEXT, **overrides}),
+        "CDK_OUTDIR": str(ROOT / "build" / "bad-input"),
+    }
     return subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -113,9 +127,23 @@ def test_instance_without_efa_is_refused_by_the_cli(tmp_path):
     # The real CDK CLI: non-zero exit, the one-line message on stderr, no traceback.
     env = {**os.environ, "PATH": f"{ROOT / 'node_modules' / '.bin'}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run(
-        [str(ROOT / "node_modules" / ".bin" / "cdk"), "synth", "--no-notices", "-o", str(tmp_path / "out"),
-         "-c", "compute=batch", "-c", "instance_type=g5.xlarge"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+        [
+            str(ROOT / "node_modules" / ".bin" / "cdk"),
+            "synth",
+            "--no-notices",
+            "-o",
+            str(tmp_path / "out"),
+            "-c",
+            "compute=batch",
+            "-c",
+            "instance_type=g5.xlarge",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode != 0
     assert "error: environment 'dev': instance_type='g5.xlarge' is not valid" in result.stderr
     assert "Traceback" not in result.stderr

@@ -18,14 +18,36 @@ from config.regions import REGION_ZONES
 from tests.synthesis import CDK_JSON_CONTEXT
 
 # What cdk.json (JSON) and `-c FIELD=VALUE` (strings) can hold.
-JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
-                         st.text(max_size=40))
-JSON_VALUES = st.one_of(JSON_SCALARS, st.lists(JSON_SCALARS, max_size=4),
-                        st.dictionaries(st.text(max_size=5), JSON_SCALARS, max_size=2))
+JSON_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40)
+)
+JSON_VALUES = st.one_of(
+    JSON_SCALARS, st.lists(JSON_SCALARS, max_size=4), st.dictionaries(st.text(max_size=5), JSON_SCALARS, max_size=2)
+)
 NUMERIC_TEXT = st.one_of(
     st.text(alphabet=st.characters(categories=["Nd", "No", "Pd", "Po", "Zs"]), min_size=1, max_size=12),
-    st.sampled_from(["inf", "-inf", "nan", "NaN", "Infinity", "1e309", "-1e309", "1_000", "0x10", "１２", "٣",
-                     "1e3", "2.5", " 7 ", "+8", "-0", "9" * 40]))
+    st.sampled_from(
+        [
+            "inf",
+            "-inf",
+            "nan",
+            "NaN",
+            "Infinity",
+            "1e309",
+            "-1e309",
+            "1_000",
+            "0x10",
+            "１２",
+            "٣",
+            "1e3",
+            "2.5",
+            " 7 ",
+            "+8",
+            "-0",
+            "9" * 40,
+        ]
+    ),
+)
 
 
 def _outcome(field: str, value: object) -> str | None:
@@ -74,30 +96,36 @@ def test_regions_and_zones_come_from_the_shipped_list_and_agree(region, zone):
         assert config_or_error is not None and "availability_zone" in config_or_error
 
 
-@pytest.mark.parametrize("field, values", [
-    ("alert_emails", ["ops@example.com", "ops@example.com"]),
-    ("eks_admin_role_arns", ["arn:aws:iam::123456789012:role/Admin"] * 2),
-])
+@pytest.mark.parametrize(
+    "field, values",
+    [
+        ("alert_emails", ["ops@example.com", "ops@example.com"]),
+        ("eks_admin_role_arns", ["arn:aws:iam::123456789012:role/Admin"] * 2),
+    ],
+)
 def test_list_fields_refuse_duplicates(field, values):
     message = _outcome(field, values)
     assert message is not None and field in message and "each once" in message
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("alert_emails", ["opš@example.com"], "alert_emails='opš@example.com'"),
-    ("alert_emails", "ops@example.com\n", None),  # a trailing newline is stripped, not smuggled in
-    ("image_tag", "v1\u00e9", "image_tag='v1é'"),
-    ("image_tag", "x" * 129, "image_tag="),
-    ("eks_admin_role_arns", ["arn:aws:iam::123456789012:role/Ädmin"], "eks_admin_role_arns="),
-    ("account", "１２３４５６７８９０１２", "account="),
-    ("region", "us-east-9", "region='us-east-9'"),
-    ("availability_zone", "us-east-1z", "availability_zone='us-east-1z'"),
-    ("fsx_storage_gib", "240000", "fsx_storage_gib=240000"),
-    ("budget_monthly_usd", "1e12", "budget_monthly_usd="),
-    ("nodes", "٣", "nodes='٣'"),
-    ("budget_monthly_usd", "inf", "budget_monthly_usd='inf'"),
-    ("budget_monthly_usd", "1e309", "budget_monthly_usd='1e309'"),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("alert_emails", ["opš@example.com"], "alert_emails='opš@example.com'"),
+        ("alert_emails", "ops@example.com\n", None),  # a trailing newline is stripped, not smuggled in
+        ("image_tag", "v1\u00e9", "image_tag='v1é'"),
+        ("image_tag", "x" * 129, "image_tag="),
+        ("eks_admin_role_arns", ["arn:aws:iam::123456789012:role/Ädmin"], "eks_admin_role_arns="),
+        ("account", "１２３４５６７８９０１２", "account="),
+        ("region", "us-east-9", "region='us-east-9'"),
+        ("availability_zone", "us-east-1z", "availability_zone='us-east-1z'"),
+        ("fsx_storage_gib", "240000", "fsx_storage_gib=240000"),
+        ("budget_monthly_usd", "1e12", "budget_monthly_usd="),
+        ("nodes", "٣", "nodes='٣'"),
+        ("budget_monthly_usd", "inf", "budget_monthly_usd='inf'"),
+        ("budget_monthly_usd", "1e309", "budget_monthly_usd='1e309'"),
+    ],
+)
 def test_service_limits_and_patterns(field, value, words):
     message = _outcome(field, value)
     if words is None:
@@ -110,6 +138,7 @@ def test_service_limits_and_patterns(field, value, words):
 # In-process: main() with the context the CDK CLI would hand it (through jsii and back, as the CLI's context does).
 # The process itself (exit status, stderr, the context read from CDK_CONTEXT_JSON) is test_config.py's
 # test_app_exits_non_zero_with_one_line_and_no_traceback.
+
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(field=st.sampled_from(FIELD_NAMES), value=st.one_of(st.text(min_size=1, max_size=20), NUMERIC_TEXT))

@@ -58,8 +58,11 @@ def test_run_cost_is_hours_times_cluster_plus_fsx_share():
     hours = 17.5
     e = cost_report.estimate(config, hours=hours)
     node = CATALOGUE[config.instance_type].on_demand_usd_per_hour
-    fsx_hour = config.fsx_storage_gib * fsx_usd_per_gb_month(config.fsx_deployment_type,
-                                                             config.fsx_throughput_per_tib) / HOURS_PER_MONTH
+    fsx_hour = (
+        config.fsx_storage_gib
+        * fsx_usd_per_gb_month(config.fsx_deployment_type, config.fsx_throughput_per_tib)
+        / HOURS_PER_MONTH
+    )
     assert e.run_usd(e.on_demand.usd_per_hour) == pytest.approx(hours * (3 * node + fsx_hour))
 
 
@@ -73,8 +76,9 @@ def test_batch_multi_node_never_offers_spot():
     pricing, stub = _stubbed("pricing", "us-east-1")
     stub.add_response("get_products", {"PriceList": []})
     with stub:  # the session has no ec2 client: asking it for Spot prices would raise KeyError
-        e = cost_report.estimate(_config(env="dev", compute="batch", nodes=2), hours=1,
-                                 session=_Session({"pricing": pricing}))
+        e = cost_report.estimate(
+            _config(env="dev", compute="batch", nodes=2), hours=1, session=_Session({"pricing": pricing})
+        )
     assert e.spot.usd_per_hour is None and "multi-node" in e.spot.source
 
 
@@ -89,18 +93,46 @@ def test_live_prices_come_from_price_list_and_spot_history():
     config = _config(env="prod", compute="eks")
     pricing, pricing_stub = _stubbed("pricing", "us-east-1")
     ec2, ec2_stub = _stubbed("ec2", config.region)
-    product = {"product": {"attributes": {"instanceType": config.instance_type}}, "terms": {"OnDemand": {"T": {
-        "priceDimensions": {"D": {"unit": "Hrs", "pricePerUnit": {"USD": "50.0000000000"}}}}}}}
-    pricing_stub.add_response("get_products", {"PriceList": [json.dumps(product)], "FormatVersion": "aws_v1"},
-                              {"ServiceCode": "AmazonEC2", "Filters": ANY, "MaxResults": 10})
+    product = {
+        "product": {"attributes": {"instanceType": config.instance_type}},
+        "terms": {
+            "OnDemand": {"T": {"priceDimensions": {"D": {"unit": "Hrs", "pricePerUnit": {"USD": "50.0000000000"}}}}}
+        },
+    }
+    pricing_stub.add_response(
+        "get_products",
+        {"PriceList": [json.dumps(product)], "FormatVersion": "aws_v1"},
+        {"ServiceCode": "AmazonEC2", "Filters": ANY, "MaxResults": 10},
+    )
     now = datetime.now(UTC)
-    ec2_stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [
-        {"AvailabilityZone": config.availability_zone, "InstanceType": config.instance_type,
-         "ProductDescription": "Linux/UNIX", "SpotPrice": "20.000000", "Timestamp": now},
-        {"AvailabilityZone": config.availability_zone, "InstanceType": config.instance_type,
-         "ProductDescription": "Linux/UNIX", "SpotPrice": "99.000000", "Timestamp": now}]}, {
-        "InstanceTypes": [config.instance_type], "ProductDescriptions": ["Linux/UNIX"], "StartTime": ANY,
-        "MaxResults": 100, "AvailabilityZone": config.availability_zone})
+    ec2_stub.add_response(
+        "describe_spot_price_history",
+        {
+            "SpotPriceHistory": [
+                {
+                    "AvailabilityZone": config.availability_zone,
+                    "InstanceType": config.instance_type,
+                    "ProductDescription": "Linux/UNIX",
+                    "SpotPrice": "20.000000",
+                    "Timestamp": now,
+                },
+                {
+                    "AvailabilityZone": config.availability_zone,
+                    "InstanceType": config.instance_type,
+                    "ProductDescription": "Linux/UNIX",
+                    "SpotPrice": "99.000000",
+                    "Timestamp": now,
+                },
+            ]
+        },
+        {
+            "InstanceTypes": [config.instance_type],
+            "ProductDescriptions": ["Linux/UNIX"],
+            "StartTime": ANY,
+            "MaxResults": 100,
+            "AvailabilityZone": config.availability_zone,
+        },
+    )
     with pricing_stub, ec2_stub:
         e = cost_report.estimate(config, hours=2, session=_Session({"pricing": pricing, "ec2": ec2}))
     assert (e.on_demand.usd_per_hour, e.spot.usd_per_hour) == (50.0, 20.0)
@@ -112,10 +144,25 @@ def test_price_list_filters_name_the_instance_and_region():
     # GetProducts asks for the environment's instance type in its region, Linux, shared tenancy.
     config = _config(env="prod")
     pricing, stub = _stubbed("pricing", "us-east-1")
-    stub.add_response("get_products", {"PriceList": []}, {"ServiceCode": "AmazonEC2", "MaxResults": 10, "Filters": [
-        {"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in (
-            ("instanceType", config.instance_type), ("regionCode", config.region), ("operatingSystem", "Linux"),
-            ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"))]})
+    stub.add_response(
+        "get_products",
+        {"PriceList": []},
+        {
+            "ServiceCode": "AmazonEC2",
+            "MaxResults": 10,
+            "Filters": [
+                {"Type": "TERM_MATCH", "Field": field, "Value": value}
+                for field, value in (
+                    ("instanceType", config.instance_type),
+                    ("regionCode", config.region),
+                    ("operatingSystem", "Linux"),
+                    ("tenancy", "Shared"),
+                    ("preInstalledSw", "NA"),
+                    ("capacitystatus", "Used"),
+                )
+            ],
+        },
+    )
     with stub:
         assert cost_report.live_on_demand(pricing, config) is None
 

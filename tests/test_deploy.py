@@ -21,8 +21,11 @@ def aws(monkeypatch):
         made = real(service, region)
         if service == "cloudformation":
             stubber = Stubber(made)
-            stubber.add_client_error("describe_stacks", service_error_code="ValidationError",
-                                     service_message="Stack with id CDKToolkit does not exist")
+            stubber.add_client_error(
+                "describe_stacks",
+                service_error_code="ValidationError",
+                service_message="Stack with id CDKToolkit does not exist",
+            )
             stubber.activate()
         return made
 

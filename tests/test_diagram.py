@@ -115,21 +115,27 @@ def test_eks_nodes_join_the_cluster_that_mounts_fsx_and_runs_the_pipelines_jobs(
 
 def two_stacks(launch_template_user_data: object) -> Architecture:
     """Storage with a file system; Compute with a compute environment whose launch template carries the user data."""
-    storage = {"Resources": {"Fs": {"Type": "AWS::FSx::FileSystem"}},
-               "Outputs": {"FsId": {"Value": {"Ref": "Fs"}}}}
-    compute = {"Resources": {
-        "Env": {"Type": "AWS::Batch::ComputeEnvironment",
-                "Properties": {"LaunchTemplate": {"LaunchTemplateId": {"Ref": "Template"}}}},
-        "Template": {"Type": "AWS::EC2::LaunchTemplate", "Properties": {"UserData": launch_template_user_data}}}}
+    storage = {"Resources": {"Fs": {"Type": "AWS::FSx::FileSystem"}}, "Outputs": {"FsId": {"Value": {"Ref": "Fs"}}}}
+    compute = {
+        "Resources": {
+            "Env": {
+                "Type": "AWS::Batch::ComputeEnvironment",
+                "Properties": {"LaunchTemplate": {"LaunchTemplateId": {"Ref": "Template"}}},
+            },
+            "Template": {"Type": "AWS::EC2::LaunchTemplate", "Properties": {"UserData": launch_template_user_data}},
+        }
+    }
     return architecture(assemble({"App-Storage": storage, "App-Compute": compute}, {}, {}), "test")
 
 
 def test_a_reference_through_a_resource_that_is_no_node_is_an_edge():
     # Fn::GetStackOutput returns another stack's output: https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/intrinsic-function-reference-getstackoutput.html
-    model = two_stacks({"Fn::Join": ["", ["mount ", {"Fn::GetStackOutput": {"StackName": "App-Storage",
-                                                                              "OutputName": "FsId"}}]]})
+    model = two_stacks(
+        {"Fn::Join": ["", ["mount ", {"Fn::GetStackOutput": {"StackName": "App-Storage", "OutputName": "FsId"}}]]}
+    )
     assert edge_labels(model, "Compute/AWS::Batch::ComputeEnvironment", "Storage/AWS::FSx::FileSystem") == {
-        "mounts /fsx"}
+        "mounts /fsx"
+    }
 
 
 def test_without_a_reference_there_is_no_edge():
@@ -140,12 +146,22 @@ def test_sub_and_import_value_name_the_resources_they_read():
     # ${Name.Attribute} in Fn::Sub, and an export read with Fn::ImportValue:
     # https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/intrinsic-function-reference-sub.html
     # https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/intrinsic-function-reference-importvalue.html
-    alerts = {"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
-              "Outputs": {"Arn": {"Value": {"Ref": "Topic"}, "Export": {"Name": "TopicArn"}}}}
-    pipeline = {"Resources": {
-        "Records": {"Type": "AWS::S3::Bucket"},
-        "Machine": {"Type": "AWS::StepFunctions::StateMachine", "Properties": {
-            "Topic": {"Fn::ImportValue": "TopicArn"}, "Bucket": {"Fn::Sub": "${Records.Arn}/runs/*"}}}}}
+    alerts = {
+        "Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
+        "Outputs": {"Arn": {"Value": {"Ref": "Topic"}, "Export": {"Name": "TopicArn"}}},
+    }
+    pipeline = {
+        "Resources": {
+            "Records": {"Type": "AWS::S3::Bucket"},
+            "Machine": {
+                "Type": "AWS::StepFunctions::StateMachine",
+                "Properties": {
+                    "Topic": {"Fn::ImportValue": "TopicArn"},
+                    "Bucket": {"Fn::Sub": "${Records.Arn}/runs/*"},
+                },
+            },
+        }
+    }
     templates: dict[str, dict] = {"App-Alerts": alerts, "App-Pipeline": pipeline}
     model = architecture(assemble(templates, {}, {}), "test")
     machine = "Pipeline/AWS::StepFunctions::StateMachine"
@@ -179,20 +195,38 @@ def past_pass(states: dict[str, dict], name: str) -> str:
 def test_the_definition_read_is_the_state_machine_the_cli_starts():
     # The CLI starts the machine named by the Pipeline stack's StateMachineArn output (tools/pipeline_cli.py).
     def machine(start: str) -> dict:
-        return {"Type": "AWS::StepFunctions::StateMachine", "Properties": {
-            "DefinitionString": f'{{"StartAt": "{start}", "States": {{"{start}": {{"Type": "Succeed"}}}}}}'}}
-    template = {"Resources": {"Scaling": machine("Scale"), "Training": machine("Train")},
-                "Outputs": {"StateMachineArn": {"Value": {"Ref": "Training"}}}}
+        return {
+            "Type": "AWS::StepFunctions::StateMachine",
+            "Properties": {
+                "DefinitionString": f'{{"StartAt": "{start}", "States": {{"{start}": {{"Type": "Succeed"}}}}}}'
+            },
+        }
+
+    template = {
+        "Resources": {"Scaling": machine("Scale"), "Training": machine("Train")},
+        "Outputs": {"StateMachineArn": {"Value": {"Ref": "Training"}}},
+    }
     assert pipeline_definition(template)["StartAt"] == "Train"
 
 
 def test_tokens_become_placeholders_that_keep_the_json_valid():
-    definition = {"Fn::Join": ["", ['{"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": "arn:',
-                                    {"Ref": "AWS::Partition"}, ':states:::sns:publish", "TimeoutSeconds": ',
-                                    {"Fn::GetAtt": ["Config", "Seconds"]}, ', "End": true}}}']]}
+    definition = {
+        "Fn::Join": [
+            "",
+            [
+                '{"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": "arn:',
+                {"Ref": "AWS::Partition"},
+                ':states:::sns:publish", "TimeoutSeconds": ',
+                {"Fn::GetAtt": ["Config", "Seconds"]},
+                ', "End": true}}}',
+            ],
+        ]
+    }
     state = definition_json(definition)["States"]["A"]
-    assert (state["Resource"], state["TimeoutSeconds"]) == ("arn:<Ref AWS::Partition>:states:::sns:publish",
-                                                            "<Config.Seconds>")
+    assert (state["Resource"], state["TimeoutSeconds"]) == (
+        "arn:<Ref AWS::Partition>:states:::sns:publish",
+        "<Config.Seconds>",
+    )
 
 
 def test_every_state_of_the_definition_is_in_the_graph(definition):
@@ -206,7 +240,8 @@ def test_every_catch_is_a_transition_with_its_error_names(definition):
     assert catches
     for name, catcher in catches:
         assert (name, catcher["Next"], tuple(catcher["ErrorEquals"])) in {
-            (t.source, t.target, t.errors) for t in transitions if t.kind == "catch"}
+            (t.source, t.target, t.errors) for t in transitions if t.kind == "catch"
+        }
 
 
 def test_every_state_is_drawn_in_a_box_or_folded_into_the_arrows_through_it(definition):
@@ -230,8 +265,11 @@ def test_every_catch_is_drawn_as_a_dashed_arrow_with_its_error_names(definition)
 def test_every_retry_is_annotated_with_its_errors_and_attempts(definition):
     # A retrier without MaxAttempts retries 3 times: https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html
     retried = {box.states[0]: box.retry for box in condense(state_graph(definition)).boxes if box.retry}
-    expected = {name: tuple(f"{', '.join(r['ErrorEquals'])} ×{r.get('MaxAttempts', 3)}" for r in body["Retry"])
-                for name, body in raw_states(definition).items() if body.get("Retry")}
+    expected = {
+        name: tuple(f"{', '.join(r['ErrorEquals'])} ×{r.get('MaxAttempts', 3)}" for r in body["Retry"])
+        for name, body in raw_states(definition).items()
+        if body.get("Retry")
+    }
     assert retried == expected
 
 
@@ -240,36 +278,76 @@ def small_machine(states: dict) -> StateGraph:
 
 
 def test_pass_states_are_folded_into_the_arrows_through_them():
-    picture = condense(small_machine({
-        "Prepare": {"Type": "Pass", "Next": "Shape"}, "Shape": {"Type": "Pass", "Next": "Work"},
-        "Work": {"Type": "Task", "Resource": "arn:aws:states:::sns:publish", "End": True}}))
+    picture = condense(
+        small_machine(
+            {
+                "Prepare": {"Type": "Pass", "Next": "Shape"},
+                "Shape": {"Type": "Pass", "Next": "Work"},
+                "Work": {"Type": "Task", "Resource": "arn:aws:states:::sns:publish", "End": True},
+            }
+        )
+    )
     assert (picture.start, picture.folded, [b.id for b in picture.boxes]) == ("Work", ("Prepare", "Shape"), ["Work"])
 
 
 def test_fail_states_entered_from_the_same_state_share_one_box():
-    picture = condense(small_machine({
-        "Check": {"Type": "Choice", "Default": "Work", "Choices": [
-            {"Variable": "$.a", "IsPresent": False, "Next": "InvalidA"},
-            {"Variable": "$.b", "IsPresent": False, "Next": "InvalidB"}]},
-        "Work": {"Type": "Succeed"}, "InvalidA": {"Type": "Fail"}, "InvalidB": {"Type": "Fail"}}))
+    picture = condense(
+        small_machine(
+            {
+                "Check": {
+                    "Type": "Choice",
+                    "Default": "Work",
+                    "Choices": [
+                        {"Variable": "$.a", "IsPresent": False, "Next": "InvalidA"},
+                        {"Variable": "$.b", "IsPresent": False, "Next": "InvalidB"},
+                    ],
+                },
+                "Work": {"Type": "Succeed"},
+                "InvalidA": {"Type": "Fail"},
+                "InvalidB": {"Type": "Fail"},
+            }
+        )
+    )
     refusals = [b for b in picture.boxes if b.type == "Fail"]
     assert [(b.states, b.label) for b in refusals] == [(("InvalidA", "InvalidB"), "Invalid… ×2")]
 
 
 def test_a_chain_of_input_checks_is_one_box():
-    picture = condense(small_machine({
-        "IsObject": {"Type": "Choice", "Default": "HasName", "Choices": [
-            {"Variable": "$", "IsPresent": False, "Next": "NotObject"}]},
-        "HasName": {"Type": "Choice", "Default": "Work", "Choices": [
-            {"Variable": "$.name", "IsPresent": False, "Next": "NoName"}]},
-        "Work": {"Type": "Succeed"}, "NotObject": {"Type": "Fail"}, "NoName": {"Type": "Fail"}}))
+    picture = condense(
+        small_machine(
+            {
+                "IsObject": {
+                    "Type": "Choice",
+                    "Default": "HasName",
+                    "Choices": [{"Variable": "$", "IsPresent": False, "Next": "NotObject"}],
+                },
+                "HasName": {
+                    "Type": "Choice",
+                    "Default": "Work",
+                    "Choices": [{"Variable": "$.name", "IsPresent": False, "Next": "NoName"}],
+                },
+                "Work": {"Type": "Succeed"},
+                "NotObject": {"Type": "Fail"},
+                "NoName": {"Type": "Fail"},
+            }
+        )
+    )
     assert sorted(b.states for b in picture.boxes) == [("IsObject", "HasName"), ("NotObject", "NoName"), ("Work",)]
 
 
 def test_a_state_that_catches_into_itself_keeps_its_arrow():
-    picture = condense(small_machine({
-        "Poll": {"Type": "Task", "Resource": "arn:aws:states:::sns:publish", "End": True,
-                 "Catch": [{"ErrorEquals": ["Busy"], "Next": "Poll"}]}}))
+    picture = condense(
+        small_machine(
+            {
+                "Poll": {
+                    "Type": "Task",
+                    "Resource": "arn:aws:states:::sns:publish",
+                    "End": True,
+                    "Catch": [{"ErrorEquals": ["Busy"], "Next": "Poll"}],
+                }
+            }
+        )
+    )
     assert [(a.source, a.target, a.errors) for a in picture.arrows] == [("Poll", "Poll", ("Busy",))]
 
 

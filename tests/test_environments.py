@@ -12,8 +12,13 @@ from tests.synthesis import BACKENDS, CDK_JSON_CONTEXT, ENVIRONMENTS
 MATRIX = [(env, compute) for env in ENVIRONMENTS for compute in BACKENDS]
 PROJECT_TAGS = {"Project": "efa-training"}
 # What holds data or costs money after `cdk destroy` if kept: deleted with dev, kept with prod (retain_data).
-DATA_RESOURCES = [("storage", "AWS::S3::Bucket"), ("storage", "AWS::FSx::FileSystem"),
-                  ("registry", "AWS::ECR::Repository"), ("network", "AWS::Logs::LogGroup"), ("alerts", "AWS::KMS::Key")]
+DATA_RESOURCES = [
+    ("storage", "AWS::S3::Bucket"),
+    ("storage", "AWS::FSx::FileSystem"),
+    ("registry", "AWS::ECR::Repository"),
+    ("network", "AWS::Logs::LogGroup"),
+    ("alerts", "AWS::KMS::Key"),
+]
 
 
 @pytest.mark.parametrize(("env", "compute"), MATRIX)
@@ -36,10 +41,12 @@ def test_taggable_resources_carry_project_and_environment_tags(synth, env, compu
     # Cost allocation: budgets filter on these tags, so no tagged resource may miss them.
     synthesized = synth(env=env, compute=compute)
     expected = {**PROJECT_TAGS, "Environment": env}
-    tagged = {(unit, logical_id): tags
-              for unit in synthesized.stack_names
-              for logical_id, resource in synthesized.raw(unit)["Resources"].items()
-              if (tags := _tags(resource.get("Properties", {}))) is not None}
+    tagged = {
+        (unit, logical_id): tags
+        for unit in synthesized.stack_names
+        for logical_id, resource in synthesized.raw(unit)["Resources"].items()
+        if (tags := _tags(resource.get("Properties", {}))) is not None
+    }
     kinds = {synthesized.raw(unit)["Resources"][logical_id]["Type"] for unit, logical_id in tagged}
     assert {"AWS::EC2::VPC", "AWS::S3::Bucket", "AWS::FSx::FileSystem", "AWS::ECR::Repository"} <= kinds
     untagged = [key for key, tags in tagged.items() if not expected.items() <= tags.items()]
@@ -84,6 +91,14 @@ def test_observability_follows_the_environments_config(synth, env):
     alarm = alarms(template)[f"EfaTraining-{env}-fsx-free-capacity-low"]
     free_bytes = config.fsx_storage_gib * GIB * config.fsx_free_capacity_alarm_percent / 100
     assert alarm["Threshold"] == pytest.approx(free_bytes)
-    template.has_resource_properties("AWS::Budgets::Budget", {"Budget": Match.object_like({
-        "BudgetLimit": {"Amount": config.budget_monthly_usd, "Unit": "USD"},
-        "CostFilters": {"TagKeyValue": [f"user:Environment${env}"]}})})
+    template.has_resource_properties(
+        "AWS::Budgets::Budget",
+        {
+            "Budget": Match.object_like(
+                {
+                    "BudgetLimit": {"Amount": config.budget_monthly_usd, "Unit": "USD"},
+                    "CostFilters": {"TagKeyValue": [f"user:Environment${env}"]},
+                }
+            )
+        },
+    )

@@ -36,8 +36,11 @@ def lint_errors(templates: list[Path], region: str) -> list[str]:
                 shutil.copyfile(template, together / template.name)
             errors, _ = cfn_lint(together, region)
             for template, record in fresh.items():
-                record.write_text(json.dumps([f"{template.name}: {error}" for error in errors
-                                              if Path(error.filename).name == template.name]))
+                record.write_text(
+                    json.dumps(
+                        [f"{template.name}: {error}" for error in errors if Path(error.filename).name == template.name]
+                    )
+                )
     return [error for record in records.values() for error in json.loads(record.read_text())]
 
 
@@ -83,8 +86,11 @@ def _acknowledgements(synthesized):
                         yield construct, rule, reason
 
 
-@pytest.mark.parametrize("variant", [{"env": "dev"}, {"env": "prod"},
-                                     {"compute": "eks", "instance_type": efa_instance_types()[-1]}], ids=variant_id)
+@pytest.mark.parametrize(
+    "variant",
+    [{"env": "dev"}, {"env": "prod"}, {"compute": "eks", "instance_type": efa_instance_types()[-1]}],
+    ids=variant_id,
+)
 def test_every_acknowledgement_is_narrow_and_explained(synth, variant):
     # No blanket suppressions: never on an app or stack, and every reason says something specific.
     acknowledgements = list(_acknowledgements(synth(**variant)))

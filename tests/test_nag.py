@@ -7,8 +7,12 @@ from constructs.nag import acknowledge, managed_policy_finding
 
 
 def _acknowledged(construct) -> dict[str, str]:
-    return {rule: reason for entry in construct.node.metadata
-            if entry.type == cdk.Validations.ACKNOWLEDGED_RULES_METADATA_KEY for rule, reason in entry.data.items()}
+    return {
+        rule: reason
+        for entry in construct.node.metadata
+        if entry.type == cdk.Validations.ACKNOWLEDGED_RULES_METADATA_KEY
+        for rule, reason in entry.data.items()
+    }
 
 
 def test_a_wildcard_finding_goes_on_the_roles_default_policy():
@@ -18,7 +22,8 @@ def test_a_wildcard_finding_goes_on_the_roles_default_policy():
     role.add_to_principal_policy(iam.PolicyStatement(actions=["xray:PutTraceSegments"], resources=["*"]))
     acknowledge(role, "AwsSolutions-IAM5[Resource::*]", "X-Ray allows no resource-level permissions at all")
     assert _acknowledged(role.node.find_child("DefaultPolicy")) == {
-        "AwsSolutions::AwsSolutions-IAM5[Resource::*]": "X-Ray allows no resource-level permissions at all"}
+        "AwsSolutions::AwsSolutions-IAM5[Resource::*]": "X-Ray allows no resource-level permissions at all"
+    }
     assert _acknowledged(role) == {}
 
 

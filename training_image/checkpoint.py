@@ -15,6 +15,7 @@ together and set aside as `.damaged-step_*` with a warning naming the problem, a
 
 Rank 0's renames, pruning and setting aside are checkpoint_folder.py's; when to save is checkpoint_manager.py's.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+
 from checkpoint_folder import move_into_place, prune, set_aside
 from checkpoint_format import (
     DAMAGED_PREFIX,
@@ -42,7 +45,6 @@ from checkpoint_format import (
     verify,
 )
 from console import log
-from torch.distributed.checkpoint.api import CheckpointException
 from train_state import TrainerState
 
 
@@ -77,8 +79,15 @@ class CheckpointStore:
         return [r for r, bad in enumerate(flags.tolist()) if bad]
 
     # ---- save -------------------------------------------------------------------------------
-    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-             train_state: TrainerState, config: dict, mark_step: Callable[[], None] = lambda: None) -> Path:
+    def save(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        train_state: TrainerState,
+        config: dict,
+        mark_step: Callable[[], None] = lambda: None,
+    ) -> Path:
         final = self.root / step_name(train_state.step)
         tmp = self.root / f"{TMP_PREFIX}{final.name}"
         if self.rank == 0:
@@ -92,23 +101,28 @@ class CheckpointStore:
         written[f"rng_rank{self.rank}.pt"] = save_file(rng_state(), tmp / f"rng_rank{self.rank}.pt")
         manifest = self._gather_manifest(written)  # also the barrier: every rank's files are written
         if self.rank == 0:
-            self._publish(tmp, final, manifest, {"step": train_state.step, "format": self.fmt,
-                                                 "world_size": self.world_size, "config": config})
+            self._publish(
+                tmp,
+                final,
+                manifest,
+                {"step": train_state.step, "format": self.fmt, "world_size": self.world_size, "config": config},
+            )
             prune(self.root, train_state.step, self.keep_last)
         self._barrier()
         return final
 
-    def _write_state(self, tmp: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                     extra: dict) -> dict[str, dict]:
+    def _write_state(
+        self, tmp: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict
+    ) -> dict[str, dict]:
         """This rank's files of the format, with their manifest records."""
         if self.fmt == "full":
             if self.rank != 0:
                 return {}
-            state = {"model": to_cpu(_unwrap(model).state_dict()), "optimizer": to_cpu(optimizer.state_dict()),
-                     **extra}
+            state = {"model": to_cpu(_unwrap(model).state_dict()), "optimizer": to_cpu(optimizer.state_dict()), **extra}
             return {"state.pt": save_file(state, tmp / "state.pt")}
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
+
         model_sd, optim_sd = get_state_dict(model, optimizer)
         # Collective: every rank writes its own shards (FileSystemWriter names them __<rank>_<n>.distcp
         # and fsyncs them); each rank checksums its own, still in its page cache.
@@ -143,8 +157,9 @@ class CheckpointStore:
         move_into_place(tmp, final)
 
     # ---- load -------------------------------------------------------------------------------
-    def load_latest(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    device: torch.device) -> tuple[TrainerState, Path] | None:
+    def load_latest(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, device: torch.device
+    ) -> tuple[TrainerState, Path] | None:
         """Restore the newest checkpoint that every rank can read; set aside damaged ones with a warning.
 
         Every step that can fail on one rank only is followed by an agreement, so no rank enters the
@@ -163,12 +178,16 @@ class CheckpointStore:
                 self._set_aside(path, problem, failed)
                 continue
             if meta["world_size"] != self.world_size and self.rank == 0:
-                log(f"checkpoint: WARNING {path.name} was written by {meta['world_size']} ranks, this run has "
-                    f"{self.world_size}: RNG streams start afresh (dropout is not bit-exact across the resize)")
+                log(
+                    f"checkpoint: WARNING {path.name} was written by {meta['world_size']} ranks, this run has "
+                    f"{self.world_size}: RNG streams start afresh (dropout is not bit-exact across the resize)"
+                )
             return state, path
         if candidates and touched:
-            raise RuntimeError(f"no checkpoint under {self.root} could be loaded, and a failed attempt may have "
-                               "overwritten part of the model; move the damaged checkpoints away to start fresh")
+            raise RuntimeError(
+                f"no checkpoint under {self.root} could be loaded, and a failed attempt may have "
+                "overwritten part of the model; move the damaged checkpoints away to start fresh"
+            )
         return None
 
     def _check_candidate(self, path: Path) -> tuple[dict, dict | None, str | None]:
@@ -179,8 +198,9 @@ class CheckpointStore:
         except CheckpointDamaged as exc:
             return {}, None, str(exc)
 
-    def _try_load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                  rng: dict | None) -> tuple[TrainerState, str | None]:
+    def _try_load(
+        self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rng: dict | None
+    ) -> tuple[TrainerState, str | None]:
         try:
             return self._load(path, model, optimizer, scheduler, rng), None
         # DCP raises CheckpointException, a BaseException in torch 2.13: caught by name, not by Exception.
@@ -203,11 +223,14 @@ class CheckpointStore:
                 where = f"set aside as {set_aside(path, DAMAGED_PREFIX).name}"
             except OSError as exc:
                 where = f"left in place ({exc.strerror or exc})"
-            log(f"checkpoint: WARNING skipping {path.name} (damaged on rank(s) {', '.join(map(str, failed))}), "
-                f"{where}; trying the previous checkpoint")
+            log(
+                f"checkpoint: WARNING skipping {path.name} (damaged on rank(s) {', '.join(map(str, failed))}), "
+                f"{where}; trying the previous checkpoint"
+            )
 
-    def _load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-              rng: dict | None) -> TrainerState:
+    def _load(
+        self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rng: dict | None
+    ) -> TrainerState:
         if self.fmt == "full":
             state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
             _unwrap(model).load_state_dict(state["model"])
@@ -216,6 +239,7 @@ class CheckpointStore:
         else:
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
             model_sd, optim_sd = get_state_dict(model, optimizer)
             dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # collective, in place
             set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)

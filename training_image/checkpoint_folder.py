@@ -2,6 +2,7 @@
 
 Only the job holding the folder's writer lock (checkpoint_lock.py) does any of it, so no other save is in flight.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,10 @@ def prune(root: Path, saved_step: int, keep_last: int) -> None:
     for path in step_dirs(root):
         if step_of(path) > saved_step:
             aside = set_aside(path, ABANDONED_PREFIX)
-            log(f"checkpoint: WARNING moved {path.name}, newer than the step {saved_step} just saved "
-                f"(skipped when this run resumed), aside to {aside}")
+            log(
+                f"checkpoint: WARNING moved {path.name}, newer than the step {saved_step} just saved "
+                f"(skipped when this run resumed), aside to {aside}"
+            )
         else:
             live.append(path)
     for old in live[keep_last:]:
@@ -56,7 +59,7 @@ def prune(root: Path, saved_step: int, keep_last: int) -> None:
     for leftover in root.glob(f"{TMP_PREFIX}{PREFIX}*"):
         shutil.rmtree(leftover, ignore_errors=True)
     for replaced in root.glob(f"{REPLACED_PREFIX}{PREFIX}*"):
-        if (root / replaced.name[len(REPLACED_PREFIX):]).is_dir():
+        if (root / replaced.name[len(REPLACED_PREFIX) :]).is_dir():
             shutil.rmtree(replaced, ignore_errors=True)
 
 

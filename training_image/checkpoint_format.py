@@ -11,6 +11,7 @@ The manifest records each file's size, CRC-32 and writing rank. torch.load does 
 manifest is what catches a bit flip. Everything here is per-process (no collective): checkpoint.py builds the
 save and the agreed load on top of it, validate.py verifies with it alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -92,10 +93,16 @@ def file_record(path: Path) -> dict:
 def rng_state() -> dict:
     """Every RNG stream as ints and tensors: loadable with weights_only=True (no pickled numpy arrays)."""
     np_state: dict = np.random.get_state(legacy=False)  # legacy=False: a dict, not the legacy tuple
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-                       "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
-                       "gauss": float(np_state["gauss"])}}
+    state = {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -105,9 +112,14 @@ def set_rng_state(state: dict) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     n = state["numpy"]
-    np.random.set_state({"bit_generator": "MT19937", "state": {"key": n["key"].numpy().astype(np.uint32),
-                                                                "pos": n["pos"]},
-                         "has_gauss": n["has_gauss"], "gauss": n["gauss"]})
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
+            "has_gauss": n["has_gauss"],
+            "gauss": n["gauss"],
+        }
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -129,10 +141,10 @@ def step_dirs(root: Path) -> list[Path]:
         return []
     found: dict[str, Path] = {}
     for p in root.iterdir():
-        if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit() and p.is_dir():
+        if p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit() and p.is_dir():
             found[p.name] = p
     for p in root.glob(f"{REPLACED_PREFIX}{PREFIX}*"):
-        found.setdefault(p.name[len(REPLACED_PREFIX):], p)
+        found.setdefault(p.name[len(REPLACED_PREFIX) :], p)
     return sorted(found.values(), key=step_of, reverse=True)
 
 

@@ -5,6 +5,7 @@ honours it across nodes when mounted with `-o flock` ("full flock support, coher
 mount.lustre(8); FSx mounts with `relatime,flock`:
 https://docs.aws.amazon.com/fsx/latest/LustreGuide/mounting-ec2-instance.html).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -17,6 +18,7 @@ from typing import IO
 
 import torch
 import torch.distributed as dist
+
 from console import log
 from distributed import Runtime
 from errors import EXIT_FOLDER_LOCKED, RunRefused, UsageError
@@ -39,8 +41,12 @@ def take_folder(root: Path, rt: Runtime) -> IO | str | None:
     refused = torch.tensor([int(isinstance(got, str))], dtype=torch.int32, device=rt.device)
     dist.broadcast(refused, src=0)
     if int(refused.item()):
-        raise RunRefused(EXIT_FOLDER_LOCKED, f"--checkpoint-dir={str(root)!r} is in use by another job "
-                                             f"(holder: {got}); one writer per checkpoint folder" if rt.is_main else "")
+        raise RunRefused(
+            EXIT_FOLDER_LOCKED,
+            f"--checkpoint-dir={str(root)!r} is in use by another job (holder: {got}); one writer per checkpoint folder"
+            if rt.is_main
+            else "",
+        )
     return got
 
 
@@ -55,8 +61,10 @@ def lock_folder_waiting(root: Path, holder: dict) -> IO | str:
         got = lock_folder(root, holder)
         if not isinstance(got, str) or time.monotonic() >= deadline or not _same_run(got, holder):
             return got
-        log(f"checkpoint folder held by an earlier attempt of this run ({got}); waiting up to {wait:.0f} s "
-            "for its lock to be released")
+        log(
+            f"checkpoint folder held by an earlier attempt of this run ({got}); waiting up to {wait:.0f} s "
+            "for its lock to be released"
+        )
         time.sleep(LOCK_POLL_SECONDS)
 
 
@@ -88,8 +96,12 @@ def lock_folder(root: Path, holder: dict) -> IO | str:
 
 def lock_holder() -> dict:
     """Who holds a checkpoint folder: enough to find the job (Batch job id or pod) and the process."""
-    holder: dict = {"host": socket.gethostname(), "pid": os.getpid(), "run_id": os.environ.get("RUN_ID", ""),
-                    "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    holder: dict = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "run_id": os.environ.get("RUN_ID", ""),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     for name in ("AWS_BATCH_JOB_ID", "HOSTNAME"):  # HOSTNAME is the pod name on Kubernetes
         if os.environ.get(name):
             holder[name.lower()] = os.environ[name]

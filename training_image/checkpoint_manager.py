@@ -8,6 +8,7 @@ The trainer reports every finished step; the manager alone decides whether to sa
 The saving and the resume are checkpoint.py's CheckpointStore: torch.save of the full state for DDP,
 torch.distributed.checkpoint shards for FSDP2, both atomic and verified.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
 from checkpoint import CheckpointStore
 from console import log
 from distributed import Runtime
@@ -62,18 +64,28 @@ def young_daly_interval(save_s: float, step_times: list[float], mtbf_hours: floa
     save_s, step_s = measured.tolist()
     steps, seconds = young_daly_steps(save_s, step_s, mtbf_hours)
     if rt.is_main:
-        log(f"checkpoint: every {steps} steps (Young/Daly: sqrt(2 x {save_s:.3g} s per save x {mtbf_hours:g} h "
-            f"MTBF) = {seconds:.0f} s at {step_s:.3g} s per step)")
+        log(
+            f"checkpoint: every {steps} steps (Young/Daly: sqrt(2 x {save_s:.3g} s per save x {mtbf_hours:g} h "
+            f"MTBF) = {seconds:.0f} s at {step_s:.3g} s per step)"
+        )
     return steps
 
 
 class CheckpointManager:
     """Resumes the run, then saves at the steps the schedule names; counts what saving cost."""
 
-    def __init__(self, cfg: TrainConfig, rt: Runtime, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: Any, config_record: dict) -> None:
-        self.store = CheckpointStore(Path(cfg.checkpoint_dir), "dcp" if cfg.strategy == "fsdp" else "full",
-                                     cfg.keep_last, rt.rank, rt.world_size)
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        rt: Runtime,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        config_record: dict,
+    ) -> None:
+        self.store = CheckpointStore(
+            Path(cfg.checkpoint_dir), "dcp" if cfg.strategy == "fsdp" else "full", cfg.keep_last, rt.rank, rt.world_size
+        )
         self.schedule = SaveSchedule(cfg.checkpoint_every, cfg.max_steps)
         self.mtbf_hours, self.rt, self.config_record = cfg.mtbf_hours, rt, config_record
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -94,8 +106,7 @@ class CheckpointManager:
         if not self.schedule.due(state.step, stopping):
             return None
         started = time.perf_counter()
-        path = self.store.save(self.model, self.optimizer, self.scheduler, state, self.config_record,
-                               self.rt.mark_step)
+        path = self.store.save(self.model, self.optimizer, self.scheduler, state, self.config_record, self.rt.mark_step)
         seconds = time.perf_counter() - started
         self.save_seconds += seconds
         if self.schedule.measures_at(state.step, stopping, self.saves):

@@ -8,6 +8,7 @@
 Test-only fault injection: SANITY_TEST_CORRUPT_RANK=R makes rank R add 1 to its contribution,
 so the exact-verification failure path can be exercised.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,11 +16,15 @@ import time
 
 import torch
 import torch.distributed as dist
+
 from distributed import Runtime
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
-BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-              "reduce_scatter": lambda n: (n - 1) / n}
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+}
 
 
 def bus_bandwidth(op: str, algbw: float, world_size: int) -> float:
@@ -53,7 +58,7 @@ def _inputs(op: str, size_bytes: int, rt: Runtime) -> tuple[torch.Tensor, torch.
         out = torch.empty(per_rank * w)
     else:
         x = _ramp(per_rank * w, 11) + (r + 1)
-        expected = (w * _ramp(per_rank * w, 11) + rank_sum)[r * per_rank:(r + 1) * per_rank]
+        expected = (w * _ramp(per_rank * w, 11) + rank_sum)[r * per_rank : (r + 1) * per_rank]
         out = torch.empty(per_rank)
     if os.environ.get("SANITY_TEST_CORRUPT_RANK") == str(r):
         x[0] += 1.0  # test-only: a wrong contribution from this rank
@@ -85,14 +90,23 @@ def measure(op: str, size_bytes: int, rt: Runtime, warmup: int, iters: int) -> d
     correct = torch.equal(result, expected)
     # all_gather keeps each rank's contribution apart: its wrong chunks name the rank that sent bad data.
     chunks = zip(result.chunk(rt.world_size), expected.chunk(rt.world_size), strict=True)
-    bad_sources = [q for q, (got, want) in enumerate(chunks)
-                   if not torch.equal(got, want)] if op == "all_gather" and not correct else []
+    bad_sources = (
+        [q for q, (got, want) in enumerate(chunks) if not torch.equal(got, want)]
+        if op == "all_gather" and not correct
+        else []
+    )
     seconds = _timed(op, x, out, rt, warmup, iters)
     total_bytes = (out if op == "all_gather" and out is not None else x).numel() * 4
     algbw = total_bytes / seconds / 1e9
-    return {"op": op, "size_bytes": total_bytes, "time_us": seconds * 1e6, "algbw_gbps": algbw,
-            "busbw_gbps": bus_bandwidth(op, algbw, rt.world_size), "correct": bool(correct),
-            "wrong_data_from_ranks": bad_sources}
+    return {
+        "op": op,
+        "size_bytes": total_bytes,
+        "time_us": seconds * 1e6,
+        "algbw_gbps": algbw,
+        "busbw_gbps": bus_bandwidth(op, algbw, rt.world_size),
+        "correct": bool(correct),
+        "wrong_data_from_ranks": bad_sources,
+    }
 
 
 def _timed(op: str, x: torch.Tensor, out: torch.Tensor | None, rt: Runtime, warmup: int, iters: int) -> float:

@@ -12,6 +12,7 @@ integer `samples_consumed` (global, summed over ranks) is the whole resumable
 state. Because it does not depend on the world size, an elastic restart with a
 different number of nodes continues from the same place in the data.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from errors import UsageError
 
 MAGIC = b"GPTSHARD"
@@ -54,20 +56,24 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
 def open_shard(path: Path) -> np.memmap:
     size = path.stat().st_size
     if size < HEADER.size:
-        raise UsageError("shard", str(path), f"file of {size} bytes is shorter than the header",
-                         "shards written by prepare_data.py")
+        raise UsageError(
+            "shard", str(path), f"file of {size} bytes is shorter than the header", "shards written by prepare_data.py"
+        )
     with open(path, "rb") as f:
         magic, version, itemsize, n_tokens = HEADER.unpack(f.read(HEADER.size))
     if magic != MAGIC or version != VERSION:
-        raise UsageError("shard", str(path), "not a token shard (bad magic/version)",
-                         f"header {MAGIC.decode()} v{VERSION} from prepare_data.py")
+        raise UsageError(
+            "shard",
+            str(path),
+            "not a token shard (bad magic/version)",
+            f"header {MAGIC.decode()} v{VERSION} from prepare_data.py",
+        )
     if itemsize != TOKEN_DTYPE().itemsize:
-        raise UsageError("shard dtype", str(path), f"{itemsize}-byte tokens",
-                         "uint16 (2-byte) tokens")
+        raise UsageError("shard dtype", str(path), f"{itemsize}-byte tokens", "uint16 (2-byte) tokens")
     if size != HEADER.size + n_tokens * itemsize:
-        raise UsageError("shard", str(path),
-                         f"size {size} does not match header ({n_tokens} tokens): truncated?",
-                         "a complete shard")
+        raise UsageError(
+            "shard", str(path), f"size {size} does not match header ({n_tokens} tokens): truncated?", "a complete shard"
+        )
     return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER.size, shape=(n_tokens,))
 
 
@@ -75,7 +81,7 @@ def max_token_id(path: Path) -> int | None:
     """The largest token id in a shard (None if it is empty): from the header, else by a scan."""
     tokens = open_shard(path)
     with open(path, "rb") as f:
-        recorded, = MAX_ID.unpack(f.read(HEADER.size)[MAX_ID_OFFSET:MAX_ID_OFFSET + MAX_ID.size])
+        (recorded,) = MAX_ID.unpack(f.read(HEADER.size)[MAX_ID_OFFSET : MAX_ID_OFFSET + MAX_ID.size])
     if recorded:
         return recorded - 1
     return int(tokens.max()) if tokens.size else None
@@ -83,14 +89,14 @@ def max_token_id(path: Path) -> int | None:
 
 def list_shards(data_dir: Path, split: str) -> list[Path]:
     if not data_dir.exists():
-        raise UsageError("--data", str(data_dir), "directory does not exist",
-                         "a directory made by prepare_data.py")
+        raise UsageError("--data", str(data_dir), "directory does not exist", "a directory made by prepare_data.py")
     if not data_dir.is_dir():
         raise UsageError("--data", str(data_dir), "not a directory", "a directory made by prepare_data.py")
     shards = sorted(data_dir.glob(f"{split}_*.bin"))
     if not shards:
-        raise UsageError("--data", str(data_dir), f"no {split}_*.bin shards found",
-                         "a directory made by prepare_data.py")
+        raise UsageError(
+            "--data", str(data_dir), f"no {split}_*.bin shards found", "a directory made by prepare_data.py"
+        )
     return shards
 
 
@@ -109,7 +115,7 @@ class TokenStream:
         while filled < length:
             shard, lo = self.shards[i], start + filled - int(self.starts[i])
             take = min(length - filled, shard.size - lo)
-            out[filled:filled + take] = shard[lo:lo + take]
+            out[filled : filled + take] = shard[lo : lo + take]
             filled += take
             i += 1
         return out
@@ -132,13 +138,16 @@ class SequenceBatches:
     world_size*micro_batch samples; rank r takes its own contiguous slice.
     """
 
-    def __init__(self, stream: TokenStream, spec: BatchSpec, samples_consumed: int = 0,
-                 shuffle: bool = True) -> None:
+    def __init__(self, stream: TokenStream, spec: BatchSpec, samples_consumed: int = 0, shuffle: bool = True) -> None:
         self.stream, self.spec, self.shuffle = stream, spec, shuffle
         self.n_samples = (stream.n_tokens - 1) // spec.seq_len
         if self.n_samples < 1:
-            raise UsageError("--data", "train split", f"{stream.n_tokens} tokens is less than one "
-                             f"sequence of {spec.seq_len + 1}", "more text, or a smaller --seq-len")
+            raise UsageError(
+                "--data",
+                "train split",
+                f"{stream.n_tokens} tokens is less than one sequence of {spec.seq_len + 1}",
+                "more text, or a smaller --seq-len",
+            )
         self.position = samples_consumed
         self._perm_epoch, self._perm = -1, np.arange(0)
 
@@ -158,9 +167,9 @@ class SequenceBatches:
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.spec
         first = self.position + s.rank * s.micro_batch
-        rows = [self.stream.read(self._sample_index(first + j) * s.seq_len, s.seq_len + 1)
-                for j in range(s.micro_batch)]
+        rows = [
+            self.stream.read(self._sample_index(first + j) * s.seq_len, s.seq_len + 1) for j in range(s.micro_batch)
+        ]
         self.position += s.world_size * s.micro_batch
         batch = torch.from_numpy(np.stack(rows))
         return batch[:, :-1], batch[:, 1:]
-

@@ -10,6 +10,7 @@
 Works under torchrun (RANK/WORLD_SIZE/LOCAL_RANK set) and as a plain single
 process, where a world of one is created so the same code paths run.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from errors import UsageError
 
 DEVICES = ("auto", "cuda", "cpu", "xla")
@@ -71,8 +73,9 @@ def resolve_device(requested: str, supported: tuple[str, ...] = DEVICES) -> str:
 def _require_xla_if(device_type: str, field: str, value: str) -> None:
     # The GPU image and CPU machines have no torch_xla: say so in one line instead of an import traceback.
     if device_type == "xla" and importlib.util.find_spec("torch_xla") is None:
-        raise UsageError(field, value, "torch_xla (torch-neuronx) is not installed in this image",
-                         "cuda, cpu, or the Neuron image")
+        raise UsageError(
+            field, value, "torch_xla (torch-neuronx) is not installed in this image", "cuda, cpu, or the Neuron image"
+        )
 
 
 def _xla_model() -> Any:
@@ -131,8 +134,14 @@ def _restart_scoped_store(rank: int, world_size: int, timeout: timedelta) -> dis
     that restart workers without counting a restart.
     """
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=not agent_hosts_store and rank == 0, timeout=timeout, multi_tenant=True)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=not agent_hosts_store and rank == 0,
+        timeout=timeout,
+        multi_tenant=True,
+    )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"worker_group/restart_{attempt}", store)
 

@@ -5,6 +5,7 @@ from a bad gradient never reach a checkpoint and --keep-last never rotates away 
 `diverged.json` (step, reason, settings) to the checkpoint folder; a run with the same settings is then refused
 before it starts (exit 4), so torchrun's restarts and the pipeline's retries do not retrain to the same NaN.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,11 @@ def check_not_diverged(cfg: TrainConfig) -> None:
     except (OSError, ValueError):
         return
     if isinstance(record, dict) and record.get("config") == diverged_config(cfg):
-        raise RunRefused(EXIT_DIVERGED, f"this run diverged before with the same settings ({record.get('reason')}); "
-                                        f"change them (e.g. --lr, --seed, --data) or delete {marker} to retry")
+        raise RunRefused(
+            EXIT_DIVERGED,
+            f"this run diverged before with the same settings ({record.get('reason')}); "
+            f"change them (e.g. --lr, --seed, --data) or delete {marker} to retry",
+        )
 
 
 def why_diverged(loss: float, grad_norm: float, lowest: float, spike_factor: float) -> str | None:
@@ -69,10 +73,19 @@ class DivergenceGuard:
         resume = f"step {last_saved}" if last_saved >= 0 else "no checkpoint"
         if self.is_main:
             marker = Path(self.cfg.checkpoint_dir) / DIVERGED_MARKER
-            record = {"step": step, "reason": reason, "last_checkpoint_step": last_saved,
-                      "config": diverged_config(self.cfg)}
+            record = {
+                "step": step,
+                "reason": reason,
+                "last_checkpoint_step": last_saved,
+                "config": diverged_config(self.cfg),
+            }
             tmp = marker.with_name(f".{marker.name}.tmp")
             tmp.write_text(json.dumps(record, indent=2) + "\n")
             os.replace(tmp, marker)
-        raise RunRefused(EXIT_DIVERGED, f"diverged at step {step}: {reason}; stopped without saving, the newest "
-                                        f"checkpoint is {resume} (from before the divergence)" if self.is_main else "")
+        raise RunRefused(
+            EXIT_DIVERGED,
+            f"diverged at step {step}: {reason}; stopped without saving, the newest "
+            f"checkpoint is {resume} (from before the divergence)"
+            if self.is_main
+            else "",
+        )

@@ -19,6 +19,7 @@ with NCCL_DEBUG=INFO; whether it honours NCCL_DEBUG_FILE is not confirmed here (
 Everything below is pure parsing plus two small probes, so tests feed recorded outputs through it;
 `group_failures` turns the whole group's agreed counts and this rank's own evidence into the report's lines.
 """
+
 from __future__ import annotations
 
 import os
@@ -65,8 +66,11 @@ def nccl_transport(log: str) -> Transport:
         return Transport("efa", network, provider, provider_line)
     if provider == "efa" and network is None:  # Neuron's collectives log the provider, not NCCL's network line
         return Transport("efa", None, provider, provider_line)
-    evidence = (f"Using network {network}, provider {provider or 'none'}" if network
-                else "no 'Using network' line and no 'Selected Provider is efa' line in NCCL's log")
+    evidence = (
+        f"Using network {network}, provider {provider or 'none'}"
+        if network
+        else "no 'Using network' line and no 'Selected Provider is efa' line in NCCL's log"
+    )
     return Transport("unknown", network, provider, evidence)
 
 
@@ -83,13 +87,15 @@ def uverbs_devices(directory: str = UVERBS_DIR) -> list[str]:
 def run_fi_info(command: str | None = None, timeout: float = 30.0) -> tuple[str, str | None]:
     """(output, problem): `fi_info -p efa -t FI_EP_RDM`, or why it could not run."""
     candidates = (command,) if command else FI_INFO_CANDIDATES
-    binary = next((found for c in candidates if (found := shutil.which(c) or (c if os.access(c, os.X_OK) else None))),
-                  None)
+    binary = next(
+        (found for c in candidates if (found := shutil.which(c) or (c if os.access(c, os.X_OK) else None))), None
+    )
     if binary is None:
         return "", f"libfabric's fi_info not found ({', '.join(candidates)}): the image lacks the EFA software"
     try:
-        run = subprocess.run([binary, "-p", "efa", "-t", "FI_EP_RDM"], capture_output=True, text=True,
-                             timeout=timeout, check=False)
+        run = subprocess.run(
+            [binary, "-p", "efa", "-t", "FI_EP_RDM"], capture_output=True, text=True, timeout=timeout, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return "", f"fi_info did not run: {type(exc).__name__}: {exc}"
     # fi_info exits non-zero with "No data available" when the efa provider finds no device.
@@ -133,8 +139,10 @@ class EfaEvidence:
 
     def warnings(self) -> list[str]:
         if self.transport.kind == "unknown" and not self.transport_proof_required:
-            return [f"transport: not proven ({self.transport.evidence}); this accelerator's runtime may not write "
-                    "NCCL's debug file: check its log for 'Selected Provider is efa'"]
+            return [
+                f"transport: not proven ({self.transport.evidence}); this accelerator's runtime may not write "
+                "NCCL's debug file: check its log for 'Selected Provider is efa'"
+            ]
         return []
 
     def failures(self) -> list[str]:
@@ -142,32 +150,52 @@ class EfaEvidence:
         problems = []
         n = self.expected_interfaces
         if len(self.uverbs) != n:
-            problems.append(f"EFA devices: {len(self.uverbs)} of {n} /dev/infiniband/uverbs* visible in the container "
-                            f"({', '.join(self.uverbs) or 'none'}); the job definition must map every interface")
+            problems.append(
+                f"EFA devices: {len(self.uverbs)} of {n} /dev/infiniband/uverbs* visible in the container "
+                f"({', '.join(self.uverbs) or 'none'}); the job definition must map every interface"
+            )
         if self.fi_info_problem:
             problems.append(f"EFA devices: libfabric's efa provider unusable: {self.fi_info_problem}")
         elif len(self.fi_info_domains) != n:
-            problems.append(f"EFA devices: libfabric's efa provider offers {len(self.fi_info_domains)} of {n} "
-                            f"devices ({', '.join(self.fi_info_domains) or 'none'})")
+            problems.append(
+                f"EFA devices: libfabric's efa provider offers {len(self.fi_info_domains)} of {n} "
+                f"devices ({', '.join(self.fi_info_domains) or 'none'})"
+            )
         if self.transport.kind != "efa" and not self.warnings():
             problems.append(f"transport: NCCL used {self.transport.kind} ({self.transport.evidence}), not EFA")
         return problems
 
     def report(self) -> dict:
-        return {**asdict(self), "transport": asdict(self.transport), "failures": self.failures(),
-                "warnings": self.warnings()}
+        return {
+            **asdict(self),
+            "transport": asdict(self.transport),
+            "failures": self.failures(),
+            "warnings": self.warnings(),
+        }
 
 
-def collect(expected_interfaces: int, nccl_log_path: str, *, uverbs_dir: str = UVERBS_DIR,
-            fi_info: str | None = None, transport_proof_required: bool = True) -> EfaEvidence:
+def collect(
+    expected_interfaces: int,
+    nccl_log_path: str,
+    *,
+    uverbs_dir: str = UVERBS_DIR,
+    fi_info: str | None = None,
+    transport_proof_required: bool = True,
+) -> EfaEvidence:
     """This process's evidence: its own NCCL log, and the node's devices (uverbs and libfabric's view)."""
     try:
         transport = nccl_transport(Path(nccl_log_path).read_text(errors="replace"))
     except OSError as exc:
         transport = Transport("unknown", None, None, f"NCCL's debug log {nccl_log_path} unreadable: {exc.strerror}")
     output, problem = run_fi_info(fi_info)
-    return EfaEvidence(expected_interfaces, uverbs_devices(uverbs_dir), sorted(efa_domains(output)), problem,
-                       transport, transport_proof_required)
+    return EfaEvidence(
+        expected_interfaces,
+        uverbs_devices(uverbs_dir),
+        sorted(efa_domains(output)),
+        problem,
+        transport,
+        transport_proof_required,
+    )
 
 
 def group_failures(own: dict, bad_devices: int, worst_transport: int) -> list[str]:
@@ -176,11 +204,16 @@ def group_failures(own: dict, bad_devices: int, worst_transport: int) -> list[st
     failures = []
     if bad_devices:
         mine = [f for f in own.get("failures", []) if f.startswith("EFA devices")]
-        failures.append(mine[0] + (f" (and {bad_devices - 1} more node(s))" if bad_devices > 1 else "")
-                        if mine else f"EFA devices: wrong on {bad_devices} node(s); see those nodes' logs")
+        failures.append(
+            mine[0] + (f" (and {bad_devices - 1} more node(s))" if bad_devices > 1 else "")
+            if mine
+            else f"EFA devices: wrong on {bad_devices} node(s); see those nodes' logs"
+        )
     if worst_transport:
         found = TRANSPORTS[worst_transport]
-        failures.append(f"transport: NCCL used {found} ({own['transport']['evidence']}), not EFA"
-                        if own["transport"]["kind"] == found
-                        else f"transport: NCCL used {found}, not EFA, on another rank; see its log")
+        failures.append(
+            f"transport: NCCL used {found} ({own['transport']['evidence']}), not EFA"
+            if own["transport"]["kind"] == found
+            else f"transport: NCCL used {found}, not EFA, on another rank; see its log"
+        )
     return failures

@@ -17,6 +17,7 @@ failure on new hosts:
   5    EXIT_FOLDER_LOCKED: another live job writes to the same checkpoint folder; no retry
   143  train.py stopped on SIGTERM/SIGINT after writing a checkpoint (the scheduler asked)
 """
+
 from __future__ import annotations
 
 import sys

@@ -13,6 +13,7 @@ cannot change: a usage error, a diverged run, a checkpoint folder held by anothe
 previous attempt ended that way ends the same way at once, without running the script again, so the
 job's log holds the one-line reason once and the restarts cost seconds.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,7 +60,7 @@ def relayed_exit_code(folder: Path, torchrun_code: int) -> int:
         return 0
     exits: dict[int, list[tuple[float, int, int]]] = {}
     for path in folder.glob("restart*-rank*"):
-        restart, _, rank = path.name[len("restart"):].partition("-rank")
+        restart, _, rank = path.name[len("restart") :].partition("-rank")
         try:
             code, when = path.read_text().split()
             exits.setdefault(int(restart), []).append((float(when), int(rank), int(code)))

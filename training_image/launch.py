@@ -27,6 +27,7 @@ records its own exit code, and launch.py ends with the code of torchrun's last r
 them: 2 usage, 4 diverged, 5 checkpoint folder locked; sanity_check.py's 3, report not written).
 launch.py stays the container's main process and forwards SIGTERM/SIGINT to torchrun.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,9 +64,20 @@ class LaunchPlan:
     local_addr: str | None = None
 
     def torchrun_args(self) -> list[str]:
-        args = ["--nnodes", self.nnodes, "--nproc-per-node", str(self.nproc_per_node),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint,
-                "--rdzv-id", self.rdzv_id, "--max-restarts", str(self.max_restarts)]
+        args = [
+            "--nnodes",
+            self.nnodes,
+            "--nproc-per-node",
+            str(self.nproc_per_node),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            self.rdzv_endpoint,
+            "--rdzv-id",
+            self.rdzv_id,
+            "--max-restarts",
+            str(self.max_restarts),
+        ]
         if self.local_addr:
             # The rank-0 agent publishes this address to every worker; a container hostname
             # may not resolve on other nodes, an IP does.
@@ -110,13 +122,25 @@ def plan_launch(mode: str, env: Mapping[str, str], own_address: str | None = Non
         raise UsageError("mode", mode, "not a distributed mode", ", ".join(DISTRIBUTED_MODES))
     nproc = _int(env, "ACCELERATORS_PER_NODE", minimum=1)
     if env.get("PET_NPROC_PER_NODE", "").isdigit() and int(env["PET_NPROC_PER_NODE"]) != nproc:
-        raise UsageError("PET_NPROC_PER_NODE", env["PET_NPROC_PER_NODE"],
-                         f"disagrees with ACCELERATORS_PER_NODE={nproc}", "the same count, or unset")
+        raise UsageError(
+            "PET_NPROC_PER_NODE",
+            env["PET_NPROC_PER_NODE"],
+            f"disagrees with ACCELERATORS_PER_NODE={nproc}",
+            "the same count, or unset",
+        )
     max_restarts = _int(env, "MAX_RESTARTS", DEFAULT_MAX_RESTARTS[mode])
     port = _int(env, "MASTER_PORT", DEFAULT_PORT, minimum=1)
     # One local node; a scheduler's plan replaces what it knows (each checks its own node count).
-    local = LaunchPlan("local", "1", nproc, f"localhost:{port}", env.get("RUN_ID", "") or "local", max_restarts,
-                       node_rank=0, is_main_node=True)
+    local = LaunchPlan(
+        "local",
+        "1",
+        nproc,
+        f"localhost:{port}",
+        env.get("RUN_ID", "") or "local",
+        max_restarts,
+        node_rank=0,
+        is_main_node=True,
+    )
     if "AWS_BATCH_JOB_NUM_NODES" in env:
         return _batch_plan(env, local, port, own_address)
     master = env.get("MASTER_ADDR") or env.get("PET_MASTER_ADDR")  # PyTorchJob v1 / Kubeflow Trainer v2
@@ -131,24 +155,44 @@ def _batch_plan(env: Mapping[str, str], local: LaunchPlan, port: int, own_addres
     is_main = index == _int(env, "AWS_BATCH_JOB_MAIN_NODE_INDEX", 0)
     host = (own_address or "localhost") if is_main else env.get("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS", "")
     if not host:  # the main node is not told its own address; every child node is told the main node's
-        raise UsageError("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS", None,
-                         f"not set on child node {index}", "the main node's IPv4 address (set by Batch)")
+        raise UsageError(
+            "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS",
+            None,
+            f"not set on child node {index}",
+            "the main node's IPv4 address (set by Batch)",
+        )
     job_id = env.get("AWS_BATCH_JOB_ID", "").split("#")[0]
     rdzv_id = f"{job_id}-{env.get('AWS_BATCH_JOB_ATTEMPT', '1')}" if job_id else (env.get("RUN_ID", "") or "batch")
-    return replace(local, scheduler="aws-batch", nnodes=_nnodes(env, str(nodes)), rdzv_endpoint=f"{host}:{port}",
-                   rdzv_id=rdzv_id, node_rank=index, is_main_node=is_main, local_addr=own_address)
+    return replace(
+        local,
+        scheduler="aws-batch",
+        nnodes=_nnodes(env, str(nodes)),
+        rdzv_endpoint=f"{host}:{port}",
+        rdzv_id=rdzv_id,
+        node_rank=index,
+        is_main_node=is_main,
+        local_addr=own_address,
+    )
 
 
-def _kubernetes_plan(env: Mapping[str, str], local: LaunchPlan, master: str, port: int,
-                     own_address: str | None) -> LaunchPlan:
+def _kubernetes_plan(
+    env: Mapping[str, str], local: LaunchPlan, master: str, port: int, own_address: str | None
+) -> LaunchPlan:
     nodes = _node_count(env, "PET_NNODES") if env.get("PET_NNODES") else str(_int(env, "WORLD_SIZE", minimum=1))
     # RANK is a fallback only: with PET_NODE_RANK set, a RANK meaning something else must not matter.
     rank = _int(env, "PET_NODE_RANK") if env.get("PET_NODE_RANK") else _int(env, "RANK", 0)
     if "MASTER_PORT" not in env and env.get("PET_MASTER_PORT"):
         port = _int(env, "PET_MASTER_PORT", minimum=1)
-    return replace(local, scheduler="pytorchjob", nnodes=_nnodes(env, nodes), rdzv_endpoint=f"{master}:{port}",
-                   rdzv_id=env.get("RUN_ID", "") or master, node_rank=rank, is_main_node=rank == 0,
-                   local_addr=own_address)
+    return replace(
+        local,
+        scheduler="pytorchjob",
+        nnodes=_nnodes(env, nodes),
+        rdzv_endpoint=f"{master}:{port}",
+        rdzv_id=env.get("RUN_ID", "") or master,
+        node_rank=rank,
+        is_main_node=rank == 0,
+        local_addr=own_address,
+    )
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
@@ -160,18 +204,30 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return None
 
 
-def build_command(mode: str, script_args: list[str], env: Mapping[str, str],
-                  own_address: str | None = None) -> tuple[list[str], LaunchPlan | None]:
+def build_command(
+    mode: str, script_args: list[str], env: Mapping[str, str], own_address: str | None = None
+) -> tuple[list[str], LaunchPlan | None]:
     if mode in SINGLE_MODES:
         return [sys.executable, str(HERE / SINGLE_MODES[mode]), *script_args], None
     plan = plan_launch(mode, env, own_address)
     expected = _flag_value(script_args, "--expected-nodes")
     # Checked here as well as in the scripts: a mismatch must fail once, not once per torchrun restart.
     if expected is not None and ":" not in plan.nnodes and expected != plan.nnodes:
-        raise UsageError("--expected-nodes", expected, f"the scheduler gives {plan.nnodes} node(s)",
-                         "the job's node count (AWS_BATCH_JOB_NUM_NODES / PET_NNODES)")
-    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(), str(HERE / "exit_relay.py"),
-            str(HERE / DISTRIBUTED_MODES[mode]), *script_args], plan
+        raise UsageError(
+            "--expected-nodes",
+            expected,
+            f"the scheduler gives {plan.nnodes} node(s)",
+            "the job's node count (AWS_BATCH_JOB_NUM_NODES / PET_NNODES)",
+        )
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *plan.torchrun_args(),
+        str(HERE / "exit_relay.py"),
+        str(HERE / DISTRIBUTED_MODES[mode]),
+        *script_args,
+    ], plan
 
 
 def interface_ipv4(name: str) -> str | None:
@@ -197,8 +253,12 @@ def own_ipv4(env: Mapping[str, str]) -> str | None:
     if interface:
         addr = interface_ipv4(interface)
         if addr is None:
-            raise UsageError("GLOO_SOCKET_IFNAME", interface, "no IPv4 address on that interface in this container",
-                             "the task's interface (eth0 on AWS Batch)")
+            raise UsageError(
+                "GLOO_SOCKET_IFNAME",
+                interface,
+                "no IPv4 address on that interface in this container",
+                "the task's interface (eth0 on AWS Batch)",
+            )
         return addr
     try:
         addr = socket.gethostbyname(socket.gethostname())
@@ -229,8 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"command": cmd, "plan": asdict(plan) if plan else None}))
         return 0
     if plan:
-        print(f"launch.py: {plan.scheduler} node {plan.node_rank}{' (main)' if plan.is_main_node else ''}: "
-              f"{' '.join(cmd)}", file=sys.stderr, flush=True)
+        print(
+            f"launch.py: {plan.scheduler} node {plan.node_rank}{' (main)' if plan.is_main_node else ''}: "
+            f"{' '.join(cmd)}",
+            file=sys.stderr,
+            flush=True,
+        )
     if not plan:
         os.execvpe(cmd[0], cmd, env)  # one plain process: its exit code is the job's
     return run_torchrun(cmd, env)

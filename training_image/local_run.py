@@ -9,6 +9,7 @@ it, print a report and save loss / tokens-per-second curves as a PNG. No AWS: th
 Functions state machine) runs the same stages as Batch or EKS jobs.
 Owns only these paths under --out: corpus/, data/, checkpoints/, *.json, *.log, *.png.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,16 +44,19 @@ def run_stage(name: str, args: list[str], out: Path, env: dict) -> tuple[subproc
     (out / f"{name}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise SystemExit(f"[local_run] {name} failed with exit code {proc.returncode} "
-                         f"(full log: {out / (name + '.log')}):\n{tail}")
+        raise SystemExit(
+            f"[local_run] {name} failed with exit code {proc.returncode} (full log: {out / (name + '.log')}):\n{tail}"
+        )
     print(f"[local_run] {name}: ok in {elapsed:.1f}s", flush=True)
     return proc, elapsed
 
 
 def plot(records: list[dict], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")  # no display in CI or containers
     import matplotlib.pyplot as plt
+
     steps = [r["Step"] for r in records]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     ax1.plot(steps, [r["Loss"] for r in records])
@@ -92,8 +96,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def local_env(nproc: int) -> dict:
-    env = {**os.environ, "ACCELERATOR_KIND": "cpu", "ACCELERATORS_PER_NODE": str(nproc),
-           "RUN_ID": os.environ.get("RUN_ID", "local-run"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "ACCELERATOR_KIND": "cpu",
+        "ACCELERATORS_PER_NODE": str(nproc),
+        "RUN_ID": os.environ.get("RUN_ID", "local-run"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     for var in [k for k in env if k.startswith(("AWS_BATCH_", "PET_")) or k in ("MASTER_ADDR", "WORLD_SIZE", "RANK")]:
         env.pop(var)  # a local run must not pick up a scheduler's variables
     return env
@@ -104,19 +114,69 @@ def run_stages(out: Path, env: dict, steps: int) -> subprocess.CompletedProcess:
     ckpt, data = out / "checkpoints", out / "data"
     every = max(1, steps // 3)
     write_corpus(out / "corpus", documents=8, sentences=600)
-    run_stage("prepare_data", ["prepare-data", "--input", str(out / "corpus"), "--output", str(data),
-                               "--val-fraction", "0.1"], out, env)
+    run_stage(
+        "prepare_data",
+        ["prepare-data", "--input", str(out / "corpus"), "--output", str(data), "--val-fraction", "0.1"],
+        out,
+        env,
+    )
     run_stage("sanity", ["sanity", "--sizes", "64K,1M", "--report", str(out / "sanity.json")], out, env)
-    train, _ = run_stage("train", ["train", "--data", str(data), "--checkpoint-dir", str(ckpt),
-                                   "--max-steps", str(steps), "--checkpoint-every", str(every),
-                                   "--model", "tiny", "--lr", "3e-3", "--warmup-steps", "20", "--seed", "1"],
-                         out, env)
+    train, _ = run_stage(
+        "train",
+        [
+            "train",
+            "--data",
+            str(data),
+            "--checkpoint-dir",
+            str(ckpt),
+            "--max-steps",
+            str(steps),
+            "--checkpoint-every",
+            str(every),
+            "--model",
+            "tiny",
+            "--lr",
+            "3e-3",
+            "--warmup-steps",
+            "20",
+            "--seed",
+            "1",
+        ],
+        out,
+        env,
+    )
     for stale in ("baseline.json", "verdict.json"):
         (out / stale).unlink(missing_ok=True)
-    run_stage("baseline", ["validate", "--checkpoint", str(ckpt / f"step_{every:09d}"), "--data", str(data),
-                           "--baseline", str(out / "baseline.json")], out, env)
-    run_stage("validate", ["validate", "--checkpoint", str(ckpt), "--data", str(data),
-                           "--baseline", str(out / "baseline.json"), "--verdict", str(out / "verdict.json")], out, env)
+    run_stage(
+        "baseline",
+        [
+            "validate",
+            "--checkpoint",
+            str(ckpt / f"step_{every:09d}"),
+            "--data",
+            str(data),
+            "--baseline",
+            str(out / "baseline.json"),
+        ],
+        out,
+        env,
+    )
+    run_stage(
+        "validate",
+        [
+            "validate",
+            "--checkpoint",
+            str(ckpt),
+            "--data",
+            str(data),
+            "--baseline",
+            str(out / "baseline.json"),
+            "--verdict",
+            str(out / "verdict.json"),
+        ],
+        out,
+        env,
+    )
     return train
 
 
@@ -129,12 +189,19 @@ def summarize(out: Path, train_stdout: str, t_start: float) -> dict:
     verdict = json.loads((out / "verdict.json").read_text())
     return {
         "sanity": {"passed": sanity["passed"], "all_reduce_busbw_gbps": round(sanity["measured_busbw_gbps"], 4)},
-        "train": {"steps": summary["steps"], "first_loss": round(records[0]["Loss"], 4),
-                  "final_loss": round(summary["final_loss"], 4),
-                  "mean_tokens_per_second": round(summary["mean_tokens_per_second"] or 0.0, 1)},
+        "train": {
+            "steps": summary["steps"],
+            "first_loss": round(records[0]["Loss"], 4),
+            "final_loss": round(summary["final_loss"], 4),
+            "mean_tokens_per_second": round(summary["mean_tokens_per_second"] or 0.0, 1),
+        },
         "validate": {k: verdict[k] for k in ("metric", "value", "baseline", "relative_delta", "passed")},
-        "artifacts": {"plot": str(out / "training_curves.png"), "verdict": str(out / "verdict.json"),
-                      "sanity_report": str(out / "sanity.json"), "logs": str(out)},
+        "artifacts": {
+            "plot": str(out / "training_curves.png"),
+            "verdict": str(out / "verdict.json"),
+            "sanity_report": str(out / "sanity.json"),
+            "logs": str(out),
+        },
         "wall_seconds": round(time.perf_counter() - t_start, 1),
     }
 

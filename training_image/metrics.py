@@ -11,6 +11,7 @@ group the agent writes it to. Names are a contract with the dashboards: Loss, To
 StepTimeSeconds, MFU, NonFiniteLoss in namespace EfaTraining with dimensions Environment and RunId (Environment
 from TRAINING_ENVIRONMENT, which every job of a deployed environment gets; RunId alone for hand runs).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,13 @@ from typing import TextIO
 from urllib.parse import urlparse
 
 NAMESPACE = "EfaTraining"
-UNITS = {"Loss": "None", "TokensPerSecond": "Count/Second", "StepTimeSeconds": "Seconds", "MFU": "Percent",
-         "NonFiniteLoss": "Count"}
+UNITS = {
+    "Loss": "None",
+    "TokensPerSecond": "Count/Second",
+    "StepTimeSeconds": "Seconds",
+    "MFU": "Percent",
+    "NonFiniteLoss": "Count",
+}
 
 # Dense bf16 peak TFLOPS per accelerator, by device-name substring, first match wins (so L40S before L4). The
 # jobs of a deployed environment set PEAK_TFLOPS_PER_ACCELERATOR from config/catalogue.py, which takes precedence;
@@ -34,8 +40,15 @@ UNITS = {"Loss": "None", "TokensPerSecond": "Count/Second", "StepTimeSeconds": "
 #     datasheet is another GPU's figure.
 #   Trainium (trn1): 190 per chip, two NeuronCores (Neuron docs, "Trainium Architecture").
 #   H100/H200 SXM 989, A100 312, L40S 362, L4 121: NVIDIA's datasheets, dense.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0, "L4": 121.0,
-                    "Trainium": 190.0}
+PEAK_BF16_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "A10G": 70.0,
+    "L4": 121.0,
+    "Trainium": 190.0,
+}
 
 
 def peak_tflops(device_name: str) -> float | None:
@@ -46,8 +59,14 @@ def peak_tflops(device_name: str) -> float | None:
     return next((value for key, value in PEAK_BF16_TFLOPS.items() if key in device_name), None)
 
 
-def emf_record(run_id: str, step: int, values: dict[str, float], timestamp_ms: int | None = None,
-               log_group: str | None = None, environment: str | None = None) -> dict:
+def emf_record(
+    run_id: str,
+    step: int,
+    values: dict[str, float],
+    timestamp_ms: int | None = None,
+    log_group: str | None = None,
+    environment: str | None = None,
+) -> dict:
     """One EMF document: metrics declared under _aws, values and dimensions at top level.
 
     A non-finite value is left out (the specification's metric values are JSON numbers, and NaN/Infinity are
@@ -56,11 +75,13 @@ def emf_record(run_id: str, step: int, values: dict[str, float], timestamp_ms: i
     names = [n for n in values if n in UNITS]
     metadata = {
         "Timestamp": timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
-        "CloudWatchMetrics": [{
-            "Namespace": NAMESPACE,
-            "Dimensions": [["Environment", "RunId"] if environment else ["RunId"]],
-            "Metrics": [{"Name": n, "Unit": UNITS[n]} for n in names],
-        }],
+        "CloudWatchMetrics": [
+            {
+                "Namespace": NAMESPACE,
+                "Dimensions": [["Environment", "RunId"] if environment else ["RunId"]],
+                "Metrics": [{"Name": n, "Unit": UNITS[n]} for n in names],
+            }
+        ],
     }
     if log_group:
         metadata["LogGroupName"] = log_group  # read by the CloudWatch agent, not by CloudWatch Logs
@@ -93,8 +114,11 @@ class AgentSink:
         except OSError as error:
             self.close()
             if not self._warned:
-                print(f"metrics: CloudWatch agent at {self.address[0]}:{self.address[1]} unreachable ({error}); "
-                      "EMF lines stay on stdout only until it answers", file=sys.stderr)
+                print(
+                    f"metrics: CloudWatch agent at {self.address[0]}:{self.address[1]} unreachable ({error}); "
+                    "EMF lines stay on stdout only until it answers",
+                    file=sys.stderr,
+                )
                 self._warned = True
 
     def close(self) -> None:
@@ -110,8 +134,15 @@ class MetricsLogger:
         self.agent = AgentSink(endpoint) if enabled and endpoint else None
         self.log_group = environ.get("AWS_EMF_LOG_GROUP_NAME") if self.agent else None
 
-    def step(self, step: int, loss: float, tokens_per_s: float, step_time_s: float,
-             mfu_percent: float | None = None, **extra: float) -> None:
+    def step(
+        self,
+        step: int,
+        loss: float,
+        tokens_per_s: float,
+        step_time_s: float,
+        mfu_percent: float | None = None,
+        **extra: float,
+    ) -> None:
         if not self.enabled:
             return
         # NaN/inf is not valid JSON, and CloudWatch would drop the whole line: a diverged run reports
@@ -123,8 +154,16 @@ class MetricsLogger:
         if mfu_percent is not None:
             values["MFU"] = mfu_percent
         values.update(extra)
-        line = json.dumps(emf_record(self.run_id, step, values, log_group=self.log_group,
-                                     environment=os.environ.get("TRAINING_ENVIRONMENT") or None), allow_nan=False)
+        line = json.dumps(
+            emf_record(
+                self.run_id,
+                step,
+                values,
+                log_group=self.log_group,
+                environment=os.environ.get("TRAINING_ENVIRONMENT") or None,
+            ),
+            allow_nan=False,
+        )
         self.stream.write(line + "\n")
         self.stream.flush()
         if self.agent is not None:

@@ -4,6 +4,7 @@ Sizes are picked by name so a job definition says `--model 1.3b` instead of six
 numbers; `tiny` exists for CPU tests. The layout follows GPT-2/nanoGPT so the
 parameter counts are the familiar ones.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
 from errors import UsageError
 
 
@@ -29,8 +31,9 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise UsageError(f"model.{name}", getattr(self, name), "must be positive", ">= 1")
         if self.d_model % self.n_head:
-            raise UsageError("model.d_model", self.d_model, f"not divisible by n_head={self.n_head}",
-                             "a multiple of n_head")
+            raise UsageError(
+                "model.d_model", self.d_model, f"not divisible by n_head={self.n_head}", "a multiple of n_head"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise UsageError("model.dropout", self.dropout, "out of range", "0 <= dropout < 1")
 
@@ -72,8 +75,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
         # SDPA picks flash/memory-efficient kernels on GPU and a deterministic math path on CPU.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
 
 
@@ -83,8 +85,12 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(approximate="tanh"),
-                                 nn.Linear(4 * cfg.d_model, cfg.d_model), nn.Dropout(cfg.dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d_model, 4 * cfg.d_model),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(4 * cfg.d_model, cfg.d_model),
+            nn.Dropout(cfg.dropout),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))

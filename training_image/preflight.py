@@ -3,6 +3,7 @@
 Every rank runs the same checks on the same inputs, so all ranks reach the same verdict without a collective,
 and a wrong flag costs seconds instead of a failed step on every node.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,11 +44,19 @@ def check_data(data_dir: Path, mcfg: ModelConfig) -> None:
         tokens += open_shard(shard).size
         largest = max_token_id(shard)
         if largest is not None and largest >= mcfg.vocab_size:
-            raise UsageError("shard", str(shard), f"holds token id {largest}, beyond the model's vocabulary of "
-                             f"{mcfg.vocab_size} ids", "shards tokenized for this model's vocabulary")
+            raise UsageError(
+                "shard",
+                str(shard),
+                f"holds token id {largest}, beyond the model's vocabulary of {mcfg.vocab_size} ids",
+                "shards tokenized for this model's vocabulary",
+            )
     if tokens < mcfg.seq_len + 1:
-        raise UsageError("--seq-len", mcfg.seq_len, f"the train split of {data_dir} has only {tokens} tokens",
-                         f"at most {max(tokens - 1, 0)} for this data, or more data")
+        raise UsageError(
+            "--seq-len",
+            mcfg.seq_len,
+            f"the train split of {data_dir} has only {tokens} tokens",
+            f"at most {max(tokens - 1, 0)} for this data, or more data",
+        )
 
 
 def check_reusable(root: Path, strategy: str, model_name: str, model_config: dict) -> None:
@@ -62,10 +71,13 @@ def check_reusable(root: Path, strategy: str, model_name: str, model_config: dic
     path, meta = found
     problems = _differences(meta, strategy, model_name, model_config)
     if problems:
-        raise UsageError("--checkpoint-dir", str(root),
-                         f"holds checkpoints of {' '.join(problems)} (newest: {path.name}), "
-                         f"this run is --strategy {strategy} --model {model_name}",
-                         "the same --strategy/--model (and --seq-len) as those checkpoints, or a new --checkpoint-dir")
+        raise UsageError(
+            "--checkpoint-dir",
+            str(root),
+            f"holds checkpoints of {' '.join(problems)} (newest: {path.name}), "
+            f"this run is --strategy {strategy} --model {model_name}",
+            "the same --strategy/--model (and --seq-len) as those checkpoints, or a new --checkpoint-dir",
+        )
 
 
 def _differences(meta: dict, strategy: str, model_name: str, model_config: dict) -> list[str]:
@@ -96,6 +108,9 @@ def probe_writable(root: Path) -> None:
             os.fsync(f.fileno())
         probe.unlink()
     except OSError as exc:
-        raise UsageError("--checkpoint-dir", str(root), f"not writable ({type(exc).__name__}: "
-                         f"{exc.strerror or exc})", "a writable directory (is the shared file system mounted?)") \
-            from None
+        raise UsageError(
+            "--checkpoint-dir",
+            str(root),
+            f"not writable ({type(exc).__name__}: {exc.strerror or exc})",
+            "a writable directory (is the shared file system mounted?)",
+        ) from None

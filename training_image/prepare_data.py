@@ -6,6 +6,7 @@ Byte-level: each UTF-8 byte is a token (0..255), 256 separates documents (one
 file = one document). No vocabulary file and no network. The holdout split is
 taken from the end of every document, so both splits see every source.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
 from data import EOT_TOKEN, SPLITS, TOKEN_DTYPE, VOCAB_SIZE, write_shard
 from errors import UsageError, exit_with_usage_error
 
@@ -53,8 +55,14 @@ def prepare(files: list[Path], output: Path, val_fraction: float, shard_tokens: 
         parts["train"] += [doc[:cut], eot]
         if cut < len(doc):
             parts["val"] += [doc[cut:], eot]
-    info: dict = {"tokenizer": "byte", "vocab_size": VOCAB_SIZE, "eot_token": EOT_TOKEN,
-                  "dtype": "uint16", "documents": len(files), "splits": {}}
+    info: dict = {
+        "tokenizer": "byte",
+        "vocab_size": VOCAB_SIZE,
+        "eot_token": EOT_TOKEN,
+        "dtype": "uint16",
+        "documents": len(files),
+        "splits": {},
+    }
     for split, chunks in parts.items():
         tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=TOKEN_DTYPE)
         for old in output.glob(f"{split}_*.bin"):
@@ -62,7 +70,7 @@ def prepare(files: list[Path], output: Path, val_fraction: float, shard_tokens: 
         n_shards = max(1, -(-tokens.size // shard_tokens))
         for i in range(n_shards):
             if tokens.size:
-                write_shard(output / f"{split}_{i:06d}.bin", tokens[i * shard_tokens:(i + 1) * shard_tokens])
+                write_shard(output / f"{split}_{i:06d}.bin", tokens[i * shard_tokens : (i + 1) * shard_tokens])
         info["splits"][split] = {"tokens": int(tokens.size), "shards": n_shards if tokens.size else 0}
     (output / "dataset.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
@@ -72,10 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="text files or directories (searched recursively)")
     p.add_argument("--output", required=True, help="directory for {train,val}_NNNNNN.bin shards and dataset.json")
-    p.add_argument("--val-fraction", type=float, default=0.05,
-                   help="fraction of each document held out for validation (default 0.05)")
-    p.add_argument("--shard-tokens", type=int, default=100_000_000,
-                   help="tokens per shard file (default 100M = 200 MB)")
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.05,
+        help="fraction of each document held out for validation (default 0.05)",
+    )
+    p.add_argument(
+        "--shard-tokens", type=int, default=100_000_000, help="tokens per shard file (default 100M = 200 MB)"
+    )
     return p
 
 

@@ -6,6 +6,7 @@ Two ways to name the same places, so the scripts work both by hand and from the 
 AWS Batch passes `Ref::name` only as a whole argument, hence roots plus names. The roots default to
 $FSX_MOUNT/datasets and $FSX_MOUNT/checkpoints (the EKS pods set FSX_MOUNT and pass only names).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,13 +18,20 @@ from errors import UsageError
 
 def add_layout_flags(p: argparse.ArgumentParser, *, checkpoints: bool = True) -> None:
     fsx = os.environ.get("FSX_MOUNT")
-    p.add_argument("--datasets-root", default=f"{fsx}/datasets" if fsx else None,
-                   help="with --dataset: data is DATASETS_ROOT/DATASET (default: $FSX_MOUNT/datasets)")
-    p.add_argument("--dataset", default=None,
-                   help="dataset name under --datasets-root (a leading 'datasets/' is accepted)")
+    p.add_argument(
+        "--datasets-root",
+        default=f"{fsx}/datasets" if fsx else None,
+        help="with --dataset: data is DATASETS_ROOT/DATASET (default: $FSX_MOUNT/datasets)",
+    )
+    p.add_argument(
+        "--dataset", default=None, help="dataset name under --datasets-root (a leading 'datasets/' is accepted)"
+    )
     if checkpoints:
-        p.add_argument("--checkpoints-root", default=f"{fsx}/checkpoints" if fsx else None,
-                       help="with --run-id: checkpoints are CHECKPOINTS_ROOT/RUN_ID (default: $FSX_MOUNT/checkpoints)")
+        p.add_argument(
+            "--checkpoints-root",
+            default=f"{fsx}/checkpoints" if fsx else None,
+            help="with --run-id: checkpoints are CHECKPOINTS_ROOT/RUN_ID (default: $FSX_MOUNT/checkpoints)",
+        )
 
 
 def data_dir(args: argparse.Namespace) -> str:
@@ -35,8 +43,12 @@ def data_dir(args: argparse.Namespace) -> str:
         if name.parts and name.parts[0] == root.name:  # "datasets/wikitext" under /fsx/datasets
             name = Path(*name.parts[1:])
         return str(root / name)
-    raise UsageError("--data", None, "no dataset given",
-                     "--data DIR, env DATA_DIR, or --dataset NAME with --datasets-root (or env FSX_MOUNT)")
+    raise UsageError(
+        "--data",
+        None,
+        "no dataset given",
+        "--data DIR, env DATA_DIR, or --dataset NAME with --datasets-root (or env FSX_MOUNT)",
+    )
 
 
 def checkpoint_dir(args: argparse.Namespace, flag: str) -> str:
@@ -46,8 +58,12 @@ def checkpoint_dir(args: argparse.Namespace, flag: str) -> str:
     run_id = os.environ.get("RUN_ID") if args.run_id in (None, "local") else args.run_id
     if args.checkpoints_root and run_id:
         return str(Path(args.checkpoints_root) / run_id)
-    raise UsageError(flag, None, "no checkpoint directory given",
-                     f"{flag} DIR, env CHECKPOINT_DIR, or --run-id with --checkpoints-root (or env FSX_MOUNT)")
+    raise UsageError(
+        flag,
+        None,
+        "no checkpoint directory given",
+        f"{flag} DIR, env CHECKPOINT_DIR, or --run-id with --checkpoints-root (or env FSX_MOUNT)",
+    )
 
 
 def expected_nodes_error(expected: int | None) -> str | None:

@@ -16,6 +16,7 @@ Exit 0 = pass, 1 = a check failed, 2 = bad usage, 3 = the checks passed but the 
    two-node figures use) must reach --min-busbw-gbps (GB/s, 1e9 bytes); never an average over sizes, which small
    messages drag down.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,9 +26,10 @@ import os
 import sys
 from dataclasses import dataclass
 
-import efa_proof
 import torch
 import torch.distributed as dist
+
+import efa_proof
 from collectives import COLLECTIVES, measure
 from distributed import DEVICES, KIND_TO_DEVICE, Runtime, destroy_distributed, init_distributed, resolve_device
 from errors import UsageError, exit_with_usage_error
@@ -46,6 +48,7 @@ EXIT_REPORT_NOT_WRITTEN = 3
 @dataclass(frozen=True)
 class Plan:
     """What to check, from the flags and the job environment, all validated before the process group exists."""
+
     device_type: str
     kind: str  # ACCELERATOR_KIND
     expected: int | None  # ACCELERATORS_PER_NODE
@@ -79,27 +82,49 @@ def check_accelerators(kind: str, expected: int | None) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--min-busbw-gbps", type=float, default=float(os.environ.get("EXPECTED_BUSBW_GBPS", "0") or 0),
-                   help="fail if the all_reduce bus bandwidth at --busbw-bytes is below this, GB/s "
-                        "(default: env EXPECTED_BUSBW_GBPS, else 0 = do not check)")
-    p.add_argument("--sizes", default="",
-                   help="comma-separated message sizes, e.g. 1M,16M,1G "
-                        "(default: 1M..2G on accelerators, 64K..4M on CPU)")
+    p.add_argument(
+        "--min-busbw-gbps",
+        type=float,
+        default=float(os.environ.get("EXPECTED_BUSBW_GBPS", "0") or 0),
+        help="fail if the all_reduce bus bandwidth at --busbw-bytes is below this, GB/s "
+        "(default: env EXPECTED_BUSBW_GBPS, else 0 = do not check)",
+    )
+    p.add_argument(
+        "--sizes",
+        default="",
+        help="comma-separated message sizes, e.g. 1M,16M,1G (default: 1M..2G on accelerators, 64K..4M on CPU)",
+    )
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations per size (default 5)")
     p.add_argument("--iters", type=int, default=20, help="timed iterations per size (default 20)")
-    p.add_argument("--report", default=os.environ.get("SANITY_REPORT", ""),
-                   help="write the JSON report to this path as well as stdout (default: env SANITY_REPORT)")
+    p.add_argument(
+        "--report",
+        default=os.environ.get("SANITY_REPORT", ""),
+        help="write the JSON report to this path as well as stdout (default: env SANITY_REPORT)",
+    )
     p.add_argument("--device", default="auto", help=f"{', '.join(DEVICES)} (default auto: from ACCELERATOR_KIND)")
-    p.add_argument("--run-id", default=os.environ.get("RUN_ID"), help="run id, names the report under --report-prefix "
-                                                                     "(default: env RUN_ID)")
-    p.add_argument("--report-prefix", default=os.environ.get("REPORT_PREFIX", ""),
-                   help="also write the report to PREFIX<run-id>/sanity.json, PREFIX a path or s3://bucket/prefix/ "
-                        "(default: env REPORT_PREFIX)")
-    p.add_argument("--expected-nodes", type=int, default=None,
-                   help="fail unless this many nodes joined (torchrun's GROUP_WORLD_SIZE)")
-    p.add_argument("--busbw-bytes", default=os.environ.get("BUSBW_MESSAGE_BYTES", ""),
-                   help="the message size the bandwidth gate applies at, added to --sizes if missing "
-                        "(default: env BUSBW_MESSAGE_BYTES, else the largest of --sizes)")
+    p.add_argument(
+        "--run-id",
+        default=os.environ.get("RUN_ID"),
+        help="run id, names the report under --report-prefix (default: env RUN_ID)",
+    )
+    p.add_argument(
+        "--report-prefix",
+        default=os.environ.get("REPORT_PREFIX", ""),
+        help="also write the report to PREFIX<run-id>/sanity.json, PREFIX a path or s3://bucket/prefix/ "
+        "(default: env REPORT_PREFIX)",
+    )
+    p.add_argument(
+        "--expected-nodes",
+        type=int,
+        default=None,
+        help="fail unless this many nodes joined (torchrun's GROUP_WORLD_SIZE)",
+    )
+    p.add_argument(
+        "--busbw-bytes",
+        default=os.environ.get("BUSBW_MESSAGE_BYTES", ""),
+        help="the message size the bandwidth gate applies at, added to --sizes if missing "
+        "(default: env BUSBW_MESSAGE_BYTES, else the largest of --sizes)",
+    )
     p.add_argument("--uverbs-dir", default=efa_proof.UVERBS_DIR, help="where the EFA uverbs devices appear")
     p.add_argument("--fi-info", default=None, help="libfabric's fi_info (default: on PATH or /opt/amazon/efa/bin)")
     return p
@@ -136,18 +161,25 @@ def _sizes(args: argparse.Namespace, device_type: str) -> tuple[list[int], int]:
     sizes = [size - size % 4 for size in (parse_size(text) for text in texts)]
     gate_bytes = parse_size(args.busbw_bytes, "--busbw-bytes") if args.busbw_bytes else max(sizes)
     if gate_bytes % 4:
-        raise UsageError("--busbw-bytes", args.busbw_bytes, "not a whole number of float32 elements",
-                         "a multiple of 4 bytes")
+        raise UsageError(
+            "--busbw-bytes", args.busbw_bytes, "not a whole number of float32 elements", "a multiple of 4 bytes"
+        )
     return sorted({*sizes, gate_bytes}), gate_bytes
 
 
-def _efa_checks(args: argparse.Namespace, rt: Runtime, efa_interfaces: int, nccl_log: str,
-                kind: str) -> tuple[dict, int, int]:
+def _efa_checks(
+    args: argparse.Namespace, rt: Runtime, efa_interfaces: int, nccl_log: str, kind: str
+) -> tuple[dict, int, int]:
     """(this rank's EFA report, devices-bad flag, transport code); devices are probed once per node."""
     if not efa_interfaces:
         return {"expected_interfaces": 0, "checked": False}, 0, 0
-    evidence = efa_proof.collect(efa_interfaces, nccl_log, uverbs_dir=args.uverbs_dir, fi_info=args.fi_info,
-                                 transport_proof_required=kind != "neuron")
+    evidence = efa_proof.collect(
+        efa_interfaces,
+        nccl_log,
+        uverbs_dir=args.uverbs_dir,
+        fi_info=args.fi_info,
+        transport_proof_required=kind != "neuron",
+    )
     for line in evidence.warnings():
         print(f"sanity_check: rank {rt.rank}: warning: {line}", file=sys.stderr, flush=True)
     devices_checked = int(os.environ.get("LOCAL_RANK", "0")) == 0
@@ -155,9 +187,11 @@ def _efa_checks(args: argparse.Namespace, rt: Runtime, efa_interfaces: int, nccl
     device_problems = [f for f in report["failures"] if f.startswith("EFA devices")] if devices_checked else []
     for line in report["failures"] if devices_checked else [f for f in report["failures"] if f.startswith("transport")]:
         print(f"sanity_check: rank {rt.rank}: {line}", file=sys.stderr, flush=True)  # this node's own log names it
-    return ({**report, "checked": True, "devices_checked": devices_checked},
-            int(bool(device_problems)),
-            0 if evidence.warnings() else efa_proof.TRANSPORTS.index(evidence.transport.kind))
+    return (
+        {**report, "checked": True, "devices_checked": devices_checked},
+        int(bool(device_problems)),
+        0 if evidence.warnings() else efa_proof.TRANSPORTS.index(evidence.transport.kind),
+    )
 
 
 def run_checks(args: argparse.Namespace, rt: Runtime, plan: Plan, nccl_log: str = "") -> dict:
@@ -167,28 +201,45 @@ def run_checks(args: argparse.Namespace, rt: Runtime, plan: Plan, nccl_log: str 
     measured = by_size[plan.gate_bytes]
     efa, devices_bad, transport = _efa_checks(args, rt, plan.efa_interfaces, nccl_log, plan.kind)
     # Every rank's own verdicts are combined, so all ranks exit with the same code.
-    local_bad = torch.tensor([0 if accel["ok"] else 1, sum(not r["correct"] for r in results), devices_bad],
-                             dtype=torch.int64, device=rt.device)
+    local_bad = torch.tensor(
+        [0 if accel["ok"] else 1, sum(not r["correct"] for r in results), devices_bad],
+        dtype=torch.int64,
+        device=rt.device,
+    )
     dist.all_reduce(local_bad)
     worst_transport = torch.tensor([transport], dtype=torch.int64, device=rt.device)
     dist.all_reduce(worst_transport, op=dist.ReduceOp.MAX)
     bad_accel, bad_results, bad_devices = (int(v) for v in local_bad.tolist())
-    failures = [f"accelerators: {bad_accel} rank(s) found fewer/other than {plan.expected} {plan.kind} devices"] \
-        if bad_accel else []
+    failures = (
+        [f"accelerators: {bad_accel} rank(s) found fewer/other than {plan.expected} {plan.kind} devices"]
+        if bad_accel
+        else []
+    )
     failures += _collective_failures(bad_results, results, rt.rank)
     failures += efa_proof.group_failures(efa, bad_devices, int(worst_transport.item()) if plan.efa_interfaces else 0)
     nodes_problem = expected_nodes_error(args.expected_nodes)
     if nodes_problem:
         failures.append(f"nodes: {nodes_problem}")
     if args.min_busbw_gbps > 0 and measured < args.min_busbw_gbps:
-        failures.append(f"bandwidth: all_reduce busbw {measured:.3f} GB/s at {plan.gate_bytes} bytes "
-                        f"< --min-busbw-gbps {args.min_busbw_gbps}")
-    return {"passed": not failures, "failures": failures, "world_size": rt.world_size,
-            "nodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")), "device": rt.device_type,
-            "accelerators": accel, "efa": efa, "threshold_busbw_gbps": args.min_busbw_gbps,
-            "threshold_source": os.environ.get("BUSBW_SOURCE", "--min-busbw-gbps"),
-            "measured_busbw_gbps": measured, "measured_at_bytes": plan.gate_bytes,
-            "busbw_gbps_by_size": {str(size): busbw for size, busbw in sorted(by_size.items())}, "results": results}
+        failures.append(
+            f"bandwidth: all_reduce busbw {measured:.3f} GB/s at {plan.gate_bytes} bytes "
+            f"< --min-busbw-gbps {args.min_busbw_gbps}"
+        )
+    return {
+        "passed": not failures,
+        "failures": failures,
+        "world_size": rt.world_size,
+        "nodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
+        "device": rt.device_type,
+        "accelerators": accel,
+        "efa": efa,
+        "threshold_busbw_gbps": args.min_busbw_gbps,
+        "threshold_source": os.environ.get("BUSBW_SOURCE", "--min-busbw-gbps"),
+        "measured_busbw_gbps": measured,
+        "measured_at_bytes": plan.gate_bytes,
+        "busbw_gbps_by_size": {str(size): busbw for size, busbw in sorted(by_size.items())},
+        "results": results,
+    }
 
 
 def _collective_failures(bad_results: int, results: list[dict], rank: int) -> list[str]:
@@ -197,26 +248,33 @@ def _collective_failures(bad_results: int, results: list[dict], rank: int) -> li
     # This rank (0, which prints) only observed the errors; all_gather's chunks say whose data was wrong.
     wrong = sorted({r["op"] for r in results if not r["correct"]})
     sources = sorted({q for r in results for q in r["wrong_data_from_ranks"]})
-    return [f"collectives: {bad_results} wrong result(s) across ranks"
-            + (f" ({', '.join(wrong)} seen on rank {rank}" if wrong else "")
-            + (f"; wrong data came from rank(s) {', '.join(map(str, sources))})" if sources
-               else ")" if wrong else "")]
+    return [
+        f"collectives: {bad_results} wrong result(s) across ranks"
+        + (f" ({', '.join(wrong)} seen on rank {rank}" if wrong else "")
+        + (f"; wrong data came from rank(s) {', '.join(map(str, sources))})" if sources else ")" if wrong else "")
+    ]
 
 
 def write_reports(args: argparse.Namespace, report: dict) -> bool:
     """Rank 0: the report on stdout, a verdict line on stderr, and the report at --report and --report-prefix."""
     print(json.dumps(report, indent=2), flush=True)
-    print(f"sanity_check: {'PASS' if report['passed'] else 'FAIL: ' + '; '.join(report['failures'])}",
-          file=sys.stderr, flush=True)
+    print(
+        f"sanity_check: {'PASS' if report['passed'] else 'FAIL: ' + '; '.join(report['failures'])}",
+        file=sys.stderr,
+        flush=True,
+    )
     written = True
     prefixed = under_prefix(args.report_prefix, args.run_id, "sanity.json") if args.report_prefix else ""
     for location in filter(None, [args.report, prefixed]):
         try:
             write_json(location, report)
         except Exception as exc:  # S3 ClientError, OSError...: one line, its own exit code
-            print(f"sanity_check.py: error: could not write the report to {location}: "
-                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"sanity_check.py: error: could not write the report to {location}: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                file=sys.stderr,
+                flush=True,
+            )
             written = False
     return written
 
@@ -226,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = plan_checks(args)
         # Before the process group: NCCL reads its logging settings when it creates a communicator.
-        nccl_log = (efa_proof.prepare_nccl_logging(os.environ, int(os.environ.get("RANK", "0")))
-                    if plan.efa_interfaces else "")
+        nccl_log = (
+            efa_proof.prepare_nccl_logging(os.environ, int(os.environ.get("RANK", "0"))) if plan.efa_interfaces else ""
+        )
         rt = init_distributed(plan.device_type)
         try:
             report = run_checks(args, rt, plan, nccl_log)

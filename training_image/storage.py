@@ -3,6 +3,7 @@
 S3 is written directly with boto3: the Step Functions pipeline reads verdicts with s3:GetObject,
 and an FSx-to-S3 export would arrive asynchronously, possibly after the read.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from errors import UsageError
 
 
 def split_s3(uri: str) -> tuple[str, str]:
-    bucket, _, key = uri[len("s3://"):].partition("/")
+    bucket, _, key = uri[len("s3://") :].partition("/")
     if not bucket or not key:
         raise UsageError("s3 uri", uri, "needs a bucket and a key", "s3://bucket/key")
     return bucket, key
@@ -23,6 +24,7 @@ def read_json(location: str) -> dict | None:
     if location.startswith("s3://"):
         import boto3
         from botocore.exceptions import ClientError
+
         bucket, key = split_s3(location)
         try:
             body = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -39,6 +41,7 @@ def write_json(location: str, doc: dict) -> None:
     text = json.dumps(doc, indent=2, allow_nan=False) + "\n"  # NaN/Infinity: not JSON, refused here
     if location.startswith("s3://"):
         import boto3
+
         bucket, key = split_s3(location)
         boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=text.encode(), ContentType="application/json")
         return

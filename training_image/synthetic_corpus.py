@@ -3,6 +3,7 @@
 Sentences come from a tiny grammar, so a small model's loss falls visibly within
 a few dozen steps, and the same seed always gives the same bytes.
 """
+
 from __future__ import annotations
 
 import random
@@ -19,8 +20,10 @@ def write_corpus(out_dir: Path, documents: int = 8, sentences: int = 400, seed: 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for d in range(documents):
-        lines = [" ".join((rng.choice(SUBJECTS), rng.choice(VERBS), rng.choice(OBJECTS), rng.choice(ENDINGS)))
-                 for _ in range(sentences)]
+        lines = [
+            " ".join((rng.choice(SUBJECTS), rng.choice(VERBS), rng.choice(OBJECTS), rng.choice(ENDINGS)))
+            for _ in range(sentences)
+        ]
         path = out_dir / f"doc_{d:03d}.txt"
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         paths.append(path)

@@ -12,6 +12,7 @@ In the container, `launch.py train ...` builds the torchrun line from Batch/EKS 
 
 The settings are train_config.py's, the loop trainer.py's, the refusals before start preflight.py's.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -5,6 +5,7 @@ defaults to), so every default is written once, on the field, and the parser rea
 infrastructure's defaults for the same settings are contracts/run.py's; tests/training/test_run_contract.py holds
 the two equal (the image cannot import contracts/: its Docker build context is training_image/ only).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,15 +25,28 @@ from run_paths import add_layout_flags, checkpoint_dir, data_dir
 STRATEGIES = ("ddp", "fsdp")
 COUNTS = ("max_steps", "keep_last", "micro_batch_size", "grad_accum_steps", "log_every")  # each at least 1
 # Every float must be finite (argparse accepts nan and inf) and in range: (low, high, whether low itself is allowed).
-FLOAT_RANGES = {"lr": (0.0, 1.0, False), "min_lr_ratio": (0.0, 1.0, True), "weight_decay": (0.0, 10.0, True),
-                "grad_clip": (0.0, 1e6, True), "loss_spike_factor": (0.0, 1e6, True), "mtbf_hours": (0.0, 1e6, False)}
+FLOAT_RANGES = {
+    "lr": (0.0, 1.0, False),
+    "min_lr_ratio": (0.0, 1.0, True),
+    "weight_decay": (0.0, 10.0, True),
+    "grad_clip": (0.0, 1e6, True),
+    "loss_spike_factor": (0.0, 1e6, True),
+    "mtbf_hours": (0.0, 1e6, False),
+}
 
 
-def setting(default: Any = MISSING, *, help: str, env: str | None = None, aliases: tuple[str, ...] = (),
-            default_factory: Any = MISSING) -> Any:
+def setting(
+    default: Any = MISSING,
+    *,
+    help: str,
+    env: str | None = None,
+    aliases: tuple[str, ...] = (),
+    default_factory: Any = MISSING,
+) -> Any:
     """A config field with its command-line help; `env` names the variable a flag without a default reads."""
-    return field(default=default, default_factory=default_factory,
-                 metadata={"help": help, "env": env, "aliases": aliases})
+    return field(
+        default=default, default_factory=default_factory, metadata={"help": help, "env": env, "aliases": aliases}
+    )
 
 
 def _run_id_from_env() -> str:
@@ -41,38 +55,55 @@ def _run_id_from_env() -> str:
 
 @dataclass
 class TrainConfig:
-    data: str = setting(env="DATA_DIR", help="directory of train_*.bin/val_*.bin shards from prepare_data.py "
-                                             "(default: env DATA_DIR, else --datasets-root/--dataset)")
-    checkpoint_dir: str = setting(env="CHECKPOINT_DIR", help="where checkpoints go; the newest loadable one here is "
-                                  "resumed automatically (default: env CHECKPOINT_DIR, else "
-                                  "--checkpoints-root/--run-id)")
+    data: str = setting(
+        env="DATA_DIR",
+        help="directory of train_*.bin/val_*.bin shards from prepare_data.py "
+        "(default: env DATA_DIR, else --datasets-root/--dataset)",
+    )
+    checkpoint_dir: str = setting(
+        env="CHECKPOINT_DIR",
+        help="where checkpoints go; the newest loadable one here is "
+        "resumed automatically (default: env CHECKPOINT_DIR, else "
+        "--checkpoints-root/--run-id)",
+    )
     max_steps: int = setting(help="optimizer steps to train for (>= 1)")
-    checkpoint_every: int = setting(0, help="save every K steps, plus at the last step and on SIGTERM; 0: the "
-                                    "Young/Daly interval sqrt(2 * save time * MTBF), measured at a first save after "
-                                    f"{FIRST_AUTO_SAVE} steps")
-    mtbf_hours: float = setting(24.0, help="mean time between failures of the whole job, for --checkpoint-every 0 "
-                                "(lower it for Spot or many nodes)")
+    checkpoint_every: int = setting(
+        0,
+        help="save every K steps, plus at the last step and on SIGTERM; 0: the "
+        "Young/Daly interval sqrt(2 * save time * MTBF), measured at a first save after "
+        f"{FIRST_AUTO_SAVE} steps",
+    )
+    mtbf_hours: float = setting(
+        24.0,
+        help="mean time between failures of the whole job, for --checkpoint-every 0 (lower it for Spot or many nodes)",
+    )
     keep_last: int = setting(3, help="number of newest checkpoints to keep")
     seed: int = setting(1337, help="seed for init, data order and RNG")
     strategy: str = setting("ddp", help="ddp (replicated) or fsdp (FSDP2 fully_shard, DCP checkpoints)")
     model: str = setting("tiny", help=f"model size: {', '.join(MODEL_SIZES)}")
     seq_len: int = setting(0, help="context length; 0 uses the model size's default")
     micro_batch_size: int = setting(8, aliases=("--batch-size",), help="sequences per process per micro-step")
-    grad_accum_steps: int = setting(1, help="micro-steps per optimizer step; gradients are synchronised on the "
-                                    "last only")
+    grad_accum_steps: int = setting(
+        1, help="micro-steps per optimizer step; gradients are synchronised on the last only"
+    )
     lr: float = setting(3e-4, help="peak learning rate")
     min_lr_ratio: float = setting(0.1, help="cosine decays to lr*ratio at --max-steps")
     warmup_steps: int = setting(100, help="linear warm-up steps before the cosine decay")
     weight_decay: float = setting(0.1, help="AdamW weight decay on matrices")
     grad_clip: float = setting(1.0, help="clip the global gradient norm to this; 0 disables")
-    loss_spike_factor: float = setting(10.0, help="stop as diverged (exit 4) when the loss exceeds this many times "
-                                       "its lowest value in this run; a non-finite loss or gradient norm always stops "
-                                       "it; 0 disables the spike test")
-    device: str = setting("auto", help="auto (from ACCELERATOR_KIND, else cuda if present, else cpu), cuda, cpu "
-                          "or xla")
+    loss_spike_factor: float = setting(
+        10.0,
+        help="stop as diverged (exit 4) when the loss exceeds this many times "
+        "its lowest value in this run; a non-finite loss or gradient norm always stops "
+        "it; 0 disables the spike test",
+    )
+    device: str = setting("auto", help="auto (from ACCELERATOR_KIND, else cuda if present, else cpu), cuda, cpu or xla")
     compile: bool = setting(False, help="torch.compile the model (off by default)")
-    run_id: str = setting(default_factory=_run_id_from_env, help="RunId dimension of the metrics; names the "
-                          "checkpoint dir under --checkpoints-root (default: env RUN_ID, else 'local')")
+    run_id: str = setting(
+        default_factory=_run_id_from_env,
+        help="RunId dimension of the metrics; names the "
+        "checkpoint dir under --checkpoints-root (default: env RUN_ID, else 'local')",
+    )
     log_every: int = setting(1, help="emit a metrics line every N steps")
 
     def __post_init__(self) -> None:
@@ -105,15 +136,20 @@ class TrainConfig:
         context = MODEL_SIZES[self.model].seq_len
         if not 0 <= self.seq_len <= context:
             # The learned position table is the model size's context; longer steps also outlast the stop grace.
-            raise UsageError("--seq-len", self.seq_len, f"outside the {self.model} model's context of {context} "
-                             "positions", f"0 (= {context}) to {context}")
+            raise UsageError(
+                "--seq-len",
+                self.seq_len,
+                f"outside the {self.model} model's context of {context} positions",
+                f"0 (= {context}) to {context}",
+            )
 
     def _check_floats(self) -> None:
         for name, (low, high, low_ok) in FLOAT_RANGES.items():
             value = getattr(self, name)
             if not (math.isfinite(value) and (low <= value if low_ok else low < value) and value <= high):
-                raise UsageError(flag(name), value, "not finite or out of range",
-                                 f"{'' if low_ok else 'more than '}{low} to {high}")
+                raise UsageError(
+                    flag(name), value, "not finite or out of range", f"{'' if low_ok else 'more than '}{low} to {high}"
+                )
         if 0 < self.loss_spike_factor <= 1:
             raise UsageError("--loss-spike-factor", self.loss_spike_factor, "would stop on any noise", "0 (off) or > 1")
 
@@ -136,8 +172,12 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         else:
             p.add_argument(*names, dest=f.name, type=types[f.name], **_default(f))
     add_layout_flags(p)
-    p.add_argument("--expected-nodes", type=int, default=None,
-                   help="refuse to start unless torchrun's node count (GROUP_WORLD_SIZE) equals this")
+    p.add_argument(
+        "--expected-nodes",
+        type=int,
+        default=None,
+        help="refuse to start unless torchrun's node count (GROUP_WORLD_SIZE) equals this",
+    )
     return p
 
 

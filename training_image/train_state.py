@@ -1,4 +1,5 @@
 """What a checkpoint restores besides model, optimizer and scheduler: where the run is."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

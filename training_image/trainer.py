@@ -6,6 +6,7 @@ asked to stop. `fit` runs steps until the last one or a stop, and hands each fin
 divergence guard (divergence.py) and the checkpoint manager (checkpoint_manager.py), which alone decides whether to
 save. Training is seeded; the CPU kernels used here are deterministic, so CPU runs resume bit for bit.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
 from checkpoint_lock import take_folder
 from checkpoint_manager import CheckpointManager
 from console import log
@@ -53,6 +55,7 @@ class StopFlag:
 @dataclass
 class StepResult:
     """One optimizer step as every rank agrees on it."""
+
     loss: float  # mean over ranks
     grad_norm: float  # the global norm
     stop_requested: bool  # SIGTERM/SIGINT reached at least one rank
@@ -84,9 +87,11 @@ class StepMeter:
             self.metrics.step(step, result.loss, tps, result.seconds, mfu, LearningRate=lr)
 
     def figures(self) -> dict:
-        return {"final_loss": self.loss if math.isfinite(self.loss) else None,  # NaN: nothing trained
-                "mean_tokens_per_second": float(np.mean(self.throughput)) if self.throughput else None,
-                "wall_seconds": time.perf_counter() - self.started}
+        return {
+            "final_loss": self.loss if math.isfinite(self.loss) else None,  # NaN: nothing trained
+            "mean_tokens_per_second": float(np.mean(self.throughput)) if self.throughput else None,
+            "wall_seconds": time.perf_counter() - self.started,
+        }
 
 
 class Trainer:
@@ -104,13 +109,16 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg)
         seed_everything(cfg.seed + rt.rank)  # per-rank streams (dropout); replaced by the checkpoint's on resume
         self._lock = take_folder(Path(cfg.checkpoint_dir), rt)  # held until the process ends
-        self.checkpoints = CheckpointManager(cfg, rt, self.model, self.optimizer, self.scheduler,
-                                             {"train": asdict(cfg), "model": asdict(self.mcfg)})
+        self.checkpoints = CheckpointManager(
+            cfg, rt, self.model, self.optimizer, self.scheduler, {"train": asdict(cfg), "model": asdict(self.mcfg)}
+        )
         self.state, resumed_from = self.checkpoints.resume()
         if rt.is_main:
-            log(f"train: {f'resumed from {resumed_from}' if resumed_from else 'starting fresh'} at step "
+            log(
+                f"train: {f'resumed from {resumed_from}' if resumed_from else 'starting fresh'} at step "
                 f"{self.state.step}; world={rt.world_size} device={rt.device_type} strategy={cfg.strategy} "
-                f"model={cfg.model} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+                f"model={cfg.model} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+            )
         self.batches = self._batches(self.state)
         self.meter = StepMeter(cfg, self.mcfg, rt, self.state.step)
         self.guard = DivergenceGuard(cfg, rt.is_main)
@@ -119,8 +127,9 @@ class Trainer:
 
     def _batches(self, state: TrainerState) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         spec = BatchSpec(self.mcfg.seq_len, self.cfg.micro_batch_size, self.rt.rank, self.rt.world_size, self.cfg.seed)
-        batches = SequenceBatches(TokenStream(Path(self.cfg.data), "train"), spec,
-                                  samples_consumed=state.samples_consumed)
+        batches = SequenceBatches(
+            TokenStream(Path(self.cfg.data), "train"), spec, samples_consumed=state.samples_consumed
+        )
         if self.rt.device_type != "xla":
             return iter(batches)
         parallel_loader = importlib.import_module("torch_xla.distributed.parallel_loader")  # Neuron image only
@@ -179,26 +188,43 @@ class Trainer:
         """(mean loss, gradient norm, stop votes) from one tiny all-reduce, so every rank stops at the same step.
         .tolist() is the step's one host sync."""
         norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
-        stats = torch.stack([loss_sum.float(), torch.tensor(float(self.stop.requested), device=self.rt.device),
-                             norm.float().to(self.rt.device) / self.rt.world_size])
+        stats = torch.stack(
+            [
+                loss_sum.float(),
+                torch.tensor(float(self.stop.requested), device=self.rt.device),
+                norm.float().to(self.rt.device) / self.rt.world_size,
+            ]
+        )
         dist.all_reduce(stats)
         loss, stop_votes, norm_value = stats.tolist()
         return loss / self.rt.world_size, norm_value, stop_votes
 
     def _summary(self, stopped: bool) -> None:
         if self.rt.is_main and self.checksums and len(set(self.checksums)) > 1:
-            log(f"train: WARNING the ranks' parameters differ (checksums {self.checksums}): gradients were not "
-                "all-reduced the same way on every rank")
+            log(
+                f"train: WARNING the ranks' parameters differ (checksums {self.checksums}): gradients were not "
+                "all-reduced the same way on every rank"
+            )
         figures = self.meter.figures()
-        self.meter.metrics.summary({
-            "run_id": self.cfg.run_id, "steps": self.state.step, "start_step": self.meter.start_step,
-            "final_loss": figures["final_loss"], "tokens_seen": self.state.tokens_seen,
-            "mean_tokens_per_second": figures["mean_tokens_per_second"], "wall_seconds": figures["wall_seconds"],
-            "world_size": self.rt.world_size, "strategy": self.cfg.strategy, "model": self.cfg.model,
-            "last_checkpoint_step": self.checkpoints.last_saved, "stopped_by_sigterm": stopped,
-            "checkpoints_saved": self.checkpoints.saves, "checkpoint_seconds": self.checkpoints.save_seconds,
-            "replica_checksums": self.checksums,
-        })
+        self.meter.metrics.summary(
+            {
+                "run_id": self.cfg.run_id,
+                "steps": self.state.step,
+                "start_step": self.meter.start_step,
+                "final_loss": figures["final_loss"],
+                "tokens_seen": self.state.tokens_seen,
+                "mean_tokens_per_second": figures["mean_tokens_per_second"],
+                "wall_seconds": figures["wall_seconds"],
+                "world_size": self.rt.world_size,
+                "strategy": self.cfg.strategy,
+                "model": self.cfg.model,
+                "last_checkpoint_step": self.checkpoints.last_saved,
+                "stopped_by_sigterm": stopped,
+                "checkpoints_saved": self.checkpoints.saves,
+                "checkpoint_seconds": self.checkpoints.save_seconds,
+                "replica_checksums": self.checksums,
+            }
+        )
 
 
 def replica_checksums(model: torch.nn.Module, strategy: str, rt: Runtime) -> list[float] | None:

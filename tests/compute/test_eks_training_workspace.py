@@ -27,14 +27,28 @@ def _workspace(instance_type: str, fsx_revision: str = "abc123") -> dict:
     network = vpc(stack)
     training = cluster(stack, network)
     file_system = fsx.LustreFileSystem(
-        stack, "Lustre", vpc=network, vpc_subnet=network.private_subnets[0], storage_capacity_gib=1200,
-        lustre_configuration=fsx.LustreConfiguration(deployment_type=fsx.LustreDeploymentType.SCRATCH_2))
+        stack,
+        "Lustre",
+        vpc=network,
+        vpc_subnet=network.private_subnets[0],
+        storage_capacity_gib=1200,
+        lustre_configuration=fsx.LustreConfiguration(deployment_type=fsx.LustreDeploymentType.SCRATCH_2),
+    )
     EksTrainingWorkspace(
-        stack, "Workspace", cluster=training, data_access=DataBucketAccess(stack, s3.Bucket(stack, "Data")),
-        file_system=file_system, storage_gib=1200, instance=CATALOGUE[instance_type], image="training:v1", nodes=2,
+        stack,
+        "Workspace",
+        cluster=training,
+        data_access=DataBucketAccess(stack, s3.Bucket(stack, "Data")),
+        file_system=file_system,
+        storage_gib=1200,
+        instance=CATALOGUE[instance_type],
+        image="training:v1",
+        nodes=2,
         trainer_chart=training.add_helm_chart("Trainer", chart="kubeflow-trainer", repository="oci://example"),
         fsx_csi_driver=eks.Addon(stack, "FsxCsi", cluster=as_icluster(training), addon_name="aws-fsx-csi-driver"),
-        fsx_revision=fsx_revision, environment="dev")
+        fsx_revision=fsx_revision,
+        environment="dev",
+    )
     return template_of(stack)
 
 
@@ -43,8 +57,9 @@ def _resources(raw: dict, kind: str) -> list[dict]:
 
 
 def _job_templates(raw: dict) -> dict[str, dict]:
-    config_map = next(o for o in manifests(raw)
-                      if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "job-templates")
+    config_map = next(
+        o for o in manifests(raw) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "job-templates"
+    )
     return {phase: json.loads(config_map["data"][f"{phase}.json"]) for phase in ("sanity", "train", "validate")}
 
 
@@ -111,10 +126,13 @@ def test_volume_and_claim_are_named_by_the_file_systems_revision():
 def test_pod_identity_role_is_limited_to_project_prefixes():
     # Training pods may read datasets/ and write checkpoints/, models/ and runs/ only (EKS Pod Identity).
     raw = _workspace("p4d.24xlarge")
-    statements = [s for p in _resources(raw, "AWS::IAM::Policy") for s in p["PolicyDocument"]["Statement"]
-                  if "s3:PutObject" in s["Action"]]
+    statements = [
+        s
+        for p in _resources(raw, "AWS::IAM::Policy")
+        for s in p["PolicyDocument"]["Statement"]
+        if "s3:PutObject" in s["Action"]
+    ]
     assert len(statements) == 1
     written = {r["Fn::Join"][1][-1] for r in statements[0]["Resource"]}
     assert written == {"/checkpoints/*", "/models/*", "/runs/*"}
     assert _resources(raw, "AWS::EKS::PodIdentityAssociation")
-

@@ -17,5 +17,7 @@ def body(template: Template) -> str:
 
 
 def alarms(template: Template) -> dict[str, dict]:
-    return {res["Properties"]["AlarmName"]: res["Properties"]
-            for res in template.find_resources("AWS::CloudWatch::Alarm").values()}
+    return {
+        res["Properties"]["AlarmName"]: res["Properties"]
+        for res in template.find_resources("AWS::CloudWatch::Alarm").values()
+    }

@@ -11,7 +11,8 @@ def test_idle_alarm_on_batch_neuron_reads_the_environments_own_namespace():
     # neuron-monitor's publisher takes no extra dimension: the namespace itself names the environment.
     metrics = accelerator_metrics("batch", Accelerator.NEURON, environment="prod")
     assert metrics.insights_lowest_node(metrics.utilization) == (
-        "SELECT AVG(neuroncore_utilization) FROM EfaTraining/prod/Neuron GROUP BY InstanceId ORDER BY AVG() ASC")
+        "SELECT AVG(neuroncore_utilization) FROM EfaTraining/prod/Neuron GROUP BY InstanceId ORDER BY AVG() ASC"
+    )
 
 
 def test_eks_training_pods_send_metrics_to_the_node_agent():

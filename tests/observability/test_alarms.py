@@ -14,19 +14,38 @@ from constructs.observability.alarms import GIB, TrainingAlarms
 from tests.observability.metrics import alarms
 
 
-def _alarms(accelerators: AcceleratorMetrics | None = None, *, idle_threshold_percent: float = 20,
-            idle_minutes: int = 30, fsx_storage_gib: int = 1200, fsx_free_percent: float = 10,
-            pipeline: bool = True) -> Template:
+def _alarms(
+    accelerators: AcceleratorMetrics | None = None,
+    *,
+    idle_threshold_percent: float = 20,
+    idle_minutes: int = 30,
+    fsx_storage_gib: int = 1200,
+    fsx_free_percent: float = 10,
+    pipeline: bool = True,
+) -> Template:
     stack = cdk.Stack()
-    machine = sfn.StateMachine(stack, "Machine", definition_body=sfn.DefinitionBody.from_chainable(
-        sfn.Pass(stack, "P"))) if pipeline else None
+    machine = (
+        sfn.StateMachine(stack, "Machine", definition_body=sfn.DefinitionBody.from_chainable(sfn.Pass(stack, "P")))
+        if pipeline
+        else None
+    )
     log_group = logs.LogGroup(stack, "ExecutionLogs") if pipeline else None
-    TrainingAlarms(stack, "Alarms", topic=sns.Topic(stack, "Alerts"), alarm_prefix="p",
-                   accelerators=accelerators or accelerator_metrics("batch", Accelerator.NVIDIA, environment="dev"),
-                   file_system_id="fs-1", fsx_storage_gib=fsx_storage_gib, fsx_free_percent=fsx_free_percent,
-                   idle_threshold_percent=idle_threshold_percent, idle_minutes=idle_minutes,
-                   state_machine=machine, execution_log_group=log_group,
-                   pipeline_namespace="EfaTraining/dev/Pipeline", environment="dev")
+    TrainingAlarms(
+        stack,
+        "Alarms",
+        topic=sns.Topic(stack, "Alerts"),
+        alarm_prefix="p",
+        accelerators=accelerators or accelerator_metrics("batch", Accelerator.NVIDIA, environment="dev"),
+        file_system_id="fs-1",
+        fsx_storage_gib=fsx_storage_gib,
+        fsx_free_percent=fsx_free_percent,
+        idle_threshold_percent=idle_threshold_percent,
+        idle_minutes=idle_minutes,
+        state_machine=machine,
+        execution_log_group=log_group,
+        pipeline_namespace="EfaTraining/dev/Pipeline",
+        environment="dev",
+    )
     return Template.from_stack(stack)
 
 
@@ -56,17 +75,33 @@ def test_idle_alarm_on_batch_watches_each_host_of_this_environment(batch_alarms)
     # dimension): one idle node among busy ones raises it (CloudWatch multi-time-series Metrics Insights alarms).
     alarm = alarms(batch_alarms)["p-accelerators-idle"]
     assert alarm["Metrics"][0]["Expression"] == (
-        "SELECT AVG(nvidia_smi_utilization_gpu) FROM CWAgent WHERE Environment = 'dev' "
-        "GROUP BY host ORDER BY AVG() ASC")
+        "SELECT AVG(nvidia_smi_utilization_gpu) FROM CWAgent WHERE Environment = 'dev' GROUP BY host ORDER BY AVG() ASC"
+    )
 
 
 def test_idle_alarm_on_eks_watches_each_node_of_the_cluster():
     # On EKS: Container Insights' node_gpu_utilization (ClusterName, InstanceId, NodeName) per node of this cluster.
-    template = _alarms(accelerator_metrics("eks", Accelerator.NVIDIA, environment="dev", cluster_name="training"),
-                       pipeline=False)
-    template.has_resource_properties("AWS::CloudWatch::Alarm", {"Metrics": [Match.object_like({
-        "Expression": "SELECT AVG(node_gpu_utilization) FROM SCHEMA(ContainerInsights, ClusterName, InstanceId, "
-                      "NodeName) WHERE ClusterName = 'training' GROUP BY NodeName ORDER BY AVG() ASC"})]})
+    template = _alarms(
+        accelerator_metrics("eks", Accelerator.NVIDIA, environment="dev", cluster_name="training"), pipeline=False
+    )
+    template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "Metrics": [
+                Match.object_like(
+                    {
+                        "Expression": " ".join(
+                            (
+                                "SELECT AVG(node_gpu_utilization)",
+                                "FROM SCHEMA(ContainerInsights, ClusterName, InstanceId, NodeName)",
+                                "WHERE ClusterName = 'training' GROUP BY NodeName ORDER BY AVG() ASC",
+                            )
+                        )
+                    }
+                )
+            ]
+        },
+    )
 
 
 def test_non_finite_loss_alarm_fires_on_any_run(batch_alarms):
@@ -74,7 +109,8 @@ def test_non_finite_loss_alarm_fires_on_any_run(batch_alarms):
     # environments' runs (same namespace, another Environment value) never do.
     alarm = alarms(batch_alarms)["p-non-finite-loss"]
     assert alarm["Metrics"][0]["Expression"] == (
-        "SELECT MAX(NonFiniteLoss) FROM SCHEMA(EfaTraining, Environment, RunId) WHERE Environment = 'dev'")
+        "SELECT MAX(NonFiniteLoss) FROM SCHEMA(EfaTraining, Environment, RunId) WHERE Environment = 'dev'"
+    )
     assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (1, "GreaterThanOrEqualToThreshold")
 
 
@@ -92,7 +128,10 @@ def test_fsx_alarm_compares_the_whole_file_systems_free_bytes(batch_alarms):
     # its Minimum only the fullest storage target's; one-minute periods hold one sample per target.
     alarm = alarms(batch_alarms)["p-fsx-free-capacity-low"]
     assert (alarm["Statistic"], alarm["Period"], alarm["Dimensions"]) == (
-        "Sum", 60, [{"Name": "FileSystemId", "Value": "fs-1"}])
+        "Sum",
+        60,
+        [{"Name": "FileSystemId", "Value": "fs-1"}],
+    )
 
 
 def test_broken_pipeline_alarm_adds_failures_timeouts_and_aborts(batch_alarms):
@@ -102,21 +141,37 @@ def test_broken_pipeline_alarm_adds_failures_timeouts_and_aborts(batch_alarms):
     assert metrics["expr_1"]["Expression"] == "FILL(failed, 0) + FILL(timedOut, 0) + FILL(aborted, 0)"
     assert metrics["failed"]["MetricStat"]["Metric"]["MetricName"] == "PipelineFailures"
     assert [metrics[k]["MetricStat"]["Metric"]["MetricName"] for k in ("timedOut", "aborted")] == [
-        "ExecutionsTimedOut", "ExecutionsAborted"]
+        "ExecutionsTimedOut",
+        "ExecutionsAborted",
+    ]
     assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (1, "GreaterThanOrEqualToThreshold")
 
 
-@pytest.mark.parametrize(("metric", "pattern"), [
-    # A refused input (InvalidInput: malformed, or a run id already taken) ran nothing: it is not a broken pipeline.
-    ("PipelineFailures", '{ ($.type = "ExecutionFailed") && ($.details.error != "ValidationFailed") && '
-                         '($.details.error != "InvalidInput") }'),
-    ("ModelsRejected", '{ ($.type = "ExecutionFailed") && ($.details.error = "ValidationFailed") }'),
-])
+@pytest.mark.parametrize(
+    ("metric", "pattern"),
+    [
+        # A refused input (InvalidInput: malformed, or a run id already taken) ran nothing: it is not a broken pipeline.
+        (
+            "PipelineFailures",
+            '{ ($.type = "ExecutionFailed") && ($.details.error != "ValidationFailed") && '
+            '($.details.error != "InvalidInput") }',
+        ),
+        ("ModelsRejected", '{ ($.type = "ExecutionFailed") && ($.details.error = "ValidationFailed") }'),
+    ],
+)
 def test_execution_log_filters_split_failures_from_rejected_models(batch_alarms, metric, pattern):
     # Step Functions' ExecutionFailed log event names the error: a rejected model is counted apart, never paged.
-    batch_alarms.has_resource_properties("AWS::Logs::MetricFilter", {
-        "FilterPattern": pattern, "MetricTransformations": [Match.object_like({
-            "MetricName": metric, "MetricNamespace": "EfaTraining/dev/Pipeline", "MetricValue": "1"})]})
+    batch_alarms.has_resource_properties(
+        "AWS::Logs::MetricFilter",
+        {
+            "FilterPattern": pattern,
+            "MetricTransformations": [
+                Match.object_like(
+                    {"MetricName": metric, "MetricNamespace": "EfaTraining/dev/Pipeline", "MetricValue": "1"}
+                )
+            ],
+        },
+    )
 
 
 def test_without_a_pipeline_there_is_no_pipeline_alarm():

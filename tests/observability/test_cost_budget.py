@@ -11,17 +11,34 @@ from constructs.observability.cost_budget import CostBudget
 @pytest.fixture(scope="module")
 def budget() -> Template:
     stack = cdk.Stack()
-    CostBudget(stack, "Budget", budget_name="EfaTraining-prod-monthly", monthly_limit_usd=250000,
-               tag_key="Environment", tag_value="prod", topic=sns.Topic(stack, "Alerts"))
+    CostBudget(
+        stack,
+        "Budget",
+        budget_name="EfaTraining-prod-monthly",
+        monthly_limit_usd=250000,
+        tag_key="Environment",
+        tag_value="prod",
+        topic=sns.Topic(stack, "Alerts"),
+    )
     return Template.from_stack(stack)
 
 
 def test_budget_is_monthly_cost_filtered_to_the_environment_tag(budget):
     # The budget counts only costs tagged Environment=<env> (user-defined cost-allocation tag), per month.
-    budget.has_resource_properties("AWS::Budgets::Budget", {"Budget": Match.object_like({
-        "BudgetName": "EfaTraining-prod-monthly", "BudgetType": "COST", "TimeUnit": "MONTHLY",
-        "BudgetLimit": {"Amount": 250000, "Unit": "USD"},
-        "CostFilters": {"TagKeyValue": ["user:Environment$prod"]}})})
+    budget.has_resource_properties(
+        "AWS::Budgets::Budget",
+        {
+            "Budget": Match.object_like(
+                {
+                    "BudgetName": "EfaTraining-prod-monthly",
+                    "BudgetType": "COST",
+                    "TimeUnit": "MONTHLY",
+                    "BudgetLimit": {"Amount": 250000, "Unit": "USD"},
+                    "CostFilters": {"TagKeyValue": ["user:Environment$prod"]},
+                }
+            )
+        },
+    )
 
 
 def test_budget_notifies_the_topic_on_actual_80_and_forecast_100(budget):

@@ -15,34 +15,63 @@ from constructs.observability.dashboard import TRAINING_METRICS, TrainingDashboa
 from tests.observability.metrics import body
 
 EXPECTED_ACCELERATOR_METRICS = {
-    ("batch", Accelerator.NVIDIA): ["nvidia_smi_utilization_gpu", "nvidia_smi_memory_used", "efa_rx_bytes",
-                                    "efa_tx_bytes"],
+    ("batch", Accelerator.NVIDIA): [
+        "nvidia_smi_utilization_gpu",
+        "nvidia_smi_memory_used",
+        "efa_rx_bytes",
+        "efa_tx_bytes",
+    ],
     ("batch", Accelerator.NEURON): ["neuroncore_utilization", "efa_rx_bytes", "efa_tx_bytes"],
-    ("eks", Accelerator.NVIDIA): ["node_gpu_utilization", "node_gpu_memory_utilization", "node_efa_rx_bytes",
-                                  "node_efa_tx_bytes"],
+    ("eks", Accelerator.NVIDIA): [
+        "node_gpu_utilization",
+        "node_gpu_memory_utilization",
+        "node_efa_rx_bytes",
+        "node_efa_tx_bytes",
+    ],
     ("eks", Accelerator.NEURON): ["node_neuroncore_utilization", "node_efa_rx_bytes", "node_efa_tx_bytes"],
 }
 
 
 def _metrics(backend: str, accelerator: Accelerator) -> AcceleratorMetrics:
-    return accelerator_metrics(backend, accelerator, environment="dev",
-                               cluster_name="training" if backend == "eks" else None)
+    return accelerator_metrics(
+        backend, accelerator, environment="dev", cluster_name="training" if backend == "eks" else None
+    )
 
 
 def _dashboard(accelerators: AcceleratorMetrics, *, pipeline: bool = False, job_states: bool = False) -> Template:
     stack = cdk.Stack()
     machine = outcomes = None
     if pipeline:
-        machine = sfn.StateMachine(stack, "Machine", definition_body=sfn.DefinitionBody.from_chainable(
-            sfn.Pass(stack, "P")))
+        machine = sfn.StateMachine(
+            stack, "Machine", definition_body=sfn.DefinitionBody.from_chainable(sfn.Pass(stack, "P"))
+        )
         outcomes = TrainingAlarms(
-            stack, "Alarms", topic=sns.Topic(stack, "T"), alarm_prefix="p", accelerators=accelerators,
-            file_system_id="fs-1", fsx_storage_gib=1200, fsx_free_percent=10, idle_threshold_percent=20,
-            idle_minutes=30, state_machine=machine, execution_log_group=logs.LogGroup(stack, "ExecutionLogs"),
-            pipeline_namespace="EfaTraining/dev/Pipeline", environment="dev").pipeline_metrics
-    TrainingDashboard(stack, "Dashboard", dashboard_name="d", accelerators=accelerators, file_system_id="fs-1",
-                      state_machine=machine, pipeline_outcomes=outcomes,
-                      job_state_namespace="EfaTraining/dev/Batch" if job_states else None, environment="dev")
+            stack,
+            "Alarms",
+            topic=sns.Topic(stack, "T"),
+            alarm_prefix="p",
+            accelerators=accelerators,
+            file_system_id="fs-1",
+            fsx_storage_gib=1200,
+            fsx_free_percent=10,
+            idle_threshold_percent=20,
+            idle_minutes=30,
+            state_machine=machine,
+            execution_log_group=logs.LogGroup(stack, "ExecutionLogs"),
+            pipeline_namespace="EfaTraining/dev/Pipeline",
+            environment="dev",
+        ).pipeline_metrics
+    TrainingDashboard(
+        stack,
+        "Dashboard",
+        dashboard_name="d",
+        accelerators=accelerators,
+        file_system_id="fs-1",
+        state_machine=machine,
+        pipeline_outcomes=outcomes,
+        job_state_namespace="EfaTraining/dev/Batch" if job_states else None,
+        environment="dev",
+    )
     return Template.from_stack(stack)
 
 
@@ -68,8 +97,10 @@ def test_dashboard_searches_every_training_metric_over_run_ids():
     # limited to this environment's runs (the Environment dimension every job of the environment sets).
     found = body(_dashboard(_metrics("batch", Accelerator.NVIDIA)))
     for metric in TRAINING_METRICS:
-        assert (f"SEARCH('{{EfaTraining,Environment,RunId}} Environment=\\\\\\\"dev\\\\\\\" "
-                f"MetricName=\\\\\\\"{metric}\\\\\\\"'") in found, metric
+        assert (
+            f'SEARCH(\'{{EfaTraining,Environment,RunId}} Environment=\\\\\\"dev\\\\\\" '
+            f'MetricName=\\\\\\"{metric}\\\\\\"\''
+        ) in found, metric
 
 
 def test_dashboard_graphs_fsx_throughput_and_free_capacity():
@@ -88,8 +119,15 @@ def test_eks_dashboard_is_scoped_to_the_environments_cluster():
 def test_pipeline_widgets_graph_every_execution_outcome():
     # Started, succeeded, broken, rejected, timed out, aborted, and execution time.
     found = body(_dashboard(_metrics("batch", Accelerator.NVIDIA), pipeline=True))
-    for metric in ("ExecutionsStarted", "ExecutionsSucceeded", "PipelineFailures", "ModelsRejected",
-                   "ExecutionsTimedOut", "ExecutionsAborted", "ExecutionTime"):
+    for metric in (
+        "ExecutionsStarted",
+        "ExecutionsSucceeded",
+        "PipelineFailures",
+        "ModelsRejected",
+        "ExecutionsTimedOut",
+        "ExecutionsAborted",
+        "ExecutionTime",
+    ):
         assert metric in found, metric
 
 

@@ -12,13 +12,38 @@ QUEUE = "arn:aws:batch:us-east-1:111111111111:job-queue/q"
 def test_job_state_metrics_count_batch_state_changes_by_status():
     # Batch job state changes of our queues reach a log group whose metric filter counts them per Status.
     stack = cdk.Stack()
-    JobStateMetrics(stack, "Jobs", job_queue_arns=[QUEUE], namespace="EfaTraining/dev/Batch",
-                    retention=logs.RetentionDays.ONE_WEEK, removal_policy=cdk.RemovalPolicy.DESTROY)
+    JobStateMetrics(
+        stack,
+        "Jobs",
+        job_queue_arns=[QUEUE],
+        namespace="EfaTraining/dev/Batch",
+        retention=logs.RetentionDays.ONE_WEEK,
+        removal_policy=cdk.RemovalPolicy.DESTROY,
+    )
     template = Template.from_stack(stack)
-    template.has_resource_properties("AWS::Events::Rule", {"EventPattern": {
-        "source": ["aws.batch"], "detail-type": ["Batch Job State Change"], "detail": {"jobQueue": [QUEUE]}}})
-    template.has_resource_properties("AWS::Logs::MetricFilter", {"MetricTransformations": [Match.object_like({
-        "MetricName": METRIC_NAME, "MetricNamespace": "EfaTraining/dev/Batch",
-        "Dimensions": Match.array_with([{"Key": "Status", "Value": "$.detail.status"}])})]})
+    template.has_resource_properties(
+        "AWS::Events::Rule",
+        {
+            "EventPattern": {
+                "source": ["aws.batch"],
+                "detail-type": ["Batch Job State Change"],
+                "detail": {"jobQueue": [QUEUE]},
+            }
+        },
+    )
+    template.has_resource_properties(
+        "AWS::Logs::MetricFilter",
+        {
+            "MetricTransformations": [
+                Match.object_like(
+                    {
+                        "MetricName": METRIC_NAME,
+                        "MetricNamespace": "EfaTraining/dev/Batch",
+                        "Dimensions": Match.array_with([{"Key": "Status", "Value": "$.detail.status"}]),
+                    }
+                )
+            ]
+        },
+    )
     template.resource_count_is("AWS::Logs::ResourcePolicy", 1)
     template.resource_count_is("AWS::Lambda::Function", 0)

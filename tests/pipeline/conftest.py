@@ -15,8 +15,10 @@ from tests.sfn_emulator import Emulator
 def world(synth):
     """One emulated account per module: moto, the resolved state machine and an SQS queue on the alerts topic."""
     synthesized = synth()
-    with mock_aws(config=MOTO_CONFIG), Emulator(template=synthesized.raw("pipeline"),
-                                                templates=synthesized.templates) as emulator:
+    with (
+        mock_aws(config=MOTO_CONFIG),
+        Emulator(template=synthesized.raw("pipeline"), templates=synthesized.templates) as emulator,
+    ):
         topic = next(v["Ref"] for v in emulator.physical.values() if v["type"] == "AWS::SNS::Topic")
         emulator.alerts = emulator.subscribe_queue(topic)
         yield emulator

@@ -16,8 +16,15 @@ RUN: dict[str, Any] = {
     "baseline": 3.2,
     "tolerance": 0.05,
 }
-ACCEPTED = {"metric": "val_loss", "value": 3.18, "baseline": 3.2, "delta": -0.02, "relative_delta": -0.00625,
-            "tolerance": 0.05, "passed": True}
+ACCEPTED = {
+    "metric": "val_loss",
+    "value": 3.18,
+    "baseline": 3.2,
+    "delta": -0.02,
+    "relative_delta": -0.00625,
+    "tolerance": 0.05,
+    "passed": True,
+}
 REJECTED = {**ACCEPTED, "value": 3.6, "delta": 0.4, "relative_delta": 0.125, "passed": False}
 
 
@@ -60,6 +67,7 @@ def queue_of(template: Mapping[str, Any], state: str) -> str:
     """The queue reference that follows a state's "JobQueue" key (queue ARNs are tokens in the definition)."""
     parts = state_machine(template)["Properties"]["DefinitionString"]["Fn::Join"][1]
     start = next(i for i, p in enumerate(parts) if isinstance(p, str) and f'"{state}":' in p)
-    after = next(i for i in range(start, len(parts)) if isinstance(parts[i], str)
-                 and parts[i].rstrip().endswith('"JobQueue":"'))
+    after = next(
+        i for i in range(start, len(parts)) if isinstance(parts[i], str) and parts[i].rstrip().endswith('"JobQueue":"')
+    )
     return json.dumps(parts[after + 1])

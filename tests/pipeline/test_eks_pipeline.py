@@ -47,46 +47,78 @@ class EksEmulator(Emulator):
                 emulator.jobs.append(job)
                 args = job["spec"]["template"]["spec"]["containers"][0]["args"]
                 plan = emulator.outcomes.get(args[0], [True])
-                attempt = sum(1 for j in emulator.jobs if j["spec"]["template"]["spec"]["containers"][0]["args"][0]
-                              == args[0]) - 1
+                attempt = (
+                    sum(
+                        1 for j in emulator.jobs if j["spec"]["template"]["spec"]["containers"][0]["args"][0] == args[0]
+                    )
+                    - 1
+                )
                 if not plan[min(attempt, len(plan) - 1)]:
-                    raise FailureEventException(FailureEvent(  # what eks:runJob.sync reports for a failed Job
-                        env=env, error_name=StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed),
-                        event_type=HistoryEventType.TaskFailed,
-                        event_details=cast(EventDetails, {"taskFailedEventDetails": TaskFailedEventDetails(
-                            error="States.TaskFailed", cause=f"Job {job['metadata']['name']} failed")})))
+                    raise FailureEventException(
+                        FailureEvent(  # what eks:runJob.sync reports for a failed Job
+                            env=env,
+                            error_name=StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed),
+                            event_type=HistoryEventType.TaskFailed,
+                            event_details=cast(
+                                EventDetails,
+                                {
+                                    "taskFailedEventDetails": TaskFailedEventDetails(
+                                        error="States.TaskFailed", cause=f"Job {job['metadata']['name']} failed"
+                                    )
+                                },
+                            ),
+                        )
+                    )
                 if args[0] == "validate" and emulator.verdict is not None:
                     run_id = args[args.index("--run-id") + 1]
-                    emulator.s3.put_object(Bucket=emulator.bucket, Key=f"runs/{run_id}/verdict.json",
-                                           Body=json.dumps(emulator.verdict).encode())
-                env.stack.append({"ResponseBody": {"metadata": {"name": job["metadata"]["name"],
-                                                                "uid": f"uid-{len(emulator.jobs)}"},
-                                                   "status": {"succeeded": job["spec"]["completions"]}}})
+                    emulator.s3.put_object(
+                        Bucket=emulator.bucket,
+                        Key=f"runs/{run_id}/verdict.json",
+                        Body=json.dumps(emulator.verdict).encode(),
+                    )
+                env.stack.append(
+                    {
+                        "ResponseBody": {
+                            "metadata": {"name": job["metadata"]["name"], "uid": f"uid-{len(emulator.jobs)}"},
+                            "status": {"succeeded": job["spec"]["completions"]},
+                        }
+                    }
+                )
 
         super().__enter__()  # starts the patch list; moto parses the definition per execution
-        self._patch(state_task_factory, "state_task_service_for",
-                    lambda service_name: EmulatedRunJob() if service_name == "eks" else original(service_name))
+        self._patch(
+            state_task_factory,
+            "state_task_service_for",
+            lambda service_name: EmulatedRunJob() if service_name == "eks" else original(service_name),
+        )
         return self
 
     def _create(self, kind: str, name: str) -> dict[str, str]:
         if kind == "AWS::EKS::Cluster":  # only its name, endpoint and CA reach the definition
-            return {"Ref": name, "Arn": f"arn:aws:eks:{REGION}:123456789012:cluster/{name}",
-                    "Endpoint": "https://eks.example", "CertificateAuthorityData": "Q0E="}
+            return {
+                "Ref": name,
+                "Arn": f"arn:aws:eks:{REGION}:123456789012:cluster/{name}",
+                "Endpoint": "https://eks.example",
+                "CertificateAuthorityData": "Q0E=",
+            }
         return super()._create(kind, name)
 
     def template_retries(self, state: str) -> int:
         """MaxAttempts of the pipeline's retry of a failed job attempt on `state`."""
         definition = json.loads(self.definition)
         retry = definition["States"][state]["Retry"]
-        return next(r["MaxAttempts"] for r in retry
-                    if {"States.TaskFailed", "TrainingAttemptFailed"} & set(r["ErrorEquals"]))
+        return next(
+            r["MaxAttempts"] for r in retry if {"States.TaskFailed", "TrainingAttemptFailed"} & set(r["ErrorEquals"])
+        )
 
 
 @pytest.fixture(scope="module")
 def world(synth):
     synthesized = synth(**EKS_VARIANT)
-    with mock_aws(config=MOTO_CONFIG), EksEmulator(template=synthesized.raw("pipeline"),
-                                                   templates=synthesized.templates) as emulated:
+    with (
+        mock_aws(config=MOTO_CONFIG),
+        EksEmulator(template=synthesized.raw("pipeline"), templates=synthesized.templates) as emulated,
+    ):
         topic = next(v["Ref"] for v in emulated.physical.values() if v["type"] == "AWS::SNS::Topic")
         emulated.alerts = emulated.subscribe_queue(topic)
         yield emulated

@@ -10,6 +10,7 @@ from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_mode
 
 # ---- the definition executed --------------------------------------------------------------------
 
+
 def test_happy_path_records_the_approved_model(emulator):
     emulator.verdict = ACCEPTED
     result = emulator.run(RUN)
@@ -17,10 +18,18 @@ def test_happy_path_records_the_approved_model(emulator):
     assert emulator.submitted_kinds() == ["sanity", "train", "validate"]
     train = emulator.submitted[1]
     # Per-run values reach Batch as string job Parameters (multi-node jobs take no container overrides).
-    assert train["parameters"] == {"run_id": "gpt-tiny-001", "dataset": "datasets/wikitext/", "model": "tiny",
-                                   "strategy": "ddp", "max_steps": "500", "checkpoint_every": "0",
-                                   "seed": "1337", "lr": train["parameters"]["lr"], "batch_size": "8",
-                                   "nodes": "2"}
+    assert train["parameters"] == {
+        "run_id": "gpt-tiny-001",
+        "dataset": "datasets/wikitext/",
+        "model": "tiny",
+        "strategy": "ddp",
+        "max_steps": "500",
+        "checkpoint_every": "0",
+        "seed": "1337",
+        "lr": train["parameters"]["lr"],
+        "batch_size": "8",
+        "nodes": "2",
+    }
     assert float(train["parameters"]["lr"]) == 0.0006
     assert train["retryStrategy"]["attempts"] == 2 and train["retryStrategy"]["evaluateOnExit"][-1]["action"] == "EXIT"
     model = approval(emulator)
@@ -40,8 +49,10 @@ def test_training_failing_once_is_retried_and_succeeds(emulator):
     history = emulator.history(result["executionArn"])
     train_failures = [e for e in history if e["type"] == "TaskFailed"]
     assert len(train_failures) == 1 and train_failures[0]["taskFailedEventDetails"]["error"] == "States.TaskFailed"
-    assert sum(e["type"] == "TaskScheduled" and "submitJob" in e["taskScheduledEventDetails"]["resource"]
-               for e in history) == 4
+    assert (
+        sum(e["type"] == "TaskScheduled" and "submitJob" in e["taskScheduledEventDetails"]["resource"] for e in history)
+        == 4
+    )
     # One backoff, with full jitter: anywhere from 0 to the 120 s interval.
     assert len(emulator.retry_sleeps) == 1 and 0 <= emulator.retry_sleeps[0] <= 120
     assert approved_model(emulator) is not None
@@ -233,8 +244,11 @@ def test_the_cli_contract_refuses_the_same_inputs(execution_input, cause):
 
     problems = validate_run(execution_input, max_nodes=2, min_nodes=2)
     field = cause.split(" is ")[0]
-    assert problems and any(field.replace("the input must be a JSON object", "the run must be a JSON object")
-                            in problem or "unknown" in problem for problem in problems), problems
+    assert problems and any(
+        field.replace("the input must be a JSON object", "the run must be a JSON object") in problem
+        or "unknown" in problem
+        for problem in problems
+    ), problems
 
 
 def test_defaults_fill_in_what_the_run_omits(emulator):
@@ -249,6 +263,7 @@ def test_defaults_fill_in_what_the_run_omits(emulator):
 
 # ---- contracts between the stacks, in the definition ------------------------------------------------
 
+
 def test_validation_falls_back_to_the_batch_stacks_on_demand_queue_when_spot_fails(synth):
     # Batch documents no fall-through between a queue's compute environments when EC2 has no Spot capacity,
     # so a failed Spot attempt is caught and the job is submitted once more, to the Batch stack's on-demand queue.
@@ -256,8 +271,11 @@ def test_validation_falls_back_to_the_batch_stacks_on_demand_queue_when_spot_fai
     (branch,) = states(template)["Validate"]["Branches"]
     on_spot, on_demand = branch["States"]["ValidateOnSpot"], branch["States"]["ValidateOnDemand"]
     assert branch["StartAt"] == "ValidateOnSpot"
-    assert on_spot["Catch"][0] == {"ErrorEquals": ["States.TaskFailed"], "ResultPath": "$.spot_failure",
-                                   "Next": "ValidateOnDemand"}
+    assert on_spot["Catch"][0] == {
+        "ErrorEquals": ["States.TaskFailed"],
+        "ResultPath": "$.spot_failure",
+        "Next": "ValidateOnDemand",
+    }
     assert on_spot["Parameters"]["JobDefinition"] == on_demand["Parameters"]["JobDefinition"]
     assert "SingleNodeOnDemandQueue" in queue_of(template, "ValidateOnDemand")
     spot_queue = queue_of(template, "ValidateOnSpot")
@@ -268,7 +286,10 @@ def test_batch_submissions_name_a_share_of_the_fair_share_policy(synth):
     # Fair-share queues reject SubmitJob without a share identifier; the pipeline uses the production share.
     synthesized = synth()
     definition = json.dumps(synthesized.raw("pipeline"))
-    shares = [s["ShareIdentifier"] for policy in synthesized.template("compute").find_resources(
-        "AWS::Batch::SchedulingPolicy").values() for s in policy["Properties"]["FairsharePolicy"]["ShareDistribution"]]
+    shares = [
+        s["ShareIdentifier"]
+        for policy in synthesized.template("compute").find_resources("AWS::Batch::SchedulingPolicy").values()
+        for s in policy["Properties"]["FairsharePolicy"]["ShareDistribution"]
+    ]
     assert '\\"ShareIdentifier\\":\\"production\\"' in definition
     assert "production" in shares

@@ -38,19 +38,26 @@ class Deployed:
                     bucket = {"OutputKey": "BucketName", "OutputValue": outputs["BucketName"]}
                     return {"Stacks": [{"Outputs": [bucket]}]}
                 if StackName != "EfaTraining-dev-Pipeline" or region_name != "us-east-1":
-                    raise ClientError({"Error": {"Code": "ValidationError",
-                                                 "Message": f"Stack with id {StackName} does not exist"}},
-                                      "DescribeStacks")
+                    raise ClientError(
+                        {"Error": {"Code": "ValidationError", "Message": f"Stack with id {StackName} does not exist"}},
+                        "DescribeStacks",
+                    )
                 return {"Stacks": [{"Outputs": [{"OutputKey": k, "OutputValue": v} for k, v in outputs.items()]}]}
+
         return CloudFormation()
 
 
 @pytest.fixture
 def deployed(emulator):
-    emulator.session = Deployed({
-        "StateMachineArn": emulator.state_machine_arn, "MaxNodes": "2", "BucketName": emulator.bucket,
-        "ExecutionLogGroup": "EfaTraining-dev-Pipeline-ExecutionLogs",
-        "ApprovedModelParameter": "/efa-training/dev/approved-model"})
+    emulator.session = Deployed(
+        {
+            "StateMachineArn": emulator.state_machine_arn,
+            "MaxNodes": "2",
+            "BucketName": emulator.bucket,
+            "ExecutionLogGroup": "EfaTraining-dev-Pipeline-ExecutionLogs",
+            "ApprovedModelParameter": "/efa-training/dev/approved-model",
+        }
+    )
     return emulator
 
 
@@ -82,15 +89,27 @@ def run_file(tmp_path, **changes) -> str:
 
 def test_start_and_watch_a_run_that_succeeds(deployed, tmp_path):
     deployed.verdict = ACCEPTED
-    code, out, err = cli("start", "dev", run_file(tmp_path, run_id="cli-ok"), "--name", "cli-ok", "--watch",
-                         "--interval", "0.05")
+    code, out, err = cli(
+        "start", "dev", run_file(tmp_path, run_id="cli-ok"), "--name", "cli-ok", "--watch", "--interval", "0.05"
+    )
     assert (code, err) == (0, ""), out
     lines = out.splitlines()
     assert lines[0] == "started cli-ok"
     states = [line.split()[-1] for line in lines[2:-1]]
     # The run's phases (contracts.run.PHASES), then where it ended; progress counts every phase.
-    assert states == ["ValidateInput", "RunClaimed", "SanityCheck", "Train", "Validate", "ReadVerdict",
-                      "IsModelAccepted", "RecordApproval", "PublishApprovedModel", "NotifyApproved", "RunSucceeded"]
+    assert states == [
+        "ValidateInput",
+        "RunClaimed",
+        "SanityCheck",
+        "Train",
+        "Validate",
+        "ReadVerdict",
+        "IsModelAccepted",
+        "RecordApproval",
+        "PublishApprovedModel",
+        "NotifyApproved",
+        "RunSucceeded",
+    ]
     assert "[##########] 10/10" in lines[-2]
     assert lines[-1].startswith("SUCCEEDED after 0:00:0")
 
@@ -113,10 +132,15 @@ def test_watch_a_failing_run_shows_attempts_and_exits_1(deployed, tmp_path):
     code, out, _ = cli("watch", "dev", "cli-bad", "--interval", "0.05")
     assert code == 1
     assert [line.split("  ")[-1] for line in out.splitlines() if "  Train" in line] == [
-        "Train", "Train attempt 1 failed: States.TaskFailed",
-        "Train attempt 2", "Train attempt 2 failed: States.TaskFailed",
-        "Train attempt 3", "Train attempt 3 failed: States.TaskFailed",
-        "Train attempt 4", "Train attempt 4 failed: States.TaskFailed"]
+        "Train",
+        "Train attempt 1 failed: States.TaskFailed",
+        "Train attempt 2",
+        "Train attempt 2 failed: States.TaskFailed",
+        "Train attempt 3",
+        "Train attempt 3 failed: States.TaskFailed",
+        "Train attempt 4",
+        "Train attempt 4 failed: States.TaskFailed",
+    ]
     assert out.splitlines()[-1].startswith("FAILED after") and "TrainingFailed" in out.splitlines()[-1]
 
     code, out, _ = cli("describe", "dev", "cli-bad")
@@ -128,8 +152,10 @@ def test_start_refuses_an_invalid_run_before_starting(deployed, tmp_path):
     code, out, err = cli("start", "dev", run_file(tmp_path, nodes=3))
     assert code == 2 and out == ""
     assert err.strip().endswith("nodes=3 is not valid; expected an integer from 1 to 2 (this environment's maximum)")
-    assert deployed.sfn.list_executions(stateMachineArn=deployed.state_machine_arn, statusFilter="RUNNING")[
-        "executions"] == []
+    assert (
+        deployed.sfn.list_executions(stateMachineArn=deployed.state_machine_arn, statusFilter="RUNNING")["executions"]
+        == []
+    )
 
 
 def test_malformed_run_file(tmp_path):
@@ -143,8 +169,10 @@ def test_malformed_run_file(tmp_path):
 def test_environment_not_deployed(world, tmp_path):
     code, _, err = cli("list", "prod")
     assert code == 2
-    assert err.strip() == ("error: environment 'prod' is not deployed: no stack EfaTraining-prod-Pipeline in "
-                           "us-west-2 (deploy it with `cdk deploy -c env=prod EfaTraining-prod-Pipeline`)")
+    assert err.strip() == (
+        "error: environment 'prod' is not deployed: no stack EfaTraining-prod-Pipeline in "
+        "us-west-2 (deploy it with `cdk deploy -c env=prod EfaTraining-prod-Pipeline`)"
+    )
 
 
 def test_unknown_environment():
@@ -167,19 +195,22 @@ def test_missing_credentials(monkeypatch, tmp_path):
 # ---- run integrity: the CLI never hangs and never ends in a traceback ------------------------------------
 
 
-@pytest.mark.parametrize("content, words", [
-    (b"\xff\xfe{\x00}", "not UTF-8 text"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    (b'{"run_id": "a", "nodes": ' + b"9" * 5000 + b"}", "not a valid run file"),
-    (b'{"run_id": "gpt", "dataset": "datasets/w/", "baseline": NaN}', "NaN is not a JSON number"),
-    (json.dumps({**RUN, "run_id": "gpt-tiny-001\n"}).encode(), "run_id='gpt-tiny-001\\n' is not valid"),
-    (json.dumps({**RUN, "nodes": 2.0}).encode(), "nodes=2.0 is not valid"),
-    (json.dumps({**RUN, "hyperparameters": {"max_steps": 1e30}}).encode(), "max_steps=1e+30 is not valid"),
-    (json.dumps({**RUN, "dataset": "datasets/../x/"}).encode(), "dataset='datasets/../x/' is not valid"),
-    (json.dumps({**RUN, "hyperparameters": {"model": "gpt5"}}).encode(), "model='gpt5' is not valid"),
-    (json.dumps([RUN]).encode(), "the run must be a JSON object, not an array"),
-    (b"null", "the run must be a JSON object, not null"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"\xff\xfe{\x00}", "not UTF-8 text"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"run_id": "a", "nodes": ' + b"9" * 5000 + b"}", "not a valid run file"),
+        (b'{"run_id": "gpt", "dataset": "datasets/w/", "baseline": NaN}', "NaN is not a JSON number"),
+        (json.dumps({**RUN, "run_id": "gpt-tiny-001\n"}).encode(), "run_id='gpt-tiny-001\\n' is not valid"),
+        (json.dumps({**RUN, "nodes": 2.0}).encode(), "nodes=2.0 is not valid"),
+        (json.dumps({**RUN, "hyperparameters": {"max_steps": 1e30}}).encode(), "max_steps=1e+30 is not valid"),
+        (json.dumps({**RUN, "dataset": "datasets/../x/"}).encode(), "dataset='datasets/../x/' is not valid"),
+        (json.dumps({**RUN, "hyperparameters": {"model": "gpt5"}}).encode(), "model='gpt5' is not valid"),
+        (json.dumps([RUN]).encode(), "the run must be a JSON object, not an array"),
+        (b"null", "the run must be a JSON object, not null"),
+    ],
+)
 def test_a_bad_run_file_ends_in_one_line_before_any_aws_call(tmp_path, content, words):
     path = tmp_path / "run.json"
     path.write_bytes(content)
@@ -189,17 +220,41 @@ def test_a_bad_run_file_ends_in_one_line_before_any_aws_call(tmp_path, content, 
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(content=st.one_of(
-    st.binary(max_size=200),
-    st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20)),
-                 lambda children: st.one_of(st.lists(children, max_size=4),
-                                            st.dictionaries(st.text(max_size=12), children, max_size=4)),
-                 max_leaves=20).map(lambda value: json.dumps(value).encode()),
-    st.fixed_dictionaries({}, optional={key: st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=50),
-                                                         st.booleans(), st.lists(st.integers(), max_size=2))
-                                        for key in ("run_id", "dataset", "nodes", "baseline", "tolerance",
-                                                    "max_attempts", "resume", "hyperparameters")}
-                          ).map(lambda value: json.dumps(value).encode())))
+@given(
+    content=st.one_of(
+        st.binary(max_size=200),
+        st.recursive(
+            st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20)),
+            lambda children: st.one_of(
+                st.lists(children, max_size=4), st.dictionaries(st.text(max_size=12), children, max_size=4)
+            ),
+            max_leaves=20,
+        ).map(lambda value: json.dumps(value).encode()),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                key: st.one_of(
+                    st.none(),
+                    st.integers(),
+                    st.floats(),
+                    st.text(max_size=50),
+                    st.booleans(),
+                    st.lists(st.integers(), max_size=2),
+                )
+                for key in (
+                    "run_id",
+                    "dataset",
+                    "nodes",
+                    "baseline",
+                    "tolerance",
+                    "max_attempts",
+                    "resume",
+                    "hyperparameters",
+                )
+            },
+        ).map(lambda value: json.dumps(value).encode()),
+    )
+)
 def test_any_run_file_is_loaded_or_refused_in_one_line(tmp_path_factory, content):
     path = tmp_path_factory.mktemp("runs") / "run.json"
     path.write_bytes(content)
@@ -213,8 +268,9 @@ def test_any_run_file_is_loaded_or_refused_in_one_line(tmp_path_factory, content
 
 def test_describe_an_execution_someone_started_with_any_input(deployed):
     for i, raw in enumerate(["[1, 2]", "null", '"a string"', '{"run_id": ["x"]}']):
-        arn = deployed.sfn.start_execution(stateMachineArn=deployed.state_machine_arn, name=f"odd-{i}",
-                                           input=raw)["executionArn"]
+        arn = deployed.sfn.start_execution(stateMachineArn=deployed.state_machine_arn, name=f"odd-{i}", input=raw)[
+            "executionArn"
+        ]
         deployed.wait(arn)
         code, out, err = cli("describe", "dev", f"odd-{i}")
         assert (code, err) == (1, ""), err
@@ -235,10 +291,12 @@ def test_an_endpoint_that_never_answers_costs_at_most_a_minute():
 
 # The CLI as a process, its client_config's waits shortened to 0.5 s (same retries, same error path), so the test
 # takes seconds; the real waits are bounded by the test above.
-SHORT_WAITS = ("import sys; from botocore.config import Config; import tools.pipeline_cli as cli; "
-               "real = cli.client_config; "
-               "cli.client_config = lambda: real().merge(Config(connect_timeout=0.5, read_timeout=0.5)); "
-               "sys.exit(cli.main(sys.argv[1:]))")
+SHORT_WAITS = (
+    "import sys; from botocore.config import Config; import tools.pipeline_cli as cli; "
+    "real = cli.client_config; "
+    "cli.client_config = lambda: real().merge(Config(connect_timeout=0.5, read_timeout=0.5)); "
+    "sys.exit(cli.main(sys.argv[1:]))"
+)
 
 
 def test_an_endpoint_that_never_answers_ends_in_one_line():
@@ -258,11 +316,22 @@ def test_an_endpoint_that_never_answers_ends_in_one_line():
 
     threading.Thread(target=accept_and_never_answer, daemon=True).start()
     endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
-    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-           "AWS_EC2_METADATA_DISABLED": "true"}
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
     try:
-        result = subprocess.run([sys.executable, "-c", SHORT_WAITS, "list", "dev"], cwd=ROOT, env=env,
-                                capture_output=True, text=True, timeout=90)
+        result = subprocess.run(
+            [sys.executable, "-c", SHORT_WAITS, "list", "dev"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
     finally:
         stop.set()
         for connection in held:

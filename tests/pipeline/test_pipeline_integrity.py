@@ -11,8 +11,9 @@ from tests.pipeline.runs import ACCEPTED, APPROVED_MODEL_PARAMETER, RUN, approva
 
 
 def started(emulator, execution_input: dict, name: str) -> str:
-    return emulator.sfn.start_execution(stateMachineArn=emulator.state_machine_arn, name=name,
-                                        input=json.dumps(execution_input))["executionArn"]
+    return emulator.sfn.start_execution(
+        stateMachineArn=emulator.state_machine_arn, name=name, input=json.dumps(execution_input)
+    )["executionArn"]
 
 
 def record(emulator, run_id: str) -> dict:
@@ -26,6 +27,7 @@ def parameter_versions(emulator) -> int:
 # ---- a run id names one run (S3 conditional writes: If-None-Match / If-Match) ---------------------------
 # S3 user guide, "Add preconditions to S3 operations with conditional requests":
 # https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-requests.html
+
 
 def test_a_second_run_with_the_same_id_is_refused_before_any_job(emulator):
     emulator.verdict = ACCEPTED
@@ -51,8 +53,14 @@ def test_two_executions_started_together_with_one_run_id_run_once(emulator):
     assert [m["outcome"] for m in messages(emulator)] == ["APPROVED"]
 
 
-@pytest.mark.parametrize("key", ["checkpoints/gpt-tiny-001/step-250/model.pt", "runs/gpt-tiny-001/verdict.json",
-                                 "models/gpt-tiny-001/verdict.json"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "checkpoints/gpt-tiny-001/step-250/model.pt",
+        "runs/gpt-tiny-001/verdict.json",
+        "models/gpt-tiny-001/verdict.json",
+    ],
+)
 def test_a_run_id_with_earlier_artifacts_is_refused(emulator, key):
     # Runs from before the run record existed are known by what they left.
     emulator.s3.put_object(Bucket=emulator.bucket, Key=key, Body=b"{}")
@@ -79,11 +87,16 @@ def test_resume_continues_a_failed_run_and_a_plain_restart_is_refused(emulator):
 def test_resume_is_refused_while_the_run_is_running(emulator):
     # The run's record names an execution that is still running (a waiting state machine stands in for it).
     waiting = emulator.sfn.create_state_machine(
-        name="still-running", roleArn="arn:aws:iam::123456789012:role/x",
-        definition=json.dumps({"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 30, "End": True}}}))
+        name="still-running",
+        roleArn="arn:aws:iam::123456789012:role/x",
+        definition=json.dumps({"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 30, "End": True}}}),
+    )
     holder = emulator.sfn.start_execution(stateMachineArn=waiting["stateMachineArn"], name="holder")["executionArn"]
-    emulator.s3.put_object(Bucket=emulator.bucket, Key="runs/gpt-tiny-001/run.json",
-                           Body=json.dumps({"execution": holder, "run": RUN}).encode())
+    emulator.s3.put_object(
+        Bucket=emulator.bucket,
+        Key="runs/gpt-tiny-001/run.json",
+        Body=json.dumps({"execution": holder, "run": RUN}).encode(),
+    )
     try:
         result = emulator.run({**RUN, "resume": True})
     finally:
@@ -100,10 +113,17 @@ def test_resume_of_an_unknown_run_is_refused(emulator):
 
 
 def test_two_resumes_at_once_take_the_run_once(emulator):
-    emulator.s3.put_object(Bucket=emulator.bucket, Key="runs/gpt-tiny-001/run.json",
-                           Body=json.dumps({"execution": "arn:aws:states:us-east-1:123456789012:execution:"
-                                                          "EfaTraining-dev-Pipeline-TrainingPipeline:gone",
-                                            "run": RUN}).encode())
+    emulator.s3.put_object(
+        Bucket=emulator.bucket,
+        Key="runs/gpt-tiny-001/run.json",
+        Body=json.dumps(
+            {
+                "execution": "arn:aws:states:us-east-1:123456789012:execution:"
+                "EfaTraining-dev-Pipeline-TrainingPipeline:gone",
+                "run": RUN,
+            }
+        ).encode(),
+    )
     emulator.verdict = ACCEPTED
     # The first resume holds the run (its sanity job is held RUNNING) while the second one starts: without the
     # hold, a loaded machine could finish the first before the second begins, which is a legitimate later resume.
@@ -116,8 +136,11 @@ def test_two_resumes_at_once_take_the_run_once(emulator):
     emulator.held["sanity"].set()
     assert emulator.wait(first)["status"] == "SUCCEEDED"
     # Refused either by the conditional write (both read the same record) or by the holder check.
-    assert refused["status"] == "FAILED" and refused["error"] == "InvalidInput" and (
-        "resumed by another execution" in refused["cause"] or "is running in execution" in refused["cause"]), refused
+    assert (
+        refused["status"] == "FAILED"
+        and refused["error"] == "InvalidInput"
+        and ("resumed by another execution" in refused["cause"] or "is running in execution" in refused["cause"])
+    ), refused
     assert emulator.submitted_kinds() == ["sanity", "train", "validate"]
 
 
@@ -154,8 +177,9 @@ def test_a_transient_fault_after_validation_is_absorbed(emulator, call, faults):
 def test_an_approval_is_recorded_once_and_a_resume_publishes_the_same_one(emulator):
     emulator.verdict = ACCEPTED
     first = emulator.run(RUN, name="approved")
-    recorded = json.loads(emulator.s3.get_object(Bucket=emulator.bucket,
-                                                 Key="models/gpt-tiny-001/approval.json")["Body"].read())
+    recorded = json.loads(
+        emulator.s3.get_object(Bucket=emulator.bucket, Key="models/gpt-tiny-001/approval.json")["Body"].read()
+    )
     emulator.reset()
     emulator.verdict = ACCEPTED
     again = emulator.run({**RUN, "resume": True}, name="resumed-after-approval")
@@ -181,7 +205,10 @@ def test_a_claim_whose_answer_was_lost_is_recognised_as_this_runs_own(emulator):
     emulator.faults["s3.put_object"] = ["after:InternalError"]
     result = emulator.run(RUN)
     assert result["status"] == "SUCCEEDED", result
-    entered = [e["stateEnteredEventDetails"]["name"] for e in emulator.history(result["executionArn"])
-               if "stateEnteredEventDetails" in e]
+    entered = [
+        e["stateEnteredEventDetails"]["name"]
+        for e in emulator.history(result["executionArn"])
+        if "stateEnteredEventDetails" in e
+    ]
     assert "ClaimRunReadBack" in entered and "RunIdTaken" not in entered
     assert emulator.submitted_kinds() == ["sanity", "train", "validate"] and parameter_versions(emulator) == 1

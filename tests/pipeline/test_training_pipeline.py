@@ -22,24 +22,45 @@ from contracts.run import PHASES, stages, train_state_seconds
 from tests.pipeline.runs import definition, states
 
 
-def _pipeline(*, train_attempt_hours: int = 72, on_demand_fallback: bool = True, max_nodes: int = 2,
-              training_retry: TrainingRetry | None = None) -> Template:
+def _pipeline(
+    *,
+    train_attempt_hours: int = 72,
+    on_demand_fallback: bool = True,
+    max_nodes: int = 2,
+    training_retry: TrainingRetry | None = None,
+) -> Template:
     stack = cdk.Stack()
-    container = batch.EcsEc2ContainerDefinition(stack, "Container", image=ecs.ContainerImage.from_registry("trainer"),
-                                                cpu=1, memory=cdk.Size.mebibytes(512))
+    container = batch.EcsEc2ContainerDefinition(
+        stack, "Container", image=ecs.ContainerImage.from_registry("trainer"), cpu=1, memory=cdk.Size.mebibytes(512)
+    )
     hosts = batch.UnmanagedComputeEnvironment(stack, "Hosts")
-    queues = {name: batch.JobQueue(stack, name, compute_environments=[
-        batch.OrderedComputeEnvironment(compute_environment=hosts, order=1)])
-        for name in ("MultiNodeQueue", "SingleNodeQueue", "SingleNodeOnDemandQueue")}
+    queues = {
+        name: batch.JobQueue(
+            stack, name, compute_environments=[batch.OrderedComputeEnvironment(compute_environment=hosts, order=1)]
+        )
+        for name in ("MultiNodeQueue", "SingleNodeQueue", "SingleNodeOnDemandQueue")
+    }
     runner = BatchJobRunner(
-        multi_node_queue=queues["MultiNodeQueue"], single_node_queue=queues["SingleNodeQueue"],
-        job_definitions={kind: batch.EcsJobDefinition(stack, kind, container=container)
-                         for kind in ("sanity", "train", "validate")},
-        single_node_on_demand_queue=queues["SingleNodeOnDemandQueue"] if on_demand_fallback else None)
-    TrainingPipeline(stack, "Pipeline", environment="test", max_nodes=max_nodes, bucket=s3.Bucket(stack, "Data"),
-                     topic=sns.Topic(stack, "Alerts"), runner=runner, log_retention=logs.RetentionDays.TWO_WEEKS,
-                     removal_policy=cdk.RemovalPolicy.DESTROY, train_attempt_hours=train_attempt_hours,
-                     training_retry=training_retry)
+        multi_node_queue=queues["MultiNodeQueue"],
+        single_node_queue=queues["SingleNodeQueue"],
+        job_definitions={
+            kind: batch.EcsJobDefinition(stack, kind, container=container) for kind in ("sanity", "train", "validate")
+        },
+        single_node_on_demand_queue=queues["SingleNodeOnDemandQueue"] if on_demand_fallback else None,
+    )
+    TrainingPipeline(
+        stack,
+        "Pipeline",
+        environment="test",
+        max_nodes=max_nodes,
+        bucket=s3.Bucket(stack, "Data"),
+        topic=sns.Topic(stack, "Alerts"),
+        runner=runner,
+        log_retention=logs.RetentionDays.TWO_WEEKS,
+        removal_policy=cdk.RemovalPolicy.DESTROY,
+        train_attempt_hours=train_attempt_hours,
+        training_retry=training_retry,
+    )
     return Template.from_stack(stack)
 
 
@@ -52,8 +73,15 @@ def test_every_task_has_a_timeout_and_a_catch(pipeline):
     # Every Task waits a bounded time and is caught (notify the alerts topic, then fail).
     found = states(pipeline)
     task_states = {name: s for name, s in found.items() if s["Type"] == "Task"}
-    assert {"SanityCheck", "ReadVerdict", "CopyVerdictToModels", "PublishApprovedModel",
-            "NotifyApproved", "NotifyRejected", "NotifyFailure"} <= set(task_states)
+    assert {
+        "SanityCheck",
+        "ReadVerdict",
+        "CopyVerdictToModels",
+        "PublishApprovedModel",
+        "NotifyApproved",
+        "NotifyRejected",
+        "NotifyFailure",
+    } <= set(task_states)
     for name, state in task_states.items():
         assert state.get("TimeoutSeconds"), name
         assert state.get("Catch"), name
@@ -73,8 +101,11 @@ def test_validation_falls_back_to_the_on_demand_queue_when_spot_fails(pipeline):
     (branch,) = states(pipeline)["Validate"]["Branches"]
     on_spot, on_demand = branch["States"]["ValidateOnSpot"], branch["States"]["ValidateOnDemand"]
     assert branch["StartAt"] == "ValidateOnSpot"
-    assert on_spot["Catch"][0] == {"ErrorEquals": ["States.TaskFailed"], "ResultPath": "$.spot_failure",
-                                   "Next": "ValidateOnDemand"}
+    assert on_spot["Catch"][0] == {
+        "ErrorEquals": ["States.TaskFailed"],
+        "ResultPath": "$.spot_failure",
+        "Next": "ValidateOnDemand",
+    }
     assert on_spot["Parameters"]["JobDefinition"] == on_demand["Parameters"]["JobDefinition"]
 
 
@@ -84,8 +115,11 @@ def test_a_rejected_training_request_is_not_retried(pipeline):
     found = states(pipeline)
     (branch,) = found["Train"]["Branches"]
     choice = branch["States"]["TrainIsJobDescription"]["Choices"][0]
-    assert choice == {"Variable": "$.caught.Error", "StringEquals": "Batch.ClientException",
-                      "Next": "TrainRequestRejected"}
+    assert choice == {
+        "Variable": "$.caught.Error",
+        "StringEquals": "Batch.ClientException",
+        "Next": "TrainRequestRejected",
+    }
     assert branch["States"]["TrainRequestRejected"]["Error"] == "Batch.ClientException"
     assert found["Train"]["Retry"][0] == {"ErrorEquals": ["Batch.ClientException"], "MaxAttempts": 0}
 
@@ -102,12 +136,28 @@ def test_training_retry_has_exponential_backoff_with_full_jitter(pipeline):
 def test_every_aws_call_of_the_pipeline_retries_with_full_jitter(pipeline):
     # Throttling, 5xx and timeouts of the pipeline's own calls are retried with backoff and full jitter
     # (https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html).
-    calls = {name: state for name, state in states(pipeline).items()
-             if state["Type"] == "Task" and ":aws-sdk:" in state["Resource"] or state.get("Resource", "").endswith(
-                 ":sns:publish")}
-    assert {"ClaimRun", "FindCheckpoints", "ReadRunRecord", "DescribeRunHolder", "TakeOverRun", "ReadVerdict",
-            "CopyVerdictToModels", "RecordApproval", "ReadRecordedApproval", "PublishApprovedModel",
-            "NotifyApproved", "NotifyRejected", "NotifyFailure"} <= set(calls)
+    calls = {
+        name: state
+        for name, state in states(pipeline).items()
+        if state["Type"] == "Task"
+        and ":aws-sdk:" in state["Resource"]
+        or state.get("Resource", "").endswith(":sns:publish")
+    }
+    assert {
+        "ClaimRun",
+        "FindCheckpoints",
+        "ReadRunRecord",
+        "DescribeRunHolder",
+        "TakeOverRun",
+        "ReadVerdict",
+        "CopyVerdictToModels",
+        "RecordApproval",
+        "ReadRecordedApproval",
+        "PublishApprovedModel",
+        "NotifyApproved",
+        "NotifyRejected",
+        "NotifyFailure",
+    } <= set(calls)
     for name, state in calls.items():
         (retry,) = state["Retry"]
         assert retry["JitterStrategy"] == "FULL" and retry["BackoffRate"] == 2 and retry["MaxAttempts"] >= 3, name
@@ -129,9 +179,13 @@ def test_a_rejected_model_fails_with_the_error_the_alarms_leave_out(pipeline):
 def test_executions_are_logged_and_traced():
     # Every execution's events (with their data) go to the execution log group, kept as long as the stack says.
     template = _pipeline()
-    template.has_resource_properties("AWS::StepFunctions::StateMachine", {
-        "TracingConfiguration": {"Enabled": True},
-        "LoggingConfiguration": Match.object_like({"Level": "ALL", "IncludeExecutionData": True})})
+    template.has_resource_properties(
+        "AWS::StepFunctions::StateMachine",
+        {
+            "TracingConfiguration": {"Enabled": True},
+            "LoggingConfiguration": Match.object_like({"Level": "ALL", "IncludeExecutionData": True}),
+        },
+    )
     template.has_resource_properties("AWS::Logs::LogGroup", {"RetentionInDays": 14})
 
 
@@ -146,8 +200,11 @@ def test_the_construct_takes_its_retry_policy_and_maximum_nodes():
 def test_the_state_machine_may_submit_only_to_its_queues_and_job_definitions():
     # Least privilege: SubmitJob on the two queues and three job definitions, nothing else.
     template = _pipeline(on_demand_fallback=False)
-    (policy,) = [r for r in template.find_resources("AWS::IAM::Policy").values()
-                 if "StateMachine" in json.dumps(r["Properties"]["Roles"])]
+    (policy,) = [
+        r
+        for r in template.find_resources("AWS::IAM::Policy").values()
+        if "StateMachine" in json.dumps(r["Properties"]["Roles"])
+    ]
     (submit,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Action"] == "batch:SubmitJob"]
     assert len(submit["Resource"]) == 5
 
@@ -155,20 +212,31 @@ def test_the_state_machine_may_submit_only_to_its_queues_and_job_definitions():
 def test_on_eks_the_definition_names_no_batch_error():
     # The generic pipeline names no backend's errors: EksJobRunner.rejected_errors is empty, so nothing refers to Batch.
     stack = cdk.Stack()
-    cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="training",
-                                                  cluster_endpoint="https://example",
-                                                  cluster_certificate_authority_data="ca")
-    TrainingPipeline(stack, "Pipeline", environment="test", max_nodes=2, bucket=s3.Bucket(stack, "Data"),
-                     topic=sns.Topic(stack, "Alerts"),
-                     runner=EksJobRunner(cluster=cluster, instance=CATALOGUE["p4d.24xlarge"], image="image:tag",
-                                         max_nodes=2),
-                     log_retention=logs.RetentionDays.TWO_WEEKS, removal_policy=cdk.RemovalPolicy.DESTROY)
+    cluster = eks.Cluster.from_cluster_attributes(
+        stack,
+        "Cluster",
+        cluster_name="training",
+        cluster_endpoint="https://example",
+        cluster_certificate_authority_data="ca",
+    )
+    TrainingPipeline(
+        stack,
+        "Pipeline",
+        environment="test",
+        max_nodes=2,
+        bucket=s3.Bucket(stack, "Data"),
+        topic=sns.Topic(stack, "Alerts"),
+        runner=EksJobRunner(cluster=cluster, instance=CATALOGUE["p4d.24xlarge"], image="image:tag", max_nodes=2),
+        log_retention=logs.RetentionDays.TWO_WEEKS,
+        removal_policy=cdk.RemovalPolicy.DESTROY,
+    )
     machine = json.dumps(Template.from_stack(stack).find_resources("AWS::StepFunctions::StateMachine"))
     assert "eks:runJob.sync" in machine and "Batch." not in machine
 
 
 # ---- stage timeouts: one table (contracts/run.py) for the job definitions and the states ---------------------
 # Task state TimeoutSeconds / TimeoutSecondsPath: https://docs.aws.amazon.com/step-functions/latest/dg/state-task.html
+
 
 def test_states_wait_for_their_jobs_and_follow_the_training_timeout():
     template = _pipeline(train_attempt_hours=24, on_demand_fallback=False).to_json()
@@ -179,12 +247,15 @@ def test_states_wait_for_their_jobs_and_follow_the_training_timeout():
     (train_branch,) = found["Train"]["Branches"]  # the job inside the block that names its failures
     assert train_branch["States"]["TrainJob"]["TimeoutSecondsPath"] == "$.timeouts.train"
     lookup = found["PrepareRun"]["Parameters"]["timeouts"]["train.$"]
-    assert lookup == (f"States.ArrayGetItem(States.Array({', '.join(map(str, train_state_seconds(24)))}), "
-                      "$.run.max_attempts)")
+    assert lookup == (
+        f"States.ArrayGetItem(States.Array({', '.join(map(str, train_state_seconds(24)))}), $.run.max_attempts)"
+    )
     # The execution outlasts the stages.
     retries = found["Train"]["Retry"][1]["MaxAttempts"]
-    assert definition(template)["TimeoutSeconds"] >= \
-        (1 + retries) * train_state_seconds(24)[-1] + 2 * table["sanity"].state_seconds()
+    assert (
+        definition(template)["TimeoutSeconds"]
+        >= (1 + retries) * train_state_seconds(24)[-1] + 2 * table["sanity"].state_seconds()
+    )
 
 
 def test_a_longer_training_timeout_lengthens_the_train_state():

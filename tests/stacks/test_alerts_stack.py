@@ -17,12 +17,15 @@ def _topic_statements(alerts: Template) -> list[dict]:
     return policy["Properties"]["PolicyDocument"]["Statement"]
 
 
-@pytest.mark.parametrize(("service", "source_arn"), [
-    # CloudWatch user guide (Notify_Users_Alarm_Changes.html): alarms publish as cloudwatch.amazonaws.com.
-    ("cloudwatch.amazonaws.com", ["arn:aws:cloudwatch:us-east-1:", {"Ref": "AWS::AccountId"}, ":alarm:*"]),
-    # AWS Budgets user guide (budgets-sns-policy.html): budgets publish as budgets.amazonaws.com.
-    ("budgets.amazonaws.com", ["arn:aws:budgets::", {"Ref": "AWS::AccountId"}, ":*"]),
-])
+@pytest.mark.parametrize(
+    ("service", "source_arn"),
+    [
+        # CloudWatch user guide (Notify_Users_Alarm_Changes.html): alarms publish as cloudwatch.amazonaws.com.
+        ("cloudwatch.amazonaws.com", ["arn:aws:cloudwatch:us-east-1:", {"Ref": "AWS::AccountId"}, ":alarm:*"]),
+        # AWS Budgets user guide (budgets-sns-policy.html): budgets publish as budgets.amazonaws.com.
+        ("budgets.amazonaws.com", ["arn:aws:budgets::", {"Ref": "AWS::AccountId"}, ":*"]),
+    ],
+)
 def test_alerts_topic_lets_this_accounts_alarms_and_budgets_publish(alerts, service, source_arn):
     # The topic policy replaces SNS's default: each publishing service has its own statement, scoped to this
     # account (aws:SourceAccount) and to its own kind of source (aws:SourceArn), or notifications are denied.
@@ -42,12 +45,17 @@ def test_alerts_key_lets_the_publishing_services_use_it(alerts):
     # An encrypted topic: CloudWatch and Budgets need kms:Decrypt and kms:GenerateDataKey* on its key.
     (key,) = alerts.find_resources("AWS::KMS::Key").values()
     statements = key["Properties"]["KeyPolicy"]["Statement"]
-    granted = {service for s in statements if {"kms:Decrypt", "kms:GenerateDataKey*"} <= set(s["Action"])
-               for service in s["Principal"].get("Service", [])}
+    granted = {
+        service
+        for s in statements
+        if {"kms:Decrypt", "kms:GenerateDataKey*"} <= set(s["Action"])
+        for service in s["Principal"].get("Service", [])
+    }
     assert {"cloudwatch.amazonaws.com", "budgets.amazonaws.com"} <= granted
 
 
 def test_the_configured_addresses_are_subscribed(alerts):
     # dev's alert_emails from cdk.json, one e-mail subscription each.
-    alerts.has_resource_properties("AWS::SNS::Subscription", {"Protocol": "email",
-                                                              "Endpoint": "ml-platform-dev@example.com"})
+    alerts.has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "ml-platform-dev@example.com"}
+    )

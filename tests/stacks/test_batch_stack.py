@@ -119,8 +119,13 @@ def test_single_node_environment_is_spot_with_security_groups():
 
 def test_config_sets_weights_spot_and_validation_instance():
     # Fair-share weights, on-demand validation and a smaller validation instance come from the config.
-    template = _template(instance_type="g5.12xlarge", batch_research_weight="2.5", batch_production_weight="0.5",
-                         batch_single_node_spot="false", batch_single_node_instance_type="g5.xlarge")
+    template = _template(
+        instance_type="g5.12xlarge",
+        batch_research_weight="2.5",
+        batch_production_weight="0.5",
+        batch_single_node_spot="false",
+        batch_single_node_instance_type="g5.xlarge",
+    )
     (policy,) = _resources(template, "AWS::Batch::SchedulingPolicy").values()
     shares = {s["ShareIdentifier"]: s["WeightFactor"] for s in policy["FairsharePolicy"]["ShareDistribution"]}
     assert shares == {"research": 2.5, "production": 0.5}
@@ -135,8 +140,14 @@ def test_vpc_default_group_opens_task_network_for_multi_node_jobs():
     # MNP containers get the VPC default group (Batch user guide, mnp-ce.html): all traffic in from and out to
     # itself, HTTPS out; nothing else.
     template = _batch()
-    rules = {kind: [p for p in _resources(template, f"AWS::EC2::SecurityGroup{kind}").values()
-                    if "DefaultSecurityGroup" in json.dumps(p["GroupId"])] for kind in ("Ingress", "Egress")}
+    rules = {
+        kind: [
+            p
+            for p in _resources(template, f"AWS::EC2::SecurityGroup{kind}").values()
+            if "DefaultSecurityGroup" in json.dumps(p["GroupId"])
+        ]
+        for kind in ("Ingress", "Egress")
+    }
     (ingress,) = rules["Ingress"]
     assert ingress["IpProtocol"] == "-1" and ingress["SourceSecurityGroupId"] == ingress["GroupId"]
     (to_itself,) = [r for r in rules["Egress"] if "DestinationSecurityGroupId" in r]
@@ -160,10 +171,21 @@ def test_queues_share_fairly_between_research_and_production():
 def test_jobs_starved_of_capacity_are_cancelled():
     # Hosts launched for a multi-node job idle while the rest never comes: cancel, and let the pipeline retry.
     compute = _environment(instance_type="g5.12xlarge")
-    compute.template(compute.compute()).has_resource_properties("AWS::Batch::JobQueue", {
-        "JobStateTimeLimitActions": Match.array_with([{
-            "Action": "CANCEL", "MaxTimeSeconds": CAPACITY_WAIT_MINUTES * 60,
-            "Reason": "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY", "State": "RUNNABLE"}])})
+    compute.template(compute.compute()).has_resource_properties(
+        "AWS::Batch::JobQueue",
+        {
+            "JobStateTimeLimitActions": Match.array_with(
+                [
+                    {
+                        "Action": "CANCEL",
+                        "MaxTimeSeconds": CAPACITY_WAIT_MINUTES * 60,
+                        "Reason": "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY",
+                        "State": "RUNNABLE",
+                    }
+                ]
+            )
+        },
+    )
 
 
 def test_job_role_is_limited_to_the_bucket_prefixes():
@@ -173,8 +195,11 @@ def test_job_role_is_limited_to_the_bucket_prefixes():
     actions = [a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])]
     assert all("*" not in a for a in actions)
     writes = next(s for s in statements if "s3:PutObject" in s["Action"])
-    assert sorted(json.dumps(r).split('"/')[1].split('*')[0] for r in writes["Resource"]) == \
-        ["checkpoints/", "models/", "runs/"]
+    assert sorted(json.dumps(r).split('"/')[1].split("*")[0] for r in writes["Resource"]) == [
+        "checkpoints/",
+        "models/",
+        "runs/",
+    ]
     reads = next(s for s in statements if s["Action"] == "s3:GetObject")
     assert "datasets/" in json.dumps(reads["Resource"])
     assert any("logs:PutLogEvents" in s["Action"] for s in statements)
@@ -190,8 +215,13 @@ def test_log_group_keeps_the_configured_retention():
 def test_outputs_and_attributes_for_the_pipeline():
     # Queue and job-definition ARNs as outputs; the attributes the pipeline engineer builds on.
     outputs = _batch()["Outputs"]
-    assert {"MultiNodeQueueArn", "SingleNodeQueueArn", "SanityJobDefinitionArn", "TrainJobDefinitionArn",
-            "ValidateJobDefinitionArn"} <= set(outputs)
+    assert {
+        "MultiNodeQueueArn",
+        "SingleNodeQueueArn",
+        "SanityJobDefinitionArn",
+        "TrainJobDefinitionArn",
+        "ValidateJobDefinitionArn",
+    } <= set(outputs)
     stack = _environment(instance_type="g5.12xlarge").compute()
     assert isinstance(stack.multi_node_queue, batch.JobQueue) and isinstance(stack.single_node_queue, batch.JobQueue)
     assert set(stack.job_definitions) == {"sanity", "train", "validate"}
@@ -209,8 +239,10 @@ def test_a_deploy_never_cuts_a_training_attempt_short():
     # Batch API reference, UpdatePolicy: running jobs get jobExecutionTimeoutMinutes (default 30) before an
     # infrastructure update replaces their hosts. Every environment waits at least its longest job attempt.
     template = _template(instance_type="p5.48xlarge", batch_train_timeout_hours="120")
-    attempts = {k: p["Timeout"]["AttemptDurationSeconds"] // 60
-                for k, p in _resources(template, "AWS::Batch::JobDefinition").items()}
+    attempts = {
+        k: p["Timeout"]["AttemptDurationSeconds"] // 60
+        for k, p in _resources(template, "AWS::Batch::JobDefinition").items()
+    }
     train = next(v for k, v in attempts.items() if k.startswith("JobsTrain"))
     validate = next(v for k, v in attempts.items() if k.startswith("JobsValidate"))
     assert train == 7200
@@ -238,9 +270,12 @@ def test_batch_containers_are_kept_from_the_instance_metadata():
 # (CloudFormation template reference, "Fn::GetStackOutput"). The revision in their templates forces that update.
 def test_replacing_the_file_system_changes_both_host_launch_templates():
     def user_data(**overrides: object) -> dict[str, str]:
-        return {k: json.dumps(v["LaunchTemplateData"]["UserData"])
-                for k, v in _resources(_template(instance_type="g5.12xlarge", **overrides),
-                                       "AWS::EC2::LaunchTemplate").items()}
+        return {
+            k: json.dumps(v["LaunchTemplateData"]["UserData"])
+            for k, v in _resources(
+                _template(instance_type="g5.12xlarge", **overrides), "AWS::EC2::LaunchTemplate"
+            ).items()
+        }
 
     before, after = user_data(), user_data(fsx_deployment_type="PERSISTENT_2", fsx_storage_gib="2400")
     assert before.keys() == after.keys() and len(before) == 2

@@ -43,8 +43,11 @@ def test_every_node_launch_template_allows_one_imds_hop():
     assert len(templates) == 2  # accelerator and system node groups
     for props in templates:
         options = props["LaunchTemplateData"]["MetadataOptions"]
-        assert (options["HttpEndpoint"], options["HttpPutResponseHopLimit"], options["HttpTokens"]) == \
-            ("enabled", 1, "required")
+        assert (options["HttpEndpoint"], options["HttpPutResponseHopLimit"], options["HttpTokens"]) == (
+            "enabled",
+            1,
+            "required",
+        )
     nodegroups = _resources(raw, "AWS::EKS::Nodegroup")
     assert len(nodegroups) == 2 and all("LaunchTemplate" in n for n in nodegroups)
 
@@ -53,16 +56,20 @@ def test_nodes_reserve_the_huge_pages_pods_request():
     # The node group's user data and the job templates of one stack agree: fewer pages and pods never schedule.
     raw = _compute(instance_type="p4d.24xlarge")
     reserved = re.search(r"vm\.nr_hugepages = (\d+)", json.dumps(_resources(raw, "AWS::EC2::LaunchTemplate")))
-    config_map = next(o for o in manifests(raw)
-                      if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "job-templates")
+    config_map = next(
+        o for o in manifests(raw) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "job-templates"
+    )
     requested = json.loads(config_map["data"]["train.json"])["spec"]["trainer"]["resourcesPerNode"]["limits"]
     assert reserved and requested["hugepages-2Mi"] == f"{int(reserved.group(1)) * 2}Mi"
 
 
 def test_accelerator_nodes_scale_to_the_environments_nodes_in_the_training_subnet():
     group = _accelerator_group(_compute(instance_type="p4d.24xlarge"))
-    assert group["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": _environment(
-        instance_type="p4d.24xlarge").config.nodes}
+    assert group["ScalingConfig"] == {
+        "MinSize": 0,
+        "DesiredSize": 0,
+        "MaxSize": _environment(instance_type="p4d.24xlarge").config.nodes,
+    }
     (subnet,) = group["Subnets"]
     assert "TrainingSubnet" in json.dumps(subnet)
 
@@ -70,18 +77,26 @@ def test_accelerator_nodes_scale_to_the_environments_nodes_in_the_training_subne
 def test_capacity_type_and_admin_access_come_from_the_config():
     raw = _compute(instance_type="p4d.24xlarge", eks_capacity_type="spot", eks_admin_role_arns=ADMIN)
     entries = _resources(raw, "AWS::EKS::AccessEntry")
-    assert any(e["PrincipalArn"] == ADMIN and "AmazonEKSClusterAdminPolicy" in json.dumps(e["AccessPolicies"])
-               for e in entries)
+    assert any(
+        e["PrincipalArn"] == ADMIN and "AmazonEKSClusterAdminPolicy" in json.dumps(e["AccessPolicies"]) for e in entries
+    )
     assert _accelerator_group(raw)["CapacityType"] == "SPOT"
 
 
 def test_capacity_block_reservation_comes_from_the_config():
-    raw = _compute(instance_type="p5.48xlarge", eks_capacity_type="capacity_block",
-                   eks_capacity_reservation_id="cr-0123456789abcdef0")
-    data = next(p["LaunchTemplateData"] for p in _resources(raw, "AWS::EC2::LaunchTemplate")
-                if "NetworkInterfaces" in p.get("LaunchTemplateData", {}))
+    raw = _compute(
+        instance_type="p5.48xlarge",
+        eks_capacity_type="capacity_block",
+        eks_capacity_reservation_id="cr-0123456789abcdef0",
+    )
+    data = next(
+        p["LaunchTemplateData"]
+        for p in _resources(raw, "AWS::EC2::LaunchTemplate")
+        if "NetworkInterfaces" in p.get("LaunchTemplateData", {})
+    )
     assert data["CapacityReservationSpecification"] == {
-        "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}}
+        "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}
+    }
     assert _accelerator_group(raw)["CapacityType"] == "CAPACITY_BLOCK"
 
 
@@ -116,11 +131,25 @@ def test_pipeline_executions_drive_the_node_group_size():
     # (tests/compute/test_eks_node_scaling.py has the states).
     environment = StacksAlone(compute="eks", instance_type="p4d.24xlarge")  # built through the pipeline's stack
     pipeline = environment.template(environment.pipeline())
-    (machine_id,) = [k for k, r in pipeline.find_resources("AWS::StepFunctions::StateMachine").items()
-                     if k.startswith("TrainingPipeline")]
-    pipeline.has_resource_properties("AWS::Events::Rule", {"EventPattern": {
-        "source": ["aws.states"], "detail-type": ["Step Functions Execution Status Change"],
-        "detail": Match.object_like({"stateMachineArn": [{"Ref": machine_id}],
-                                     "status": ["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"]})}})
+    (machine_id,) = [
+        k
+        for k, r in pipeline.find_resources("AWS::StepFunctions::StateMachine").items()
+        if k.startswith("TrainingPipeline")
+    ]
+    pipeline.has_resource_properties(
+        "AWS::Events::Rule",
+        {
+            "EventPattern": {
+                "source": ["aws.states"],
+                "detail-type": ["Step Functions Execution Status Change"],
+                "detail": Match.object_like(
+                    {
+                        "stateMachineArn": [{"Ref": machine_id}],
+                        "status": ["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"],
+                    }
+                ),
+            }
+        },
+    )
     scaling = json.dumps(pipeline.find_resources("AWS::StepFunctions::StateMachine"))
     assert "ScaleToZero" in scaling and "ScaleToRunNodes" in scaling and "ScaleToMaxNodes" in scaling

@@ -20,5 +20,6 @@ def test_network_ids_are_exported_by_name(dev, name):
 def test_the_environment_pins_the_training_subnets_zone():
     # prod's availability_zone and vpc_cidr from cdk.json reach the training subnet.
     environment = StacksAlone(env="prod")
-    environment.template(environment.network()).has_resource_properties("AWS::EC2::Subnet", {
-        "AvailabilityZone": "us-west-2b", "CidrBlock": "10.1.224.0/19"})
+    environment.template(environment.network()).has_resource_properties(
+        "AWS::EC2::Subnet", {"AvailabilityZone": "us-west-2b", "CidrBlock": "10.1.224.0/19"}
+    )

@@ -18,11 +18,18 @@ def test_execution_logs_keep_the_configured_retention(dev):
     dev.has_resource_properties("AWS::Logs::LogGroup", {"RetentionInDays": 14})
 
 
-@pytest.mark.parametrize(("output", "value"), [
-    ("StateMachineArn", Match.any_value()), ("ExecutionLogGroup", Match.any_value()),
-    ("ApprovedModelParameter", "/efa-training/dev/approved-model"), ("MaxNodes", "2"),
-    # Batch's multi-node job definitions fix the node count: a run takes exactly the environment's nodes.
-    ("MinNodes", "2"), ("TrainingRetries", "3")])
+@pytest.mark.parametrize(
+    ("output", "value"),
+    [
+        ("StateMachineArn", Match.any_value()),
+        ("ExecutionLogGroup", Match.any_value()),
+        ("ApprovedModelParameter", "/efa-training/dev/approved-model"),
+        ("MaxNodes", "2"),
+        # Batch's multi-node job definitions fix the node count: a run takes exactly the environment's nodes.
+        ("MinNodes", "2"),
+        ("TrainingRetries", "3"),
+    ],
+)
 def test_the_cli_finds_the_pipeline_in_the_outputs(dev, output, value):
     # tools/pipeline_cli.py reads these outputs (its nodes check, its links to the logs and the approved model).
     dev.has_output(output, {"Value": value})

@@ -52,8 +52,9 @@ def test_lifecycle_keeps_the_configured_number_of_images():
         assert rules[0]["selection"]["countNumber"] == 7
 
 
-@pytest.mark.parametrize("instance_type,dockerfile", [("g5.12xlarge", "Dockerfile.gpu"),
-                                                      ("trn1.32xlarge", "Dockerfile.neuron")])
+@pytest.mark.parametrize(
+    "instance_type,dockerfile", [("g5.12xlarge", "Dockerfile.gpu"), ("trn1.32xlarge", "Dockerfile.neuron")]
+)
 def test_training_image_is_staged_from_the_matching_dockerfile(instance_type, dockerfile):
     # synth stages the Docker build context; `cdk deploy` builds and pushes it.
     environment = StacksAlone(instance_type=instance_type)

@@ -18,9 +18,15 @@ def prod():
 
 def test_the_environment_sizes_the_file_system(prod):
     # prod's deployment type, capacity and throughput from cdk.json.
-    prod.has_resource_properties("AWS::FSx::FileSystem", {
-        "StorageCapacity": 4800,
-        "LustreConfiguration": Match.object_like({"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 500})})
+    prod.has_resource_properties(
+        "AWS::FSx::FileSystem",
+        {
+            "StorageCapacity": 4800,
+            "LustreConfiguration": Match.object_like(
+                {"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 500}
+            ),
+        },
+    )
 
 
 def test_the_data_buckets_arn_is_exported_once_by_name(prod):

@@ -61,5 +61,9 @@ def test_training_reads_datasets_and_writes_only_checkpoints_models_and_runs(sta
 def test_listing_is_limited_to_the_same_prefixes(stacks):
     _, consumer = stacks
     (listing,) = [s for s in _statements(consumer) if s["Action"] == "s3:ListBucket"]
-    assert sorted(listing["Condition"]["StringLike"]["s3:prefix"]) == ["checkpoints/*", "datasets/*", "models/*",
-                                                                        "runs/*"]
+    assert sorted(listing["Condition"]["StringLike"]["s3:prefix"]) == [
+        "checkpoints/*",
+        "datasets/*",
+        "models/*",
+        "runs/*",
+    ]

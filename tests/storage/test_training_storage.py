@@ -12,15 +12,29 @@ from aws_cdk.assertions import Match, Template
 from constructs.storage.training_storage import TrainingStorage
 
 
-def _storage(deployment_type: str = "SCRATCH_2", storage_gib: int = 1200, throughput_per_tib: int = 125,
-             removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY) -> Template:
+def _storage(
+    deployment_type: str = "SCRATCH_2",
+    storage_gib: int = 1200,
+    throughput_per_tib: int = 125,
+    removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY,
+) -> Template:
     stack = cdk.Stack()
     vpc = ec2.Vpc(stack, "Vpc", max_azs=1, nat_gateways=0)
-    subnet = ec2.PrivateSubnet(stack, "TrainingSubnet", vpc_id=vpc.vpc_id, availability_zone="us-east-1a",
-                               cidr_block="10.0.224.0/19")
+    subnet = ec2.PrivateSubnet(
+        stack, "TrainingSubnet", vpc_id=vpc.vpc_id, availability_zone="us-east-1a", cidr_block="10.0.224.0/19"
+    )
     group = ec2.SecurityGroup(stack, "LustreSecurityGroup", vpc=vpc)
-    TrainingStorage(stack, "Storage", vpc=vpc, subnet=subnet, security_group=group, deployment_type=deployment_type,
-                    storage_gib=storage_gib, throughput_per_tib=throughput_per_tib, removal_policy=removal_policy)
+    TrainingStorage(
+        stack,
+        "Storage",
+        vpc=vpc,
+        subnet=subnet,
+        security_group=group,
+        deployment_type=deployment_type,
+        storage_gib=storage_gib,
+        throughput_per_tib=throughput_per_tib,
+        removal_policy=removal_policy,
+    )
     return Template.from_stack(stack)
 
 
@@ -48,15 +62,28 @@ def test_bucket_is_encrypted_versioned_and_private(scratch):
     props = _data_bucket(scratch)["Properties"]
     assert props["VersioningConfiguration"] == {"Status": "Enabled"}
     assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"] == {
-        "SSEAlgorithm": "AES256"}
+        "SSEAlgorithm": "AES256"
+    }
     assert props["PublicAccessBlockConfiguration"] == {
-        "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True}
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
+    }
 
 
 def test_bucket_refuses_plain_http(scratch):
     # TLS only: a Deny on aws:SecureTransport=false.
-    scratch.has_resource_properties("AWS::S3::BucketPolicy", {"PolicyDocument": {"Statement": Match.array_with([
-        Match.object_like({"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})])}})
+    scratch.has_resource_properties(
+        "AWS::S3::BucketPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [Match.object_like({"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})]
+                )
+            }
+        },
+    )
 
 
 def test_bucket_logs_access_to_a_separate_bucket(scratch):
@@ -67,10 +94,17 @@ def test_bucket_logs_access_to_a_separate_bucket(scratch):
 
 def test_persistent_file_system_has_the_configured_throughput(persistent_kept):
     # PERSISTENT_2 (prod in cdk.json): the capacity and the MB/s per TiB tier asked for, Lustre 2.15.
-    persistent_kept.has_resource_properties("AWS::FSx::FileSystem", {
-        "FileSystemType": "LUSTRE", "FileSystemTypeVersion": "2.15", "StorageCapacity": 4800,
-        "LustreConfiguration": Match.object_like({"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 500}),
-    })
+    persistent_kept.has_resource_properties(
+        "AWS::FSx::FileSystem",
+        {
+            "FileSystemType": "LUSTRE",
+            "FileSystemTypeVersion": "2.15",
+            "StorageCapacity": 4800,
+            "LustreConfiguration": Match.object_like(
+                {"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 500}
+            ),
+        },
+    )
 
 
 def test_scratch_file_system_has_no_throughput_tier(scratch):
@@ -94,14 +128,18 @@ def test_file_system_uses_the_lustre_security_group(scratch):
 def test_bucket_is_linked_both_ways_through_a_data_repository_association(scratch):
     # Import datasets from S3 and export checkpoints and models back, continuously.
     events = ["NEW", "CHANGED", "DELETED"]
-    scratch.has_resource_properties("AWS::FSx::DataRepositoryAssociation", {
-        "FileSystemPath": "/",
-        "BatchImportMetaDataOnCreate": True,
-        "S3": {"AutoImportPolicy": {"Events": events}, "AutoExportPolicy": {"Events": events}},
-    })
+    scratch.has_resource_properties(
+        "AWS::FSx::DataRepositoryAssociation",
+        {
+            "FileSystemPath": "/",
+            "BatchImportMetaDataOnCreate": True,
+            "S3": {"AutoImportPolicy": {"Events": events}, "AutoExportPolicy": {"Events": events}},
+        },
+    )
 
 
 # ---- `cdk destroy`: DESTROY (dev) leaves nothing billable; RETAIN (prod) keeps the data --------------------------
+
 
 @pytest.mark.parametrize("kind", ["AWS::S3::Bucket", "AWS::FSx::FileSystem", "AWS::FSx::DataRepositoryAssociation"])
 def test_destroyed_storage_deletes_and_kept_storage_retains(scratch, persistent_kept, kind):

@@ -3,6 +3,7 @@
 The training code ships alone in the container and imports its siblings by
 plain module name, so its folder goes on sys.path for the unit tests.
 """
+
 from __future__ import annotations
 
 import sys
@@ -19,18 +20,22 @@ from tests.training import training_helpers as th  # noqa: E402  (tests/conftest
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory) -> Path:
     """prepare_data.py output for a seeded synthetic corpus (~126k train tokens)."""
+
     def build(root: Path) -> Path:
         th.make_dataset(root / "corpus", root / "data")
         return root / "data"
+
     return th.shared(tmp_path_factory, "dataset", build)
 
 
 @pytest.fixture(scope="session")
 def ddp_reference(dataset, tmp_path_factory) -> th.Run:
     """One uninterrupted 2-process DDP run, shared by the loss, resume and validation tests."""
+
     def build(ckpt: Path) -> th.Run:
         run = th.torchrun("train.py", th.train_args(dataset, ckpt), nproc=2)
         assert run.returncode == 0, run.stderr[-3000:]
         run.checkpoint_dir = ckpt
         return run
+
     return th.shared(tmp_path_factory, "ddp_reference", build)

@@ -5,6 +5,7 @@ The delay lets a test signal or kill the job between two steps; it lives here, n
   TRAIN_TEST_NAN_FROM_BATCH every rank's loss is NaN from this micro-batch on (1-based, counted per process)
   TRAIN_TEST_HOLD_WHILE     a path: before each micro-batch, wait while it exists (the test holds the job mid-run)
 """
+
 import os
 import sys
 import time

@@ -3,11 +3,11 @@
 The jobs of a deployed environment get PEAK_TFLOPS_PER_ACCELERATOR from the catalogue; the image's own table
 (metrics.PEAK_BF16_TFLOPS) serves hand runs and must give the same figure for every catalogued accelerator.
 """
-import metrics
+
 import pytest
 
+import metrics
 from config.catalogue import CATALOGUE
-
 
 
 @pytest.mark.parametrize("name", sorted(CATALOGUE))

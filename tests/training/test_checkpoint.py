@@ -1,14 +1,16 @@
 """checkpoint.py's store and checkpoint_format.py's checks, in one process: atomic saves, agreed loads, pruning."""
+
 import json
 import os
 import random
 
-import checkpoint
-import checkpoint_format
 import numpy as np
-import preflight
 import pytest
 import torch
+
+import checkpoint
+import checkpoint_format
+import preflight
 from model import GPT, model_config
 from train_state import TrainerState
 
@@ -41,6 +43,7 @@ def test_interrupted_save_leaves_previous_checkpoints_loadable(tmp_path, monkeyp
 
     def failing_replace(src, dst):
         raise OSError(5, "Input/output error (injected)")
+
     monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(OSError, match="injected"):
         _save(store, trainer, 20)
@@ -107,6 +110,7 @@ def test_resaving_a_step_has_no_moment_without_that_step(tmp_path, monkeypatch):
         if len(calls) == 2:
             raise OSError(5, "killed between the renames (injected)")
         real_replace(src, dst)
+
     monkeypatch.setattr(os, "replace", replace_then_die)
     with pytest.raises(OSError, match="injected"):
         _save(store, trainer, 10)

@@ -1,4 +1,5 @@
 """checkpoint_lock.py in one process: one writer per folder (across processes: test_training_guards)."""
+
 import checkpoint_lock
 
 

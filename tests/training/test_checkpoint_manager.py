@@ -1,9 +1,10 @@
 """checkpoint_manager.py: the steps it saves at, and the Young/Daly interval it derives from the first save."""
+
 import re
 
 import pytest
-from checkpoint_manager import FIRST_AUTO_SAVE, SaveSchedule, young_daly_steps
 
+from checkpoint_manager import FIRST_AUTO_SAVE, SaveSchedule, young_daly_steps
 from tests.training import training_helpers as th
 
 
@@ -48,8 +49,10 @@ def test_young_daly_interval_is_sqrt_of_twice_the_save_time_the_mtbf():
 @pytest.mark.slow
 def test_default_interval_is_young_daly_from_the_first_save(dataset, tmp_path):
     # --checkpoint-every 0: save at step 20, measure, then every sqrt(2 * C * MTBF) / step time steps.
-    run = th.single_process("train.py", [*th.train_args(dataset, tmp_path, steps=26, every=0),
-                                         "--mtbf-hours", "0.0001", "--keep-last", "100"])
+    run = th.single_process(
+        "train.py",
+        [*th.train_args(dataset, tmp_path, steps=26, every=0), "--mtbf-hours", "0.0001", "--keep-last", "100"],
+    )
     found = re.search(r"checkpoint: every (\d+) steps \(Young/Daly: sqrt\(2 x ", run.stderr)
     assert run.returncode == 0 and found, run.stderr[-2000:]
     k = int(found.group(1))

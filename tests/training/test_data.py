@@ -1,7 +1,9 @@
 """data.py: the shard format and the data position."""
-import data
+
 import numpy as np
 import pytest
+
+import data
 from errors import UsageError
 
 

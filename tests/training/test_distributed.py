@@ -1,6 +1,8 @@
 """distributed.py: which device `--device auto` means, for the scripts that support each device."""
-import distributed
+
 import pytest
+
+import distributed
 from errors import UsageError
 
 

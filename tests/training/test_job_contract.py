@@ -9,17 +9,28 @@ import json
 import re
 
 import pytest
+
 import run_paths
 import sanity_check
 import storage
 import train
 import validate
-
 from config.layout import RUNS_PREFIX
 
-RUN = {"run_id": "run-7", "dataset": "datasets/wikitext/", "model": "tiny", "strategy": "fsdp", "max_steps": "500",
-       "checkpoint_every": "100", "seed": "1", "lr": "0.0006", "batch_size": "4", "baseline": "3.2",
-       "tolerance": "0.001", "nodes": "2"}
+RUN = {
+    "run_id": "run-7",
+    "dataset": "datasets/wikitext/",
+    "model": "tiny",
+    "strategy": "fsdp",
+    "max_steps": "500",
+    "checkpoint_every": "100",
+    "seed": "1",
+    "lr": "0.0006",
+    "batch_size": "4",
+    "baseline": "3.2",
+    "tolerance": "0.001",
+    "nodes": "2",
+}
 PARSERS = {"sanity": sanity_check.parse_args, "train": train.parse_args, "validate": validate.parse_args}
 DATA_BUCKET = "data-bucket"
 # Where the pipeline reads the verdict (ReadVerdict: s3://<data bucket>/runs/<run_id>/verdict.json).
@@ -31,11 +42,14 @@ def resolve(node):
     visibly unresolved, so a job pointing at another bucket or output fails the comparisons below."""
     if isinstance(node, str):
         return node
-    (function, argument), = node.items()
+    ((function, argument),) = node.items()
     if function == "Fn::Join":
         return argument[0].join(resolve(part) for part in argument[1])
-    if function == "Fn::GetStackOutput" and argument["StackName"].endswith("-Storage") \
-            and argument["OutputName"].startswith("PublishOutputRefStorageData"):
+    if (
+        function == "Fn::GetStackOutput"
+        and argument["StackName"].endswith("-Storage")
+        and argument["OutputName"].startswith("PublishOutputRefStorageData")
+    ):
         return DATA_BUCKET
     return f"<unresolved {function}>"
 
@@ -44,19 +58,28 @@ def _batch_commands(synthesized) -> dict[str, list[str]]:
     commands = {}
     for definition in synthesized.template("compute").find_resources("AWS::Batch::JobDefinition").values():
         props = definition["Properties"]
-        container = (props["NodeProperties"]["NodeRangeProperties"][0]["Container"] if "NodeProperties" in props
-                     else props["ContainerProperties"])
+        container = (
+            props["NodeProperties"]["NodeRangeProperties"][0]["Container"]
+            if "NodeProperties" in props
+            else props["ContainerProperties"]
+        )
         command = [resolve(item) for item in container["Command"]]
-        command = [RUN.get(item[len("Ref::"):], props["Parameters"].get(item[len("Ref::"):]))
-                   if item.startswith("Ref::") else item for item in command]
+        command = [
+            RUN.get(item[len("Ref::") :], props["Parameters"].get(item[len("Ref::") :]))
+            if item.startswith("Ref::")
+            else item
+            for item in command
+        ]
         commands[command[0]] = command[1:]
     return commands
 
 
 def _eks_commands(synthesized, monkeypatch) -> dict[str, list[str]]:
-    machine = next(r for r in synthesized.raw("pipeline")["Resources"].values()
-                   if r["Type"] == "AWS::StepFunctions::StateMachine")
+    machine = next(
+        r for r in synthesized.raw("pipeline")["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine"
+    )
     definition = json.loads(resolve(machine["Properties"]["DefinitionString"]))
+
     def every_state(states: dict):  # top-level ones and those inside Parallel blocks (Train, Validate)
         for state in states.values():
             yield state
@@ -109,8 +132,10 @@ def test_validation_reads_the_runs_checkpoints_and_writes_its_verdict_to_s3(comm
     assert run_paths.checkpoint_dir(args, "--checkpoint") == "/fsx/checkpoints/run-7"
     assert args.verdict_prefix == RUNS_URI and (args.tolerance, args.baseline) == (0.001, "3.2")
     # The exact object the pipeline's ReadVerdict state gets (RUNS_PREFIX + run id + /verdict.json).
-    assert storage.under_prefix(args.verdict_prefix, args.run_id, "verdict.json") == \
-        f"s3://{DATA_BUCKET}/{RUNS_PREFIX}run-7/verdict.json"
+    assert (
+        storage.under_prefix(args.verdict_prefix, args.run_id, "verdict.json")
+        == f"s3://{DATA_BUCKET}/{RUNS_PREFIX}run-7/verdict.json"
+    )
 
 
 def test_sanity_report_goes_to_the_runs_folder(commands):
@@ -119,7 +144,13 @@ def test_sanity_report_goes_to_the_runs_folder(commands):
 
 
 def test_pipeline_layout_flags_name_the_data_and_checkpoint_dirs():
-    args = argparse.Namespace(data=None, checkpoint_dir=None, datasets_root="/fsx/datasets",
-                              dataset="datasets/wikitext/", checkpoints_root="/fsx/checkpoints", run_id="run-7")
+    args = argparse.Namespace(
+        data=None,
+        checkpoint_dir=None,
+        datasets_root="/fsx/datasets",
+        dataset="datasets/wikitext/",
+        checkpoints_root="/fsx/checkpoints",
+        run_id="run-7",
+    )
     assert run_paths.data_dir(args) == "/fsx/datasets/wikitext"
     assert run_paths.checkpoint_dir(args, "--checkpoint-dir") == "/fsx/checkpoints/run-7"

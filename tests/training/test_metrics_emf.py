@@ -5,19 +5,46 @@ object (nothing before or after it) whose root holds `_aws` {Timestamp (ms numbe
 Dimensions: [[names]], Metrics: [{Name, Unit?}]}]}; every referenced dimension is a string member of the root and
 every referenced metric a number (or array of numbers) member of the root.
 """
+
 import io
 import json
 import math
 import socket
 import threading
 
-import metrics
 import pytest
 
-UNITS = {"Seconds", "Microseconds", "Milliseconds", "Bytes", "Kilobytes", "Megabytes", "Gigabytes", "Terabytes",
-         "Bits", "Kilobits", "Megabits", "Gigabits", "Terabits", "Percent", "Count", "Bytes/Second",
-         "Kilobytes/Second", "Megabytes/Second", "Gigabytes/Second", "Terabytes/Second", "Bits/Second",
-         "Kilobits/Second", "Megabits/Second", "Gigabits/Second", "Terabits/Second", "Count/Second", "None"}
+import metrics
+
+UNITS = {
+    "Seconds",
+    "Microseconds",
+    "Milliseconds",
+    "Bytes",
+    "Kilobytes",
+    "Megabytes",
+    "Gigabytes",
+    "Terabytes",
+    "Bits",
+    "Kilobits",
+    "Megabits",
+    "Gigabits",
+    "Terabits",
+    "Percent",
+    "Count",
+    "Bytes/Second",
+    "Kilobytes/Second",
+    "Megabytes/Second",
+    "Gigabytes/Second",
+    "Terabytes/Second",
+    "Bits/Second",
+    "Kilobits/Second",
+    "Megabits/Second",
+    "Gigabits/Second",
+    "Terabits/Second",
+    "Count/Second",
+    "None",
+}
 
 
 def emf_problems(message: str) -> list[str]:
@@ -38,8 +65,9 @@ def emf_problems(message: str) -> list[str]:
         if not isinstance(d.get("Namespace"), str) or not d["Namespace"]:
             problems.append("a directive has no Namespace")
         for dimension_set in d.get("Dimensions", []):
-            problems += [f"dimension {n} is not a string member" for n in dimension_set
-                         if not isinstance(root.get(n), str)]
+            problems += [
+                f"dimension {n} is not a string member" for n in dimension_set if not isinstance(root.get(n), str)
+            ]
         for m in d.get("Metrics", []):
             value = root.get(m.get("Name"))
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
@@ -71,8 +99,9 @@ def test_fluent_bit_wrapped_line_is_not_emf():
     assert emf_problems(wrapped) == ["no _aws object at the root"]
 
 
-@pytest.mark.parametrize(("loss", "tokens"),
-                         [(float("nan"), 1000.0), (2.5, float("inf")), (float("-inf"), float("nan"))])
+@pytest.mark.parametrize(
+    ("loss", "tokens"), [(float("nan"), 1000.0), (2.5, float("inf")), (float("-inf"), float("nan"))]
+)
 def test_non_finite_values_never_make_a_line_invalid(loss, tokens):
     # NaN/Infinity are not JSON: such a value is left out and the rest of the line still becomes metrics.
     line = _stdout_line(step=9, loss=loss, tokens_per_s=tokens, step_time_s=0.4)
@@ -108,8 +137,12 @@ def test_eks_event_reaches_the_agent_as_a_valid_emf_document_naming_its_log_grou
     # group named in _aws.LogGroupName (the agent's awscloudwatchlogs exporter reads that member).
     agent = _Agent()
     stream = io.StringIO()
-    logger = metrics.MetricsLogger("run-2", enabled=True, stream=stream, environ={
-        "AWS_EMF_AGENT_ENDPOINT": agent.endpoint, "AWS_EMF_LOG_GROUP_NAME": "/efa-training/metrics"})
+    logger = metrics.MetricsLogger(
+        "run-2",
+        enabled=True,
+        stream=stream,
+        environ={"AWS_EMF_AGENT_ENDPOINT": agent.endpoint, "AWS_EMF_LOG_GROUP_NAME": "/efa-training/metrics"},
+    )
     logger.step(1, 3.0, 500.0, 0.5)
     logger.step(2, float("nan"), 500.0, 0.5)
     assert logger.agent is not None

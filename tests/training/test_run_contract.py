@@ -86,16 +86,29 @@ def test_each_stage_waits_for_every_attempt_and_its_queue_wait():
 
 
 def test_the_execution_outlasts_its_stages_within_the_one_year_quota():
-    long = execution_seconds(720, sanity_submissions=2, train_submissions=4, train_backoff_seconds=5400,
-                             calls_seconds=3600)
+    long = execution_seconds(
+        720, sanity_submissions=2, train_submissions=4, train_backoff_seconds=5400, calls_seconds=3600
+    )
     assert long == 365 * 24 * 3600  # capped: Standard workflows run at most a year
-    short = execution_seconds(1, sanity_submissions=2, train_submissions=4, train_backoff_seconds=5400,
-                              calls_seconds=3600)
+    short = execution_seconds(
+        1, sanity_submissions=2, train_submissions=4, train_backoff_seconds=5400, calls_seconds=3600
+    )
     assert short >= 4 * train_state_seconds(1)[-1] + 2 * stages(1)["sanity"].state_seconds()
 
 
-@pytest.mark.parametrize("run", [None, [], "x", 1.5, {"run_id": 1e400}, {"baseline": float("nan")},
-                                 {"hyperparameters": {"seed": 10**5000}}, {"nodes": float("-inf")}])
+@pytest.mark.parametrize(
+    "run",
+    [
+        None,
+        [],
+        "x",
+        1.5,
+        {"run_id": 1e400},
+        {"baseline": float("nan")},
+        {"hyperparameters": {"seed": 10**5000}},
+        {"nodes": float("-inf")},
+    ],
+)
 def test_validate_run_never_raises(run):
     assert validate_run(run, max_nodes=2)  # problems, never an exception
 
@@ -104,6 +117,6 @@ def test_refused_exit_codes_are_the_training_images():
     # The pipeline does not retry a run that refused itself (constructs/pipeline/train_attempt.py): the codes it
     # matches are the ones the image exits with.
     import errors
-
     from contracts.run import REFUSED_EXIT_CODES
+
     assert set(REFUSED_EXIT_CODES) == {errors.EXIT_USAGE, errors.EXIT_DIVERGED, errors.EXIT_FOLDER_LOCKED}

@@ -1,11 +1,13 @@
 """train_config.py: the command line is derived from the config dataclass, so a default is written once."""
+
 import importlib
 import re
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-import model_builders
 import pytest
+
+import model_builders
 import train
 import train_config
 from train_config import TrainConfig
@@ -37,7 +39,10 @@ def test_the_run_id_and_the_paths_default_to_their_environment_variables(monkeyp
     monkeypatch.setenv("CHECKPOINT_DIR", "/fsx/checkpoints/run-7")
     parsed = vars(train.parse_args(["--max-steps", "1"]))
     assert (parsed["run_id"], parsed["data"], parsed["checkpoint_dir"]) == (
-        "run-7", "/fsx/datasets/wikitext", "/fsx/checkpoints/run-7")
+        "run-7",
+        "/fsx/datasets/wikitext",
+        "/fsx/checkpoints/run-7",
+    )
     assert TrainConfig(data="d", checkpoint_dir="c", max_steps=1).run_id == "run-7"
 
 
@@ -66,7 +71,7 @@ def test_lr_warms_up_then_decays_to_the_floor():
 def _documented_train_defaults() -> dict[str, str]:
     """Flag -> its Default cell, from docs/training_image.md's `train` table (a row may list several flags)."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "training_image.md").read_text()
-    table = text[text.index("### `train` (`train.py`)"):text.index("Exit codes: 0 done")]
+    table = text[text.index("### `train` (`train.py`)") : text.index("Exit codes: 0 done")]
     documented: dict[str, str] = {}
     for row in (line for line in table.splitlines() if line.startswith("| `--")):
         flags_cell, default_cell = row.split(" | ")[:2]

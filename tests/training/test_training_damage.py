@@ -4,6 +4,7 @@ One job per strategy writes a checkpoint at every step 1..8; each of steps 2..8 
 way, and the resumed job must come back from step 1, having named every problem, without hanging (the
 subprocess timeout would fail the test: a rank entering DCP's collective load alone waits forever).
 """
+
 import json
 import shutil
 
@@ -63,10 +64,13 @@ STEP_OF_KIND = {kind: STEPS - i for i, kind in enumerate(DAMAGE)}  # 8, 7, ..., 
 @pytest.fixture(scope="module", params=["ddp", "fsdp"])
 def trained(request, dataset, tmp_path_factory):
     def build(ckpt):
-        run = th.torchrun("train.py", [*th.train_args(dataset, ckpt, steps=STEPS, every=1, strategy=request.param),
-                                       "--keep-last", str(STEPS)])
+        run = th.torchrun(
+            "train.py",
+            [*th.train_args(dataset, ckpt, steps=STEPS, every=1, strategy=request.param), "--keep-last", str(STEPS)],
+        )
         assert run.returncode == 0 and th.checkpoint_steps(ckpt) == list(range(1, STEPS + 1)), run.stderr[-3000:]
         return request.param, ckpt
+
     return th.shared(tmp_path_factory, f"damage-{request.param}", build)
 
 
@@ -79,9 +83,9 @@ def resumed(trained, dataset, tmp_path_factory):
         shutil.copytree(clean, ckpt)
         for kind, (damage, _) in DAMAGE.items():
             damage(ckpt / f"step_{STEP_OF_KIND[kind]:09d}", strategy)
-        run = th.torchrun("train.py", th.train_args(dataset, ckpt, steps=2, every=1, strategy=strategy),
-                          timeout=180)
+        run = th.torchrun("train.py", th.train_args(dataset, ckpt, steps=2, every=1, strategy=strategy), timeout=180)
         return strategy, ckpt, run
+
     return th.shared(tmp_path_factory, f"damaged-{strategy}", build)
 
 
@@ -109,6 +113,7 @@ def test_training_continues_into_a_complete_checkpoint(resumed):
 def test_validation_skips_a_damaged_newest_checkpoint(trained, tmp_path, capsys):
     # validate.py applies the same verification: a bit flip in the newest is skipped with a warning.
     import validate
+
     _, clean = trained
     ckpt = tmp_path / "ckpt"
     shutil.copytree(clean, ckpt)
@@ -119,6 +124,7 @@ def test_validation_skips_a_damaged_newest_checkpoint(trained, tmp_path, capsys)
 
 def test_validation_of_a_damaged_checkpoint_named_directly_is_an_error(trained, tmp_path):
     import validate
+
     _, clean = trained
     step_dir = tmp_path / f"step_{STEPS:09d}"
     shutil.copytree(clean / step_dir.name, step_dir)

@@ -1,5 +1,6 @@
 """What protects a run's good state: divergence stops before any save, one writer per checkpoint folder,
 and the exit codes that tell the pipeline "do not retry" survive torchrun."""
+
 import json
 import subprocess
 import threading
@@ -29,6 +30,7 @@ def diverged(dataset, tmp_path_factory):
         run = th.launched("slow_train.py", args, TRAIN_TEST_NAN_FROM_BATCH="19")
         again = th.launched("train.py", args)
         return ckpt, run, again
+
     return th.shared(tmp_path_factory, "diverged", build)
 
 
@@ -55,8 +57,9 @@ def test_rerun_with_the_same_settings_is_refused_at_once(diverged):
     # torchrun restarts and pipeline retries would otherwise each retrain to the same NaN.
     _, _, again = diverged
     lines = th.error_lines(again.stderr, "train.py")
-    assert again.returncode == 4 and lines and "diverged before with the same settings" in lines[0], \
-        again.stderr[-2000:]
+    assert again.returncode == 4 and lines and "diverged before with the same settings" in lines[0], again.stderr[
+        -2000:
+    ]
     assert not again.emf()
 
 
@@ -66,19 +69,32 @@ def two_jobs(dataset, tmp_path_factory):
     # through launch.py; then it is let go and must finish.
     def build(workdir):
         ckpt, hold = workdir / "ckpt", workdir / "hold-first-job"
-        first = th.Background("slow_train.py", th.train_args(dataset, ckpt, steps=30, every=5), workdir,
-                              TRAIN_TEST_BATCH_DELAY_S="0.02", TRAIN_TEST_HOLD_WHILE=str(hold))
+        first = th.Background(
+            "slow_train.py",
+            th.train_args(dataset, ckpt, steps=30, every=5),
+            workdir,
+            TRAIN_TEST_BATCH_DELAY_S="0.02",
+            TRAIN_TEST_HOLD_WHILE=str(hold),
+        )
         first.wait_for(lambda: 5 in th.checkpoint_steps(ckpt))
         hold.touch()
-        second = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train",
-                                 *th.train_args(dataset, ckpt, steps=30, every=5)],
-                                # The same run id: it waits for the holder, bounded; 2 s here instead of 300.
-                                env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port()),
-                                           CHECKPOINT_LOCK_WAIT_SECONDS="2"),
-                                capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            [
+                th.PYTHON,
+                str(th.TRAINING_IMAGE / "launch.py"),
+                "train",
+                *th.train_args(dataset, ckpt, steps=30, every=5),
+            ],
+            # The same run id: it waits for the holder, bounded; 2 s here instead of 300.
+            env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port()), CHECKPOINT_LOCK_WAIT_SECONDS="2"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         steps_when_refused = th.checkpoint_steps(ckpt)
         hold.unlink()
         return ckpt, first.finish(), second, steps_when_refused
+
     return th.shared(tmp_path_factory, "two_jobs", build)
 
 
@@ -99,11 +115,16 @@ def test_first_job_finishes_unharmed(two_jobs):
 
 def _hold_lock(folder, holder: dict, seconds: float) -> subprocess.Popen:
     """Another process that takes the folder's lock as `holder` and keeps it for `seconds` (or until killed)."""
-    code = ("import json, pathlib, sys, time; sys.path.insert(0, sys.argv[1]); import checkpoint_lock; "
-            "f = checkpoint_lock.lock_folder(pathlib.Path(sys.argv[2]), json.loads(sys.argv[3])); "
-            "print('locked', flush=True); time.sleep(float(sys.argv[4]))")
-    process = subprocess.Popen([th.PYTHON, "-c", code, str(th.TRAINING_IMAGE), str(folder), json.dumps(holder),
-                                str(seconds)], stdout=subprocess.PIPE, text=True)
+    code = (
+        "import json, pathlib, sys, time; sys.path.insert(0, sys.argv[1]); import checkpoint_lock; "
+        "f = checkpoint_lock.lock_folder(pathlib.Path(sys.argv[2]), json.loads(sys.argv[3])); "
+        "print('locked', flush=True); time.sleep(float(sys.argv[4]))"
+    )
+    process = subprocess.Popen(
+        [th.PYTHON, "-c", code, str(th.TRAINING_IMAGE), str(folder), json.dumps(holder), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdout is not None and process.stdout.readline().strip() == "locked"
     return process
 
@@ -122,18 +143,46 @@ def test_lock_of_a_killed_job_is_released(tmp_path):
 def test_launcher_keeps_the_sanity_checks_report_not_written_code(tmp_path):
     # Rank 0 exits 3 (checks passed, report lost); torchrun alone would say 1.
     (tmp_path / "f").write_text("x")
-    p = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "sanity", "--sizes", "4K", "--warmup", "0",
-                        "--iters", "1", "--report", str(tmp_path / "f" / "sanity.json")],
-                       env=th.env(ACCELERATOR_KIND="cpu", ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port())),
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            th.PYTHON,
+            str(th.TRAINING_IMAGE / "launch.py"),
+            "sanity",
+            "--sizes",
+            "4K",
+            "--warmup",
+            "0",
+            "--iters",
+            "1",
+            "--report",
+            str(tmp_path / "f" / "sanity.json"),
+        ],
+        env=th.env(ACCELERATOR_KIND="cpu", ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port())),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 3, p.stderr[-3000:]
 
 
 def test_launcher_keeps_a_usage_error_code():
-    p = subprocess.run([th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train", "--data", "/nonexistent",
-                        "--checkpoint-dir", "/tmp/unused", "--max-steps", "1"],
-                       env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port())),
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            th.PYTHON,
+            str(th.TRAINING_IMAGE / "launch.py"),
+            "train",
+            "--data",
+            "/nonexistent",
+            "--checkpoint-dir",
+            "/tmp/unused",
+            "--max-steps",
+            "1",
+        ],
+        env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port())),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == errors.EXIT_USAGE, p.stderr[-2000:]
 
 
@@ -159,6 +208,7 @@ def test_an_earlier_attempt_of_the_same_run_is_waited_for_and_another_run_is_not
 
 def test_a_lock_wait_that_is_not_a_number_is_one_usage_error(tmp_path, monkeypatch):
     from errors import UsageError
+
     monkeypatch.setenv("CHECKPOINT_LOCK_WAIT_SECONDS", "five minutes")
     with pytest.raises(UsageError, match="CHECKPOINT_LOCK_WAIT_SECONDS"):
         checkpoint_lock.lock_folder_waiting(tmp_path, {"run_id": "r1"})

@@ -1,19 +1,39 @@
 """launch.py maps scheduler environments to torchrun arguments (pure function); exit_relay.py keeps the workers'
 own exit codes."""
+
+import pytest
+
 import exit_relay
 import launch
-import pytest
 from errors import UsageError
 
-BATCH = {"ACCELERATORS_PER_NODE": "8", "AWS_BATCH_JOB_NUM_NODES": "4", "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0",
-         "AWS_BATCH_JOB_ID": "0f1e2d#0", "AWS_BATCH_JOB_ATTEMPT": "2"}
+BATCH = {
+    "ACCELERATORS_PER_NODE": "8",
+    "AWS_BATCH_JOB_NUM_NODES": "4",
+    "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0",
+    "AWS_BATCH_JOB_ID": "0f1e2d#0",
+    "AWS_BATCH_JOB_ATTEMPT": "2",
+}
 
 
 def test_batch_main_node_hosts_the_rendezvous_on_its_own_address():
     plan = launch.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"}, own_address="10.0.1.7")
-    assert plan.torchrun_args() == ["--nnodes", "4", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
-                                    "--rdzv-endpoint", "10.0.1.7:29500", "--rdzv-id", "0f1e2d-2",
-                                    "--max-restarts", "3", "--local-addr", "10.0.1.7"]
+    assert plan.torchrun_args() == [
+        "--nnodes",
+        "4",
+        "--nproc-per-node",
+        "8",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "10.0.1.7:29500",
+        "--rdzv-id",
+        "0f1e2d-2",
+        "--max-restarts",
+        "3",
+        "--local-addr",
+        "10.0.1.7",
+    ]
 
 
 def test_batch_main_node_without_known_address_uses_localhost():
@@ -22,11 +42,19 @@ def test_batch_main_node_without_known_address_uses_localhost():
 
 
 def test_batch_child_node_joins_the_main_node_address():
-    env = {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "3", "AWS_BATCH_JOB_ID": "0f1e2d#3",
-           "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.1.7"}
+    env = {
+        **BATCH,
+        "AWS_BATCH_JOB_NODE_INDEX": "3",
+        "AWS_BATCH_JOB_ID": "0f1e2d#3",
+        "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.1.7",
+    }
     plan = launch.plan_launch("train", env, own_address="10.0.1.9")
-    assert (plan.rdzv_endpoint, plan.rdzv_id, plan.nnodes, plan.is_main_node) == \
-        ("10.0.1.7:29500", "0f1e2d-2", "4", False)
+    assert (plan.rdzv_endpoint, plan.rdzv_id, plan.nnodes, plan.is_main_node) == (
+        "10.0.1.7:29500",
+        "0f1e2d-2",
+        "4",
+        False,
+    )
 
 
 def test_batch_child_node_without_main_address_is_a_usage_error():
@@ -35,12 +63,36 @@ def test_batch_child_node_without_main_address_is_a_usage_error():
 
 
 def test_pytorchjob_uses_master_addr_and_pet_nnodes():
-    env = {"ACCELERATORS_PER_NODE": "8", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2",
-           "RANK": "1", "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "8", "RUN_ID": "exp-42"}
+    env = {
+        "ACCELERATORS_PER_NODE": "8",
+        "MASTER_ADDR": "job-master-0",
+        "MASTER_PORT": "23456",
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_NPROC_PER_NODE": "8",
+        "RUN_ID": "exp-42",
+    }
     plan = launch.plan_launch("train", env)
-    assert plan.torchrun_args() == ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
-                                    "--rdzv-endpoint", "job-master-0:23456", "--rdzv-id", "exp-42",
-                                    "--max-restarts", "3"] and plan.node_rank == 1
+    assert (
+        plan.torchrun_args()
+        == [
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "8",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "job-master-0:23456",
+            "--rdzv-id",
+            "exp-42",
+            "--max-restarts",
+            "3",
+        ]
+        and plan.node_rank == 1
+    )
 
 
 def test_pytorchjob_world_size_counts_nodes_when_pet_nnodes_is_absent():
@@ -49,8 +101,10 @@ def test_pytorchjob_world_size_counts_nodes_when_pet_nnodes_is_absent():
 
 
 def test_elastic_min_nodes_gives_a_node_range():
-    assert launch.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0", "ELASTIC_MIN_NODES": "2"}).nnodes \
+    assert (
+        launch.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0", "ELASTIC_MIN_NODES": "2"}).nnodes
         == "2:4"
+    )
 
 
 def test_sanity_is_not_restarted_by_default():
@@ -76,8 +130,15 @@ def test_expected_nodes_must_match_the_scheduler():
 
 
 def test_kubeflow_trainer_pet_master_addr_is_accepted():
-    env = {"ACCELERATORS_PER_NODE": "8", "PET_MASTER_ADDR": "tj-node-0-0.tj", "PET_MASTER_PORT": "29400",
-           "PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "8", "RUN_ID": "r"}
+    env = {
+        "ACCELERATORS_PER_NODE": "8",
+        "PET_MASTER_ADDR": "tj-node-0-0.tj",
+        "PET_MASTER_PORT": "29400",
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "0",
+        "PET_NPROC_PER_NODE": "8",
+        "RUN_ID": "r",
+    }
     assert launch.plan_launch("train", env).rdzv_endpoint == "tj-node-0-0.tj:29400"
 
 
@@ -96,8 +157,13 @@ def test_elastic_pet_nnodes_range_is_passed_through():
 
 def test_rank_is_not_read_when_pet_node_rank_is_set():
     # RANK is only a fallback for PET_NODE_RANK; a RANK that is not a node index must not fail the launch.
-    env = {"ACCELERATORS_PER_NODE": "8", "MASTER_ADDR": "m", "PET_NNODES": "2", "PET_NODE_RANK": "1",
-           "RANK": "not-a-node-index"}
+    env = {
+        "ACCELERATORS_PER_NODE": "8",
+        "MASTER_ADDR": "m",
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "RANK": "not-a-node-index",
+    }
     assert launch.plan_launch("train", env).node_rank == 1
 
 
@@ -105,6 +171,7 @@ def test_batch_node_publishes_the_bootstrap_interface_address():
     # The job names the interface (GLOO_SOCKET_IFNAME=eth0 on Batch); the launcher publishes that interface's
     # address to torchrun (--local-addr), never the hostname's, which could resolve elsewhere.
     import launch
+
     assert launch.interface_ipv4("lo") == "127.0.0.1"
     assert launch.own_ipv4({"GLOO_SOCKET_IFNAME": "lo"}) == "127.0.0.1"
 
@@ -112,6 +179,7 @@ def test_batch_node_publishes_the_bootstrap_interface_address():
 def test_a_missing_bootstrap_interface_is_one_usage_error():
     import launch
     from errors import UsageError
+
     with pytest.raises(UsageError, match="GLOO_SOCKET_IFNAME"):
         launch.own_ipv4({"GLOO_SOCKET_IFNAME": "no-such-if0"})
 

@@ -1,4 +1,5 @@
 """Both strategies train a real model on 2 CPU processes and the loss falls."""
+
 from pathlib import Path
 
 import pytest
@@ -14,14 +15,28 @@ def fsdp_run(dataset, tmp_path_factory) -> th.Run:
     def build(root: Path) -> th.Run:
         args = th.train_args(dataset, root / "unused", strategy="fsdp")
         for flag in ("--data", "--checkpoint-dir"):
-            del args[args.index(flag):args.index(flag) + 2]
+            del args[args.index(flag) : args.index(flag) + 2]
         args = [a if a != "--micro-batch-size" else "--batch-size" for a in args]
-        run = th.torchrun("train.py", [*args, "--datasets-root", str(dataset.parent), "--dataset", dataset.name,
-                                       "--checkpoints-root", str(root), "--run-id", "fsdp-run",
-                                       "--expected-nodes", "1"])
+        run = th.torchrun(
+            "train.py",
+            [
+                *args,
+                "--datasets-root",
+                str(dataset.parent),
+                "--dataset",
+                dataset.name,
+                "--checkpoints-root",
+                str(root),
+                "--run-id",
+                "fsdp-run",
+                "--expected-nodes",
+                "1",
+            ],
+        )
         assert run.returncode == 0, run.stderr[-3000:]
         run.checkpoint_dir = root / "fsdp-run"
         return run
+
     return th.shared(tmp_path_factory, "fsdp_run", build)
 
 
@@ -46,6 +61,7 @@ def test_fsdp_loss_falls(fsdp_run):
 
 def test_fsdp_dcp_checkpoint_loads_into_a_plain_model(fsdp_run, dataset):
     import validate
+
     newest = th.checkpoint_steps(fsdp_run.checkpoint_dir)[-1]
     model, meta, _ = validate.find_and_load(fsdp_run.checkpoint_dir)
     assert meta["format"] == "dcp" and meta["step"] == newest == th.TRAIN_STEPS

@@ -1,4 +1,5 @@
 """Fault tolerance: SIGKILL of the whole job, loss of one worker, SIGTERM, a corrupt checkpoint."""
+
 import shutil
 import signal
 
@@ -17,10 +18,12 @@ def faults(dataset, tmp_path_factory):
     """The reference job, hit twice: one worker SIGKILLed after the step-10 checkpoint (torchrun,
     --max-restarts 1, restarts the group), then every process SIGKILLed after the step-20
     checkpoint; then the same command again. One scenario, so the suite pays for 2 launches."""
+
     def build(workdir):
         ckpt = workdir / "ckpt"
-        job = th.Background("slow_train.py", th.train_args(dataset, ckpt), workdir, max_restarts=1,
-                            TRAIN_TEST_BATCH_DELAY_S=DELAY)
+        job = th.Background(
+            "slow_train.py", th.train_args(dataset, ckpt), workdir, max_restarts=1, TRAIN_TEST_BATCH_DELAY_S=DELAY
+        )
         job.wait_for(lambda: th.checkpoint_steps(ckpt) == [10] and len(job.workers()) == 2)
         th.os.kill(job.workers()[-1], signal.SIGKILL)
         job.wait_for(lambda: 20 in th.checkpoint_steps(ckpt))
@@ -30,13 +33,15 @@ def faults(dataset, tmp_path_factory):
         resumed = th.torchrun("train.py", th.train_args(dataset, ckpt))
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         return ckpt, first_job, steps_at_kill, resumed
+
     return th.shared(tmp_path_factory, "faults", build)
 
 
 def test_killed_worker_is_restarted_and_resumes_from_last_checkpoint(faults):
     ckpt, first_job, _, _ = faults
-    assert "restart=1" in first_job.stderr and f"resumed from {ckpt}/step_{10:09d}" in first_job.stderr, \
+    assert "restart=1" in first_job.stderr and f"resumed from {ckpt}/step_{10:09d}" in first_job.stderr, (
         first_job.stderr[-3000:]
+    )
 
 
 def test_sigkilled_job_resumes_from_its_checkpoint(faults):
@@ -56,13 +61,15 @@ def test_resumed_parameters_equal_uninterrupted_run_bit_for_bit(faults, ddp_refe
 def sigtermed(dataset, tmp_path_factory):
     def build(workdir):
         ckpt = workdir / "ckpt"
-        job = th.Background("slow_train.py", th.train_args(dataset, ckpt, steps=1000), workdir,
-                            TRAIN_TEST_BATCH_DELAY_S=DELAY)
+        job = th.Background(
+            "slow_train.py", th.train_args(dataset, ckpt, steps=1000), workdir, TRAIN_TEST_BATCH_DELAY_S=DELAY
+        )
         job.wait_for(lambda: '"Step": 13,' in job.out.read_text())
         # To rank 1 only: rank 0, which writes the checkpoint's meta and the summary, learns of it through the
         # per-step collective. (Batch/Kubernetes signal torchrun, which forwards to every worker: the easier case.)
         th.os.kill(job.worker_of_rank(1), signal.SIGTERM)
         return ckpt, job.finish()
+
     return th.shared(tmp_path_factory, "sigtermed", build)
 
 
@@ -76,8 +83,10 @@ def test_sigterm_on_one_rank_is_reported_by_the_summary(sigtermed):
     # The summary (rank 0) reports the collective stop, not rank 0's own flag, and names the saved step.
     ckpt, run = sigtermed
     summary = run.summary()
-    assert summary["stopped_by_sigterm"] is True and summary["last_checkpoint_step"] == summary["steps"] == \
-        th.checkpoint_steps(ckpt)[-1], (summary, run.stderr[-2000:])
+    assert (
+        summary["stopped_by_sigterm"] is True
+        and summary["last_checkpoint_step"] == summary["steps"] == th.checkpoint_steps(ckpt)[-1]
+    ), (summary, run.stderr[-2000:])
 
 
 def test_truncated_newest_checkpoint_is_skipped_for_the_previous_one(sigtermed, dataset, tmp_path):
@@ -87,5 +96,8 @@ def test_truncated_newest_checkpoint_is_skipped_for_the_previous_one(sigtermed, 
     state = ckpt / f"step_{newest:09d}" / "state.pt"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
     run = th.single_process("train.py", th.train_args(dataset, ckpt, steps=previous + 1))
-    assert run.returncode == 0 and "WARNING skipping" in run.stderr and \
-        f"resumed from {ckpt}/step_{previous:09d}" in run.stderr, run.stderr[-3000:]
+    assert (
+        run.returncode == 0
+        and "WARNING skipping" in run.stderr
+        and f"resumed from {ckpt}/step_{previous:09d}" in run.stderr
+    ), run.stderr[-3000:]

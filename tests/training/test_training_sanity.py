@@ -1,4 +1,5 @@
 """sanity_check.py across 2 gloo processes: passes, and fails on a wrong result or a too-high threshold."""
+
 import json
 from pathlib import Path
 
@@ -16,9 +17,11 @@ NODE: dict = {"ACCELERATOR_KIND": "cpu", "ACCELERATORS_PER_NODE": "2"}  # enviro
 def passing(tmp_path_factory):
     # The Batch job definition's flags: the report goes to <report-prefix><run-id>/sanity.json.
     def build(runs):
-        run = th.torchrun("sanity_check.py", [*ARGS, "--run-id", "r1", "--expected-nodes", "1",
-                                              "--report-prefix", f"{runs}/"], **NODE)
+        run = th.torchrun(
+            "sanity_check.py", [*ARGS, "--run-id", "r1", "--expected-nodes", "1", "--report-prefix", f"{runs}/"], **NODE
+        )
         return run, json.loads((runs / "r1" / "sanity.json").read_text())
+
     return th.shared(tmp_path_factory, "sanity", build)
 
 
@@ -37,8 +40,10 @@ def test_sanity_report_uses_nccl_tests_bus_bandwidth(passing):
 def test_sanity_report_sizes_and_algbw_match_the_buffers(passing):
     # Each op is measured on the full --sizes buffer, and algbw = size_bytes / time (GB/s = 1e9 bytes/s).
     _, report = passing
-    sizes = {op: sorted(r["size_bytes"] for r in report["results"] if r["op"] == op)
-             for op in ("all_reduce", "all_gather", "reduce_scatter")}
+    sizes = {
+        op: sorted(r["size_bytes"] for r in report["results"] if r["op"] == op)
+        for op in ("all_reduce", "all_gather", "reduce_scatter")
+    }
     assert sizes == {op: [4096, 65536] for op in sizes}, sizes
     for r in report["results"]:
         assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / (r["time_us"] * 1e-6) / 1e9, rel=1e-9), r
@@ -47,12 +52,25 @@ def test_sanity_report_sizes_and_algbw_match_the_buffers(passing):
 def test_unwritable_report_is_one_line_with_its_own_exit_code(tmp_path, monkeypatch, capsys):
     # The checks pass but the report cannot be written: exit 3 and one error line, not a traceback with exit 1.
     import sanity_check
+
     monkeypatch.setenv("ACCELERATOR_KIND", "cpu")
     for name in ("MASTER_ADDR", "ACCELERATORS_PER_NODE", "SANITY_TEST_CORRUPT_RANK"):
         monkeypatch.delenv(name, raising=False)
     (tmp_path / "f").write_text("x")
-    code = sanity_check.main(["--sizes", "4K", "--warmup", "0", "--iters", "1", "--device", "cpu",
-                              "--report", str(tmp_path / "f" / "sanity.json")])
+    code = sanity_check.main(
+        [
+            "--sizes",
+            "4K",
+            "--warmup",
+            "0",
+            "--iters",
+            "1",
+            "--device",
+            "cpu",
+            "--report",
+            str(tmp_path / "f" / "sanity.json"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == sanity_check.EXIT_REPORT_NOT_WRITTEN == 3 and "Traceback" not in "\n".join(err), err
     assert err[-1].startswith("sanity_check.py: error: could not write the report to "), err
@@ -66,6 +84,7 @@ def test_sanity_fails_when_one_rank_contributes_a_wrong_value():
 
 def test_bus_bandwidth_formulas_match_nccl_tests():
     import collectives
+
     assert collectives.bus_bandwidth("all_reduce", 10.0, 8) == pytest.approx(17.5)
     assert collectives.bus_bandwidth("all_gather", 10.0, 8) == pytest.approx(8.75)
     assert collectives.bus_bandwidth("reduce_scatter", 10.0, 8) == pytest.approx(8.75)
@@ -86,8 +105,10 @@ def _efa_inputs(tmp_path, *, log: str, fi_info: str, uverbs: int) -> tuple[list[
     fake_fi_info = tmp_path / "fi_info"
     fake_fi_info.write_text(f"#!/bin/sh\ncat {FIXTURES / fi_info}\n")
     fake_fi_info.chmod(0o755)
-    return (["--uverbs-dir", str(devices), "--fi-info", str(fake_fi_info)],
-            {**EFA_NODE, "NCCL_DEBUG_FILE": str(FIXTURES / log)})
+    return (
+        ["--uverbs-dir", str(devices), "--fi-info", str(fake_fi_info)],
+        {**EFA_NODE, "NCCL_DEBUG_FILE": str(FIXTURES / log)},
+    )
 
 
 def _sanity_with_efa(tmp_path, *, log="nccl-efa.log", fi_info="fi_info-efa-4.txt", uverbs=4, extra=()):
@@ -132,8 +153,11 @@ def test_efa_proof_fails_when_libfabric_offers_fewer_devices(tmp_path):
 def below_threshold(tmp_path_factory):
     # --busbw-bytes 4K and a threshold no CPU reaches, on a node whose EFA proof passes: bandwidth is the one failure.
     # One run for the two tests below (a torchrun launch costs ~10 s of CPU).
-    return th.shared(tmp_path_factory, "below_threshold", lambda folder: _sanity_with_efa(
-        folder, extra=["--busbw-bytes", "4K", "--min-busbw-gbps", "100000"]))
+    return th.shared(
+        tmp_path_factory,
+        "below_threshold",
+        lambda folder: _sanity_with_efa(folder, extra=["--busbw-bytes", "4K", "--min-busbw-gbps", "100000"]),
+    )
 
 
 def test_sanity_fails_below_the_bandwidth_threshold(below_threshold):
@@ -152,14 +176,16 @@ def test_bandwidth_gate_uses_the_fixed_size_not_the_largest(below_threshold):
 
 def test_nccl_transport_parses_each_kind():
     import efa_proof
+
     efa = efa_proof.nccl_transport((FIXTURES / "nccl-efa.log").read_text())
     assert (efa.kind, efa.provider) == ("efa", "efa")
     socket = efa_proof.nccl_transport((FIXTURES / "nccl-socket-fallback.log").read_text())
     assert socket.kind == "socket" and "initialization failed" in socket.evidence
     assert efa_proof.nccl_transport("x NCCL INFO Using network IB\n").kind == "ib"
     # Libfabric with another provider (tcp) is not EFA either.
-    tcp = efa_proof.nccl_transport("NCCL INFO NET/OFI Selected Provider is tcp (found 1 nics)\n"
-                                   "h:1:1 [0] NCCL INFO Using network Libfabric\n")
+    tcp = efa_proof.nccl_transport(
+        "NCCL INFO NET/OFI Selected Provider is tcp (found 1 nics)\nh:1:1 [0] NCCL INFO Using network Libfabric\n"
+    )
     assert tcp.kind == "unknown" and "provider tcp" in tcp.evidence
     assert efa_proof.nccl_transport("").kind == "unknown"
 
@@ -167,6 +193,7 @@ def test_nccl_transport_parses_each_kind():
 def test_nccl_debug_file_names_the_file_nccl_writes_on_a_dotted_hostname(monkeypatch):
     # Batch awsvpc containers are named by their private DNS name; NCCL's %h is the hostname cut at the first '.'.
     import efa_proof
+
     monkeypatch.setattr(efa_proof.socket, "gethostname", lambda: "ip-10-0-1-5.ec2.internal")
     assert efa_proof.debug_file("/tmp/nccl.%h.%p.log") == f"/tmp/nccl.ip-10-0-1-5.{efa_proof.os.getpid()}.log"
     env: dict[str, str] = {}
@@ -178,20 +205,24 @@ def test_nccl_debug_file_names_the_file_nccl_writes_on_a_dotted_hostname(monkeyp
 def test_neuron_without_an_nccl_log_is_a_warning_but_a_socket_fallback_still_fails(tmp_path):
     # The Neuron runtime is not known here to write NCCL_DEBUG_FILE: no log is "not proven", not a failure.
     import efa_proof
+
     empty = tmp_path / "empty.log"
     empty.write_text("")
-    quiet = efa_proof.collect(0, str(empty), uverbs_dir=str(tmp_path), fi_info="/bin/true",
-                              transport_proof_required=False)
+    quiet = efa_proof.collect(
+        0, str(empty), uverbs_dir=str(tmp_path), fi_info="/bin/true", transport_proof_required=False
+    )
     assert quiet.warnings() and not [f for f in quiet.failures() if f.startswith("transport")]
     socket_log = str(FIXTURES / "nccl-socket-fallback.log")
-    loud = efa_proof.collect(0, socket_log, uverbs_dir=str(tmp_path), fi_info="/bin/true",
-                             transport_proof_required=False)
+    loud = efa_proof.collect(
+        0, socket_log, uverbs_dir=str(tmp_path), fi_info="/bin/true", transport_proof_required=False
+    )
     assert [f for f in loud.failures() if f.startswith("transport: NCCL used socket")]
 
 
 def test_a_gate_size_that_is_not_whole_float32_elements_is_one_usage_error(monkeypatch, capsys):
     # Checked before any process group exists: exit 2 and one line, not a KeyError after the measurements.
     import sanity_check
+
     monkeypatch.setenv("ACCELERATOR_KIND", "cpu")
     with pytest.raises(SystemExit) as exited:
         sanity_check.main(["--sizes", "4K", "--busbw-bytes", "4099", "--device", "cpu"])

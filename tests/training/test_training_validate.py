@@ -1,11 +1,12 @@
 """validate.py in-process: own baseline passes, a clearly worse checkpoint is rejected, S3 works."""
+
 import json
 
 import boto3
 import pytest
-import validate
 from moto import mock_aws
 
+import validate
 from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # needs the shared 2-process training run
@@ -33,8 +34,18 @@ def test_clearly_worse_checkpoint_is_rejected_with_exit_code_zero(final_ckpt, da
     validate.main(["--checkpoint", str(final_ckpt), "--data", str(dataset), "--baseline", str(baseline)])
     earliest = final_ckpt / f"step_{min(th.checkpoint_steps(final_ckpt)):09d}"
     verdict_path = tmp_path / "verdict.json"
-    code = validate.main(["--checkpoint", str(earliest), "--data", str(dataset), "--baseline", str(baseline),
-                          "--verdict", str(verdict_path)])
+    code = validate.main(
+        [
+            "--checkpoint",
+            str(earliest),
+            "--data",
+            str(dataset),
+            "--baseline",
+            str(baseline),
+            "--verdict",
+            str(verdict_path),
+        ]
+    )
     verdict = json.loads(verdict_path.read_text())
     assert code == 0 and verdict["passed"] is False and verdict["relative_delta"] > 0.01
 
@@ -43,7 +54,8 @@ def test_verdict_has_the_pipeline_fields(final_ckpt, dataset, tmp_path):
     path = tmp_path / "verdict.json"
     validate.main(["--checkpoint", str(final_ckpt), "--data", str(dataset), "--verdict", str(path)])
     assert {"metric", "value", "baseline", "delta", "relative_delta", "tolerance", "passed"} <= json.loads(
-        path.read_text()).keys()
+        path.read_text()
+    ).keys()
 
 
 @mock_aws
@@ -52,8 +64,18 @@ def test_s3_baseline_and_verdict(final_ckpt, dataset, monkeypatch, capsys):
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="verdicts")
     s3.put_object(Bucket="verdicts", Key="baseline.json", Body=json.dumps({"metric": "val_loss", "value": 0.5}))
-    code = validate.main(["--checkpoint", str(final_ckpt), "--data", str(dataset),
-                          "--baseline", "s3://verdicts/baseline.json", "--verdict", "s3://verdicts/run/verdict.json"])
+    code = validate.main(
+        [
+            "--checkpoint",
+            str(final_ckpt),
+            "--data",
+            str(dataset),
+            "--baseline",
+            "s3://verdicts/baseline.json",
+            "--verdict",
+            "s3://verdicts/run/verdict.json",
+        ]
+    )
     verdict = json.loads(s3.get_object(Bucket="verdicts", Key="run/verdict.json")["Body"].read())
     assert code == 0 and verdict["baseline"] == 0.5 and verdict["passed"] is False
 
@@ -74,16 +96,45 @@ def test_batch_job_definition_flags_write_the_verdict_under_the_run(final_ckpt, 
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="data")
-    code = validate.main(["--checkpoints-root", str(final_ckpt.parent), "--run-id", final_ckpt.name,
-                          "--datasets-root", str(dataset.parent), "--dataset", dataset.name, "--model", "tiny",
-                          "--baseline", "0.5", "--tolerance", "0.001", "--verdict-prefix", "s3://data/runs/"])
+    code = validate.main(
+        [
+            "--checkpoints-root",
+            str(final_ckpt.parent),
+            "--run-id",
+            final_ckpt.name,
+            "--datasets-root",
+            str(dataset.parent),
+            "--dataset",
+            dataset.name,
+            "--model",
+            "tiny",
+            "--baseline",
+            "0.5",
+            "--tolerance",
+            "0.001",
+            "--verdict-prefix",
+            "s3://data/runs/",
+        ]
+    )
     verdict = json.loads(s3.get_object(Bucket="data", Key=f"runs/{final_ckpt.name}/verdict.json")["Body"].read())
     assert code == 0 and verdict["baseline"] == 0.5 and verdict["passed"] is False
 
 
 def test_no_baseline_makes_this_run_the_baseline_beside_the_verdict(final_ckpt, dataset, tmp_path):
-    validate.main(["--checkpoint", str(final_ckpt), "--data", str(dataset), "--baseline", "none",
-                   "--run-id", "r2", "--verdict-prefix", f"{tmp_path}/runs/"])
+    validate.main(
+        [
+            "--checkpoint",
+            str(final_ckpt),
+            "--data",
+            str(dataset),
+            "--baseline",
+            "none",
+            "--run-id",
+            "r2",
+            "--verdict-prefix",
+            f"{tmp_path}/runs/",
+        ]
+    )
     verdict = json.loads((tmp_path / "runs" / "r2" / "verdict.json").read_text())
     baseline = json.loads((tmp_path / "runs" / "r2" / "baseline.json").read_text())
     assert verdict["passed"] and verdict["baseline_created"] and baseline["value"] == verdict["value"]

@@ -1,7 +1,9 @@
 """validate.py's verdict, without a model (evaluating real checkpoints: test_training_validate)."""
+
 import json
 
 import pytest
+
 import validate
 
 

@@ -1,4 +1,5 @@
 """Helpers shared by the training image tests (plain functions; fixtures live in conftest.py)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -54,6 +55,7 @@ def shared(tmp_path_factory, name: str, build: Callable[[Path], T]) -> T:
 def make_dataset(corpus_dir: Path, data_dir: Path) -> None:
     import prepare_data
     import synthetic_corpus
+
     synthetic_corpus.write_corpus(corpus_dir)
     assert prepare_data.main(["--input", str(corpus_dir), "--output", str(data_dir), "--val-fraction", "0.1"]) == 0
 
@@ -66,19 +68,44 @@ def free_port() -> int:
 
 def env(**extra: str) -> dict:
     e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RUN_ID="test")
-    for name in ("TRAIN_TEST_BATCH_DELAY_S", "TRAIN_TEST_NAN_FROM_BATCH", "TRAIN_TEST_HOLD_WHILE",
-                 "LAUNCH_EXIT_CODE_DIR"):
+    for name in (
+        "TRAIN_TEST_BATCH_DELAY_S",
+        "TRAIN_TEST_NAN_FROM_BATCH",
+        "TRAIN_TEST_HOLD_WHILE",
+        "LAUNCH_EXIT_CODE_DIR",
+    ):
         e.pop(name, None)
     e.update(extra)
     return e
 
 
-def train_args(data: Path, ckpt: Path, *, steps: int = TRAIN_STEPS, every: int = CHECKPOINT_EVERY,
-               strategy: str = "ddp") -> list[str]:
-    return ["--data", str(data), "--checkpoint-dir", str(ckpt), "--max-steps", str(steps),
-            "--checkpoint-every", str(every), "--seed", "7", "--strategy", strategy,
-            "--model", "tiny", "--lr", "3e-3", "--warmup-steps", "3", "--micro-batch-size", "8",
-            "--grad-accum-steps", "2"]
+def train_args(
+    data: Path, ckpt: Path, *, steps: int = TRAIN_STEPS, every: int = CHECKPOINT_EVERY, strategy: str = "ddp"
+) -> list[str]:
+    return [
+        "--data",
+        str(data),
+        "--checkpoint-dir",
+        str(ckpt),
+        "--max-steps",
+        str(steps),
+        "--checkpoint-every",
+        str(every),
+        "--seed",
+        "7",
+        "--strategy",
+        strategy,
+        "--model",
+        "tiny",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "3",
+        "--micro-batch-size",
+        "8",
+        "--grad-accum-steps",
+        "2",
+    ]
 
 
 def script_path(script: str) -> Path:
@@ -86,10 +113,25 @@ def script_path(script: str) -> Path:
 
 
 def torchrun_cmd(script: str, args: list[str], nproc: int, max_restarts: int = 0) -> list[str]:
-    return [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--nnodes", "1",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{free_port()}",
-            "--max-restarts", str(max_restarts), "--monitor-interval", "0.1",
-            str(script_path(script)), *args]
+    return [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--nnodes",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"localhost:{free_port()}",
+        "--max-restarts",
+        str(max_restarts),
+        "--monitor-interval",
+        "0.1",
+        str(script_path(script)),
+        *args,
+    ]
 
 
 @dataclass
@@ -109,29 +151,42 @@ class Run:
         return [json.loads(line)["summary"] for line in self.stdout.splitlines() if line.startswith('{"summary"')][-1]
 
 
-def torchrun(script: str, args: list[str], nproc: int = 2, max_restarts: int = 0, timeout: float = 120,
-             **env_extra: str) -> Run:
-    p = subprocess.run(torchrun_cmd(script, args, nproc, max_restarts), env=env(**env_extra),
-                       capture_output=True, text=True, timeout=timeout)
+def torchrun(
+    script: str, args: list[str], nproc: int = 2, max_restarts: int = 0, timeout: float = 120, **env_extra: str
+) -> Run:
+    p = subprocess.run(
+        torchrun_cmd(script, args, nproc, max_restarts),
+        env=env(**env_extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return Run(p.returncode, p.stdout, p.stderr)
 
 
 def single_process(script: str, args: list[str], timeout: float = 120, **env_extra: str) -> Run:
     """The script without torchrun: train.py then runs as a world of one."""
-    p = subprocess.run([PYTHON, str(script_path(script)), *args], env=env(**env_extra),
-                       capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(
+        [PYTHON, str(script_path(script)), *args], env=env(**env_extra), capture_output=True, text=True, timeout=timeout
+    )
     return Run(p.returncode, p.stdout, p.stderr)
 
 
 class Background:
     """A torchrun job in its own session, so the test can signal it or kill the whole group."""
 
-    def __init__(self, script: str, args: list[str], workdir: Path, nproc: int = 2, max_restarts: int = 0,
-                 **env_extra: str) -> None:
+    def __init__(
+        self, script: str, args: list[str], workdir: Path, nproc: int = 2, max_restarts: int = 0, **env_extra: str
+    ) -> None:
         self.out, self.err = workdir / "stdout.txt", workdir / "stderr.txt"
         with open(self.out, "w") as stdout, open(self.err, "w") as stderr:  # the child keeps its own copies
-            self.proc = subprocess.Popen(torchrun_cmd(script, args, nproc, max_restarts), env=env(**env_extra),
-                                         stdout=stdout, stderr=stderr, start_new_session=True)
+            self.proc = subprocess.Popen(
+                torchrun_cmd(script, args, nproc, max_restarts),
+                env=env(**env_extra),
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+            )
 
     def wait_for(self, predicate, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -198,6 +253,7 @@ def checkpoint_steps(ckpt: Path) -> list[int]:
 
 def final_model_state(ckpt: Path) -> dict:
     import torch
+
     newest = max(ckpt.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     return torch.load(newest / "state.pt", map_location="cpu", weights_only=True)["model"]
 
@@ -205,10 +261,17 @@ def final_model_state(ckpt: Path) -> dict:
 def launched(script: str, args: list[str], nproc: int = 2, timeout: float = 120, **env_extra: str) -> Run:
     """torchrun behind exit_relay.py, run the way launch.py runs it, so the workers' exit codes survive."""
     cmd = torchrun_cmd("exit_relay.py", [str(script_path(script)), *args], nproc)
-    runner = ("import os, sys; sys.path.insert(0, sys.argv[1]); import launch; "
-              "sys.exit(launch.run_torchrun(sys.argv[2:], dict(os.environ)))")
-    p = subprocess.run([PYTHON, "-c", runner, str(TRAINING_IMAGE), *cmd], env=env(**env_extra),
-                       capture_output=True, text=True, timeout=timeout)
+    runner = (
+        "import os, sys; sys.path.insert(0, sys.argv[1]); import launch; "
+        "sys.exit(launch.run_torchrun(sys.argv[2:], dict(os.environ)))"
+    )
+    p = subprocess.run(
+        [PYTHON, "-c", runner, str(TRAINING_IMAGE), *cmd],
+        env=env(**env_extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return Run(p.returncode, p.stdout, p.stderr)
 
 

@@ -54,8 +54,9 @@ def draw(context: dict, out: Path, suffix: str) -> list[Path]:
     pipeline = condense(state_graph(pipeline_definition(assembly.templates[pipeline_stack])))
     pictures = [out / f"architecture-{suffix}.png", out / f"pipeline-{suffix}.png"]
     render_architecture(model, pictures[0])
-    render_pipeline(pipeline, f"{pipeline_stack} (compute={compute}): the training pipeline's states and failure paths",
-                    pictures[1])
+    render_pipeline(
+        pipeline, f"{pipeline_stack} (compute={compute}): the training pipeline's states and failure paths", pictures[1]
+    )
     return pictures
 
 

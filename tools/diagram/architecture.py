@@ -114,10 +114,20 @@ def architecture(assembly: Assembly, title: str) -> Architecture:
     for key, resource in main.items():
         names[node_of[key]].append(short_name(resource))
     order = list(KINDS)  # within a cluster, nodes in the order KINDS lists their types
-    nodes = tuple(sorted((Node(node_id, node_id.split("/")[0], node_id.split("/", 1)[1], tuple(sorted(members)))
-                          for node_id, members in names.items()), key=lambda n: order.index(n.type)))
-    edges = [Edge(node_of[a], node_of[b], RELATIONS[(main[a].type, main[b].type)])
-             for a, b in sorted(pairs) if a in main and b in main and (main[a].type, main[b].type) in RELATIONS]
+    nodes = tuple(
+        sorted(
+            (
+                Node(node_id, node_id.split("/")[0], node_id.split("/", 1)[1], tuple(sorted(members)))
+                for node_id, members in names.items()
+            ),
+            key=lambda n: order.index(n.type),
+        )
+    )
+    edges = [
+        Edge(node_of[a], node_of[b], RELATIONS[(main[a].type, main[b].type)])
+        for a, b in sorted(pairs)
+        if a in main and b in main and (main[a].type, main[b].type) in RELATIONS
+    ]
     edges += _connector_edges(assembly, main, node_of)
     unique = tuple(dict.fromkeys(edge for edge in edges if edge.source != edge.target))
     return Architecture(title, tuple(clusters.values()), nodes, unique)
@@ -187,8 +197,9 @@ def _connector_edges(assembly: Assembly, main: dict[Key, Resource], node_of: dic
     for resource in assembly.resources.values():
         if resource.type in CONNECTORS:
             ends = sorted(node_of[key] for key in resource.refs if key in main)
-            edges += [Edge(a, b, CONNECTORS[resource.type], both_ways=True)
-                      for a, b in zip(ends, ends[1:], strict=False)]
+            edges += [
+                Edge(a, b, CONNECTORS[resource.type], both_ways=True) for a, b in zip(ends, ends[1:], strict=False)
+            ]
     return edges
 
 

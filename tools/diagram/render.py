@@ -12,9 +12,17 @@ from tools.diagram.architecture import Architecture, Node
 from tools.diagram.states import START, Box, Picture
 
 # Sizes chosen by looking at the result at README width (about 1000 px): icons and labels stay legible.
-_ARCHITECTURE_GRAPH = {"fontsize": "22", "pad": "0.3", "nodesep": "0.25", "ranksep": "0.6", "dpi": "72",
-                       "splines": "spline", "newrank": "true", "labelloc": "t",
-                       "size": "14,40"}  # at most 14 in (1008 px) wide: scaled down, never up
+_ARCHITECTURE_GRAPH = {
+    "fontsize": "22",
+    "pad": "0.3",
+    "nodesep": "0.25",
+    "ranksep": "0.6",
+    "dpi": "72",
+    "splines": "spline",
+    "newrank": "true",
+    "labelloc": "t",
+    "size": "14,40",
+}  # at most 14 in (1008 px) wide: scaled down, never up
 _ARCHITECTURE_NODE = {"fontsize": "15"}
 _ARCHITECTURE_EDGE = {"fontsize": "14", "fontcolor": "#2D3436", "color": "#5A6672", "penwidth": "1.6"}
 _ICON_PT = 64
@@ -24,9 +32,16 @@ _CLUSTER = {"fontsize": "18", "margin": "10"}
 def render_architecture(model: Architecture, png: Path) -> None:
     import diagrams  # type: ignore[import-untyped]  # the library ships no type information
 
-    with diagrams.Diagram(model.title, filename=str(png.with_suffix("")), outformat="png", show=False,
-                          direction="TB", graph_attr=_ARCHITECTURE_GRAPH, node_attr=_ARCHITECTURE_NODE,
-                          edge_attr=_ARCHITECTURE_EDGE):
+    with diagrams.Diagram(
+        model.title,
+        filename=str(png.with_suffix("")),
+        outformat="png",
+        show=False,
+        direction="TB",
+        graph_attr=_ARCHITECTURE_GRAPH,
+        node_attr=_ARCHITECTURE_NODE,
+        edge_attr=_ARCHITECTURE_EDGE,
+    ):
         drawn: dict[str, Any] = {}
         for label in model.clusters:
             with diagrams.Cluster(label, graph_attr=_CLUSTER) as cluster:
@@ -65,11 +80,14 @@ def _icon_node(node: Node) -> Any:
     icon_class = getattr(importlib.import_module(f"diagrams.aws.{module}"), name)
     icon = icon_class._load_icon(icon_class)  # the library's PNG for this class (reads class attributes only)
     title, *names = node.label.split("\n")
-    rows = "".join(f'<TR><TD><FONT POINT-SIZE="13" COLOR="#57606A">{html.escape(line)}</FONT></TD></TR>'
-                   for line in names)
+    rows = "".join(
+        f'<TR><TD><FONT POINT-SIZE="13" COLOR="#57606A">{html.escape(line)}</FONT></TD></TR>' for line in names
+    )
     image = f'<TD FIXEDSIZE="TRUE" WIDTH="{_ICON_PT}" HEIGHT="{_ICON_PT}"><IMG SRC="{icon}" SCALE="TRUE"/></TD>'
-    label = (f'<<TABLE BORDER="0" CELLSPACING="0" CELLPADDING="1"><TR>{image}</TR>'
-             f"<TR><TD>{html.escape(title)}</TD></TR>{rows}</TABLE>>")
+    label = (
+        f'<<TABLE BORDER="0" CELLSPACING="0" CELLPADDING="1"><TR>{image}</TR>'
+        f"<TR><TD>{html.escape(title)}</TD></TR>{rows}</TABLE>>"
+    )
     return icon_class(label, image="", shape="plaintext", fixedsize="false", width="0", height="0")
 
 
@@ -94,12 +112,22 @@ def render_pipeline(picture: Picture, title: str, png: Path) -> None:
     import graphviz  # type: ignore[import-untyped]  # the library ships no type information
 
     policies = list(dict.fromkeys(box.retry for box in picture.boxes if box.retry))
-    graph = graphviz.Digraph(graph_attr={"rankdir": "TB", "fontname": "Sans-Serif", "fontsize": "13", "dpi": "72",
-                                         "nodesep": "0.25", "ranksep": "0.35", "newrank": "true", "size": "14,60",
-                                         "labelloc": "t", "label": _legend(title, picture, policies)},
-                             node_attr={"fontname": "Sans-Serif", "fontsize": "13", "margin": "0.08,0.04"},
-                             edge_attr={"fontname": "Sans-Serif", "fontsize": "11", "color": "#44505C",
-                                        "arrowsize": "0.7"})
+    graph = graphviz.Digraph(
+        graph_attr={
+            "rankdir": "TB",
+            "fontname": "Sans-Serif",
+            "fontsize": "13",
+            "dpi": "72",
+            "nodesep": "0.25",
+            "ranksep": "0.35",
+            "newrank": "true",
+            "size": "14,60",
+            "labelloc": "t",
+            "label": _legend(title, picture, policies),
+        },
+        node_attr={"fontname": "Sans-Serif", "fontsize": "13", "margin": "0.08,0.04"},
+        edge_attr={"fontname": "Sans-Serif", "fontsize": "11", "color": "#44505C", "arrowsize": "0.7"},
+    )
     graph.node(START, "", shape="circle", style="filled", fillcolor="#44505C", width="0.18")
     parents = dict.fromkeys(box.parent for box in picture.boxes if box.parent)  # in the definition's order
     for parent in [None, *parents]:
@@ -129,15 +157,19 @@ def _box_label(box: Box, policies: list[tuple[str, ...]]) -> str:
 
 
 def _legend(title: str, picture: Picture, policies: list[tuple[str, ...]]) -> str:
-    rows = [f'<TR><TD ALIGN="LEFT"><FONT POINT-SIZE="18">{html.escape(title)}</FONT></TD></TR>',
-            '<TR><TD ALIGN="LEFT">solid: Next, Choices, Default · <FONT COLOR="#C62828">dashed: Catch</FONT>'
-            " (unlabelled: States.ALL) · dotted: a branch's start</TD></TR>",
-            f'<TR><TD ALIGN="LEFT">{len(picture.folded)} Pass states (they only shape data) are drawn as part of'
-            " the arrows through them</TD></TR>",
-            '<TR><TD ALIGN="LEFT">Fail states entered from the same box share one (… ×N); a chain of input checks'
-            " is one box</TD></TR>"]
-    rows += [f'<TR><TD ALIGN="LEFT"><FONT COLOR="#3B7DD8">↻ R{i}</FONT> retries '
-             f'{html.escape("; ".join(policy))}</TD></TR>' for i, policy in enumerate(policies, 1)]
+    rows = [
+        f'<TR><TD ALIGN="LEFT"><FONT POINT-SIZE="18">{html.escape(title)}</FONT></TD></TR>',
+        '<TR><TD ALIGN="LEFT">solid: Next, Choices, Default · <FONT COLOR="#C62828">dashed: Catch</FONT>'
+        " (unlabelled: States.ALL) · dotted: a branch's start</TD></TR>",
+        f'<TR><TD ALIGN="LEFT">{len(picture.folded)} Pass states (they only shape data) are drawn as part of'
+        " the arrows through them</TD></TR>",
+        '<TR><TD ALIGN="LEFT">Fail states entered from the same box share one (… ×N); a chain of input checks'
+        " is one box</TD></TR>",
+    ]
+    rows += [
+        f'<TR><TD ALIGN="LEFT"><FONT COLOR="#3B7DD8">↻ R{i}</FONT> retries {html.escape("; ".join(policy))}</TD></TR>'
+        for i, policy in enumerate(policies, 1)
+    ]
     return '<<TABLE BORDER="0" CELLSPACING="0" CELLPADDING="2">' + "".join(rows) + "</TABLE>>"
 
 

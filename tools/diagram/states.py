@@ -42,8 +42,11 @@ class StateGraph:
 def pipeline_definition(template: dict) -> dict:
     """The definition of the state machine that the stack's `StateMachineArn` output names (the one the CLI
     starts), or of its only state machine."""
-    machines = {logical_id: resource for logical_id, resource in template.get("Resources", {}).items()
-                if resource["Type"] == "AWS::StepFunctions::StateMachine"}
+    machines = {
+        logical_id: resource
+        for logical_id, resource in template.get("Resources", {}).items()
+        if resource["Type"] == "AWS::StepFunctions::StateMachine"
+    }
     named = template.get("Outputs", {}).get("StateMachineArn", {}).get("Value", {})
     logical_id = named.get("Ref") if isinstance(named, dict) else None
     if logical_id not in machines:
@@ -128,8 +131,9 @@ def _transitions(name: str, body: dict) -> list[Transition]:
     found = [Transition(name, body["Next"], "next")] if "Next" in body else []
     found += [Transition(name, rule["Next"], "choice") for rule in body.get("Choices", [])]
     found += [Transition(name, body["Default"], "default")] if "Default" in body else []
-    found += [Transition(name, catcher["Next"], "catch", tuple(catcher["ErrorEquals"]))
-              for catcher in body.get("Catch", [])]
+    found += [
+        Transition(name, catcher["Next"], "catch", tuple(catcher["ErrorEquals"])) for catcher in body.get("Catch", [])
+    ]
     return found
 
 
@@ -144,8 +148,9 @@ def _integration(body: dict) -> str:
 def _retries(body: dict) -> tuple[str, ...]:
     # A retrier without MaxAttempts retries 3 times; 0 means never:
     # https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html
-    return tuple(f"{', '.join(retrier['ErrorEquals'])} ×{retrier.get('MaxAttempts', 3)}"
-                 for retrier in body.get("Retry", []))
+    return tuple(
+        f"{', '.join(retrier['ErrorEquals'])} ×{retrier.get('MaxAttempts', 3)}" for retrier in body.get("Retry", [])
+    )
 
 
 @dataclass(frozen=True)
@@ -188,8 +193,7 @@ class Picture:
 def condense(graph: StateGraph) -> Picture:
     folded = {name for name, state in graph.states.items() if state.type == "Pass" and _next(graph, name)}
     through = {name: _past_pass(graph, name, folded) for name in graph.states}
-    arrows = [Arrow(t.source, through[t.target], t.kind, t.errors)
-              for t in graph.transitions if t.source not in folded]
+    arrows = [Arrow(t.source, through[t.target], t.kind, t.errors) for t in graph.transitions if t.source not in folded]
     box_of = _guard_chains(graph, arrows)
     box_of.update(_fail_groups(graph, folded, arrows, box_of))
     members: dict[str, list[str]] = defaultdict(list)

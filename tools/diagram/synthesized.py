@@ -45,13 +45,15 @@ def read_assembly(stacks: Sequence["cdk.Stack"], assembly_dir: Path) -> Assembly
     """Every resource of `stacks`, synthesized into `assembly_dir`, with its references resolved across stacks."""
     templates = {stack.stack_name: json.loads((assembly_dir / stack.template_file).read_text()) for stack in stacks}
     paths = {stack.stack_name: construct_paths(stack) for stack in stacks}
-    assets = {stack.stack_name: docker_image_assets(assembly_dir / f"{stack.artifact_id}.assets.json")
-              for stack in stacks}
+    assets = {
+        stack.stack_name: docker_image_assets(assembly_dir / f"{stack.artifact_id}.assets.json") for stack in stacks
+    }
     return assemble(templates, paths, assets)
 
 
-def assemble(templates: dict[str, dict], paths: dict[str, dict[str, str]],
-             assets: dict[str, dict[str, str]]) -> Assembly:
+def assemble(
+    templates: dict[str, dict], paths: dict[str, dict[str, str]], assets: dict[str, dict[str, str]]
+) -> Assembly:
     """The model of synthesized stacks (in the order of `templates`): their templates, the construct path of each
     logical id, and the Docker image assets each publishes (image tag -> origin)."""
     resources: dict[Key, Resource] = {}
@@ -88,8 +90,11 @@ def docker_image_assets(manifest: Path) -> dict[str, str]:
     if not manifest.exists():
         return {}
     images = json.loads(manifest.read_text()).get("dockerImages", {})
-    return {destination["imageTag"]: image["source"].get("dockerFile", "Dockerfile")
-            for image in images.values() for destination in image["destinations"].values()}
+    return {
+        destination["imageTag"]: image["source"].get("dockerFile", "Dockerfile")
+        for image in images.values()
+        for destination in image["destinations"].values()
+    }
 
 
 class _References:
@@ -100,12 +105,15 @@ class _References:
         self.resources = resources
         # Fn::ImportValue names an export; CloudFormation resolves it to that output's value:
         # https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/intrinsic-function-reference-importvalue.html
-        self.exports = {output["Export"]["Name"]: (stack, output["Value"])
-                        for stack, template in templates.items()
-                        for output in template.get("Outputs", {}).values()
-                        if isinstance(output.get("Export", {}).get("Name"), str)}
-        self.assets = {key[1].removeprefix("asset:"): key
-                       for key, r in resources.items() if r.type == DOCKER_IMAGE_ASSET}
+        self.exports = {
+            output["Export"]["Name"]: (stack, output["Value"])
+            for stack, template in templates.items()
+            for output in template.get("Outputs", {}).values()
+            if isinstance(output.get("Export", {}).get("Name"), str)
+        }
+        self.assets = {
+            key[1].removeprefix("asset:"): key for key, r in resources.items() if r.type == DOCKER_IMAGE_ASSET
+        }
 
     def of(self, value: object, stack: str) -> Iterator[Key]:
         if isinstance(value, list):

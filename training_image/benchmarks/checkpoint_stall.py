@@ -12,6 +12,7 @@ Two measurements, CPU, 2 processes:
    (train.py always saves at the last step, so both sides pay that one). Noisy on a shared
    machine; reported for completeness.
 """
+
 import argparse
 import json
 import statistics
@@ -22,8 +23,23 @@ from common import IMAGE, ensure_dataset, torchrun, train_records
 
 
 def run(data: Path, ckpt: Path, model: str, steps: int, every: int) -> tuple[list[dict], dict]:
-    out = torchrun(IMAGE / "train.py", ["--data", str(data), "--checkpoint-dir", str(ckpt), "--model", model,
-                                        "--max-steps", str(steps), "--checkpoint-every", str(every), "--seed", "1"])
+    out = torchrun(
+        IMAGE / "train.py",
+        [
+            "--data",
+            str(data),
+            "--checkpoint-dir",
+            str(ckpt),
+            "--model",
+            model,
+            "--max-steps",
+            str(steps),
+            "--checkpoint-every",
+            str(every),
+            "--seed",
+            "1",
+        ],
+    )
     return train_records(out)
 
 
@@ -31,14 +47,19 @@ def main() -> None:
     # The image's own modules, on sys.path once `common` is imported.
     import train_config
     from checkpoint_manager import young_daly_steps
+
     mtbf_hours = train_config.build_parser().get_default("mtbf_hours")  # train.py's --mtbf-hours default
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--work", default="", help="scratch directory (default: a temp dir)")
     p.add_argument("--model", default="mini", help="model size (default mini)")
     p.add_argument("--steps", type=int, default=300, help="steps per run (default 300)")
-    p.add_argument("--every", type=int, default=0,
-                   help="checkpoint interval in steps (default 0: train.py's Young/Daly interval for the measured "
-                        f"save time and {mtbf_hours:g} h MTBF)")
+    p.add_argument(
+        "--every",
+        type=int,
+        default=0,
+        help="checkpoint interval in steps (default 0: train.py's Young/Daly interval for the measured "
+        f"save time and {mtbf_hours:g} h MTBF)",
+    )
     p.add_argument("--dense-every", type=int, default=20, help="dense interval for the in-run save timing (default 20)")
     args = p.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-"))
@@ -51,15 +72,23 @@ def main() -> None:
     walls = {}
     for name, k in (("none", args.steps), ("default", min(every, args.steps))):
         walls[name] = run(data, work / f"ckpt-stall-{name}", args.model, args.steps, k)[1]["wall_seconds"]
-    print(json.dumps({
-        "benchmark": "checkpoint_stall", "model": args.model, "steps": args.steps,
-        "seconds_per_save": round(save_s, 4), "median_step_seconds": round(step_s, 4),
-        "default_interval_steps": every,
-        "in_run_overhead_at_default_interval": round(save_s / (every * step_s), 5),
-        "ab_wall_seconds": {k: round(v, 2) for k, v in walls.items()},
-        "ab_overhead_default_vs_none": round(walls["default"] / walls["none"] - 1, 4),
-        "goal": "< 0.05",
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "checkpoint_stall",
+                "model": args.model,
+                "steps": args.steps,
+                "seconds_per_save": round(save_s, 4),
+                "median_step_seconds": round(step_s, 4),
+                "default_interval_steps": every,
+                "in_run_overhead_at_default_interval": round(save_s / (every * step_s), 5),
+                "ab_wall_seconds": {k: round(v, 2) for k, v in walls.items()},
+                "ab_overhead_default_vs_none": round(walls["default"] / walls["none"] - 1, 4),
+                "goal": "< 0.05",
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Helpers for the benchmark scripts: dataset, torchrun invocation, parsing train.py output."""
+
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ def free_port() -> int:
 def ensure_dataset(work: Path) -> Path:
     import prepare_data
     import synthetic_corpus
+
     data = work / "data"
     if not (data / "dataset.json").exists():
         synthetic_corpus.write_corpus(work / "corpus", documents=16, sentences=1500)
@@ -27,8 +29,19 @@ def ensure_dataset(work: Path) -> Path:
 
 
 def torchrun(script: Path, args: list[str], nproc: int = 2) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"localhost:{free_port()}", str(script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"localhost:{free_port()}",
+        str(script),
+        *args,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", RUN_ID="bench")
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode:

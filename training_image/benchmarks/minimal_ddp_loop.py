@@ -5,6 +5,7 @@ gradient clipping, LR schedule, metrics all-reduce, checkpointing or signal hand
     torchrun --nproc-per-node 2 minimal_ddp_loop.py --data DIR --model mini --steps 150
 Prints one JSON line: per-step times (seconds) measured like train.py's StepTimeSeconds.
 """
+
 import argparse
 import json
 import sys
@@ -43,8 +44,9 @@ def main() -> None:
         t0 = time.perf_counter()
         idx = [order[(pos + rank * args.micro_batch_size + j) % n_samples] for j in range(args.micro_batch_size)]
         pos += world * args.micro_batch_size
-        batch = torch.from_numpy(np.stack([tokens[i * cfg.seq_len: i * cfg.seq_len + cfg.seq_len + 1]
-                                           .astype(np.int64) for i in idx]))
+        batch = torch.from_numpy(
+            np.stack([tokens[i * cfg.seq_len : i * cfg.seq_len + cfg.seq_len + 1].astype(np.int64) for i in idx])
+        )
         loss = model(batch[:, :-1], batch[:, 1:])
         loss.backward()
         opt.step()

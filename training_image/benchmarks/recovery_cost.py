@@ -11,6 +11,7 @@ the checkpoint that was resumed). The expected cost of a failure is recovery + (
 average; checkpointing costs C per K steps. Minimising the sum gives the Young/Daly interval
 sqrt(2 * C * MTBF) (Young 1974, Daly 2006), printed for the measured C and a few MTBFs.
 """
+
 import argparse
 import contextlib
 import json
@@ -31,10 +32,34 @@ STEP = re.compile(r'"Step": (\d+)')
 
 
 def command(data: Path, ckpt: Path, model: str, steps: int, every: int, max_restarts: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"localhost:{free_port()}", "--max-restarts", str(max_restarts),
-            "--monitor-interval", "0.1", str(IMAGE / "train.py"), "--data", str(data), "--checkpoint-dir", str(ckpt),
-            "--model", model, "--max-steps", str(steps), "--checkpoint-every", str(every), "--seed", "1"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"localhost:{free_port()}",
+        "--max-restarts",
+        str(max_restarts),
+        "--monitor-interval",
+        "0.1",
+        str(IMAGE / "train.py"),
+        "--data",
+        str(data),
+        "--checkpoint-dir",
+        str(ckpt),
+        "--model",
+        model,
+        "--max-steps",
+        str(steps),
+        "--checkpoint-every",
+        str(every),
+        "--seed",
+        "1",
+    ]
 
 
 class Job:
@@ -99,18 +124,29 @@ def trial(data: Path, work: Path, model: str, every: int, mode: str, rng: random
     recovery = time.monotonic() - t_kill
     resumed = resumed_step(job.out.read_text())
     job.kill_all()
-    return {"every": every, "mode": mode, "killed_after_step": done, "resumed_from": resumed,
-            "steps_redone": done - resumed, "seconds_to_first_new_step": round(recovery, 2)}
+    return {
+        "every": every,
+        "mode": mode,
+        "killed_after_step": done,
+        "resumed_from": resumed,
+        "steps_redone": done - resumed,
+        "seconds_to_first_new_step": round(recovery, 2),
+    }
 
 
 def save_and_step_seconds(data: Path, work: Path, model: str) -> tuple[float, float]:
-    out = subprocess.run(command(data, work / "ckpt-cost", model, 40, 5, 0), capture_output=True, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", RUN_ID="bench"))
+    out = subprocess.run(
+        command(data, work / "ckpt-cost", model, 40, 5, 0),
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1", RUN_ID="bench"),
+    )
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
     emf, summary = train_records(out.stdout)
-    return summary["checkpoint_seconds"] / summary["checkpoints_saved"], \
-        statistics.median(e["StepTimeSeconds"] for e in emf[1:])
+    return summary["checkpoint_seconds"] / summary["checkpoints_saved"], statistics.median(
+        e["StepTimeSeconds"] for e in emf[1:]
+    )
 
 
 def main() -> None:
@@ -124,14 +160,31 @@ def main() -> None:
     data = ensure_dataset(work)
     rng = random.Random(args.seed)
     save_s, step_s = save_and_step_seconds(data, work, args.model)
-    trials = [trial(data, work, args.model, int(k), mode, rng)
-              for k in args.every.split(",") for mode in ("job", "worker")]
+    trials = [
+        trial(data, work, args.model, int(k), mode, rng) for k in args.every.split(",") for mode in ("job", "worker")
+    ]
     from checkpoint_manager import young_daly_steps  # the image's own formula (common put it on sys.path)
-    young_daly = {f"{h} h": {"seconds": round(young_daly_steps(save_s, step_s, h)[1], 1),
-                             "steps": young_daly_steps(save_s, step_s, h)[0]} for h in (1, 24, 168)}
-    print(json.dumps({"benchmark": "recovery_cost", "model": args.model, "seconds_per_save": round(save_s, 4),
-                      "median_step_seconds": round(step_s, 4), "trials": trials,
-                      "young_daly_interval_by_mtbf": young_daly}, indent=2))
+
+    young_daly = {
+        f"{h} h": {
+            "seconds": round(young_daly_steps(save_s, step_s, h)[1], 1),
+            "steps": young_daly_steps(save_s, step_s, h)[0],
+        }
+        for h in (1, 24, 168)
+    }
+    print(
+        json.dumps(
+            {
+                "benchmark": "recovery_cost",
+                "model": args.model,
+                "seconds_per_save": round(save_s, 4),
+                "median_step_seconds": round(step_s, 4),
+                "trials": trials,
+                "young_daly_interval_by_mtbf": young_daly,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 CPU, 2 processes, same model/data/batch. Runs alternate (A B A B ...) so drifting load on a
 shared machine hits both sides; the median of the per-run throughputs is compared.
 """
+
 import argparse
 import json
 import statistics
@@ -26,18 +27,44 @@ def main() -> None:
     ours, minimal = [], []
     for r in range(args.repeats):
         ckpt = work / f"ckpt-throughput-{r}"
-        out = torchrun(IMAGE / "train.py", ["--data", str(data), "--checkpoint-dir", str(ckpt), "--model", args.model,
-                                            "--max-steps", str(args.steps), "--checkpoint-every", str(10 * args.steps),
-                                            "--micro-batch-size", "8", "--seed", "1"])
+        out = torchrun(
+            IMAGE / "train.py",
+            [
+                "--data",
+                str(data),
+                "--checkpoint-dir",
+                str(ckpt),
+                "--model",
+                args.model,
+                "--max-steps",
+                str(args.steps),
+                "--checkpoint-every",
+                str(10 * args.steps),
+                "--micro-batch-size",
+                "8",
+                "--seed",
+                "1",
+            ],
+        )
         emf, summary = train_records(out)
         tps_step = summary["tokens_seen"] // summary["steps"]
         ours.append(tokens_per_second([e["StepTimeSeconds"] for e in emf], tps_step, args.skip))
-        ref = json.loads(torchrun(Path(__file__).parent / "minimal_ddp_loop.py",
-                                  ["--data", str(data), "--model", args.model, "--steps", str(args.steps)]))
+        ref = json.loads(
+            torchrun(
+                Path(__file__).parent / "minimal_ddp_loop.py",
+                ["--data", str(data), "--model", args.model, "--steps", str(args.steps)],
+            )
+        )
         minimal.append(tokens_per_second(ref["step_times"], ref["tokens_per_step"], args.skip))
-    result = {"benchmark": "throughput_vs_minimal_ddp", "model": args.model, "steps": args.steps,
-              "train_py_tokens_per_s": [round(x) for x in ours], "minimal_tokens_per_s": [round(x) for x in minimal],
-              "ratio_of_medians": round(statistics.median(ours) / statistics.median(minimal), 3), "goal": ">= 0.95"}
+    result = {
+        "benchmark": "throughput_vs_minimal_ddp",
+        "model": args.model,
+        "steps": args.steps,
+        "train_py_tokens_per_s": [round(x) for x in ours],
+        "minimal_tokens_per_s": [round(x) for x in minimal],
+        "ratio_of_medians": round(statistics.median(ours) / statistics.median(minimal), 3),
+        "goal": ">= 0.95",
+    }
     print(json.dumps(result, indent=2))
 
 
