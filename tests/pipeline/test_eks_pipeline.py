@@ -29,6 +29,8 @@ from tests.pipeline.runs import ACCEPTED, MOTO_CONFIG, RUN, approval, messages
 from tests.sfn_emulator import REGION, Emulator
 
 EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge"}
+# Both tests on one xdist worker: the emulated account (an EKS app loaded into moto) is set up once.
+pytestmark = pytest.mark.xdist_group("eks-pipeline")
 
 
 @dataclass
