@@ -6,7 +6,7 @@ cdk-nag (AwsSolutions) runs inside synth and writes validation-report.json; cfn-
 import json
 from pathlib import Path
 
-from cfnlint.api import ManualArgs, lint_file
+from cfnlint.api import ManualArgs, lint_by_config
 from cfnlint.match import Match
 
 
@@ -21,10 +21,8 @@ def open_findings(outdir: Path) -> tuple[list[str], int]:
 def cfn_lint(outdir: Path, region: str | None) -> tuple[list[Match], list[Match]]:
     """cfn-lint over every template of the cloud assembly: (errors, warnings); errors fail the gate."""
     regions = [region] if region and region != "unknown-region" else None
-    matches = [
-        m
-        for template in sorted(outdir.glob("*.template.json"))
-        for m in lint_file(template, ManualArgs(regions=regions))
-    ]
+    templates = [str(template) for template in sorted(outdir.glob("*.template.json"))]
+    # One run over every template: cfn-lint loads its rules and their data once, not once per template.
+    matches = lint_by_config(ManualArgs(templates=templates, regions=regions)) if templates else []
     errors = [m for m in matches if m.rule.id.startswith("E")]
     return errors, [m for m in matches if not m.rule.id.startswith("E")]
