@@ -21,6 +21,14 @@ JobKind = Literal["sanity", "train", "validate"]
 MULTI_NODE_JOBS: frozenset[str] = frozenset({"sanity", "train"})
 
 
+def task_timeout(timeout: cdk.Duration | str | None) -> dict[str, int | str]:
+    """A job Task state's timeout fields: a Duration, or a JSONPath to the seconds (Task state `TimeoutSecondsPath`,
+    https://docs.aws.amazon.com/step-functions/latest/dg/state-task.html)."""
+    if isinstance(timeout, str):
+        return {"TimeoutSecondsPath": timeout}
+    return {} if timeout is None else {"TimeoutSeconds": int(timeout.to_seconds())}
+
+
 class JobRunner(Protocol):
     """How the pipeline runs one job on a backend and waits for it."""
 

@@ -8,7 +8,7 @@ import aws_cdk.aws_iam as iam
 import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
-from constructs.compute.backend import MULTI_NODE_JOBS, JobKind
+from constructs.compute.backend import MULTI_NODE_JOBS, JobKind, task_timeout
 from constructs.compute.batch.job_definitions import RETRY_RULES
 from constructs.nag import acknowledge
 
@@ -165,11 +165,7 @@ class BatchJobRunner:
             "ResultSelector": {"JobId.$": "$.JobId", "JobName.$": "$.JobName", "Status.$": "$.Status"},
             "ResultPath": result_path,
         }
-        if isinstance(timeout, str):  # a JSONPath to the timeout, in seconds
-            state["TimeoutSecondsPath"] = timeout
-        elif timeout is not None:
-            state["TimeoutSeconds"] = int(timeout.to_seconds())
-        return sfn.CustomState(scope, id_, state_json=state)
+        return sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
 
     def grant(self, principal: iam.IGrantable) -> None:
         stack = cdk.Stack.of(principal) if isinstance(principal, Construct) else None

@@ -23,6 +23,7 @@ import aws_cdk.aws_stepfunctions as sfn
 
 from config import InstanceType
 from constructs import Construct
+from constructs.compute.backend import task_timeout
 from contracts.eks.job_spec import NAMESPACE, Site
 from contracts.eks.job_templates import indexed_job
 
@@ -39,7 +40,8 @@ class EksJobRunner:
     fixed_node_count = False
     # eks:runJob.sync documents no error for a rejected Job that a retry could not fix: every failure may retry.
     rejected_errors: tuple[str, ...] = ()
-    # A Job that lost a pod is not restarted in place (backoffLimit 0): each pipeline retry is a fresh Job.
+    # A Job that lost a pod is not restarted in place (backoffLimit 0, Kubernetes docs "Jobs", Pod backoff failure
+    # policy: https://kubernetes.io/docs/concepts/workloads/controllers/job/): each pipeline retry is a fresh Job.
     restarts_lost_hosts = False
 
     def __init__(
@@ -131,11 +133,7 @@ class EksJobRunner:
             },  # .sync fails the state unless the Job completed
             "ResultPath": result_path,
         }
-        if isinstance(timeout, str):  # a JSONPath to the timeout, in seconds
-            state["TimeoutSecondsPath"] = timeout
-        elif timeout is not None:
-            state["TimeoutSeconds"] = int(timeout.to_seconds())
-        return sfn.CustomState(scope, id_, state_json=state)
+        return sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
 
     def grant(self, principal: iam.IGrantable) -> None:
         """Kubernetes access for the state machine's role: edit rights in the training namespace only."""
