@@ -35,6 +35,7 @@ PROJECT = "efa-training"
 COMPUTE_STACKS = {
     "batch": ("stacks.batch_stack", "BatchStack", "Batch"),
     "eks": ("stacks.eks_stack", "EksStack", "Eks"),
+    "sagemaker": ("stacks.sagemaker_stack", "SageMakerStack", "SageMaker"),
 }
 
 

@@ -66,6 +66,9 @@ class InstanceType:
     # The small single-accelerator type that validates this type's models by default (Batch single-node jobs).
     validation_instance_type: str | None = None
     price_note: str = ""  # where this type's price differs from PRICE_SOURCE
+    # SageMaker training's on-demand price for ml.<name> (SAGEMAKER_PRICE_SOURCE); None: SageMaker training does
+    # not offer the type, so compute=sagemaker refuses it.
+    sagemaker_usd_per_hour: float | None = None
 
     @property
     def workers_per_node(self) -> int:
@@ -88,6 +91,11 @@ class InstanceType:
         if self.published_busbw_gbps is not None:
             return round(PUBLISHED_BUSBW_SHARE * self.published_busbw_gbps, 1)
         return round(LINE_RATE_SHARE * self.network_gbps / 8, 1)
+
+    @property
+    def sagemaker_instance_type(self) -> str:
+        """The SageMaker training instance type: ml.<EC2 name> (CreateTrainingJob ResourceConfig.InstanceType)."""
+        return f"ml.{self.name}"
 
     @property
     def batch_image_type(self) -> str:
@@ -133,6 +141,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=1152,
                 efa_interfaces=4,
                 on_demand_usd_per_hour=32.7726,
+                sagemaker_usd_per_hour=37.688,
                 network_gbps=400,
                 published_busbw_gbps=78.3,
                 busbw_source=f"p4de's figure (same 4 x 100 Gbps EFA and NVSwitch): {_NCCL_TESTS_README} (2 x p4de)",
@@ -149,6 +158,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=1152,
                 efa_interfaces=4,
                 on_demand_usd_per_hour=40.9657,
+                sagemaker_usd_per_hour=47.11,
                 network_gbps=400,
                 published_busbw_gbps=78.3,
                 busbw_source=f"{_NCCL_TESTS_README} (2 x p4de.24xlarge: 78.33 GB/s at 2147483648 bytes)",
@@ -165,6 +175,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=2048,
                 efa_interfaces=32,
                 on_demand_usd_per_hour=_P5_48XLARGE_USD_PER_HOUR,
+                sagemaker_usd_per_hour=113.068,
                 network_gbps=3200,
                 published_busbw_gbps=443.7,
                 busbw_source=f"{_NCCL_TESTS_README} (2 x p5.48xlarge: 443.72 GB/s at 2147483648 bytes)",
@@ -181,6 +192,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=512,
                 efa_interfaces=8,
                 on_demand_usd_per_hour=21.50,
+                sagemaker_usd_per_hour=28.497,
                 network_gbps=800,
                 published_busbw_gbps=None,
                 busbw_source="no published two-node figure found; half the 800 Gbps EFA line rate",
@@ -198,6 +210,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=512,
                 efa_interfaces=16,
                 on_demand_usd_per_hour=24.78,
+                sagemaker_usd_per_hour=32.8416,
                 network_gbps=1600,
                 published_busbw_gbps=None,
                 busbw_source="no published two-node figure found; half the 1600 Gbps EFA line rate",
@@ -215,6 +228,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=192,
                 efa_interfaces=1,
                 on_demand_usd_per_hour=5.672,
+                sagemaker_usd_per_hour=7.09,
                 network_gbps=40,
                 published_busbw_gbps=None,
                 # EFA and ENA share the same 40 Gbps here: bandwidth alone cannot tell EFA from a socket fallback,
@@ -235,6 +249,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=16,
                 efa_interfaces=0,
                 on_demand_usd_per_hour=1.006,
+                sagemaker_usd_per_hour=1.408,
                 network_gbps=10,
                 published_busbw_gbps=None,
                 busbw_source="no EFA",
@@ -251,6 +266,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=256,
                 efa_interfaces=0,
                 on_demand_usd_per_hour=round(_P5_48XLARGE_USD_PER_HOUR / 8, 4),
+                sagemaker_usd_per_hour=None,
                 network_gbps=100,
                 published_busbw_gbps=None,
                 busbw_source="single-node only",
@@ -267,6 +283,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=32,
                 efa_interfaces=0,
                 on_demand_usd_per_hour=1.34375,
+                sagemaker_usd_per_hour=1.5484,
                 network_gbps=12,
                 published_busbw_gbps=None,
                 busbw_source="single-node only",

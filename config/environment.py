@@ -21,7 +21,7 @@ DEFAULT_ENVIRONMENT = "dev"
 # A guard against expensive typos (160 for 16 p5 nodes is ~$15,000 an hour); raise it on purpose.
 MAX_NODES = 64
 # The compute backends app.py can build (its COMPUTE_STACKS has one line per name; a test keeps them equal).
-COMPUTE_BACKENDS = ("batch", "eks")
+COMPUTE_BACKENDS = ("batch", "eks", "sagemaker")
 # A `cdk deploy` must never cut a training attempt short: the compute environment's update policy waits for
 # running jobs at most 7200 minutes (Batch API reference, UpdatePolicy.jobExecutionTimeoutMinutes), so an
 # attempt may not be allowed longer.
@@ -30,6 +30,9 @@ MAX_BATCH_TRAIN_TIMEOUT_HOURS = BATCH_UPDATE_WAIT_MAX_MINUTES // 60
 FSX_DEPLOYMENT_TYPES = ("PERSISTENT_2", "SCRATCH_2")
 FSX_THROUGHPUTS_PER_TIB = (125, 250, 500, 1000)
 EKS_CAPACITY_TYPES = ("on_demand", "spot", "capacity_block")
+# Where a SageMaker training job reads the run's dataset: the FSx file system (a file-system data source in the
+# training subnet) or the bucket (S3 fast file mode).
+SAGEMAKER_DATA_SOURCES = ("fsx", "s3")
 LOG_RETENTION_DAYS = (
     1,
     3,
@@ -118,6 +121,10 @@ class EnvironmentConfig:
     batch_train_timeout_hours: int = 72
     batch_single_node_instance_type: str | None = None
     batch_single_node_spot: bool = True
+    # SageMaker training jobs (compute=sagemaker): managed Spot for training (validation always runs on demand)
+    # and where the jobs read the dataset.
+    sagemaker_spot: bool = False
+    sagemaker_data_source: str = "fsx"
 
     def __post_init__(self) -> None:
         """Every field checked when the app starts, in this order: the first problem is the one reported."""
@@ -127,6 +134,7 @@ class EnvironmentConfig:
         self._check_costs()
         self._check_eks()
         self._check_alarms_and_jobs()
+        self._check_sagemaker()
 
     def _check_placement(self) -> None:
         """Where the environment lives: region, account and zone."""
@@ -277,6 +285,32 @@ class EnvironmentConfig:
             single is None or (single in CATALOGUE and CATALOGUE[single].accelerator is self.instance.accelerator),
             f"unset (then {self.instance.validation_instance_type}), or a catalogue instance type with "
             f"{self.instance.accelerator.value} accelerators (validation loads the training checkpoint on one)",
+        )
+
+    def _check_sagemaker(self) -> None:
+        """The SageMaker backend's settings, and that SageMaker trains (and validates) on the chosen types."""
+        _check(
+            self,
+            "sagemaker_data_source",
+            self.sagemaker_data_source in SAGEMAKER_DATA_SOURCES,
+            " or ".join(SAGEMAKER_DATA_SOURCES),
+        )
+        if self.compute != "sagemaker":
+            return
+        offered = [name for name, it in CATALOGUE.items() if it.sagemaker_usd_per_hour is not None and it.has_efa]
+        _check(
+            self,
+            "instance_type",
+            self.instance.sagemaker_usd_per_hour is not None,
+            f"a type SageMaker training offers as ml.<type> ({', '.join(offered)}) with compute=sagemaker",
+        )
+        single = self.single_node_instance
+        _check(
+            self,
+            "batch_single_node_instance_type",
+            single.sagemaker_usd_per_hour is not None,
+            f"a type SageMaker training offers for validation; ml.{single.name} is not one",
+            value=single.name,
         )
 
     @property

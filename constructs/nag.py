@@ -19,3 +19,15 @@ def acknowledge(scope: IConstruct, finding: str, reason: str) -> None:
 def managed_policy_finding(name: str) -> str:
     """The finding of one AWS managed policy attached to a role (AwsSolutions-IAM4)."""
     return f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{name}]"
+
+
+def shown_arn(stack: cdk.Stack, service: str, resource: str) -> str:
+    """An ARN of `stack` as cdk-nag prints it in a finding: known values literal, tokens as <AWS::Pseudo>."""
+
+    def shown(value: str, pseudo: str) -> str:
+        return f"<AWS::{pseudo}>" if cdk.Token.is_unresolved(value) else value
+
+    return (
+        f"arn:{shown(stack.partition, 'Partition')}:{service}:{shown(stack.region, 'Region')}:"
+        f"{shown(stack.account, 'AccountId')}:{resource}"
+    )

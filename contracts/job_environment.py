@@ -24,6 +24,9 @@ WORKER_SHUTDOWN_SECONDS = STOP_GRACE_SECONDS - 10
 SOCKET_INTERFACE_ENV = {
     "batch": {"NCCL_SOCKET_IFNAME": "=eth0", "GLOO_SOCKET_IFNAME": "eth0"},
     "eks": {"NCCL_SOCKET_IFNAME": "^docker,lo,veth"},
+    # SageMaker names the instance's interface in /opt/ml/input/config/resourceconfig.json (network_interface_name,
+    # SageMaker developer guide, "Distributed training configuration"): launch.py sets both variables from it.
+    "sagemaker": {},
 }
 
 

@@ -320,6 +320,10 @@ def execution_seconds(
 # ---- how a training job ends: exit codes the training image uses for a failure of the run itself
 # (training_image/errors.py; tests/training/test_run_contract.py keeps the two equal). Retrying them on new hosts
 # repeats the failure at the price of booting every node again, so the pipeline stops at the first one.
+# Where a backend reports no exit code (SageMaker: DescribeTrainingJob's FailureReason is the start of the file
+# /opt/ml/output/failure), launch.py writes one line starting with this marker and the code: "<marker>4: ...".
+# training_image/errors.py holds the same text (tests keep them equal).
+FAILURE_REASON_MARKER = "efa-training exit code "
 REFUSED_EXIT_CODES = {
     2: "a bad flag, dataset or checkpoint folder",
     4: "the loss diverged",

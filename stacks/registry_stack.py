@@ -45,6 +45,7 @@ class RegistryStack(cdk.Stack):
                 repository, config.image_tag
             )
             self.image_uri = repository.repository_uri_for_tag(config.image_tag)
+            self.image_repository: ecr.IRepository = repository
         else:
             # Built by `cdk deploy` from training_image/ (synth only stages the build context).
             asset = ecr_assets.DockerImageAsset(
@@ -57,5 +58,6 @@ class RegistryStack(cdk.Stack):
             )
             self.container_image = ecs.ContainerImage.from_docker_image_asset(asset)
             self.image_uri = asset.image_uri
+            self.image_repository = asset.repository
         for accel, repository in self.repositories.items():
             cdk.CfnOutput(self, f"{accel.value.capitalize()}RepositoryUri", value=repository.repository_uri)

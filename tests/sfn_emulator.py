@@ -3,8 +3,8 @@
 `Emulator` (a context manager, inside `mock_aws`) patches as little as it can, each patch undone on exit:
 
 1. Resolves the CloudFormation intrinsics in the DefinitionString (Fn::Join, Ref, Fn::GetAtt,
-   Fn::ImportValue, Fn::GetStackOutput) to emulated resources: a referenced SNS topic, S3 bucket,
-   Batch queue or job definition is created in moto and its name/ARN substituted.
+   Fn::ImportValue, Fn::GetStackOutput, Fn::Sub of pseudo parameters) to emulated resources: a referenced SNS
+   topic, S3 bucket, Batch queue or job definition is created in moto and its name/ARN substituted.
 2. Works around moto 5.2.1's Batch integration, which hands Step Functions' PascalCase request
    to boto unchanged (KeyError) and expects PascalCase back (AWS_FACTS.md): a client proxy maps
    `submit_job`'s request onto boto's member names (using botocore's own shape, so the
@@ -39,6 +39,7 @@
 
 import copy
 import json
+import re
 import threading
 import time
 import types
@@ -380,6 +381,10 @@ class Emulator:
         if "Fn::GetAtt" in value:
             logical, attribute = value["Fn::GetAtt"]
             return self._resource(template, logical)[attribute]
+        if "Fn::Sub" in value and isinstance(value["Fn::Sub"], str):  # pseudo parameters only (image URIs)
+            return re.sub(
+                r"\$\{([^}]+)\}", lambda m: str(self.resolve({"Ref": m.group(1)}, template)), value["Fn::Sub"]
+            )
         if "Fn::GetStackOutput" in value:
             ref = value["Fn::GetStackOutput"]
             producer = self.templates[ref["StackName"]]

@@ -1,7 +1,7 @@
 """The seam between a compute backend and the rest of the app.
 
-A backend stack (stacks/batch_stack.py, stacks/eks_stack.py) implements `ComputeBackend`: the pipeline stack
-takes its `job_runner` and lets it add what it needs next to the state machine; the observability stack takes
+A backend stack (stacks/batch_stack.py, eks_stack.py, sagemaker_stack.py) implements `ComputeBackend`: the pipeline
+stack takes its `job_runner` and lets it add what it needs next to the state machine; the observability stack takes
 its metrics. The state machine asks the `JobRunner` for one Task state per job ("sanity", "train", "validate")
 and adds its own Retry, Catch and timeout to it. A new backend is one component under constructs/compute/,
 one stack implementing `ComputeBackend` and one line in app.py's COMPUTE_STACKS.
@@ -46,6 +46,12 @@ class JobRunner(Protocol):
     def restarts_lost_hosts(self) -> bool:
         """Whether one submission may itself restart a job after losing a host (`submit(attempts=...)`); where
         not, only the pipeline's Retry starts the job again."""
+        ...
+
+    @property
+    def sanity_in_training(self) -> bool:
+        """Whether the training job itself checks its hosts before it trains (the pipeline then submits no sanity
+        job): where each attempt gets fresh hosts, only a check inside the job proves the hosts that train."""
         ...
 
     def submit(

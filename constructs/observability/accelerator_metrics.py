@@ -8,6 +8,7 @@ ClusterName). Node metrics carry several dimension sets, so graphs use SEARCH (a
 use CloudWatch Metrics Insights queries, the form of query an alarm accepts over many time series.
 """
 
+import re
 from dataclasses import dataclass
 
 import aws_cdk as cdk
@@ -17,6 +18,7 @@ from config import Accelerator
 
 CWAGENT = "CWAgent"
 CONTAINER_INSIGHTS = "ContainerInsights"
+SAGEMAKER_TRAINING = "/aws/sagemaker/TrainingJobs"
 # The dimension the CloudWatch agent on Batch hosts appends to its GPU, memory and disk metrics.
 ENVIRONMENT_DIMENSION = "Environment"
 
@@ -34,10 +36,11 @@ class AcceleratorMetrics:
     namespace: str
     utilization: str  # percent busy, per GPU or NeuronCore
     memory: str | None  # accelerator memory in use
-    efa_namespace: str
-    efa_rx_bytes: str
-    efa_tx_bytes: str
     node_dimension: str  # one value per host/node: the idle alarm's GROUP BY
+    # Where EFA byte counters are published; None where the backend publishes none (SageMaker).
+    efa_namespace: str | None = None
+    efa_rx_bytes: str = ""
+    efa_tx_bytes: str = ""
     scope: tuple[str, str] | None = None  # (dimension, value) naming this environment's series, where they have one
     schema: tuple[str, ...] = ()  # the node-level dimension set, for Metrics Insights SCHEMA(...)
     efa_scoped: bool = False  # whether the EFA series carry the scope dimension too
@@ -67,7 +70,10 @@ class AcceleratorMetrics:
         """Metrics Insights query: `metric_name` averaged per host/node of this environment, lowest first.
         An alarm on it has one contributor per node, so one idle node raises it (CloudWatch user guide,
         Create_Metrics_Insights_Alarm.html and multi-time-series-alarm.html)."""
-        source = f"SCHEMA({self.namespace}, {', '.join(self.schema)})" if self.schema else self.namespace
+        # Metrics Insights: a namespace with characters other than letters, digits and '_' is double-quoted
+        # (CloudWatch user guide, "Metrics Insights query components and syntax").
+        namespace = self.namespace if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.namespace) else f'"{self.namespace}"'
+        source = f"SCHEMA({namespace}, {', '.join(self.schema)})" if self.schema else namespace
         where = f" WHERE {self.scope[0]} = '{self.scope[1]}'" if self.scope else ""
         return f"SELECT AVG({metric_name}) FROM {source}{where} GROUP BY {self.node_dimension} ORDER BY AVG() ASC"
 
@@ -76,6 +82,19 @@ def accelerator_metrics(
     backend: str, accelerator: Accelerator, *, environment: str, cluster_name: str | None = None
 ) -> AcceleratorMetrics:
     nvidia = accelerator is Accelerator.NVIDIA
+    if backend == "sagemaker":
+        # SageMaker's instance metrics of training jobs (SageMaker developer guide, "Amazon SageMaker AI metrics in
+        # Amazon CloudWatch", training job metrics): namespace /aws/sagemaker/TrainingJobs, dimension Host
+        # (<job name>/algo-N), GPUUtilization and GPUMemoryUtilization summed over the instance's GPUs. They carry
+        # no environment: the graphs show every training job of the account and region. No EFA counters.
+        return AcceleratorMetrics(
+            backend=backend,
+            accelerator=accelerator,
+            namespace=SAGEMAKER_TRAINING,
+            utilization="GPUUtilization" if nvidia else "NeuronCoreUtilization",
+            memory="GPUMemoryUtilization" if nvidia else "NeuronMemoryUtilization",
+            node_dimension="Host",
+        )
     if backend == "eks":
         # Container Insights (enhanced) node GPU/NeuronCore metrics: dimension set ClusterName, InstanceId, NodeName.
         return AcceleratorMetrics(

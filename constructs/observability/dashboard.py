@@ -92,6 +92,17 @@ class TrainingDashboard(Construct):
                     title=f"{kind} memory in use", width=_THIRD, left=[m.search(m.memory, "Average", "memory")]
                 )
             )
+        if m.efa_namespace is None:
+            widgets.append(
+                cloudwatch.TextWidget(
+                    markdown="**EFA**: this backend publishes no EFA counters. The sanity check inside each "
+                    "training job proves the EFA devices and the collectives' bandwidth before training "
+                    "(its report: `runs/<run_id>/` in the data bucket).",
+                    width=_THIRD,
+                    height=6,
+                )
+            )
+            return widgets
         widgets.append(
             cloudwatch.GraphWidget(
                 title="EFA bytes in / out (per 5 min)",

@@ -8,12 +8,15 @@ parallel jobs") and ends in a Fail state named after what happened. The Parallel
 (Step Functions developer guide, "Parallel workflow state": a branch's failure fails the Parallel state), so
 its Retry names only `TrainingAttemptFailed` and a refusal of the run itself (contracts.run.REFUSED_EXIT_CODES:
 bad input, divergence, a locked checkpoint folder) goes straight to the failure path as `TrainingRefused`.
+A SageMaker training job has no exit code in its description: its FailureReason carries the first characters of
+/opt/ml/output/failure (SageMaker developer guide, "How Amazon SageMaker AI Provides Training Information"), where
+launch.py writes `contracts.run.FAILURE_REASON_MARKER` and the code.
 """
 
 import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
-from contracts.run import REFUSED_EXIT_CODES
+from contracts.run import FAILURE_REASON_MARKER, REFUSED_EXIT_CODES
 
 ATTEMPT_FAILED = "TrainingAttemptFailed"
 REFUSED = "TrainingRefused"
@@ -29,8 +32,8 @@ def classified_training(
     """`submission` (the backend's job state, result at `$`) wrapped so its failures carry their kind.
 
     `rejected_errors`: the backend's errors for a request it refuses outright (JobRunner.rejected_errors); they
-    leave the block under their own names. The exit code is read from a Batch DescribeJobs entry; a Cause of
-    another shape is an attempt failure.
+    leave the block under their own names. The exit code is read from a Batch DescribeJobs entry or a SageMaker
+    DescribeTrainingJob FailureReason; a Cause of another shape is an attempt failure.
     """
     attempt_failed = sfn.Fail(scope, f"{id_}AttemptFailed", error=ATTEMPT_FAILED, cause_path="$.caught.Cause")
     refused = sfn.Fail(
@@ -72,9 +75,22 @@ def classified_training(
         )
     by_exit_code.otherwise(attempt_failed)
     text.next(refused)
+    reason = "$.job.FailureReason"
+    by_reason = sfn.Choice(scope, f"{id_}IsRunRefusedByReason")
+    for exit_code in sorted(REFUSED_EXIT_CODES):
+        named = sfn.Pass(
+            scope,
+            f"{id_}ExitText{exit_code}",
+            parameters={"caught.$": "$.caught", "exit": {"code_text": str(exit_code)}},
+        )
+        by_reason.when(
+            sfn.Condition.string_matches(reason, f"*{FAILURE_REASON_MARKER}{exit_code}:*"), named.next(refused)
+        )
+    by_reason.otherwise(attempt_failed)
     has_attempts = (
         sfn.Choice(scope, f"{id_}HasAttempts")
         .when(sfn.Condition.is_present("$.job.Attempts[0]"), last_attempt.next(by_exit_code))
+        .when(sfn.Condition.and_(sfn.Condition.is_present(reason), sfn.Condition.is_string(reason)), by_reason)
         .otherwise(attempt_failed)
     )
     # The Catch's States.TaskFailed also matches every other task error but States.Timeout (ASL "Error names"):

@@ -2,7 +2,7 @@
 
 One Step Functions state machine (JSONPath, one JSONata state for patterns). Its input is documented in
 docs/pipeline.md and defined by the run contract (contracts/run.py), which also gives every stage's timeout.
-Every job runs through a `JobRunner` (the seam to Batch or EKS); every Task has a timeout and a Catch that
+Every job runs through a `JobRunner` (the seam to Batch, EKS or SageMaker); every Task has a timeout and a Catch that
 notifies the alerts topic before failing; every AWS call of the pipeline's own retries throttling and 5xx.
 """
 
@@ -92,9 +92,10 @@ class TrainingPipeline(Construct):
             approved_model_parameter=self.approved_model_parameter,
         )
         validated.next(claim.start)
-        claim.claimed.next(self._prepare(bucket.bucket_name)).next(self._sanity_check(sanity_retry_interval)).next(
-            self._train()
-        ).next(self._validate()).next(verdict.start)
+        prepared = claim.claimed.next(self._prepare(bucket.bucket_name))
+        # A backend whose training job checks its own hosts first gets no separate sanity job.
+        checked = prepared if runner.sanity_in_training else prepared.next(self._sanity_check(sanity_retry_interval))
+        checked.next(self._train()).next(self._validate()).next(verdict.start)
 
         self.log_group = logs.LogGroup(self, "ExecutionLogs", retention=log_retention, removal_policy=removal_policy)
         self.state_machine = sfn.StateMachine(
@@ -218,7 +219,7 @@ class TrainingPipeline(Construct):
         retry = self.training_retry
         return execution_seconds(
             self._train_attempt_hours,
-            sanity_submissions=1 + SANITY_RETRIES,
+            sanity_submissions=0 if self._runner.sanity_in_training else 1 + SANITY_RETRIES,
             train_submissions=1 + retry.max_attempts,
             train_backoff_seconds=retry.max_attempts * int(retry.max_delay.to_seconds()),
             calls_seconds=3600,

@@ -37,6 +37,8 @@ class BatchJobRunner:
     rejected_errors = ("Batch.ClientException",)
     # SubmitJob's RetryStrategy restarts a job whose host was lost, inside the one submission.
     restarts_lost_hosts = True
+    # The pipeline runs a sanity job on the run's nodes before the training job (its SanityCheck state).
+    sanity_in_training = False
 
     def __init__(
         self,

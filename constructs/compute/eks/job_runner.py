@@ -43,6 +43,8 @@ class EksJobRunner:
     # A Job that lost a pod is not restarted in place (backoffLimit 0, Kubernetes docs "Jobs", Pod backoff failure
     # policy: https://kubernetes.io/docs/concepts/workloads/controllers/job/): each pipeline retry is a fresh Job.
     restarts_lost_hosts = False
+    # The pipeline runs a sanity job on the run's nodes before the training job (its SanityCheck state).
+    sanity_in_training = False
 
     def __init__(
         self,

@@ -1,0 +1,1 @@
+"""SageMaker compute backend: the training jobs' execution role and the pipeline's job runner."""

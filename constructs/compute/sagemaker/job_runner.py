@@ -1,0 +1,273 @@
+"""The pipeline's jobs as SageMaker training jobs: one `sagemaker:createTrainingJob.sync` Task state per job.
+
+A CustomState rather than tasks.SageMakerCreateTrainingJob: that task renders no CheckpointConfig, managed Spot,
+RetryStrategy, FileSystemDataSource, ContainerEntrypoint/ContainerArguments or InfraCheckConfig, and takes no
+JSONPath for the instance count.
+
+Each job runs the training image with the image's own entry point and the mode as its first argument (the same
+`launch.py MODE` contract as Batch and EKS); the run's job parameters travel as HyperParameters (strings, written to
+/opt/ml/input/config/hyperparameters.json), which launch.py turns into flags. There is no separate sanity job: the
+training job runs the sanity check on its own instances before it trains (`sanity_in_training`), because every
+attempt and every Spot restart of a SageMaker job gets fresh instances, which only a check inside the job proves.
+"""
+
+from collections.abc import Mapping
+
+import aws_cdk as cdk
+import aws_cdk.aws_iam as iam
+import aws_cdk.aws_stepfunctions as sfn
+
+from config import InstanceType
+from config.layout import CHECKPOINTS_PREFIX, RUNS_PREFIX
+from constructs import Construct
+from constructs.compute.backend import JobKind, task_timeout
+from constructs.nag import acknowledge, shown_arn
+from contracts.job_environment import job_environment
+from contracts.run import MAX_ATTEMPTS, QUEUE_WAIT_MINUTES, stages
+
+# The image's ENTRYPOINT (training_image/Dockerfile.*): SageMaker would otherwise run it with the argument `train`
+# (SageMaker developer guide, "How Amazon SageMaker AI Runs Your Training Image"); ContainerEntrypoint and
+# ContainerArguments replace both (API_AlgorithmSpecification).
+ENTRYPOINT = ("python", "/opt/training/launch.py")
+# SageMaker's container paths (API_CheckpointConfig LocalPath default; /opt/ml/input/data/<channel>).
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+DATA_CHANNEL, CHECKPOINTS_CHANNEL = "training", "checkpoints"
+DATA_PATH = f"/opt/ml/input/data/{DATA_CHANNEL}"
+CHECKPOINTS_INPUT_PATH = f"/opt/ml/input/data/{CHECKPOINTS_CHANNEL}"
+# The ML storage volume holds /opt/ml/checkpoints (checkpoints of the largest catalogue model and its optimizer
+# fit) and the validation job's downloaded checkpoints (API_ResourceConfig VolumeSizeInGB).
+VOLUME_GIB = {"train": 512, "validate": 512}
+# SageMaker RetryStrategy.MaximumRetryAttempts is 1-30 retries after the first attempt (API_RetryStrategy); the
+# run's max_attempts counts attempts, so 1 attempt still allows SageMaker's one retry of its own internal errors.
+RETRIES_FOR_ATTEMPTS = (1, *(max(1, attempts - 1) for attempts in range(1, MAX_ATTEMPTS + 1)))
+# Training job names: 1-63 letters, digits and '-' (API_CreateTrainingJob), unique in the account and region
+# forever, so each submission appends 8 hex digits of a fresh UUID: `<run_id>-validate-1a2b3c4d` <= 58.
+_UNIQUE_SUFFIX = "States.ArrayGetItem(States.StringSplit(States.UUID(), '-'), 0)"
+
+
+class SageMakerJobRunner:
+    """Runs the pipeline's train and validate jobs as SageMaker training jobs in the training subnet."""
+
+    # A run may use fewer instances than the environment's maximum: ResourceConfig.InstanceCount follows `nodes`.
+    fixed_node_count = False
+    # CreateTrainingJob refuses a request the account cannot run (the instance quota, ml.p5 starts at 0): the
+    # integration fails with SageMaker's error, not a job description; resubmitting cannot help.
+    rejected_errors = ("SageMaker.AmazonSageMakerException",)
+    # RetryStrategy restarts a job that failed on SageMaker's side (InternalServerError) inside one submission.
+    restarts_lost_hosts = True
+    sanity_in_training = True
+
+    def __init__(
+        self,
+        *,
+        image: str,
+        role: iam.IRole,
+        bucket_name: str,
+        subnet_id: str,
+        security_group_id: str,
+        instance: InstanceType,
+        validation_instance: InstanceType,
+        environment: str,
+        train_attempt_hours: int,
+        spot: bool,
+        file_system: tuple[str, str, str] | None = None,
+    ) -> None:
+        """`file_system`: (FSx file system id, mount name, revision) to read datasets from; None reads them from S3.
+        The revision (StorageStack.file_system_revision) is written into the jobs' environment."""
+        self.image, self.role, self.bucket_name = image, role, bucket_name
+        self.subnet_id, self.security_group_id = subnet_id, security_group_id
+        self.instance, self.validation_instance = instance, validation_instance
+        self.environment, self.spot, self.file_system = environment, spot, file_system
+        self._stages = stages(train_attempt_hours)
+
+    def submit(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        job: JobKind,
+        parameters: Mapping[str, str],
+        job_name: str,
+        nodes: str | None = None,
+        attempts: str | None = None,
+        result_path: str = sfn.JsonPath.DISCARD,
+        timeout: cdk.Duration | str | None = None,
+    ) -> sfn.CustomState:
+        if job == "sanity":
+            raise ValueError("SageMakerJobRunner runs the sanity check inside the training job (sanity_in_training)")
+        request = self.training_job(job=job, parameters=parameters, job_name=job_name, nodes=nodes, attempts=attempts)
+        state: dict = {
+            "Type": "Task",
+            "Resource": f"arn:{cdk.Stack.of(scope).partition}:states:::sagemaker:createTrainingJob.sync",
+            "Parameters": request,
+            # The .sync result is the whole DescribeTrainingJob response; keep what operators look for.
+            "ResultSelector": {
+                "JobId.$": "$.TrainingJobArn",
+                "JobName.$": "$.TrainingJobName",
+                "Status.$": "$.TrainingJobStatus",
+            },
+            "ResultPath": result_path,
+        }
+        return sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
+
+    def training_job(
+        self, *, job: JobKind, parameters: Mapping[str, str], job_name: str, nodes: str | None, attempts: str | None
+    ) -> dict:
+        """The CreateTrainingJob request as an ASL payload template (API_CreateTrainingJob)."""
+        run_id = parameters["run_id"]
+        training = job == "train"
+        instance = self.instance if training else self.validation_instance
+        runs_uri = f"s3://{self.bucket_name}/{RUNS_PREFIX}"
+        hyperparameters = {f"{name}.$": value for name, value in parameters.items()}
+        if training:
+            hyperparameters["expected_nodes.$"] = f"States.Format('{{}}', {nodes or 1})"
+        arguments = [job, "--data", DATA_PATH]
+        arguments += (
+            ["--checkpoint-dir", CHECKPOINT_LOCAL_PATH] if training else ["--checkpoint", CHECKPOINTS_INPUT_PATH]
+        )
+        attempt_seconds = self._stages[job].attempt_seconds
+        request: dict = {
+            "TrainingJobName.$": f"States.Format('{{}}-{{}}', {job_name}, {_UNIQUE_SUFFIX})",
+            "RoleArn": self.role.role_arn,
+            "AlgorithmSpecification": {
+                "TrainingImage": self.image,
+                "TrainingInputMode": "File",
+                "ContainerEntrypoint": list(ENTRYPOINT),
+                "ContainerArguments": arguments,
+            },
+            "HyperParameters": hyperparameters,
+            "Environment": {
+                **job_environment(instance, backend="sagemaker", environment=self.environment),
+                "RUN_ID.$": run_id,
+                "REPORT_PREFIX": runs_uri,
+                "VERDICT_PREFIX": runs_uri,
+                # Each instance has its own /opt/ml/checkpoints; SageMaker uploads every instance's files to the
+                # one CheckpointConfig prefix (launch.py and checkpoint.py finalise each node's own files).
+                "CHECKPOINT_NODE_LOCAL": "1",
+                **({"SANITY_BEFORE_TRAINING": "1"} if training else {}),
+                **({"FSX_REVISION": self.file_system[2]} if self.file_system else {}),
+            },
+            "ResourceConfig": {
+                "InstanceType": instance.sagemaker_instance_type,
+                **({"InstanceCount.$": nodes} if training and nodes else {"InstanceCount": 1}),
+                "VolumeSizeInGB": VOLUME_GIB[job],
+            },
+            # The training subnet and the EFA group (all traffic to and from itself, Lustre to FSx).
+            "VpcConfig": {"Subnets": [self.subnet_id], "SecurityGroupIds": [self.security_group_id]},
+            "InputDataConfig": self._channels(job, parameters),
+            "OutputDataConfig": {"S3OutputPath.$": f"States.Format('{runs_uri}{{}}/sagemaker/', {run_id})"},
+            "StoppingCondition": {"MaxRuntimeInSeconds": attempt_seconds},
+            # Budgets and cost allocation filter on the same tags as the deployed resources (app.py).
+            "Tags": [
+                {"Key": "Project", "Value": "efa-training"},
+                {"Key": "Environment", "Value": self.environment},
+                {"Key": "RunId", "Value.$": run_id},
+            ],
+        }
+        if training:
+            # SageMaker uploads LocalPath to S3Uri while the job runs and restores it when a Spot job restarts
+            # (API_CheckpointConfig; "Use checkpoints in Amazon SageMaker AI"): the run's checkpoint prefix, the
+            # one a retried submission and the validation job read.
+            request["CheckpointConfig"] = {
+                "S3Uri.$": f"States.Format('s3://{self.bucket_name}/{CHECKPOINTS_PREFIX}{{}}/', {run_id})",
+                "LocalPath": CHECKPOINT_LOCAL_PATH,
+            }
+        if training and self.spot:
+            # Managed Spot: MaxWaitTimeInSeconds (>= MaxRuntimeInSeconds) bounds the run time plus the waits for
+            # Spot capacity (API_StoppingCondition); the wait is the queue wait every backend's attempt may take.
+            request["EnableManagedSpotTraining"] = True
+            request["StoppingCondition"]["MaxWaitTimeInSeconds"] = attempt_seconds + QUEUE_WAIT_MINUTES * 60
+        if attempts is not None:
+            table = ", ".join(map(str, RETRIES_FOR_ATTEMPTS))
+            request["RetryStrategy"] = {
+                "MaximumRetryAttempts.$": f"States.ArrayGetItem(States.Array({table}), {attempts})"
+            }
+        return request
+
+    def _channels(self, job: JobKind, parameters: Mapping[str, str]) -> list[dict]:
+        """The dataset (FSx or S3) as channel `training`; for validation, the run's checkpoints as `checkpoints`."""
+        dataset = parameters["dataset"]
+        if self.file_system:
+            file_system_id, mount_name, _ = self.file_system
+            # FSx for Lustre in the training subnet's zone, read-only, at the dataset's path under the file
+            # system's mount name (API_FileSystemDataSource DirectoryPath: /<mount name>/<path>).
+            source: dict = {
+                "FileSystemDataSource": {
+                    "FileSystemId": file_system_id,
+                    "FileSystemType": "FSxLustre",
+                    "FileSystemAccessMode": "ro",
+                    "DirectoryPath.$": f"States.Format('/{mount_name}/{{}}', {dataset})",
+                }
+            }
+            data = {"ChannelName": DATA_CHANNEL, "DataSource": source}
+        else:
+            # Fast file mode streams the objects on first read instead of copying the dataset before the job
+            # starts (API_Channel InputMode FastFile).
+            data = {
+                "ChannelName": DATA_CHANNEL,
+                "InputMode": "FastFile",
+                "DataSource": {
+                    "S3DataSource": {
+                        "S3DataType": "S3Prefix",
+                        "S3Uri.$": f"States.Format('s3://{self.bucket_name}/{{}}', {dataset})",
+                        "S3DataDistributionType": "FullyReplicated",
+                    }
+                },
+            }
+        if job == "train":
+            return [data]
+        checkpoints = {
+            "ChannelName": CHECKPOINTS_CHANNEL,
+            "InputMode": "File",
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri.$": f"States.Format('s3://{self.bucket_name}/{CHECKPOINTS_PREFIX}{{}}/', "
+                    f"{parameters['run_id']})",
+                    "S3DataDistributionType": "FullyReplicated",
+                }
+            },
+        }
+        return [data, checkpoints]
+
+    def grant(self, principal: iam.IGrantable) -> None:
+        """Step Functions' documented policy for createTrainingJob.sync, and passing the jobs' role to SageMaker."""
+        stack = cdk.Stack.of(principal) if isinstance(principal, Construct) else cdk.Stack.of(self.role)
+        jobs = stack.format_arn(service="sagemaker", resource="training-job", resource_name="*")
+        iam.Grant.add_to_principal(
+            grantee=principal,
+            actions=[
+                "sagemaker:CreateTrainingJob",
+                "sagemaker:DescribeTrainingJob",
+                "sagemaker:StopTrainingJob",
+                "sagemaker:AddTags",
+            ],
+            resource_arns=[jobs],
+        )
+        principal.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["iam:PassRole"],
+                resources=[self.role.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
+            )
+        )
+        # The managed rule through which Step Functions learns that a training job ended.
+        iam.Grant.add_to_principal(
+            grantee=principal,
+            actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+            resource_arns=[
+                stack.format_arn(
+                    service="events",
+                    resource="rule",
+                    resource_name="StepFunctionsGetEventsForSageMakerTrainingJobsRule",
+                )
+            ],
+        )
+        role = getattr(principal, "role", None)  # a state machine's role carries the finding
+        if isinstance(role, Construct):
+            acknowledge(
+                role,
+                f"AwsSolutions-IAM5[Resource::{shown_arn(stack, 'sagemaker', 'training-job/*')}]",
+                "Training job names are made per submission (run id, job, a fresh suffix); the pipeline creates, "
+                "describes, tags and stops only the jobs it starts",
+            )

@@ -1,0 +1,270 @@
+"""The pipeline on the SageMaker backend: the synthesized definition run by moto's ASL interpreter (sfn_emulator.py).
+
+moto has no SageMaker service integration, so `sagemaker:createTrainingJob.sync` is emulated here: each request
+goes through boto3's SageMaker client into moto (so botocore validates it against the CreateTrainingJob API model:
+field names, types, required members; and moto refuses a training job name used before), then completes or fails as
+`outcomes` plans. A failed job fails the task with States.TaskFailed and the job's description as the Cause, and a
+refused request with SageMaker's error, as Step Functions' SageMaker integration does
+(https://docs.aws.amazon.com/step-functions/latest/dg/connect-sagemaker.html). A succeeding validate job writes
+its verdict, like the real one.
+"""
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from typing import cast
+
+import boto3
+import pytest
+from moto import mock_aws
+from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
+from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import CustomErrorName
+from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+    FailureEvent,
+    FailureEventException,
+)
+from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
+from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
+from moto.stepfunctions.parser.asl.component.state.exec.state_task import state_task_factory
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service import (
+    StateTaskService,
+)
+from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+
+from contracts.run import FAILURE_REASON_MARKER
+from tests.pipeline.runs import (
+    ACCEPTED,
+    APPROVED_MODEL_PARAMETER,
+    MOTO_CONFIG,
+    REJECTED,
+    RUN,
+    approval,
+    approved_model,
+    messages,
+)
+from tests.sfn_emulator import ACCOUNT, REGION, Emulator
+
+SAGEMAKER_VARIANT = {"compute": "sagemaker", "sagemaker_spot": "true"}
+# All tests on one xdist worker: the emulated account (a SageMaker app loaded into moto) is set up once.
+pytestmark = pytest.mark.xdist_group("sagemaker-pipeline")
+# What SageMaker reports for a managed Spot job that ran out of its MaxWaitTimeInSeconds after an interruption
+# (DescribeTrainingJob SecondaryStatus "MaxWaitTimeExceeded", API_DescribeTrainingJob).
+SPOT_GAVE_UP = "spot"
+REFUSED_REQUEST = "rejected"  # CreateTrainingJob refused (e.g. ResourceLimitExceeded: no ml.* instance quota)
+
+
+def _task_failed(env, error: str, cause: str, *, states_error: bool) -> FailureEventException:
+    name = StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed) if states_error else CustomErrorName(error)
+    return FailureEventException(
+        FailureEvent(
+            env=env,
+            error_name=name,
+            event_type=HistoryEventType.TaskFailed,
+            event_details=cast(
+                EventDetails, {"taskFailedEventDetails": TaskFailedEventDetails(error=error, cause=cause)}
+            ),
+        )
+    )
+
+
+@dataclass
+class SageMakerEmulator(Emulator):
+    jobs: list[dict] = field(default_factory=list)  # every CreateTrainingJob request, in order
+
+    def kinds(self) -> list[str]:
+        return [job["AlgorithmSpecification"]["ContainerArguments"][0] for job in self.jobs]
+
+    def __enter__(self) -> "SageMakerEmulator":
+        emulator, original = self, state_task_factory.state_task_service_for
+
+        class EmulatedTrainingJob(StateTaskService):
+            def _validate_service_integration_is_supported(self):
+                pass
+
+            def _eval_service_task(self, env, resource_runtime_part, normalised_parameters, state_credentials):
+                request = normalised_parameters
+                kind = request["AlgorithmSpecification"]["ContainerArguments"][0]
+                plan = emulator.outcomes.get(kind, [True])
+                outcome = plan[min(emulator.kinds().count(kind), len(plan) - 1)]
+                emulator.jobs.append(request)
+                if outcome == REFUSED_REQUEST:
+                    raise _task_failed(
+                        env,
+                        "SageMaker.AmazonSageMakerException",
+                        "The account-level service limit 'ml.g5.12xlarge for training job usage' is 0 Instances "
+                        "(Service: AmazonSageMaker; Status Code: 400; Error Code: ResourceLimitExceeded)",
+                        states_error=False,
+                    )
+                sagemaker = boto3.client("sagemaker", region_name=REGION)
+                sagemaker.create_training_job(**request)  # botocore validates the request; names must be new
+                described = json.loads(
+                    json.dumps(sagemaker.describe_training_job(TrainingJobName=request["TrainingJobName"]), default=str)
+                )
+                described.pop("ResponseMetadata", None)
+                if outcome is True:
+                    if kind == "validate" and emulator.verdict is not None:
+                        run_id = request["HyperParameters"]["run_id"]
+                        emulator.s3.put_object(
+                            Bucket=emulator.bucket,
+                            Key=f"runs/{run_id}/verdict.json",
+                            Body=json.dumps(emulator.verdict).encode(),
+                        )
+                    env.stack.append({**described, "TrainingJobStatus": "Completed", "SecondaryStatus": "Completed"})
+                    return
+                if outcome == SPOT_GAVE_UP:
+                    status, reason = "MaxWaitTimeExceeded", "Training job exceeded MaxWaitTimeInSeconds"
+                else:  # False: an unexpected crash (exit 1); an int: that exit code, as launch.py reports it
+                    code = 1 if outcome is False else int(outcome)
+                    status, reason = "Failed", f"AlgorithmError: {FAILURE_REASON_MARKER}{code}: the job failed"
+                failed = {
+                    **described,
+                    "TrainingJobStatus": "Failed",
+                    "SecondaryStatus": status,
+                    "FailureReason": reason,
+                }
+                raise _task_failed(env, "States.TaskFailed", json.dumps(failed), states_error=True)
+
+        super().__enter__()
+        self._patch(
+            state_task_factory,
+            "state_task_service_for",
+            lambda service_name: EmulatedTrainingJob() if service_name == "sagemaker" else original(service_name),
+        )
+        return self
+
+    def _create(self, kind: str, name: str) -> dict[str, str]:
+        """The SageMaker stack's role, the network's subnet and group, the file system: only names reach the jobs."""
+        if kind == "AWS::IAM::Role":
+            return {"Ref": name, "Arn": f"arn:aws:iam::{ACCOUNT}:role/{name}"}
+        if kind == "AWS::EC2::Subnet":
+            return {"Ref": "subnet-0123456789abcdef0"}
+        if kind == "AWS::EC2::SecurityGroup":
+            return {"Ref": "sg-0123456789abcdef0", "GroupId": "sg-0123456789abcdef0"}
+        if kind == "AWS::FSx::FileSystem":
+            return {"Ref": "fs-0123456789abcdef0", "LustreMountName": "abcdefgh"}
+        return super()._create(kind, name)
+
+
+@pytest.fixture(scope="module")
+def world(synth):
+    synthesized = synth(**SAGEMAKER_VARIANT)
+    with (
+        mock_aws(config=MOTO_CONFIG),
+        SageMakerEmulator(template=synthesized.raw("pipeline"), templates=synthesized.templates) as emulated,
+    ):
+        topic = next(v["Ref"] for v in emulated.physical.values() if v["type"] == "AWS::SNS::Topic")
+        emulated.alerts = emulated.subscribe_queue(topic)
+        yield emulated
+
+
+@pytest.fixture
+def emulator(world):
+    """The shared emulator, reset between tests: no plan, no recorded jobs, no messages, no approval."""
+    world.reset()
+    world.jobs.clear()
+    world.sqs.purge_queue(QueueUrl=world.alerts)
+    with contextlib.suppress(world.ssm.exceptions.ParameterNotFound):
+        world.ssm.delete_parameter(Name=APPROVED_MODEL_PARAMETER)
+    return world
+
+
+# Happy path: one training job on the run's instances (its own sanity check first), one validation job on one.
+def test_happy_path_trains_validates_and_approves(emulator):
+    emulator.verdict = ACCEPTED
+    result = emulator.run(RUN)
+    assert result["status"] == "SUCCEEDED", result
+    assert emulator.kinds() == ["train", "validate"]
+    train, validate = emulator.jobs
+    assert train["ResourceConfig"]["InstanceCount"] == RUN["nodes"]
+    assert train["HyperParameters"]["run_id"] == RUN["run_id"]
+    assert train["HyperParameters"]["expected_nodes"] == str(RUN["nodes"])
+    assert train["Environment"]["SANITY_BEFORE_TRAINING"] == "1"
+    assert validate["ResourceConfig"]["InstanceCount"] == 1
+    assert approval(emulator)["run_id"] == RUN["run_id"]
+    assert [m["outcome"] for m in messages(emulator)] == ["APPROVED"]
+
+
+# Managed Spot: the training job checkpoints to the run's prefix, and validation reads the same prefix.
+def test_training_checkpoints_to_the_runs_prefix_on_managed_spot(emulator):
+    emulator.verdict = ACCEPTED
+    assert emulator.run({**RUN, "run_id": "spot-001"})["status"] == "SUCCEEDED"
+    train, validate = emulator.jobs
+    prefix = f"s3://{emulator.bucket}/checkpoints/spot-001/"
+    assert train["CheckpointConfig"] == {"S3Uri": prefix, "LocalPath": "/opt/ml/checkpoints"}
+    assert train["EnableManagedSpotTraining"] is True
+    stopping = train["StoppingCondition"]
+    assert stopping["MaxWaitTimeInSeconds"] >= stopping["MaxRuntimeInSeconds"]  # API_StoppingCondition
+    channels = {c["ChannelName"]: c["DataSource"] for c in validate["InputDataConfig"]}
+    assert channels["checkpoints"]["S3DataSource"]["S3Uri"] == prefix
+    assert "EnableManagedSpotTraining" not in validate  # a trained model is never left waiting for Spot
+
+
+# A Spot job that ran out of capacity after an interruption: the next submission is a new job on the same
+# checkpoint prefix, so it resumes where the first stopped.
+def test_a_spot_interruption_is_followed_by_a_resumed_attempt(emulator):
+    emulator.verdict = ACCEPTED
+    emulator.outcomes = {"train": [SPOT_GAVE_UP, True]}
+    result = emulator.run({**RUN, "run_id": "spot-002"})
+    assert result["status"] == "SUCCEEDED", result
+    assert emulator.kinds() == ["train", "train", "validate"]
+    first, second, _ = emulator.jobs
+    assert first["TrainingJobName"] != second["TrainingJobName"]  # names are unique forever in an account
+    assert first["CheckpointConfig"]["S3Uri"] == second["CheckpointConfig"]["S3Uri"]
+    assert len(emulator.retry_sleeps) == 1
+    assert approved_model(emulator) is not None
+
+
+def test_a_job_failing_every_time_fails_the_run_after_the_retries(emulator):
+    emulator.outcomes = {"train": [False]}
+    result = emulator.run({**RUN, "run_id": "crash-001"})
+    assert result["status"] == "FAILED" and result["error"] == "TrainingFailed", result
+    definition = json.loads(emulator.definition)
+    retries = next(
+        r["MaxAttempts"] for r in definition["States"]["Train"]["Retry"] if "TrainingAttemptFailed" in r["ErrorEquals"]
+    )
+    assert emulator.kinds() == ["train"] * (1 + retries)
+    assert [m["outcome"] for m in messages(emulator)] == ["FAILED"]
+
+
+# Exit 4 (diverged) in the job's FailureReason: the run itself failed, so no new instances are started for it.
+@pytest.mark.parametrize("exit_code", [2, 4, 5])
+def test_a_job_that_refuses_the_run_is_not_retried(emulator, exit_code):
+    emulator.outcomes = {"train": [exit_code]}
+    result = emulator.run({**RUN, "run_id": f"refused-{exit_code}"})
+    assert result["status"] == "FAILED" and result["error"] == "TrainingFailed", result
+    assert emulator.kinds() == ["train"] and emulator.retry_sleeps == []
+    (alert,) = messages(emulator)
+    assert alert["detail"] == "TrainingRefused" and f"exited with {exit_code}" in alert["cause"]
+
+
+# CreateTrainingJob refused (no instance quota): resubmitting cannot help, so the run fails at once.
+def test_a_refused_request_fails_the_run_without_retrying(emulator):
+    emulator.outcomes = {"train": [REFUSED_REQUEST]}
+    result = emulator.run({**RUN, "run_id": "no-quota-001"})
+    assert result["status"] == "FAILED" and result["error"] == "TrainingFailed", result
+    assert emulator.kinds() == ["train"] and emulator.retry_sleeps == []
+    (alert,) = messages(emulator)
+    assert "ResourceLimitExceeded" in alert["cause"]
+
+
+def test_a_rejected_model_is_not_approved(emulator):
+    emulator.verdict = REJECTED
+    result = emulator.run({**RUN, "run_id": "worse-001"})
+    assert result["status"] == "FAILED" and result["error"] == "ValidationFailed", result
+    assert emulator.kinds() == ["train", "validate"]
+    assert approved_model(emulator) is None
+    assert [m["outcome"] for m in messages(emulator)] == ["REJECTED"]
+
+
+@pytest.mark.parametrize(
+    ("execution_input", "cause"),
+    [
+        ({**RUN, "nodes": 0}, "nodes is not valid"),
+        ({**RUN, "run_id": "under_score"}, "run_id"),
+        ({**RUN, "dataset": "../etc"}, "dataset"),
+    ],
+)
+def test_bad_input_starts_no_job(emulator, execution_input, cause):
+    result = emulator.run(execution_input)
+    assert result["status"] == "FAILED" and result["error"] == "InvalidInput", result
+    assert cause in result.get("cause", "") and emulator.jobs == []
