@@ -23,6 +23,12 @@ class Accelerator(StrEnum):
 # (no network to AWS); `make cost-report` with AWS credentials uses the live Price List API instead.
 PRICE_SOURCE = "AWS EC2 On-Demand list prices, us-east-1, Linux (recorded, not re-checked)"
 PRICE_DATE = "2025-05-31"
+# SageMaker training (ml.<type>), on-demand, us-east-1: `sagemaker_usd_per_hour` of each type.
+SAGEMAKER_PRICE_SOURCE = "PENDING"
+SAGEMAKER_PRICE_DATE = "PENDING"
+# Managed Spot training: AWS states savings of up to 90% over on-demand; the real discount varies with capacity.
+SAGEMAKER_SPOT_MAX_SAVING = 0.9
+SAGEMAKER_SPOT_SOURCE = "SageMaker developer guide, 'Managed Spot Training in Amazon SageMaker AI'"
 
 # libfabric >= 1.18 with aws-ofi-nccl >= 1.7 needs few variables; FI_PROVIDER=efa keeps libfabric from choosing
 # another provider (it does not stop NCCL from falling back to its own sockets: the sanity check proves the

@@ -284,6 +284,11 @@ PHASES = (
 )
 
 
+def phases(sanity_in_training: bool) -> tuple[str, ...]:
+    """The phases on one backend: where the training job checks its own hosts, there is no SanityCheck state."""
+    return tuple(p for p in PHASES if not (sanity_in_training and p == "SanityCheck"))
+
+
 MAX_ATTEMPTS = int(next(f.maximum or 0 for f in fields(1) if f.name == "max_attempts"))
 # Step Functions Standard workflows run for at most one year (Step Functions quotas).
 MAX_EXECUTION_SECONDS = 365 * 24 * 3600

@@ -12,6 +12,7 @@ from config.layout import MODELS_PREFIX, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.pipeline.training_pipeline import TrainingPipeline
+from contracts.run import phases
 from stacks.alerts_stack import AlertsStack
 from stacks.policies import data_removal_policy, log_retention
 from stacks.storage_stack import StorageStack
@@ -67,3 +68,5 @@ class PipelineStack(cdk.Stack):
         cdk.CfnOutput(self, "MaxNodes", value=str(config.nodes))
         cdk.CfnOutput(self, "MinNodes", value=str(config.nodes if runner.fixed_node_count else 1))
         cdk.CfnOutput(self, "TrainingRetries", value=str(pipeline.training_retry.max_attempts))
+        # The phases a run passes through on this backend: the CLI's progress counts them.
+        cdk.CfnOutput(self, "Phases", value=",".join(phases(runner.sanity_in_training)))

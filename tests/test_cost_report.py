@@ -226,3 +226,45 @@ def test_active_cost_tag_is_confirmed():
 def test_cost_tag_check_without_billing_access_says_why():
     # A member account may not call Cost Explorer: the report says the check was not made, and why.
     assert "not checked" in _tag_status(error_code="AccessDeniedException")
+
+
+def test_sagemaker_runs_are_priced_at_sagemakers_training_price():
+    # compute=sagemaker: the catalogue's ml.* training price, not EC2's, for every node of the run.
+    config = _config(env="dev", compute="sagemaker")
+    e = cost_report.estimate(config, hours=10, session=None)
+    assert e.on_demand.usd_per_hour == CATALOGUE[config.instance_type].sagemaker_usd_per_hour
+    assert e.run_usd(e.on_demand.usd_per_hour) == pytest.approx(
+        10 * (config.nodes * e.on_demand.usd_per_hour + e.fsx_usd_per_hour)
+    )
+    assert f"ml.{config.instance_type}" in cost_report.render(e)
+
+
+def test_sagemaker_spot_offline_is_awss_stated_best_case_and_says_so():
+    # Without credentials: AWS's "up to 90%" is a bound, shown as "at least", never as a typical price.
+    e = cost_report.estimate(_config(env="dev", compute="sagemaker"), hours=1, session=None)
+    assert e.spot.usd_per_hour == pytest.approx(0.1 * e.on_demand.usd_per_hour)
+    assert "Spot at least $" in cost_report.render(e) and "up to 90%" in e.spot.source
+
+
+def test_sagemaker_spot_with_credentials_applies_ec2s_current_discount():
+    config = _config(env="dev", compute="sagemaker")
+    ec2, ec2_stub = _stubbed("ec2", config.region)
+    instance = CATALOGUE[config.instance_type]
+    ec2_stub.add_response(
+        "describe_spot_price_history",
+        {
+            "SpotPriceHistory": [
+                {
+                    "AvailabilityZone": "us-east-1a",
+                    "InstanceType": config.instance_type,
+                    "ProductDescription": "Linux/UNIX",
+                    "SpotPrice": f"{instance.on_demand_usd_per_hour * 0.4:.6f}",
+                    "Timestamp": datetime.now(UTC),
+                }
+            ]
+        },
+    )
+    with ec2_stub:
+        e = cost_report.estimate(config, hours=1, session=_Session({"ec2": ec2}))
+    assert e.spot.usd_per_hour == pytest.approx(0.4 * instance.sagemaker_usd_per_hour, rel=1e-4)
+    assert "60%" in e.spot.source

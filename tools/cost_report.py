@@ -8,6 +8,8 @@ EC2 prices come from config/catalogue.py and FSx prices from config/pricing.py (
 With AWS credentials, the EC2 on-demand price comes from the AWS Price List API (`pricing` in us-east-1) for
 the environment's own region, and Spot from EC2 DescribeSpotPriceHistory; without them Spot is "n/a", never
 a guessed discount. Batch multi-node parallel jobs cannot run on Spot, so Spot is shown only where it applies.
+SageMaker (compute=sagemaker) is priced at SageMaker's ml.* training price, its managed Spot at EC2's current Spot
+discount for the same type where credentials allow, else at AWS's stated best case ("up to 90%").
 With credentials it also says whether the `Environment` cost-allocation tag, which the budget filters on, is
 active (Cost Explorer ListCostAllocationTags): until it is, the budget reads $0.
 """
@@ -22,7 +24,14 @@ from pathlib import Path
 from botocore.exceptions import BotoCoreError, ClientError
 
 from config import ConfigError, EnvironmentConfig, load_config
-from config.catalogue import PRICE_DATE, PRICE_SOURCE
+from config.catalogue import (
+    PRICE_DATE,
+    PRICE_SOURCE,
+    SAGEMAKER_PRICE_DATE,
+    SAGEMAKER_PRICE_SOURCE,
+    SAGEMAKER_SPOT_MAX_SAVING,
+    SAGEMAKER_SPOT_SOURCE,
+)
 from config.pricing import FSX_PRICE_DATE, FSX_PRICE_SOURCE, HOURS_PER_MONTH, fsx_usd_per_gb_month
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,8 +140,41 @@ def live_spot(ec2_client, config: EnvironmentConfig) -> tuple[float, str] | None
     return latest[zone], zone
 
 
+def sagemaker_estimate(config: EnvironmentConfig, hours: float, session=None) -> Estimate:
+    """SageMaker training: the catalogue's ml.* on-demand price; managed Spot as EC2's current Spot discount for
+    the same type (with credentials), else AWS's stated best case, never a guessed typical discount."""
+    instance = config.instance
+    assert instance.sagemaker_usd_per_hour is not None  # the configuration refuses other types on SageMaker
+    on_demand = KnownPrice(
+        instance.sagemaker_usd_per_hour, f"catalogue: {SAGEMAKER_PRICE_SOURCE}, {SAGEMAKER_PRICE_DATE}"
+    )
+    best = on_demand.usd_per_hour * (1 - SAGEMAKER_SPOT_MAX_SAVING)
+    spot = Price(best, f"best case: AWS's 'up to {SAGEMAKER_SPOT_MAX_SAVING:.0%}' saving ({SAGEMAKER_SPOT_SOURCE})")
+    if has_credentials(session):
+        try:
+            ec2_spot = live_spot(session.client("ec2", region_name=config.region), config)
+        except (BotoCoreError, ClientError):
+            ec2_spot = None
+        if ec2_spot:
+            share = ec2_spot[0] / instance.on_demand_usd_per_hour
+            spot = Price(
+                on_demand.usd_per_hour * share,
+                f"EC2's Spot discount for {instance.name} in {ec2_spot[1]} now ({1 - share:.0%}), applied to "
+                "SageMaker's price: an estimate, SageMaker bills managed Spot itself",
+            )
+    return Estimate(
+        config=config,
+        hours=hours,
+        on_demand=on_demand,
+        spot=spot,
+        fsx_usd_per_gb_month=fsx_usd_per_gb_month(config.fsx_deployment_type, config.fsx_throughput_per_tib),
+    )
+
+
 def estimate(config: EnvironmentConfig, hours: float, session=None) -> Estimate:
     """Prices for one environment: live where credentials allow, the catalogue otherwise."""
+    if config.compute == "sagemaker":
+        return sagemaker_estimate(config, hours, session)
     catalogue = KnownPrice(config.instance.on_demand_usd_per_hour, f"catalogue: {PRICE_SOURCE}, {PRICE_DATE}")
     allowed, reason = spot_allowed(config)
     on_demand, spot = catalogue, Price(None, reason or NEEDS_CREDENTIALS)
@@ -191,7 +233,8 @@ def render(e: Estimate) -> str:
     c = e.config
     fsx_tier = "" if c.fsx_deployment_type.startswith("SCRATCH") else f" {c.fsx_throughput_per_tib} MB/s/TiB"
     lines = [
-        f"{c.name} ({c.region}): {c.compute}, {c.nodes} x {c.instance_type}, "
+        f"{c.name} ({c.region}): {c.compute}, {c.nodes} x "
+        f"{c.instance.sagemaker_instance_type if c.compute == 'sagemaker' else c.instance_type}, "
         f"FSx {c.fsx_deployment_type}{fsx_tier} {c.fsx_storage_gib} GiB, budget ${c.budget_monthly_usd:,.2f}/month",
         f"  cluster on-demand : {c.nodes} x ${e.on_demand.usd_per_hour:,.4f}/h = ${e.cluster_usd_per_hour:,.2f}/h"
         f"   [{e.on_demand.source}]",
@@ -202,8 +245,9 @@ def render(e: Estimate) -> str:
     if e.spot.usd_per_hour is None:
         lines.append(f"                      Spot {e.spot.source}")
     else:
+        bound = "at least " if e.spot.source.startswith("best case") else ""
         lines.append(
-            f"                      Spot ${e.spot_run_usd:,.2f} ({c.nodes} x ${e.spot.usd_per_hour:,.4f}/h)"
+            f"                      Spot {bound}${e.spot_run_usd:,.2f} ({c.nodes} x ${e.spot.usd_per_hour:,.4f}/h)"
             f"   [{e.spot.source}]"
         )
     return "\n".join(lines)

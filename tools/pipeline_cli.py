@@ -36,7 +36,7 @@ def client_config():
 
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = schema.PHASES  # the states a successful run passes through, in order
+STAGES = schema.PHASES  # the states a successful run passes through, in order (the stack output `Phases` wins)
 RESULT_CODES = {"SUCCEEDED": 0, "RUNNING": 1, "FAILED": 1, "TIMED_OUT": 1, "ABORTED": 1, "PENDING_REDRIVE": 1}
 
 
@@ -74,6 +74,8 @@ class Pipeline:
         self.state_machine_arn = outputs["StateMachineArn"]
         self.max_nodes = int(outputs.get("MaxNodes", 1))
         self.min_nodes = int(outputs.get("MinNodes", 1))
+        # This backend's phases (no SanityCheck where the training job checks its own hosts); older stacks: all.
+        self.phases = tuple(outputs["Phases"].split(",")) if outputs.get("Phases") else STAGES
         self.log_group = outputs.get("ExecutionLogGroup")
         self.parameter = outputs.get("ApprovedModelParameter")
 
@@ -212,15 +214,15 @@ def _elapsed(seconds: float) -> str:
     return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def _progress(done: int) -> str:
-    return "[" + "#" * done + "-" * (len(STAGES) - done) + f"] {done}/{len(STAGES)}"
+def _progress(done: int, total: int) -> str:
+    return "[" + "#" * done + "-" * (total - done) + f"] {done}/{total}"
 
 
 class _Progress:
     """What `watch` prints for each history event: the phases, where the run ends, retries and failures."""
 
-    def __init__(self, out) -> None:
-        self.out = out
+    def __init__(self, out, phases: tuple[str, ...] = STAGES) -> None:
+        self.out, self.phases = out, phases
         self.attempts: dict[str | None, int] = {}
         self.done: set[str] = set()
         self.start = None
@@ -240,7 +242,7 @@ class _Progress:
         elif kind in ("TaskFailed", "TaskTimedOut"):
             details = event.get("taskFailedEventDetails") or event.get("taskTimedOutEventDetails") or {}
             print(
-                f"{elapsed}  {' ' * len(_progress(len(STAGES)))}  {self.task} attempt "
+                f"{elapsed}  {' ' * len(_progress(len(self.phases), len(self.phases)))}  {self.task} attempt "
                 f"{self.attempts.get(self.task, 1)} failed: {details.get('error', '')}",
                 file=self.out,
             )
@@ -251,7 +253,7 @@ class _Progress:
         # submissions): their attempts count for the phase.
         inside = bool(self.phase) and name != self.phase and name.startswith(self.phase or "")
         self.task = self.phase if inside else name
-        if name in STAGES:
+        if name in self.phases:
             self.phase = self.task = name
             self.done.add(name)
             self._print(elapsed, name)
@@ -259,7 +261,7 @@ class _Progress:
             self._print(elapsed, name)
 
     def _print(self, elapsed: str, text: str) -> None:
-        print(f"{elapsed}  {_progress(len(self.done))}  {text}", file=self.out)
+        print(f"{elapsed}  {_progress(len(self.done), len(self.phases))}  {text}", file=self.out)
 
 
 def _final_line(described: dict) -> str:
@@ -272,7 +274,7 @@ def _final_line(described: dict) -> str:
 
 def watch(pipeline: Pipeline, execution_arn: str, out, interval: float = 10.0) -> int:
     """Print states as they pass, with attempts, elapsed time and progress; return the run's exit code."""
-    progress, last_id = _Progress(out), 0
+    progress, last_id = _Progress(out, pipeline.phases), 0
     while True:
         # Status first, then history: every event before a final status is in the history read after it.
         described = call(pipeline.sfn.describe_execution, executionArn=execution_arn)

@@ -29,6 +29,7 @@ EXPECTED_ACCELERATOR_METRICS = {
         "node_efa_tx_bytes",
     ],
     ("eks", Accelerator.NEURON): ["node_neuroncore_utilization", "node_efa_rx_bytes", "node_efa_tx_bytes"],
+    ("sagemaker", Accelerator.NVIDIA): ["GPUUtilization", "GPUMemoryUtilization"],
 }
 
 
@@ -90,6 +91,12 @@ def test_dashboard_never_graphs_the_other_accelerators_metrics(backend):
     assert "nvidia_smi" not in neuron and "node_gpu_" not in neuron
     nvidia = body(_dashboard(_metrics(backend, Accelerator.NVIDIA)))
     assert "neuroncore" not in nvidia
+
+
+def test_sagemaker_dashboard_says_where_efa_is_proven_instead_of_an_empty_graph():
+    # SageMaker publishes no EFA counters: the dashboard points at the in-job sanity check's report instead.
+    found = body(_dashboard(_metrics("sagemaker", Accelerator.NVIDIA)))
+    assert "EFA bytes" not in found and "publishes no EFA counters" in found
 
 
 def test_dashboard_searches_every_training_metric_over_run_ids():

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime
 
 import boto3
 import pytest
@@ -14,9 +15,10 @@ from botocore.exceptions import ClientError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contracts.run import phases
 from tests.pipeline.runs import ACCEPTED, RUN
 from tests.synthesis import ROOT
-from tools.pipeline_cli import ATTEMPTS, CliError, client_config, load_run, main
+from tools.pipeline_cli import ATTEMPTS, CliError, _Progress, client_config, load_run, main
 
 
 class Deployed:
@@ -341,3 +343,14 @@ def test_an_endpoint_that_never_answers_ends_in_one_line():
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
     assert lines[0].startswith("error: AWS did not answer after 3 attempts") and "127.0.0.1" in lines[0], lines
+
+
+# SageMaker's training job checks its own hosts: the stack's `Phases` output has no SanityCheck, and the progress
+# bar counts the phases that backend passes through.
+def test_progress_counts_the_backends_own_phases():
+    out, started = io.StringIO(), datetime(2026, 1, 1, tzinfo=UTC)
+    progress = _Progress(out, phases(sanity_in_training=True))
+    for name in phases(sanity_in_training=True):
+        progress.show({"timestamp": started, "type": "TaskStateEntered", "stateEnteredEventDetails": {"name": name}})
+    assert "SanityCheck" not in out.getvalue()
+    assert out.getvalue().splitlines()[-1].split()[1] == "[#########]" and "9/9" in out.getvalue().splitlines()[-1]

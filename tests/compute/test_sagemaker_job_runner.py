@@ -1,0 +1,199 @@
+"""SageMakerJobRunner alone, in a bare stack: the `sagemaker:createTrainingJob.sync` state of each job and what the
+state machine's role may do. The pipeline running these states: tests/pipeline/test_sagemaker_pipeline.py."""
+
+import json
+
+import aws_cdk as cdk
+import aws_cdk.aws_iam as iam
+import aws_cdk.aws_stepfunctions as sfn
+import pytest
+
+from config import CATALOGUE
+from constructs.compute.sagemaker.job_runner import RETRIES_FOR_ATTEMPTS, SageMakerJobRunner
+from contracts.run import MAX_ATTEMPTS, QUEUE_WAIT_MINUTES, stages
+from tests.alone import template_of
+
+TRAIN_PARAMETERS = {"run_id": "$.job.run_id", "dataset": "$.job.dataset", "max_steps": "$.job.max_steps"}
+VALIDATE_PARAMETERS = {"run_id": "$.job.run_id", "dataset": "$.job.dataset", "baseline": "$.job.baseline"}
+
+
+def _runner(
+    *, spot: bool = False, fsx: bool = True, instance: str = "p4d.24xlarge"
+) -> tuple[cdk.Stack, SageMakerJobRunner]:
+    stack = cdk.Stack()
+    role = iam.Role(stack, "Execution", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
+    return stack, SageMakerJobRunner(
+        image="123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1",
+        role=role,
+        bucket_name="data-bucket",
+        subnet_id="subnet-1",
+        security_group_id="sg-1",
+        instance=CATALOGUE[instance],
+        validation_instance=CATALOGUE["g5.xlarge"],
+        environment="dev",
+        train_attempt_hours=72,
+        spot=spot,
+        file_system=("fs-1", "abcdefgh", "rev1") if fsx else None,
+    )
+
+
+def _request(job: str = "train", **options) -> dict:
+    stack, runner = _runner(**options)
+    parameters = TRAIN_PARAMETERS if job == "train" else VALIDATE_PARAMETERS
+    state = runner.submit(
+        stack,
+        job.capitalize(),
+        job=job,  # type: ignore[arg-type]
+        parameters=parameters,
+        job_name=f"States.Format('{{}}-{job}', $.run.run_id)",
+        nodes="$.run.nodes" if job == "train" else None,
+        attempts="$.run.max_attempts" if job == "train" else None,
+    )
+    resolved = stack.resolve(state.to_state_json())
+    assert ":states:::sagemaker:createTrainingJob.sync" in json.dumps(resolved["Resource"])
+    return resolved["Parameters"]
+
+
+def test_training_runs_on_the_runs_instances_with_the_run_as_hyperparameters():
+    request = _request()
+    assert request["ResourceConfig"]["InstanceType"] == "ml.p4d.24xlarge"
+    assert request["ResourceConfig"]["InstanceCount.$"] == "$.run.nodes"
+    assert request["HyperParameters"]["run_id.$"] == "$.job.run_id"
+    assert request["HyperParameters"]["expected_nodes.$"] == "States.Format('{}', $.run.nodes)"
+
+
+def test_the_image_runs_its_own_launcher_with_the_mode_first():
+    # ContainerEntrypoint/ContainerArguments replace the image's entry point and SageMaker's `train` argument
+    # (API_AlgorithmSpecification).
+    spec = _request()["AlgorithmSpecification"]
+    assert spec["ContainerEntrypoint"] == ["python", "/opt/training/launch.py"]
+    assert spec["ContainerArguments"][:1] == ["train"]
+    assert spec["ContainerArguments"][1:] == [
+        "--data",
+        "/opt/ml/input/data/training",
+        "--checkpoint-dir",
+        "/opt/ml/checkpoints",
+    ]
+
+
+def test_training_checks_its_own_hosts_and_keeps_node_local_checkpoints():
+    environment = _request()["Environment"]
+    assert environment["SANITY_BEFORE_TRAINING"] == "1"
+    assert environment["CHECKPOINT_NODE_LOCAL"] == "1"
+    assert environment["EFA_INTERFACES"] == str(CATALOGUE["p4d.24xlarge"].efa_interfaces)
+    assert "NCCL_SOCKET_IFNAME" not in environment  # launch.py takes it from resourceconfig.json
+
+
+def test_every_environment_value_fits_sagemakers_limit():
+    # API_CreateTrainingJob Environment: keys [a-zA-Z_][a-zA-Z0-9_]{0,1023}, values up to 512 characters.
+    for name in CATALOGUE:
+        if CATALOGUE[name].has_efa:
+            environment = _request(instance=name)["Environment"]
+            assert all(len(str(value)) <= 512 for value in environment.values()), name
+
+
+def test_names_are_fresh_per_submission_within_sagemakers_limit():
+    # Training job names are unique in the account and region and at most 63 characters (API_CreateTrainingJob):
+    # a 40-character run id, "-validate" and 9 characters of suffix.
+    name = _request()["TrainingJobName.$"]
+    assert "States.UUID()" in name
+    assert 40 + len("-validate") + 1 + 8 <= 63
+
+
+def test_training_checkpoints_sync_to_the_runs_prefix():
+    checkpoint = _request()["CheckpointConfig"]
+    assert checkpoint["S3Uri.$"] == "States.Format('s3://data-bucket/checkpoints/{}/', $.job.run_id)"
+    assert checkpoint["LocalPath"] == "/opt/ml/checkpoints"
+
+
+def test_managed_spot_waits_at_most_the_queue_wait_beyond_the_run_time():
+    request = _request(spot=True)
+    stopping = request["StoppingCondition"]
+    assert request["EnableManagedSpotTraining"] is True
+    assert stopping["MaxRuntimeInSeconds"] == stages(72)["train"].attempt_seconds
+    assert stopping["MaxWaitTimeInSeconds"] == stopping["MaxRuntimeInSeconds"] + QUEUE_WAIT_MINUTES * 60
+
+
+def test_on_demand_training_sets_no_spot_fields():
+    request = _request(spot=False)
+    assert "EnableManagedSpotTraining" not in request
+    assert "MaxWaitTimeInSeconds" not in request["StoppingCondition"]
+
+
+def test_validation_never_waits_for_spot_and_reads_the_runs_checkpoints():
+    request = _request("validate", spot=True)
+    assert "EnableManagedSpotTraining" not in request and "CheckpointConfig" not in request
+    assert request["ResourceConfig"] == {"InstanceType": "ml.g5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 512}
+    channels = {c["ChannelName"]: c for c in request["InputDataConfig"]}
+    assert channels["checkpoints"]["DataSource"]["S3DataSource"]["S3Uri.$"] == (
+        "States.Format('s3://data-bucket/checkpoints/{}/', $.job.run_id)"
+    )
+    assert request["AlgorithmSpecification"]["ContainerArguments"][-2:] == [
+        "--checkpoint",
+        "/opt/ml/input/data/checkpoints",
+    ]
+
+
+def test_fsx_datasets_are_a_read_only_file_system_channel():
+    (channel,) = _request(fsx=True)["InputDataConfig"]
+    source = channel["DataSource"]["FileSystemDataSource"]
+    assert source == {
+        "FileSystemId": "fs-1",
+        "FileSystemType": "FSxLustre",
+        "FileSystemAccessMode": "ro",
+        "DirectoryPath.$": "States.Format('/abcdefgh/{}', $.job.dataset)",
+    }
+
+
+def test_s3_datasets_stream_in_fast_file_mode():
+    (channel,) = _request(fsx=False)["InputDataConfig"]
+    assert channel["InputMode"] == "FastFile"
+    assert channel["DataSource"]["S3DataSource"]["S3Uri.$"] == "States.Format('s3://data-bucket/{}', $.job.dataset)"
+
+
+def test_the_jobs_run_in_the_training_subnet_with_the_efa_group():
+    assert _request()["VpcConfig"] == {"Subnets": ["subnet-1"], "SecurityGroupIds": ["sg-1"]}
+
+
+@pytest.mark.parametrize("attempts", range(1, MAX_ATTEMPTS + 1))
+def test_sagemaker_retries_internal_errors_within_the_runs_attempts(attempts):
+    # RetryStrategy.MaximumRetryAttempts counts retries, 1-30 (API_RetryStrategy): attempts - 1, at least 1.
+    assert RETRIES_FOR_ATTEMPTS[attempts] == max(1, attempts - 1)
+    assert 1 <= RETRIES_FOR_ATTEMPTS[attempts] <= 30
+
+
+def test_the_run_is_tagged_for_cost_allocation():
+    tags = {t["Key"]: t.get("Value", t.get("Value.$")) for t in _request()["Tags"]}
+    assert tags == {"Project": "efa-training", "Environment": "dev", "RunId": "$.job.run_id"}
+
+
+def test_there_is_no_separate_sanity_job():
+    stack, runner = _runner()
+    assert runner.sanity_in_training
+    with pytest.raises(ValueError, match="inside the training job"):
+        runner.submit(stack, "Sanity", job="sanity", parameters={"run_id": "$.job.run_id"}, job_name="$.name")
+
+
+def test_the_state_machine_may_create_describe_and_stop_training_jobs_and_pass_only_the_jobs_role():
+    stack, runner = _runner()
+    machine = sfn.StateMachine(
+        stack,
+        "Machine",
+        definition_body=sfn.DefinitionBody.from_chainable(
+            runner.submit(stack, "Train", job="train", parameters=TRAIN_PARAMETERS, job_name="$.name", nodes="$.n")
+        ),
+    )
+    runner.grant(machine)
+    statements = [
+        s
+        for r in template_of(stack)["Resources"].values()
+        if r["Type"] == "AWS::IAM::Policy"
+        for s in r["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    actions = {a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    assert {"sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"} <= actions
+    (pass_role,) = [s for s in statements if s["Action"] == "iam:PassRole"]
+    assert pass_role["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+    assert "Execution" in json.dumps(pass_role["Resource"])
+    rule = next(s for s in statements if "events:PutRule" in s["Action"])
+    assert "StepFunctionsGetEventsForSageMakerTrainingJobsRule" in json.dumps(rule["Resource"])
