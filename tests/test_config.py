@@ -16,7 +16,9 @@ BAD_INPUTS = [
     # (overrides, words the one-line message must contain)
     ({"env": "staging"}, ["env='staging'", "dev", "prod"]),
     ({"colour": "blue"}, ["unknown field 'colour'"]),
-    ({"compute": "slurm"}, ["compute='slurm'", "batch or eks"]),
+    ({"compute": "slurm"}, ["compute='slurm'", "batch or eks or sagemaker"]),
+    ({"sagemaker_data_source": "efs"}, ["sagemaker_data_source='efs'", "fsx or s3"]),
+    ({"sagemaker_spot": "sometimes"}, ["sagemaker_spot='sometimes'", "true or false"]),
     ({"instance_type": "p3.2xlarge"}, ["instance_type='p3.2xlarge'", "p5.48xlarge"]),
     ({"instance_type": "g5.xlarge"}, ["instance_type='g5.xlarge'", "no EFA"]),
     ({"nodes": "0"}, ["nodes=0", f"1 to {MAX_NODES}"]),
@@ -88,6 +90,14 @@ def test_catalogue_instance_types_with_efa_are_all_accepted():
     assert efa_instance_types()
     for name in efa_instance_types():
         assert load_config({**CDK_JSON_CONTEXT, "instance_type": name}).instance is CATALOGUE[name]
+
+
+@pytest.mark.parametrize("name", efa_instance_types())
+def test_every_catalogue_efa_type_trains_and_validates_on_sagemaker(name):
+    # `cdk synth -c compute=sagemaker -c instance_type=X` for every EFA type: ml.X exists for training, and so does
+    # the type its models are validated on.
+    config = load_config({**CDK_JSON_CONTEXT, "compute": "sagemaker", "instance_type": name})
+    assert config.instance.sagemaker_usd_per_hour and config.single_node_instance.sagemaker_usd_per_hour
 
 
 def _run_app(**overrides: str) -> subprocess.CompletedProcess:

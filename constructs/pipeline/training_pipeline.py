@@ -232,8 +232,8 @@ class TrainingPipeline(Construct):
             self.state_machine.role,
             "AwsSolutions-IAM5[Resource::*]",
             "X-Ray (PutTraceSegments, PutTelemetryRecords, GetSampling*) and CloudWatch Logs delivery "
-            "(logs:CreateLogDelivery ...) allow no resource-level permissions; nor does the job runner's "
-            "status polling (batch:DescribeJobs)",
+            "(logs:CreateLogDelivery ...) allow no resource-level permissions; nor do the job runners' "
+            "status polling (batch:DescribeJobs) and the SageMaker integration's sagemaker:ListTags",
         )
         stack = cdk.Stack.of(self)
 

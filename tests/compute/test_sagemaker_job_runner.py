@@ -197,3 +197,17 @@ def test_the_state_machine_may_create_describe_and_stop_training_jobs_and_pass_o
     assert "Execution" in json.dumps(pass_role["Resource"])
     rule = next(s for s in statements if "events:PutRule" in s["Action"])
     assert "StepFunctionsGetEventsForSageMakerTrainingJobsRule" in json.dumps(rule["Resource"])
+
+
+def test_a_submission_retries_sagemakers_own_errors_and_waits_for_instance_quota():
+    # Step Functions' SageMaker training job example retries SageMaker.AmazonSageMakerException and
+    # SageMaker.ResourceLimitExceededException (connect-sagemaker.html); the quota is waited for the queue wait.
+    stack, runner = _runner()
+    state = stack.resolve(
+        runner.submit(stack, "Train", job="train", parameters=TRAIN_PARAMETERS, job_name="$.name").to_state_json()
+    )
+    retries = {tuple(r["ErrorEquals"]): r for r in state["Retry"]}
+    assert retries[("SageMaker.AmazonSageMakerException",)]["MaxAttempts"] == 6
+    quota = retries[("SageMaker.ResourceLimitExceededException",)]
+    assert quota["IntervalSeconds"] * quota["MaxAttempts"] == QUEUE_WAIT_MINUTES * 60
+    assert runner.rejected_errors == ("SageMaker.ResourceLimitExceededException",)

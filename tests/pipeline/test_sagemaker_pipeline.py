@@ -31,7 +31,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 )
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
-from contracts.run import FAILURE_REASON_MARKER
+from contracts.run import FAILURE_REASON_MARKER, QUEUE_WAIT_MINUTES
 from tests.pipeline.runs import (
     ACCEPTED,
     APPROVED_MODEL_PARAMETER,
@@ -50,7 +50,20 @@ pytestmark = pytest.mark.xdist_group("sagemaker-pipeline")
 # What SageMaker reports for a managed Spot job that ran out of its MaxWaitTimeInSeconds after an interruption
 # (DescribeTrainingJob SecondaryStatus "MaxWaitTimeExceeded", API_DescribeTrainingJob).
 SPOT_GAVE_UP = "spot"
-REFUSED_REQUEST = "rejected"  # CreateTrainingJob refused (e.g. ResourceLimitExceeded: no ml.* instance quota)
+# CreateTrainingJob itself failing, with the errors Step Functions' SageMaker integration raises (connect-sagemaker
+# training job example): the account's instance quota used up, and SageMaker's generic error (throttling...).
+NO_QUOTA, THROTTLED = "no-quota", "throttled"
+REQUEST_ERRORS = {
+    NO_QUOTA: (
+        "SageMaker.ResourceLimitExceededException",
+        "The account-level service limit 'ml.g5.12xlarge for training job usage' is 0 Instances "
+        "(Service: AmazonSageMaker; Status Code: 400; Error Code: ResourceLimitExceeded)",
+    ),
+    THROTTLED: (
+        "SageMaker.AmazonSageMakerException",
+        "Rate exceeded (Service: AmazonSageMaker; Status Code: 400; Error Code: ThrottlingException)",
+    ),
+}
 
 
 def _task_failed(env, error: str, cause: str, *, states_error: bool) -> FailureEventException:
@@ -87,14 +100,8 @@ class SageMakerEmulator(Emulator):
                 plan = emulator.outcomes.get(kind, [True])
                 outcome = plan[min(emulator.kinds().count(kind), len(plan) - 1)]
                 emulator.jobs.append(request)
-                if outcome == REFUSED_REQUEST:
-                    raise _task_failed(
-                        env,
-                        "SageMaker.AmazonSageMakerException",
-                        "The account-level service limit 'ml.g5.12xlarge for training job usage' is 0 Instances "
-                        "(Service: AmazonSageMaker; Status Code: 400; Error Code: ResourceLimitExceeded)",
-                        states_error=False,
-                    )
+                if outcome in REQUEST_ERRORS:
+                    raise _task_failed(env, *REQUEST_ERRORS[outcome], states_error=False)
                 sagemaker = boto3.client("sagemaker", region_name=REGION)
                 sagemaker.create_training_job(**request)  # botocore validates the request; names must be new
                 described = json.loads(
@@ -237,14 +244,25 @@ def test_a_job_that_refuses_the_run_is_not_retried(emulator, exit_code):
     assert alert["detail"] == "TrainingRefused" and f"exited with {exit_code}" in alert["cause"]
 
 
-# CreateTrainingJob refused (no instance quota): resubmitting cannot help, so the run fails at once.
-def test_a_refused_request_fails_the_run_without_retrying(emulator):
-    emulator.outcomes = {"train": [REFUSED_REQUEST]}
+# No instance quota: the submission waits for it as long as a job waits for capacity (every 5 minutes for the queue
+# wait), then the run fails naming it; no new training attempt is started for it.
+def test_a_missing_instance_quota_is_waited_for_then_fails_the_run(emulator):
+    emulator.outcomes = {"train": [NO_QUOTA]}
     result = emulator.run({**RUN, "run_id": "no-quota-001"})
     assert result["status"] == "FAILED" and result["error"] == "TrainingFailed", result
-    assert emulator.kinds() == ["train"] and emulator.retry_sleeps == []
+    assert emulator.kinds() == ["train"] * (1 + QUEUE_WAIT_MINUTES // 5)
+    assert emulator.retry_sleeps == [300] * (QUEUE_WAIT_MINUTES // 5)
     (alert,) = messages(emulator)
     assert "ResourceLimitExceeded" in alert["cause"]
+
+
+# A throttled CreateTrainingJob is retried within the submission, seconds later; the run goes on.
+def test_a_throttled_request_is_retried_and_the_run_succeeds(emulator):
+    emulator.verdict = ACCEPTED
+    emulator.outcomes = {"train": [THROTTLED, True]}
+    result = emulator.run({**RUN, "run_id": "throttled-001"})
+    assert result["status"] == "SUCCEEDED", result
+    assert emulator.kinds() == ["train", "train", "validate"] and emulator.retry_sleeps == [5]
 
 
 def test_a_rejected_model_is_not_approved(emulator):

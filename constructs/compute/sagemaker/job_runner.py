@@ -40,6 +40,25 @@ VOLUME_GIB = {"train": 512, "validate": 512}
 # SageMaker RetryStrategy.MaximumRetryAttempts is 1-30 retries after the first attempt (API_RetryStrategy); the
 # run's max_attempts counts attempts, so 1 attempt still allows SageMaker's one retry of its own internal errors.
 RETRIES_FOR_ATTEMPTS = (1, *(max(1, attempts - 1) for attempts in range(1, MAX_ATTEMPTS + 1)))
+# What the integration raises when CreateTrainingJob itself fails (Step Functions developer guide, "Create and
+# manage Amazon SageMaker AI jobs with Step Functions": its training job example retries both): SageMaker's generic
+# error (throttling, internal errors) and the account's instance quota for the type, which other jobs may free.
+API_ERROR = "SageMaker.AmazonSageMakerException"
+QUOTA_ERROR = "SageMaker.ResourceLimitExceededException"
+API_RETRY: dict = {
+    "errors": [API_ERROR],
+    "interval": cdk.Duration.seconds(5),
+    "max_attempts": 6,
+    "backoff_rate": 2,
+    "max_delay": cdk.Duration.minutes(2),
+}
+# A quota that other jobs hold is waited for as long as any backend's job waits for capacity (QUEUE_WAIT_MINUTES).
+QUOTA_RETRY: dict = {
+    "errors": [QUOTA_ERROR],
+    "interval": cdk.Duration.minutes(5),
+    "max_attempts": QUEUE_WAIT_MINUTES // 5,
+    "backoff_rate": 1,
+}
 # Training job names: 1-63 letters, digits and '-' (API_CreateTrainingJob), unique in the account and region
 # forever, so each submission appends 8 hex digits of a fresh UUID: `<run_id>-validate-1a2b3c4d` <= 58.
 _UNIQUE_SUFFIX = "States.ArrayGetItem(States.StringSplit(States.UUID(), '-'), 0)"
@@ -50,9 +69,9 @@ class SageMakerJobRunner:
 
     # A run may use fewer instances than the environment's maximum: ResourceConfig.InstanceCount follows `nodes`.
     fixed_node_count = False
-    # CreateTrainingJob refuses a request the account cannot run (the instance quota, ml.p5 starts at 0): the
-    # integration fails with SageMaker's error, not a job description; resubmitting cannot help.
-    rejected_errors = ("SageMaker.AmazonSageMakerException",)
+    # The account's instance quota for the type is used up (or 0, as it starts for ml.p5): after the submission's own
+    # waits for it (QUOTA_RETRY) a new training attempt cannot help, so the run fails naming it.
+    rejected_errors = (QUOTA_ERROR,)
     # RetryStrategy restarts a job that failed on SageMaker's side (InternalServerError) inside one submission.
     restarts_lost_hosts = True
     sanity_in_training = True
@@ -108,7 +127,10 @@ class SageMakerJobRunner:
             },
             "ResultPath": result_path,
         }
-        return sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
+        submission = sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
+        submission.add_retry(**API_RETRY)
+        submission.add_retry(**QUOTA_RETRY)
+        return submission
 
     def training_job(
         self, *, job: JobKind, parameters: Mapping[str, str], job_name: str, nodes: str | None, attempts: str | None
@@ -231,7 +253,8 @@ class SageMakerJobRunner:
         return [data, checkpoints]
 
     def grant(self, principal: iam.IGrantable) -> None:
-        """Step Functions' documented policy for createTrainingJob.sync, and passing the jobs' role to SageMaker."""
+        """Step Functions' documented policy for createTrainingJob.sync (training-job/*: names are made per
+        submission), AddTags for the jobs' cost-allocation tags, and passing the jobs' role to SageMaker only."""
         stack = cdk.Stack.of(principal) if isinstance(principal, Construct) else cdk.Stack.of(self.role)
         jobs = stack.format_arn(service="sagemaker", resource="training-job", resource_name="*")
         iam.Grant.add_to_principal(
@@ -244,6 +267,9 @@ class SageMakerJobRunner:
             ],
             resource_arns=[jobs],
         )
+        # The .sync integration's documented policy also lists ListTags on every resource (Step Functions developer
+        # guide, "IAM policies for Amazon SageMaker AI": CreateTrainingJob, Run a Job (.sync), dynamic resources).
+        iam.Grant.add_to_principal(grantee=principal, actions=["sagemaker:ListTags"], resource_arns=["*"])
         principal.grant_principal.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["iam:PassRole"],
