@@ -11,7 +11,7 @@ failure on new hosts:
   0    success
   1    a failure of the infrastructure or an unexpected error: worth a retry on other hosts
   2    EXIT_USAGE: bad flag, data or checkpoint folder; a retry fails the same way
-  3    sanity_check.py only: the checks passed but the report was not written (sanity_check.EXIT_REPORT_NOT_WRITTEN)
+  3    sanity_check.py only: the checks passed but the report was not written (EXIT_REPORT_NOT_WRITTEN)
   4    EXIT_DIVERGED: the loss or the gradient norm stopped being finite, or exploded; a failure
        of the run (its hyperparameters or data), not of the hosts: no retry
   5    EXIT_FOLDER_LOCKED: another live job writes to the same checkpoint folder; no retry
@@ -30,8 +30,8 @@ from typing import Any, NoReturn
 EXIT_USAGE = 2
 EXIT_DIVERGED = 4
 EXIT_FOLDER_LOCKED = 5
-EXIT_REPORT_NOT_WRITTEN = 3  # sanity_check.py's (tested equal)
-EXIT_STOPPED = 143  # trainer.py's EXIT_SIGTERM (tested equal)
+EXIT_REPORT_NOT_WRITTEN = 3  # sanity_check.py: the checks passed, the report was not written
+EXIT_STOPPED = 143  # 128 + SIGTERM: train.py stopped cleanly on request (SIGINT too), after a final checkpoint
 
 FAILURE_REASON_MARKER = "efa-training exit code "
 EXIT_MEANINGS = {
