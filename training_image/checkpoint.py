@@ -17,8 +17,8 @@ Node-local folders (CHECKPOINT_NODE_LOCAL=1, SageMaker): each instance has its o
 SageMaker uploads to one S3 prefix (files deleted locally are deleted there too) and restores whole to every instance
 of the next job ("Checkpoints in Amazon SageMaker AI": https://docs.aws.amazon.com/sagemaker/latest/dg/model-checkpoints.html).
 So every node's local rank 0 does what rank 0 does to a shared folder, to its own node's folder, after the same
-barrier: the temporary folder, the rename into place, pruning and setting aside. Every node writes the same meta.json
-(rank 0's whole manifest, broadcast), so the union of the nodes' folders is one complete checkpoint and each node's
+barrier: the temporary folder, the rename into place, pruning and setting aside. Every node writes rank 0's meta.json
+(broadcast, with the whole manifest), so the union of the nodes' folders is one complete checkpoint and each node's
 folder holds complete step folders of its own files. A union that lacks a node's files of the newest step (an upload
 cut short) fails that node's ranks' share of the check above, and the previous step is loaded.
 
@@ -125,15 +125,12 @@ class CheckpointStore:
         if self.rank == 0:  # files no rank claimed (DCP's .metadata, a renamed shard): rank 0 sums them
             for path in tmp.iterdir():
                 manifest.setdefault(path.name, {**file_record(path), "rank": 0})
+        meta = {"step": train_state.step, "format": self.fmt, "world_size": self.world_size, "config": config}
+        meta["files"] = manifest
         if self.node_local:
-            manifest = self._broadcast(manifest)  # every node writes the same meta.json
+            meta = self._broadcast(meta)  # every node writes rank 0's meta.json, byte for byte
         if self.finalises:
-            self._publish(
-                tmp,
-                final,
-                manifest,
-                {"step": train_state.step, "format": self.fmt, "world_size": self.world_size, "config": config},
-            )
+            self._publish(tmp, final, meta)
             prune(self.root, train_state.step, self.keep_last)
         self._barrier()
         return final
@@ -172,17 +169,17 @@ class CheckpointStore:
         dist.all_gather_object(everyone, own)
         return {name: record for part in everyone for name, record in part.items()}
 
-    def _broadcast(self, manifest: dict[str, dict]) -> dict[str, dict]:
+    def _broadcast(self, meta: dict) -> dict:
         if not self._distributed:
-            return manifest
-        box: list[Any] = [manifest]
+            return meta
+        box: list[Any] = [meta]
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def _publish(self, tmp: Path, final: Path, manifest: dict[str, dict], meta: dict) -> None:
+    def _publish(self, tmp: Path, final: Path, meta: dict) -> None:
         """meta.json with the whole manifest, written last, then the rename into place."""
         with open(tmp / "meta.json", "w") as f:
-            json.dump({**meta, "files": manifest}, f, indent=2)
+            json.dump(meta, f, indent=2)
             f.flush()
             os.fsync(f.fileno())
         fsync_path(tmp)

@@ -500,6 +500,7 @@ def run_on_sagemaker(mode: str, launch: Launch) -> int:
     stage, code = mode, 0
     if launch.sanity_first:
         stage = "sanity check before training"
+        print(f"launch.py: {stage}: {' '.join(launch.sanity_first)}", file=sys.stderr, flush=True)
         code = run_torchrun(launch.sanity_first, launch.env)
         if code == 0 and _signals_received:
             code = EXIT_STOPPED  # stopped between the check and the training: nothing to train or save yet
