@@ -13,6 +13,15 @@ readable); one collective tells every rank what the others found; only if all ar
 collective load, whose outcome is agreed the same way. A candidate that fails anywhere is dropped by every rank
 together and set aside as `.damaged-step_*` with a warning naming the problem, and the previous one is tried.
 
+Node-local folders (CHECKPOINT_NODE_LOCAL=1, SageMaker): each instance has its own /opt/ml/checkpoints, which
+SageMaker uploads to one S3 prefix (files deleted locally are deleted there too) and restores whole to every instance
+of the next job ("Checkpoints in Amazon SageMaker AI": https://docs.aws.amazon.com/sagemaker/latest/dg/model-checkpoints.html).
+So every node's local rank 0 does what rank 0 does to a shared folder, to its own node's folder, after the same
+barrier: the temporary folder, the rename into place, pruning and setting aside. Every node writes rank 0's meta.json
+(broadcast, with the whole manifest), so the union of the nodes' folders is one complete checkpoint and each node's
+folder holds complete step folders of its own files. A union that lacks a node's files of the newest step (an upload
+cut short) fails that node's ranks' share of the check above, and the previous step is loaded.
+
 Rank 0's renames, pruning and setting aside are checkpoint_folder.py's; when to save is checkpoint_manager.py's.
 """
 
@@ -56,10 +65,23 @@ def _describe(exc: BaseException) -> str:
 class CheckpointStore:
     """One checkpoint folder, seen by one rank: `save` and `load_latest` are collective over the process group."""
 
-    def __init__(self, root: Path, fmt: str, keep_last: int, rank: int, world_size: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        fmt: str,
+        keep_last: int,
+        rank: int,
+        world_size: int,
+        *,
+        local_rank: int = 0,
+        node_local: bool = False,
+    ) -> None:
         assert fmt in ("full", "dcp")
         self.root, self.fmt, self.keep_last = root, fmt, keep_last
         self.rank, self.world_size = rank, world_size
+        self.node_local = node_local
+        # Who renames, prunes and sets aside in this process's folder: rank 0 of a shared folder, else each node's.
+        self.finalises = local_rank == 0 if node_local else rank == 0
         self.device = torch.device("cpu")  # where the agreement's flags live (NCCL needs the GPU)
 
     @property
@@ -90,7 +112,7 @@ class CheckpointStore:
     ) -> Path:
         final = self.root / step_name(train_state.step)
         tmp = self.root / f"{TMP_PREFIX}{final.name}"
-        if self.rank == 0:
+        if self.finalises:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)  # leftover of a save killed half-way
             tmp.mkdir()
@@ -100,13 +122,15 @@ class CheckpointStore:
         written = self._write_state(tmp, model, optimizer, extra)
         written[f"rng_rank{self.rank}.pt"] = save_file(rng_state(), tmp / f"rng_rank{self.rank}.pt")
         manifest = self._gather_manifest(written)  # also the barrier: every rank's files are written
-        if self.rank == 0:
-            self._publish(
-                tmp,
-                final,
-                manifest,
-                {"step": train_state.step, "format": self.fmt, "world_size": self.world_size, "config": config},
-            )
+        if self.rank == 0:  # files no rank claimed (DCP's .metadata, a renamed shard): rank 0 sums them
+            for path in tmp.iterdir():
+                manifest.setdefault(path.name, {**file_record(path), "rank": 0})
+        meta = {"step": train_state.step, "format": self.fmt, "world_size": self.world_size, "config": config}
+        meta["files"] = manifest
+        if self.node_local:
+            meta = self._broadcast(meta)  # every node writes rank 0's meta.json, byte for byte
+        if self.finalises:
+            self._publish(tmp, final, meta)
             prune(self.root, train_state.step, self.keep_last)
         self._barrier()
         return final
@@ -145,12 +169,17 @@ class CheckpointStore:
         dist.all_gather_object(everyone, own)
         return {name: record for part in everyone for name, record in part.items()}
 
-    def _publish(self, tmp: Path, final: Path, manifest: dict[str, dict], meta: dict) -> None:
-        """Rank 0: meta.json with the whole manifest, written last, then the rename into place."""
-        for path in tmp.iterdir():  # files no rank claimed (DCP's .metadata, a renamed shard): rank 0 sums them
-            manifest.setdefault(path.name, {**file_record(path), "rank": 0})
+    def _broadcast(self, meta: dict) -> dict:
+        if not self._distributed:
+            return meta
+        box: list[Any] = [meta]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _publish(self, tmp: Path, final: Path, meta: dict) -> None:
+        """meta.json with the whole manifest, written last, then the rename into place."""
         with open(tmp / "meta.json", "w") as f:
-            json.dump({**meta, "files": manifest}, f, indent=2)
+            json.dump(meta, f, indent=2)
             f.flush()
             os.fsync(f.fileno())
         fsync_path(tmp)
@@ -218,7 +247,7 @@ class CheckpointStore:
     def _set_aside(self, path: Path, problem: str | None, failed: list[int]) -> None:
         if problem is not None:
             log(f"checkpoint: WARNING rank {self.rank}: {path.name} is damaged: {problem}")
-        if self.rank == 0:
+        if self.finalises:
             try:
                 where = f"set aside as {set_aside(path, DAMAGED_PREFIX).name}"
             except OSError as exc:

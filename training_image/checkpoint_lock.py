@@ -31,20 +31,22 @@ SAME_RUN_LOCK_WAIT_SECONDS = 300
 LOCK_POLL_SECONDS = 5.0
 
 
-def take_folder(root: Path, rt: Runtime) -> IO | str | None:
-    """Global rank 0 takes the lock and every rank learns the outcome; the lock is held until the process ends.
+def take_folder(root: Path, rt: Runtime, node_local: bool = False) -> IO | str | None:
+    """Global rank 0 takes the lock (with node-local folders, every node's local rank 0 takes its own node's) and
+    every rank learns the outcome; the lock is held until the process ends.
 
     Held by the rank-0 worker process, so the kernel releases it when that worker dies; torchrun's restart
     takes it again. Another job on the same folder is refused with the holder's name and exit code 5, at once when
     it is another run, after a bounded wait when it is this run's own earlier attempt (its host may have died)."""
-    got = lock_folder_waiting(root, lock_holder()) if rt.is_main else None
+    holds = rt.local_rank == 0 if node_local else rt.is_main
+    got = lock_folder_waiting(root, lock_holder()) if holds else None
     refused = torch.tensor([int(isinstance(got, str))], dtype=torch.int32, device=rt.device)
-    dist.broadcast(refused, src=0)
+    dist.all_reduce(refused)  # any holder refused: every rank stops
     if int(refused.item()):
         raise RunRefused(
             EXIT_FOLDER_LOCKED,
             f"--checkpoint-dir={str(root)!r} is in use by another job (holder: {got}); one writer per checkpoint folder"
-            if rt.is_main
+            if isinstance(got, str)
             else "",
         )
     return got

@@ -82,9 +82,16 @@ class CheckpointManager:
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
         config_record: dict,
+        node_local: bool = False,
     ) -> None:
         self.store = CheckpointStore(
-            Path(cfg.checkpoint_dir), "dcp" if cfg.strategy == "fsdp" else "full", cfg.keep_last, rt.rank, rt.world_size
+            Path(cfg.checkpoint_dir),
+            "dcp" if cfg.strategy == "fsdp" else "full",
+            cfg.keep_last,
+            rt.rank,
+            rt.world_size,
+            local_rank=rt.local_rank,
+            node_local=node_local,
         )
         self.schedule = SaveSchedule(cfg.checkpoint_every, cfg.max_steps)
         self.mtbf_hours, self.rt, self.config_record = cfg.mtbf_hours, rt, config_record

@@ -11,11 +11,15 @@ failure on new hosts:
   0    success
   1    a failure of the infrastructure or an unexpected error: worth a retry on other hosts
   2    EXIT_USAGE: bad flag, data or checkpoint folder; a retry fails the same way
-  3    sanity_check.py only: the checks passed but the report was not written (sanity_check.EXIT_REPORT_NOT_WRITTEN)
+  3    sanity_check.py only: the checks passed but the report was not written (EXIT_REPORT_NOT_WRITTEN)
   4    EXIT_DIVERGED: the loss or the gradient norm stopped being finite, or exploded; a failure
        of the run (its hyperparameters or data), not of the hosts: no retry
   5    EXIT_FOLDER_LOCKED: another live job writes to the same checkpoint folder; no retry
   143  train.py stopped on SIGTERM/SIGINT after writing a checkpoint (the scheduler asked)
+
+On SageMaker, launch.py also writes the code and its meaning to the job's failure file (`failure_reason`), which
+DescribeTrainingJob returns as FailureReason: the pipeline tells a refused run from a failed attempt by matching
+FAILURE_REASON_MARKER followed by the code (contracts/run.py holds the same marker; a test holds them equal).
 """
 
 from __future__ import annotations
@@ -26,6 +30,18 @@ from typing import Any, NoReturn
 EXIT_USAGE = 2
 EXIT_DIVERGED = 4
 EXIT_FOLDER_LOCKED = 5
+EXIT_REPORT_NOT_WRITTEN = 3  # sanity_check.py: the checks passed, the report was not written
+EXIT_STOPPED = 143  # 128 + SIGTERM: train.py stopped cleanly on request (SIGINT too), after a final checkpoint
+
+FAILURE_REASON_MARKER = "efa-training exit code "
+EXIT_MEANINGS = {
+    1: "a crash, a lost worker or an infrastructure fault (worth a retry on other hosts)",
+    EXIT_USAGE: "usage: a bad flag, environment, dataset or checkpoint folder (a retry fails the same way)",
+    EXIT_REPORT_NOT_WRITTEN: "sanity report not written (the checks passed)",
+    EXIT_DIVERGED: "diverged: the loss or gradient norm stopped being finite, or exploded",
+    EXIT_FOLDER_LOCKED: "checkpoint folder locked by another live job",
+    EXIT_STOPPED: "stopped (143) on SIGTERM after writing a final checkpoint",
+}
 
 
 class UsageError(Exception):
@@ -45,6 +61,17 @@ class RunRefused(Exception):
     def __init__(self, code: int, message: str = "") -> None:
         self.code, self.message = code, message
         super().__init__(message)
+
+
+def failure_reason(code: int, stage: str = "", detail: str = "") -> str:
+    """One line for SageMaker's failure file: the marker, the exit code, what it means, then any detail."""
+    meaning = EXIT_MEANINGS.get(code, "killed by a signal" if code > 128 else "an unexpected exit code")
+    text = f"{FAILURE_REASON_MARKER}{code}: {meaning}"
+    if stage:
+        text += f" ({stage})"
+    if detail:
+        text += f": {detail}"
+    return " ".join(text.split())
 
 
 def exit_with_usage_error(prog: str, err: UsageError) -> NoReturn:

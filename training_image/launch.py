@@ -14,6 +14,16 @@ Kubernetes (PyTorchJob, Kubeflow Trainer TrainJob or an Indexed Job; one pod per
   MASTER_ADDR, MASTER_PORT (or PET_MASTER_ADDR, PET_MASTER_PORT) -> --rdzv-endpoint
   PET_NNODES, else WORLD_SIZE (= nodes with torchrun) -> --nnodes
   RANK / PET_NODE_RANK                 -> logged only: c10d assigns ranks itself
+Amazon SageMaker training job (one container per instance; chosen when <ml root>/input/config/resourceconfig.json
+exists, ml root = SAGEMAKER_ML_ROOT or /opt/ml, and no AWS_BATCH_JOB_NUM_NODES):
+  resourceconfig.json hosts            -> --nnodes len(hosts); this node's rank = hosts.index(current_host)
+  hosts[0] (one host: localhost)       -> --rdzv-endpoint host
+  network_interface_name               -> --local-addr (its IPv4); NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME unless set
+  TRAINING_JOB_NAME (set by SageMaker), else RUN_ID -> --rdzv-id
+  hyperparameters.json {"max_steps": "30", ...} -> --max-steps 30 ... after the container arguments ("dataset" is
+                                          dropped: the `training` channel is --data)
+  SANITY_BEFORE_TRAINING=1 (train)     -> sanity_check.py first, on the same hosts; train only if it passed
+  a nonzero exit                       -> <ml root>/output/failure: errors.failure_reason (the job's FailureReason)
 Both:
   ACCELERATORS_PER_NODE (required for sanity/train; must agree with PET_NPROC_PER_NODE if that is set)
                                        -> --nproc-per-node
@@ -26,6 +36,10 @@ Exit codes: torchrun turns every worker failure into 1, so each worker runs behi
 records its own exit code, and launch.py ends with the code of torchrun's last restart (errors.py lists
 them: 2 usage, 4 diverged, 5 checkpoint folder locked; sanity_check.py's 3, report not written).
 launch.py stays the container's main process and forwards SIGTERM/SIGINT to torchrun.
+
+Sanity inside the training job (SANITY_BEFORE_TRAINING=1): every attempt of a SageMaker job, and every Spot restart,
+runs on fresh instances, so only a check inside the job proves the instances that train; it uses its own
+rendezvous (MASTER_PORT + 1, rdzv id + "-sanity"), so a node that starts training first never joins a sanity store.
 """
 
 from __future__ import annotations
@@ -41,14 +55,41 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from errors import UsageError, exit_with_usage_error
+from errors import EXIT_STOPPED, EXIT_USAGE, UsageError, exit_with_usage_error, failure_reason
 from exit_relay import EXIT_CODE_DIR, relayed_exit_code
+from run_paths import node_local_checkpoints
 
 HERE = Path(__file__).resolve().parent
 DISTRIBUTED_MODES = {"sanity": "sanity_check.py", "train": "train.py"}
 SINGLE_MODES = {"validate": "validate.py", "prepare-data": "prepare_data.py"}
 DEFAULT_PORT = 29500
 DEFAULT_MAX_RESTARTS = {"train": 3, "sanity": 0}  # a failed pre-flight check must fail the job, not retry
+
+# SageMaker's container contract ("How Amazon SageMaker AI provides training information",
+# https://docs.aws.amazon.com/sagemaker/latest/dg/your-algorithms-training-algo-running-container.html): the
+# hyperparameters (a JSON object of strings) and the distributed training configuration (resourceconfig.json:
+# current_host, hosts, network_interface_name) under /opt/ml/input/config; TRAINING_JOB_NAME in the environment.
+ML_ROOT_ENV = "SAGEMAKER_ML_ROOT"  # tests redirect /opt/ml
+DEFAULT_ML_ROOT = "/opt/ml"
+# The hyperparameters each mode accepts: contracts/run.py JOB_PARAMETERS, plus train's expected_nodes (the image
+# cannot import contracts/: tests/training/test_run_contract.py holds them equal).
+SAGEMAKER_HYPERPARAMETERS = {
+    "sanity": ("run_id",),
+    "train": (
+        "run_id",
+        "dataset",
+        "model",
+        "strategy",
+        "max_steps",
+        "checkpoint_every",
+        "seed",
+        "lr",
+        "batch_size",
+        "expected_nodes",
+    ),
+    "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
+}
+CHANNEL_HYPERPARAMETERS = ("dataset",)  # on SageMaker the `training` input channel: the --data flag wins
 
 
 @dataclass(frozen=True)
@@ -116,8 +157,11 @@ def _nnodes(env: Mapping[str, str], nodes: str) -> str:
     return f"{min_nodes}:{nodes}"
 
 
-def plan_launch(mode: str, env: Mapping[str, str], own_address: str | None = None) -> LaunchPlan:
-    """torchrun settings for `mode` from the scheduler's environment variables (pure function)."""
+def plan_launch(
+    mode: str, env: Mapping[str, str], own_address: str | None = None, resource_config: Mapping | None = None
+) -> LaunchPlan:
+    """torchrun settings for `mode` from the scheduler's environment variables and, on SageMaker, its resource
+    configuration (pure function)."""
     if mode not in DISTRIBUTED_MODES:
         raise UsageError("mode", mode, "not a distributed mode", ", ".join(DISTRIBUTED_MODES))
     nproc = _int(env, "ACCELERATORS_PER_NODE", minimum=1)
@@ -143,6 +187,8 @@ def plan_launch(mode: str, env: Mapping[str, str], own_address: str | None = Non
     )
     if "AWS_BATCH_JOB_NUM_NODES" in env:
         return _batch_plan(env, local, port, own_address)
+    if resource_config is not None:
+        return _sagemaker_plan(env, local, port, resource_config, own_address)
     master = env.get("MASTER_ADDR") or env.get("PET_MASTER_ADDR")  # PyTorchJob v1 / Kubeflow Trainer v2
     if master and ("PET_NNODES" in env or "WORLD_SIZE" in env):
         return _kubernetes_plan(env, local, master, port, own_address)
@@ -175,6 +221,67 @@ def _batch_plan(env: Mapping[str, str], local: LaunchPlan, port: int, own_addres
     )
 
 
+def sagemaker_hosts(config: Mapping) -> tuple[list[str], int, str]:
+    """(hosts, this host's index, the network interface) from resourceconfig.json, or one UsageError."""
+    hosts, current, interface = config.get("hosts"), config.get("current_host"), config.get("network_interface_name")
+    if not (isinstance(hosts, list) and hosts and all(isinstance(h, str) and h for h in hosts)):
+        raise UsageError("resourceconfig.json hosts", hosts, "not a list of host names", 'e.g. ["algo-1", "algo-2"]')
+    if len(set(hosts)) != len(hosts):
+        raise UsageError("resourceconfig.json hosts", hosts, "names a host twice", "distinct host names")
+    if current not in hosts:
+        raise UsageError("resourceconfig.json current_host", current, "not one of hosts", ", ".join(hosts))
+    if not (isinstance(interface, str) and interface):
+        raise UsageError("resourceconfig.json network_interface_name", interface, "missing", "an interface, e.g. eth0")
+    return hosts, hosts.index(current), interface
+
+
+def _sagemaker_plan(
+    env: Mapping[str, str], local: LaunchPlan, port: int, config: Mapping, own_address: str | None
+) -> LaunchPlan:
+    hosts, rank, _ = sagemaker_hosts(config)
+    max_restarts = local.max_restarts
+    if len(hosts) > 1 and node_local_checkpoints(env) and max_restarts:
+        # torchrun's in-place restart would resume from this node's own folder, which holds only its own shards
+        # (not the union SageMaker restores at the start of a job): a failure ends the job, and the next attempt
+        # resumes on fresh instances from the whole checkpoint prefix.
+        if env.get("MAX_RESTARTS"):
+            raise UsageError(
+                "MAX_RESTARTS",
+                env["MAX_RESTARTS"],
+                "an in-place restart cannot resume from node-local checkpoints (CHECKPOINT_NODE_LOCAL=1)",
+                "0, or unset",
+            )
+        max_restarts = 0
+    return replace(
+        local,
+        scheduler="sagemaker",
+        nnodes=_nnodes(env, str(len(hosts))),
+        rdzv_endpoint=f"{hosts[0] if len(hosts) > 1 else 'localhost'}:{port}",
+        rdzv_id=env.get("TRAINING_JOB_NAME") or env.get("RUN_ID") or "sagemaker",
+        max_restarts=max_restarts,
+        node_rank=rank,
+        is_main_node=rank == 0,
+        local_addr=own_address,
+    )
+
+
+def hyperparameter_flags(mode: str, hyperparameters: object) -> list[str]:
+    """SageMaker's hyperparameters as the script's flags: --name-with-dashes VALUE, as the EKS job runner passes them
+    (constructs/compute/eks/job_runner.py launcher_flag), minus the ones an input channel already gives."""
+    if not isinstance(hyperparameters, dict):
+        raise UsageError("hyperparameters.json", hyperparameters, "not a JSON object", '{"max_steps": "1000", ...}')
+    known = SAGEMAKER_HYPERPARAMETERS.get(mode, ())
+    flags: list[str] = []
+    for name, value in hyperparameters.items():
+        if name not in known:
+            raise UsageError(f"hyperparameter {name}", value, f"unknown to {mode}", ", ".join(known) or "none")
+        if not isinstance(value, str):
+            raise UsageError(f"hyperparameter {name}", value, "not a string", "strings (SageMaker passes strings)")
+        if name not in CHANNEL_HYPERPARAMETERS:
+            flags += ["--" + name.replace("_", "-"), value]
+    return flags
+
+
 def _kubernetes_plan(
     env: Mapping[str, str], local: LaunchPlan, master: str, port: int, own_address: str | None
 ) -> LaunchPlan:
@@ -205,11 +312,15 @@ def _flag_value(args: list[str], flag: str) -> str | None:
 
 
 def build_command(
-    mode: str, script_args: list[str], env: Mapping[str, str], own_address: str | None = None
+    mode: str,
+    script_args: list[str],
+    env: Mapping[str, str],
+    own_address: str | None = None,
+    resource_config: Mapping | None = None,
 ) -> tuple[list[str], LaunchPlan | None]:
     if mode in SINGLE_MODES:
         return [sys.executable, str(HERE / SINGLE_MODES[mode]), *script_args], None
-    plan = plan_launch(mode, env, own_address)
+    plan = plan_launch(mode, env, own_address, resource_config)
     expected = _flag_value(script_args, "--expected-nodes")
     # Checked here as well as in the scripts: a mismatch must fail once, not once per torchrun restart.
     if expected is not None and ":" not in plan.nnodes and expected != plan.nnodes:
@@ -217,8 +328,12 @@ def build_command(
             "--expected-nodes",
             expected,
             f"the scheduler gives {plan.nnodes} node(s)",
-            "the job's node count (AWS_BATCH_JOB_NUM_NODES / PET_NNODES)",
+            "the job's node count (AWS_BATCH_JOB_NUM_NODES / PET_NNODES / SageMaker's hosts)",
         )
+    return torchrun_command(plan, mode, script_args), plan
+
+
+def torchrun_command(plan: LaunchPlan, mode: str, script_args: list[str]) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -227,7 +342,21 @@ def build_command(
         str(HERE / "exit_relay.py"),
         str(HERE / DISTRIBUTED_MODES[mode]),
         *script_args,
-    ], plan
+    ]
+
+
+def sanity_first_command(
+    plan: LaunchPlan, script_args: list[str], env: Mapping[str, str], resource_config: Mapping | None
+) -> list[str]:
+    """sanity_check.py on the training's hosts, with a rendezvous of its own (MASTER_PORT + 1, rdzv id + -sanity)."""
+    port = _int(env, "MASTER_PORT", DEFAULT_PORT, minimum=1) + 1
+    sanity = plan_launch("sanity", {**env, "MASTER_PORT": str(port)}, plan.local_addr, resource_config)
+    sanity = replace(sanity, rdzv_id=f"{plan.rdzv_id}-sanity")
+    run_id = _flag_value(script_args, "--run-id") or env.get("RUN_ID", "")
+    args = ["--run-id", run_id] if run_id else []
+    if ":" not in plan.nnodes:
+        args += ["--expected-nodes", plan.nnodes]
+    return torchrun_command(sanity, "sanity", args)
 
 
 def interface_ipv4(name: str) -> str | None:
@@ -267,6 +396,70 @@ def own_ipv4(env: Mapping[str, str]) -> str | None:
     return None if addr.startswith("127.") else addr
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What main() runs: the command, its plan (None for a single process), the child environment, and on SageMaker
+    the sanity check to pass first and where the failure file goes."""
+
+    command: list[str]
+    plan: LaunchPlan | None
+    env: dict
+    sanity_first: list[str] | None = None
+    ml_root: Path | None = None  # set on SageMaker
+
+
+def ml_root(env: Mapping[str, str]) -> Path:
+    return Path(env.get(ML_ROOT_ENV) or DEFAULT_ML_ROOT)
+
+
+def on_sagemaker(env: Mapping[str, str]) -> bool:
+    return "AWS_BATCH_JOB_NUM_NODES" not in env and (ml_root(env) / "input/config/resourceconfig.json").is_file()
+
+
+def _read_json(path: Path, default: object = None) -> object:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        if default is None:
+            raise UsageError(str(path), None, "missing", "the file SageMaker writes") from None
+        return default
+    except (OSError, ValueError) as exc:
+        raise UsageError(str(path), None, f"unreadable ({type(exc).__name__}: {exc})", "a JSON object") from None
+
+
+def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> Launch:
+    """The command for `mode` in this container: from the scheduler's environment, and on SageMaker its files."""
+    env = dict(environ)
+    # A fresh rendezvous store per round: restarted workers never read a dead worker's address.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    if not on_sagemaker(env):
+        own = own_ipv4(env) if mode in DISTRIBUTED_MODES else None
+        cmd, plan = build_command(mode, script_args, env, own)
+        return Launch(cmd, plan, env)
+    root = ml_root(env)
+    config = _read_json(root / "input/config/resourceconfig.json")
+    if not isinstance(config, dict):
+        raise UsageError("resourceconfig.json", config, "not a JSON object", "SageMaker's resource configuration")
+    _, _, interface = sagemaker_hosts(config)
+    for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        if not env.get(name):
+            # NCCL takes a bare name as a prefix ("eth0" would also match eth01): "=" asks for the exact interface.
+            env[name] = f"={interface}" if name.startswith("NCCL") else interface
+    args = [*script_args, *hyperparameter_flags(mode, _read_json(root / "input/config/hyperparameters.json", {}))]
+    own = None
+    if mode in DISTRIBUTED_MODES:
+        own = interface_ipv4(interface)
+        if own is None:
+            raise UsageError(
+                "resourceconfig.json network_interface_name", interface, "no IPv4 address in this container", "eth0"
+            )
+    cmd, plan = build_command(mode, args, env, own, config)
+    sanity = None
+    if plan and mode == "train" and env.get("SANITY_BEFORE_TRAINING") == "1":
+        sanity = sanity_first_command(plan, args, env, config)
+    return Launch(cmd, plan, env, sanity, root)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     modes = [*DISTRIBUTED_MODES, *SINGLE_MODES]
@@ -278,36 +471,80 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if mode not in modes:
             raise UsageError("mode", mode, "unknown mode", "|".join(modes))
-        own = own_ipv4(os.environ) if mode in DISTRIBUTED_MODES else None
-        cmd, plan = build_command(mode, script_args, os.environ, own)
+        launch = prepare(mode, script_args, os.environ)
     except UsageError as err:
+        if on_sagemaker(os.environ):
+            write_failure(ml_root(os.environ), EXIT_USAGE, mode, f"launch.py: {err}")
         exit_with_usage_error("launch.py", err)
-    env = dict(os.environ)
-    # A fresh rendezvous store per round: restarted workers never read a dead worker's address.
-    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    if env.get("LAUNCH_DRY_RUN") == "1":
-        print(json.dumps({"command": cmd, "plan": asdict(plan) if plan else None}))
+    if launch.env.get("LAUNCH_DRY_RUN") == "1":
+        plan = asdict(launch.plan) if launch.plan else None
+        print(json.dumps({"command": launch.command, "plan": plan, "sanity_first": launch.sanity_first}))
         return 0
-    if plan:
+    if launch.plan:
         print(
-            f"launch.py: {plan.scheduler} node {plan.node_rank}{' (main)' if plan.is_main_node else ''}: "
-            f"{' '.join(cmd)}",
+            f"launch.py: {launch.plan.scheduler} node {launch.plan.node_rank}"
+            f"{' (main)' if launch.plan.is_main_node else ''}: {' '.join(launch.command)}",
             file=sys.stderr,
             flush=True,
         )
-    if not plan:
-        os.execvpe(cmd[0], cmd, env)  # one plain process: its exit code is the job's
-    return run_torchrun(cmd, env)
+    if launch.ml_root is None:
+        if not launch.plan:
+            os.execvpe(launch.command[0], launch.command, launch.env)  # one plain process: its exit code is the job's
+        return run_torchrun(launch.command, launch.env)
+    return run_on_sagemaker(mode, launch)
+
+
+def run_on_sagemaker(mode: str, launch: Launch) -> int:
+    """The job's processes as children (so the failure file can be written after them), sanity first if asked."""
+    assert launch.ml_root is not None
+    stage, code = mode, 0
+    if launch.sanity_first:
+        stage = "sanity check before training"
+        print(f"launch.py: {stage}: {' '.join(launch.sanity_first)}", file=sys.stderr, flush=True)
+        code = run_torchrun(launch.sanity_first, launch.env)
+        if code == 0 and _signals_received:
+            code = EXIT_STOPPED  # stopped between the check and the training: nothing to train or save yet
+    if code == 0:
+        stage = mode
+        code = run_torchrun(launch.command, launch.env) if launch.plan else run_forwarding(launch.command, launch.env)
+    if code != 0:
+        write_failure(launch.ml_root, code, stage)
+    return code
+
+
+def write_failure(root: Path, code: int, stage: str, detail: str = "") -> None:
+    """SageMaker's failure file: DescribeTrainingJob returns its first 1024 characters as FailureReason
+    (https://docs.aws.amazon.com/sagemaker/latest/dg/your-algorithms-training-algo-output.html)."""
+    path = root / "output" / "failure"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(failure_reason(code, stage, detail)[:1024] + "\n")
+    except OSError as exc:  # the exit code still tells the job failed
+        print(f"launch.py: WARNING could not write {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+
+
+_signals_received: list[int] = []
+
+
+def run_forwarding(cmd: list[str], env: dict) -> int:
+    """`cmd` as a child with the scheduler's stop signals passed on (StopTrainingJob sends SIGTERM and waits 120 s:
+    https://docs.aws.amazon.com/sagemaker/latest/dg/API_StopTrainingJob.html); its exit code, 128+N if killed."""
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        _signals_received.append(signum)
+        proc.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    code = proc.wait()
+    return code if code >= 0 else 128 - code
 
 
 def run_torchrun(cmd: list[str], env: dict) -> int:
     """torchrun as a child, with the scheduler's stop signals passed on, ending with the workers' own exit code."""
     with tempfile.TemporaryDirectory(prefix="launch-exit-codes-") as folder:
-        proc = subprocess.Popen(cmd, env={**env, EXIT_CODE_DIR: folder})
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, frame: proc.send_signal(signum))
-        code = proc.wait()
-        return relayed_exit_code(Path(folder), code if code >= 0 else 128 - code)
+        return relayed_exit_code(Path(folder), run_forwarding(cmd, {**env, EXIT_CODE_DIR: folder}))
 
 
 if __name__ == "__main__":

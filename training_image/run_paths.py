@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from errors import UsageError
@@ -72,3 +73,15 @@ def expected_nodes_error(expected: int | None) -> str | None:
         return None
     actual = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
     return None if actual == expected else f"{actual} node(s) joined, --expected-nodes is {expected}"
+
+
+NODE_LOCAL_ENV = "CHECKPOINT_NODE_LOCAL"
+
+
+def node_local_checkpoints(env: Mapping[str, str]) -> bool:
+    """Whether each node writes its own checkpoint folder (SageMaker's /opt/ml/checkpoints) instead of one shared
+    folder (FSx for Lustre): env CHECKPOINT_NODE_LOCAL=1 (checkpoint.py says what changes)."""
+    text = env.get(NODE_LOCAL_ENV, "").strip()
+    if text not in ("", "0", "1"):
+        raise UsageError(NODE_LOCAL_ENV, text, "not a switch", "1 (a folder per node) or 0/unset (one shared folder)")
+    return text == "1"

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import efa_proof
 from collectives import COLLECTIVES, measure
 from distributed import DEVICES, KIND_TO_DEVICE, Runtime, destroy_distributed, init_distributed, resolve_device
-from errors import UsageError, exit_with_usage_error
+from errors import EXIT_REPORT_NOT_WRITTEN, UsageError, exit_with_usage_error
 from run_paths import expected_nodes_error
 from storage import under_prefix, write_json
 
@@ -42,7 +42,7 @@ EXIT_FAILED = 1
 # The checks passed but the report is lost: a code of its own, so the job's log and exit code say the nodes are
 # fine. The pipeline does not tell it from 1: any failed sanity job is submitted once more on a fresh placement,
 # then fails the run (constructs/pipeline/training_pipeline.py); it is not one of contracts/run.py's REFUSED_EXIT_CODES.
-EXIT_REPORT_NOT_WRITTEN = 3
+# Its value is errors.EXIT_REPORT_NOT_WRITTEN (imported above).
 
 
 @dataclass(frozen=True)

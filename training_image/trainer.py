@@ -29,14 +29,13 @@ from console import log
 from data import BatchSpec, SequenceBatches, TokenStream
 from distributed import Runtime
 from divergence import DivergenceGuard
-from errors import UsageError
+from errors import EXIT_STOPPED, UsageError
 from metrics import MetricsLogger, peak_tflops
 from model import ModelConfig, flops_per_token
 from model_builders import build_model, build_optimizer, build_scheduler, grad_sync_context, seed_everything
+from run_paths import node_local_checkpoints
 from train_config import TrainConfig
 from train_state import TrainerState
-
-EXIT_SIGTERM = 143  # 128 + SIGTERM: "stopped cleanly on request" (SIGINT too), distinguishable from success
 
 
 class StopFlag:
@@ -108,9 +107,19 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg, rt)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         seed_everything(cfg.seed + rt.rank)  # per-rank streams (dropout); replaced by the checkpoint's on resume
-        self._lock = take_folder(Path(cfg.checkpoint_dir), rt)  # held until the process ends
+        node_local = node_local_checkpoints(os.environ)
+        if node_local and rt.device_type == "xla":
+            # The node-local manifest travels by an object broadcast, which the XLA backend does not offer.
+            raise UsageError("CHECKPOINT_NODE_LOCAL", "1", "not supported on the xla device", "0 (a shared folder)")
+        self._lock = take_folder(Path(cfg.checkpoint_dir), rt, node_local)  # held until the process ends
         self.checkpoints = CheckpointManager(
-            cfg, rt, self.model, self.optimizer, self.scheduler, {"train": asdict(cfg), "model": asdict(self.mcfg)}
+            cfg,
+            rt,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            {"train": asdict(cfg), "model": asdict(self.mcfg)},
+            node_local,
         )
         self.state, resumed_from = self.checkpoints.resume()
         if rt.is_main:
@@ -153,7 +162,7 @@ class Trainer:
             self.checkpoints.after_step(self.state, stopping, self.meter.step_times)
         self._summary(stopping)
         # Every rank exits the same way, whichever of them got the signal.
-        return EXIT_SIGTERM if stopping and self.state.step < self.cfg.max_steps else 0
+        return EXIT_STOPPED if stopping and self.state.step < self.cfg.max_steps else 0
 
     def train_step(self) -> StepResult:
         started = time.perf_counter()

@@ -120,3 +120,21 @@ def test_refused_exit_codes_are_the_training_images():
     from contracts.run import REFUSED_EXIT_CODES
 
     assert set(REFUSED_EXIT_CODES) == {errors.EXIT_USAGE, errors.EXIT_DIVERGED, errors.EXIT_FOLDER_LOCKED}
+
+
+def test_failure_reason_marker_is_the_training_images():
+    # The pipeline matches the marker in a SageMaker job's FailureReason; the image writes it (errors.failure_reason).
+    import errors
+    from contracts.run import FAILURE_REASON_MARKER
+
+    assert errors.FAILURE_REASON_MARKER == FAILURE_REASON_MARKER
+
+
+def test_sagemaker_hyperparameters_are_the_job_parameters():
+    # launch.py turns SageMaker's hyperparameters into flags and refuses unknown ones: the names the pipeline passes.
+    import launch
+    from contracts.run import JOB_PARAMETERS
+
+    expected = {job: set(names) for job, names in JOB_PARAMETERS.items()}
+    expected["train"].add("expected_nodes")
+    assert {job: set(names) for job, names in launch.SAGEMAKER_HYPERPARAMETERS.items()} == expected

@@ -1,0 +1,162 @@
+"""launch.py on SageMaker: the plan from resourceconfig.json, hyperparameters as flags, the failure file (no processes).
+
+SageMaker's container contract: https://docs.aws.amazon.com/sagemaker/latest/dg/your-algorithms-training-algo-running-container.html
+(hyperparameters.json, resourceconfig.json, TRAINING_JOB_NAME); the failure file:
+https://docs.aws.amazon.com/sagemaker/latest/dg/your-algorithms-training-algo-output.html
+"""
+
+import json
+
+import pytest
+
+import errors
+import launch
+from errors import UsageError
+
+TWO_HOSTS = {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"], "network_interface_name": "eth0"}
+ENV = {"ACCELERATORS_PER_NODE": "8", "TRAINING_JOB_NAME": "run-7-train-1", "RUN_ID": "run-7"}
+
+
+def test_one_host_rendezvous_is_local():
+    config = {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0"}
+    plan = launch.plan_launch("train", ENV, "10.0.1.7", config)
+    assert (plan.scheduler, plan.nnodes, plan.rdzv_endpoint, plan.node_rank, plan.is_main_node) == (
+        "sagemaker",
+        "1",
+        "localhost:29500",
+        0,
+        True,
+    )
+
+
+@pytest.mark.parametrize(("current", "rank"), [("algo-1", 0), ("algo-2", 1)])
+def test_each_of_two_hosts_joins_the_first_hosts_rendezvous(current, rank):
+    plan = launch.plan_launch("train", ENV, "10.0.1.9", {**TWO_HOSTS, "current_host": current})
+    assert plan.torchrun_args() == [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "algo-1:29500",
+        "--rdzv-id",
+        "run-7-train-1",  # TRAINING_JOB_NAME: one rendezvous per job, so a retried job never meets the last one's
+        "--max-restarts",
+        "3",
+        "--local-addr",
+        "10.0.1.9",
+    ]
+    assert (plan.node_rank, plan.is_main_node) == (rank, rank == 0)
+
+
+def test_rendezvous_id_falls_back_to_the_run_id():
+    env = {k: v for k, v in ENV.items() if k != "TRAINING_JOB_NAME"}
+    assert launch.plan_launch("train", env, None, TWO_HOSTS).rdzv_id == "run-7"
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"current_host": "algo-1", "network_interface_name": "eth0"}, "hosts"),
+        ({**TWO_HOSTS, "hosts": []}, "hosts"),
+        ({**TWO_HOSTS, "hosts": ["algo-1", "algo-1"]}, "hosts"),
+        ({**TWO_HOSTS, "current_host": "algo-3"}, "current_host"),
+        ({k: v for k, v in TWO_HOSTS.items() if k != "network_interface_name"}, "network_interface_name"),
+    ],
+)
+def test_a_malformed_resource_config_is_one_usage_error(config, field):
+    with pytest.raises(UsageError, match=f"resourceconfig.json {field}"):
+        launch.plan_launch("train", ENV, None, config)
+
+
+def test_node_local_checkpoints_on_several_hosts_turn_in_place_restarts_off():
+    # An in-place restart would resume from one node's own folder, not the union SageMaker restores.
+    env = {**ENV, "CHECKPOINT_NODE_LOCAL": "1"}
+    assert launch.plan_launch("train", env, None, TWO_HOSTS).max_restarts == 0
+    one_host = {**TWO_HOSTS, "hosts": ["algo-1"]}
+    assert launch.plan_launch("train", env, None, one_host).max_restarts == 3  # its own folder is the whole union
+    with pytest.raises(UsageError, match="MAX_RESTARTS"):
+        launch.plan_launch("train", {**env, "MAX_RESTARTS": "2"}, None, TWO_HOSTS)
+
+
+def test_hyperparameters_become_flags_after_the_static_ones_and_dataset_is_dropped():
+    hyper = {"run_id": "run-7", "dataset": "datasets/wikitext/", "max_steps": "30", "batch_size": "8"}
+    assert launch.hyperparameter_flags("train", hyper) == [
+        "--run-id",
+        "run-7",
+        "--max-steps",
+        "30",
+        "--batch-size",
+        "8",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mode", "hyper", "problem"),
+    [
+        ("train", {"max_steps": 30}, "not a string"),
+        ("train", {"baseline": "3.1"}, "unknown to train"),
+        ("validate", {"max_steps": "30"}, "unknown to validate"),
+        ("train", ["max_steps", "30"], "not a JSON object"),
+    ],
+)
+def test_a_wrong_hyperparameter_is_one_usage_error(mode, hyper, problem):
+    with pytest.raises(UsageError, match=problem):
+        launch.hyperparameter_flags(mode, hyper)
+
+
+@pytest.mark.parametrize(
+    ("code", "meaning"),
+    [
+        (2, "usage"),
+        (3, "sanity report not written"),
+        (4, "diverged"),
+        (5, "checkpoint folder locked"),
+        (143, "stopped (143)"),
+        (1, "crash"),
+    ],
+)
+def test_the_failure_reason_starts_with_the_marker_and_the_code(code, meaning):
+    # The pipeline matches `*efa-training exit code 4:*` in DescribeTrainingJob's FailureReason.
+    text = errors.failure_reason(code, "train")
+    assert text.startswith(f"{errors.FAILURE_REASON_MARKER}{code}: ") and meaning in text and "\n" not in text
+
+
+def _ml_root(tmp_path, config, hyperparameters=None):
+    (tmp_path / "input/config").mkdir(parents=True)
+    (tmp_path / "input/config/resourceconfig.json").write_text(json.dumps(config))
+    if hyperparameters is not None:
+        (tmp_path / "input/config/hyperparameters.json").write_text(json.dumps(hyperparameters))
+    return {"SAGEMAKER_ML_ROOT": str(tmp_path), "ACCELERATORS_PER_NODE": "1", "RUN_ID": "run-7"}
+
+
+def test_a_sagemaker_container_gets_its_flags_interfaces_and_a_sanity_check_first(tmp_path):
+    config = {"current_host": "localhost", "hosts": ["localhost"], "network_interface_name": "lo"}
+    env = {**_ml_root(tmp_path, config, {"max_steps": "30", "run_id": "run-7"}), "SANITY_BEFORE_TRAINING": "1"}
+    prepared = launch.prepare("train", ["--data", "/opt/ml/input/data/training"], env)
+    assert prepared.command[-6:] == ["--data", "/opt/ml/input/data/training", "--max-steps", "30", "--run-id", "run-7"]
+    assert prepared.env["NCCL_SOCKET_IFNAME"] == "=lo" and prepared.env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert prepared.plan is not None and prepared.plan.local_addr == "127.0.0.1"
+    sanity = prepared.sanity_first or []
+    assert sanity[sanity.index("--rdzv-endpoint") + 1] == "localhost:29501"  # its own rendezvous
+    assert sanity[-5:] == [str(launch.HERE / "sanity_check.py"), "--run-id", "run-7", "--expected-nodes", "1"]
+
+
+def test_interfaces_the_job_sets_are_kept(tmp_path):
+    config = {"current_host": "localhost", "hosts": ["localhost"], "network_interface_name": "lo"}
+    env = {**_ml_root(tmp_path, config), "NCCL_SOCKET_IFNAME": "^docker,lo"}
+    assert launch.prepare("train", [], env).env["NCCL_SOCKET_IFNAME"] == "^docker,lo"
+
+
+def test_a_usage_error_on_sagemaker_is_written_to_the_failure_file(tmp_path, monkeypatch, capsys):
+    env = _ml_root(tmp_path, {**TWO_HOSTS, "current_host": "algo-9"})
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_BATCH_JOB_NUM_NODES", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["train", "--data", "d"])
+    failure = (tmp_path / "output/failure").read_text()
+    assert exit_info.value.code == 2 and failure.startswith("efa-training exit code 2: usage"), failure
+    assert "current_host" in failure and "Traceback" not in capsys.readouterr().err
