@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass, fields
 from typing import Any
 
-from config.catalogue import CATALOGUE, InstanceType, efa_instance_types
+from config.catalogue import CATALOGUE, Accelerator, InstanceType, efa_instance_types
 from config.layout import stack_prefix
 from config.regions import CHECKED as REGIONS_CHECKED
 from config.regions import REGION_ZONES, zones
@@ -303,6 +303,13 @@ class EnvironmentConfig:
             "instance_type",
             self.instance.sagemaker_usd_per_hour is not None,
             f"a type SageMaker training offers as ml.<type> ({', '.join(offered)}) with compute=sagemaker",
+        )
+        _check(
+            self,
+            "sagemaker_data_source",
+            self.sagemaker_data_source == "fsx" or self.instance.accelerator is not Accelerator.NEURON,
+            f"fsx with {self.instance_type} on SageMaker: Neuron jobs keep their checkpoints in the shared file "
+            "system (node-local checkpoint folders need object collectives, which the XLA backend lacks)",
         )
         single = self.single_node_instance
         _check(

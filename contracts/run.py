@@ -102,7 +102,8 @@ def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
             rule="a finite number from -1e12 to 1e12: the validation metric the model must match",
         ),
         Field("tolerance", "number", 0.001, 0.0, 1.0),  # 0.1%: the seeds accept a model within 0.1% of the baseline
-        # Batch's own attempts per training submission (SubmitJob RetryStrategy.attempts: 1-10, API_RetryStrategy).
+        # The backend's own attempts per training submission: Batch SubmitJob RetryStrategy.attempts (1-10,
+        # API_RetryStrategy); SageMaker RetryStrategy.MaximumRetryAttempts = attempts - 1, at least 1.
         Field("max_attempts", "integer", 2, 1, 10),
         Field("resume", "boolean", False, rule="true or false: true resumes an earlier run with this run_id"),
         Field("hyperparameters", "object", {}, rule="an object with only the hyperparameters listed"),

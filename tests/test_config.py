@@ -19,6 +19,10 @@ BAD_INPUTS = [
     ({"compute": "slurm"}, ["compute='slurm'", "batch or eks or sagemaker"]),
     ({"sagemaker_data_source": "efs"}, ["sagemaker_data_source='efs'", "fsx or s3"]),
     ({"sagemaker_spot": "sometimes"}, ["sagemaker_spot='sometimes'", "true or false"]),
+    (
+        {"compute": "sagemaker", "instance_type": "trn1.32xlarge", "sagemaker_data_source": "s3"},
+        ["sagemaker_data_source='s3'", "fsx with trn1.32xlarge on SageMaker"],
+    ),
     ({"instance_type": "p3.2xlarge"}, ["instance_type='p3.2xlarge'", "p5.48xlarge"]),
     ({"instance_type": "g5.xlarge"}, ["instance_type='g5.xlarge'", "no EFA"]),
     ({"nodes": "0"}, ["nodes=0", f"1 to {MAX_NODES}"]),

@@ -211,3 +211,27 @@ def test_a_submission_retries_sagemakers_own_errors_and_waits_for_instance_quota
     quota = retries[("SageMaker.ResourceLimitExceededException",)]
     assert quota["IntervalSeconds"] * quota["MaxAttempts"] == QUEUE_WAIT_MINUTES * 60
     assert runner.rejected_errors == ("SageMaker.ResourceLimitExceededException",)
+
+
+def test_neuron_jobs_keep_checkpoints_in_the_shared_file_system():
+    # Node-local checkpoint folders need object collectives (the XLA backend has none): a Neuron job mounts the
+    # file system read-write and writes /fsx/checkpoints/<run_id> as on Batch and EKS; no checkpoint sync.
+    request = _request(instance="trn1.32xlarge")
+    assert "CheckpointConfig" not in request and "CHECKPOINT_NODE_LOCAL" not in request["Environment"]
+    channels = {c["ChannelName"]: c["DataSource"] for c in request["InputDataConfig"]}
+    assert channels["fsx"]["FileSystemDataSource"]["FileSystemAccessMode"] == "rw"
+    assert channels["fsx"]["FileSystemDataSource"]["DirectoryPath"] == "/abcdefgh"
+    arguments = request["AlgorithmSpecification"]["ContainerArguments"]
+    assert arguments[-2:] == ["--checkpoints-root", "/opt/ml/input/data/fsx/checkpoints"]
+
+
+def test_neuron_validation_reads_the_shared_checkpoints_read_only():
+    stack, runner = _runner(instance="trn1.32xlarge")
+    state = runner.submit(stack, "Validate", job="validate", parameters=VALIDATE_PARAMETERS, job_name="$.name")
+    request = stack.resolve(state.to_state_json())["Parameters"]
+    channels = {c["ChannelName"]: c["DataSource"] for c in request["InputDataConfig"]}
+    assert channels["fsx"]["FileSystemDataSource"]["FileSystemAccessMode"] == "ro"
+    assert request["AlgorithmSpecification"]["ContainerArguments"][-2:] == [
+        "--checkpoints-root",
+        "/opt/ml/input/data/fsx/checkpoints",
+    ]

@@ -17,7 +17,7 @@ import aws_cdk as cdk
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_stepfunctions as sfn
 
-from config import InstanceType
+from config import Accelerator, InstanceType
 from config.layout import CHECKPOINTS_PREFIX, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import JobKind, task_timeout
@@ -31,9 +31,10 @@ from contracts.run import MAX_ATTEMPTS, QUEUE_WAIT_MINUTES, stages
 ENTRYPOINT = ("python", "/opt/training/launch.py")
 # SageMaker's container paths (API_CheckpointConfig LocalPath default; /opt/ml/input/data/<channel>).
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
-DATA_CHANNEL, CHECKPOINTS_CHANNEL = "training", "checkpoints"
+DATA_CHANNEL, CHECKPOINTS_CHANNEL, FSX_CHANNEL = "training", "checkpoints", "fsx"
 DATA_PATH = f"/opt/ml/input/data/{DATA_CHANNEL}"
 CHECKPOINTS_INPUT_PATH = f"/opt/ml/input/data/{CHECKPOINTS_CHANNEL}"
+FSX_PATH = f"/opt/ml/input/data/{FSX_CHANNEL}"
 # The ML storage volume holds /opt/ml/checkpoints (checkpoints of the largest catalogue model and its optimizer
 # fit) and the validation job's downloaded checkpoints (API_ResourceConfig VolumeSizeInGB).
 VOLUME_GIB = {"train": 512, "validate": 512}
@@ -139,14 +140,9 @@ class SageMakerJobRunner:
         run_id = parameters["run_id"]
         training = job == "train"
         instance = self.instance if training else self.validation_instance
-        runs_uri = f"s3://{self.bucket_name}/{RUNS_PREFIX}"
         hyperparameters = {f"{name}.$": value for name, value in parameters.items()}
         if training:
             hyperparameters["expected_nodes.$"] = f"States.Format('{{}}', {nodes or 1})"
-        arguments = [job, "--data", DATA_PATH]
-        arguments += (
-            ["--checkpoint-dir", CHECKPOINT_LOCAL_PATH] if training else ["--checkpoint", CHECKPOINTS_INPUT_PATH]
-        )
         attempt_seconds = self._stages[job].attempt_seconds
         request: dict = {
             "TrainingJobName.$": f"States.Format('{{}}-{{}}', {job_name}, {_UNIQUE_SUFFIX})",
@@ -155,20 +151,10 @@ class SageMakerJobRunner:
                 "TrainingImage": self.image,
                 "TrainingInputMode": "File",
                 "ContainerEntrypoint": list(ENTRYPOINT),
-                "ContainerArguments": arguments,
+                "ContainerArguments": [job, "--data", DATA_PATH, *self._checkpoint_flags(job)],
             },
             "HyperParameters": hyperparameters,
-            "Environment": {
-                **job_environment(instance, backend="sagemaker", environment=self.environment),
-                "RUN_ID.$": run_id,
-                "REPORT_PREFIX": runs_uri,
-                "VERDICT_PREFIX": runs_uri,
-                # Each instance has its own /opt/ml/checkpoints; SageMaker uploads every instance's files to the
-                # one CheckpointConfig prefix (launch.py and checkpoint.py finalise each node's own files).
-                "CHECKPOINT_NODE_LOCAL": "1",
-                **({"SANITY_BEFORE_TRAINING": "1"} if training else {}),
-                **({"FSX_REVISION": self.file_system[2]} if self.file_system else {}),
-            },
+            "Environment": self._environment(job, instance, run_id),
             "ResourceConfig": {
                 "InstanceType": instance.sagemaker_instance_type,
                 **({"InstanceCount.$": nodes} if training and nodes else {"InstanceCount": 1}),
@@ -177,7 +163,7 @@ class SageMakerJobRunner:
             # The training subnet and the EFA group (all traffic to and from itself, Lustre to FSx).
             "VpcConfig": {"Subnets": [self.subnet_id], "SecurityGroupIds": [self.security_group_id]},
             "InputDataConfig": self._channels(job, parameters),
-            "OutputDataConfig": {"S3OutputPath.$": f"States.Format('{runs_uri}{{}}/sagemaker/', {run_id})"},
+            "OutputDataConfig": {"S3OutputPath.$": f"States.Format('{self._runs_uri}{{}}/sagemaker/', {run_id})"},
             "StoppingCondition": {"MaxRuntimeInSeconds": attempt_seconds},
             # Budgets and cost allocation filter on the same tags as the deployed resources (app.py).
             "Tags": [
@@ -186,14 +172,11 @@ class SageMakerJobRunner:
                 {"Key": "RunId", "Value.$": run_id},
             ],
         }
-        if training:
-            # SageMaker uploads LocalPath to S3Uri while the job runs and restores it when a Spot job restarts
-            # (API_CheckpointConfig; "Use checkpoints in Amazon SageMaker AI"): the run's checkpoint prefix, the
-            # one a retried submission and the validation job read.
-            request["CheckpointConfig"] = {
-                "S3Uri.$": f"States.Format('s3://{self.bucket_name}/{CHECKPOINTS_PREFIX}{{}}/', {run_id})",
-                "LocalPath": CHECKPOINT_LOCAL_PATH,
-            }
+        if training and not self.checkpoints_on_fsx:
+            # SageMaker uploads LocalPath to S3Uri while the job runs and restores it to every instance when a job
+            # (re)starts (API_CheckpointConfig; "Checkpoints in Amazon SageMaker AI"): the run's checkpoint prefix,
+            # the one a retried submission and the validation job read.
+            request["CheckpointConfig"] = {"S3Uri.$": self._checkpoints_uri(run_id), "LocalPath": CHECKPOINT_LOCAL_PATH}
         if training and self.spot:
             # Managed Spot: MaxWaitTimeInSeconds (>= MaxRuntimeInSeconds) bounds the run time plus the waits for
             # Spot capacity (API_StoppingCondition); the wait is the queue wait every backend's attempt may take.
@@ -206,36 +189,48 @@ class SageMakerJobRunner:
             }
         return request
 
+    @property
+    def checkpoints_on_fsx(self) -> bool:
+        """Neuron jobs keep checkpoints in the shared FSx folder /fsx/checkpoints/<run_id>, as on Batch and EKS:
+        node-local folders need an object collective for their manifest (training_image/checkpoint.py), which the
+        XLA backend lacks; the configuration requires sagemaker_data_source=fsx for Neuron types."""
+        return self.instance.accelerator is Accelerator.NEURON
+
+    @property
+    def _runs_uri(self) -> str:
+        return f"s3://{self.bucket_name}/{RUNS_PREFIX}"
+
+    def _checkpoints_uri(self, run_id: str) -> str:
+        return f"States.Format('s3://{self.bucket_name}/{CHECKPOINTS_PREFIX}{{}}/', {run_id})"
+
+    def _checkpoint_flags(self, job: JobKind) -> list[str]:
+        """Where the job's script finds the run's checkpoints (with --run-id from the hyperparameters)."""
+        if self.checkpoints_on_fsx:
+            return ["--checkpoints-root", f"{FSX_PATH}/{CHECKPOINTS_PREFIX.rstrip('/')}"]
+        return (
+            ["--checkpoint-dir", CHECKPOINT_LOCAL_PATH] if job == "train" else ["--checkpoint", CHECKPOINTS_INPUT_PATH]
+        )
+
+    def _environment(self, job: JobKind, instance: InstanceType, run_id: str) -> dict:
+        return {
+            **job_environment(instance, backend="sagemaker", environment=self.environment),
+            "RUN_ID.$": run_id,
+            "REPORT_PREFIX": self._runs_uri,
+            "VERDICT_PREFIX": self._runs_uri,
+            # Each instance has its own /opt/ml/checkpoints; SageMaker uploads every instance's files to the one
+            # CheckpointConfig prefix (launch.py and checkpoint.py finalise each node's own files).
+            **({} if self.checkpoints_on_fsx else {"CHECKPOINT_NODE_LOCAL": "1"}),
+            **({"SANITY_BEFORE_TRAINING": "1"} if job == "train" else {}),
+            **({"FSX_REVISION": self.file_system[2]} if self.file_system else {}),
+        }
+
     def _channels(self, job: JobKind, parameters: Mapping[str, str]) -> list[dict]:
-        """The dataset (FSx or S3) as channel `training`; for validation, the run's checkpoints as `checkpoints`."""
-        dataset = parameters["dataset"]
-        if self.file_system:
-            file_system_id, mount_name, _ = self.file_system
-            # FSx for Lustre in the training subnet's zone, read-only, at the dataset's path under the file
-            # system's mount name (API_FileSystemDataSource DirectoryPath: /<mount name>/<path>).
-            source: dict = {
-                "FileSystemDataSource": {
-                    "FileSystemId": file_system_id,
-                    "FileSystemType": "FSxLustre",
-                    "FileSystemAccessMode": "ro",
-                    "DirectoryPath.$": f"States.Format('/{mount_name}/{{}}', {dataset})",
-                }
-            }
-            data = {"ChannelName": DATA_CHANNEL, "DataSource": source}
-        else:
-            # Fast file mode streams the objects on first read instead of copying the dataset before the job
-            # starts (API_Channel InputMode FastFile).
-            data = {
-                "ChannelName": DATA_CHANNEL,
-                "InputMode": "FastFile",
-                "DataSource": {
-                    "S3DataSource": {
-                        "S3DataType": "S3Prefix",
-                        "S3Uri.$": f"States.Format('s3://{self.bucket_name}/{{}}', {dataset})",
-                        "S3DataDistributionType": "FullyReplicated",
-                    }
-                },
-            }
+        """The dataset (FSx or S3) as channel `training`; the run's checkpoints as channel `checkpoints` (validation)
+        or, for Neuron, the whole file system as channel `fsx` (training writes there, validation reads)."""
+        data = {"ChannelName": DATA_CHANNEL, **self._dataset_source(parameters["dataset"])}
+        if self.checkpoints_on_fsx:
+            access = "rw" if job == "train" else "ro"
+            return [data, {"ChannelName": FSX_CHANNEL, **self._file_system_source("/", access)}]
         if job == "train":
             return [data]
         checkpoints = {
@@ -244,13 +239,41 @@ class SageMakerJobRunner:
             "DataSource": {
                 "S3DataSource": {
                     "S3DataType": "S3Prefix",
-                    "S3Uri.$": f"States.Format('s3://{self.bucket_name}/{CHECKPOINTS_PREFIX}{{}}/', "
-                    f"{parameters['run_id']})",
+                    "S3Uri.$": self._checkpoints_uri(parameters["run_id"]),
                     "S3DataDistributionType": "FullyReplicated",
                 }
             },
         }
         return [data, checkpoints]
+
+    def _dataset_source(self, dataset: str) -> dict:
+        if self.file_system:
+            return self._file_system_source(dataset, "ro")
+        # Fast file mode streams the objects on first read instead of copying the dataset before the job starts
+        # (API_Channel InputMode FastFile).
+        return {
+            "InputMode": "FastFile",
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri.$": f"States.Format('s3://{self.bucket_name}/{{}}', {dataset})",
+                    "S3DataDistributionType": "FullyReplicated",
+                }
+            },
+        }
+
+    def _file_system_source(self, path: str, access: str) -> dict:
+        """FSx for Lustre in the training subnet's zone at `path` (a JSONPath, or "/" for the root) under the file
+        system's mount name (API_FileSystemDataSource DirectoryPath: /<mount name>/<path>)."""
+        assert self.file_system is not None
+        file_system_id, mount_name, _ = self.file_system
+        directory = (
+            {"DirectoryPath": f"/{mount_name}"}
+            if path == "/"
+            else {"DirectoryPath.$": f"States.Format('/{mount_name}/{{}}', {path})"}
+        )
+        source = {"FileSystemId": file_system_id, "FileSystemType": "FSxLustre", "FileSystemAccessMode": access}
+        return {"DataSource": {"FileSystemDataSource": {**source, **directory}}}
 
     def grant(self, principal: iam.IGrantable) -> None:
         """Step Functions' documented policy for createTrainingJob.sync (training-job/*: names are made per
