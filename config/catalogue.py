@@ -23,9 +23,15 @@ class Accelerator(StrEnum):
 # (no network to AWS); `make cost-report` with AWS credentials uses the live Price List API instead.
 PRICE_SOURCE = "AWS EC2 On-Demand list prices, us-east-1, Linux (recorded, not re-checked)"
 PRICE_DATE = "2025-05-31"
-# SageMaker training (ml.<type>), on-demand, us-east-1: `sagemaker_usd_per_hour` of each type.
-SAGEMAKER_PRICE_SOURCE = "PENDING"
-SAGEMAKER_PRICE_DATE = "PENDING"
+# SageMaker training (ml.<type>), on-demand, us-east-1: `sagemaker_usd_per_hour` of each type. The SageMaker AI pricing
+# page (aws.amazon.com/sagemaker/pricing, Training) could not be read from this machine: the recorded figures are the
+# last known list prices from before the June 2025 P4/P5 reductions (ml.p4d and ml.g5.12xlarge agree with third-party
+# cost tables); the others are estimates, EC2's price x SAGEMAKER_ESTIMATE_RATIO, the ratio of the recorded P-family
+# prices to EC2's (37.688 / 32.7726 = 113.068 / 98.32 = 1.15), marked ESTIMATED.
+SAGEMAKER_PRICE_SOURCE = "SageMaker AI training on-demand list prices, us-east-1 (recorded, not re-checked)"
+SAGEMAKER_PRICE_DATE = "2025-05-31"
+SAGEMAKER_ESTIMATE_RATIO = 1.15
+ESTIMATED = "estimated"
 # Managed Spot training: AWS states savings of up to 90% over on-demand; the real discount varies with capacity.
 SAGEMAKER_SPOT_MAX_SAVING = 0.9
 SAGEMAKER_SPOT_SOURCE = "SageMaker developer guide, 'Managed Spot Training in Amazon SageMaker AI'"
@@ -72,9 +78,9 @@ class InstanceType:
     # The small single-accelerator type that validates this type's models by default (Batch single-node jobs).
     validation_instance_type: str | None = None
     price_note: str = ""  # where this type's price differs from PRICE_SOURCE
-    # SageMaker training's on-demand price for ml.<name> (SAGEMAKER_PRICE_SOURCE); None: SageMaker training does
-    # not offer the type, so compute=sagemaker refuses it.
-    sagemaker_usd_per_hour: float | None = None
+    # SageMaker training's on-demand price for ml.<name>: a recorded list price (SAGEMAKER_PRICE_SOURCE), ESTIMATED
+    # (EC2's price x SAGEMAKER_ESTIMATE_RATIO), or None: SageMaker training does not offer the type (refused).
+    sagemaker_list_usd_per_hour: float | str | None = None
 
     @property
     def workers_per_node(self) -> int:
@@ -97,6 +103,17 @@ class InstanceType:
         if self.published_busbw_gbps is not None:
             return round(PUBLISHED_BUSBW_SHARE * self.published_busbw_gbps, 1)
         return round(LINE_RATE_SHARE * self.network_gbps / 8, 1)
+
+    @property
+    def sagemaker_price_estimated(self) -> bool:
+        return self.sagemaker_list_usd_per_hour == ESTIMATED
+
+    @property
+    def sagemaker_usd_per_hour(self) -> float | None:
+        if self.sagemaker_price_estimated:
+            return round(self.on_demand_usd_per_hour * SAGEMAKER_ESTIMATE_RATIO, 4)
+        price = self.sagemaker_list_usd_per_hour
+        return price if isinstance(price, float) else None
 
     @property
     def sagemaker_instance_type(self) -> str:
@@ -147,7 +164,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=1152,
                 efa_interfaces=4,
                 on_demand_usd_per_hour=32.7726,
-                sagemaker_usd_per_hour=37.688,
+                sagemaker_list_usd_per_hour=37.688,
                 network_gbps=400,
                 published_busbw_gbps=78.3,
                 busbw_source=f"p4de's figure (same 4 x 100 Gbps EFA and NVSwitch): {_NCCL_TESTS_README} (2 x p4de)",
@@ -164,7 +181,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=1152,
                 efa_interfaces=4,
                 on_demand_usd_per_hour=40.9657,
-                sagemaker_usd_per_hour=47.11,
+                sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=400,
                 published_busbw_gbps=78.3,
                 busbw_source=f"{_NCCL_TESTS_README} (2 x p4de.24xlarge: 78.33 GB/s at 2147483648 bytes)",
@@ -181,7 +198,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=2048,
                 efa_interfaces=32,
                 on_demand_usd_per_hour=_P5_48XLARGE_USD_PER_HOUR,
-                sagemaker_usd_per_hour=113.068,
+                sagemaker_list_usd_per_hour=113.068,
                 network_gbps=3200,
                 published_busbw_gbps=443.7,
                 busbw_source=f"{_NCCL_TESTS_README} (2 x p5.48xlarge: 443.72 GB/s at 2147483648 bytes)",
@@ -198,7 +215,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=512,
                 efa_interfaces=8,
                 on_demand_usd_per_hour=21.50,
-                sagemaker_usd_per_hour=28.497,
+                sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=800,
                 published_busbw_gbps=None,
                 busbw_source="no published two-node figure found; half the 800 Gbps EFA line rate",
@@ -216,7 +233,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=512,
                 efa_interfaces=16,
                 on_demand_usd_per_hour=24.78,
-                sagemaker_usd_per_hour=32.8416,
+                sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=1600,
                 published_busbw_gbps=None,
                 busbw_source="no published two-node figure found; half the 1600 Gbps EFA line rate",
@@ -234,7 +251,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=192,
                 efa_interfaces=1,
                 on_demand_usd_per_hour=5.672,
-                sagemaker_usd_per_hour=7.09,
+                sagemaker_list_usd_per_hour=7.09,
                 network_gbps=40,
                 published_busbw_gbps=None,
                 # EFA and ENA share the same 40 Gbps here: bandwidth alone cannot tell EFA from a socket fallback,
@@ -255,7 +272,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=16,
                 efa_interfaces=0,
                 on_demand_usd_per_hour=1.006,
-                sagemaker_usd_per_hour=1.408,
+                sagemaker_list_usd_per_hour=1.408,
                 network_gbps=10,
                 published_busbw_gbps=None,
                 busbw_source="no EFA",
@@ -272,7 +289,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=256,
                 efa_interfaces=0,
                 on_demand_usd_per_hour=round(_P5_48XLARGE_USD_PER_HOUR / 8, 4),
-                sagemaker_usd_per_hour=round(113.068 / 8, 4),
+                sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=100,
                 published_busbw_gbps=None,
                 busbw_source="single-node only",
@@ -289,7 +306,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=32,
                 efa_interfaces=0,
                 on_demand_usd_per_hour=1.34375,
-                sagemaker_usd_per_hour=1.5484,
+                sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=12,
                 published_busbw_gbps=None,
                 busbw_source="single-node only",

@@ -198,7 +198,8 @@ class Emulator:
 
     template: dict
     templates: dict[str, dict]
-    outcomes: dict[str, list[bool | int]] = field(default_factory=dict)  # kind -> outcome (or exit code) per submission
+    # kind -> outcome per submission: True/False, an exit code, or a backend emulator's named event (a string)
+    outcomes: dict[str, list[bool | int | str]] = field(default_factory=dict)
     verdict: dict | None = None  # written by a succeeding validate job
     submitted: list[dict] = field(default_factory=list)
     retry_sleeps: list[float] = field(default_factory=list)

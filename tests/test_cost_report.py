@@ -268,3 +268,10 @@ def test_sagemaker_spot_with_credentials_applies_ec2s_current_discount():
         e = cost_report.estimate(config, hours=1, session=_Session({"ec2": ec2}))
     assert e.spot.usd_per_hour == pytest.approx(0.4 * instance.sagemaker_usd_per_hour, rel=1e-4)
     assert "60%" in e.spot.source
+
+
+def test_an_estimated_sagemaker_price_says_it_is_one():
+    # Where no SageMaker list price was recorded, the catalogue estimates it from EC2's and the report says so.
+    e = cost_report.estimate(_config(env="dev", compute="sagemaker", instance_type="trn1.32xlarge"), 1, None)
+    assert e.on_demand.usd_per_hour == pytest.approx(CATALOGUE["trn1.32xlarge"].on_demand_usd_per_hour * 1.15)
+    assert e.on_demand.source.startswith("estimate:")

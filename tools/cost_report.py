@@ -27,6 +27,7 @@ from config import ConfigError, EnvironmentConfig, load_config
 from config.catalogue import (
     PRICE_DATE,
     PRICE_SOURCE,
+    SAGEMAKER_ESTIMATE_RATIO,
     SAGEMAKER_PRICE_DATE,
     SAGEMAKER_PRICE_SOURCE,
     SAGEMAKER_SPOT_MAX_SAVING,
@@ -145,9 +146,12 @@ def sagemaker_estimate(config: EnvironmentConfig, hours: float, session=None) ->
     the same type (with credentials), else AWS's stated best case, never a guessed typical discount."""
     instance = config.instance
     assert instance.sagemaker_usd_per_hour is not None  # the configuration refuses other types on SageMaker
-    on_demand = KnownPrice(
-        instance.sagemaker_usd_per_hour, f"catalogue: {SAGEMAKER_PRICE_SOURCE}, {SAGEMAKER_PRICE_DATE}"
+    source = (
+        f"estimate: EC2's catalogue price x {SAGEMAKER_ESTIMATE_RATIO} (config/catalogue.py)"
+        if instance.sagemaker_price_estimated
+        else f"catalogue: {SAGEMAKER_PRICE_SOURCE}, {SAGEMAKER_PRICE_DATE}"
     )
+    on_demand = KnownPrice(instance.sagemaker_usd_per_hour, source)
     best = on_demand.usd_per_hour * (1 - SAGEMAKER_SPOT_MAX_SAVING)
     spot = Price(best, f"best case: AWS's 'up to {SAGEMAKER_SPOT_MAX_SAVING:.0%}' saving ({SAGEMAKER_SPOT_SOURCE})")
     if has_credentials(session):

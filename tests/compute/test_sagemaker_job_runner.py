@@ -106,12 +106,19 @@ def test_training_checkpoints_sync_to_the_runs_prefix():
     assert checkpoint["LocalPath"] == "/opt/ml/checkpoints"
 
 
-def test_managed_spot_waits_at_most_the_queue_wait_beyond_the_run_time():
+def test_managed_spot_waits_at_most_the_queue_wait_per_attempt_beyond_the_run_time():
+    # MaxWaitTimeInSeconds covers every attempt of the RetryStrategy together (API_StoppingCondition): the run's
+    # max_attempts x (attempt + queue wait), read from a table by the run's max_attempts.
     request = _request(spot=True)
     stopping = request["StoppingCondition"]
     assert request["EnableManagedSpotTraining"] is True
-    assert stopping["MaxRuntimeInSeconds"] == stages(72)["train"].attempt_seconds
-    assert stopping["MaxWaitTimeInSeconds"] == stopping["MaxRuntimeInSeconds"] + QUEUE_WAIT_MINUTES * 60
+    attempt = stages(72)["train"].attempt_seconds
+    assert stopping["MaxRuntimeInSeconds"] == attempt
+    table = stopping["MaxWaitTimeInSeconds.$"]
+    assert table.endswith(", $.run.max_attempts)")
+    waits = [int(n) for n in table.split("States.Array(")[1].split(")")[0].split(", ")]
+    assert waits[2] == 2 * (attempt + QUEUE_WAIT_MINUTES * 60)
+    assert all(attempt <= wait <= 28 * 24 * 3600 for wait in waits[1:])
 
 
 def test_on_demand_training_sets_no_spot_fields():

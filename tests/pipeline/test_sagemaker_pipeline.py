@@ -100,7 +100,7 @@ class SageMakerEmulator(Emulator):
                 plan = emulator.outcomes.get(kind, [True])
                 outcome = plan[min(emulator.kinds().count(kind), len(plan) - 1)]
                 emulator.jobs.append(request)
-                if outcome in REQUEST_ERRORS:
+                if isinstance(outcome, str) and outcome in REQUEST_ERRORS:
                     raise _task_failed(env, *REQUEST_ERRORS[outcome], states_error=False)
                 sagemaker = boto3.client("sagemaker", region_name=REGION)
                 sagemaker.create_training_job(**request)  # botocore validates the request; names must be new

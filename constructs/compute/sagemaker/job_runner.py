@@ -60,6 +60,9 @@ QUOTA_RETRY: dict = {
     "max_attempts": QUEUE_WAIT_MINUTES // 5,
     "backoff_rate": 1,
 }
+# The longest a training job may run (API_StoppingCondition MaxRuntimeInSeconds: 28 days), taken as the bound of
+# MaxWaitTimeInSeconds too.
+MAX_JOB_SECONDS = 28 * 24 * 3600
 # Training job names: 1-63 letters, digits and '-' (API_CreateTrainingJob), unique in the account and region
 # forever, so each submission appends 8 hex digits of a fresh UUID: `<run_id>-validate-1a2b3c4d` <= 58.
 _UNIQUE_SUFFIX = "States.ArrayGetItem(States.StringSplit(States.UUID(), '-'), 0)"
@@ -179,9 +182,19 @@ class SageMakerJobRunner:
             request["CheckpointConfig"] = {"S3Uri.$": self._checkpoints_uri(run_id), "LocalPath": CHECKPOINT_LOCAL_PATH}
         if training and self.spot:
             # Managed Spot: MaxWaitTimeInSeconds (>= MaxRuntimeInSeconds) bounds the run time plus the waits for
-            # Spot capacity (API_StoppingCondition); the wait is the queue wait every backend's attempt may take.
+            # Spot capacity, for all of the RetryStrategy's attempts together (API_StoppingCondition): each attempt
+            # may take the queue wait every backend's attempt may take, within SageMaker's 28-day maximum.
             request["EnableManagedSpotTraining"] = True
-            request["StoppingCondition"]["MaxWaitTimeInSeconds"] = attempt_seconds + QUEUE_WAIT_MINUTES * 60
+            waits = [
+                min(n * (attempt_seconds + QUEUE_WAIT_MINUTES * 60), MAX_JOB_SECONDS) for n in range(MAX_ATTEMPTS + 1)
+            ]
+            stopping = request["StoppingCondition"]
+            if attempts is None:
+                stopping["MaxWaitTimeInSeconds"] = waits[1]
+            else:
+                stopping["MaxWaitTimeInSeconds.$"] = (
+                    f"States.ArrayGetItem(States.Array({', '.join(map(str, waits))}), {attempts})"
+                )
         if attempts is not None:
             table = ", ".join(map(str, RETRIES_FOR_ATTEMPTS))
             request["RetryStrategy"] = {
