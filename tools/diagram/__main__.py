@@ -1,6 +1,6 @@
 """`make diagram`: draw docs/architecture-<env>-<compute>.png and docs/pipeline-<env>-<compute>.png.
 
-    .venv/bin/python -m tools.diagram --env prod --compute batch eks --out docs
+    .venv/bin/python -m tools.diagram --env prod --compute batch eks sagemaker --out docs
 
 Each picture is drawn from the app synthesized in-process with `-c env=<env> -c compute=<compute>`, so it cannot
 drift from the code. Needs Graphviz (`apt-get install -y graphviz`).
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from app import build_app
 from config import ConfigError
+from config.environment import COMPUTE_BACKENDS
 from tools.diagram.architecture import architecture, cluster_label
 from tools.diagram.render import render_architecture, render_pipeline
 from tools.diagram.states import condense, pipeline_definition, state_graph
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.diagram", description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="prod", help="environment from cdk.json (default: prod)")
-    parser.add_argument("--compute", nargs="+", default=["batch", "eks"], help="backends to draw (default: both)")
+    parser.add_argument("--compute", nargs="+", default=list(COMPUTE_BACKENDS), help="backends to draw (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for the PNG files (default: docs)")
     args = parser.parse_args(argv)
     if shutil.which("dot") is None:

@@ -34,6 +34,8 @@ KINDS: dict[str, Kind] = {
     "AWS::Batch::JobDefinition": Kind("job definition", "compute.ElasticContainerServiceTask", "JobDefinition"),
     "AWS::EKS::Cluster": Kind("EKS cluster", "compute.ElasticKubernetesService", "Cluster"),
     "AWS::EKS::Nodegroup": Kind("node group", "compute.EC2AutoScaling", "Nodegroup"),
+    # SageMaker training jobs are created at run time; what the app deploys for them is the role they run as.
+    "AWS::IAM::Role": Kind("training jobs' role", "ml.SagemakerTrainingJob", "Role", shared_only=True),
     "AWS::StepFunctions::StateMachine": Kind("state machine", "integration.StepFunctions", "StateMachine"),
     "AWS::CloudWatch::Dashboard": Kind("dashboard", "management.Cloudwatch", "Dashboard"),
     "AWS::CloudWatch::Alarm": Kind("alarm", "management.CloudwatchAlarm"),
@@ -61,6 +63,12 @@ RELATIONS: dict[tuple[str, str], str] = {
     ("AWS::StepFunctions::StateMachine", "AWS::Batch::JobQueue"): "submits jobs",
     ("AWS::StepFunctions::StateMachine", "AWS::EKS::Cluster"): "runs jobs",
     ("AWS::StepFunctions::StateMachine", "AWS::EKS::Nodegroup"): "scales",
+    ("AWS::StepFunctions::StateMachine", "AWS::IAM::Role"): "creates SageMaker\ntraining jobs as",
+    # The SageMaker job requests live in the state machine's definition: the jobs' data, network and image.
+    ("AWS::StepFunctions::StateMachine", "AWS::FSx::FileSystem"): "jobs read /fsx",
+    ("AWS::StepFunctions::StateMachine", "AWS::EC2::SecurityGroup"): "jobs' EFA group",
+    ("AWS::StepFunctions::StateMachine", DOCKER_IMAGE_ASSET): "jobs' image",
+    ("AWS::StepFunctions::StateMachine", "AWS::ECR::Repository"): "jobs' image",
     ("AWS::StepFunctions::StateMachine", "AWS::S3::Bucket"): "run records",
     ("AWS::StepFunctions::StateMachine", "AWS::SNS::Topic"): "notifies",
     ("AWS::CloudWatch::Alarm", "AWS::SNS::Topic"): "alarms",
