@@ -66,7 +66,10 @@ class SageMakerStack(cdk.Stack):
             file_system=file_system,
         )
         self.accelerator_metrics = accelerator_metrics(
-            "sagemaker", config.instance.accelerator, environment=config.name
+            "sagemaker",
+            config.instance.accelerator,
+            environment=config.name,
+            accelerators_per_host=config.instance.accelerators,
         )
         self.job_queue_arns: list[str] = []  # Jobs go straight to SageMaker
         cdk.CfnOutput(self, "ExecutionRoleArn", value=self.execution_role.role_arn)

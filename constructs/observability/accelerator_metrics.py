@@ -44,6 +44,9 @@ class AcceleratorMetrics:
     scope: tuple[str, str] | None = None  # (dimension, value) naming this environment's series, where they have one
     schema: tuple[str, ...] = ()  # the node-level dimension set, for Metrics Insights SCHEMA(...)
     efa_scoped: bool = False  # whether the EFA series carry the scope dimension too
+    # What `utilization` reads for one host whose accelerators are all busy, over 100: 1 where it is a per-device
+    # or average percentage, the device count where it is summed over the host's devices (SageMaker).
+    utilization_scale: int = 1
 
     def search(
         self,
@@ -79,14 +82,21 @@ class AcceleratorMetrics:
 
 
 def accelerator_metrics(
-    backend: str, accelerator: Accelerator, *, environment: str, cluster_name: str | None = None
+    backend: str,
+    accelerator: Accelerator,
+    *,
+    environment: str,
+    cluster_name: str | None = None,
+    accelerators_per_host: int = 1,
 ) -> AcceleratorMetrics:
     nvidia = accelerator is Accelerator.NVIDIA
     if backend == "sagemaker":
         # SageMaker's instance metrics of training jobs (SageMaker developer guide, "Amazon SageMaker AI metrics in
         # Amazon CloudWatch", training job metrics): namespace /aws/sagemaker/TrainingJobs, dimension Host
-        # (<job name>/algo-N), GPUUtilization and GPUMemoryUtilization summed over the instance's GPUs. They carry
-        # no environment: the graphs show every training job of the account and region. No EFA counters.
+        # (<job name>/algo-N), GPUUtilization and GPUMemoryUtilization from 0 to 100 x the instance's GPUs (as its
+        # CPUUtilization is 0 to 100 x its CPUs; the page could not be read from this machine to confirm it). They
+        # carry no environment: the graphs and the idle alarm cover every training job of the account and region.
+        # No EFA counters.
         return AcceleratorMetrics(
             backend=backend,
             accelerator=accelerator,
@@ -94,6 +104,7 @@ def accelerator_metrics(
             utilization="GPUUtilization" if nvidia else "NeuronCoreUtilization",
             memory="GPUMemoryUtilization" if nvidia else "NeuronMemoryUtilization",
             node_dimension="Host",
+            utilization_scale=accelerators_per_host,
         )
     if backend == "eks":
         # Container Insights (enhanced) node GPU/NeuronCore metrics: dimension set ClusterName, InstanceId, NodeName.

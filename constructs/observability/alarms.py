@@ -108,7 +108,7 @@ class TrainingAlarms(Construct):
                 period=IDLE_PERIOD,
                 using_metrics={},
             ),
-            threshold=idle_threshold_percent,
+            threshold=idle_threshold_percent * accelerators.utilization_scale,
             operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
             evaluation_periods=idle_minutes // int(IDLE_PERIOD.to_minutes()),
             description=f"A node's {kind}s averaged under {idle_threshold_percent:g}% for {idle_minutes} minutes "

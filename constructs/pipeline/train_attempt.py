@@ -20,6 +20,12 @@ from contracts.run import FAILURE_REASON_MARKER, REFUSED_EXIT_CODES
 
 ATTEMPT_FAILED = "TrainingAttemptFailed"
 REFUSED = "TrainingRefused"
+# No instances to start the job on: waited for like a job waiting in a queue, not counted as a failed attempt.
+NO_CAPACITY = "TrainingCapacityUnavailable"
+# SageMaker's FailureReason when it could not provision the instances (the SageMaker Python SDK raises its
+# CapacityError when a failed job's reason contains "CapacityError"; SageMaker Pipelines' retry policies name the
+# failure type SageMaker.CAPACITY_ERROR: "Configuring retry policies").
+CAPACITY_REASON = "*CapacityError*"
 
 
 def classified_training(
@@ -86,6 +92,8 @@ def classified_training(
         by_reason.when(
             sfn.Condition.string_matches(reason, f"*{FAILURE_REASON_MARKER}{exit_code}:*"), named.next(refused)
         )
+    no_capacity = sfn.Fail(scope, f"{id_}NoCapacity", error=NO_CAPACITY, cause_path="$.caught.Cause")
+    by_reason.when(sfn.Condition.string_matches(reason, CAPACITY_REASON), no_capacity)
     by_reason.otherwise(attempt_failed)
     has_attempts = (
         sfn.Choice(scope, f"{id_}HasAttempts")

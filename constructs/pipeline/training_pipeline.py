@@ -21,9 +21,9 @@ from constructs.nag import acknowledge
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.input_checks import input_validation
 from constructs.pipeline.run_claim import RunClaim
-from constructs.pipeline.train_attempt import ATTEMPT_FAILED, classified_training
+from constructs.pipeline.train_attempt import ATTEMPT_FAILED, NO_CAPACITY, classified_training
 from constructs.pipeline.verdict import VerdictBranch
-from contracts.run import JOB_PARAMETERS, JOB_VALUES, execution_seconds, stages, train_state_seconds
+from contracts.run import JOB_PARAMETERS, JOB_VALUES, QUEUE_WAIT_MINUTES, execution_seconds, stages, train_state_seconds
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,11 @@ class TrainingPipeline(Construct):
             max_delay=retry.max_delay,
             jitter_strategy=sfn.JitterType.FULL,
         )
+        # No capacity for the job's instances: asked again every 5 minutes for as long as any backend's job waits
+        # for capacity (contracts.run.QUEUE_WAIT_MINUTES), apart from the attempts' own retries.
+        train.add_retry(
+            errors=[NO_CAPACITY], interval=cdk.Duration.minutes(5), max_attempts=QUEUE_WAIT_MINUTES // 5, backoff_rate=1
+        )
         self._failures.catch(train, "Train", "TrainingFailed")
         return train
 
@@ -221,7 +226,8 @@ class TrainingPipeline(Construct):
             self._train_attempt_hours,
             sanity_submissions=0 if self._runner.sanity_in_training else 1 + SANITY_RETRIES,
             train_submissions=1 + retry.max_attempts,
-            train_backoff_seconds=retry.max_attempts * int(retry.max_delay.to_seconds()),
+            # the attempts' backoff, and the capacity waits (a job without instances fails within minutes)
+            train_backoff_seconds=retry.max_attempts * int(retry.max_delay.to_seconds()) + 2 * QUEUE_WAIT_MINUTES * 60,
             calls_seconds=3600,
         )
 

@@ -10,7 +10,7 @@ import pytest
 
 from config import CATALOGUE
 from constructs.compute.sagemaker.job_runner import RETRIES_FOR_ATTEMPTS, SageMakerJobRunner
-from contracts.run import MAX_ATTEMPTS, QUEUE_WAIT_MINUTES, stages
+from contracts.run import MAX_ATTEMPTS, QUEUE_WAIT_MINUTES, stages, train_state_seconds
 from tests.alone import template_of
 
 TRAIN_PARAMETERS = {"run_id": "$.job.run_id", "dataset": "$.job.dataset", "max_steps": "$.job.max_steps"}
@@ -106,32 +106,48 @@ def test_training_checkpoints_sync_to_the_runs_prefix():
     assert checkpoint["LocalPath"] == "/opt/ml/checkpoints"
 
 
-def test_managed_spot_waits_at_most_the_queue_wait_per_attempt_beyond_the_run_time():
-    # MaxWaitTimeInSeconds covers every attempt of the RetryStrategy together (API_StoppingCondition): the run's
-    # max_attempts x (attempt + queue wait), read from a table by the run's max_attempts.
+def _table(expression: str) -> list[int]:
+    """The numbers of `States.ArrayGetItem(States.Array(a, b, ...), $.run.max_attempts)`, indexed by attempts."""
+    assert expression.endswith(", $.run.max_attempts)")
+    return [int(n) for n in expression.split("States.Array(")[1].split(")")[0].split(", ")]
+
+
+@pytest.mark.parametrize("attempts", range(1, MAX_ATTEMPTS + 1))
+def test_the_job_ends_itself_before_its_state_gives_up(attempts):
+    # With a RetryStrategy, MaxRuntimeInSeconds and MaxWaitTimeInSeconds bound all attempts together
+    # (API_StoppingCondition); SageMaker's own end is an attempt failure the pipeline retries, the state's timeout is
+    # not: so the job's bounds stay under the Train state's timeout (attempts x (attempt + queue wait)).
+    stopping = _request(spot=True)["StoppingCondition"]
+    runtime, wait = (
+        _table(stopping["MaxRuntimeInSeconds.$"])[attempts],
+        _table(stopping["MaxWaitTimeInSeconds.$"])[attempts],
+    )
+    assert runtime == min(attempts * stages(72)["train"].attempt_seconds, 28 * 24 * 3600)
+    assert runtime <= wait <= 28 * 24 * 3600
+    assert wait + 30 * 60 <= train_state_seconds(72)[attempts]
+
+
+def test_managed_spot_waits_for_capacity_within_each_attempt():
     request = _request(spot=True)
-    stopping = request["StoppingCondition"]
     assert request["EnableManagedSpotTraining"] is True
-    attempt = stages(72)["train"].attempt_seconds
-    assert stopping["MaxRuntimeInSeconds"] == attempt
-    table = stopping["MaxWaitTimeInSeconds.$"]
-    assert table.endswith(", $.run.max_attempts)")
-    waits = [int(n) for n in table.split("States.Array(")[1].split(")")[0].split(", ")]
-    assert waits[2] == 2 * (attempt + QUEUE_WAIT_MINUTES * 60)
-    assert all(attempt <= wait <= 28 * 24 * 3600 for wait in waits[1:])
+    waits = _table(request["StoppingCondition"]["MaxWaitTimeInSeconds.$"])
+    assert waits[1] == stages(72)["train"].attempt_seconds + (QUEUE_WAIT_MINUTES - 30) * 60
 
 
 def test_on_demand_training_sets_no_spot_fields():
     request = _request(spot=False)
     assert "EnableManagedSpotTraining" not in request
-    assert "MaxWaitTimeInSeconds" not in request["StoppingCondition"]
+    assert list(request["StoppingCondition"]) == ["MaxRuntimeInSeconds.$"]
 
 
 def test_validation_never_waits_for_spot_and_reads_the_runs_checkpoints():
     request = _request("validate", spot=True)
     assert "EnableManagedSpotTraining" not in request and "CheckpointConfig" not in request
-    assert request["ResourceConfig"] == {"InstanceType": "ml.g5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 512}
+    # NVMe instance storage: VolumeSizeInGB may not exceed it (API_ResourceConfig; g5.xlarge has 250 GB).
+    assert request["ResourceConfig"] == {"InstanceType": "ml.g5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 100}
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": stages(72)["validate"].attempt_seconds}
     channels = {c["ChannelName"]: c for c in request["InputDataConfig"]}
+    assert channels["checkpoints"]["InputMode"] == "FastFile"  # streamed: only what validation reads
     assert channels["checkpoints"]["DataSource"]["S3DataSource"]["S3Uri.$"] == (
         "States.Format('s3://data-bucket/checkpoints/{}/', $.job.run_id)"
     )
@@ -242,3 +258,10 @@ def test_neuron_validation_reads_the_shared_checkpoints_read_only():
         "--checkpoints-root",
         "/opt/ml/input/data/fsx/checkpoints",
     ]
+
+
+def test_a_validation_job_is_tried_again_on_fresh_instances():
+    stack, runner = _runner()
+    state = runner.submit(stack, "Validate", job="validate", parameters=VALIDATE_PARAMETERS, job_name="$.name")
+    retries = {tuple(r["ErrorEquals"]): r for r in stack.resolve(state.to_state_json())["Retry"]}
+    assert retries[("States.TaskFailed",)]["MaxAttempts"] == 3

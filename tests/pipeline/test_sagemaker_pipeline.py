@@ -50,6 +50,8 @@ pytestmark = pytest.mark.xdist_group("sagemaker-pipeline")
 # What SageMaker reports for a managed Spot job that ran out of its MaxWaitTimeInSeconds after an interruption
 # (DescribeTrainingJob SecondaryStatus "MaxWaitTimeExceeded", API_DescribeTrainingJob).
 SPOT_GAVE_UP = "spot"
+# No instances for the job (the SageMaker Python SDK raises CapacityError on such a FailureReason).
+NO_CAPACITY = "capacity"
 # CreateTrainingJob itself failing, with the errors Step Functions' SageMaker integration raises (connect-sagemaker
 # training job example): the account's instance quota used up, and SageMaker's generic error (throttling...).
 NO_QUOTA, THROTTLED = "no-quota", "throttled"
@@ -120,6 +122,8 @@ class SageMakerEmulator(Emulator):
                     return
                 if outcome == SPOT_GAVE_UP:
                     status, reason = "MaxWaitTimeExceeded", "Training job exceeded MaxWaitTimeInSeconds"
+                elif outcome == NO_CAPACITY:
+                    status, reason = "Failed", "CapacityError: Unable to provision requested ML compute capacity."
                 else:  # False: an unexpected crash (exit 1); an int: that exit code, as launch.py reports it
                     code = 1 if outcome is False else int(outcome)
                     status, reason = "Failed", f"AlgorithmError: {FAILURE_REASON_MARKER}{code}: the job failed"
@@ -286,3 +290,22 @@ def test_bad_input_starts_no_job(emulator, execution_input, cause):
     result = emulator.run(execution_input)
     assert result["status"] == "FAILED" and result["error"] == "InvalidInput", result
     assert cause in result.get("cause", "") and emulator.jobs == []
+
+
+# No capacity for the instances: waited for every 5 minutes like a job in a queue, not counted as a failed attempt.
+def test_missing_capacity_is_waited_for_without_using_up_the_attempts(emulator):
+    emulator.verdict = ACCEPTED
+    emulator.outcomes = {"train": [NO_CAPACITY, NO_CAPACITY, True]}
+    result = emulator.run({**RUN, "run_id": "capacity-001"})
+    assert result["status"] == "SUCCEEDED", result
+    assert emulator.kinds() == ["train", "train", "train", "validate"]
+    assert emulator.retry_sleeps == [300, 300]
+
+
+# A validation job that fails (a lost instance, no capacity) is tried again: the trained model is not left unjudged.
+def test_a_failed_validation_job_is_tried_again(emulator):
+    emulator.verdict = ACCEPTED
+    emulator.outcomes = {"validate": [False, True]}
+    result = emulator.run({**RUN, "run_id": "validate-again-001"})
+    assert result["status"] == "SUCCEEDED", result
+    assert emulator.kinds() == ["train", "validate", "validate"] and emulator.retry_sleeps == [300]

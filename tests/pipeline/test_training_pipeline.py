@@ -18,7 +18,7 @@ from constructs.compute.batch.job_runner import BatchJobRunner
 from constructs.compute.eks.job_runner import EksJobRunner
 from constructs.observability.alarms import MODEL_REJECTED_ERROR
 from constructs.pipeline.training_pipeline import TrainingPipeline, TrainingRetry
-from contracts.run import PHASES, stages, train_state_seconds
+from contracts.run import PHASES, QUEUE_WAIT_MINUTES, stages, train_state_seconds
 from tests.pipeline.runs import definition, states
 
 
@@ -263,3 +263,11 @@ def test_a_longer_training_timeout_lengthens_the_train_state():
     long = states(_pipeline(train_attempt_hours=96, on_demand_fallback=False).to_json())
     assert long["PrepareRun"]["Parameters"] != short["PrepareRun"]["Parameters"]
     assert str(train_state_seconds(96)[2]) in long["PrepareRun"]["Parameters"]["timeouts"]["train.$"]
+
+
+def test_a_job_without_instances_is_asked_again_for_the_queue_wait_not_as_a_failed_attempt(pipeline):
+    # No capacity (SageMaker's CapacityError) is waited for like a job in a queue: every 5 minutes for
+    # QUEUE_WAIT_MINUTES, apart from the 3 retries of failed attempts.
+    (capacity,) = [r for r in states(pipeline)["Train"]["Retry"] if r["ErrorEquals"] == ["TrainingCapacityUnavailable"]]
+    assert capacity["IntervalSeconds"] * capacity["MaxAttempts"] == QUEUE_WAIT_MINUTES * 60
+    assert capacity.get("BackoffRate", 1) == 1

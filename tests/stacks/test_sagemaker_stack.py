@@ -92,3 +92,10 @@ def test_there_is_no_queue_and_no_cluster_to_keep():
     kinds = {r["Type"] for r in _template()["Resources"].values()}
     assert stack.job_queue_arns == []
     assert not {k for k in kinds if k.startswith(("AWS::Batch::", "AWS::EKS::", "AWS::EC2::"))}
+
+
+def test_the_idle_alarm_reads_sagemakers_gpu_utilisation_per_instance():
+    # GPUUtilization on SageMaker runs from 0 to 100 x the instance's GPUs: the idle threshold scales by them.
+    metrics = _environment(instance_type="p4d.24xlarge").compute().accelerator_metrics
+    assert metrics.namespace == "/aws/sagemaker/TrainingJobs"
+    assert metrics.utilization_scale == CATALOGUE["p4d.24xlarge"].accelerators

@@ -35,9 +35,10 @@ DATA_CHANNEL, CHECKPOINTS_CHANNEL, FSX_CHANNEL = "training", "checkpoints", "fsx
 DATA_PATH = f"/opt/ml/input/data/{DATA_CHANNEL}"
 CHECKPOINTS_INPUT_PATH = f"/opt/ml/input/data/{CHECKPOINTS_CHANNEL}"
 FSX_PATH = f"/opt/ml/input/data/{FSX_CHANNEL}"
-# The ML storage volume holds /opt/ml/checkpoints (checkpoints of the largest catalogue model and its optimizer
-# fit) and the validation job's downloaded checkpoints (API_ResourceConfig VolumeSizeInGB).
-VOLUME_GIB = {"train": 512, "validate": 512}
+# Every catalogue type has NVMe instance storage: SageMaker mounts it instead of an EBS volume, its size is fixed to the
+# instance's, and VolumeSizeInGB may not exceed it (API_ResourceConfig VolumeSizeInGB). So the smallest store of the
+# catalogue's types bounds the request (g5.xlarge: 250 GB); what the jobs get is the instance's own.
+VOLUME_GIB = 100
 # SageMaker RetryStrategy.MaximumRetryAttempts is 1-30 retries after the first attempt (API_RetryStrategy); the
 # run's max_attempts counts attempts, so 1 attempt still allows SageMaker's one retry of its own internal errors.
 RETRIES_FOR_ATTEMPTS = (1, *(max(1, attempts - 1) for attempts in range(1, MAX_ATTEMPTS + 1)))
@@ -60,9 +61,17 @@ QUOTA_RETRY: dict = {
     "max_attempts": QUEUE_WAIT_MINUTES // 5,
     "backoff_rate": 1,
 }
+VALIDATION_RETRY: dict = {
+    "errors": ["States.TaskFailed"],
+    "interval": cdk.Duration.minutes(5),
+    "max_attempts": 3,
+    "backoff_rate": 2,
+}
 # The longest a training job may run (API_StoppingCondition MaxRuntimeInSeconds: 28 days), taken as the bound of
 # MaxWaitTimeInSeconds too.
 MAX_JOB_SECONDS = 28 * 24 * 3600
+# Between the Task state's start and the job's: creating it; after SageMaker stops it: uploading its output.
+JOB_END_MARGIN_SECONDS = 30 * 60
 # Training job names: 1-63 letters, digits and '-' (API_CreateTrainingJob), unique in the account and region
 # forever, so each submission appends 8 hex digits of a fresh UUID: `<run_id>-validate-1a2b3c4d` <= 58.
 _UNIQUE_SUFFIX = "States.ArrayGetItem(States.StringSplit(States.UUID(), '-'), 0)"
@@ -134,6 +143,10 @@ class SageMakerJobRunner:
         submission = sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
         submission.add_retry(**API_RETRY)
         submission.add_retry(**QUOTA_RETRY)
+        if job == "validate":
+            # A trained model is never left unvalidated for want of one small instance (a CapacityError) or a lost
+            # one: the validation job is tried again on fresh instances, 5, 10 and 20 minutes later.
+            submission.add_retry(**VALIDATION_RETRY)
         return submission
 
     def training_job(
@@ -161,13 +174,13 @@ class SageMakerJobRunner:
             "ResourceConfig": {
                 "InstanceType": instance.sagemaker_instance_type,
                 **({"InstanceCount.$": nodes} if training and nodes else {"InstanceCount": 1}),
-                "VolumeSizeInGB": VOLUME_GIB[job],
+                "VolumeSizeInGB": VOLUME_GIB,
             },
             # The training subnet and the EFA group (all traffic to and from itself, Lustre to FSx).
             "VpcConfig": {"Subnets": [self.subnet_id], "SecurityGroupIds": [self.security_group_id]},
             "InputDataConfig": self._channels(job, parameters),
             "OutputDataConfig": {"S3OutputPath.$": f"States.Format('{self._runs_uri}{{}}/sagemaker/', {run_id})"},
-            "StoppingCondition": {"MaxRuntimeInSeconds": attempt_seconds},
+            "StoppingCondition": self._stopping_condition(attempt_seconds, attempts, spot=training and self.spot),
             # Budgets and cost allocation filter on the same tags as the deployed resources (app.py).
             "Tags": [
                 {"Key": "Project", "Value": "efa-training"},
@@ -181,26 +194,36 @@ class SageMakerJobRunner:
             # the one a retried submission and the validation job read.
             request["CheckpointConfig"] = {"S3Uri.$": self._checkpoints_uri(run_id), "LocalPath": CHECKPOINT_LOCAL_PATH}
         if training and self.spot:
-            # Managed Spot: MaxWaitTimeInSeconds (>= MaxRuntimeInSeconds) bounds the run time plus the waits for
-            # Spot capacity, for all of the RetryStrategy's attempts together (API_StoppingCondition): each attempt
-            # may take the queue wait every backend's attempt may take, within SageMaker's 28-day maximum.
             request["EnableManagedSpotTraining"] = True
-            waits = [
-                min(n * (attempt_seconds + QUEUE_WAIT_MINUTES * 60), MAX_JOB_SECONDS) for n in range(MAX_ATTEMPTS + 1)
-            ]
-            stopping = request["StoppingCondition"]
-            if attempts is None:
-                stopping["MaxWaitTimeInSeconds"] = waits[1]
-            else:
-                stopping["MaxWaitTimeInSeconds.$"] = (
-                    f"States.ArrayGetItem(States.Array({', '.join(map(str, waits))}), {attempts})"
-                )
         if attempts is not None:
             table = ", ".join(map(str, RETRIES_FOR_ATTEMPTS))
             request["RetryStrategy"] = {
                 "MaximumRetryAttempts.$": f"States.ArrayGetItem(States.Array({table}), {attempts})"
             }
         return request
+
+    @staticmethod
+    def _stopping_condition(attempt_seconds: int, attempts: str | None, *, spot: bool) -> dict:
+        """How long the job may run and, on managed Spot, wait: with a RetryStrategy both bound all of its attempts
+        together, at most 28 days (API_StoppingCondition), so they are read by the run's attempts from tables.
+
+        They end the job before the state that waits for it gives up (contracts.run: attempts x (attempt + queue
+        wait)), with JOB_END_MARGIN for creating the job and uploading its output after it stops: SageMaker's own
+        end is an attempt failure, retried on fresh instances; the state's timeout is not."""
+        wait = QUEUE_WAIT_MINUTES * 60 - JOB_END_MARGIN_SECONDS
+
+        def table(seconds_per_attempt: int) -> list[int]:
+            return [min(n * seconds_per_attempt, MAX_JOB_SECONDS) for n in range(MAX_ATTEMPTS + 1)]
+
+        fields = {"MaxRuntimeInSeconds": table(attempt_seconds)}
+        if spot:
+            fields["MaxWaitTimeInSeconds"] = table(attempt_seconds + wait)
+        if attempts is None:
+            return {name: values[1] for name, values in fields.items()}
+        return {
+            f"{name}.$": f"States.ArrayGetItem(States.Array({', '.join(map(str, values))}), {attempts})"
+            for name, values in fields.items()
+        }
 
     @property
     def checkpoints_on_fsx(self) -> bool:
@@ -248,7 +271,8 @@ class SageMakerJobRunner:
             return [data]
         checkpoints = {
             "ChannelName": CHECKPOINTS_CHANNEL,
-            "InputMode": "File",
+            # Streamed: validation reads the newest loadable step's model, not every kept step and optimizer state.
+            "InputMode": "FastFile",
             "DataSource": {
                 "S3DataSource": {
                     "S3DataType": "S3Prefix",
