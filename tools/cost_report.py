@@ -141,7 +141,7 @@ def live_spot(ec2_client, config: EnvironmentConfig) -> tuple[float, str] | None
     return latest[zone], zone
 
 
-def sagemaker_estimate(config: EnvironmentConfig, hours: float, session=None) -> Estimate:
+def sagemaker_prices(config: EnvironmentConfig, session=None) -> tuple[KnownPrice, Price]:
     """SageMaker training: the catalogue's ml.* on-demand price; managed Spot as EC2's current Spot discount for
     the same type (with credentials), else AWS's stated best case, never a guessed typical discount."""
     instance = config.instance
@@ -166,6 +166,13 @@ def sagemaker_estimate(config: EnvironmentConfig, hours: float, session=None) ->
                 f"EC2's Spot discount for {instance.name} in {ec2_spot[1]} now ({1 - share:.0%}), applied to "
                 "SageMaker's price: an estimate, SageMaker bills managed Spot itself",
             )
+    return on_demand, spot
+
+
+def estimate(config: EnvironmentConfig, hours: float, session=None) -> Estimate:
+    """Prices for one environment: live where credentials allow, the catalogue otherwise."""
+    prices = sagemaker_prices if config.compute == "sagemaker" else ec2_prices
+    on_demand, spot = prices(config, session)
     return Estimate(
         config=config,
         hours=hours,
@@ -175,10 +182,8 @@ def sagemaker_estimate(config: EnvironmentConfig, hours: float, session=None) ->
     )
 
 
-def estimate(config: EnvironmentConfig, hours: float, session=None) -> Estimate:
-    """Prices for one environment: live where credentials allow, the catalogue otherwise."""
-    if config.compute == "sagemaker":
-        return sagemaker_estimate(config, hours, session)
+def ec2_prices(config: EnvironmentConfig, session=None) -> tuple[KnownPrice, Price]:
+    """EC2's on-demand and Spot prices of the environment's type (Batch and EKS)."""
     catalogue = KnownPrice(config.instance.on_demand_usd_per_hour, f"catalogue: {PRICE_SOURCE}, {PRICE_DATE}")
     allowed, reason = spot_allowed(config)
     on_demand, spot = catalogue, Price(None, reason or NEEDS_CREDENTIALS)
@@ -203,13 +208,7 @@ def estimate(config: EnvironmentConfig, hours: float, session=None) -> Estimate:
                 )
             except (BotoCoreError, ClientError) as error:
                 spot = Price(None, f"n/a (Spot price history failed: {error})")
-    return Estimate(
-        config=config,
-        hours=hours,
-        on_demand=on_demand,
-        spot=spot,
-        fsx_usd_per_gb_month=fsx_usd_per_gb_month(config.fsx_deployment_type, config.fsx_throughput_per_tib),
-    )
+    return on_demand, spot
 
 
 def cost_tag_status(session, tag_key: str) -> str:

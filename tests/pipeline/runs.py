@@ -1,10 +1,14 @@
 """What the pipeline tests send to the state machine and read back: a run, verdicts, the definition's states."""
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from moto import mock_aws
 from moto.core.config import DefaultConfig
+
+from tests.sfn_emulator import Emulator
 
 MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "batch": {"use_docker": False}}
 APPROVED_MODEL_PARAMETER = "/efa-training/dev/approved-model"
@@ -71,3 +75,26 @@ def queue_of(template: Mapping[str, Any], state: str) -> str:
         i for i in range(start, len(parts)) if isinstance(parts[i], str) and parts[i].rstrip().endswith('"JobQueue":"')
     )
     return json.dumps(parts[after + 1])
+
+
+@contextlib.contextmanager
+def emulated_account(synthesized, emulator_class: type[Emulator] = Emulator) -> Iterator[Any]:
+    """One emulated account: moto, the app's resolved state machine and an SQS queue on the alerts topic."""
+    with (
+        mock_aws(config=MOTO_CONFIG),
+        emulator_class(template=synthesized.raw("pipeline"), templates=synthesized.templates) as emulator,
+    ):
+        topic = next(v["Ref"] for v in emulator.physical.values() if v["type"] == "AWS::SNS::Topic")
+        emulator.alerts = emulator.subscribe_queue(topic)
+        yield emulator
+
+
+def cleared(world):
+    """The shared emulator as new: no job plan, no recorded jobs or sleeps, no approval, no messages, no objects."""
+    world.reset()
+    world.sqs.purge_queue(QueueUrl=world.alerts)
+    with contextlib.suppress(world.ssm.exceptions.ParameterNotFound):
+        world.ssm.delete_parameter(Name=APPROVED_MODEL_PARAMETER)
+    for listed in world.s3.list_objects_v2(Bucket=world.bucket).get("Contents", []):
+        world.s3.delete_object(Bucket=world.bucket, Key=listed["Key"])
+    return world

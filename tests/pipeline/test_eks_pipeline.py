@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import pytest
-from moto import mock_aws
 from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
 from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
     FailureEvent,
@@ -25,7 +24,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 )
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
-from tests.pipeline.runs import ACCEPTED, MOTO_CONFIG, RUN, approval, messages
+from tests.pipeline.runs import ACCEPTED, RUN, approval, cleared, emulated_account, messages
 from tests.sfn_emulator import REGION, Emulator
 
 EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge"}
@@ -36,6 +35,10 @@ pytestmark = pytest.mark.xdist_group("eks-pipeline")
 @dataclass
 class EksEmulator(Emulator):
     jobs: list[dict] = field(default_factory=list)  # every Job eks:runJob.sync was asked to run
+
+    def reset(self) -> None:
+        super().reset()
+        self.jobs.clear()
 
     def __enter__(self) -> "EksEmulator":
         emulator, original = self, state_task_factory.state_task_service_for
@@ -116,23 +119,14 @@ class EksEmulator(Emulator):
 
 @pytest.fixture(scope="module")
 def world(synth):
-    synthesized = synth(**EKS_VARIANT)
-    with (
-        mock_aws(config=MOTO_CONFIG),
-        EksEmulator(template=synthesized.raw("pipeline"), templates=synthesized.templates) as emulated,
-    ):
-        topic = next(v["Ref"] for v in emulated.physical.values() if v["type"] == "AWS::SNS::Topic")
-        emulated.alerts = emulated.subscribe_queue(topic)
+    with emulated_account(synth(**EKS_VARIANT), EksEmulator) as emulated:
         yield emulated
 
 
 @pytest.fixture
 def emulator(world):
-    """The shared emulator, reset between tests: no plan, no recorded jobs, no messages."""
-    world.reset()
-    world.jobs.clear()
-    world.sqs.purge_queue(QueueUrl=world.alerts)
-    return world
+    """The shared emulator, reset between tests: no plan, no recorded jobs, no messages, no approval."""
+    return cleared(world)
 
 
 # Happy path on EKS: sanity, train and validate run as Indexed Jobs on the run's nodes; the model is approved.

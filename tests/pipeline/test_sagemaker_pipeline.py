@@ -9,14 +9,12 @@ refused request with SageMaker's error, as Step Functions' SageMaker integration
 its verdict, like the real one.
 """
 
-import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import cast
 
 import boto3
 import pytest
-from moto import mock_aws
 from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
 from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import CustomErrorName
 from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
@@ -32,16 +30,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
 from contracts.run import FAILURE_REASON_MARKER, QUEUE_WAIT_MINUTES
-from tests.pipeline.runs import (
-    ACCEPTED,
-    APPROVED_MODEL_PARAMETER,
-    MOTO_CONFIG,
-    REJECTED,
-    RUN,
-    approval,
-    approved_model,
-    messages,
-)
+from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_model, cleared, emulated_account, messages
 from tests.sfn_emulator import ACCOUNT, REGION, Emulator
 
 SAGEMAKER_VARIANT = {"compute": "sagemaker", "sagemaker_spot": "true"}
@@ -85,6 +74,10 @@ def _task_failed(env, error: str, cause: str, *, states_error: bool) -> FailureE
 @dataclass
 class SageMakerEmulator(Emulator):
     jobs: list[dict] = field(default_factory=list)  # every CreateTrainingJob request, in order
+
+    def reset(self) -> None:
+        super().reset()
+        self.jobs.clear()
 
     def kinds(self) -> list[str]:
         return [job["AlgorithmSpecification"]["ContainerArguments"][0] for job in self.jobs]
@@ -158,25 +151,14 @@ class SageMakerEmulator(Emulator):
 
 @pytest.fixture(scope="module")
 def world(synth):
-    synthesized = synth(**SAGEMAKER_VARIANT)
-    with (
-        mock_aws(config=MOTO_CONFIG),
-        SageMakerEmulator(template=synthesized.raw("pipeline"), templates=synthesized.templates) as emulated,
-    ):
-        topic = next(v["Ref"] for v in emulated.physical.values() if v["type"] == "AWS::SNS::Topic")
-        emulated.alerts = emulated.subscribe_queue(topic)
+    with emulated_account(synth(**SAGEMAKER_VARIANT), SageMakerEmulator) as emulated:
         yield emulated
 
 
 @pytest.fixture
 def emulator(world):
     """The shared emulator, reset between tests: no plan, no recorded jobs, no messages, no approval."""
-    world.reset()
-    world.jobs.clear()
-    world.sqs.purge_queue(QueueUrl=world.alerts)
-    with contextlib.suppress(world.ssm.exceptions.ParameterNotFound):
-        world.ssm.delete_parameter(Name=APPROVED_MODEL_PARAMETER)
-    return world
+    return cleared(world)
 
 
 # Happy path: one training job on the run's instances (its own sanity check first), one validation job on one.
