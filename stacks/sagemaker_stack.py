@@ -40,10 +40,13 @@ class SageMakerStack(cdk.Stack):
         **kwargs,
     ) -> None:
         super().__init__(scope, id_, **kwargs)
-        self.execution_role = SageMakerExecutionRole(self, "Execution", data_access=storage.data_access).role
+        fsx = config.sagemaker_data_source == "fsx"
+        self.execution_role = SageMakerExecutionRole(
+            self, "Execution", data_access=storage.data_access, file_system=fsx
+        ).role
         registry.image_repository.grant_pull(self.execution_role)
         file_system = None
-        if config.sagemaker_data_source == "fsx":
+        if fsx:
             # The file system's revision rides along so that a replaced file system changes the pipeline's
             # template and the same deploy re-resolves its id and mount name (stacks/storage_stack.py).
             file_system = (

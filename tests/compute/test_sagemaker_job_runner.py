@@ -122,8 +122,8 @@ def test_the_job_ends_itself_before_its_state_gives_up(attempts):
         _table(stopping["MaxRuntimeInSeconds.$"])[attempts],
         _table(stopping["MaxWaitTimeInSeconds.$"])[attempts],
     )
-    assert runtime == min(attempts * stages(72)["train"].attempt_seconds, 28 * 24 * 3600)
-    assert runtime <= wait <= 28 * 24 * 3600
+    assert runtime == min(attempts * stages(72)["train"].attempt_seconds, 28 * 24 * 3600 - 30 * 60)
+    assert runtime < wait <= 28 * 24 * 3600  # "MaxWaitTimeInSeconds must be larger than MaxRuntimeInSeconds"
     assert wait + 30 * 60 <= train_state_seconds(72)[attempts]
 
 
@@ -265,3 +265,26 @@ def test_a_validation_job_is_tried_again_on_fresh_instances():
     state = runner.submit(stack, "Validate", job="validate", parameters=VALIDATE_PARAMETERS, job_name="$.name")
     retries = {tuple(r["ErrorEquals"]): r for r in stack.resolve(state.to_state_json())["Retry"]}
     assert retries[("States.TaskFailed",)]["MaxAttempts"] == 3
+
+
+def test_the_longest_attempts_keep_max_wait_above_max_runtime_at_the_28_day_cap():
+    # 120-hour attempts x 10 reach SageMaker's 28 days; MaxWait must still be larger than MaxRuntime.
+    stack = cdk.Stack()
+    role = iam.Role(stack, "Execution", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
+    runner = SageMakerJobRunner(
+        image="i",
+        role=role,
+        bucket_name="b",
+        subnet_id="s",
+        security_group_id="g",
+        instance=CATALOGUE["p5.48xlarge"],
+        validation_instance=CATALOGUE["p5.4xlarge"],
+        environment="dev",
+        train_attempt_hours=120,
+        spot=True,
+    )
+    stopping = runner.training_job(
+        job="train", parameters=TRAIN_PARAMETERS, job_name="$.n", nodes="$.run.nodes", attempts="$.run.max_attempts"
+    )["StoppingCondition"]
+    runtime, wait = _table(stopping["MaxRuntimeInSeconds.$"]), _table(stopping["MaxWaitTimeInSeconds.$"])
+    assert wait[-1] == 28 * 24 * 3600 and runtime[-1] < wait[-1]

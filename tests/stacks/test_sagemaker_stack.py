@@ -99,3 +99,11 @@ def test_the_idle_alarm_reads_sagemakers_gpu_utilisation_per_instance():
     metrics = _environment(instance_type="p4d.24xlarge").compute().accelerator_metrics
     assert metrics.namespace == "/aws/sagemaker/TrainingJobs"
     assert metrics.utilization_scale == CATALOGUE["p4d.24xlarge"].accelerators
+
+
+def test_the_jobs_may_describe_the_file_system_they_read_only_with_the_fsx_data_source():
+    # SageMaker asks that the role "has access to Amazon FSx" for a file-system data source (model-access-training-data)
+    def describes(template: dict) -> bool:
+        return any("fsx:DescribeFileSystems" in _actions(s) for s in _statements(template))
+
+    assert describes(_template()) and not describes(_template(sagemaker_data_source="s3"))

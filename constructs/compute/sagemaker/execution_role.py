@@ -37,7 +37,9 @@ VPC_ACTIONS = (
 class SageMakerExecutionRole(Construct):
     """`role`: assumed by sagemaker.amazonaws.com; `grant_pull` the image into it from the registry stack."""
 
-    def __init__(self, scope: Construct, id_: str, *, data_access: DataBucketAccess) -> None:
+    def __init__(self, scope: Construct, id_: str, *, data_access: DataBucketAccess, file_system: bool = False) -> None:
+        """`file_system`: the jobs read FSx for Lustre as a data source, for which SageMaker asks that the role "has
+        access to Amazon FSx" ("Access training data", model-access-training-data.html) without naming actions."""
         super().__init__(scope, id_)
         self.role = iam.Role(
             self,
@@ -67,6 +69,17 @@ class SageMakerExecutionRole(Construct):
             )
         )
         self.role.add_to_policy(iam.PolicyStatement(actions=list(VPC_ACTIONS), resources=["*"]))
+        if file_system:
+            # Describing the account's file systems in this region, no more (file-system/*: a replaced file system
+            # gets a new id, which the role must not have to follow).
+            file_systems = stack.format_arn(service="fsx", resource="file-system", resource_name="*")
+            self.role.add_to_policy(iam.PolicyStatement(actions=["fsx:DescribeFileSystems"], resources=[file_systems]))
+            acknowledge(
+                self.role,
+                f"AwsSolutions-IAM5[Resource::{shown_arn(stack, 'fsx', 'file-system/*')}]",
+                "SageMaker asks that a job's role can reach the FSx data source without naming actions; describing "
+                "file systems reveals no data, and a replaced file system gets a new id",
+            )
         acknowledge(
             self.role,
             "AwsSolutions-IAM5[Resource::*]",

@@ -212,12 +212,14 @@ class SageMakerJobRunner:
         end is an attempt failure, retried on fresh instances; the state's timeout is not."""
         wait = QUEUE_WAIT_MINUTES * 60 - JOB_END_MARGIN_SECONDS
 
-        def table(seconds_per_attempt: int) -> list[int]:
-            return [min(n * seconds_per_attempt, MAX_JOB_SECONDS) for n in range(MAX_ATTEMPTS + 1)]
+        def table(seconds_per_attempt: int, most: int) -> list[int]:
+            return [min(n * seconds_per_attempt, most) for n in range(MAX_ATTEMPTS + 1)]
 
-        fields = {"MaxRuntimeInSeconds": table(attempt_seconds)}
+        # MaxWait "must be larger than" MaxRuntime (SageMaker developer guide, "Managed Spot Training"), also when
+        # both reach the 28 days.
+        fields = {"MaxRuntimeInSeconds": table(attempt_seconds, MAX_JOB_SECONDS - wait)}
         if spot:
-            fields["MaxWaitTimeInSeconds"] = table(attempt_seconds + wait)
+            fields["MaxWaitTimeInSeconds"] = table(attempt_seconds + wait, MAX_JOB_SECONDS)
         if attempts is None:
             return {name: values[1] for name, values in fields.items()}
         return {
