@@ -3,6 +3,7 @@
     .venv/bin/python -m tools.cost_report                    # every environment in cdk.json, 24-hour run
     .venv/bin/python -m tools.cost_report --hours 72 --env prod -c nodes=8
     .venv/bin/python -m tools.cost_report --offline          # never look for AWS credentials
+    .venv/bin/python -m tools.cost_report --model 6.7b --mfu 35   # the price of a billion tokens (tools/token_cost.py)
 
 EC2 prices come from config/catalogue.py and FSx prices from config/pricing.py (source and date printed).
 With AWS credentials, the EC2 on-demand price comes from the AWS Price List API (`pricing` in us-east-1) for
@@ -281,9 +282,25 @@ def main(argv: list[str] | None = None, session=None) -> int:
         help="override a config field, as with cdk synth -c (repeatable)",
     )
     parser.add_argument("--offline", action="store_true", help="catalogue prices only; do not look for credentials")
+    from tools import token_cost  # the model sizes come from the training image's modules
+
+    parser.add_argument(
+        "--model",
+        default=token_cost.DEFAULT_MODEL,
+        choices=list(token_cost.MODEL_SIZES),
+        help=f"model size to price a billion training tokens for (default {token_cost.DEFAULT_MODEL})",
+    )
+    parser.add_argument(
+        "--mfu",
+        type=float,
+        default=token_cost.DEFAULT_MFU_PERCENT,
+        help=f"assumed model FLOPs utilisation, percent (default {token_cost.DEFAULT_MFU_PERCENT:g})",
+    )
     args = parser.parse_args(argv)
     if args.hours <= 0:
         parser.error(f"--hours={args.hours:g} is not valid; expected a positive number of hours")
+    if not 0 < args.mfu <= 100:
+        parser.error(f"--mfu={args.mfu:g} is not valid; expected a percentage above 0, at most 100")
     try:
         context = _context(args.context)
         names = [args.env] if args.env else list(context["environments"])
@@ -297,6 +314,7 @@ def main(argv: list[str] | None = None, session=None) -> int:
         session = boto3.Session()
     blocks = [render(estimate(config, args.hours, session)) for config in configs]
     print("\n\n".join(blocks))
+    print("\n" + token_cost.report(configs, args.model, args.mfu, session, has_credentials(session)))
     if has_credentials(session):
         from stacks.observability_stack import COST_TAG_KEY  # the tag the budgets filter on (imports the CDK)
 

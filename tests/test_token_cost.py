@@ -1,0 +1,95 @@
+"""The price of a billion training tokens (tools/token_cost.py): the formula, the table, the measured-MFU path."""
+
+from datetime import UTC, datetime
+
+import boto3
+import pytest
+from botocore.stub import ANY, Stubber
+
+from config import CATALOGUE, load_config
+from contracts.run import MODELS
+from tests.synthesis import CDK_JSON_CONTEXT
+from tools import cost_report, token_cost
+
+
+class _Session:
+    def __init__(self, clients):
+        self.clients = clients
+
+    def get_credentials(self):
+        return object()
+
+    def client(self, name, region_name=None):
+        return self.clients[name]
+
+
+def test_tokens_per_second_is_mfu_times_the_nodes_peak_over_the_flops_per_token():
+    # p5.48xlarge: 8 H100 at the catalogue's 989 dense bf16 TFLOPS; 1.3b costs the image's own FLOPs per token.
+    p5 = CATALOGUE["p5.48xlarge"]
+    flops = token_cost.flops_per_token(token_cost.MODEL_SIZES["1.3b"])
+    assert token_cost.tokens_per_second(p5, "1.3b", 40.0) == pytest.approx(0.4 * 8 * 989e12 / flops)
+
+
+def test_a_billion_tokens_cost_the_node_hours_they_take():
+    # 1e9 tokens at 100,000 tokens/s take 10,000 s: 2.78 node-hours at $36/h is $100.
+    assert token_cost.usd_per_billion_tokens(36.0, 100_000) == pytest.approx(100.0)
+
+
+def test_halving_the_mfu_doubles_the_price():
+    full, half = (token_cost.token_cost(CATALOGUE["trn1.32xlarge"], "6.7b", mfu, None) for mfu in (40.0, 20.0))
+    assert half.ec2_usd == pytest.approx(2 * full.ec2_usd)
+
+
+def test_the_model_sizes_are_the_run_contracts():
+    assert tuple(token_cost.MODEL_SIZES) == MODELS
+
+
+def test_the_table_prices_every_training_type_and_invents_no_spot_price_offline():
+    text = token_cost.report([], "1.3b", 40.0)
+    for instance in token_cost.training_types():
+        (row,) = [line for line in text.splitlines() if line.strip().startswith(instance.name + " ")]
+        assert " n/a " in row  # EC2 Spot needs credentials
+    assert "MFU 40% (assumed" in text and "needs credentials" in text
+
+
+def test_a_measured_mfu_prices_the_environments_type_at_that_figure():
+    config = load_config({**CDK_JSON_CONTEXT, "env": "dev"})
+    ec2 = boto3.client("ec2", region_name=config.region, aws_access_key_id="x", aws_secret_access_key="y")
+    cloudwatch = boto3.client("cloudwatch", region_name=config.region, aws_access_key_id="x", aws_secret_access_key="y")
+    with Stubber(ec2) as ec2_stub, Stubber(cloudwatch) as cw_stub:
+        ec2_stub.add_response(
+            "describe_spot_price_history",
+            {
+                "SpotPriceHistory": [
+                    {
+                        "AvailabilityZone": "us-east-1a",
+                        "InstanceType": config.instance_type,
+                        "ProductDescription": "Linux/UNIX",
+                        "SpotPrice": "2.000000",
+                        "Timestamp": datetime.now(UTC),
+                    }
+                ]
+            },
+            {"InstanceTypes": ANY, "ProductDescriptions": ["Linux/UNIX"], "StartTime": ANY, "MaxResults": 1000},
+        )
+        cw_stub.add_response(
+            "get_metric_data",
+            {"MetricDataResults": [{"Id": "mfu", "Values": [30.0, 34.0], "StatusCode": "Complete"}]},
+            {"MetricDataQueries": ANY, "StartTime": ANY, "EndTime": ANY},
+        )
+        text = token_cost.report([config], "1.3b", 40.0, _Session({"ec2": ec2, "cloudwatch": cloudwatch}), True)
+    spot = token_cost.token_cost(config.instance, "1.3b", 40.0, 2.0).spot_usd
+    assert f"${spot:,.2f}" in text and "live, us-east-1, now" in text
+    measured = token_cost.token_cost(config.instance, "1.3b", 32.0, None)
+    assert f"measured MFU 32.0% on {config.instance_type}" in text and f"EC2 ${measured.ec2_usd:,.2f}" in text
+
+
+def test_the_cli_refuses_an_mfu_outside_a_percentage(capsys):
+    with pytest.raises(SystemExit) as refused:
+        cost_report.main(["--offline", "--mfu", "0"])
+    assert refused.value.code == 2 and "--mfu=0 is not valid" in capsys.readouterr().err
+
+
+def test_the_cli_prints_the_table_for_the_model_asked(capsys):
+    assert cost_report.main(["--offline", "--env", "dev", "--model", "13b", "--mfu", "35"]) == 0
+    assert "model 13b" in capsys.readouterr().out
