@@ -9,18 +9,8 @@ from botocore.stub import ANY, Stubber
 from config import CATALOGUE, load_config
 from contracts.run import MODELS
 from tests.synthesis import CDK_JSON_CONTEXT
+from tests.test_cost_report import _Session  # a boto3-like session with fake credentials and stubbed clients
 from tools import cost_report, token_cost
-
-
-class _Session:
-    def __init__(self, clients):
-        self.clients = clients
-
-    def get_credentials(self):
-        return object()
-
-    def client(self, name, region_name=None):
-        return self.clients[name]
 
 
 def test_tokens_per_second_is_mfu_times_the_nodes_peak_over_the_flops_per_token():
