@@ -20,15 +20,13 @@ import aws_cdk as cdk  # noqa: E402  (after JSII_NODE is set)
 from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
 from config import ConfigError, EnvironmentConfig, load_config  # noqa: E402
+from config.layout import PROJECT  # noqa: E402
 from stacks.alerts_stack import AlertsStack  # noqa: E402
 from stacks.network_stack import NetworkStack  # noqa: E402
 from stacks.observability_stack import ObservabilityStack  # noqa: E402
 from stacks.pipeline_stack import PipelineStack  # noqa: E402
 from stacks.registry_stack import RegistryStack  # noqa: E402
 from stacks.storage_stack import StorageStack  # noqa: E402
-
-PROJECT = "efa-training"
-
 
 # One line per compute backend: config field `compute` -> the stack implementing ComputeBackend, imported only
 # when chosen (only EKS variants pay for importing aws_eks_v2). The stack's id is `<prefix>-<Name>`.

@@ -19,6 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from config import CATALOGUE, EnvironmentConfig, InstanceType
 from config.catalogue import SAGEMAKER_SPOT_MAX_SAVING
+from config.layout import TRAINING_METRICS_NAMESPACE
 from tools.cost_report import ROOT
 
 sys.path.insert(0, str(ROOT / "training_image"))  # the image's modules import each other by plain name
@@ -84,7 +85,8 @@ def measured_mfu(cloudwatch_client, environment: str) -> float | None:
     """The environment's runs' average reported MFU over the last MEASURED_DAYS days, or None if none reported."""
     end = datetime.now(UTC)
     query = (
-        f"SEARCH('{{EfaTraining,Environment,RunId}} MetricName=\"MFU\" Environment=\"{environment}\"', 'Average', 3600)"
+        f'SEARCH(\'{{{TRAINING_METRICS_NAMESPACE},Environment,RunId}} MetricName="MFU" '
+        f"Environment=\"{environment}\"', 'Average', 3600)"
     )
     response = cloudwatch_client.get_metric_data(
         MetricDataQueries=[{"Id": "mfu", "Expression": query, "ReturnData": True}],

@@ -12,12 +12,13 @@ import aws_cdk.aws_cloudwatch as cloudwatch
 import aws_cdk.aws_stepfunctions as sfn
 
 from config import Accelerator
+from config.layout import TRAINING_METRICS_NAMESPACE
 from constructs import Construct
 from constructs.escape_hatch import cfn
 from constructs.observability.accelerator_metrics import AcceleratorMetrics
 from constructs.observability.job_state_metrics import METRIC_NAME as JOB_STATE_METRIC
 
-TRAINING_NAMESPACE = "EfaTraining"
+TRAINING_NAMESPACE = TRAINING_METRICS_NAMESPACE
 TRAINING_METRICS = ("Loss", "TokensPerSecond", "StepTimeSeconds", "MFU")
 NON_FINITE_LOSS_METRIC = "NonFiniteLoss"
 _FIVE_MINUTES = cdk.Duration.minutes(5)

@@ -92,14 +92,6 @@ def test_every_environment_value_fits_sagemakers_limit():
             assert all(len(str(value)) <= 512 for value in environment.values()), name
 
 
-def test_names_are_fresh_per_submission_within_sagemakers_limit():
-    # Training job names are unique in the account and region and at most 63 characters (API_CreateTrainingJob):
-    # a 40-character run id, "-validate" and 9 characters of suffix.
-    name = _request()["TrainingJobName.$"]
-    assert "States.UUID()" in name
-    assert 40 + len("-validate") + 1 + 8 <= 63
-
-
 def test_training_checkpoints_sync_to_the_runs_prefix():
     checkpoint = _request()["CheckpointConfig"]
     assert checkpoint["S3Uri.$"] == "States.Format('s3://data-bucket/checkpoints/{}/', $.job.run_id)"

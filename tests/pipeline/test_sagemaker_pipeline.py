@@ -10,6 +10,7 @@ its verdict, like the real one.
 """
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -29,7 +30,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 )
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
-from contracts.run import FAILURE_REASON_MARKER, QUEUE_WAIT_MINUTES
+from contracts.run import FAILURE_REASON_MARKER, QUEUE_WAIT_MINUTES, RUN_ID_MAX_LENGTH
 from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_model, cleared, emulated_account, messages
 from tests.sfn_emulator import ACCOUNT, REGION, Emulator
 
@@ -291,3 +292,14 @@ def test_a_failed_validation_job_is_tried_again(emulator):
     result = emulator.run({**RUN, "run_id": "validate-again-001"})
     assert result["status"] == "SUCCEEDED", result
     assert emulator.kinds() == ["train", "validate", "validate"] and emulator.retry_sleeps == [300]
+
+
+# Training job names: 1-63 letters, digits and '-', unique in the account (API_CreateTrainingJob); a run id of the
+# contract's longest length still leaves room for the job and the fresh suffix.
+def test_job_names_from_the_longest_run_id_fit_sagemakers_pattern(emulator):
+    emulator.verdict = ACCEPTED
+    run_id = "r" * (RUN_ID_MAX_LENGTH - 1) + "9"
+    assert emulator.run({**RUN, "run_id": run_id})["status"] == "SUCCEEDED"
+    names = [job["TrainingJobName"] for job in emulator.jobs]
+    assert all(re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", name) for name in names), names
+    assert names[0].startswith(f"{run_id}-train-") and names[1].startswith(f"{run_id}-validate-")

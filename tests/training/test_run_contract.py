@@ -138,3 +138,32 @@ def test_sagemaker_hyperparameters_are_the_job_parameters():
     expected = {job: set(names) for job, names in JOB_PARAMETERS.items()}
     expected["train"].add("expected_nodes")
     assert {job: set(names) for job, names in launch.SAGEMAKER_HYPERPARAMETERS.items()} == expected
+
+
+def test_the_images_metrics_namespace_is_the_one_the_dashboard_alarms_and_jobs_role_read():
+    # Loaded from its file: a plain `import metrics` may find tests/observability/metrics.py in the same session.
+    import importlib.util
+    from pathlib import Path
+
+    from config.layout import TRAINING_METRICS_NAMESPACE
+
+    path = Path(__file__).resolve().parents[2] / "training_image" / "metrics.py"
+    spec = importlib.util.spec_from_file_location("image_metrics", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.NAMESPACE == TRAINING_METRICS_NAMESPACE
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.gpu", "Dockerfile.neuron"])
+def test_sagemaker_jobs_start_the_images_own_entry_point(dockerfile):
+    # A SageMaker job replaces the image's ENTRYPOINT with ContainerEntrypoint (API_AlgorithmSpecification): the two
+    # must name the same launcher, or every job would start something else.
+    import json
+    from pathlib import Path
+
+    from constructs.compute.sagemaker.job_runner import ENTRYPOINT
+
+    text = (Path(__file__).resolve().parents[2] / "training_image" / dockerfile).read_text()
+    (line,) = [line for line in text.splitlines() if line.startswith("ENTRYPOINT ")]
+    assert tuple(json.loads(line[len("ENTRYPOINT ") :])) == ENTRYPOINT

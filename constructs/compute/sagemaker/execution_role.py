@@ -8,8 +8,10 @@ training subnet, the image pull, the log group /aws/sagemaker/TrainingJobs and C
 import aws_cdk as cdk
 import aws_cdk.aws_iam as iam
 
+from config.layout import TRAINING_METRICS_NAMESPACE
 from constructs import Construct
 from constructs.nag import acknowledge, shown_arn
+from constructs.observability.accelerator_metrics import SAGEMAKER_TRAINING
 from constructs.storage.data_bucket_access import DataBucketAccess
 
 # SageMaker writes every training job's logs to this one log group of the account and region (SageMaker developer
@@ -17,7 +19,7 @@ from constructs.storage.data_bucket_access import DataBucketAccess
 # named here, never created or deleted by this app.
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 # The namespaces the jobs publish to: SageMaker's instance metrics and the image's EMF metrics (metrics.py).
-METRIC_NAMESPACES = (TRAINING_LOG_GROUP, "EfaTraining")
+METRIC_NAMESPACES = (SAGEMAKER_TRAINING, TRAINING_METRICS_NAMESPACE)
 # VPC mode: SageMaker creates the jobs' network interfaces in the training subnet with the job's role
 # (CreateTrainingJob API: Execution Role Permissions); EC2 grants these on `*` only (Describe*) or on interfaces
 # that do not exist yet.

@@ -18,7 +18,7 @@ import aws_cdk.aws_iam as iam
 import aws_cdk.aws_stepfunctions as sfn
 
 from config import Accelerator, InstanceType
-from config.layout import CHECKPOINTS_PREFIX, RUNS_PREFIX
+from config.layout import CHECKPOINTS_PREFIX, PROJECT, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import JobKind, task_timeout
 from constructs.nag import acknowledge, shown_arn
@@ -183,7 +183,7 @@ class SageMakerJobRunner:
             "StoppingCondition": self._stopping_condition(attempt_seconds, attempts, spot=training and self.spot),
             # Budgets and cost allocation filter on the same tags as the deployed resources (app.py).
             "Tags": [
-                {"Key": "Project", "Value": "efa-training"},
+                {"Key": "Project", "Value": PROJECT},
                 {"Key": "Environment", "Value": self.environment},
                 {"Key": "RunId", "Value.$": run_id},
             ],
