@@ -297,11 +297,11 @@ class EnvironmentConfig:
         )
         if self.compute != "sagemaker":
             return
-        offered = [name for name, it in CATALOGUE.items() if it.sagemaker_usd_per_hour is not None and it.has_efa]
+        offered = [name for name, it in CATALOGUE.items() if it.sagemaker_offered and it.has_efa]
         _check(
             self,
             "instance_type",
-            self.instance.sagemaker_usd_per_hour is not None,
+            self.instance.sagemaker_offered,
             f"a type SageMaker training offers as ml.<type> ({', '.join(offered)}) with compute=sagemaker",
         )
         _check(
@@ -315,7 +315,7 @@ class EnvironmentConfig:
         _check(
             self,
             "batch_single_node_instance_type",
-            single.sagemaker_usd_per_hour is not None,
+            single.sagemaker_offered,
             f"a type SageMaker training offers for validation; ml.{single.name} is not one",
             value=single.name,
         )

@@ -45,6 +45,13 @@ def job_environment(instance: InstanceType, *, backend: str, environment: str = 
         **SOCKET_INTERFACE_ENV[backend],
         "ACCELERATOR_KIND": ACCELERATOR_KIND[instance.accelerator],
         "ACCELERATORS_PER_NODE": str(instance.workers_per_node),
+        # The sanity check counts Neuron cores as /dev/neuronN devices x this (trn1: 2; trn2: 4 logical at LNC=2);
+        # the Neuron image's default (2) would make every trn2 node look half-present.
+        **(
+            {"NEURON_CORES_PER_DEVICE": str(instance.cores_per_accelerator)}
+            if instance.accelerator is Accelerator.NEURON
+            else {}
+        ),
         # The sanity check's bandwidth gate: the threshold, the one message size it applies at, and its source.
         "EXPECTED_BUSBW_GBPS": f"{instance.expected_busbw_gbps:g}",
         "BUSBW_MESSAGE_BYTES": str(BUSBW_MESSAGE_BYTES),

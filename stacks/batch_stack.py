@@ -58,6 +58,13 @@ def _cancel_after(minutes: int, reason: batch.JobStateTimeLimitActionsReason) ->
     )
 
 
+def _set_instance_type(environment: batch.ManagedEc2EcsComputeEnvironment, instance: InstanceType) -> None:
+    """Escape hatch: the L2 parses every instance type it is given with ec2.InstanceType's pattern, which refuses a
+    family with digits after its hyphen (p6-b200.48xlarge: "Malformed instance type identifier", aws-cdk-lib 2.275
+    InstanceType.sameInstanceClassAs), so the compute environment's one type is set on the L1 resource."""
+    cfn(environment).add_property_override("ComputeResources.InstanceTypes", [instance.name])
+
+
 def machine_image(instance: InstanceType) -> batch.EcsMachineImage:
     """GPU hosts: Batch's ECS AL2023 NVIDIA image. Neuron hosts: the ECS AL2023 Neuron AMI from SSM."""
     if instance.accelerator is Accelerator.NVIDIA:
@@ -188,7 +195,8 @@ class BatchStack(cdk.Stack):
             vpc_subnets=subnets,
             security_groups=[network.efa_security_group],  # given so the L2 creates none; removed below
             spot=False,  # multi-node parallel jobs cannot run on Spot
-            instance_types=[ec2.InstanceType(instance.name)],
+            # A placeholder the L2 requires; _set_instance_type replaces it with the catalogue's type.
+            instance_classes=[ec2.InstanceClass.P5],
             use_optimal_instance_classes=False,
             minv_cpus=0,
             maxv_cpus=config.nodes * instance.vcpus,
@@ -200,6 +208,7 @@ class BatchStack(cdk.Stack):
             **self._never_cut_short(("sanity", "train")),
         )
         self._launch_template_version(self.multi_node_environment, self.launch_templates["multi_node"])
+        _set_instance_type(self.multi_node_environment, instance)
         # Batch rejects compute-environment security groups next to launch-template network interfaces
         # ("exclusively allowed"); the interfaces carry the EFA group instead.
         cfn(self.multi_node_environment).add_property_deletion_override("ComputeResources.SecurityGroupIds")
@@ -273,7 +282,8 @@ class BatchStack(cdk.Stack):
             vpc_subnets=subnets,
             security_groups=[network.efa_security_group],  # reaches FSx, S3 and ECR like the training hosts
             spot=spot,
-            instance_types=[ec2.InstanceType(single.name)],
+            # A placeholder the L2 requires; _set_instance_type replaces it with the catalogue's type.
+            instance_classes=[ec2.InstanceClass.P5],
             use_optimal_instance_classes=False,
             minv_cpus=0,
             maxv_cpus=SINGLE_NODE_MAX_INSTANCES * single.vcpus,
@@ -284,6 +294,7 @@ class BatchStack(cdk.Stack):
             **self._never_cut_short(("validate",)),
         )
         self._launch_template_version(environment, self.launch_templates["single_node"])
+        _set_instance_type(environment, single)
         return environment
 
     def _queue(

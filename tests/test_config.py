@@ -101,7 +101,7 @@ def test_every_catalogue_efa_type_trains_and_validates_on_sagemaker(name):
     # `cdk synth -c compute=sagemaker -c instance_type=X` for every EFA type: ml.X exists for training, and so does
     # the type its models are validated on.
     config = load_config({**CDK_JSON_CONTEXT, "compute": "sagemaker", "instance_type": name})
-    assert config.instance.sagemaker_usd_per_hour and config.single_node_instance.sagemaker_usd_per_hour
+    assert config.instance.sagemaker_offered and config.single_node_instance.sagemaker_offered
 
 
 def _run_app(**overrides: str) -> subprocess.CompletedProcess:

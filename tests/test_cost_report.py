@@ -1,7 +1,9 @@
 """Cost report: arithmetic from the catalogue and pricing inputs, Spot rules, and the live-price paths (Stubber)."""
 
 import json
+import re
 from datetime import UTC, datetime
+from pathlib import Path
 
 import boto3
 import pytest
@@ -242,6 +244,7 @@ def test_sagemaker_runs_are_priced_at_sagemakers_training_price():
 def test_sagemaker_spot_offline_is_awss_stated_best_case_and_says_so():
     # Without credentials: AWS's "up to 90%" is a bound, shown as "at least", never as a typical price.
     e = cost_report.estimate(_config(env="dev", compute="sagemaker"), hours=1, session=None)
+    assert e.on_demand.usd_per_hour is not None
     assert e.spot.usd_per_hour == pytest.approx(0.1 * e.on_demand.usd_per_hour)
     assert "Spot at least $" in cost_report.render(e) and "up to 90%" in e.spot.source
 
@@ -275,3 +278,29 @@ def test_an_estimated_sagemaker_price_says_it_is_one():
     e = cost_report.estimate(_config(env="dev", compute="sagemaker", instance_type="trn1.32xlarge"), 1, None)
     assert e.on_demand.usd_per_hour == pytest.approx(CATALOGUE["trn1.32xlarge"].on_demand_usd_per_hour * 1.15)
     assert e.on_demand.source.startswith("estimate:")
+
+
+def test_a_type_with_no_on_demand_price_is_priced_na_with_the_reason():
+    # p5e and trn2 are sold through EC2 Capacity Blocks: no on-demand price, so no cluster or run price is invented.
+    e = cost_report.estimate(_config(env="dev", compute="eks", instance_type="trn2.48xlarge"), 24, None)
+    assert e.on_demand.usd_per_hour is None and e.cluster_usd_per_hour is None and e.run_usd(None) is None
+    text = cost_report.render(e)
+    assert "Capacity Blocks" in text and f"the file system alone ${24 * e.fsx_usd_per_hour:,.2f}" in text
+
+
+def test_sagemaker_on_a_type_without_any_price_says_so():
+    e = cost_report.estimate(_config(env="dev", compute="sagemaker", instance_type="p5e.48xlarge"), 1, None)
+    assert (e.on_demand.usd_per_hour, e.spot.usd_per_hour) == (None, None)
+    assert "no known price for ml.p5e.48xlarge" in cost_report.render(e)
+
+
+@pytest.mark.parametrize("block", ["cost-report-tokens", "cost-report-environments"])
+def test_readmes_sample_output_is_what_the_offline_report_prints(block, capsys):
+    # The README shows the offline report; a price or format change that is not pasted into it fails here.
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    sample = re.search(rf"<!-- {block}:start -->\n```\n(.*?)\n```\n<!-- {block}:end -->", readme, re.S)
+    assert cost_report.main(["--offline"]) == 0
+    out = capsys.readouterr().out
+    assert sample is not None
+    for paragraph in sample.group(1).split("\n\n"):
+        assert paragraph in out

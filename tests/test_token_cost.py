@@ -27,7 +27,7 @@ def test_a_billion_tokens_cost_the_node_hours_they_take():
 
 def test_halving_the_mfu_doubles_the_price():
     full, half = (token_cost.token_cost(CATALOGUE["trn1.32xlarge"], "6.7b", mfu, None) for mfu in (40.0, 20.0))
-    assert half.ec2_usd == pytest.approx(2 * full.ec2_usd)
+    assert full.ec2_usd is not None and half.ec2_usd == pytest.approx(2 * full.ec2_usd)
 
 
 def test_the_model_sizes_are_the_run_contracts():

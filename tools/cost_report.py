@@ -49,24 +49,17 @@ class Price:
 
 
 @dataclass(frozen=True)
-class KnownPrice:
-    """A price that always exists (on-demand: the catalogue has one for every type)."""
-
-    usd_per_hour: float
-    source: str
-
-
-@dataclass(frozen=True)
 class Estimate:
     config: EnvironmentConfig
     hours: float
-    on_demand: KnownPrice  # per node
+    on_demand: Price  # per node; None for a type AWS lists no on-demand price for (Capacity Blocks only)
     spot: Price  # per node
     fsx_usd_per_gb_month: float
 
     @property
-    def cluster_usd_per_hour(self) -> float:
-        return self.config.nodes * self.on_demand.usd_per_hour
+    def cluster_usd_per_hour(self) -> float | None:
+        node = self.on_demand.usd_per_hour
+        return None if node is None else self.config.nodes * node
 
     @property
     def fsx_usd_per_month(self) -> float:
@@ -77,13 +70,15 @@ class Estimate:
     def fsx_usd_per_hour(self) -> float:
         return self.fsx_usd_per_month / HOURS_PER_MONTH
 
-    def run_usd(self, node_usd_per_hour: float) -> float:
-        """Compute for the run's hours plus the file system's share of those hours."""
+    def run_usd(self, node_usd_per_hour: float | None) -> float | None:
+        """Compute for the run's hours plus the file system's share of those hours (None without a node price)."""
+        if node_usd_per_hour is None:
+            return None
         return self.hours * (self.config.nodes * node_usd_per_hour + self.fsx_usd_per_hour)
 
     @property
     def spot_run_usd(self) -> float | None:
-        return None if self.spot.usd_per_hour is None else self.run_usd(self.spot.usd_per_hour)
+        return self.run_usd(self.spot.usd_per_hour)
 
 
 def spot_allowed(config: EnvironmentConfig) -> tuple[bool, str]:
@@ -142,28 +137,30 @@ def live_spot(ec2_client, config: EnvironmentConfig) -> tuple[float, str] | None
     return latest[zone], zone
 
 
-def sagemaker_prices(config: EnvironmentConfig, session=None) -> tuple[KnownPrice, Price]:
+def sagemaker_prices(config: EnvironmentConfig, session=None) -> tuple[Price, Price]:
     """SageMaker training: the catalogue's ml.* on-demand price; managed Spot as EC2's current Spot discount for
     the same type (with credentials), else AWS's stated best case, never a guessed typical discount."""
     instance = config.instance
-    assert instance.sagemaker_usd_per_hour is not None  # the configuration refuses other types on SageMaker
+    if instance.sagemaker_usd_per_hour is None:  # offered, but EC2 lists no price to estimate SageMaker's from
+        unknown = f"n/a (no known price for {instance.sagemaker_instance_type}: {instance.price_note})"
+        return Price(None, unknown), Price(None, unknown)
     source = (
         f"estimate: EC2's catalogue price x {SAGEMAKER_ESTIMATE_RATIO} (config/catalogue.py)"
         if instance.sagemaker_price_estimated
         else f"catalogue: {SAGEMAKER_PRICE_SOURCE}, {SAGEMAKER_PRICE_DATE}"
     )
-    on_demand = KnownPrice(instance.sagemaker_usd_per_hour, source)
-    best = on_demand.usd_per_hour * (1 - SAGEMAKER_SPOT_MAX_SAVING)
+    on_demand = Price(instance.sagemaker_usd_per_hour, source)
+    best = instance.sagemaker_usd_per_hour * (1 - SAGEMAKER_SPOT_MAX_SAVING)
     spot = Price(best, f"best case: AWS's 'up to {SAGEMAKER_SPOT_MAX_SAVING:.0%}' saving ({SAGEMAKER_SPOT_SOURCE})")
     if has_credentials(session):
         try:
             ec2_spot = live_spot(session.client("ec2", region_name=config.region), config)
         except (BotoCoreError, ClientError):
             ec2_spot = None
-        if ec2_spot:
+        if ec2_spot and instance.on_demand_usd_per_hour:
             share = ec2_spot[0] / instance.on_demand_usd_per_hour
             spot = Price(
-                on_demand.usd_per_hour * share,
+                instance.sagemaker_usd_per_hour * share,
                 f"EC2's Spot discount for {instance.name} in {ec2_spot[1]} now ({1 - share:.0%}), applied to "
                 "SageMaker's price: an estimate, SageMaker bills managed Spot itself",
             )
@@ -183,9 +180,15 @@ def estimate(config: EnvironmentConfig, hours: float, session=None) -> Estimate:
     )
 
 
-def ec2_prices(config: EnvironmentConfig, session=None) -> tuple[KnownPrice, Price]:
+def ec2_prices(config: EnvironmentConfig, session=None) -> tuple[Price, Price]:
     """EC2's on-demand and Spot prices of the environment's type (Batch and EKS)."""
-    catalogue = KnownPrice(config.instance.on_demand_usd_per_hour, f"catalogue: {PRICE_SOURCE}, {PRICE_DATE}")
+    instance = config.instance
+    catalogue = Price(
+        instance.on_demand_usd_per_hour,
+        f"catalogue: {PRICE_SOURCE}, {PRICE_DATE}"
+        if instance.on_demand_usd_per_hour is not None
+        else f"n/a ({instance.price_note})",
+    )
     allowed, reason = spot_allowed(config)
     on_demand, spot = catalogue, Price(None, reason or NEEDS_CREDENTIALS)
     if has_credentials(session):
@@ -194,11 +197,11 @@ def ec2_prices(config: EnvironmentConfig, session=None) -> tuple[KnownPrice, Pri
         except (BotoCoreError, ClientError) as error:
             live, catalogue = (
                 None,
-                KnownPrice(catalogue.usd_per_hour, f"{catalogue.source}; Price List API failed: {error}"),
+                Price(catalogue.usd_per_hour, f"{catalogue.source}; Price List API failed: {error}"),
             )
             on_demand = catalogue
         if live is not None:
-            on_demand = KnownPrice(live, f"AWS Price List API, {config.region}, {datetime.now(UTC):%Y-%m-%d}")
+            on_demand = Price(live, f"AWS Price List API, {config.region}, {datetime.now(UTC):%Y-%m-%d}")
         if allowed:
             try:
                 found = live_spot(session.client("ec2", region_name=config.region), config)
@@ -241,20 +244,28 @@ def render(e: Estimate) -> str:
         f"{c.instance.sagemaker_instance_type if c.compute == 'sagemaker' else c.instance_type}, "
         f"FSx {c.fsx_deployment_type}{fsx_tier} {c.fsx_storage_gib} GiB, budget ${c.budget_monthly_usd:,.2f}/month",
         f"  cluster on-demand : {c.nodes} x ${e.on_demand.usd_per_hour:,.4f}/h = ${e.cluster_usd_per_hour:,.2f}/h"
-        f"   [{e.on_demand.source}]",
+        f"   [{e.on_demand.source}]"
+        if e.on_demand.usd_per_hour is not None and e.cluster_usd_per_hour is not None
+        else f"  cluster on-demand : {e.on_demand.source}",
         f"  FSx               : {c.fsx_storage_gib} GB x ${e.fsx_usd_per_gb_month:.3f}/GB-month = "
         f"${e.fsx_usd_per_month:,.2f}/month (${e.fsx_usd_per_hour:,.4f}/h)",
-        f"  {f'run of {e.hours:g} h':<18}: on-demand ${e.run_usd(e.on_demand.usd_per_hour):,.2f}",
+        f"  {f'run of {e.hours:g} h':<18}: on-demand "
+        + _usd(e.run_usd(e.on_demand.usd_per_hour), f"n/a; the file system alone ${e.hours * e.fsx_usd_per_hour:,.2f}"),
     ]
-    if e.spot.usd_per_hour is None:
+    spot_run = e.spot_run_usd
+    if e.spot.usd_per_hour is None or spot_run is None:
         lines.append(f"                      Spot {e.spot.source}")
     else:
         bound = "at least " if e.spot.source.startswith("best case") else ""
         lines.append(
-            f"                      Spot {bound}${e.spot_run_usd:,.2f} ({c.nodes} x ${e.spot.usd_per_hour:,.4f}/h)"
+            f"                      Spot {bound}${spot_run:,.2f} ({c.nodes} x ${e.spot.usd_per_hour:,.4f}/h)"
             f"   [{e.spot.source}]"
         )
     return "\n".join(lines)
+
+
+def _usd(value: float | None, otherwise: str) -> str:
+    return otherwise if value is None else f"${value:,.2f}"
 
 
 def _context(overrides: list[str]) -> dict:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from botocore.exceptions import BotoCoreError, ClientError
 
 from config import CATALOGUE, EnvironmentConfig, InstanceType
-from config.catalogue import SAGEMAKER_SPOT_MAX_SAVING
+from config.catalogue import CAPACITY_BLOCKS_ONLY, SAGEMAKER_SPOT_MAX_SAVING
 from config.layout import TRAINING_METRICS_NAMESPACE
 from tools.cost_report import ROOT
 
@@ -37,7 +37,7 @@ BILLION = 1e9
 class TokenCost:
     instance: InstanceType
     tokens_per_second: float  # per node
-    ec2_usd: float  # per billion tokens, EC2 on-demand
+    ec2_usd: float | None  # per billion tokens, EC2 on-demand; None where EC2 lists no on-demand price
     sagemaker_usd: float | None  # SageMaker on-demand; None where SageMaker does not train on the type
     spot_usd: float | None  # EC2 Spot, where a live price was found
 
@@ -57,7 +57,9 @@ def token_cost(instance: InstanceType, model: str, mfu_percent: float, spot_usd_
     return TokenCost(
         instance=instance,
         tokens_per_second=tps,
-        ec2_usd=usd_per_billion_tokens(instance.on_demand_usd_per_hour, tps),
+        ec2_usd=None
+        if instance.on_demand_usd_per_hour is None
+        else usd_per_billion_tokens(instance.on_demand_usd_per_hour, tps),
         sagemaker_usd=None if sagemaker is None else usd_per_billion_tokens(sagemaker, tps),
         spot_usd=None if spot_usd_per_hour is None else usd_per_billion_tokens(spot_usd_per_hour, tps),
     )
@@ -115,7 +117,8 @@ def render(model: str, mfu_percent: float, costs: list[TokenCost], spot_note: st
         )
     lines.append(
         f"  EC2 Spot: {spot_note}. SM Spot from: SageMaker managed Spot at AWS's best case, up to "
-        f"{SAGEMAKER_SPOT_MAX_SAVING:.0%} off. Formula: tools/token_cost.py."
+        f"{SAGEMAKER_SPOT_MAX_SAVING:.0%} off. n/a: no price known ({CAPACITY_BLOCKS_ONLY}). Formula: "
+        "tools/token_cost.py."
     )
     return "\n".join(lines)
 

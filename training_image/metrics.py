@@ -39,14 +39,18 @@ UNITS = {
 #     (d1.awsstatic.com/product-marketing/ec2/NVIDIA_AWS_A10G_DataSheet_FINAL_02_17_2022.pdf); the 125 of the A10's
 #     datasheet is another GPU's figure.
 #   Trainium (trn1): 190 per chip, two NeuronCores (Neuron docs, "Trainium Architecture").
+#   Trainium2 (trn2): 667 per chip (Neuron docs, "Trainium2 Architecture"); listed before "Trainium", which it contains.
 #   H100/H200 SXM 989, A100 312, L40S 362, L4 121: NVIDIA's datasheets, dense.
+#   B200 (HGX, 1,000 W): 2,250 dense (NVIDIA's table gives 4.5 PFLOPS with sparsity; config/catalogue.py says more).
 PEAK_BF16_TFLOPS = {
+    "B200": 2250.0,
     "H200": 989.0,
     "H100": 989.0,
     "A100": 312.0,
     "L40S": 362.0,
     "A10G": 70.0,
     "L4": 121.0,
+    "Trainium2": 667.0,
     "Trainium": 190.0,
 }
 

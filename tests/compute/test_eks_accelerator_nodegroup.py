@@ -1,4 +1,4 @@
-"""EksAcceleratorNodegroup alone, on a cluster in a bare stack, per catalogue family (p4d, p5: NVIDIA; trn1: Neuron):
+"""EksAcceleratorNodegroup alone, on a cluster in a bare stack, for every catalogue EFA type (NVIDIA and Neuron):
 whole EFA nodes in one subnet and one placement group, tainted for training, scaling from 0."""
 
 import functools
@@ -8,13 +8,13 @@ import re
 import aws_cdk.aws_ec2 as ec2
 import pytest
 
-from config import CATALOGUE
+from config import CATALOGUE, efa_instance_types
 from constructs.compute.eks.accelerator_nodegroup import EksAcceleratorNodegroup
 from contracts.eks.job_spec import ACCELERATOR_TAINT_KEY, HUGEPAGES_2MI_PAGES
 from tests.alone import bare_stack, template_of
 from tests.compute.eks_parts import cluster, vpc
 
-INSTANCE_TYPES = ("p4d.24xlarge", "p5.48xlarge", "trn1.32xlarge")
+INSTANCE_TYPES = efa_instance_types()
 NODES = 4
 RESERVATION = "cr-0123456789abcdef0"
 
@@ -65,6 +65,12 @@ def test_launch_template_has_every_efa_interface_no_subnet_and_the_placement_gro
     )
     assert all("SubnetId" not in i for i in interfaces)
     assert "GroupName" in data["Placement"]
+
+
+@pytest.mark.parametrize("instance_type", INSTANCE_TYPES)
+def test_node_group_runs_exactly_the_catalogue_type(instance_type):
+    # Set on the L1 (the L2 cannot parse p6-b200.48xlarge): EKS CreateNodegroup instanceTypes.
+    assert _group(_nodegroup(instance_type))["InstanceTypes"] == [instance_type]
 
 
 def test_cluster_security_group_is_on_every_interface():

@@ -5,6 +5,9 @@ from pathlib import Path
 
 import pytest
 
+import sanity_check
+from config import CATALOGUE, Accelerator
+from contracts.job_environment import job_environment
 from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
@@ -228,3 +231,17 @@ def test_a_gate_size_that_is_not_whole_float32_elements_is_one_usage_error(monke
         sanity_check.main(["--sizes", "4K", "--busbw-bytes", "4099", "--device", "cpu"])
     err = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code == 2 and len(err) == 1 and "--busbw-bytes" in err[0], err
+
+
+@pytest.mark.parametrize("name", [n for n, it in CATALOGUE.items() if it.accelerator is Accelerator.NEURON])
+def test_the_jobs_neuron_core_count_is_what_the_sanity_check_finds(name, monkeypatch):
+    # Every Neuron type's job environment makes a full node count as full: /dev/neuron0..N-1 x the cores per device
+    # it sets equals the workers it expects (trn2: 16 x 4 logical cores at LNC=2, not the image's default 2).
+    instance = CATALOGUE[name]
+    env = job_environment(instance, backend="batch")
+    monkeypatch.setenv("NEURON_CORES_PER_DEVICE", env["NEURON_CORES_PER_DEVICE"])
+    devices = [f"/dev/neuron{i}" for i in range(instance.accelerators)]
+    monkeypatch.setattr(sanity_check.glob, "glob", lambda pattern: devices)
+    assert sanity_check.check_accelerators("neuron", int(env["ACCELERATORS_PER_NODE"]))["ok"]
+    monkeypatch.setattr(sanity_check.glob, "glob", lambda pattern: devices[:-1])  # one device missing
+    assert not sanity_check.check_accelerators("neuron", int(env["ACCELERATORS_PER_NODE"]))["ok"]

@@ -90,7 +90,7 @@ class EksAcceleratorNodegroup(Construct):
             template.add_property_override("LaunchTemplateData.InstanceType", instance.name)
         self.nodegroup = cluster.add_nodegroup_capacity(
             "Accelerator",
-            instance_types=None if capacity_block else [ec2.InstanceType(instance.name)],
+            instance_types=None,  # set on the L1 below
             capacity_type=CAPACITY_TYPES[capacity_type],
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=cast(str, self.launch_template.launch_template_id),
@@ -111,6 +111,11 @@ class EksAcceleratorNodegroup(Construct):
         # knows neither p5 nor trn1, and refuses AL2023_x86_64_NVIDIA / _NEURON for them.
         self.ami_type = CFN_AMI_TYPES[instance.eks_ami_type]
         cfn(self.nodegroup).add_property_override("AmiType", self.ami_type)
+        if not capacity_block:
+            # The L2 parses the types it is given with ec2.InstanceType's pattern, which refuses a family with digits
+            # after its hyphen (p6-b200.48xlarge: "Malformed instance type identifier", aws-cdk-lib 2.275), so the
+            # one type is set on the L1 as well.
+            cfn(self.nodegroup).add_property_override("InstanceTypes", [instance.name])
         cdk.Annotations.of(self.nodegroup).acknowledge_warning(
             "@aws-cdk/aws-eks:gpuInstancesUseAL2", f"AmiType is set to {self.ami_type} on the CfnNodegroup"
         )

@@ -1,0 +1,76 @@
+"""The instance catalogue's facts against the AWS sources they come from, and the README's table against it."""
+
+import re
+from pathlib import Path
+
+import botocore.session
+import pytest
+
+from config.catalogue import CATALOGUE, Accelerator, InstanceType
+from tools.catalogue_table import table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# EKS user guide, "Use EKS-optimized accelerated AMIs for GPU instances" (ml-eks-optimized-ami): the families each
+# accelerated AMI type supports, as the guide's table lists them.
+EKS_AMI_FAMILIES = {
+    "AL2023_X86_64_NVIDIA": {"p6-b300", "p6-b200", "p5", "p5e", "p5en", "p4d", "p4de", "p3", "p3dn", "g6", "g6e", "g5"},
+    "AL2023_X86_64_NEURON": {"inf1", "inf2", "trn1", "trn2"},
+}
+# Batch API, Ec2Configuration.imageType: "ECS_AL2023_NVIDIA doesn't support p3 and g3 instance types."
+BATCH_NVIDIA_EXCLUDED = {"p3", "g3"}
+
+
+def _family(name: str) -> str:
+    family = name.split(".")[0]
+    return "trn1" if family == "trn1n" else family  # trn1n is a trn1 variant (the EKS table names trn1 only)
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def test_each_type_runs_the_eks_accelerated_ami_the_guide_lists_it_under(name):
+    instance = CATALOGUE[name]
+    assert _family(name) in EKS_AMI_FAMILIES[instance.eks_ami_type]
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def test_gpu_types_are_ones_batchs_nvidia_image_supports(name):
+    instance = CATALOGUE[name]
+    if instance.accelerator is Accelerator.NVIDIA:
+        assert instance.batch_image_type == "ECS_AL2023_NVIDIA" and _family(name) not in BATCH_NVIDIA_EXCLUDED
+
+
+def test_sagemaker_offers_exactly_the_types_its_api_accepts():
+    # CreateTrainingJob ResourceConfig.InstanceType: botocore's TrainingInstanceType enum (the API model).
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    accepted = set(model.shape_for("TrainingInstanceType").enum)
+    for it in CATALOGUE.values():
+        assert it.sagemaker_offered == (it.sagemaker_instance_type in accepted), it.name
+
+
+def test_every_catalogue_type_is_an_ec2_instance_type():
+    model = botocore.session.get_session().get_service_model("ec2")
+    assert set(CATALOGUE) <= set(model.shape_for("InstanceType").enum)
+
+
+def test_a_type_with_more_efa_interfaces_than_network_cards_is_refused():
+    # One EFA interface per network card (EC2 user guide, "Maximize network bandwidth ... multiple network cards").
+    p5en = CATALOGUE["p5en.48xlarge"]
+    with pytest.raises(ValueError, match="17 EFA interfaces on 16 network cards"):
+        InstanceType(**{**p5en.__dict__, "efa_interfaces": 17})
+
+
+def test_types_without_an_on_demand_price_say_why():
+    for it in CATALOGUE.values():
+        assert (it.on_demand_usd_per_hour is None) <= bool(it.price_note), it.name
+
+
+def test_sagemaker_estimates_follow_the_ec2_price():
+    for it in CATALOGUE.values():
+        if it.sagemaker_price_estimated and it.on_demand_usd_per_hour is not None:
+            assert it.sagemaker_usd_per_hour == pytest.approx(it.on_demand_usd_per_hour * 1.15, abs=1e-4)
+
+
+def test_readme_catalogue_table_is_the_catalogues():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- catalogue-table:start -->\n(.*?)\n<!-- catalogue-table:end -->", readme, re.S)
+    assert block is not None and block.group(1) == table()
