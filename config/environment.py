@@ -73,6 +73,12 @@ _IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 # scripts' digits, '_' separators, 'inf' and 'nan').
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+# neuronx-cc options (Neuron Compiler CLI reference): separated by single spaces, each option and value made of ASCII
+# letters, digits and - _ . , = / (nothing a shell or the job's environment would read differently).
+_NEURON_CC_FLAGS = re.compile(r"-[A-Za-z0-9_.,=/-]*( [A-Za-z0-9_.,=/-]+){0,63}", re.ASCII)
+# The seeds' compiler flags: a transformer, optimisation level 1, matrix multiplications auto-cast to bf16 (Neuron
+# Compiler CLI reference: --model-type, -O/--optlevel, --auto-cast, --auto-cast-type).
+DEFAULT_NEURON_CC_FLAGS = "--model-type=transformer -O1 --auto-cast=matmult --auto-cast-type=bf16"
 # FSx for Lustre: the default quota of Lustre storage per account is 100,800 GiB (FSx Lustre "Quotas").
 FSX_MAX_STORAGE_GIB = 100_800
 # AWS Budgets takes a limit with up to 2 decimals; a budget above a billion dollars a month is a typo.
@@ -125,6 +131,8 @@ class EnvironmentConfig:
     # and where the jobs read the dataset.
     sagemaker_spot: bool = False
     sagemaker_data_source: str = "fsx"
+    # Trainium: the Neuron compiler's flags (NEURON_CC_FLAGS) for the compile job and training alike.
+    neuron_cc_flags: str = DEFAULT_NEURON_CC_FLAGS
 
     def __post_init__(self) -> None:
         """Every field checked when the app starts, in this order: the first problem is the one reported."""
@@ -135,6 +143,16 @@ class EnvironmentConfig:
         self._check_eks()
         self._check_alarms_and_jobs()
         self._check_sagemaker()
+        _check(
+            self,
+            "neuron_cc_flags",
+            len(self.neuron_cc_flags) <= 512
+            and bool(_NEURON_CC_FLAGS.fullmatch(self.neuron_cc_flags))
+            and not any(f == "-lnc" or f.startswith("--logical-nc-config") for f in self.neuron_cc_flags.split()),
+            "neuronx-cc options like the default, --model-type=transformer -O1 --auto-cast=matmult "
+            "--auto-cast-type=bf16 (ASCII letters, digits and - _ . , = / only, starting with '-', at most 512 "
+            "characters; no --logical-nc-config: it must match the runtime's NEURON_LOGICAL_NC_CONFIG)",
+        )
 
     def _check_placement(self) -> None:
         """Where the environment lives: region, account and zone."""

@@ -8,6 +8,8 @@ DATASETS_PREFIX = "datasets/"
 CHECKPOINTS_PREFIX = "checkpoints/"
 MODELS_PREFIX = "models/"
 RUNS_PREFIX = "runs/"  # per-run reports: sanity check, verdicts, summaries
+# Trainium's persistent compile cache (training_image/neuron_compile.py), shared by every node and run.
+NEURON_CACHE_PREFIX = "neuron-cache/"
 # The cost-allocation tag `Project` on every resource (app.py) and every SageMaker training job (created at run time).
 PROJECT = "efa-training"
 # The training image's EMF namespace (training_image/metrics.py NAMESPACE; tests hold the two equal).

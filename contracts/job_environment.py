@@ -35,8 +35,12 @@ def shared_memory_gib(instance: InstanceType) -> int:
     return instance.memory_gib // 4
 
 
-def job_environment(instance: InstanceType, *, backend: str, environment: str = "") -> dict[str, str]:
-    """The catalogue's collective (NCCL/libfabric or Neuron) settings plus what launch.py and the checks read."""
+def job_environment(
+    instance: InstanceType, *, backend: str, environment: str = "", neuron_cc_flags: str = ""
+) -> dict[str, str]:
+    """The catalogue's collective (NCCL/libfabric or Neuron) settings plus what launch.py and the checks read.
+    `neuron_cc_flags`: the environment's Neuron compiler flags, the same for every job (a compile job fills the cache
+    only for the flags training then uses)."""
     return {
         # The Environment dimension of the training metrics (training_image/metrics.py): alarms and the
         # dashboard of one environment see its runs only.
@@ -48,7 +52,11 @@ def job_environment(instance: InstanceType, *, backend: str, environment: str = 
         # The sanity check counts Neuron cores as /dev/neuronN devices x this (trn1: 2; trn2: 4 logical at LNC=2);
         # the Neuron image's default (2) would make every trn2 node look half-present.
         **(
-            {"NEURON_CORES_PER_DEVICE": str(instance.cores_per_accelerator)}
+            {
+                "NEURON_CORES_PER_DEVICE": str(instance.cores_per_accelerator),
+                # Neuron docs, "PyTorch NeuronX environment variables": NEURON_CC_FLAGS reach the compiler.
+                **({"NEURON_CC_FLAGS": neuron_cc_flags} if neuron_cc_flags else {}),
+            }
             if instance.accelerator is Accelerator.NEURON
             else {}
         ),

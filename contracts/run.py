@@ -166,6 +166,9 @@ JOB_PARAMETERS = {
     "train": ("run_id", "dataset", "model", "strategy", "max_steps", "checkpoint_every", "seed", "lr", "batch_size"),
     "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
 }
+# Trainium's compile job runs a few steps of the same training (training_image/neuron_compile.py), so it takes the
+# train job's parameters; the image replaces the step count and moves checkpoints and metrics aside.
+JOB_PARAMETERS["compile"] = JOB_PARAMETERS["train"]
 
 # ---- validation (the state machine checks the same, and stops at the first problem) ------------------
 
@@ -264,6 +267,9 @@ def stages(train_attempt_hours: int) -> dict[str, Stage]:
     """Each stage's timeouts; `train_attempt_hours` is the environment's `batch_train_timeout_hours`."""
     return {
         "sanity": Stage(attempt_seconds=3600, attempts=2),
+        # Trainium's ahead-of-time compilation: a short trial run, then the Neuron compiler over every graph (hours
+        # for the largest models); one Batch attempt per submission, the pipeline's own Retry makes another.
+        "compile": Stage(attempt_seconds=4 * 3600, attempts=1),
         "train": Stage(attempt_seconds=train_attempt_hours * 3600, attempts=5),
         "validate": Stage(attempt_seconds=2 * 3600, attempts=3),
     }
@@ -275,6 +281,7 @@ PHASES = (
     "ValidateInput",
     "RunClaimed",
     "SanityCheck",
+    "Compile",
     "Train",
     "Validate",
     "ReadVerdict",
@@ -285,9 +292,11 @@ PHASES = (
 )
 
 
-def phases(sanity_in_training: bool) -> tuple[str, ...]:
-    """The phases on one backend: where the training job checks its own hosts, there is no SanityCheck state."""
-    return tuple(p for p in PHASES if not (sanity_in_training and p == "SanityCheck"))
+def phases(sanity_in_training: bool, compiles_ahead: bool = False) -> tuple[str, ...]:
+    """The phases on one backend and instance type: where the training job checks its own hosts there is no
+    SanityCheck state; only Trainium (compiles_ahead) has a Compile state."""
+    left_out = {"SanityCheck"} if sanity_in_training else set()
+    return tuple(p for p in PHASES if p not in left_out and (compiles_ahead or p != "Compile"))
 
 
 MAX_ATTEMPTS = int(next(f.maximum or 0 for f in fields(1) if f.name == "max_attempts"))
@@ -309,12 +318,14 @@ def execution_seconds(
     train_backoff_seconds: int,
     calls_seconds: int,
     validate_submissions: int = 2,
+    compile_submissions: int = 0,
 ) -> int:
     """The execution's timeout: every stage's worst case (each submission at its longest), within the quota.
     Validation may be submitted twice: on Spot, then on demand (BatchJobRunner's on-demand path)."""
     table = stages(train_attempt_hours)
     worst = (
         sanity_submissions * table["sanity"].state_seconds()
+        + compile_submissions * table["compile"].state_seconds()
         + train_submissions * train_state_seconds(train_attempt_hours)[-1]
         + train_backoff_seconds
         + validate_submissions * table["validate"].state_seconds()

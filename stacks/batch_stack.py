@@ -19,7 +19,7 @@ import aws_cdk.aws_stepfunctions as sfn
 
 from config import Accelerator, EnvironmentConfig, InstanceType
 from constructs import Construct
-from constructs.compute.backend import ComputeBackend
+from constructs.compute.backend import MULTI_NODE_JOBS, ComputeBackend
 from constructs.compute.batch.host_user_data import host_user_data
 from constructs.compute.batch.job_definitions import BatchJobDefinitions
 from constructs.compute.batch.job_runner import BatchJobRunner
@@ -116,6 +116,7 @@ class BatchStack(cdk.Stack):
             bucket_name=storage.bucket.bucket_name,
             train_timeout=cdk.Duration.hours(config.batch_train_timeout_hours),
             environment=config.name,
+            neuron_cc_flags=config.neuron_cc_flags,
         )
         self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
         self._compute_environments(config, network)
@@ -205,7 +206,7 @@ class BatchStack(cdk.Stack):
             placement_group=self.placement_group,
             instance_role=self.instance_role,
             update_to_latest_image_version=True,
-            **self._never_cut_short(("sanity", "train")),
+            **self._never_cut_short(tuple(job for job in self.jobs.specs if job in MULTI_NODE_JOBS)),
         )
         self._launch_template_version(self.multi_node_environment, self.launch_templates["multi_node"])
         _set_instance_type(self.multi_node_environment, instance)

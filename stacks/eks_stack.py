@@ -78,6 +78,7 @@ class EksStack(cdk.Stack):
             fsx_csi_driver=training.addons["aws-fsx-csi-driver"],
             fsx_revision=storage.file_system_revision,
             environment=config.name,
+            neuron_cc_flags=config.neuron_cc_flags,
         )
         # The pipeline (PipelineStack) runs its jobs through this.
         self.job_runner = EksJobRunner(

@@ -7,7 +7,7 @@ finds the state machine by this stack's `StateMachineArn` output.
 
 import aws_cdk as cdk
 
-from config import EnvironmentConfig
+from config import Accelerator, EnvironmentConfig
 from config.layout import MODELS_PREFIX, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import ComputeBackend
@@ -40,6 +40,8 @@ class PipelineStack(cdk.Stack):
     ) -> None:
         super().__init__(scope, id_, **kwargs)
         runner = compute.job_runner
+        # Trainium compiles its graphs ahead of time (the Neuron compiler is slow; no run should wait on it).
+        compiles_ahead = config.instance.accelerator is Accelerator.NEURON
         pipeline = TrainingPipeline(
             self,
             "TrainingPipeline",
@@ -51,6 +53,7 @@ class PipelineStack(cdk.Stack):
             log_retention=log_retention(config),
             removal_policy=data_removal_policy(config),
             train_attempt_hours=config.batch_train_timeout_hours,
+            compiles_ahead=compiles_ahead,
         )
         compute.attach_pipeline(self, pipeline.state_machine)
         for objects, why in BUCKET_OBJECTS:
@@ -69,4 +72,4 @@ class PipelineStack(cdk.Stack):
         cdk.CfnOutput(self, "MinNodes", value=str(config.nodes if runner.fixed_node_count else 1))
         cdk.CfnOutput(self, "TrainingRetries", value=str(pipeline.training_retry.max_attempts))
         # The phases a run passes through on this backend: the CLI's progress counts them.
-        cdk.CfnOutput(self, "Phases", value=",".join(phases(runner.sanity_in_training)))
+        cdk.CfnOutput(self, "Phases", value=",".join(phases(runner.sanity_in_training, compiles_ahead)))

@@ -67,6 +67,7 @@ class SageMakerStack(cdk.Stack):
             train_attempt_hours=config.batch_train_timeout_hours,
             spot=config.sagemaker_spot,
             file_system=file_system,
+            neuron_cc_flags=config.neuron_cc_flags,
         )
         self.accelerator_metrics = accelerator_metrics(
             "sagemaker",

@@ -2,6 +2,8 @@
 
 import importlib
 
+import pytest
+
 from app import COMPUTE_STACKS
 from config.environment import COMPUTE_BACKENDS
 
@@ -24,13 +26,16 @@ def test_every_backend_stack_offers_the_seam(synth):
         assert (len(stack.job_queue_arns) == 2) == (backend == "batch")
 
 
-def test_batch_job_definitions_take_every_parameter_the_pipeline_sends(synth):
+@pytest.mark.parametrize("instance_type", ["g5.12xlarge", "trn1.32xlarge"])
+def test_batch_job_definitions_take_every_parameter_the_pipeline_sends(synth, instance_type):
     # contracts.run.JOB_PARAMETERS is what the state machine passes to each job; a Batch job definition that lacked
     # one would run with its default (Batch user guide, "Parameter substitution": Ref::name needs a default).
+    # Only Trainium has a compile job.
     from contracts.run import JOB_PARAMETERS
 
-    definitions = synth().template("compute").find_resources("AWS::Batch::JobDefinition")
-    for job, names in JOB_PARAMETERS.items():
+    definitions = synth(instance_type=instance_type).template("compute").find_resources("AWS::Batch::JobDefinition")
+    jobs = [job for job in JOB_PARAMETERS if job != "compile" or instance_type.startswith("trn")]
+    for job, names in ((job, JOB_PARAMETERS[job]) for job in jobs):
         (definition,) = [d for logical_id, d in definitions.items() if f"{job.capitalize()}JobDefinition" in logical_id]
         command = str(definition["Properties"])
         assert set(names) <= set(definition["Properties"]["Parameters"]), job

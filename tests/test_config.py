@@ -48,6 +48,16 @@ BAD_INPUTS = [
         ["eks_capacity_reservation_id=None", "required when eks_capacity_type=capacity_block"],
     ),
     ({"eks_capacity_reservation_id": "cr-123"}, ["eks_capacity_reservation_id='cr-123'", "cr-0123456789abcdef0"]),
+    # The Neuron compiler's flags reach the jobs' environment: no shell metacharacters, no stray words, no LNC (it
+    # must match the runtime's: Neuron docs, "Logical NeuronCore configuration").
+    ({"neuron_cc_flags": "-O1; rm -rf /"}, ["neuron_cc_flags='-O1; rm -rf /'", "neuronx-cc options"]),
+    ({"neuron_cc_flags": "transformer"}, ["neuron_cc_flags='transformer'", "starting with '-'"]),
+    ({"neuron_cc_flags": ""}, ["neuron_cc_flags=''", "neuronx-cc options"]),
+    ({"neuron_cc_flags": "-O1  --model-type=transformer"}, ["neuron_cc_flags='-O1  --model-type=transformer'"]),
+    ({"neuron_cc_flags": "--logical-nc-config=1"}, ["neuron_cc_flags='--logical-nc-config=1'", "LOGICAL_NC"]),
+    ({"neuron_cc_flags": "-lnc 1"}, ["neuron_cc_flags='-lnc 1'", "NEURON_LOGICAL_NC_CONFIG"]),
+    ({"neuron_cc_flags": "-O\u0661"}, ["neuron_cc_flags="]),
+    ({"neuron_cc_flags": "-O1 " + "-x " * 200}, ["neuron_cc_flags=", "at most 512"]),
 ]
 
 
@@ -61,6 +71,15 @@ def test_bad_value_is_refused_with_one_line_naming_field_value_and_allowed(overr
     assert "\n" not in message
     for words in expected:
         assert words in message, message
+
+
+def test_the_seeds_compiler_flags_and_a_users_own_are_accepted():
+    assert (
+        load_config(CDK_JSON_CONTEXT).neuron_cc_flags
+        == "--model-type=transformer -O1 --auto-cast=matmult --auto-cast-type=bf16"
+    )
+    flags = "--model-type transformer --optlevel 2 --enable-mixed-precision-accumulation"
+    assert load_config({**CDK_JSON_CONTEXT, "neuron_cc_flags": flags}).neuron_cc_flags == flags
 
 
 def test_command_line_strings_are_coerced_to_field_types():

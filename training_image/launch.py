@@ -1,6 +1,7 @@
-"""Container entry point: `launch.py {sanity|train|validate|prepare-data} [script args...]`.
+"""Container entry point: `launch.py {sanity|train|compile|validate|prepare-data} [script args...]`.
 
-sanity and train run under torchrun, with its arguments derived from the scheduler's
+sanity, train and compile (Trainium only: neuron_parallel_compile around a short train.py run that fills the
+persistent compile cache; neuron_compile.py) run under torchrun, with its arguments derived from the scheduler's
 environment; validate and prepare-data run as one plain process. The mapping is a pure
 function (`plan_launch`) so it is unit-tested without a cluster.
 
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -55,15 +57,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import neuron_compile
 from errors import EXIT_STOPPED, EXIT_USAGE, UsageError, exit_with_usage_error, failure_reason
 from exit_relay import EXIT_CODE_DIR, relayed_exit_code
 from run_paths import node_local_checkpoints
 
 HERE = Path(__file__).resolve().parent
-DISTRIBUTED_MODES = {"sanity": "sanity_check.py", "train": "train.py"}
+DISTRIBUTED_MODES = {"sanity": "sanity_check.py", "train": "train.py", "compile": "train.py"}
 SINGLE_MODES = {"validate": "validate.py", "prepare-data": "prepare_data.py"}
 DEFAULT_PORT = 29500
-DEFAULT_MAX_RESTARTS = {"train": 3, "sanity": 0}  # a failed pre-flight check must fail the job, not retry
+# A failed pre-flight check must fail the job, not retry; so must a failed compilation (the pipeline retries it).
+DEFAULT_MAX_RESTARTS = {"train": 3, "sanity": 0, "compile": 0}
 
 # SageMaker's container contract ("How Amazon SageMaker AI provides training information",
 # https://docs.aws.amazon.com/sagemaker/latest/dg/your-algorithms-training-algo-running-container.html): the
@@ -89,6 +93,7 @@ SAGEMAKER_HYPERPARAMETERS = {
     ),
     "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
 }
+SAGEMAKER_HYPERPARAMETERS["compile"] = SAGEMAKER_HYPERPARAMETERS["train"]  # the trial run takes the run's flags
 CHANNEL_HYPERPARAMETERS = ("dataset",)  # on SageMaker the `training` input channel: the --data flag wins
 
 
@@ -406,6 +411,11 @@ class Launch:
     env: dict
     sanity_first: list[str] | None = None
     ml_root: Path | None = None  # set on SageMaker
+    # compile: the marker the main node writes once the cache is filled, and why nothing needs compiling if so.
+    ready_marker: Path | None = None
+    run_shape: dict | None = None
+    already_compiled: str | None = None
+    scratch: Path | None = None  # the trial run's throwaway checkpoints
 
 
 def ml_root(env: Mapping[str, str]) -> Path:
@@ -432,10 +442,16 @@ def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> La
     env = dict(environ)
     # A fresh rendezvous store per round: restarted workers never read a dead worker's address.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    if env.get("ACCELERATOR_KIND") == "neuron" and mode in ("train", "compile"):
+        # Neuron docs, "Neuron Persistent Cache": NEURON_COMPILE_CACHE_URL names the cache; on the shared file system
+        # the compile job fills it and every node of every later run reads it.
+        env.setdefault("NEURON_COMPILE_CACHE_URL", str(neuron_compile.cache_root(env)))
+    elif mode == "compile":
+        raise UsageError("mode", mode, "only Trainium (ACCELERATOR_KIND=neuron) compiles ahead of time", "train")
     if not on_sagemaker(env):
         own = own_ipv4(env) if mode in DISTRIBUTED_MODES else None
         cmd, plan = build_command(mode, script_args, env, own)
-        return Launch(cmd, plan, env)
+        return ahead_of_time(mode, Launch(cmd, plan, env), script_args)
     root = ml_root(env)
     config = _read_json(root / "input/config/resourceconfig.json")
     if not isinstance(config, dict):
@@ -457,7 +473,31 @@ def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> La
     sanity = None
     if plan and mode == "train" and env.get("SANITY_BEFORE_TRAINING") == "1":
         sanity = sanity_first_command(plan, args, env, config)
-    return Launch(cmd, plan, env, sanity, root)
+    return ahead_of_time(mode, Launch(cmd, plan, env, sanity, root), args)
+
+
+def ahead_of_time(mode: str, launch: Launch, script_args: list[str]) -> Launch:
+    """compile: neuron_parallel_compile around a short train.py run, unless this run shape's cache is ready.
+    train on Trainium: says whether its shape was compiled ahead of time (if not, graphs compile as they appear)."""
+    plan = launch.plan
+    if plan is None or launch.env.get("ACCELERATOR_KIND") != "neuron" or mode not in ("train", "compile"):
+        return launch
+    run_shape = neuron_compile.shape(script_args, launch.env, plan.nnodes, plan.nproc_per_node)
+    marker = neuron_compile.ready_marker(launch.env, neuron_compile.shape_key(run_shape))
+    if mode == "train":
+        state = "ready" if marker.is_file() else "missing: graphs will compile during training"
+        print(f"launch.py: compile cache for this run shape {state} ({marker})", file=sys.stderr, flush=True)
+        return launch
+    if marker.is_file():
+        return replace(launch, already_compiled=f"compile cache already ready for this run shape ({marker})")
+    run_id = _flag_value(script_args, "--run-id") or launch.env.get("RUN_ID", "") or plan.rdzv_id
+    scratch = neuron_compile.cache_root(launch.env) / neuron_compile.SCRATCH_DIR / plan.rdzv_id
+    steps = neuron_compile.compile_steps(launch.env)
+    trial = torchrun_command(plan, "compile", neuron_compile.compile_args(script_args, run_id, scratch, steps))
+    # Neuron docs: `neuron_parallel_compile <run commands>`, the run command being torchrun with a few steps.
+    command = ["neuron_parallel_compile", *trial]
+    main = plan.is_main_node
+    return replace(launch, command=command, ready_marker=marker if main else None, run_shape=run_shape, scratch=scratch)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -478,7 +518,20 @@ def main(argv: list[str] | None = None) -> int:
         exit_with_usage_error("launch.py", err)
     if launch.env.get("LAUNCH_DRY_RUN") == "1":
         plan = asdict(launch.plan) if launch.plan else None
-        print(json.dumps({"command": launch.command, "plan": plan, "sanity_first": launch.sanity_first}))
+        print(
+            json.dumps(
+                {
+                    "command": launch.command,
+                    "plan": plan,
+                    "sanity_first": launch.sanity_first,
+                    "ready_marker": str(launch.ready_marker) if launch.ready_marker else None,
+                    "already_compiled": launch.already_compiled,
+                }
+            )
+        )
+        return 0
+    if launch.already_compiled:
+        print(f"launch.py: {launch.already_compiled}; nothing to compile", file=sys.stderr, flush=True)
         return 0
     if launch.plan:
         print(
@@ -490,8 +543,19 @@ def main(argv: list[str] | None = None) -> int:
     if launch.ml_root is None:
         if not launch.plan:
             os.execvpe(launch.command[0], launch.command, launch.env)  # one plain process: its exit code is the job's
-        return run_torchrun(launch.command, launch.env)
-    return run_on_sagemaker(mode, launch)
+        return compiled(launch, run_torchrun(launch.command, launch.env))
+    return compiled(launch, run_on_sagemaker(mode, launch))
+
+
+def compiled(launch: Launch, code: int) -> int:
+    """After its compilation succeeded, the main node marks the run shape ready (the ranks of a data-parallel run trace
+    the same graphs, so its own cache entries are every node's) and drops the trial run's throwaway checkpoints."""
+    if code == 0 and launch.ready_marker is not None and launch.run_shape is not None:
+        neuron_compile.write_ready(launch.ready_marker, launch.run_shape)
+        print(f"launch.py: compile cache ready: {launch.ready_marker}", file=sys.stderr, flush=True)
+        if launch.scratch is not None:
+            shutil.rmtree(launch.scratch, ignore_errors=True)
+    return code
 
 
 def run_on_sagemaker(mode: str, launch: Launch) -> int:

@@ -2,7 +2,8 @@
 
 A backend stack (stacks/batch_stack.py, eks_stack.py, sagemaker_stack.py) implements `ComputeBackend`: the pipeline
 stack takes its `job_runner` and lets it add what it needs next to the state machine; the observability stack takes
-its metrics. The state machine asks the `JobRunner` for one Task state per job ("sanity", "train", "validate")
+its metrics. The state machine asks the `JobRunner` for one Task state per job ("sanity", "compile" on Trainium,
+"train", "validate")
 and adds its own Retry, Catch and timeout to it. A new backend is one component under constructs/compute/,
 one stack implementing `ComputeBackend` and one line in app.py's COMPUTE_STACKS.
 """
@@ -17,8 +18,9 @@ import aws_cdk.aws_stepfunctions as sfn
 from constructs import Construct
 from constructs.observability.accelerator_metrics import AcceleratorMetrics
 
-JobKind = Literal["sanity", "train", "validate"]
-MULTI_NODE_JOBS: frozenset[str] = frozenset({"sanity", "train"})
+# "compile": Trainium's ahead-of-time compilation (training_image/neuron_compile.py), on the run's nodes.
+JobKind = Literal["sanity", "compile", "train", "validate"]
+MULTI_NODE_JOBS: frozenset[str] = frozenset({"sanity", "compile", "train"})
 
 
 def task_timeout(timeout: cdk.Duration | str | None) -> dict[str, int | str]:

@@ -34,6 +34,7 @@ def classified_training(
     submission: sfn.CustomState | sfn.Parallel,
     result_path: str,
     rejected_errors: tuple[str, ...] = (),
+    job: str = "training",
 ) -> sfn.Parallel:
     """`submission` (the backend's job state, result at `$`) wrapped so its failures carry their kind.
 
@@ -47,7 +48,7 @@ def classified_training(
         f"{id_}Refused",
         error=REFUSED,
         cause_path=sfn.JsonPath.format(
-            "The training job exited with {}: the run itself failed, so it is not retried on other hosts. {}",
+            f"The {job} job exited with {{}}: the run itself failed, so it is not retried on other hosts. {{}}",
             sfn.JsonPath.string_at("$.exit.code_text"),
             sfn.JsonPath.string_at("$.caught.Cause"),
         ),
@@ -121,7 +122,7 @@ def classified_training(
         id_,
         result_path=result_path,
         result_selector={"JobId.$": "$[0].JobId", "JobName.$": "$[0].JobName", "Status.$": "$[0].Status"},
-        comment="one training submission; its failure is named by the job's exit code",
+        comment=f"one {job} submission; its failure is named by the job's exit code",
     )
     parallel.branch(submission)
     return parallel

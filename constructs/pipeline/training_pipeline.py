@@ -1,4 +1,4 @@
-"""The training pipeline: validate the run, sanity-check the nodes, train, validate, approve or reject.
+"""The training pipeline: validate the run, sanity-check the nodes, compile (Trainium), train, validate, approve.
 
 One Step Functions state machine (JSONPath, one JSONata state for patterns). Its input is documented in
 docs/pipeline.md and defined by the run contract (contracts/run.py), which also gives every stage's timeout.
@@ -37,6 +37,7 @@ class TrainingRetry:
 
 
 SANITY_RETRIES = 1  # one more submission (fresh placement) after a failed sanity check
+COMPILE_RETRIES = 1  # one more compile job after a failed one that did not refuse the run (exit 2/4/5)
 
 
 class TrainingPipeline(Construct):
@@ -55,10 +56,13 @@ class TrainingPipeline(Construct):
         training_retry: TrainingRetry | None = None,
         sanity_retry_interval: cdk.Duration | None = None,
         train_attempt_hours: int = 72,
+        compiles_ahead: bool = False,
     ) -> None:
+        """`compiles_ahead`: Trainium compiles every graph before it trains, in a Compile state of its own."""
         super().__init__(scope, id_)
         self.training_retry = training_retry or TrainingRetry()
         self._runner, self._train_attempt_hours = runner, train_attempt_hours
+        self._compiles_ahead = compiles_ahead
         stack = cdk.Stack.of(self)
         # A fixed name, so that the role may describe this state machine's executions (the holder of a run
         # being resumed) without naming the state machine itself, which would be a circular reference.
@@ -95,7 +99,8 @@ class TrainingPipeline(Construct):
         prepared = claim.claimed.next(self._prepare(bucket.bucket_name))
         # A backend whose training job checks its own hosts first gets no separate sanity job.
         checked = prepared if runner.sanity_in_training else prepared.next(self._sanity_check(sanity_retry_interval))
-        checked.next(self._train()).next(self._validate()).next(verdict.start)
+        compiled = checked.next(self._compile()) if compiles_ahead else checked
+        compiled.next(self._train()).next(self._validate()).next(verdict.start)
 
         self.log_group = logs.LogGroup(self, "ExecutionLogs", retention=log_retention, removal_policy=removal_policy)
         self.state_machine = sfn.StateMachine(
@@ -173,6 +178,35 @@ class TrainingPipeline(Construct):
         self._failures.catch(sanity, "SanityCheck", "SanityCheckFailed")
         return sanity
 
+    def _compile(self) -> sfn.Parallel:
+        """Trainium: neuron_parallel_compile fills the shared compile cache on the run's nodes before training
+        (training_image/neuron_compile.py). Its own timeout; one retry of a failed attempt, capacity waited for as
+        for training, a refused run (bad flags: exit 2) not retried."""
+        compile_ = classified_training(
+            self,
+            "Compile",
+            self._submit(
+                "CompileJob",
+                "compile",
+                nodes="$.run.nodes",
+                result_path="$",
+                timeout=cdk.Duration.seconds(stages(self._train_attempt_hours)["compile"].state_seconds()),
+            ),
+            result_path="$.jobs.compile",
+            rejected_errors=self._runner.rejected_errors,
+            job="compile",
+        )
+        if self._runner.rejected_errors:
+            compile_.add_retry(errors=list(self._runner.rejected_errors), max_attempts=0)
+        compile_.add_retry(
+            errors=[ATTEMPT_FAILED], max_attempts=COMPILE_RETRIES, interval=cdk.Duration.minutes(2), backoff_rate=1
+        )
+        compile_.add_retry(
+            errors=[NO_CAPACITY], interval=cdk.Duration.minutes(5), max_attempts=QUEUE_WAIT_MINUTES // 5, backoff_rate=1
+        )
+        self._failures.catch(compile_, "Compile", "CompilationFailed")
+        return compile_
+
     def _train(self) -> sfn.Parallel:
         """A retry resumes from the run's checkpoints; retried only when the job failed for a reason other than
         the run itself (its exit code says which), never when the backend rejected the request."""
@@ -225,6 +259,7 @@ class TrainingPipeline(Construct):
         return execution_seconds(
             self._train_attempt_hours,
             sanity_submissions=0 if self._runner.sanity_in_training else 1 + SANITY_RETRIES,
+            compile_submissions=1 + COMPILE_RETRIES if self._compiles_ahead else 0,
             train_submissions=1 + retry.max_attempts,
             # the attempts' backoff, and the capacity waits (a job without instances fails within minutes)
             train_backoff_seconds=retry.max_attempts * int(retry.max_delay.to_seconds()) + 2 * QUEUE_WAIT_MINUTES * 60,

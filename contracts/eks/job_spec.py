@@ -8,7 +8,7 @@ Every pod takes a whole accelerator node: all its GPUs or Trainium chips and all
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from config import InstanceType
+from config import Accelerator, InstanceType
 from config.layout import FSX_MOUNT_PATH
 from contracts.job_environment import STOP_GRACE_SECONDS, job_environment, shared_memory_gib
 
@@ -24,6 +24,7 @@ class Site:
 
     environment: str = ""
     fsx_claim: str = FSX_CLAIM
+    neuron_cc_flags: str = ""  # the environment's Neuron compiler flags (config neuron_cc_flags)
 
 
 def fsx_claim_name(revision: str | None) -> str:
@@ -38,7 +39,14 @@ def fsx_claim_name(revision: str | None) -> str:
 # Only training pods tolerate this taint, so nothing else lands on (and holds) an accelerator node.
 ACCELERATOR_TAINT_KEY = "efa-training/accelerator"
 ACCELERATOR_LABEL = {ACCELERATOR_TAINT_KEY: "true"}
-PHASES = ("sanity", "train", "validate")
+PHASES = ("sanity", "compile", "train", "validate")
+
+
+def phases(instance: InstanceType) -> tuple[str, ...]:
+    """The phases an instance type runs: only Trainium compiles ahead of time (training_image/neuron_compile.py)."""
+    return tuple(p for p in PHASES if p != "compile" or instance.accelerator is Accelerator.NEURON)
+
+
 CONTAINER = "node"  # Kubeflow Trainer's torch runtime names the trainer container "node"
 MASTER_PORT = 29400
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -71,7 +79,7 @@ def resources(instance: InstanceType) -> dict:
 def environment(instance: InstanceType, *, nodes: int, site: Site = Site()) -> list[dict]:
     """What launch.py reads besides the launcher's own MASTER_ADDR/MASTER_PORT/PET_NNODES/PET_NODE_RANK."""
     env = {
-        **job_environment(instance, backend="eks", environment=site.environment),
+        **job_environment(instance, backend="eks", environment=site.environment, neuron_cc_flags=site.neuron_cc_flags),
         "PET_NNODES": str(nodes),
         "AWS_EMF_AGENT_ENDPOINT": EMF_AGENT_ENDPOINT,
         "AWS_EMF_LOG_GROUP_NAME": EMF_LOG_GROUP,

@@ -92,7 +92,9 @@ def _without_trainer_env(env: list[dict]) -> list[dict]:
 
 
 def job_templates(instance: InstanceType, *, image: str, nodes: int, site: spec.Site = spec.Site()) -> dict[str, dict]:
-    return {phase: train_job(instance, image=image, phase=phase, nodes=nodes, site=site) for phase in spec.PHASES}
+    return {
+        phase: train_job(instance, image=image, phase=phase, nodes=nodes, site=site) for phase in spec.phases(instance)
+    }
 
 
 def indexed_job(

@@ -9,7 +9,7 @@ import aws_cdk.aws_iam as iam
 import aws_cdk.aws_logs as logs
 import pytest
 
-from config import CATALOGUE, efa_instance_types
+from config import CATALOGUE, Accelerator, efa_instance_types
 from constructs.compute.batch.job_definitions import BatchJobDefinitions, job_specs
 from contracts.job_environment import STOP_GRACE_SECONDS
 from contracts.run import stages
@@ -17,6 +17,7 @@ from tests.alone import template_of
 
 TYPES = efa_instance_types()
 NODES = 2
+FLAGS = "--model-type=transformer -O1"
 
 
 @functools.cache
@@ -36,6 +37,7 @@ def _definitions(name: str, single_node: str | None = None, train_hours: int = 7
         bucket_name="data-bucket",
         train_timeout=cdk.Duration.hours(train_hours),
         environment="dev",
+        neuron_cc_flags=FLAGS,
     )
     resources = template_of(stack)["Resources"]
     return {
@@ -44,7 +46,8 @@ def _definitions(name: str, single_node: str | None = None, train_hours: int = 7
             for k, r in resources.items()
             if r["Type"] == "AWS::Batch::JobDefinition" and k.startswith(f"Jobs{job.capitalize()}")
         )
-        for job in ("sanity", "train", "validate")
+        for job in ("sanity", "compile", "train", "validate")
+        if job != "compile" or instance.accelerator is Accelerator.NEURON
     }
 
 
@@ -190,9 +193,31 @@ def test_attempt_timeouts_follow_the_training_timeout():
     assert jobs["validate"]["Timeout"]["AttemptDurationSeconds"] == stages(120)["validate"].attempt_seconds
 
 
-def test_job_definitions_read_the_stage_table():
+@pytest.mark.parametrize("name", ["p5.48xlarge", "trn1.32xlarge"])
+def test_job_definitions_read_the_stage_table(name):
     # contracts/run.py's stages give every job its attempt timeout and attempts (the pipeline's states read it too).
-    specs = job_specs(instance=CATALOGUE["p5.48xlarge"], nodes=2, bucket_name="b", train_timeout=cdk.Duration.hours(24))
-    for name, stage in stages(24).items():
-        assert specs[name].timeout.to_seconds() == stage.attempt_seconds
-        assert specs[name].attempts == stage.attempts
+    specs = job_specs(instance=CATALOGUE[name], nodes=2, bucket_name="b", train_timeout=cdk.Duration.hours(24))
+    for job, spec in specs.items():
+        stage = stages(24)[job]
+        assert (spec.timeout.to_seconds(), spec.attempts) == (stage.attempt_seconds, stage.attempts)
+
+
+@pytest.mark.parametrize("name", efa_instance_types())
+def test_only_trainium_has_a_compile_job_with_the_training_flags(name):
+    # Trainium compiles ahead of time (training_image/neuron_compile.py) with the training's own flags.
+    specs = job_specs(instance=CATALOGUE[name], nodes=2, bucket_name="b", train_timeout=cdk.Duration.hours(24))
+    assert ("compile" in specs) == (CATALOGUE[name].accelerator is Accelerator.NEURON)
+    if "compile" in specs:
+        assert specs["compile"].command == ["compile", *specs["train"].flags]
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_trainiums_compile_and_train_jobs_share_the_compiler_flags_on_the_training_nodes(name):
+    # The compile job fills the cache for NEURON_CC_FLAGS; training with other flags would miss every entry.
+    definitions = _definitions(name)
+    if CATALOGUE[name].accelerator is not Accelerator.NEURON:
+        assert "compile" not in definitions and "NEURON_CC_FLAGS" not in _environment(definitions["train"])
+        return
+    compile_job, train = definitions["compile"], definitions["train"]
+    assert _environment(compile_job)["NEURON_CC_FLAGS"] == _environment(train)["NEURON_CC_FLAGS"] == FLAGS
+    assert compile_job["NodeProperties"]["NumNodes"] == NODES and _container(compile_job)["Command"][0] == "compile"

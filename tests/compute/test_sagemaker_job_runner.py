@@ -18,7 +18,7 @@ VALIDATE_PARAMETERS = {"run_id": "$.job.run_id", "dataset": "$.job.dataset", "ba
 
 
 def _runner(
-    *, spot: bool = False, fsx: bool = True, instance: str = "p4d.24xlarge"
+    *, spot: bool = False, fsx: bool = True, instance: str = "p4d.24xlarge", neuron_cc_flags: str = ""
 ) -> tuple[cdk.Stack, SageMakerJobRunner]:
     stack = cdk.Stack()
     role = iam.Role(stack, "Execution", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
@@ -34,19 +34,21 @@ def _runner(
         train_attempt_hours=72,
         spot=spot,
         file_system=("fs-1", "abcdefgh", "rev1") if fsx else None,
+        neuron_cc_flags=neuron_cc_flags,
     )
 
 
 def _request(job: str = "train", **options) -> dict:
     stack, runner = _runner(**options)
-    parameters = TRAIN_PARAMETERS if job == "train" else VALIDATE_PARAMETERS
+    multi_node = job in ("train", "compile")
+    parameters = TRAIN_PARAMETERS if multi_node else VALIDATE_PARAMETERS
     state = runner.submit(
         stack,
         job.capitalize(),
         job=job,  # type: ignore[arg-type]
         parameters=parameters,
         job_name=f"States.Format('{{}}-{job}', $.run.run_id)",
-        nodes="$.run.nodes" if job == "train" else None,
+        nodes="$.run.nodes" if multi_node else None,
         attempts="$.run.max_attempts" if job == "train" else None,
     )
     resolved = stack.resolve(state.to_state_json())
@@ -280,3 +282,31 @@ def test_the_longest_attempts_keep_max_wait_above_max_runtime_at_the_28_day_cap(
     )["StoppingCondition"]
     runtime, wait = _table(stopping["MaxRuntimeInSeconds.$"]), _table(stopping["MaxWaitTimeInSeconds.$"])
     assert wait[-1] == 28 * 24 * 3600 and runtime[-1] < wait[-1]
+
+
+def test_trainiums_compile_job_fills_the_cache_in_the_file_system_on_the_runs_instances():
+    # training_image/neuron_compile.py: the cache root is the FSx channel (read-write), the same one training reads.
+    request = _request("compile", instance="trn1.32xlarge", spot=True, neuron_cc_flags="--model-type=transformer -O1")
+    assert request["AlgorithmSpecification"]["ContainerArguments"][0] == "compile"
+    assert request["ResourceConfig"] == {
+        "InstanceType": "ml.trn1.32xlarge",
+        "InstanceCount.$": "$.run.nodes",
+        "VolumeSizeInGB": 100,
+    }
+    environment = request["Environment"]
+    assert environment["NEURON_CACHE_ROOT"] == "/opt/ml/input/data/fsx/neuron-cache"
+    assert environment["NEURON_CC_FLAGS"] == "--model-type=transformer -O1"
+    assert "SANITY_BEFORE_TRAINING" not in environment
+    (fsx,) = [c for c in request["InputDataConfig"] if c["ChannelName"] == "fsx"]
+    assert fsx["DataSource"]["FileSystemDataSource"]["FileSystemAccessMode"] == "rw"
+    # A throwaway trial run: never on Spot, no checkpoints synced, no retries of its own (the pipeline retries).
+    assert "EnableManagedSpotTraining" not in request and "CheckpointConfig" not in request
+    assert "RetryStrategy" not in request
+
+
+def test_training_on_trainium_reads_the_same_cache_with_the_same_flags():
+    environment = _request("train", instance="trn1.32xlarge", neuron_cc_flags="--model-type=transformer -O1")[
+        "Environment"
+    ]
+    assert environment["NEURON_CACHE_ROOT"] == "/opt/ml/input/data/fsx/neuron-cache"
+    assert environment["NEURON_CC_FLAGS"] == "--model-type=transformer -O1"

@@ -18,7 +18,7 @@ from constructs.compute.batch.job_runner import BatchJobRunner
 from constructs.compute.eks.job_runner import EksJobRunner
 from constructs.observability.alarms import MODEL_REJECTED_ERROR
 from constructs.pipeline.training_pipeline import TrainingPipeline, TrainingRetry
-from contracts.run import PHASES, QUEUE_WAIT_MINUTES, stages, train_state_seconds
+from contracts.run import PHASES, QUEUE_WAIT_MINUTES, phases, stages, train_state_seconds
 from tests.pipeline.runs import definition, states
 
 
@@ -165,8 +165,10 @@ def test_every_aws_call_of_the_pipeline_retries_with_full_jitter(pipeline):
 
 
 def test_the_run_phases_the_cli_counts_are_states(pipeline):
-    # tools/pipeline_cli.py shows progress over contracts.run.PHASES: each is a state of the definition.
-    assert set(PHASES) <= set(states(pipeline))
+    # tools/pipeline_cli.py shows progress over contracts.run.phases(): each is a state of the definition (a GPU
+    # pipeline with a sanity job: no Compile state).
+    assert set(phases(sanity_in_training=False)) <= set(states(pipeline))
+    assert "Compile" not in states(pipeline) and set(PHASES) - set(states(pipeline)) == {"Compile"}
 
 
 def test_a_rejected_model_fails_with_the_error_the_alarms_leave_out(pipeline):

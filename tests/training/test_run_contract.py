@@ -137,6 +137,7 @@ def test_sagemaker_hyperparameters_are_the_job_parameters():
 
     expected = {job: set(names) for job, names in JOB_PARAMETERS.items()}
     expected["train"].add("expected_nodes")
+    expected["compile"].add("expected_nodes")  # Trainium's compile job runs on the run's nodes too
     assert {job: set(names) for job, names in launch.SAGEMAKER_HYPERPARAMETERS.items()} == expected
 
 

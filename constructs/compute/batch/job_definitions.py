@@ -1,4 +1,5 @@
-"""The Batch job definitions of one environment: multi-node "sanity" and "train", single-node "validate".
+"""The Batch job definitions of one environment: multi-node "sanity" and "train" (and "compile" on Trainium),
+single-node "validate".
 
 Image contract (training_image/): ENTRYPOINT `python /opt/training/launch.py`, command `MODE [flags]`.
 Batch replaces `Ref::name` only when it is a whole command argument (AWS Batch user guide, "Parameter
@@ -21,6 +22,7 @@ import aws_cdk.aws_logs as logs
 from config import Accelerator, InstanceType
 from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, FSX_MOUNT_PATH, RUNS_PREFIX
 from constructs import Construct
+from constructs.compute.backend import MULTI_NODE_JOBS
 from constructs.nag import acknowledge
 from contracts.job_environment import job_environment, shared_memory_gib
 from contracts.run import defaults as run_defaults
@@ -65,7 +67,7 @@ class JobSpec:
 def job_specs(
     *, instance: InstanceType, nodes: int, bucket_name: str, train_timeout: cdk.Duration
 ) -> dict[str, JobSpec]:
-    """The three jobs' commands. Flags the image must accept are listed in docs/batch.md. Attempt timeouts and
+    """The jobs' commands. Flags the image must accept are listed in docs/batch.md. Attempt timeouts and
     attempts come from the run contract's stages, which the pipeline's states also read."""
     runs_uri = f"s3://{bucket_name}/{RUNS_PREFIX}"
     stage = stages(int(train_timeout.to_hours()))
@@ -76,7 +78,7 @@ def job_specs(
         return {"timeout": cdk.Duration.seconds(stage[name].attempt_seconds), "attempts": stage[name].attempts}
 
     common = {"run_id": "manual", "nodes": str(nodes)}
-    return {
+    specs = {
         "sanity": JobSpec(
             mode="sanity",
             flags=(
@@ -153,6 +155,11 @@ def job_specs(
             **limits("validate"),
         ),
     }
+    if instance.accelerator is Accelerator.NEURON:
+        # Trainium compiles ahead of time: the training's own flags, mode `compile` (training_image/neuron_compile.py).
+        train = specs["train"]
+        specs["compile"] = JobSpec(mode="compile", flags=train.flags, defaults=train.defaults, **limits("compile"))
+    return specs
 
 
 class BatchJobDefinitions(Construct):
@@ -172,9 +179,10 @@ class BatchJobDefinitions(Construct):
         bucket_name: str,
         train_timeout: cdk.Duration,
         environment: str = "",
+        neuron_cc_flags: str = "",
     ) -> None:
         super().__init__(scope, id_)
-        self.environment = environment
+        self.environment, self.neuron_cc_flags = environment, neuron_cc_flags
         self.execution_role = iam.Role(
             self,
             "ExecutionRole",
@@ -184,7 +192,7 @@ class BatchJobDefinitions(Construct):
         self.specs = job_specs(instance=instance, nodes=nodes, bucket_name=bucket_name, train_timeout=train_timeout)
         self.definitions: dict[str, batch.IJobDefinition] = {}
         for name, spec in self.specs.items():
-            multi_node = name in ("sanity", "train")
+            multi_node = name in MULTI_NODE_JOBS
             host = instance if multi_node else single_node_instance
             container = self._container(
                 f"{name.capitalize()}Container", spec, host, image, job_role, log_group, efa=multi_node
@@ -252,7 +260,9 @@ class BatchJobDefinitions(Construct):
                     for i in range(accelerators)
                 )
             )
-        environment = job_environment(host, backend="batch", environment=self.environment)
+        environment = job_environment(
+            host, backend="batch", environment=self.environment, neuron_cc_flags=self.neuron_cc_flags
+        )
         if not efa:
             # One process on one accelerator: no collectives, no EFA, no bootstrap interface.
             environment = {

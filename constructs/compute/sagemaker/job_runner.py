@@ -18,9 +18,9 @@ import aws_cdk.aws_iam as iam
 import aws_cdk.aws_stepfunctions as sfn
 
 from config import Accelerator, InstanceType
-from config.layout import CHECKPOINTS_PREFIX, PROJECT, RUNS_PREFIX
+from config.layout import CHECKPOINTS_PREFIX, NEURON_CACHE_PREFIX, PROJECT, RUNS_PREFIX
 from constructs import Construct
-from constructs.compute.backend import JobKind, task_timeout
+from constructs.compute.backend import MULTI_NODE_JOBS, JobKind, task_timeout
 from constructs.nag import acknowledge, shown_arn
 from contracts.job_environment import job_environment
 from contracts.run import MAX_ATTEMPTS, QUEUE_WAIT_MINUTES, stages
@@ -35,6 +35,7 @@ DATA_CHANNEL, CHECKPOINTS_CHANNEL, FSX_CHANNEL = "training", "checkpoints", "fsx
 DATA_PATH = f"/opt/ml/input/data/{DATA_CHANNEL}"
 CHECKPOINTS_INPUT_PATH = f"/opt/ml/input/data/{CHECKPOINTS_CHANNEL}"
 FSX_PATH = f"/opt/ml/input/data/{FSX_CHANNEL}"
+NEURON_CACHE_ROOT = f"{FSX_PATH}/{NEURON_CACHE_PREFIX.rstrip('/')}"
 # Every catalogue type has NVMe instance storage: SageMaker mounts it instead of an EBS volume, its size is fixed to the
 # instance's, and VolumeSizeInGB may not exceed it (API_ResourceConfig VolumeSizeInGB). So the smallest store of the
 # catalogue's types bounds the request (g5.xlarge: 250 GB); what the jobs get is the instance's own.
@@ -103,6 +104,7 @@ class SageMakerJobRunner:
         train_attempt_hours: int,
         spot: bool,
         file_system: tuple[str, str, str] | None = None,
+        neuron_cc_flags: str = "",
     ) -> None:
         """`file_system`: (FSx file system id, mount name, revision) to read datasets from; None reads them from S3.
         The revision (StorageStack.file_system_revision) is written into the jobs' environment."""
@@ -110,6 +112,7 @@ class SageMakerJobRunner:
         self.subnet_id, self.security_group_id = subnet_id, security_group_id
         self.instance, self.validation_instance = instance, validation_instance
         self.environment, self.spot, self.file_system = environment, spot, file_system
+        self.neuron_cc_flags = neuron_cc_flags
         self._stages = stages(train_attempt_hours)
 
     def submit(
@@ -155,9 +158,10 @@ class SageMakerJobRunner:
         """The CreateTrainingJob request as an ASL payload template (API_CreateTrainingJob)."""
         run_id = parameters["run_id"]
         training = job == "train"
-        instance = self.instance if training else self.validation_instance
+        multi_node = job in MULTI_NODE_JOBS  # train, and compile on Trainium
+        instance = self.instance if multi_node else self.validation_instance
         hyperparameters = {f"{name}.$": value for name, value in parameters.items()}
-        if training:
+        if multi_node:
             hyperparameters["expected_nodes.$"] = f"States.Format('{{}}', {nodes or 1})"
         attempt_seconds = self._stages[job].attempt_seconds
         request: dict = {
@@ -173,7 +177,7 @@ class SageMakerJobRunner:
             "Environment": self._environment(job, instance, run_id),
             "ResourceConfig": {
                 "InstanceType": instance.sagemaker_instance_type,
-                **({"InstanceCount.$": nodes} if training and nodes else {"InstanceCount": 1}),
+                **({"InstanceCount.$": nodes} if multi_node and nodes else {"InstanceCount": 1}),
                 "VolumeSizeInGB": VOLUME_GIB,
             },
             # The training subnet and the EFA group (all traffic to and from itself, Lustre to FSx).
@@ -251,7 +255,9 @@ class SageMakerJobRunner:
 
     def _environment(self, job: JobKind, instance: InstanceType, run_id: str) -> dict:
         return {
-            **job_environment(instance, backend="sagemaker", environment=self.environment),
+            **job_environment(
+                instance, backend="sagemaker", environment=self.environment, neuron_cc_flags=self.neuron_cc_flags
+            ),
             "RUN_ID.$": run_id,
             "REPORT_PREFIX": self._runs_uri,
             "VERDICT_PREFIX": self._runs_uri,
@@ -260,6 +266,8 @@ class SageMakerJobRunner:
             **({} if self.checkpoints_on_fsx else {"CHECKPOINT_NODE_LOCAL": "1"}),
             **({"SANITY_BEFORE_TRAINING": "1"} if job == "train" else {}),
             **({"FSX_REVISION": self.file_system[2]} if self.file_system else {}),
+            # Trainium's compile cache in the file system's channel, where the compile job leaves it for training.
+            **({"NEURON_CACHE_ROOT": NEURON_CACHE_ROOT} if self.checkpoints_on_fsx else {}),
         }
 
     def _channels(self, job: JobKind, parameters: Mapping[str, str]) -> list[dict]:
@@ -267,7 +275,7 @@ class SageMakerJobRunner:
         or, for Neuron, the whole file system as channel `fsx` (training writes there, validation reads)."""
         data = {"ChannelName": DATA_CHANNEL, **self._dataset_source(parameters["dataset"])}
         if self.checkpoints_on_fsx:
-            access = "rw" if job == "train" else "ro"
+            access = "rw" if job in MULTI_NODE_JOBS else "ro"  # training's checkpoints, compile's cache
             return [data, {"ChannelName": FSX_CHANNEL, **self._file_system_source("/", access)}]
         if job == "train":
             return [data]
