@@ -60,7 +60,7 @@ from pathlib import Path
 import neuron_compile
 from errors import EXIT_STOPPED, EXIT_USAGE, UsageError, exit_with_usage_error, failure_reason
 from exit_relay import EXIT_CODE_DIR, relayed_exit_code
-from run_paths import node_local_checkpoints
+from run_paths import flag_value, node_local_checkpoints
 
 HERE = Path(__file__).resolve().parent
 DISTRIBUTED_MODES = {"sanity": "sanity_check.py", "train": "train.py", "compile": "train.py"}
@@ -307,15 +307,6 @@ def _kubernetes_plan(
     )
 
 
-def _flag_value(args: list[str], flag: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def build_command(
     mode: str,
     script_args: list[str],
@@ -326,7 +317,7 @@ def build_command(
     if mode in SINGLE_MODES:
         return [sys.executable, str(HERE / SINGLE_MODES[mode]), *script_args], None
     plan = plan_launch(mode, env, own_address, resource_config)
-    expected = _flag_value(script_args, "--expected-nodes")
+    expected = flag_value(script_args, "--expected-nodes")
     # Checked here as well as in the scripts: a mismatch must fail once, not once per torchrun restart.
     if expected is not None and ":" not in plan.nnodes and expected != plan.nnodes:
         raise UsageError(
@@ -357,7 +348,7 @@ def sanity_first_command(
     port = _int(env, "MASTER_PORT", DEFAULT_PORT, minimum=1) + 1
     sanity = plan_launch("sanity", {**env, "MASTER_PORT": str(port)}, plan.local_addr, resource_config)
     sanity = replace(sanity, rdzv_id=f"{plan.rdzv_id}-sanity")
-    run_id = _flag_value(script_args, "--run-id") or env.get("RUN_ID", "")
+    run_id = flag_value(script_args, "--run-id") or env.get("RUN_ID", "")
     args = ["--run-id", run_id] if run_id else []
     if ":" not in plan.nnodes:
         args += ["--expected-nodes", plan.nnodes]
@@ -490,7 +481,7 @@ def ahead_of_time(mode: str, launch: Launch, script_args: list[str]) -> Launch:
         return launch
     if marker.is_file():
         return replace(launch, already_compiled=f"compile cache already ready for this run shape ({marker})")
-    run_id = _flag_value(script_args, "--run-id") or launch.env.get("RUN_ID", "") or plan.rdzv_id
+    run_id = flag_value(script_args, "--run-id") or launch.env.get("RUN_ID", "") or plan.rdzv_id
     scratch = neuron_compile.cache_root(launch.env) / neuron_compile.SCRATCH_DIR / plan.rdzv_id
     steps = neuron_compile.compile_steps(launch.env)
     trial = torchrun_command(plan, "compile", neuron_compile.compile_args(script_args, run_id, scratch, steps))

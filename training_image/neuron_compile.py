@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
+from run_paths import flag_value
+
 COMPILE_STEPS = 10  # Neuron docs: "a few steps (eg. 10-15), enough ... to extract the different graphs"
 CACHE_DIR_NAME = "neuron-cache"  # config/layout.py NEURON_CACHE_PREFIX (tests hold them equal)
 READY_DIR = "ready"
@@ -39,15 +41,6 @@ def cache_root(env: Mapping[str, str]) -> Path:
     """NEURON_CACHE_ROOT where the backend sets it (SageMaker's file-system channel), else <FSX_MOUNT>/neuron-cache."""
     explicit = env.get("NEURON_CACHE_ROOT", "").strip()
     return Path(explicit) if explicit else Path(env.get("FSX_MOUNT", "/fsx")) / CACHE_DIR_NAME
-
-
-def _flag(args: list[str], flag: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def _code_digest() -> str:
@@ -68,7 +61,7 @@ def _version(package: str) -> str:
 def shape(script_args: list[str], env: Mapping[str, str], nodes: str, workers_per_node: int) -> dict:
     """Everything the compiled graphs of one run depend on."""
     return {
-        "flags": {flag: _flag(script_args, flag) for flag in SHAPE_FLAGS},
+        "flags": {flag: flag_value(script_args, flag) for flag in SHAPE_FLAGS},
         "nodes": nodes,
         "workers_per_node": workers_per_node,
         "neuron_cc_flags": env.get("NEURON_CC_FLAGS", ""),

@@ -17,6 +17,16 @@ from pathlib import Path
 from errors import UsageError
 
 
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in a command line (`--flag VALUE` or `--flag=VALUE`), or None."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def add_layout_flags(p: argparse.ArgumentParser, *, checkpoints: bool = True) -> None:
     fsx = os.environ.get("FSX_MOUNT")
     p.add_argument(
