@@ -3,6 +3,8 @@
 
 VENV      := .venv
 PY        := $(VENV)/bin/python
+# The training image's XLA path on PyTorch/XLA's CPU device, with the Neuron image's PyTorch line (tests/training/test_xla_path.py).
+XLA_VENV  := .venv-xla
 NODE_BIN  := $(CURDIR)/node_modules/.bin
 # The pinned Node 22 and CDK CLI come first, so nothing falls back to a global CLI or an end-of-life Node.
 export PATH := $(NODE_BIN):$(PATH)
@@ -17,7 +19,7 @@ DIAGRAM_ENV ?= prod
 
 .PHONY: synth test lint setup deploy local-run cost-report bench diagram diagram-tree clean
 
-setup: $(VENV)/.test-deps node_modules/.installed
+setup: $(VENV)/.test-deps $(XLA_VENV)/.deps node_modules/.installed
 
 $(VENV)/.synth-deps: requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +30,11 @@ $(VENV)/.test-deps: $(VENV)/.synth-deps requirements-dev.txt training_image/requ
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
+$(XLA_VENV)/.deps: requirements-xla.txt
+	test -x $(XLA_VENV)/bin/python || python3 -m venv $(XLA_VENV)
+	$(XLA_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-xla.txt
+	touch $@
+
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
@@ -36,7 +43,7 @@ synth: $(VENV)/.synth-deps node_modules/.installed
 	cdk synth --quiet $(CDK_ARGS)
 	$(PY) -m tools.synth_summary cdk.out
 
-test: $(VENV)/.test-deps node_modules/.installed lint
+test: $(VENV)/.test-deps $(XLA_VENV)/.deps node_modules/.installed lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The gates a newcomer gets for free (pyproject.toml configures them): lint, format, types, over the whole tree.

@@ -64,8 +64,14 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.tok_emb.weight  # weight tying, as in GPT-2
+        self.tie_weights()
         self.init_weights()
+
+    def tie_weights(self) -> None:
+        """The output head shares the token embedding, as in GPT-2. Moving a module to an XLA device copies each
+        parameter per module and so unties them (PyTorch/XLA TROUBLESHOOTING.md, "XLA Tensor Quirks": tie weights
+        after moving the model to the device; pytorch/xla#7042): model_builders.py ties again after the move."""
+        self.lm_head.weight = self.tok_emb.weight
 
     def init_weights(self) -> None:
         """Separate from __init__ so FSDP2 can build on the meta device, shard, then initialise."""

@@ -36,6 +36,7 @@ def build_model(cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime) -> torch.nn.Mo
     if cfg.compile:
         model = torch.compile(model)
     if rt.device_type == "xla":
+        model.tie_weights()  # .to(xla) untied the head from the embedding (GPT.tie_weights says why)
         return model  # Neuron: gradients are all-reduced with xm.reduce_gradients, no DDP wrapper
     return DDP(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
 
