@@ -36,6 +36,17 @@ DATASET_RULE = (
     "(no '..', no empty segment)"
 )
 
+# Incremental training: a run may start from an approved model instead of from scratch: "approved" (the environment's
+# last approved model, the pipeline's SSM parameter) or the id of an approved run (models/<run_id>/approval.json).
+INIT_FROM_APPROVED = "approved"
+INIT_FROM_PATTERN = rf"(?:{RUN_ID_PATTERN})?"
+INIT_FROM_RULE = (
+    f"empty (train from scratch), {INIT_FROM_APPROVED!r} (the environment's last approved model) or the run id of an "
+    "approved model, not this run's own"
+)
+# What the train job receives when the run starts from scratch (a Batch job parameter cannot be an empty string).
+NO_INITIAL_MODEL = "none"
+
 # What the training image knows (training_image/model.py MODEL_SIZES, train_config.py STRATEGIES;
 # tests hold them equal).
 MODELS = ("tiny", "mini", "125m", "350m", "760m", "1.3b", "2.7b", "6.7b", "13b")
@@ -57,6 +68,9 @@ class Field:
     pattern: str | None = None
     max_length: int | None = None
     rule: str = ""  # what is allowed, in words
+    # A required field that may be left out when this other field is not empty (baseline, with init_from: the
+    # initial model's own verdict is the baseline then).
+    unless: str = ""
 
     @property
     def key(self) -> str:
@@ -99,8 +113,11 @@ def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
             "number",
             minimum=-1e12,
             maximum=1e12,
-            rule="a finite number from -1e12 to 1e12: the validation metric the model must match",
+            rule="a finite number from -1e12 to 1e12: the validation metric the model must match (with init_from it "
+            "may be left out: the initial model's own metric is the baseline)",
+            unless="init_from",
         ),
+        Field("init_from", "string", "", pattern=INIT_FROM_PATTERN, max_length=RUN_ID_MAX_LENGTH, rule=INIT_FROM_RULE),
         Field("tolerance", "number", 0.001, 0.0, 1.0),  # 0.1%: the seeds accept a model within 0.1% of the baseline
         # The backend's own attempts per training submission: Batch SubmitJob RetryStrategy.attempts (1-10,
         # API_RetryStrategy); SageMaker RetryStrategy.MaximumRetryAttempts = attempts - 1, at least 1.
@@ -159,11 +176,24 @@ JOB_VALUES = {
         for name in ("max_steps", "checkpoint_every", "seed", "lr", "batch_size")
     },
     "baseline": _as_string("$.run.baseline"),
+    # The resolved initial model's run id, or NO_INITIAL_MODEL (constructs/pipeline/initial_model.py sets it).
+    "init_from": "$.run.init_run",
     "tolerance": _as_string("$.run.tolerance"),
 }
 JOB_PARAMETERS = {
     "sanity": ("run_id",),
-    "train": ("run_id", "dataset", "model", "strategy", "max_steps", "checkpoint_every", "seed", "lr", "batch_size"),
+    "train": (
+        "run_id",
+        "dataset",
+        "model",
+        "strategy",
+        "max_steps",
+        "checkpoint_every",
+        "seed",
+        "lr",
+        "batch_size",
+        "init_from",
+    ),
     "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
 }
 # Trainium's compile job runs a few steps of the same training (training_image/neuron_compile.py), so it takes the
@@ -198,7 +228,10 @@ def validate_run(run: object, max_nodes: int, min_nodes: int = 1) -> list[str]:
 def _field_problem(f: Field, source: dict) -> str | None:
     """The problem with field `f` in `source` (the run or its hyperparameters); an absent optional field is fine."""
     if f.key not in source or (f.required and source[f.key] is None):
-        return f"{f.name} is missing; expected {f.allowed()}" if f.required else None  # else the default applies
+        excused = bool(f.unless) and bool(source.get(f.unless))
+        return f"{f.name} is missing; expected {f.allowed()}" if f.required and not excused else None
+    if f.name == "init_from" and source[f.key] and source[f.key] == source.get("run_id"):
+        return f"init_from={_show(source[f.key])} is not valid; expected {f.allowed()}"
     return check_value(f, source[f.key])
 
 

@@ -54,6 +54,8 @@ class PipelineStack(cdk.Stack):
             removal_policy=data_removal_policy(config),
             train_attempt_hours=config.batch_train_timeout_hours,
             compiles_ahead=compiles_ahead,
+            # SageMaker jobs reading their dataset from S3 mount no file system, where other runs' checkpoints are.
+            initial_models=not (config.compute == "sagemaker" and config.sagemaker_data_source == "s3"),
         )
         compute.attach_pipeline(self, pipeline.state_machine)
         for objects, why in BUCKET_OBJECTS:

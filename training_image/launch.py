@@ -89,6 +89,7 @@ SAGEMAKER_HYPERPARAMETERS = {
         "seed",
         "lr",
         "batch_size",
+        "init_from",
         "expected_nodes",
     ),
     "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),

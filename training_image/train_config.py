@@ -23,6 +23,7 @@ from model import MODEL_SIZES, ModelConfig, model_config
 from run_paths import add_layout_flags, checkpoint_dir, data_dir
 
 STRATEGIES = ("ddp", "fsdp")
+NO_INITIAL_MODEL = "none"  # contracts/run.py NO_INITIAL_MODEL (tests hold them equal)
 COUNTS = ("max_steps", "keep_last", "micro_batch_size", "grad_accum_steps", "log_every")  # each at least 1
 # Every float must be finite (argparse accepts nan and inf) and in range: (low, high, whether low itself is allowed).
 FLOAT_RANGES = {
@@ -105,6 +106,16 @@ class TrainConfig:
         "checkpoint dir under --checkpoints-root (default: env RUN_ID, else 'local')",
     )
     log_every: int = setting(1, help="emit a metrics line every N steps")
+    init_from: str = setting(
+        NO_INITIAL_MODEL,
+        help="start from the weights (not the optimizer, step or data position) of another run's newest loadable "
+        "checkpoint when this run has none of its own: a run id (its folder under --init-checkpoints-root) or a "
+        f"folder; {NO_INITIAL_MODEL!r}: from scratch",
+    )
+    init_checkpoints_root: str = setting(
+        default_factory=str,  # "": the folder that holds this run's --checkpoint-dir
+        help="where --init-from's run id is looked up (default: the folder that holds this run's --checkpoint-dir)",
+    )
 
     def __post_init__(self) -> None:
         self._check_counts()
@@ -155,6 +166,15 @@ class TrainConfig:
 
     def model_config(self) -> ModelConfig:
         return model_config(self.model, seq_len=self.seq_len or None)
+
+    def initial_model_dir(self) -> Path | None:
+        """The folder of checkpoints --init-from names, or None (from scratch)."""
+        if self.init_from in ("", NO_INITIAL_MODEL):
+            return None
+        if "/" in self.init_from:
+            return Path(self.init_from)
+        root = Path(self.init_checkpoints_root) if self.init_checkpoints_root else Path(self.checkpoint_dir).parent
+        return root / self.init_from
 
 
 def flag(name: str) -> str:

@@ -33,6 +33,7 @@ from errors import EXIT_STOPPED, UsageError
 from metrics import MetricsLogger, peak_tflops
 from model import ModelConfig, flops_per_token
 from model_builders import build_model, build_optimizer, build_scheduler, grad_sync_context, seed_everything
+from model_checkpoint import find_and_load
 from run_paths import node_local_checkpoints
 from train_config import TrainConfig
 from train_state import TrainerState
@@ -122,9 +123,13 @@ class Trainer:
             node_local,
         )
         self.state, resumed_from = self.checkpoints.resume()
+        start = f"resumed from {resumed_from}" if resumed_from else "starting fresh"
+        initial = cfg.initial_model_dir()
+        if resumed_from is None and initial is not None:  # a run's own checkpoint wins over its initial model
+            start = f"starting from the weights of {self._start_from(initial)}"
         if rt.is_main:
             log(
-                f"train: {f'resumed from {resumed_from}' if resumed_from else 'starting fresh'} at step "
+                f"train: {start} at step "
                 f"{self.state.step}; world={rt.world_size} device={rt.device_type} strategy={cfg.strategy} "
                 f"model={cfg.model} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
             )
@@ -133,6 +138,32 @@ class Trainer:
         self.guard = DivergenceGuard(cfg, rt.is_main)
         self.samples_per_step = rt.world_size * cfg.micro_batch_size * cfg.grad_accum_steps
         self.checksums: list[float] | None = None
+
+    def _start_from(self, folder: Path) -> Path:
+        """The weights of another run's newest loadable checkpoint (incremental training); the optimizer, the
+        schedule, the step and the data position start afresh. Refused (exit 2) for another model size."""
+        try:
+            initial, meta, path = find_and_load(folder, flag="--init-from")
+        except RuntimeError as err:  # none of its checkpoints loads
+            raise UsageError("--init-from", str(folder), str(err), "a run with a loadable checkpoint") from None
+        if meta["config"]["model"] != asdict(self.mcfg):
+            raise UsageError(
+                "--init-from",
+                str(path),
+                f"a {meta['config']['train'].get('model')} model, not this run's {self.cfg.model}",
+                "a checkpoint of the same model size and sequence length",
+            )
+        weights = initial.state_dict()
+        if self.cfg.strategy == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True))
+        else:
+            target = (
+                self.model.module if isinstance(self.model, torch.nn.parallel.DistributedDataParallel) else self.model
+            )
+            target.load_state_dict(weights)  # copies into the parameters in place: the head stays tied
+        return path
 
     def _batches(self, state: TrainerState) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         spec = BatchSpec(self.mcfg.seq_len, self.cfg.micro_batch_size, self.rt.rank, self.rt.world_size, self.cfg.seed)

@@ -22,19 +22,17 @@ import json
 import math
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.api import CheckpointException
 
-from checkpoint_format import CheckpointDamaged, step_dirs, verify
 from console import log
 from data import TokenStream
 from distributed import resolve_device
 from errors import UsageError, exit_with_usage_error
-from model import GPT, ModelConfig
+from model import GPT
+from model_checkpoint import find_and_load, load_model  # noqa: F401  (load_model: tests use it from here)
 from run_paths import add_layout_flags, checkpoint_dir, data_dir
 from storage import read_json, under_prefix, write_json
 
@@ -60,50 +58,6 @@ def baseline_value(doc: dict, location: str) -> float:
         f"no finite numeric '{METRIC}' or 'value' in the JSON",
         f'{{"metric": "{METRIC}", "value": <float>}} or {{"{METRIC}": <float>}}',
     )
-
-
-def load_model(ckpt_dir: Path) -> tuple[GPT, dict]:
-    """A checkpoint that passes the same verification as train.py's resume (manifest sizes and CRCs), loaded."""
-    meta = verify(ckpt_dir, None)
-    model = GPT(ModelConfig(**meta["config"]["model"]))
-    if meta["format"] == "full":
-        state = torch.load(ckpt_dir / "state.pt", map_location="cpu", weights_only=True)["model"]
-    else:
-        import torch.distributed.checkpoint as dcp
-
-        state = model.state_dict()
-        # Single process reads the FSDP shards back into full tensors (DCP reshards on load).
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load({"model": state}, checkpoint_id=str(ckpt_dir), no_dist=True)
-    model.load_state_dict(state)
-    return model, meta
-
-
-def find_and_load(checkpoint: Path) -> tuple[GPT, dict, Path]:
-    if (checkpoint / "meta.json").exists():
-        try:
-            return (*load_model(checkpoint), checkpoint)
-        except CheckpointDamaged as exc:
-            raise RuntimeError(f"checkpoint {checkpoint} is damaged: {exc}") from None
-    if not checkpoint.is_dir():
-        raise UsageError(
-            "--checkpoint",
-            str(checkpoint),
-            "not a checkpoint or checkpoint directory",
-            "a step_* directory or the --checkpoint-dir of train.py",
-        )
-    candidates = step_dirs(checkpoint)
-    if not candidates:
-        raise UsageError("--checkpoint", str(checkpoint), "contains no checkpoints", "a --checkpoint-dir of train.py")
-    for path in candidates:  # newest first, as train.py resumes; damaged ones are skipped, not moved
-        try:
-            return (*load_model(path), path)
-        # DCP raises CheckpointException, a BaseException in torch 2.13: caught by name, not by Exception.
-        except (Exception, CheckpointException) as exc:
-            reason = str(exc) if isinstance(exc, CheckpointDamaged) else f"{type(exc).__name__}: {exc}"
-            log(f"validate: WARNING skipping {path}: {reason.splitlines()[0] if reason else ''}")
-    raise RuntimeError(f"no loadable checkpoint under {checkpoint}")
 
 
 @torch.no_grad()

@@ -15,6 +15,8 @@ is allowed:
    `$length` and `$match(value, /regex/)` with the contract's own patterns.
 """
 
+import dataclasses
+
 import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
@@ -41,13 +43,15 @@ def _is_object(scope: Construct, id_: str, fail: sfn.Fail, then: sfn.IChainable)
     return sfn.Choice(scope, id_).when(C.not_(C.string_matches("$.shape", "{*")), fail).otherwise(then)
 
 
-def _matches_whole(path: str, pattern: str | None, max_length: int | None) -> str:
+def _matches_whole(path: str, pattern: str | None, max_length: int | None, empty_allowed: bool = False) -> str:
     """JSONata: the value is at most `max_length` long and the contract's pattern matches all of it. Anchored at
     the start only, and compared with the value: a `$` anchor would also match before a trailing newline in
-    Java's and Python's regular expressions."""
+    Java's and Python's regular expressions. An empty value is compared directly where the field allows it ($match
+    reports no zero-length match)."""
     assert pattern is not None and max_length is not None, path  # only fields with a pattern reach here
     regex = "/^" + pattern.replace("/", "\\/") + "/"
-    return f"{{% $length({path}) <= {max_length} and $match({path}, {regex})[0].match = {path} %}}"
+    empty = f"{path} = '' or " if empty_allowed else ""
+    return f"{{% {empty}($length({path}) <= {max_length} and $match({path}, {regex})[0].match = {path}) %}}"
 
 
 def input_validation(scope: Construct, *, max_nodes: int, min_nodes: int = 1) -> tuple[sfn.IChainable, sfn.Pass]:
@@ -165,13 +169,22 @@ class _InputStates:
         )
         for f in self.table:
             if f.required:
-                check.when(
-                    C.or_(C.is_null(f"$.run.{f.name}"), C.string_equals(f"$.run.{f.name}", MISSING)),
-                    self.fail(f.name, "Missing", f"{f.name} is missing; expected {f.allowed()}"),
-                )
+                missing = C.or_(C.is_null(f"$.run.{f.name}"), C.string_equals(f"$.run.{f.name}", MISSING))
+                if f.unless:  # excused while the other field is given (baseline, with init_from)
+                    missing = C.and_(missing, C.string_equals(f"$.run.{f.unless}", ""))
+                check.when(missing, self.fail(f.name, "Missing", f"{f.name} is missing; expected {f.allowed()}"))
         for f in self.table:
             if f.kind != "object":
                 _check_field(check, f, self.invalid(f, "Type"))
+        # A run cannot start from its own model (contracts.run._field_problem says the same).
+        init_from = next(f for f in self.table if f.name == "init_from")
+        check.when(
+            C.and_(
+                C.not_(C.string_equals("$.run.init_from", "")),
+                C.string_equals_json_path("$.run.init_from", "$.run.run_id"),
+            ),
+            self.invalid(init_from, "Self"),
+        )
         check.otherwise(then)
         return check
 
@@ -200,7 +213,8 @@ class _InputStates:
                 "run": "{% $states.input.run %}",
                 "fraction_parts": "{% $states.input.fraction_parts %}",
                 "patterns": {
-                    f.name: _matches_whole(f"$states.input.run.{f.name}", f.pattern, f.max_length) for f in patterned
+                    f.name: _matches_whole(f"$states.input.run.{f.name}", f.pattern, f.max_length, f.default == "")
+                    for f in patterned
                 },
             },
         )
@@ -218,10 +232,26 @@ class _InputStates:
         return valid
 
 
+class _Guarded:
+    """A Choice whose every rule also needs `guard` to hold."""
+
+    def __init__(self, check: sfn.Choice, guard: sfn.Condition) -> None:
+        self.check, self.guard = check, guard
+
+    def when(self, condition: sfn.Condition, target: sfn.IChainable) -> None:
+        self.check.when(C.and_(self.guard, condition), target)
+
+
 def _check_field(check: sfn.Choice, f: Field, invalid: sfn.Fail) -> None:
     """Choice rules refusing a value of the wrong type, range or choice: the type first, since rules are tried
     in order and a comparison is only meaningful on a value of its own type."""
     path = f"$.run.{f.name}"
+    if f.unless:
+        # Left out (excused by the check before): the marker stays, and no other rule applies to it.
+        given = C.not_(C.and_(C.is_string(path), C.string_equals(path, MISSING)))
+        guarded = _Guarded(check, given)
+        _check_field(guarded, dataclasses.replace(f, unless=""), invalid)  # type: ignore[arg-type]
+        return
     if f.kind == "string":
         check.when(C.not_(C.is_string(path)), invalid)
         if f.choices:

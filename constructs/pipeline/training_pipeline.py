@@ -19,6 +19,7 @@ from constructs import Construct
 from constructs.compute.backend import JobKind, JobRunner
 from constructs.nag import acknowledge
 from constructs.pipeline.failure_path import FailurePath
+from constructs.pipeline.initial_model import InitialModel
 from constructs.pipeline.input_checks import input_validation
 from constructs.pipeline.run_claim import RunClaim
 from constructs.pipeline.train_attempt import ATTEMPT_FAILED, NO_CAPACITY, classified_training
@@ -57,8 +58,10 @@ class TrainingPipeline(Construct):
         sanity_retry_interval: cdk.Duration | None = None,
         train_attempt_hours: int = 72,
         compiles_ahead: bool = False,
+        initial_models: bool = True,
     ) -> None:
-        """`compiles_ahead`: Trainium compiles every graph before it trains, in a Compile state of its own."""
+        """`compiles_ahead`: Trainium compiles every graph before it trains, in a Compile state of its own.
+        `initial_models`: whether runs may start from an approved model (`init_from`; initial_model.py)."""
         super().__init__(scope, id_)
         self.training_retry = training_retry or TrainingRetry()
         self._runner, self._train_attempt_hours = runner, train_attempt_hours
@@ -95,7 +98,16 @@ class TrainingPipeline(Construct):
             failures=self._failures,
             approved_model_parameter=self.approved_model_parameter,
         )
-        validated.next(claim.start)
+        # The initial model (init_from) is resolved before the run id is claimed: a missing model costs no claim.
+        initial = InitialModel(
+            self,
+            bucket=bucket,
+            approved_model_parameter=self.approved_model_parameter,
+            failures=self._failures,
+            supported=initial_models,
+        )
+        validated.next(initial.start)
+        initial.chosen.next(claim.start)
         prepared = claim.claimed.next(self._prepare(bucket.bucket_name))
         # A backend whose training job checks its own hosts first gets no separate sanity job.
         checked = prepared if runner.sanity_in_training else prepared.next(self._sanity_check(sanity_retry_interval))

@@ -75,7 +75,17 @@ def test_the_image_runs_its_own_launcher_with_the_mode_first():
         "/opt/ml/input/data/training",
         "--checkpoint-dir",
         "/opt/ml/checkpoints",
+        "--init-checkpoints-root",
+        "/opt/ml/input/data/fsx/checkpoints",
     ]
+
+
+def test_training_reads_other_runs_checkpoints_from_the_file_system_read_only():
+    # An incremental run's initial model: the run id's folder under the FSx root channel, never written.
+    channels = {c["ChannelName"]: c for c in _request(fsx=True)["InputDataConfig"]}
+    source = channels["fsx"]["DataSource"]["FileSystemDataSource"]
+    assert (source["DirectoryPath"], source["FileSystemAccessMode"]) == ("/abcdefgh", "ro")
+    assert "fsx" not in {c["ChannelName"] for c in _request(fsx=False)["InputDataConfig"]}
 
 
 def test_training_checks_its_own_hosts_and_keeps_node_local_checkpoints():
@@ -152,7 +162,7 @@ def test_validation_never_waits_for_spot_and_reads_the_runs_checkpoints():
 
 
 def test_fsx_datasets_are_a_read_only_file_system_channel():
-    (channel,) = _request(fsx=True)["InputDataConfig"]
+    (channel,) = [c for c in _request(fsx=True)["InputDataConfig"] if c["ChannelName"] == "training"]
     source = channel["DataSource"]["FileSystemDataSource"]
     assert source == {
         "FileSystemId": "fs-1",

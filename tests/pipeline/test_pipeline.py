@@ -28,6 +28,7 @@ def test_happy_path_records_the_approved_model(emulator):
         "seed": "1337",
         "lr": train["parameters"]["lr"],
         "batch_size": "8",
+        "init_from": "none",  # no init_from: from scratch
         "nodes": "2",
     }
     assert float(train["parameters"]["lr"]) == 0.0006

@@ -30,6 +30,7 @@ RUN = {
     "baseline": "3.2",
     "tolerance": "0.001",
     "nodes": "2",
+    "init_from": "run-6",  # the resolved initial model (the pipeline's $.run.init_run)
 }
 PARSERS = {"sanity": sanity_check.parse_args, "train": train.parse_args, "validate": validate.parse_args}
 DATA_BUCKET = "data-bucket"
@@ -124,6 +125,14 @@ def test_training_gets_the_runs_hyperparameters(commands):
     # What the pipeline's input says reaches train.py unchanged.
     args = commands["train"]
     assert (args.max_steps, args.checkpoint_every, args.seed, args.strategy, args.lr) == (500, 100, 1, "fsdp", 0.0006)
+
+
+def test_training_starts_from_the_initial_models_folder_next_to_its_own(commands):
+    # The pipeline's resolved init_from (a run id) reaches train.py, which finds it beside the run's own folder.
+    import train_config
+
+    config = train_config.from_args(commands["train"])
+    assert str(config.initial_model_dir()) == "/fsx/checkpoints/run-6"
 
 
 def test_validation_reads_the_runs_checkpoints_and_writes_its_verdict_to_s3(commands):

@@ -168,3 +168,15 @@ def test_sagemaker_jobs_start_the_images_own_entry_point(dockerfile):
     text = (Path(__file__).resolve().parents[2] / "training_image" / dockerfile).read_text()
     (line,) = [line for line in text.splitlines() if line.startswith("ENTRYPOINT ")]
     assert tuple(json.loads(line[len("ENTRYPOINT ") :])) == ENTRYPOINT
+
+
+def test_the_image_and_the_pipeline_name_from_scratch_alike():
+    # The train job's --init-from when a run has no initial model (constructs/pipeline/initial_model.py sets it).
+    import train_config
+    from contracts.run import NO_INITIAL_MODEL
+
+    assert (
+        train_config.NO_INITIAL_MODEL
+        == NO_INITIAL_MODEL
+        == train_config.TrainConfig.__dataclass_fields__["init_from"].default
+    )

@@ -25,8 +25,8 @@ from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS
 from constructs.nag import acknowledge
 from contracts.job_environment import job_environment, shared_memory_gib
+from contracts.run import NO_INITIAL_MODEL, stages
 from contracts.run import defaults as run_defaults
-from contracts.run import stages
 
 DATASETS_ROOT = f"{FSX_MOUNT_PATH}/{DATASETS_PREFIX.rstrip('/')}"
 CHECKPOINTS_ROOT = f"{FSX_MOUNT_PATH}/{CHECKPOINTS_PREFIX.rstrip('/')}"
@@ -121,8 +121,15 @@ def job_specs(
                 "Ref::batch_size",
                 "--expected-nodes",
                 "Ref::nodes",
+                "--init-from",
+                "Ref::init_from",
             ),
-            defaults={**common, "dataset": "sample", **{k: str(v) for k, v in hyper.items()}},
+            defaults={
+                **common,
+                "dataset": "sample",
+                **{k: str(v) for k, v in hyper.items()},
+                "init_from": NO_INITIAL_MODEL,
+            },
             **limits("train"),
         ),
         "validate": JobSpec(

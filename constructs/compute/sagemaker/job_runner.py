@@ -246,12 +246,18 @@ class SageMakerJobRunner:
         return f"States.Format('s3://{self.bucket_name}/{CHECKPOINTS_PREFIX}{{}}/', {run_id})"
 
     def _checkpoint_flags(self, job: JobKind) -> list[str]:
-        """Where the job's script finds the run's checkpoints (with --run-id from the hyperparameters)."""
+        """Where the job's script finds the run's checkpoints (with --run-id from the hyperparameters), and for
+        training where an initial model's are (--init-from's run id: beside its own on FSx, else the FSx channel)."""
+        shared = f"{FSX_PATH}/{CHECKPOINTS_PREFIX.rstrip('/')}"
         if self.checkpoints_on_fsx:
-            return ["--checkpoints-root", f"{FSX_PATH}/{CHECKPOINTS_PREFIX.rstrip('/')}"]
-        return (
-            ["--checkpoint-dir", CHECKPOINT_LOCAL_PATH] if job == "train" else ["--checkpoint", CHECKPOINTS_INPUT_PATH]
-        )
+            return ["--checkpoints-root", shared]
+        if job != "train":
+            return ["--checkpoint", CHECKPOINTS_INPUT_PATH]
+        return [
+            "--checkpoint-dir",
+            CHECKPOINT_LOCAL_PATH,
+            *(["--init-checkpoints-root", shared] if self.file_system else []),
+        ]
 
     def _environment(self, job: JobKind, instance: InstanceType, run_id: str) -> dict:
         return {
@@ -278,7 +284,10 @@ class SageMakerJobRunner:
             access = "rw" if job in MULTI_NODE_JOBS else "ro"  # training's checkpoints, compile's cache
             return [data, {"ChannelName": FSX_CHANNEL, **self._file_system_source("/", access)}]
         if job == "train":
-            return [data]
+            # Other runs' checkpoints, for a run that starts from an approved model (FSx imports the bucket's
+            # checkpoints/ prefix: the union of each node's uploaded folder): the file system's root, read-only.
+            root = [{"ChannelName": FSX_CHANNEL, **self._file_system_source("/", "ro")}] if self.file_system else []
+            return [data, *root]
         checkpoints = {
             "ChannelName": CHECKPOINTS_CHANNEL,
             # Streamed: validation reads the newest loadable step's model, not every kept step and optimizer state.

@@ -1,0 +1,154 @@
+"""Incremental training: which model a run starts from, resolved before the run is claimed or any job submitted.
+
+`init_from` (contracts/run.py): empty, from scratch; "approved", the environment's last approved model (the SSM
+parameter VerdictBranch publishes); or a run id, that run's approval record (models/<run_id>/approval.json, written
+once when it was approved). The block adds to `$.run`:
+  init_run: the initial model's run id, or contracts.run.NO_INITIAL_MODEL (the train job's --init-from),
+  baseline: the initial model's own verdict value where the run gave none (the validation baseline defaults to it).
+A missing model fails the run (`NoApprovedModel`, `ModelNotApproved`) through the failure path, before any
+instance starts; the reads retry throttling and 5xx like the pipeline's other calls.
+"""
+
+import aws_cdk as cdk
+import aws_cdk.aws_s3 as s3
+import aws_cdk.aws_stepfunctions as sfn
+import aws_cdk.aws_stepfunctions_tasks as tasks
+
+from config.layout import MODELS_PREFIX
+from constructs import Construct
+from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
+from constructs.pipeline.failure_path import FailurePath
+from constructs.pipeline.input_checks import INVALID, MISSING
+from contracts.run import INIT_FROM_APPROVED, NO_INITIAL_MODEL
+
+C, J = sfn.Condition, sfn.JsonPath
+NO_APPROVED_MODEL = "NoApprovedModel"
+MODEL_NOT_APPROVED = "ModelNotApproved"
+
+
+class InitialModel:
+    """`start` takes the validated input ({"run"}); every path that goes on ends at `chosen`."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        *,
+        bucket: s3.IBucket,
+        approved_model_parameter: str,
+        failures: FailurePath,
+        supported: bool = True,
+    ) -> None:
+        """`supported`: whether this backend's jobs can read another run's checkpoints (SageMaker with its dataset
+        in S3 cannot: the checkpoints of other runs are on the file system only)."""
+        self._scope, self._failures = scope, failures
+        self.chosen = sfn.Pass(scope, "InitialModelChosen")
+        scratch = sfn.Pass.jsonata(
+            scope,
+            "FromScratch",
+            outputs={"run": f"{{% $merge([$states.input.run, {{'init_run': '{NO_INITIAL_MODEL}'}}]) %}}"},
+        )
+        use = self._use_initial_model()
+        choose = sfn.Choice(scope, "ChooseInitialModel").when(C.string_equals("$.run.init_from", ""), scratch)
+        if not supported:
+            choose.when(
+                C.is_present("$.run.init_from"),
+                sfn.Fail(
+                    scope,
+                    "InitialModelUnsupported",
+                    error=INVALID,
+                    cause="init_from is not valid here; expected empty: this environment's SageMaker jobs read their "
+                    "data from S3 and cannot reach other runs' checkpoints (set sagemaker_data_source=fsx)",
+                ),
+            )
+        choose.when(
+            C.string_equals("$.run.init_from", INIT_FROM_APPROVED), self._approved(approved_model_parameter, use)
+        )
+        choose.otherwise(self._named(bucket, use))
+        scratch.next(self.chosen)
+        self.start = choose
+
+    def _approved(self, parameter: str, then: sfn.IChainable) -> tasks.CallAwsService:
+        """The environment's last approved model: SSM GetParameter (AWS SDK integration, `ssm:getParameter`)."""
+        stack = cdk.Stack.of(self._scope)
+        get = tasks.CallAwsService(
+            self._scope,
+            "GetApprovedModel",
+            service="ssm",
+            action="getParameter",
+            parameters={"Name": parameter},
+            iam_resources=[stack.format_arn(service="ssm", resource="parameter", resource_name=parameter.lstrip("/"))],
+            iam_action="ssm:GetParameter",
+            result_selector={"approval.$": "States.StringToJson($.Parameter.Value)"},
+            result_path="$.initial",
+            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+        )
+        retry_transient(get)
+        # After the retries, any failure: ParameterNotFound (API_GetParameter) when nothing was approved here yet; the
+        # alert's detail names the SDK error (Ssm.ParameterNotFoundException).
+        self._failures.catch(get, "GetApprovedModel", NO_APPROVED_MODEL)
+        get.next(then)
+        return get
+
+    def _named(self, bucket: s3.IBucket, then: sfn.IChainable) -> tasks.CallAwsService:
+        """A named run's approval record (S3 GetObject; NoSuchKey: the run was never approved)."""
+        get = tasks.CallAwsService(
+            self._scope,
+            "GetNamedApproval",
+            service="s3",
+            action="getObject",
+            parameters={
+                "Bucket": bucket.bucket_name,
+                "Key": J.format(f"{MODELS_PREFIX}{{}}/approval.json", J.string_at("$.run.init_from")),
+            },
+            iam_resources=[bucket.arn_for_objects(f"{MODELS_PREFIX}*/approval.json")],
+            iam_action="s3:GetObject",
+            result_selector={"approval.$": "States.StringToJson($.Body)"},
+            result_path="$.initial",
+            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+        )
+        retry_transient(get)
+        # After the retries, any failure: S3.NoSuchKeyException when the run was never approved (the detail says which).
+        self._failures.catch(get, "GetNamedApproval", MODEL_NOT_APPROVED)
+        get.next(then)
+        return get
+
+    def _use_initial_model(self) -> sfn.Choice:
+        """The record must name a run and carry a numeric verdict value; the run takes its id, and its value as the
+        baseline unless the run gave one."""
+        use = sfn.Pass.jsonata(
+            self._scope,
+            "UseInitialModel",
+            outputs={
+                "run": "{% $merge([$states.input.run, {'init_run': $states.input.initial.approval.run_id, "
+                f"'baseline': $states.input.run.baseline = '{MISSING}' ? $states.input.initial.approval.verdict.value "
+                ": $states.input.run.baseline}]) %}"
+            },
+        )
+        use.next(self.chosen)
+        unreadable = sfn.Pass(
+            self._scope,
+            "OnInitialModelUnreadable",
+            parameters={
+                "run.$": "$.run",
+                "failure": {
+                    "state": "ChooseInitialModel",
+                    "error": MODEL_NOT_APPROVED,
+                    "detail": "InitialModelUnreadable",
+                    "cause.$": "States.JsonToString($.initial)",
+                },
+            },
+        )
+        unreadable.next(self._failures.notify)
+        return (
+            sfn.Choice(self._scope, "IsInitialModelUsable")
+            .when(
+                C.and_(
+                    C.is_present("$.initial.approval.run_id"),
+                    C.is_string("$.initial.approval.run_id"),
+                    C.is_present("$.initial.approval.verdict.value"),
+                    C.is_numeric("$.initial.approval.verdict.value"),
+                ),
+                use,
+            )
+            .otherwise(unreadable)
+        )
