@@ -68,47 +68,61 @@ class InitialModel:
         self.start = choose
 
     def _approved(self, parameter: str, then: sfn.IChainable) -> tasks.CallAwsService:
-        """The environment's last approved model: SSM GetParameter (AWS SDK integration, `ssm:getParameter`)."""
-        stack = cdk.Stack.of(self._scope)
-        get = tasks.CallAwsService(
-            self._scope,
-            "GetApprovedModel",
-            service="ssm",
-            action="getParameter",
-            parameters={"Name": parameter},
-            iam_resources=[stack.format_arn(service="ssm", resource="parameter", resource_name=parameter.lstrip("/"))],
-            iam_action="ssm:GetParameter",
-            result_selector={"approval.$": "States.StringToJson($.Parameter.Value)"},
-            result_path="$.initial",
-            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+        """The environment's last approved model: SSM GetParameter. After the retries any failure is
+        NoApprovedModel; the alert's detail names the SDK error (Ssm.ParameterNotFoundException: API_GetParameter)."""
+        arn = cdk.Stack.of(self._scope).format_arn(
+            service="ssm", resource="parameter", resource_name=parameter.lstrip("/")
         )
-        retry_transient(get)
-        # After the retries, any failure: ParameterNotFound (API_GetParameter) when nothing was approved here yet; the
-        # alert's detail names the SDK error (Ssm.ParameterNotFoundException).
-        self._failures.catch(get, "GetApprovedModel", NO_APPROVED_MODEL)
-        get.next(then)
-        return get
+        return self._read(
+            "GetApprovedModel",
+            ("ssm", "getParameter", "ssm:GetParameter", [arn]),
+            {"Name": parameter},
+            "$.Parameter.Value",
+            NO_APPROVED_MODEL,
+            then,
+        )
 
     def _named(self, bucket: s3.IBucket, then: sfn.IChainable) -> tasks.CallAwsService:
-        """A named run's approval record (S3 GetObject; NoSuchKey: the run was never approved)."""
-        get = tasks.CallAwsService(
-            self._scope,
+        """A named run's approval record: S3 GetObject. After the retries any failure is ModelNotApproved
+        (S3.NoSuchKeyException: the run was never approved; the detail says which)."""
+        return self._read(
             "GetNamedApproval",
-            service="s3",
-            action="getObject",
-            parameters={
+            ("s3", "getObject", "s3:GetObject", [bucket.arn_for_objects(f"{MODELS_PREFIX}*/approval.json")]),
+            {
                 "Bucket": bucket.bucket_name,
                 "Key": J.format(f"{MODELS_PREFIX}{{}}/approval.json", J.string_at("$.run.init_from")),
             },
-            iam_resources=[bucket.arn_for_objects(f"{MODELS_PREFIX}*/approval.json")],
-            iam_action="s3:GetObject",
-            result_selector={"approval.$": "States.StringToJson($.Body)"},
+            "$.Body",
+            MODEL_NOT_APPROVED,
+            then,
+        )
+
+    def _read(
+        self,
+        id_: str,
+        call: tuple[str, str, str, list[str]],
+        parameters: dict,
+        document: str,
+        error: str,
+        then: sfn.IChainable,
+    ) -> tasks.CallAwsService:
+        """One AWS SDK read of an approval record (a JSON document at `document` in the response) into `$.initial`,
+        retried on throttling and 5xx, its failure notified as `error`."""
+        service, action, iam_action, resources = call
+        get = tasks.CallAwsService(
+            self._scope,
+            id_,
+            service=service,
+            action=action,
+            parameters=parameters,
+            iam_resources=resources,
+            iam_action=iam_action,
+            result_selector={"approval.$": f"States.StringToJson({document})"},
             result_path="$.initial",
             task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
         retry_transient(get)
-        # After the retries, any failure: S3.NoSuchKeyException when the run was never approved (the detail says which).
-        self._failures.catch(get, "GetNamedApproval", MODEL_NOT_APPROVED)
+        self._failures.catch(get, id_, error)
         get.next(then)
         return get
 

@@ -273,3 +273,17 @@ def test_a_job_without_instances_is_asked_again_for_the_queue_wait_not_as_a_fail
     (capacity,) = [r for r in states(pipeline)["Train"]["Retry"] if r["ErrorEquals"] == ["TrainingCapacityUnavailable"]]
     assert capacity["IntervalSeconds"] * capacity["MaxAttempts"] == QUEUE_WAIT_MINUTES * 60
     assert capacity.get("BackoffRate", 1) == 1
+
+
+def test_the_initial_model_reads_are_limited_to_the_parameter_and_approval_records(pipeline):
+    # init_from: GetParameter on this environment's approved-model parameter, GetObject on models/*/approval.json.
+    statements = [
+        s
+        for r in pipeline["Resources"].values()
+        if r["Type"] == "AWS::IAM::Policy"
+        for s in r["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    (get_parameter,) = [s for s in statements if s["Action"] == "ssm:GetParameter"]
+    assert json.dumps(get_parameter["Resource"]).endswith(':parameter/efa-training/test/approved-model"]]}')
+    reads = [s for s in statements if s["Action"] == "s3:GetObject"]
+    assert any(json.dumps(s["Resource"]).endswith('/models/*/approval.json"]]}') for s in reads), reads
