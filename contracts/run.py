@@ -47,10 +47,19 @@ INIT_FROM_RULE = (
 # What the train job receives when the run starts from scratch (a Batch job parameter cannot be an empty string).
 NO_INITIAL_MODEL = "none"
 
-# What the training image knows (training_image/model.py MODEL_SIZES, train_config.py STRATEGIES;
-# tests hold them equal).
-MODELS = ("tiny", "mini", "125m", "350m", "760m", "1.3b", "2.7b", "6.7b", "13b")
-STRATEGIES = ("ddp", "fsdp")
+# What the training image knows (training_image/model.py MODEL_SIZES, ctr_model.py CTR_SIZES, train_config.py
+# STRATEGIES; tests hold them equal). The GPT models train with all-reduce (ddp, fsdp), the sparse click-through
+# models on parameter servers (ps).
+GPT_MODELS = ("tiny", "mini", "125m", "350m", "760m", "1.3b", "2.7b", "6.7b", "13b")
+CTR_MODELS = ("ctr-tiny", "ctr-small", "ctr-large")
+MODELS = GPT_MODELS + CTR_MODELS
+STRATEGIES = ("ddp", "fsdp", "ps")
+MODELS_OF_STRATEGY = {"ddp": GPT_MODELS, "fsdp": GPT_MODELS, "ps": CTR_MODELS}
+MODEL_STRATEGY_RULE = (
+    f"hyperparameters.model fits hyperparameters.strategy: ddp and fsdp train {', '.join(GPT_MODELS)}; "
+    f"ps trains {', '.join(CTR_MODELS)}"
+)
+UNBOUNDED_STALENESS = -1  # train_config.py UNBOUNDED
 
 
 @dataclass(frozen=True)
@@ -140,6 +149,16 @@ def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
         Field("hyperparameters.strategy", "string", "ddp", choices=STRATEGIES),
         Field("hyperparameters.lr", "number", 3e-4, 0, 1, exclusive_minimum=True),
         Field("hyperparameters.batch_size", "integer", 8, 1, 4096),  # micro-batch per worker
+        # The parameter-server strategy's own settings (training_image/ps.py); the other strategies ignore them.
+        Field("hyperparameters.ps_servers_per_node", "integer", 1, 1, 64),
+        Field(
+            "hyperparameters.staleness",
+            "integer",
+            4,
+            UNBOUNDED_STALENESS,
+            1_000_000,
+            rule=f"an integer from 0 (synchronous) to 1000000, or {UNBOUNDED_STALENESS} (asynchronous, unbounded)",
+        ),
     )
 
 
@@ -173,7 +192,7 @@ JOB_VALUES = {
     "strategy": "$.run.hyperparameters.strategy",
     **{
         name: _as_string(f"$.run.hyperparameters.{name}")
-        for name in ("max_steps", "checkpoint_every", "seed", "lr", "batch_size")
+        for name in ("max_steps", "checkpoint_every", "seed", "lr", "batch_size", "ps_servers_per_node", "staleness")
     },
     "baseline": _as_string("$.run.baseline"),
     # The resolved initial model's run id, or NO_INITIAL_MODEL (constructs/pipeline/initial_model.py sets it).
@@ -193,6 +212,8 @@ JOB_PARAMETERS = {
         "lr",
         "batch_size",
         "init_from",
+        "ps_servers_per_node",
+        "staleness",
     ),
     "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
 }
@@ -222,6 +243,11 @@ def validate_run(run: object, max_nodes: int, min_nodes: int = 1) -> list[str]:
         if f.kind != "object":
             problem = _field_problem(f, hyper if f.name.startswith("hyperparameters.") else run)
             problems += [problem] if problem else []
+    strategy, model = hyper.get("strategy", "ddp"), hyper.get("model", "tiny")
+    if strategy in MODELS_OF_STRATEGY and model in MODELS and model not in MODELS_OF_STRATEGY[strategy]:
+        problems.append(
+            f"hyperparameters.model={_show(model)} does not fit strategy {strategy!r}; expected {MODEL_STRATEGY_RULE}"
+        )
     return problems
 
 

@@ -7,7 +7,7 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from config import CATALOGUE, load_config
-from contracts.run import MODELS
+from contracts.run import GPT_MODELS
 from tests.synthesis import CDK_JSON_CONTEXT
 from tests.test_cost_report import _Session  # a boto3-like session with fake credentials and stubbed clients
 from tools import cost_report, token_cost
@@ -31,7 +31,7 @@ def test_halving_the_mfu_doubles_the_price():
 
 
 def test_the_model_sizes_are_the_run_contracts():
-    assert tuple(token_cost.MODEL_SIZES) == MODELS
+    assert tuple(token_cost.MODEL_SIZES) == GPT_MODELS  # the sparse models are priced per sample, not per token
 
 
 def test_the_table_prices_every_training_type_and_invents_no_spot_price_offline():

@@ -29,7 +29,7 @@ TMP_PREFIX = ".tmp-"
 ABANDONED_PREFIX = ".abandoned-"  # newer than the live timeline; kept for inspection, never loaded
 DAMAGED_PREFIX = ".damaged-"  # failed verification or loading; kept for inspection, never loaded
 REPLACED_PREFIX = ".replaced-"  # the old copy of a step being saved again, until the new copy is in place
-STRATEGY_OF_FORMAT = {"full": "ddp", "dcp": "fsdp"}
+STRATEGY_OF_FORMAT = {"full": "ddp", "dcp": "fsdp", "ps": "ps"}
 META_FIELDS = {"step": int, "format": str, "world_size": int, "config": dict, "files": dict}
 _CHUNK = 8 << 20
 
@@ -168,6 +168,8 @@ def read_meta(path: Path) -> dict:
 
 def required_files(meta: dict) -> list[str]:
     """Files without which the checkpoint is incomplete: the format's own and every rank's RNG state."""
+    if meta["format"] == "ps":  # ps.py: world_size counts the parameter servers, each writes its rows
+        return ["dense.pt"] + [f"server_{g}.pt" for g in range(meta["world_size"])]
     own = ["state.pt"] if meta["format"] == "full" else [".metadata", "extra.pt"]
     return own + [f"rng_rank{r}.pt" for r in range(meta["world_size"])]
 

@@ -90,6 +90,8 @@ SAGEMAKER_HYPERPARAMETERS = {
         "lr",
         "batch_size",
         "init_from",
+        "ps_servers_per_node",
+        "staleness",
         "expected_nodes",
     ),
     "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
@@ -327,7 +329,28 @@ def build_command(
             f"the scheduler gives {plan.nnodes} node(s)",
             "the job's node count (AWS_BATCH_JOB_NUM_NODES / PET_NNODES / SageMaker's hosts)",
         )
+    if parameter_servers(mode, script_args):
+        # Parameter servers run under their own supervisor, not torchrun (ps_supervisor.py says why).
+        return [sys.executable, str(HERE / "train.py"), *script_args], plan
     return torchrun_command(plan, mode, script_args), plan
+
+
+def parameter_servers(mode: str, script_args: list[str]) -> bool:
+    return mode == "train" and flag_value(script_args, "--strategy") == "ps"
+
+
+def ps_environment(plan: LaunchPlan) -> dict[str, str]:
+    """ps_supervisor.py's node layout, from the plan torchrun would get: the rendezvous endpoint hosts the registry."""
+    if ":" in plan.nnodes:
+        raise UsageError("ELASTIC_MIN_NODES", plan.nnodes, "--strategy ps runs on a fixed node count", "unset")
+    return {
+        "PS_NNODES": plan.nnodes,
+        "PS_NODE_RANK": str(plan.node_rank),
+        "PS_WORKERS_PER_NODE": str(plan.nproc_per_node),
+        "PS_REGISTRY": plan.rdzv_endpoint,
+        "PS_HOST": plan.local_addr or "127.0.0.1",
+        "MAX_RESTARTS": str(plan.max_restarts),
+    }
 
 
 def torchrun_command(plan: LaunchPlan, mode: str, script_args: list[str]) -> list[str]:
@@ -443,6 +466,8 @@ def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> La
     if not on_sagemaker(env):
         own = own_ipv4(env) if mode in DISTRIBUTED_MODES else None
         cmd, plan = build_command(mode, script_args, env, own)
+        if plan and parameter_servers(mode, script_args):
+            env.update(ps_environment(plan))
         return ahead_of_time(mode, Launch(cmd, plan, env), script_args)
     root = ml_root(env)
     config = _read_json(root / "input/config/resourceconfig.json")
@@ -462,6 +487,8 @@ def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> La
                 "resourceconfig.json network_interface_name", interface, "no IPv4 address in this container", "eth0"
             )
     cmd, plan = build_command(mode, args, env, own, config)
+    if plan and parameter_servers(mode, args):
+        env.update(ps_environment(plan))
     sanity = None
     if plan and mode == "train" and env.get("SANITY_BEFORE_TRAINING") == "1":
         sanity = sanity_first_command(plan, args, env, config)

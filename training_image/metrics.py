@@ -30,6 +30,12 @@ UNITS = {
     "StepTimeSeconds": "Seconds",
     "MFU": "Percent",
     "NonFiniteLoss": "Count",
+    # The parameter-server strategy's (ps.py), one line per worker and step
+    "SamplesPerSecond": "Count/Second",
+    "PullLatencyMs": "Milliseconds",
+    "PushLatencyMs": "Milliseconds",
+    "StalenessSteps": "Count",
+    "RowsTouched": "Count",
 }
 
 # Dense bf16 peak TFLOPS per accelerator, by device-name substring, first match wins (so L40S before L4). The
@@ -158,16 +164,20 @@ class MetricsLogger:
         if mfu_percent is not None:
             values["MFU"] = mfu_percent
         values.update(extra)
-        line = json.dumps(
-            emf_record(
-                self.run_id,
-                step,
-                values,
-                log_group=self.log_group,
-                environment=os.environ.get("TRAINING_ENVIRONMENT") or None,
-            ),
-            allow_nan=False,
+        self.record(step, values)
+
+    def record(self, step: int, values: dict[str, float], **properties: object) -> None:
+        """One EMF line of these values (names in UNITS are metrics; `properties` ride along, not as dimensions)."""
+        if not self.enabled:
+            return
+        document = emf_record(
+            self.run_id,
+            step,
+            values,
+            log_group=self.log_group,
+            environment=os.environ.get("TRAINING_ENVIRONMENT") or None,
         )
+        line = json.dumps({**document, **properties}, allow_nan=False)
         self.stream.write(line + "\n")
         self.stream.flush()
         if self.agent is not None:

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from checkpoint_format import STRATEGY_OF_FORMAT, newest_meta
+from ctr_data import CtrRecords
+from ctr_model import CTR_SIZES
 from data import list_shards, max_token_id, open_shard
 from distributed import resolve_device
 from divergence import check_not_diverged
@@ -29,6 +31,11 @@ def check_before_start(cfg: TrainConfig, expected_nodes: int | None) -> None:
     if nodes_problem:
         raise UsageError("--expected-nodes", expected_nodes, nodes_problem, "the job's node count")
     resolve_device(cfg.device)
+    if cfg.strategy == "ps":  # the sparse model: Criteo records, ps.py's checkpoints
+        CtrRecords(Path(cfg.data), "train")
+        check_reusable(Path(cfg.checkpoint_dir), cfg.strategy, cfg.model, _json(asdict(CTR_SIZES[cfg.model])))
+        probe_writable(Path(cfg.checkpoint_dir))
+        return
     check_data(Path(cfg.data), cfg.model_config())
     check_not_diverged(cfg)
     # A wrong or unwritable --checkpoint-dir fails in one line, not at the first save.
@@ -94,6 +101,11 @@ def _differences(meta: dict, strategy: str, model_name: str, model_config: dict)
         differ = sorted(k for k in set(held_arch) | set(model_config) if held_arch.get(k) != model_config.get(k))
         problems.append("model " + ", ".join(f"{k}={held_arch.get(k)}" for k in differ))
     return problems
+
+
+def _json(config: dict) -> dict:
+    """As meta.json holds it: tuples become lists."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()}
 
 
 def probe_writable(root: Path) -> None:

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+import ctr_data
 from data import EOT_TOKEN, SPLITS, TOKEN_DTYPE, VOCAB_SIZE, write_shard
 from errors import UsageError, exit_with_usage_error
 
-TEXT_SUFFIXES = {".txt", ".md", ".text", ".rst", ".py", ".json", ".csv", ""}
+TEXT_SUFFIXES = {".txt", ".md", ".text", ".rst", ".py", ".json", ".csv", ".tsv", ""}
 
 
 def encode(text: str) -> np.ndarray:
@@ -76,6 +77,34 @@ def prepare(files: list[Path], output: Path, val_fraction: float, shard_tokens: 
     return info
 
 
+def prepare_criteo(files: list[Path], output: Path, val_fraction: float, shard_records: int) -> dict:
+    """Criteo text (ctr_data.py) to record shards; the holdout is the end of every file, as for text."""
+    output.mkdir(parents=True, exist_ok=True)
+    parts: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+    for f in files:
+        with open(f, encoding="utf-8", errors="replace") as text:
+            lines = [line for line in text if line.strip()]
+        cut = len(lines) - int(round(len(lines) * val_fraction))
+        parts["train"].append(ctr_data.parse_lines(lines[:cut], str(f)))
+        parts["val"].append(ctr_data.parse_lines(lines[cut:], str(f)))
+    info: dict = {"format": "criteo", "record_bytes": ctr_data.CTR_RECORD.itemsize, "files": len(files), "splits": {}}
+    for split, chunks in parts.items():
+        records = np.concatenate(chunks)
+        for old in output.glob(f"{split}_*"):
+            old.unlink()  # a re-run must not leave shards of a previous, larger input behind
+        n_shards = -(-len(records) // shard_records)
+        for i in range(n_shards):
+            chunk = records[i * shard_records : (i + 1) * shard_records]
+            ctr_data.write_records(output / f"{split}_{i:06d}{ctr_data.SUFFIX}", chunk)
+        info["splits"][split] = {
+            "records": len(records),
+            "shards": n_shards,
+            "click_rate": round(float(records["label"].mean()), 4) if len(records) else None,
+        }
+    (output / "dataset.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="text files or directories (searched recursively)")
@@ -87,7 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="fraction of each document held out for validation (default 0.05)",
     )
     p.add_argument(
-        "--shard-tokens", type=int, default=100_000_000, help="tokens per shard file (default 100M = 200 MB)"
+        "--shard-tokens",
+        type=int,
+        default=100_000_000,
+        help="tokens per shard file (default 100M = 200 MB); with --format criteo, records per shard (157 bytes each)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("text", "criteo"),
+        default="text",
+        help="text: byte-level token shards for the GPT models; criteo: Criteo click logs (label, 13 integers, "
+        "26 hex hashes per line) to record shards for the ctr-* models (default text)",
     )
     return p
 
@@ -106,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.output)
         if out.exists() and not out.is_dir():
             raise UsageError("--output", args.output, "is a file", "a directory (created if missing)")
-        info = prepare(find_inputs(args.input), out, args.val_fraction, args.shard_tokens)
+        if args.format == "criteo":
+            info = prepare_criteo(find_inputs(args.input), out, args.val_fraction, args.shard_tokens)
+        else:
+            info = prepare(find_inputs(args.input), out, args.val_fraction, args.shard_tokens)
     except UsageError as err:
         exit_with_usage_error("prepare_data.py", err)
     print(json.dumps({"prepare_data": info}), flush=True)

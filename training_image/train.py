@@ -16,6 +16,7 @@ The settings are train_config.py's, the loop trainer.py's, the refusals before s
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import train_config
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = train_config.from_args(args)
+        if cfg.strategy == "ps":  # parameter servers: their own processes, not torchrun's (ps_supervisor.py)
+            return _parameter_servers(cfg, args, sys.argv[1:] if argv is None else argv)
         check_before_start(cfg, args.expected_nodes)
         try:
             return Trainer(cfg, init_distributed(cfg.device)).fit()
@@ -46,6 +49,16 @@ def main(argv: list[str] | None = None) -> int:
         exit_with_usage_error("train.py", err)
     except RunRefused as err:
         exit_refused("train.py", err)
+
+
+def _parameter_servers(cfg: train_config.TrainConfig, args: argparse.Namespace, argv: list[str]) -> int:
+    import ps
+    import ps_supervisor
+
+    if "PS_ROLE" in os.environ:  # a process the supervisor started
+        return ps.run_role(cfg, ps.Layout.from_env(dict(os.environ)))
+    check_before_start(cfg, args.expected_nodes)
+    return ps_supervisor.supervise(argv, cfg.ps_servers_per_node, dict(os.environ))
 
 
 if __name__ == "__main__":

@@ -17,14 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint_manager import FIRST_AUTO_SAVE
+from ctr_model import CTR_SIZES
 from distributed import DEVICES
 from errors import UsageError
 from model import MODEL_SIZES, ModelConfig, model_config
 from run_paths import add_layout_flags, checkpoint_dir, data_dir
 
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "fsdp", "ps")
+UNBOUNDED = -1  # --staleness: asynchronous, no bound
 NO_INITIAL_MODEL = "none"  # contracts/run.py NO_INITIAL_MODEL (tests hold them equal)
-COUNTS = ("max_steps", "keep_last", "micro_batch_size", "grad_accum_steps", "log_every")  # each at least 1
+COUNTS = (
+    "max_steps",
+    "keep_last",
+    "micro_batch_size",
+    "grad_accum_steps",
+    "log_every",
+    "ps_servers_per_node",
+)  # each at least 1
 # Every float must be finite (argparse accepts nan and inf) and in range: (low, high, whether low itself is allowed).
 FLOAT_RANGES = {
     "lr": (0.0, 1.0, False),
@@ -80,8 +89,14 @@ class TrainConfig:
     )
     keep_last: int = setting(3, help="number of newest checkpoints to keep")
     seed: int = setting(1337, help="seed for init, data order and RNG")
-    strategy: str = setting("ddp", help="ddp (replicated) or fsdp (FSDP2 fully_shard, DCP checkpoints)")
-    model: str = setting("tiny", help=f"model size: {', '.join(MODEL_SIZES)}")
+    strategy: str = setting(
+        "ddp",
+        help="ddp (replicated), fsdp (FSDP2 fully_shard, DCP checkpoints) or ps (parameter servers, for the sparse "
+        "ctr-* models; ps.py)",
+    )
+    model: str = setting(
+        "tiny", help=f"model size: {', '.join(MODEL_SIZES)}; with --strategy ps: {', '.join(CTR_SIZES)}"
+    )
     seq_len: int = setting(0, help="context length; 0 uses the model size's default")
     micro_batch_size: int = setting(8, aliases=("--batch-size",), help="sequences per process per micro-step")
     grad_accum_steps: int = setting(
@@ -112,6 +127,12 @@ class TrainConfig:
         "checkpoint when this run has none of its own: a run id (its folder under --init-checkpoints-root) or a "
         f"folder; {NO_INITIAL_MODEL!r}: from scratch",
     )
+    ps_servers_per_node: int = setting(1, help="--strategy ps: parameter-server processes on every node (>= 1)")
+    staleness: int = setting(
+        4,
+        help="--strategy ps: how many more of its updates a worker may have applied than the slowest worker; "
+        f"0 synchronous, {UNBOUNDED} unbounded (asynchronous)",
+    )
     init_checkpoints_root: str = setting(
         default_factory=str,  # "": the folder that holds this run's --checkpoint-dir
         help="where --init-from's run id is looked up (default: the folder that holds this run's --checkpoint-dir)",
@@ -134,16 +155,37 @@ class TrainConfig:
             raise UsageError("--checkpoint-every", self.checkpoint_every, "negative", "0 (Young/Daly) or >= 1")
         if self.warmup_steps < 0:
             raise UsageError("--warmup-steps", self.warmup_steps, "negative", ">= 0")
+        if not UNBOUNDED <= self.staleness <= 1_000_000:
+            raise UsageError(
+                "--staleness", self.staleness, "out of range", f"0 (synchronous) to 1000000, or {UNBOUNDED}"
+            )
 
     def _check_names(self) -> None:
         if self.strategy not in STRATEGIES:
             raise UsageError("--strategy", self.strategy, "unknown strategy", "|".join(STRATEGIES))
-        if self.model not in MODEL_SIZES:
-            raise UsageError("--model", self.model, "unknown model size", ", ".join(MODEL_SIZES))
+        sizes = CTR_SIZES if self.strategy == "ps" else MODEL_SIZES  # the sparse models train on parameter servers
+        if self.model not in sizes:
+            other = "--strategy ps" if self.model in CTR_SIZES else "--strategy ddp or fsdp"
+            known = self.model in CTR_SIZES or self.model in MODEL_SIZES
+            raise UsageError(
+                "--model",
+                self.model,
+                f"trains with {other}" if known else "unknown model size",
+                f"with --strategy {self.strategy}: {', '.join(sizes)}",
+            )
         if self.device not in DEVICES:
             raise UsageError("--device", self.device, "unknown device", ", ".join(DEVICES))
 
     def _check_seq_len(self) -> None:
+        if self.strategy == "ps":
+            if self.seq_len or self.grad_accum_steps != 1:
+                raise UsageError(
+                    "--seq-len/--grad-accum-steps",
+                    (self.seq_len, self.grad_accum_steps),
+                    "not used by --strategy ps",
+                    "0 and 1",
+                )
+            return
         context = MODEL_SIZES[self.model].seq_len
         if not 0 <= self.seq_len <= context:
             # The learned position table is the model size's context; longer steps also outlast the stop grace.

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import ctr_validate
 from console import log
 from data import TokenStream
 from distributed import resolve_device
@@ -43,20 +44,20 @@ DEFAULT_TOLERANCE = 0.001
 DEVICES = ("auto", "cuda", "cpu")  # evaluation is fp32 on one device; no XLA path
 
 
-def baseline_value(doc: dict, location: str) -> float:
+def baseline_value(doc: dict, location: str, metric: str = METRIC) -> float:
     # Accept a previous verdict/baseline ({"metric","value"}) or a plain metrics file ({"val_loss": x}).
     def usable(x) -> bool:  # a NaN/Infinity baseline (json.loads accepts them) would accept or reject anything
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
-    if doc.get("metric", METRIC) == METRIC and usable(doc.get("value")):
+    if doc.get("metric", metric) == metric and usable(doc.get("value")):
         return float(doc["value"])
-    if usable(doc.get(METRIC)):
-        return float(doc[METRIC])
+    if usable(doc.get(metric)):
+        return float(doc[metric])
     raise UsageError(
         "--baseline",
         location,
-        f"no finite numeric '{METRIC}' or 'value' in the JSON",
-        f'{{"metric": "{METRIC}", "value": <float>}} or {{"{METRIC}": <float>}}',
+        f"no finite numeric '{metric}' or 'value' of metric {metric!r} in the JSON",
+        f'{{"metric": "{metric}", "value": <float>}} or {{"{metric}": <float>}}',
     )
 
 
@@ -108,7 +109,7 @@ def resolve_baseline(spec: str, record: dict, verdict_at: str) -> tuple[float | 
         if usable:
             write_json(spec, record)
         return record["value"], spec, usable
-    return baseline_value(existing, spec), spec, False
+    return baseline_value(existing, spec, record["metric"]), spec, False
 
 
 def perplexity(value: float | None) -> float | None:
@@ -118,7 +119,7 @@ def perplexity(value: float | None) -> float | None:
     return math.exp(value)
 
 
-def verdict(value: float | None, baseline: float | None, tolerance: float) -> dict:
+def verdict(value: float | None, baseline: float | None, tolerance: float, metric: str = METRIC) -> dict:
     """Accept when value <= baseline*(1+tolerance). A non-finite value (diverged model) is rejected with
     value/delta/perplexity null, so the document stays strict JSON for the pipeline's StringToJson."""
     value = value if value is not None and math.isfinite(value) else None
@@ -129,14 +130,14 @@ def verdict(value: float | None, baseline: float | None, tolerance: float) -> di
         relative = delta / baseline if baseline else None
         passed = value <= baseline * (1 + tolerance)
     return {
-        "metric": METRIC,
+        "metric": metric,
         "value": value,
         "baseline": baseline,
         "delta": delta,
         "relative_delta": relative,
         "tolerance": tolerance,
         "passed": bool(passed),
-        "perplexity": perplexity(value),
+        "perplexity": perplexity(value) if metric == METRIC else None,
     }
 
 
@@ -236,32 +237,39 @@ def check_flags(args: argparse.Namespace) -> tuple[torch.device, str]:
 
 def _validate(args: argparse.Namespace, device: torch.device, verdict_at: str) -> dict:
     """The verdict document for the checkpoint and data the flags name."""
-    model, meta, path = find_and_load(Path(checkpoint_dir(args, "--checkpoint")).resolve())
+    root = Path(checkpoint_dir(args, "--checkpoint")).resolve()
+    if ctr_validate.holds_ps_checkpoints(root):  # the sparse model: log-loss (the gate) and AUC of click predictions
+        metric, (measured, path, meta, extra) = (
+            ctr_validate.METRIC,
+            ctr_validate.evaluate_newest(root, Path(data_dir(args))),
+        )
+    else:
+        metric, (measured, path, meta, extra) = METRIC, _evaluate_gpt(args, root, device)
     trained = meta.get("config", {}).get("train", {}).get("model")
     if args.model and trained and args.model != trained:
         raise UsageError("--model", args.model, f"the checkpoint {path} holds model {trained!r}", trained)
-    measured, tokens = evaluate(model, Path(data_dir(args)), args.batch_size, args.max_batches, device)
     value: float | None = measured
     if not math.isfinite(measured):
-        log(f"validate: WARNING {METRIC} of {path} is {measured}: the model diverged; rejecting it")
+        log(f"validate: WARNING {metric} of {path} is {measured}: the model diverged; rejecting it")
         value = None
-    record = {
-        "metric": METRIC,
-        "value": value,
-        "perplexity": perplexity(value),
-        "checkpoint": str(path),
-        "step": meta["step"],
-        "tokens_evaluated": tokens,
-    }
+    record = {"metric": metric, "value": value, "checkpoint": str(path), "step": meta["step"], **extra}
+    if metric == METRIC:
+        record["perplexity"] = perplexity(value)
     base, baseline_location, created = resolve_baseline(args.baseline, record, verdict_at)
     return {
-        **verdict(value, base, args.tolerance),
+        **verdict(value, base, args.tolerance, metric),
         "checkpoint": str(path),
         "step": meta["step"],
-        "tokens_evaluated": tokens,
+        **extra,
         "baseline_location": baseline_location,
         "baseline_created": created,
     }
+
+
+def _evaluate_gpt(args: argparse.Namespace, root: Path, device: torch.device) -> tuple[float, Path, dict, dict]:
+    model, meta, path = find_and_load(root)
+    measured, tokens = evaluate(model, Path(data_dir(args)), args.batch_size, args.max_batches, device)
+    return measured, path, meta, {"tokens_evaluated": tokens}
 
 
 if __name__ == "__main__":

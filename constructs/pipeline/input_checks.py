@@ -20,7 +20,7 @@ import dataclasses
 import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
-from contracts.run import Field, defaults, fields, hyperparameters, top_level
+from contracts.run import MODEL_STRATEGY_RULE, MODELS_OF_STRATEGY, Field, defaults, fields, hyperparameters, top_level
 
 C = sfn.Condition
 INVALID = "InvalidInput"
@@ -185,6 +185,13 @@ class _InputStates:
             ),
             self.invalid(init_from, "Self"),
         )
+        # A model trains with its own kind of strategy (contracts.run.validate_run says the same).
+        mismatch = self.fail("hyperparameters.model", "ForStrategy", f"{MODEL_STRATEGY_RULE}")
+        for strategy, models in MODELS_OF_STRATEGY.items():
+            model_fits = C.or_(*(C.string_equals("$.run.hyperparameters.model", m) for m in models))
+            check.when(
+                C.and_(C.string_equals("$.run.hyperparameters.strategy", strategy), C.not_(model_fits)), mismatch
+            )
         check.otherwise(then)
         return check
 

@@ -29,6 +29,8 @@ def test_happy_path_records_the_approved_model(emulator):
         "lr": train["parameters"]["lr"],
         "batch_size": "8",
         "init_from": "none",  # no init_from: from scratch
+        "ps_servers_per_node": "1",  # the parameter-server settings' defaults (unused by ddp)
+        "staleness": "4",
         "nodes": "2",
     }
     assert float(train["parameters"]["lr"]) == 0.0006
@@ -118,6 +120,16 @@ def test_sanity_failing_once_is_retried(emulator):
     emulator.outcomes = {"sanity": [False, True]}
     assert emulator.run(RUN)["status"] == "SUCCEEDED"
     assert emulator.submitted_kinds() == ["sanity", "sanity", "train", "validate"]
+
+
+def test_a_parameter_server_run_reaches_the_train_job_with_its_settings(emulator):
+    emulator.verdict = ACCEPTED
+    run = _hyper(strategy="ps", model="ctr-tiny", staleness=-1, ps_servers_per_node=2, lr=0.02)
+    result = emulator.run(run)
+    assert result["status"] == "SUCCEEDED", result
+    parameters = emulator.submitted[1]["parameters"]
+    assert (parameters["strategy"], parameters["model"]) == ("ps", "ctr-tiny")
+    assert (parameters["staleness"], parameters["ps_servers_per_node"]) == ("-1", "2")
 
 
 def _with(**changes) -> dict:
@@ -211,6 +223,14 @@ MALFORMED = [
     ("model a number", _hyper(model=125), "model is not valid"),
     ("unknown strategy", _hyper(strategy="zero3"), "strategy is not valid"),
     ("strategy null", _hyper(strategy=None), "strategy is not valid"),
+    # the sparse models train on parameter servers, the GPT models with all-reduce (contracts.run.MODELS_OF_STRATEGY)
+    ("ps with a GPT model", _hyper(strategy="ps", model="tiny"), "model fits hyperparameters.strategy"),
+    ("ddp with a sparse model", _hyper(strategy="ddp", model="ctr-tiny"), "model fits hyperparameters.strategy"),
+    ("fsdp with a sparse model", _hyper(strategy="fsdp", model="ctr-large"), "model fits hyperparameters.strategy"),
+    ("staleness below -1", _hyper(strategy="ps", model="ctr-tiny", staleness=-2), "staleness is not valid"),
+    ("staleness 1.5", _hyper(strategy="ps", model="ctr-tiny", staleness=1.5), "staleness is not valid"),
+    ("ps_servers_per_node zero", _hyper(ps_servers_per_node=0), "ps_servers_per_node is not valid"),
+    ("ps_servers_per_node 65", _hyper(ps_servers_per_node=65), "ps_servers_per_node is not valid"),
     # baseline, tolerance, attempts, resume
     ("baseline missing", _with(baseline=DROP), "baseline is missing"),
     ("baseline a string", _with(baseline="3.2"), "baseline is not valid"),

@@ -209,6 +209,10 @@ def test_missing_credentials(monkeypatch, tmp_path):
         (json.dumps({**RUN, "hyperparameters": {"max_steps": 1e30}}).encode(), "max_steps=1e+30 is not valid"),
         (json.dumps({**RUN, "dataset": "datasets/../x/"}).encode(), "dataset='datasets/../x/' is not valid"),
         (json.dumps({**RUN, "hyperparameters": {"model": "gpt5"}}).encode(), "model='gpt5' is not valid"),
+        (
+            json.dumps({**RUN, "hyperparameters": {"model": "ctr-tiny"}}).encode(),
+            "model='ctr-tiny' does not fit strategy 'ddp'",
+        ),
         (json.dumps([RUN]).encode(), "the run must be a JSON object, not an array"),
         (b"null", "the run must be a JSON object, not null"),
     ],

@@ -31,6 +31,8 @@ RUN = {
     "tolerance": "0.001",
     "nodes": "2",
     "init_from": "run-6",  # the resolved initial model (the pipeline's $.run.init_run)
+    "ps_servers_per_node": "2",
+    "staleness": "3",
 }
 PARSERS = {"sanity": sanity_check.parse_args, "train": train.parse_args, "validate": validate.parse_args}
 DATA_BUCKET = "data-bucket"

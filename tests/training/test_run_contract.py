@@ -6,6 +6,8 @@ from typing import Any
 import pytest
 
 from contracts.run import (
+    CTR_MODELS,
+    GPT_MODELS,
     MODELS,
     QUEUE_WAIT_MINUTES,
     STRATEGIES,
@@ -23,10 +25,12 @@ HYPERPARAMETERS = {f.key: f for f in hyperparameters(contract_fields(max_nodes=2
 
 
 def test_models_and_strategies_are_the_training_images_own():
+    from ctr_model import CTR_SIZES
     from model import MODEL_SIZES
     from train_config import STRATEGIES as IMAGE_STRATEGIES
 
-    assert tuple(MODEL_SIZES) == MODELS and STRATEGIES == IMAGE_STRATEGIES
+    assert (tuple(MODEL_SIZES), tuple(CTR_SIZES)) == (GPT_MODELS, CTR_MODELS)
+    assert set(MODELS) == set(GPT_MODELS) | set(CTR_MODELS) and STRATEGIES == IMAGE_STRATEGIES
 
 
 def test_every_hyperparameter_is_a_training_config_field():

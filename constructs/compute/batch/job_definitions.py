@@ -123,6 +123,10 @@ def job_specs(
                 "Ref::nodes",
                 "--init-from",
                 "Ref::init_from",
+                "--ps-servers-per-node",
+                "Ref::ps_servers_per_node",
+                "--staleness",
+                "Ref::staleness",
             ),
             defaults={
                 **common,

@@ -1,0 +1,82 @@
+"""Validation of the sparse click-through model (ps.py's checkpoints): log-loss, the gate's metric (lower is better,
+as val_loss is), and AUC on the holdout split, both of the newest loadable checkpoint.
+
+The tables are assembled whole from every server's shard (server g holds rows r % servers == g), so validation needs
+the host memory of every table at once: ctr_model.CtrConfig.table_bytes (69 GB for ctr-large), which the GPU training
+instances have many times over.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from checkpoint_format import CheckpointDamaged, newest_meta, step_dirs, verify
+from console import log
+from ctr_data import CtrRecords, auc, log_loss
+from ctr_model import CtrConfig, CtrModel, table_rows
+from errors import UsageError
+
+METRIC = "val_logloss"
+BATCH = 4096
+
+
+def holds_ps_checkpoints(root: Path) -> bool:
+    meta = (root, _read(root)) if (root / "meta.json").exists() else newest_meta(root)
+    return meta is not None and meta[1].get("format") == "ps"
+
+
+def _read(path: Path) -> dict:
+    import json
+
+    try:
+        return json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def load(path: Path) -> tuple[CtrModel, torch.Tensor, dict]:
+    """The dense model and the whole embedding table (every table's rows, table f's row r at f * rows + r)."""
+    meta = verify(path, "ps")  # sizes and CRC-32 of every shard, as the servers' resume checks them
+    model_cfg = meta["config"]["model"]
+    cfg = CtrConfig(model_cfg["rows"], model_cfg["dim"], tuple(model_cfg["bottom"]), tuple(model_cfg["top"]))
+    servers = meta["world_size"]
+    table = torch.empty(cfg.table_rows, cfg.dim)
+    for g in range(servers):
+        table[g::servers] = torch.load(path / f"server_{g}.pt", weights_only=True)["table"]
+    model = CtrModel(cfg)
+    model.load_state_dict(torch.load(path / "dense.pt", weights_only=True)["model"])
+    return model.eval(), table, meta
+
+
+@torch.no_grad()
+def predict(model: CtrModel, table: torch.Tensor, records: np.ndarray) -> np.ndarray:
+    logits = []
+    for start in range(0, len(records), BATCH):
+        batch = records[start : start + BATCH]
+        rows = table_rows(torch.from_numpy(batch["sparse"].astype(np.int64)), model.cfg.rows)
+        dense = torch.from_numpy(np.ascontiguousarray(batch["dense"]))
+        logits.append(model(dense, table[rows]).double().numpy())
+    return np.concatenate(logits)
+
+
+def evaluate_newest(root: Path, data: Path) -> tuple[float, Path, dict, dict]:
+    """(log-loss, checkpoint, its meta, {auc, samples_evaluated}) of the newest loadable checkpoint under root."""
+    candidates = [root] if (root / "meta.json").exists() else step_dirs(root)
+    if not candidates:
+        raise UsageError("--checkpoint", str(root), "contains no checkpoints", "a --checkpoint-dir of train.py")
+    records = CtrRecords(data, "val")
+    holdout = records.take(np.arange(records.n))
+    for path in candidates:
+        try:
+            model, table, meta = load(path)
+        except (CheckpointDamaged, OSError, RuntimeError, KeyError) as exc:
+            log(f"WARNING skipping {path}: {type(exc).__name__}: {exc}")
+            continue
+        logits = predict(model, table, holdout)
+        labels = holdout["label"].astype(np.float64)
+        extra = {"auc": auc(labels, logits), "samples_evaluated": int(records.n)}
+        return log_loss(labels, logits), path, meta, extra
+    raise RuntimeError(f"no loadable checkpoint under {root}")

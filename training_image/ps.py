@@ -1,0 +1,492 @@
+"""The parameter-server strategy (`--strategy ps`) for sparse click-through models (ctr_model.py).
+
+Roles, all processes of `train.py --strategy ps` (ps_supervisor.py starts them on every training node):
+  server g   holds rows r of the embedding tables with r % servers == g in host memory, with their row-wise Adagrad
+             state (one accumulator per row, as FBGEMM's rowwise Adagrad), and applies a worker's sparse gradients
+             the moment they arrive. Server 0 also holds the dense model (ctr_model.CtrModel) and its Adagrad state,
+             and every worker's data position: the dense layers train asynchronously on the servers, like the rows.
+  worker w   reads its own blocks of the data (ctr_data.block_indices), pulls the rows its batch touches (and the
+             dense weights), computes the loss and its gradients, pushes them without waiting, and goes on.
+Messages travel over c10d's TCPStore queues (`queue_push`/`queue_pop`): each server hosts a store; requests go to its
+"in" queue, replies to a queue named by the worker and its incarnation, so a replaced worker never reads an answer
+meant for the one it replaces. No sockets of our own, and no torch.distributed.rpc: its dynamic membership fails
+to admit a process once a member has crashed (measured here: the join waits on the dead member), which is exactly
+what a replaced worker must do.
+
+Bounded staleness (stale synchronous parallel, Ho et al. 2013): a server answers worker w's pull only when w has
+had at most `staleness` more of its pushes applied than the slowest live worker; 0 is synchronous (every worker
+waits for the slowest each step), a large bound is asynchronous. A server reorders nothing: a worker's push is
+applied before its next pull is answered, so a worker always reads its own updates.
+
+Checkpoints are consistent cuts: at a save step k every server holds back pushes of step k and later until every
+live worker has pushed step k-1, then writes its shard; server 0 writes the dense model, the optimizer state and
+every worker's position, then the manifest, and renames the folder into place (checkpoint_format.py's layout and
+checks, format "ps"). A worker that dies (the supervisor tells the servers at once) stops counting for staleness
+and saves; its replacement rejoins from its recorded position, at most repeating its last step. A server that dies
+restarts every process of the job from the last checkpoint (ps_supervisor.py).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import shutil
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from checkpoint_folder import move_into_place
+from checkpoint_format import PREFIX, TMP_PREFIX, CheckpointDamaged, fsync_path, save_file, step_dirs, step_name, verify
+from console import log
+from ctr_data import CtrRecords, block_indices
+from ctr_model import CTR_SIZES, CtrConfig, CtrModel, table_rows
+from distributed import resolve_device
+from errors import EXIT_DIVERGED, RunRefused, UsageError
+from metrics import MetricsLogger
+from train_config import TrainConfig
+
+INBOX = "in"
+EPS = 1e-8  # Adagrad's epsilon, as torch.optim.Adagrad's default is 1e-10; rows see few updates
+STORE_TIMEOUT = timedelta(minutes=30)  # a pop that waits this long returns to the loop (an idle server)
+DEFAULT_SAVES = 10  # --checkpoint-every 0: about ten cuts over the run
+
+
+def pack(message: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(message, buf)
+    return buf.getvalue()
+
+
+def unpack(raw: bytes) -> dict:
+    return torch.load(io.BytesIO(raw), weights_only=True)  # tensors and plain containers only
+
+
+def open_store(address: str, host_it: bool = False) -> dist.TCPStore:
+    host, port = address.rsplit(":", 1)
+    return dist.TCPStore(host, int(port), is_master=host_it, wait_for_workers=False, timeout=STORE_TIMEOUT)
+
+
+def save_every(cfg: TrainConfig) -> int:
+    return cfg.checkpoint_every or max(1, cfg.max_steps // DEFAULT_SAVES)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where this process sits in the job: set by ps_supervisor.py in the environment."""
+
+    role: str  # "server" or "worker"
+    index: int
+    servers: int
+    workers: int
+    registry: str  # host:port of the job's registry store (node 0's supervisor)
+    generation: int  # bumped by a restart from the checkpoint; keys of older generations are ignored
+    host: str  # this node's address, where the servers' stores are reached
+
+    @staticmethod
+    def from_env(env: dict[str, str]) -> Layout:
+        return Layout(
+            env["PS_ROLE"],
+            int(env["PS_INDEX"]),
+            int(env["PS_SERVERS"]),
+            int(env["PS_WORKERS"]),
+            env["PS_REGISTRY"],
+            int(env["PS_GENERATION"]),
+            env.get("PS_HOST", "127.0.0.1"),
+        )
+
+    def server_key(self, g: int) -> str:
+        return f"gen{self.generation}/server/{g}"
+
+
+# ---- the server -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerView:
+    """What a server knows of one worker."""
+
+    applied: int = 0  # its pushes applied here: its clock for the staleness bound
+    next_step: int = 0  # the step of its next push
+    position: int = 0  # samples consumed (server 0 records it with the dense gradients)
+    live: bool = False
+    done: bool = False
+    waiting: deque = field(default_factory=deque)  # its messages held back, in order
+
+
+class Server:
+    def __init__(self, cfg: TrainConfig, layout: Layout) -> None:
+        self.cfg, self.layout = cfg, layout
+        self.ccfg: CtrConfig = CTR_SIZES[cfg.model]
+        g, n = layout.index, layout.servers
+        self.local_rows = (self.ccfg.table_rows - g + n - 1) // n  # global rows r with r % n == g
+        generator = torch.Generator().manual_seed(cfg.seed * 7919 + g)
+        bound = 1.0 / math.sqrt(self.ccfg.rows)  # DLRM's uniform(-1/sqrt(rows), 1/sqrt(rows)) initialisation
+        self.table = torch.empty(self.local_rows, self.ccfg.dim).uniform_(-bound, bound, generator=generator)
+        self.accum = torch.zeros(self.local_rows)
+        self.dense: CtrModel | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        if g == 0:
+            torch.manual_seed(cfg.seed)
+            self.dense = CtrModel(self.ccfg)
+            self.optimizer = torch.optim.Adagrad(self.dense.parameters(), lr=cfg.lr)
+        self.workers = [WorkerView() for _ in range(layout.workers)]
+        self.every = save_every(cfg)
+        self.saved_at = 0
+        self.pending_saves: dict[int, dict[str, dict]] = {}  # server 0: the files of each save step written so far
+        if g == 0:  # parts of a cut that a stopped generation did not complete; no save is under way yet
+            for leftover in Path(cfg.checkpoint_dir).glob(f"{TMP_PREFIX}{PREFIX}*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+        self.resume()
+        self.store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
+        self.registry = open_store(layout.registry)
+        self.registry.set(layout.server_key(g), f"{layout.host}:{self.store.port}")
+        self.finished = False
+
+    # -- the loop --
+
+    def serve(self) -> int:
+        handlers = {"hello": self.on_hello, "pull": self.on_pull, "push": self.on_push, "done": self.on_done}
+        handlers |= {"left": self.on_left, "saved": self.on_saved}
+        while not self.finished:
+            try:
+                message = unpack(self.store.queue_pop(INBOX))
+            except dist.DistStoreError:
+                continue  # idle for STORE_TIMEOUT
+            handlers[message["op"]](message)
+            self.release()
+        return 0
+
+    def release(self) -> None:
+        """Serve what was held back and is now allowed, then take a checkpoint when one is due."""
+        progress = True
+        while progress:
+            progress = False
+            for w, view in enumerate(self.workers):
+                while view.waiting and self.allowed(w, view.waiting[0]):
+                    self.handle_now(view.waiting.popleft())
+                    progress = True
+            if self.save_due():
+                self.save(self.next_save())
+                progress = True
+
+    def allowed(self, w: int, message: dict) -> bool:
+        if message["op"] == "pull":
+            return self.within_staleness(w)
+        return message["step"] < self.next_save() or self.saved_at >= self.next_save()  # a push past the cut waits
+
+    def within_staleness(self, w: int) -> bool:
+        return self.cfg.staleness < 0 or self.workers[w].applied - self.slowest() <= self.cfg.staleness
+
+    def slowest(self) -> int:
+        """The clock of the slowest worker that can move: one held at the next cut waits for the others to reach it,
+        so counting it would deadlock a worker that is ahead in clock (a replacement starts level) but behind in
+        steps."""
+        cut = self.next_save()
+        clocks = [v.applied for v in self.workers if v.live and not v.done and v.next_step < cut]
+        return min(clocks) if clocks else 0
+
+    def next_save(self) -> int:
+        return min(self.saved_at - self.saved_at % self.every + self.every, self.cfg.max_steps)
+
+    def save_due(self) -> bool:
+        k = self.next_save()
+        if self.saved_at >= k:
+            return False
+        if k == self.cfg.max_steps:  # the last save waits for every worker
+            return all(v.done for v in self.workers)
+        return any(v.live for v in self.workers) and all(v.next_step >= k for v in self.workers if v.live)
+
+    def handle_now(self, message: dict) -> None:
+        (self.answer_pull if message["op"] == "pull" else self.apply_push)(message)
+
+    def on_hello(self, message: dict) -> None:
+        view = self.workers[message["w"]]
+        # A replacement starts level with the slowest live worker, so it holds nobody back.
+        view.applied, view.live, view.done = max(view.applied, self.slowest()), True, False
+        view.waiting.clear()
+        self.store.queue_push(message["reply"], pack({"position": view.position, "step": view.next_step}))
+
+    def on_left(self, message: dict) -> None:
+        view = self.workers[message["w"]]
+        view.live = False
+        view.waiting.clear()
+
+    def on_done(self, message: dict) -> None:
+        view = self.workers[message["w"]]
+        view.done, view.live = True, False
+
+    def on_pull(self, message: dict) -> None:
+        view = self.workers[message["w"]]
+        if view.waiting or not self.allowed(message["w"], message):
+            view.waiting.append(message)
+        else:
+            self.answer_pull(message)
+
+    def on_push(self, message: dict) -> None:
+        view = self.workers[message["w"]]
+        if view.waiting or not self.allowed(message["w"], message):
+            view.waiting.append(message)
+        else:
+            self.apply_push(message)
+
+    def answer_pull(self, message: dict) -> None:
+        w = message["w"]
+        reply: dict[str, Any] = {
+            "rows": self.table[message["rows"]],
+            "staleness": self.workers[w].applied - self.slowest(),
+        }
+        if self.dense is not None:
+            reply["dense"] = self.dense.state_dict()
+        self.store.queue_push(message["reply"], pack(reply))
+
+    def apply_push(self, message: dict) -> None:
+        rows, grads = message["rows"], message["grads"]
+        if len(rows):  # row-wise Adagrad: one accumulator per row, the mean squared gradient of its elements
+            self.accum[rows] += grads.pow(2).mean(dim=1)
+            self.table[rows] -= self.cfg.lr * grads / (self.accum[rows].sqrt() + EPS).unsqueeze(1)
+        if self.dense is not None and self.optimizer is not None:
+            for p, grad in zip(self.dense.parameters(), message["dense"], strict=True):
+                p.grad = grad
+            self.optimizer.step()
+        view = self.workers[message["w"]]
+        view.applied += 1
+        view.next_step = message["step"] + 1
+        if "position" in message:
+            view.position = message["position"]
+
+    # -- checkpoints --
+
+    def folder(self, step: int) -> Path:
+        return Path(self.cfg.checkpoint_dir) / f"{TMP_PREFIX}{step_name(step)}"
+
+    def save(self, step: int) -> None:
+        """This server's part of the cut at `step`: its rows and their optimizer state (server 0: the dense model,
+        its optimizer and the workers' positions too); server 0 completes the checkpoint when every part is in."""
+        tmp = self.folder(step)
+        tmp.mkdir(parents=True, exist_ok=True)
+        g = self.layout.index
+        files = {f"server_{g}.pt": save_file({"table": self.table, "accum": self.accum}, tmp / f"server_{g}.pt")}
+        if self.dense is not None and self.optimizer is not None:
+            state = {
+                "model": self.dense.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "positions": [v.position for v in self.workers],
+                "next_steps": [v.next_step for v in self.workers],
+            }
+            files["dense.pt"] = save_file(state, tmp / "dense.pt")
+        self.saved_at = step
+        message = {"op": "saved", "step": step, "files": files}
+        if g == 0:
+            self.on_saved(message)
+        else:
+            main = open_store(self.registry.get(self.layout.server_key(0)).decode())
+            main.queue_push(INBOX, pack(message))
+        if step == self.cfg.max_steps and g != 0:
+            self.finished = True
+
+    def on_saved(self, message: dict) -> None:
+        files = self.pending_saves.setdefault(message["step"], {})
+        files.update(message["files"])
+        if len(files) == self.layout.servers + 1:  # every server's shard and the dense state
+            self.complete(message["step"], self.pending_saves.pop(message["step"]))
+
+    def complete(self, step: int, files: dict[str, dict]) -> None:
+        import json
+
+        tmp = self.folder(step)
+        meta = {
+            "step": step,
+            "format": "ps",
+            "world_size": self.layout.servers,
+            "workers": self.layout.workers,
+            "config": {"train": asdict(self.cfg), "model": asdict(self.ccfg)},
+            "files": files,
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        fsync_path(tmp / "meta.json")
+        fsync_path(tmp)
+        move_into_place(tmp, Path(self.cfg.checkpoint_dir) / step_name(step))
+        for old in step_dirs(Path(self.cfg.checkpoint_dir))[self.cfg.keep_last :]:
+            shutil.rmtree(old, ignore_errors=True)
+        log(f"ps: checkpoint {step_name(step)} complete ({self.layout.servers} server shards)")
+        if step == self.cfg.max_steps:
+            self.finished = True
+
+    def resume(self) -> None:
+        """Load this server's part of the newest complete checkpoint; another server count is refused."""
+        root = Path(self.cfg.checkpoint_dir)
+        for path in step_dirs(root):
+            try:
+                meta = verify(path, "ps")
+            except CheckpointDamaged as err:
+                log(f"ps: WARNING skipping {path.name}: {err}")
+                continue
+            if meta["world_size"] != self.layout.servers or meta["workers"] != self.layout.workers:
+                raise UsageError(
+                    "--checkpoint-dir",
+                    str(path),
+                    f"written by {meta['world_size']} servers and {meta['workers']} workers, this job has "
+                    f"{self.layout.servers} and {self.layout.workers}",
+                    "the same node count, servers per node and accelerators per node, or a new --checkpoint-dir",
+                )
+            shard = torch.load(path / f"server_{self.layout.index}.pt", weights_only=True)
+            self.table, self.accum = shard["table"], shard["accum"]
+            if self.dense is not None and self.optimizer is not None:
+                state = torch.load(path / "dense.pt", weights_only=True)
+                self.dense.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+            else:
+                state = torch.load(path / "dense.pt", weights_only=True)
+            for view, position, step in zip(self.workers, state["positions"], state["next_steps"], strict=True):
+                view.position, view.next_step = position, step
+            self.saved_at = meta["step"]
+            if self.layout.index == 0:
+                log(f"ps: resumed from {path} at step {meta['step']}")
+            return
+
+
+# ---- the worker -------------------------------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, cfg: TrainConfig, layout: Layout) -> None:
+        self.cfg, self.layout = cfg, layout
+        self.ccfg = CTR_SIZES[cfg.model]
+        self.reply = f"out/{layout.index}/{uuid.uuid4().hex[:12]}"  # this incarnation's reply queue
+        registry = open_store(layout.registry)
+        keys = [layout.server_key(g) for g in range(layout.servers)]
+        registry.wait(keys)
+        self.servers = [open_store(registry.get(k).decode()) for k in keys]
+        # The dense part computes on this worker's GPU where there is one (embedding rows travel through host memory).
+        kind = resolve_device(cfg.device, ("auto", "cuda", "cpu"))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = torch.device("cuda", local % torch.cuda.device_count()) if kind == "cuda" else torch.device("cpu")
+        self.model = CtrModel(self.ccfg).to(self.device)
+        self.records = CtrRecords(Path(cfg.data), "train")
+        self.metrics = MetricsLogger(cfg.run_id, enabled=True)
+        self.slowdown = _slowdown(layout.index)
+
+    def ask(self, g: int, message: dict) -> None:
+        self.servers[g].queue_push(INBOX, pack({**message, "w": self.layout.index, "reply": self.reply}))
+
+    def answer(self, g: int) -> dict:
+        return unpack(self.servers[g].queue_pop(self.reply))
+
+    def run(self) -> int:
+        for g in range(self.layout.servers):
+            self.ask(g, {"op": "hello"})
+        start = [self.answer(g) for g in range(self.layout.servers)][0]  # server 0 records positions
+        position, step = start["position"], start["position"] // self.cfg.micro_batch_size
+        if position:
+            log(f"ps: worker {self.layout.index} rejoins at step {step} ({position} samples consumed)")
+        started, first_step, loss = time.perf_counter(), step, math.nan
+        while step < self.cfg.max_steps:
+            loss = self.step(step, position)
+            position += self.cfg.micro_batch_size
+            step += 1
+        for g in range(self.layout.servers):
+            self.ask(g, {"op": "done"})
+        seconds = time.perf_counter() - started
+        print(_summary_line(self.layout.index, step - first_step, self.cfg.micro_batch_size, seconds, loss), flush=True)
+        return 0
+
+    def step(self, step: int, position: int) -> float:
+        began = time.perf_counter()
+        batch = self.records.take(
+            block_indices(self.layout.index, self.layout.workers, self.cfg.micro_batch_size, position)
+        )
+        rows = table_rows(torch.from_numpy(batch["sparse"].astype(np.int64)), self.ccfg.rows)
+        unique, inverse = rows.unique(return_inverse=True)
+        owner, local = unique % self.layout.servers, unique // self.layout.servers
+        mine = [owner == g for g in range(self.layout.servers)]
+        pulled = time.perf_counter()
+        for g in range(self.layout.servers):
+            self.ask(g, {"op": "pull", "rows": local[mine[g]]})
+        replies = [self.answer(g) for g in range(self.layout.servers)]
+        pull_ms = 1000 * (time.perf_counter() - pulled)
+        embedded = torch.empty(len(unique), self.ccfg.dim)
+        for g, reply in enumerate(replies):
+            embedded[mine[g]] = reply["rows"]
+        embedded = embedded.to(self.device).requires_grad_(True)
+        self.model.load_state_dict(replies[0]["dense"])
+        self.model.zero_grad(set_to_none=True)
+        dense = torch.from_numpy(np.ascontiguousarray(batch["dense"])).to(self.device)
+        labels = torch.from_numpy(batch["label"].astype(np.float32)).to(self.device)
+        loss = nn.functional.binary_cross_entropy_with_logits(
+            self.model(dense, embedded[inverse.to(self.device)]), labels
+        )
+        loss.backward()
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise RunRefused(EXIT_DIVERGED, f"worker {self.layout.index}: the loss is {value} at step {step}")
+        if self.slowdown > 1:  # benchmarks only: a straggler
+            time.sleep((self.slowdown - 1) * (time.perf_counter() - began))
+        pushed = time.perf_counter()
+        assert embedded.grad is not None
+        grads = embedded.grad.cpu()
+        for g in range(self.layout.servers):
+            message: dict[str, Any] = {"op": "push", "step": step, "rows": local[mine[g]], "grads": grads[mine[g]]}
+            if g == 0:
+                message["dense"] = [p.grad.cpu() for p in self.model.parameters() if p.grad is not None]
+                message["position"] = position + self.cfg.micro_batch_size
+            self.ask(g, message)
+        push_ms = 1000 * (time.perf_counter() - pushed)
+        seconds = time.perf_counter() - began
+        if (step + 1) % self.cfg.log_every == 0 or step + 1 == self.cfg.max_steps:
+            self.metrics.record(
+                step + 1,
+                {
+                    "Loss": value,
+                    "NonFiniteLoss": 0,
+                    "SamplesPerSecond": self.cfg.micro_batch_size / seconds,
+                    "StepTimeSeconds": seconds,
+                    "PullLatencyMs": pull_ms,
+                    "PushLatencyMs": push_ms,
+                    "StalenessSteps": max(r["staleness"] for r in replies),
+                    "RowsTouched": len(unique),
+                },
+                Worker=self.layout.index,
+            )
+        return value
+
+
+def _slowdown(worker: int) -> float:
+    """PS_SLOW_WORKER=<index>:<factor> makes one worker that many times slower (the straggler benchmark)."""
+    spec = os.environ.get("PS_SLOW_WORKER", "")
+    if not spec:
+        return 1.0
+    index, factor = spec.split(":")
+    return float(factor) if int(index) == worker else 1.0
+
+
+def _summary_line(worker: int, steps: int, batch: int, seconds: float, loss: float) -> str:
+    import json
+
+    return json.dumps(
+        {
+            "ps_worker_summary": {
+                "worker": worker,
+                "steps": steps,
+                "samples": steps * batch,
+                "seconds": round(seconds, 3),
+                "samples_per_second": round(steps * batch / seconds, 1) if seconds > 0 else None,
+                "final_loss": loss if math.isfinite(loss) else None,
+            }
+        }
+    )
+
+
+def run_role(cfg: TrainConfig, layout: Layout) -> int:
+    if layout.role == "server":
+        return Server(cfg, layout).serve()
+    return Worker(cfg, layout).run()
