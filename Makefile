@@ -58,8 +58,10 @@ ENV ?= dev
 deploy: $(VENV)/.synth-deps node_modules/.installed
 	$(PY) -m tools.deploy $(ENV) $(if $(DRY_RUN),--dry-run) $(if $(CDK_ARGS),-- $(CDK_ARGS))
 
+# LOCAL_MODEL=ctr-tiny runs the sparse click-through model on parameter servers instead of the GPT.
+LOCAL_MODEL ?= tiny
 local-run: $(VENV)/.test-deps
-	$(PY) training_image/local_run.py --out local-run
+	$(PY) training_image/local_run.py --out local-run --model $(LOCAL_MODEL)
 
 cost-report: $(VENV)/.synth-deps
 	$(PY) -m tools.cost_report --all --hours $(HOURS)

@@ -7,6 +7,9 @@ Steps (each through launch.py, as in the container): make a small corpus and sha
 validate an early checkpoint to create a baseline, validate the final checkpoint against
 it, print a report and save loss / tokens-per-second curves as a PNG. No AWS: the deployed pipeline (a Step
 Functions state machine) runs the same stages as Batch or EKS jobs.
+With --model ctr-tiny the same stages run the sparse click-through model instead: Criteo-format logs from the
+generator (ctr_data.py), prepare-data --format criteo, training on 2 parameter servers and --nproc workers (ps.py),
+and validation by log-loss and AUC.
 Owns only these paths under --out: corpus/, data/, checkpoints/, *.json, *.log, *.png.
 """
 
@@ -25,6 +28,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import numpy as np  # noqa: E402
+
+from ctr_data import generate  # noqa: E402
 from metrics import parse_emf_lines  # noqa: E402
 from synthetic_corpus import write_corpus  # noqa: E402
 
@@ -75,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (created; its owned sub-paths are replaced)")
     p.add_argument("--steps", type=int, default=300, help="training steps (default %(default)s)")
     p.add_argument("--nproc", type=int, default=2, help="processes for sanity check and training (default 2)")
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny (a GPT on a text corpus, DDP) or ctr-tiny (a click-through model on generated Criteo logs, "
+        "parameter servers: 2 servers and --nproc workers) (default tiny)",
+    )
     return p
 
 
@@ -88,8 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out / owned, ignore_errors=True)  # a fresh run, not a resume of the last one
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    train = run_stages(out, local_env(args.nproc), args.steps)
-    report = summarize(out, train.stdout, t_start)
+    if args.model.startswith("ctr-"):
+        train = run_sparse_stages(out, local_env(args.nproc), args.steps, args.model)
+        report = summarize_sparse(out, train.stdout, t_start)
+    else:
+        train = run_stages(out, local_env(args.nproc), args.steps)
+        report = summarize(out, train.stdout, t_start)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2), flush=True)
     return 0 if report["sanity"]["passed"] and report["validate"]["passed"] else 1
@@ -178,6 +194,80 @@ def run_stages(out: Path, env: dict, steps: int) -> subprocess.CompletedProcess:
         env,
     )
     return train
+
+
+def run_sparse_stages(out: Path, env: dict, steps: int, model: str) -> subprocess.CompletedProcess:
+    """The same stages for the sparse model: generated Criteo logs, prepare-data --format criteo, sanity, training on
+    2 parameter servers and the workers, a baseline from an early checkpoint, validation (log-loss and AUC)."""
+    ckpt, data = out / "checkpoints", out / "data"
+    every = max(1, steps // 3)
+    (out / "corpus").mkdir(parents=True, exist_ok=True)
+    generate(out / "corpus" / "day_0.txt", rows=40_000, seed=1)
+    prepare = ["prepare-data", "--format", "criteo", "--input", str(out / "corpus"), "--output", str(data)]
+    run_stage("prepare_data", [*prepare, "--val-fraction", "0.1"], out, env)
+    run_stage("sanity", ["sanity", "--sizes", "64K,1M", "--report", str(out / "sanity.json")], out, env)
+    flags = ["--strategy", "ps", "--model", model, "--ps-servers-per-node", "2", "--batch-size", "128", "--lr", "0.02"]
+    where = ["--data", str(data), "--checkpoint-dir", str(ckpt), "--max-steps", str(steps)]
+    train, _ = run_stage("train", ["train", *where, *flags, "--checkpoint-every", str(every)], out, env)
+    for stale in ("baseline.json", "verdict.json"):
+        (out / stale).unlink(missing_ok=True)
+    baseline = ["--checkpoint", str(ckpt / f"step_{every:09d}"), "--baseline", str(out / "baseline.json")]
+    run_stage("baseline", ["validate", *baseline, "--data", str(data)], out, env)
+    final = [
+        "--checkpoint",
+        str(ckpt),
+        "--baseline",
+        str(out / "baseline.json"),
+        "--verdict",
+        str(out / "verdict.json"),
+    ]
+    run_stage("validate", ["validate", *final, "--data", str(data)], out, env)
+    return train
+
+
+def summarize_sparse(out: Path, train_stdout: str, t_start: float) -> dict:
+    records = parse_emf_lines(train_stdout.splitlines())
+    workers = [
+        json.loads(line)["ps_worker_summary"] for line in train_stdout.splitlines() if "ps_worker_summary" in line
+    ]
+    plot_sparse(records, out / "training_curves.png")
+    sanity = json.loads((out / "sanity.json").read_text())
+    verdict = json.loads((out / "verdict.json").read_text())
+    return {
+        "sanity": {"passed": sanity["passed"], "all_reduce_busbw_gbps": round(sanity["measured_busbw_gbps"], 4)},
+        "train": {
+            "workers": len(workers),
+            "steps_per_worker": max(w["steps"] for w in workers),
+            "first_loss": round(records[0]["Loss"], 4),
+            "final_loss": round(float(np.mean([r["Loss"] for r in records[-20:]])), 4),
+            "samples_per_second": round(sum(w["samples_per_second"] or 0.0 for w in workers), 1),
+        },
+        "validate": {k: verdict[k] for k in ("metric", "value", "auc", "baseline", "relative_delta", "passed")},
+        "artifacts": {"plot": str(out / "training_curves.png"), "verdict": str(out / "verdict.json"), "logs": str(out)},
+        "wall_seconds": round(time.perf_counter() - t_start, 1),
+    }
+
+
+def plot_sparse(records: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for worker in sorted({r["Worker"] for r in records}):
+        mine = [r for r in records if r["Worker"] == worker]
+        steps = [r["Step"] for r in mine]
+        ax1.plot(steps, [r["Loss"] for r in mine], label=f"worker {worker}", alpha=0.7)
+        ax2.plot(steps, [r["SamplesPerSecond"] for r in mine], label=f"worker {worker}", alpha=0.7)
+    ax1.set_ylabel("Loss (log-loss of the batch)")
+    ax1.set_title("local run: ctr-tiny, 2 parameter servers, asynchronous workers")
+    ax1.legend()
+    ax2.set_ylabel("SamplesPerSecond")
+    ax2.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def summarize(out: Path, train_stdout: str, t_start: float) -> dict:

@@ -20,6 +20,21 @@ from constructs.observability.job_state_metrics import METRIC_NAME as JOB_STATE_
 
 TRAINING_NAMESPACE = TRAINING_METRICS_NAMESPACE
 TRAINING_METRICS = ("Loss", "TokensPerSecond", "StepTimeSeconds", "MFU")
+# The parameter-server strategy's (training_image/ps.py): one line per worker and step, so each graph says which
+# statistic combines the workers.
+PS_METRICS = {
+    "SamplesPerSecond": "Average",
+    "PullLatencyMs": "p90",
+    "PushLatencyMs": "p90",
+    "StalenessSteps": "Maximum",
+    "RowsTouched": "Average",
+}
+PS_GRAPHS = {  # title: the metrics it draws
+    "Samples per second per worker (ps)": ("SamplesPerSecond",),
+    "Pull and push latency p90 (ms, ps)": ("PullLatencyMs", "PushLatencyMs"),
+    "Staleness observed, max (steps, ps)": ("StalenessSteps",),
+    "Embedding rows per step (ps)": ("RowsTouched",),
+}
 NON_FINITE_LOSS_METRIC = "NonFiniteLoss"
 _FIVE_MINUTES = cdk.Duration.minutes(5)
 _WIDE, _HALF, _THIRD = 24, 12, 8
@@ -67,6 +82,7 @@ class TrainingDashboard(Construct):
         )
         self.dashboard.add_widgets(*self._accelerator_widgets(accelerators))
         self.dashboard.add_widgets(*self._training_widgets(environment))
+        self.dashboard.add_widgets(*self._parameter_server_widgets(environment))
         self.dashboard.add_widgets(*self._fsx_widgets(file_system_id))
         row = []
         if job_state_namespace:
@@ -143,6 +159,17 @@ class TrainingDashboard(Construct):
         return [
             cloudwatch.GraphWidget(title=f"{titles[name]} by run", width=6, left=[training_search(name, environment)])
             for name in TRAINING_METRICS
+        ]
+
+    @staticmethod
+    def _parameter_server_widgets(environment: str) -> list[cloudwatch.IWidget]:
+        return [
+            cloudwatch.GraphWidget(
+                title=f"{title} by run",
+                width=_WIDE // len(PS_GRAPHS),
+                left=[training_search(name, environment, PS_METRICS[name]) for name in names],
+            )
+            for title, names in PS_GRAPHS.items()
         ]
 
     @staticmethod

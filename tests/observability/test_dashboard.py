@@ -11,7 +11,7 @@ from aws_cdk.assertions import Template
 from config import Accelerator
 from constructs.observability.accelerator_metrics import AcceleratorMetrics, accelerator_metrics
 from constructs.observability.alarms import TrainingAlarms
-from constructs.observability.dashboard import TRAINING_METRICS, TrainingDashboard
+from constructs.observability.dashboard import PS_METRICS, TRAINING_METRICS, TrainingDashboard
 from tests.observability.metrics import body
 
 EXPECTED_ACCELERATOR_METRICS = {
@@ -108,6 +108,13 @@ def test_dashboard_searches_every_training_metric_over_run_ids():
             f'SEARCH(\'{{EfaTraining,Environment,RunId}} Environment=\\\\\\"dev\\\\\\" '
             f'MetricName=\\\\\\"{metric}\\\\\\"\''
         ) in found, metric
+
+
+def test_dashboard_graphs_the_parameter_servers_metrics_with_their_statistics():
+    # ps.py's workers each emit their own lines: rates are averaged, latencies at p90, staleness at its maximum.
+    found = body(_dashboard(_metrics("batch", Accelerator.NVIDIA)))
+    for metric, statistic in PS_METRICS.items():
+        assert f"MetricName=\\\\\\\"{metric}\\\\\\\"', '{statistic}', 60)" in found, metric
 
 
 def test_dashboard_graphs_fsx_throughput_and_free_capacity():
