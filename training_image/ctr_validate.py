@@ -37,17 +37,25 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def load(path: Path) -> tuple[CtrModel, torch.Tensor, dict]:
-    """The dense model and the whole embedding table (every table's rows, table f's row r at f * rows + r)."""
+def load(path: Path, with_optimizer: bool = False) -> tuple[CtrModel, torch.Tensor, dict]:
+    """The dense model and the whole embedding table (every table's rows, table f's row r at f * rows + r); with
+    `with_optimizer`, meta also carries the rows' Adagrad accumulators ("accum") and the dense optimizer's state."""
     meta = verify(path, "ps")  # sizes and CRC-32 of every shard, as the servers' resume checks them
     model_cfg = meta["config"]["model"]
     cfg = CtrConfig(model_cfg["rows"], model_cfg["dim"], tuple(model_cfg["bottom"]), tuple(model_cfg["top"]))
     servers = meta["world_size"]
     table = torch.empty(cfg.table_rows, cfg.dim)
+    accum = torch.empty(cfg.table_rows) if with_optimizer else None
     for g in range(servers):
-        table[g::servers] = torch.load(path / f"server_{g}.pt", weights_only=True)["table"]
+        shard = torch.load(path / f"server_{g}.pt", weights_only=True)
+        table[g::servers] = shard["table"]
+        if accum is not None:
+            accum[g::servers] = shard["accum"]
+    dense = torch.load(path / "dense.pt", weights_only=True)
     model = CtrModel(cfg)
-    model.load_state_dict(torch.load(path / "dense.pt", weights_only=True)["model"])
+    model.load_state_dict(dense["model"])
+    if with_optimizer:
+        meta = {**meta, "accum": accum, "optimizer": dense["optimizer"]}
     return model.eval(), table, meta
 
 
@@ -62,21 +70,25 @@ def predict(model: CtrModel, table: torch.Tensor, records: np.ndarray) -> np.nda
     return np.concatenate(logits)
 
 
-def evaluate_newest(root: Path, data: Path) -> tuple[float, Path, dict, dict]:
-    """(log-loss, checkpoint, its meta, {auc, samples_evaluated}) of the newest loadable checkpoint under root."""
+def load_newest(root: Path, with_optimizer: bool = False) -> tuple[CtrModel, torch.Tensor, dict, Path]:
+    """`load` of a step_* checkpoint, or of the newest loadable one of a checkpoint folder (damaged ones skipped)."""
     candidates = [root] if (root / "meta.json").exists() else step_dirs(root)
     if not candidates:
         raise UsageError("--checkpoint", str(root), "contains no checkpoints", "a --checkpoint-dir of train.py")
-    records = CtrRecords(data, "val")
-    holdout = records.take(np.arange(records.n))
     for path in candidates:
         try:
-            model, table, meta = load(path)
+            return (*load(path, with_optimizer), path)
         except (CheckpointDamaged, OSError, RuntimeError, KeyError) as exc:
             log(f"WARNING skipping {path}: {type(exc).__name__}: {exc}")
-            continue
-        logits = predict(model, table, holdout)
-        labels = holdout["label"].astype(np.float64)
-        extra = {"auc": auc(labels, logits), "samples_evaluated": int(records.n)}
-        return log_loss(labels, logits), path, meta, extra
     raise RuntimeError(f"no loadable checkpoint under {root}")
+
+
+def evaluate_newest(root: Path, data: Path) -> tuple[float, Path, dict, dict]:
+    """(log-loss, checkpoint, its meta, {auc, samples_evaluated}) of the newest loadable checkpoint under root."""
+    records = CtrRecords(data, "val")
+    model, table, meta, path = load_newest(root)
+    holdout = records.take(np.arange(records.n))
+    logits = predict(model, table, holdout)
+    labels = holdout["label"].astype(np.float64)
+    extra = {"auc": auc(labels, logits), "samples_evaluated": int(records.n)}
+    return log_loss(labels, logits), path, meta, extra

@@ -32,6 +32,7 @@ import io
 import math
 import os
 import shutil
+import signal
 import time
 import uuid
 from collections import deque
@@ -107,6 +108,10 @@ class Layout:
     def server_key(self, g: int) -> str:
         return f"gen{self.generation}/server/{g}"
 
+    def stopped_key(self) -> str:
+        """Set by server 0 once the cut a stop asked for is complete."""
+        return f"gen{self.generation}/stopped"
+
 
 # ---- the server -------------------------------------------------------------------------------------------------
 
@@ -142,6 +147,7 @@ class Server:
         self.workers = [WorkerView() for _ in range(layout.workers)]
         self.every = save_every(cfg)
         self.saved_at = 0
+        self.stop_at: int | None = None  # a cut asked for by a stop (SIGTERM): at the first step no worker reached
         self.pending_saves: dict[int, dict[str, dict]] = {}  # server 0: the files of each save step written so far
         if g == 0:  # parts of a cut that a stopped generation did not complete; no save is under way yet
             for leftover in Path(cfg.checkpoint_dir).glob(f"{TMP_PREFIX}{PREFIX}*"):
@@ -156,7 +162,7 @@ class Server:
 
     def serve(self) -> int:
         handlers = {"hello": self.on_hello, "pull": self.on_pull, "push": self.on_push, "done": self.on_done}
-        handlers |= {"left": self.on_left, "saved": self.on_saved}
+        handlers |= {"left": self.on_left, "saved": self.on_saved, "stop": self.on_stop, "cut": self.on_cut}
         while not self.finished:
             try:
                 message = unpack(self.store.queue_pop(INBOX))
@@ -196,7 +202,8 @@ class Server:
         return min(clocks) if clocks else 0
 
     def next_save(self) -> int:
-        return min(self.saved_at - self.saved_at % self.every + self.every, self.cfg.max_steps)
+        regular = min(self.saved_at - self.saved_at % self.every + self.every, self.cfg.max_steps)
+        return min(regular, self.stop_at) if self.stop_at is not None and self.stop_at > self.saved_at else regular
 
     def save_due(self) -> bool:
         k = self.next_save()
@@ -220,6 +227,23 @@ class Server:
         view = self.workers[message["w"]]
         view.live = False
         view.waiting.clear()
+
+    def on_stop(self, message: dict) -> None:
+        """Server 0, asked by a supervisor that got SIGTERM: a cut at the first step no worker has pushed anywhere.
+        A worker pushes step j+1 only after this server answered its pull j+1, which it does only after applying
+        push j, so no server has applied a push of step max(next_step here) + 1 or later."""
+        live = [v.next_step for v in self.workers if v.live]
+        step = min(max(live, default=self.saved_at) + 1, self.cfg.max_steps)
+        for g in range(1, self.layout.servers):
+            open_store(self.registry.get(self.layout.server_key(g)).decode()).queue_push(
+                INBOX, pack({"op": "cut", "step": step})
+            )
+        self.on_cut({"step": step})
+        if step <= self.saved_at:  # nothing new since the last cut
+            self.registry.set(self.layout.stopped_key(), str(self.saved_at))
+
+    def on_cut(self, message: dict) -> None:
+        self.stop_at = message["step"]
 
     def on_done(self, message: dict) -> None:
         view = self.workers[message["w"]]
@@ -319,6 +343,8 @@ class Server:
         for old in step_dirs(Path(self.cfg.checkpoint_dir))[self.cfg.keep_last :]:
             shutil.rmtree(old, ignore_errors=True)
         log(f"ps: checkpoint {step_name(step)} complete ({self.layout.servers} server shards)")
+        if step == self.stop_at:
+            self.registry.set(self.layout.stopped_key(), str(step))
         if step == self.cfg.max_steps:
             self.finished = True
 
@@ -353,6 +379,35 @@ class Server:
             if self.layout.index == 0:
                 log(f"ps: resumed from {path} at step {meta['step']}")
             return
+        initial = self.cfg.initial_model_dir()
+        if initial is not None:  # no checkpoint of its own: incremental training from another run's model
+            self.start_from(initial)
+
+    def start_from(self, folder: Path) -> None:
+        """The rows and dense weights of another run's newest loadable ps checkpoint, resharded to this job's server
+        count, with their Adagrad state: Adagrad has no warm-up, and fresh accumulators make the first updates as
+        large as the learning rate, which undid the initial model in a test (its first losses rose above a fresh
+        model's). Steps and data positions start afresh. Another model size is refused (exit 2)."""
+        import ctr_validate
+
+        try:
+            model, table, meta, path = ctr_validate.load_newest(folder, with_optimizer=True)
+        except (UsageError, RuntimeError) as err:
+            raise UsageError("--init-from", str(folder), str(err), "a ps run with a loadable checkpoint") from None
+        if model.cfg != self.ccfg:
+            raise UsageError(
+                "--init-from",
+                str(path),
+                f"a {meta['config']['train']['model']} model",
+                f"a {self.cfg.model} checkpoint",
+            )
+        self.table = table[self.layout.index :: self.layout.servers].clone()
+        self.accum = meta["accum"][self.layout.index :: self.layout.servers].clone()
+        if self.dense is not None and self.optimizer is not None:
+            self.dense.load_state_dict(model.state_dict())
+            self.optimizer.load_state_dict(meta["optimizer"])
+        if self.layout.index == 0:
+            log(f"ps: starting from the weights of {path}")
 
 
 # ---- the worker -------------------------------------------------------------------------------------------------
@@ -487,6 +542,10 @@ def _summary_line(worker: int, steps: int, batch: int, seconds: float, loss: flo
 
 
 def run_role(cfg: TrainConfig, layout: Layout) -> int:
+    # The supervisor decides when its processes stop (it cuts a checkpoint first), so a signal sent to the whole
+    # process group does not stop them half-way.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if layout.role == "server":
         return Server(cfg, layout).serve()
     return Worker(cfg, layout).run()

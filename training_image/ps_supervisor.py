@@ -31,6 +31,9 @@ from ps import INBOX, Layout, open_store, pack
 HERE = Path(__file__).resolve().parent
 REFUSALS = (EXIT_USAGE, EXIT_DIVERGED, EXIT_FOLDER_LOCKED)
 POLL_SECONDS = 0.2
+# Batch sends SIGKILL 30 s after SIGTERM (Batch user guide, job_timeouts.html), Kubernetes by default too
+# (terminationGracePeriodSeconds); a cut of the host-memory tables to FSx must fit, or the last periodic cut stands.
+STOP_GRACE_SECONDS = 25
 GENERATION = "generation"
 NODES_DONE = "nodes_done"
 
@@ -131,17 +134,32 @@ class Supervisor:
             self.start("worker", w)
 
     def stop_all(self) -> None:
+        """SIGKILL: the servers and workers ignore SIGTERM (ps.run_role), and a cut on disk is complete or absent."""
         for proc in self.procs.values():
             if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + 30
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait()
+        for proc in self.procs.values():
+            proc.wait()
         self.procs.clear()
+
+    def checkpoint_and_stop(self) -> int:
+        """SIGTERM/SIGINT: ask server 0 for a cut at the first step no worker reached, wait for it (at most
+        STOP_GRACE_SECONDS, inside Batch's and Kubernetes' grace before SIGKILL), then stop everything: 143."""
+        layout = Layout("", 0, self.node.servers, 0, self.node.registry, self.generation, "")
+        try:
+            main = open_store(self.registry.get(layout.server_key(0)).decode())
+            main.queue_push(INBOX, pack({"op": "stop"}))
+            deadline = time.monotonic() + STOP_GRACE_SECONDS
+            while not self.registry.check([layout.stopped_key()]) and time.monotonic() < deadline:
+                time.sleep(POLL_SECONDS)
+            saved = self.registry.check([layout.stopped_key()])
+        except Exception as err:  # the registry or server 0 already gone: the last periodic cut stands
+            log(f"ps: WARNING no checkpoint at the stop ({type(err).__name__}: {err})")
+            saved = False
+        if saved:
+            log(f"ps: stopped after checkpoint {int(self.registry.get(layout.stopped_key()))}")
+        self.stop_all()
+        return EXIT_STOPPED
 
     def tell_servers(self, message: dict) -> None:
         layout = Layout("", 0, self.node.servers, 0, self.node.registry, self.generation, "")
@@ -154,8 +172,7 @@ class Supervisor:
         while True:
             time.sleep(POLL_SECONDS)
             if self.stopping:
-                self.stop_all()
-                return EXIT_STOPPED
+                return self.checkpoint_and_stop()
             if int(self.registry.get(GENERATION)) != self.generation:  # a server failed, here or on another node
                 if not self.restart_job("a server on another node failed"):
                     return 1

@@ -90,9 +90,10 @@ class PsJob:
     def finish(self, timeout: float = 240) -> th.Run:
         try:
             self.proc.wait(timeout)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            last = {w: [r["Step"] for r in self.steps_of(w)][-3:] for w in (0, 1)}
+            raise AssertionError(f"the job hung; last steps {last}; log: {self.log()[-3000:]}") from None
         return th.Run(self.proc.returncode, self.out.read_text(), self.err.read_text())
 
 
@@ -206,3 +207,37 @@ def test_ps_refuses_a_checkpoint_of_another_server_count(ps_reference, ctr_data_
     run = run_ps(args, tmp_path)
     assert run.returncode == 2, run.stderr[-2000:]
     assert "written by 2 servers and 2 workers, this job has 1 and 2" in run.stderr
+
+
+def test_ps_starts_from_another_runs_model_resharded_to_its_own_servers(ps_reference, ctr_data_dir, tmp_path):
+    # Incremental training: the reference run's rows and dense weights, spread over 1 server instead of 2.
+    args = ps_args(ctr_data_dir, tmp_path / "ckpt", steps=20, init_from=ps_reference.checkpoint_dir)
+    args[args.index("--ps-servers-per-node") + 1] = "1"
+    run = run_ps(args, tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"ps: starting from the weights of {ps_reference.checkpoint_dir}/step_{STEPS:09d}" in run.stderr
+    fresh_first = np.mean([r["Loss"] for r in ps_reference.emf() if r["Step"] <= 3])
+    warm_first = np.mean([r["Loss"] for r in run.emf() if r["Step"] <= 3])
+    reference_last = np.mean([r["Loss"] for r in ps_reference.emf()[-40:]])
+    assert warm_first < fresh_first - 0.05 and abs(warm_first - reference_last) < 0.06
+
+
+def test_ps_sigterm_cuts_a_checkpoint_past_every_worker_and_resumes_from_it(ctr_data_dir, tmp_path):
+    # Spot or a terminated job: the supervisor asks for a cut at the first step no worker reached (Batch sends
+    # SIGKILL 30 s after SIGTERM: job_timeouts.html), waits for it, and stops with 143; the next attempt resumes.
+    ckpt = tmp_path / "ckpt"
+    job = PsJob(ps_args(ctr_data_dir, ckpt), tmp_path)
+    job.wait_for(lambda: len(job.steps_of(0)) >= 70)
+    job.proc.send_signal(signal.SIGTERM)
+    reached = max(len(job.steps_of(0)), len(job.steps_of(1)))
+    run = job.finish()
+    assert run.returncode == 143, run.stderr[-3000:]
+    found = re.search(r"ps: stopped after checkpoint (\d+)", run.stderr)
+    assert found, run.stderr[-3000:]
+    stopped = int(found.group(1))
+    assert stopped >= reached and stopped % 50 != 0  # its own cut, not the periodic one at 50
+    state = torch.load(ckpt / f"step_{stopped:09d}" / "dense.pt", weights_only=True)
+    assert state["positions"] == [step * BATCH for step in state["next_steps"]]
+    again = run_ps(ps_args(ctr_data_dir, ckpt), tmp_path / "again")
+    assert again.returncode == 0 and f"resumed from {ckpt}/step_{stopped:09d}" in again.stderr, again.stderr[-2000:]
+    assert final_positions(ckpt) == [STEPS * BATCH, STEPS * BATCH]
