@@ -13,10 +13,11 @@ meant for the one it replaces. No sockets of our own, and no torch.distributed.r
 to admit a process once a member has crashed (measured here: the join waits on the dead member), which is exactly
 what a replaced worker must do.
 
-Bounded staleness (stale synchronous parallel, Ho et al. 2013): a server answers worker w's pull only when w has
-had at most `staleness` more of its pushes applied than the slowest live worker; 0 is synchronous (every worker
-waits for the slowest each step), a large bound is asynchronous. A server reorders nothing: a worker's push is
-applied before its next pull is answered, so a worker always reads its own updates.
+Bounded staleness (stale synchronous parallel, Ho et al. 2013): a server answers worker w's pull only when w's clock
+(its next step, plus the offset that sets a replacement level with the others) is at most `staleness` above the
+slowest live worker's; 0 is synchronous (every worker waits for the slowest each step), a large bound is
+asynchronous. A server reorders nothing: a worker's push is applied before its next pull is answered, so a worker
+always reads its own updates.
 
 Checkpoints are consistent cuts: at a save step k every server holds back pushes of step k and later until every
 live worker has pushed step k-1, then writes its shard; server 0 writes the dense model, the optimizer state and
@@ -120,8 +121,12 @@ class Layout:
 class WorkerView:
     """What a server knows of one worker."""
 
-    applied: int = 0  # its pushes applied here: its clock for the staleness bound
     next_step: int = 0  # the step of its next push
+    # Added to next_step, the worker's clock for the staleness bound. A replacement is set level with the slowest
+    # worker, so it holds nobody back; server 0 decides it and the worker carries it to every other server, so that
+    # all servers count the same clocks (per-server clocks deadlocked two workers in a test: each was ahead on the
+    # server the other waited on).
+    offset: int = 0
     position: int = 0  # samples consumed (server 0 records it with the dense gradients)
     live: bool = False
     done: bool = False
@@ -191,14 +196,18 @@ class Server:
         return message["step"] < self.next_save() or self.saved_at >= self.next_save()  # a push past the cut waits
 
     def within_staleness(self, w: int) -> bool:
-        return self.cfg.staleness < 0 or self.workers[w].applied - self.slowest() <= self.cfg.staleness
+        return self.cfg.staleness < 0 or self.clock(self.workers[w]) - self.slowest() <= self.cfg.staleness
+
+    @staticmethod
+    def clock(view: WorkerView) -> int:
+        return view.next_step + view.offset
 
     def slowest(self) -> int:
         """The clock of the slowest worker that can move: one held at the next cut waits for the others to reach it,
         so counting it would deadlock a worker that is ahead in clock (a replacement starts level) but behind in
         steps."""
         cut = self.next_save()
-        clocks = [v.applied for v in self.workers if v.live and not v.done and v.next_step < cut]
+        clocks = [self.clock(v) for v in self.workers if v.live and not v.done and v.next_step < cut]
         return min(clocks) if clocks else 0
 
     def next_save(self) -> int:
@@ -217,11 +226,17 @@ class Server:
         (self.answer_pull if message["op"] == "pull" else self.apply_push)(message)
 
     def on_hello(self, message: dict) -> None:
+        """A worker (re)joins: server 0 records where it stands and sets its clock level with the slowest other
+        worker; the worker then brings that offset to every other server."""
         view = self.workers[message["w"]]
-        # A replacement starts level with the slowest live worker, so it holds nobody back.
-        view.applied, view.live, view.done = max(view.applied, self.slowest()), True, False
+        if "offset" in message:
+            view.offset = message["offset"]
+        else:
+            view.offset = max(view.offset, self.slowest() - view.next_step)
+        view.live, view.done = True, False
         view.waiting.clear()
-        self.store.queue_push(message["reply"], pack({"position": view.position, "step": view.next_step}))
+        reply = {"position": view.position, "step": view.next_step, "offset": view.offset}
+        self.store.queue_push(message["reply"], pack(reply))
 
     def on_left(self, message: dict) -> None:
         view = self.workers[message["w"]]
@@ -267,7 +282,7 @@ class Server:
         w = message["w"]
         reply: dict[str, Any] = {
             "rows": self.table[message["rows"]],
-            "staleness": self.workers[w].applied - self.slowest(),
+            "staleness": self.clock(self.workers[w]) - self.slowest(),
         }
         if self.dense is not None:
             reply["dense"] = self.dense.state_dict()
@@ -283,7 +298,6 @@ class Server:
                 p.grad = grad
             self.optimizer.step()
         view = self.workers[message["w"]]
-        view.applied += 1
         view.next_step = message["step"] + 1
         if "position" in message:
             view.position = message["position"]
@@ -438,9 +452,12 @@ class Worker:
         return unpack(self.servers[g].queue_pop(self.reply))
 
     def run(self) -> int:
-        for g in range(self.layout.servers):
-            self.ask(g, {"op": "hello"})
-        start = [self.answer(g) for g in range(self.layout.servers)][0]  # server 0 records positions
+        self.ask(0, {"op": "hello"})  # server 0 records positions and decides the clock offset
+        start = self.answer(0)
+        for g in range(1, self.layout.servers):
+            self.ask(g, {"op": "hello", "offset": start["offset"]})
+        for g in range(1, self.layout.servers):
+            self.answer(g)
         position, step = start["position"], start["position"] // self.cfg.micro_batch_size
         if position:
             log(f"ps: worker {self.layout.index} rejoins at step {step} ({position} samples consumed)")

@@ -219,7 +219,8 @@ def test_ps_starts_from_another_runs_model_resharded_to_its_own_servers(ps_refer
     fresh_first = np.mean([r["Loss"] for r in ps_reference.emf() if r["Step"] <= 3])
     warm_first = np.mean([r["Loss"] for r in run.emf() if r["Step"] <= 3])
     reference_last = np.mean([r["Loss"] for r in ps_reference.emf()[-40:]])
-    assert warm_first < fresh_first - 0.05 and abs(warm_first - reference_last) < 0.06
+    # At the reference's final loss or below it (its first batches are ones the initial model trained on twice).
+    assert warm_first < fresh_first - 0.05 and warm_first < reference_last + 0.06
 
 
 def test_ps_sigterm_cuts_a_checkpoint_past_every_worker_and_resumes_from_it(ctr_data_dir, tmp_path):
