@@ -16,13 +16,13 @@ local run measures quality against the best any model can do, without downloadin
 from __future__ import annotations
 
 import math
-import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
+from data import write_atomically
 from errors import UsageError
 
 N_DENSE = 13
@@ -64,14 +64,9 @@ def parse_lines(lines: list[str], source: str = "") -> np.ndarray:
 
 
 def write_records(path: Path, records: np.ndarray) -> None:
-    """One shard, atomically (temp name, fsync, rename), like data.write_shard."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(HEADER.pack(MAGIC, VERSION, CTR_RECORD.itemsize, len(records)))
-        f.write(np.ascontiguousarray(records, dtype=CTR_RECORD).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """One shard, atomically, as the token shards are written."""
+    header = HEADER.pack(MAGIC, VERSION, CTR_RECORD.itemsize, len(records))
+    write_atomically(path, header, np.ascontiguousarray(records, dtype=CTR_RECORD).tobytes())
 
 
 def open_records(path: Path) -> np.ndarray:

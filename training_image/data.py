@@ -42,12 +42,17 @@ SPLITS = ("train", "val")
 def write_shard(path: Path, tokens: np.ndarray) -> None:
     """Write one shard atomically (temp name, fsync, rename)."""
     tokens = np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE)
+    header = bytearray(HEADER.pack(MAGIC, VERSION, TOKEN_DTYPE().itemsize, tokens.size))
+    MAX_ID.pack_into(header, MAX_ID_OFFSET, int(tokens.max()) + 1 if tokens.size else 0)
+    write_atomically(path, bytes(header), tokens.tobytes())
+
+
+def write_atomically(path: Path, header: bytes, body: bytes) -> None:
+    """A shard file written under a temporary name, fsynced, then renamed: a reader never sees half of one."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
-        header = bytearray(HEADER.pack(MAGIC, VERSION, TOKEN_DTYPE().itemsize, tokens.size))
-        MAX_ID.pack_into(header, MAX_ID_OFFSET, int(tokens.max()) + 1 if tokens.size else 0)
         f.write(header)
-        f.write(tokens.tobytes())
+        f.write(body)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -166,7 +166,7 @@ class Server:
     # -- the loop --
 
     def serve(self) -> int:
-        handlers = {"hello": self.on_hello, "pull": self.on_pull, "push": self.on_push, "done": self.on_done}
+        handlers = {"hello": self.on_hello, "pull": self.on_request, "push": self.on_request, "done": self.on_done}
         handlers |= {"left": self.on_left, "saved": self.on_saved, "stop": self.on_stop, "cut": self.on_cut}
         while not self.finished:
             try:
@@ -264,19 +264,13 @@ class Server:
         view = self.workers[message["w"]]
         view.done, view.live = True, False
 
-    def on_pull(self, message: dict) -> None:
+    def on_request(self, message: dict) -> None:
+        """A pull or a push: handled now, or held behind the worker's earlier held messages (their order kept)."""
         view = self.workers[message["w"]]
         if view.waiting or not self.allowed(message["w"], message):
             view.waiting.append(message)
         else:
-            self.answer_pull(message)
-
-    def on_push(self, message: dict) -> None:
-        view = self.workers[message["w"]]
-        if view.waiting or not self.allowed(message["w"], message):
-            view.waiting.append(message)
-        else:
-            self.apply_push(message)
+            self.handle_now(message)
 
     def answer_pull(self, message: dict) -> None:
         w = message["w"]
