@@ -206,3 +206,31 @@ def test_a_restart_after_a_final_code_ends_the_same_way_without_running_again(tm
     assert exit_info.value.code == 5 and (tmp_path / "restart1-rank1").read_text().startswith("5 ")
     (tmp_path / "restart0-rank1").write_text("1 10.0")  # a crash: the restart runs the script again
     assert exit_relay.previous_final_code() is None
+
+
+def test_a_parameter_server_run_gets_the_supervisor_with_the_batch_nodes_layout():
+    # --strategy ps: no torchrun (it would restart every worker of a node for one failure); the supervisor takes
+    # the same plan: node count and rank, one worker per accelerator, the rendezvous endpoint for its registry.
+    env = {
+        **BATCH,
+        "AWS_BATCH_JOB_NODE_INDEX": "2",
+        "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.1.7",
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
+    prepared = launch.prepare("train", ["--strategy", "ps", "--model", "ctr-small"], env)
+    assert "torch.distributed.run" not in prepared.command and prepared.command[1].endswith("train.py")
+    layout = {k: v for k, v in prepared.env.items() if k.startswith("PS_") or k == "MAX_RESTARTS"}
+    assert layout == {
+        "PS_NNODES": "4",
+        "PS_NODE_RANK": "2",
+        "PS_WORKERS_PER_NODE": "8",
+        "PS_REGISTRY": "10.0.1.7:29500",
+        "PS_HOST": "127.0.0.1",
+        "MAX_RESTARTS": "3",
+    }
+
+
+def test_a_parameter_server_run_refuses_an_elastic_node_range():
+    env = {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0", "ELASTIC_MIN_NODES": "2"}
+    with pytest.raises(UsageError, match="fixed node count"):
+        launch.prepare("train", ["--strategy", "ps"], env)
