@@ -189,6 +189,8 @@ class Server:
             if self.save_due():
                 self.save(self.next_save())
                 progress = True
+        if self.saved_at >= self.cfg.max_steps and all(v.done for v in self.workers) and not self.pending_saves:
+            self.finished = True  # a run resumed from its last cut: nothing was left to train
 
     def allowed(self, w: int, message: dict) -> bool:
         if message["op"] == "pull":

@@ -242,3 +242,20 @@ def test_ps_sigterm_cuts_a_checkpoint_past_every_worker_and_resumes_from_it(ctr_
     again = run_ps(ps_args(ctr_data_dir, ckpt), tmp_path / "again")
     assert again.returncode == 0 and f"resumed from {ckpt}/step_{stopped:09d}" in again.stderr, again.stderr[-2000:]
     assert final_positions(ckpt) == [STEPS * BATCH, STEPS * BATCH]
+
+
+def test_ps_a_finished_run_started_again_ends_at_once(ps_reference, ctr_data_dir, tmp_path):
+    # A retried or repeated submission of a run that already reached its last step: nothing to train, exit 0.
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(ps_reference.checkpoint_dir, ckpt)
+    run = run_ps(ps_args(ctr_data_dir, ckpt), tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"resumed from {ckpt}/step_{STEPS:09d} at step {STEPS}" in run.stderr
+    assert [
+        json.loads(line)["ps_worker_summary"]["steps"] for line in run.stdout.splitlines() if "summary" in line
+    ] == [
+        0,
+        0,
+    ]
