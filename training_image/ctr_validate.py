@@ -1,9 +1,8 @@
 """Validation of the sparse click-through model (ps.py's checkpoints): log-loss, the gate's metric (lower is better,
 as val_loss is), and AUC on the holdout split, both of the newest loadable checkpoint.
 
-The tables are assembled whole from every server's shard (server g holds rows r % servers == g), so validation needs
-the host memory of every table at once: ctr_model.CtrConfig.table_bytes (69 GB for ctr-large), which the GPU training
-instances have many times over.
+The rows are read from every server's shard (server g holds rows r % servers == g) where a batch needs them, through
+memory maps, so validation needs the host memory of the rows it touches, not of the tables (ShardedTable).
 """
 
 from __future__ import annotations
@@ -37,30 +36,40 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def load(path: Path, with_optimizer: bool = False) -> tuple[CtrModel, torch.Tensor, dict]:
-    """The dense model and the whole embedding table (every table's rows, table f's row r at f * rows + r); with
-    `with_optimizer`, meta also carries the rows' Adagrad accumulators ("accum") and the dense optimizer's state."""
+class ShardedTable:
+    """Every server's rows (table f's row r is global row f * rows + r, held by server r % servers), read where they
+    are needed: the shards are memory-mapped (torch.load mmap=True), so a reader holds only the rows it gathers. A
+    whole ctr-large table is 66 GB; a Trainium environment validates on trn1.2xlarge, which has 32 GiB."""
+
+    def __init__(self, shards: list[torch.Tensor]) -> None:
+        self.shards = shards
+
+    def __getitem__(self, rows: torch.Tensor) -> torch.Tensor:
+        flat, servers = rows.reshape(-1), len(self.shards)
+        out = torch.empty(len(flat), *self.shards[0].shape[1:], dtype=self.shards[0].dtype)
+        for g, shard in enumerate(self.shards):
+            mine = flat % servers == g
+            out[mine] = shard[flat[mine] // servers]
+        return out.reshape(*rows.shape, *self.shards[0].shape[1:])
+
+
+def load(path: Path, with_optimizer: bool = False) -> tuple[CtrModel, ShardedTable, dict]:
+    """The dense model and the embedding rows of every server; with `with_optimizer`, meta also carries the rows'
+    Adagrad accumulators ("accum", a ShardedTable too) and the dense optimizer's state."""
     meta = verify(path, "ps")  # sizes and CRC-32 of every shard, as the servers' resume checks them
     model_cfg = meta["config"]["model"]
     cfg = CtrConfig(model_cfg["rows"], model_cfg["dim"], tuple(model_cfg["bottom"]), tuple(model_cfg["top"]))
-    servers = meta["world_size"]
-    table = torch.empty(cfg.table_rows, cfg.dim)
-    accum = torch.empty(cfg.table_rows) if with_optimizer else None
-    for g in range(servers):
-        shard = torch.load(path / f"server_{g}.pt", weights_only=True)
-        table[g::servers] = shard["table"]
-        if accum is not None:
-            accum[g::servers] = shard["accum"]
+    shards = [torch.load(path / f"server_{g}.pt", weights_only=True, mmap=True) for g in range(meta["world_size"])]
     dense = torch.load(path / "dense.pt", weights_only=True)
     model = CtrModel(cfg)
     model.load_state_dict(dense["model"])
     if with_optimizer:
-        meta = {**meta, "accum": accum, "optimizer": dense["optimizer"]}
-    return model.eval(), table, meta
+        meta = {**meta, "accum": ShardedTable([s["accum"] for s in shards]), "optimizer": dense["optimizer"]}
+    return model.eval(), ShardedTable([s["table"] for s in shards]), meta
 
 
 @torch.no_grad()
-def predict(model: CtrModel, table: torch.Tensor, records: np.ndarray) -> np.ndarray:
+def predict(model: CtrModel, table: ShardedTable, records: np.ndarray) -> np.ndarray:
     logits = []
     for start in range(0, len(records), BATCH):
         batch = records[start : start + BATCH]
@@ -70,7 +79,7 @@ def predict(model: CtrModel, table: torch.Tensor, records: np.ndarray) -> np.nda
     return np.concatenate(logits)
 
 
-def load_newest(root: Path, with_optimizer: bool = False) -> tuple[CtrModel, torch.Tensor, dict, Path]:
+def load_newest(root: Path, with_optimizer: bool = False) -> tuple[CtrModel, ShardedTable, dict, Path]:
     """`load` of a step_* checkpoint, or of the newest loadable one of a checkpoint folder (damaged ones skipped)."""
     candidates = [root] if (root / "meta.json").exists() else step_dirs(root)
     if not candidates:

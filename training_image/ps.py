@@ -411,8 +411,8 @@ class Server:
                 f"a {meta['config']['train']['model']} model",
                 f"a {self.cfg.model} checkpoint",
             )
-        self.table = table[self.layout.index :: self.layout.servers].clone()
-        self.accum = meta["accum"][self.layout.index :: self.layout.servers].clone()
+        mine = torch.arange(self.layout.index, self.ccfg.table_rows, self.layout.servers)  # this server's global rows
+        self.table, self.accum = table[mine], meta["accum"][mine]
         if self.dense is not None and self.optimizer is not None:
             self.dense.load_state_dict(model.state_dict())
             self.optimizer.load_state_dict(meta["optimizer"])

@@ -110,3 +110,15 @@ def test_the_sparse_models_settings_are_refused_in_one_line(tmp_path, changes, w
     with pytest.raises(UsageError) as err:
         TrainConfig(data=str(tmp_path), checkpoint_dir=str(tmp_path / "c"), max_steps=1, **changes)
     assert words in str(err.value)
+
+
+def test_sharded_rows_read_back_as_the_whole_table_would_give_them():
+    # Validation and --init-from read every server's shard (rows r % servers) where a batch needs them.
+    from ctr_validate import ShardedTable
+
+    full = torch.randn(1000, 4)
+    table = ShardedTable([full[g::3] for g in range(3)])
+    rows = torch.randint(0, 1000, (7, 26))
+    assert torch.equal(table[rows], full[rows])
+    accum = ShardedTable([full[g::3, 0] for g in range(3)])
+    assert torch.equal(accum[torch.arange(2, 1000, 5)], full[2::5, 0])
