@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from errors import EXIT_DIVERGED, EXIT_FOLDER_LOCKED, EXIT_USAGE
+from errors import EXIT_DIVERGED, EXIT_FOLDER_LOCKED, EXIT_USAGE, RELAYED, exit_process
 
 EXIT_CODE_DIR = "LAUNCH_EXIT_CODE_DIR"
 FINAL = {EXIT_USAGE, EXIT_DIVERGED, EXIT_FOLDER_LOCKED}  # a restart would end the same way
@@ -80,14 +80,16 @@ def main() -> None:
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     code = 1  # an exception escaping the script
+    os.environ[RELAYED] = "1"  # the script raises its code for us (errors.exit_process)
     try:
         runpy.run_path(script, run_name="__main__")
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        raise
     finally:
         record(code)
+    os.environ.pop(RELAYED)  # the relay itself leaves without finalization
+    exit_process(code)  # not reached when another exception escapes: its traceback is printed and the code is 1
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import efa_proof
 from collectives import COLLECTIVES, measure
 from distributed import DEVICES, KIND_TO_DEVICE, Runtime, destroy_distributed, init_distributed, resolve_device
-from errors import EXIT_REPORT_NOT_WRITTEN, UsageError, exit_with_usage_error
+from errors import EXIT_REPORT_NOT_WRITTEN, UsageError, exit_process, exit_with_usage_error
 from run_paths import expected_nodes_error
 from storage import under_prefix, write_json
 
@@ -301,4 +301,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -21,7 +21,7 @@ import sys
 
 import train_config
 from distributed import destroy_distributed, init_distributed
-from errors import RunRefused, UsageError, exit_refused, exit_with_usage_error
+from errors import RunRefused, UsageError, exit_process, exit_refused, exit_with_usage_error
 from preflight import check_before_start
 from trainer import Trainer
 
@@ -62,4 +62,4 @@ def _parameter_servers(cfg: train_config.TrainConfig, args: argparse.Namespace, 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
