@@ -49,11 +49,12 @@ from torch import nn
 
 from checkpoint_folder import move_into_place
 from checkpoint_format import PREFIX, TMP_PREFIX, CheckpointDamaged, fsync_path, save_file, step_dirs, step_name, verify
+from checkpoint_lock import lock_folder_waiting, lock_holder
 from console import log
 from ctr_data import CtrRecords, block_indices
 from ctr_model import CTR_SIZES, CtrConfig, CtrModel, table_rows
 from distributed import resolve_device
-from errors import EXIT_DIVERGED, RunRefused, UsageError
+from errors import EXIT_DIVERGED, EXIT_FOLDER_LOCKED, RunRefused, UsageError
 from metrics import MetricsLogger
 from train_config import TrainConfig
 
@@ -154,7 +155,18 @@ class Server:
         self.saved_at = 0
         self.stop_at: int | None = None  # a cut asked for by a stop (SIGTERM): at the first step no worker reached
         self.pending_saves: dict[int, dict[str, dict]] = {}  # server 0: the files of each save step written so far
-        if g == 0:  # parts of a cut that a stopped generation did not complete; no save is under way yet
+        if g == 0:
+            # One writer per checkpoint folder, as for the other strategies (checkpoint_lock.py): a second copy of the
+            # same job is refused with exit 5 before it touches a cut. Held until this process ends.
+            Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            self._lock = lock_folder_waiting(Path(cfg.checkpoint_dir), lock_holder())
+            if isinstance(self._lock, str):
+                raise RunRefused(
+                    EXIT_FOLDER_LOCKED,
+                    f"--checkpoint-dir={cfg.checkpoint_dir!r} is in use by another job (holder: {self._lock}); "
+                    "one writer per checkpoint folder",
+                )
+            # Parts of a cut that a stopped generation did not complete; no save is under way yet.
             for leftover in Path(cfg.checkpoint_dir).glob(f"{TMP_PREFIX}{PREFIX}*"):
                 shutil.rmtree(leftover, ignore_errors=True)
         self.resume()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from console import log
 from errors import EXIT_DIVERGED, EXIT_FOLDER_LOCKED, EXIT_STOPPED, EXIT_USAGE, UsageError
+from launch import DEFAULT_PORT
 from ps import INBOX, Layout, open_store, pack
 
 HERE = Path(__file__).resolve().parent
@@ -74,7 +75,7 @@ def node_layout(env: dict[str, str], servers_per_node: int) -> NodeLayout:
         node_rank=number("PS_NODE_RANK", 0, 0),
         workers_per_node=number("PS_WORKERS_PER_NODE", 2, 1),
         servers_per_node=servers_per_node,
-        registry=env.get("PS_REGISTRY", "127.0.0.1:29500"),
+        registry=env.get("PS_REGISTRY", f"127.0.0.1:{DEFAULT_PORT}"),
         host=env.get("PS_HOST", "127.0.0.1"),
         max_restarts=number("MAX_RESTARTS", 3, 0),
     )

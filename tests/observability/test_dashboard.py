@@ -11,7 +11,7 @@ from aws_cdk.assertions import Template
 from config import Accelerator
 from constructs.observability.accelerator_metrics import AcceleratorMetrics, accelerator_metrics
 from constructs.observability.alarms import TrainingAlarms
-from constructs.observability.dashboard import PS_METRICS, TRAINING_METRICS, TrainingDashboard
+from constructs.observability.dashboard import PS_GRAPHS, PS_METRICS, TRAINING_METRICS, TrainingDashboard
 from tests.observability.metrics import body
 
 EXPECTED_ACCELERATOR_METRICS = {
@@ -108,6 +108,16 @@ def test_dashboard_searches_every_training_metric_over_run_ids():
             f'SEARCH(\'{{EfaTraining,Environment,RunId}} Environment=\\\\\\"dev\\\\\\" '
             f'MetricName=\\\\\\"{metric}\\\\\\"\''
         ) in found, metric
+
+
+def test_the_parameter_server_graphs_draw_metrics_the_image_emits():
+    # Names are a contract with training_image/metrics.py's UNITS (what ps.py's workers write).
+    import sys
+
+    sys.path.insert(0, "training_image")
+    from metrics import UNITS
+
+    assert set(PS_METRICS) <= set(UNITS) and {m for names in PS_GRAPHS.values() for m in names} == set(PS_METRICS)
 
 
 def test_dashboard_graphs_the_parameter_servers_metrics_with_their_statistics():

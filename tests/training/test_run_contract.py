@@ -11,6 +11,7 @@ from contracts.run import (
     MODELS,
     QUEUE_WAIT_MINUTES,
     STRATEGIES,
+    UNBOUNDED_STALENESS,
     execution_seconds,
     hyperparameters,
     stages,
@@ -31,6 +32,12 @@ def test_models_and_strategies_are_the_training_images_own():
 
     assert (tuple(MODEL_SIZES), tuple(CTR_SIZES)) == (GPT_MODELS, CTR_MODELS)
     assert set(MODELS) == set(GPT_MODELS) | set(CTR_MODELS) and STRATEGIES == IMAGE_STRATEGIES
+
+
+def test_the_unbounded_staleness_is_the_training_images():
+    from train_config import UNBOUNDED
+
+    assert UNBOUNDED == UNBOUNDED_STALENESS
 
 
 def test_every_hyperparameter_is_a_training_config_field():
