@@ -170,6 +170,8 @@ class Server:
             for leftover in Path(cfg.checkpoint_dir).glob(f"{TMP_PREFIX}{PREFIX}*"):
                 shutil.rmtree(leftover, ignore_errors=True)
         self.resume()
+        # Any free port, on every interface: the training nodes' security group allows all traffic among its members
+        # (the EFA user guide requires it, efa-start.html; constructs/network/efa_network.py), so no port is opened.
         self.store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
         self.registry = open_store(layout.registry)
         self.registry.set(layout.server_key(g), f"{layout.host}:{self.store.port}")
