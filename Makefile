@@ -17,7 +17,7 @@ HOURS       ?= 24
 
 DIAGRAM_ENV ?= prod
 
-.PHONY: synth test lint setup deploy local-run cost-report bench diagram diagram-tree clean
+.PHONY: synth test lint setup deploy destroy local-run cost-report bench diagram diagram-tree clean
 
 setup: $(VENV)/.test-deps $(XLA_VENV)/.deps node_modules/.installed
 
@@ -55,8 +55,14 @@ lint: $(VENV)/.test-deps
 # One command per environment: checks Docker and credentials (one line each), bootstraps if needed, logs in to
 # the base image's registry, deploys every stack. DRY_RUN=1 prints the plan; CDK_ARGS go to `cdk deploy`.
 ENV ?= dev
+# NO_PROMPT=1 for CI (never asks for approval); ALLOW_RUNNING=1 deploys even while a pipeline execution runs.
 deploy: $(VENV)/.synth-deps node_modules/.installed
-	$(PY) -m tools.deploy $(ENV) $(if $(DRY_RUN),--dry-run) $(if $(CDK_ARGS),-- $(CDK_ARGS))
+	$(PY) -m tools.deploy $(ENV) $(if $(DRY_RUN),--dry-run) $(if $(NO_PROMPT),--ci) \
+		$(if $(ALLOW_RUNNING),--allow-running) $(if $(CDK_ARGS),-- $(CDK_ARGS))
+
+# Every stack of ENV in an order that ends clean; with retain_data it keeps the data and says how to remove it.
+destroy: $(VENV)/.synth-deps node_modules/.installed
+	$(PY) -m tools.destroy $(ENV) $(if $(DRY_RUN),--dry-run) $(if $(ALLOW_RUNNING),--allow-running)
 
 # LOCAL_MODEL=ctr-tiny runs the sparse click-through model on parameter servers instead of the GPT.
 LOCAL_MODEL ?= tiny

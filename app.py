@@ -63,9 +63,18 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
         pipeline=pipeline,
         env=env,
     )
-    # Every resource carries the project and environment: the cost-allocation tags budgets filter on.
-    cdk.Tags.of(app).add("Project", PROJECT)
-    cdk.Tags.of(app).add("Environment", config.name)
+    # Each stack depends on every stack it is given, whether or not a reference shows it: an imported export, a
+    # weak reference or an image the Registry stack publishes. `cdk deploy <one stack>` then deploys what it uses
+    # first, and --concurrency never runs a consumer before its producer (tests/test_stack_dependencies.py).
+    for consumer, producers in (
+        (storage, [network]),
+        (compute, [network, storage, registry]),
+        (pipeline, [network, storage, registry, alerts, compute]),
+        (observability, [storage, alerts, compute, pipeline]),
+    ):
+        for producer in producers:
+            consumer.add_stack_dependency(producer, "uses its exports, outputs or image")
+    tag(app, config)
     return {
         "network": network,
         "storage": storage,
@@ -75,6 +84,22 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
         "pipeline": pipeline,
         "observability": observability,
     }
+
+
+# Types whose Tags are create-only (their CloudFormation resource schemas' createOnlyProperties, as cfn-lint bundles
+# them): a changed tag replaces the resource, and replacing a Batch queue terminates its jobs (Batch API reference,
+# DeleteJobQueue). They carry only the two tags whose values never change for an environment.
+CREATE_ONLY_TAGS = ("AWS::Batch::ComputeEnvironment", "AWS::Batch::JobQueue", "AWS::Batch::SchedulingPolicy")
+
+
+def tag(app: cdk.App, config: EnvironmentConfig) -> None:
+    """Every resource carries the project and environment (the cost-allocation tags budgets filter on); the
+    user's `tags` go on every resource that takes a tag change in place."""
+    fixed = {"Project": PROJECT, "Environment": config.name}
+    for key, value in {**fixed, **config.tag_map}.items():
+        cdk.Tags.of(app).add(key, value, exclude_resource_types=list(CREATE_ONLY_TAGS))
+    for key, value in fixed.items():
+        cdk.Tags.of(app).add(key, value, include_resource_types=list(CREATE_ONLY_TAGS))
 
 
 def build_app(context: dict | None = None, outdir: str | None = None) -> tuple[cdk.App, dict[str, cdk.Stack]]:

@@ -68,6 +68,11 @@ _ARN = re.compile(
 )
 _CIDR16 = re.compile(r"10\.([0-9]{1,3})\.0\.0/16")
 # Docker image tags (and ECR's): [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}.
+# AWS tags (Tagging AWS resources, "Tag naming limits and requirements"), ASCII: a key of 1-128, a value of 0-256.
+_TAG = re.compile(r"(?!aws:)[A-Za-z0-9 _.:/+@-]{1,128}=[A-Za-z0-9 _.:/=+@-]{0,256}", re.ASCII)
+# Tags the app sets itself (app.py): the cost-allocation tags the budgets filter on.
+APP_TAG_KEYS = ("Project", "Environment")
+MAX_TAGS = 40
 _IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 # Numbers on the command line and in cdk.json: ASCII digits only (Python's int() and float() also take other
 # scripts' digits, '_' separators, 'inf' and 'nan').
@@ -107,13 +112,19 @@ class EnvironmentConfig:
     fsx_throughput_per_tib: int = 125
     budget_monthly_usd: float = 1000.0
     alert_emails: tuple[str, ...] = ()
+    # Cost-allocation tags of your own, "Key=Value", on every resource that takes a tag change in place (app.py).
+    tags: tuple[str, ...] = ()
     retain_data: bool = False
+    # Checkpoints and run reports: days a replaced or deleted object version is kept before S3 expires it.
+    noncurrent_version_days: int = 7
     log_retention_days: int = 30
     ecr_keep_images: int = 10
     eks_capacity_type: str = "on_demand"
     # The Capacity Block reservation the EKS accelerator nodes launch into (required with capacity_block).
     eks_capacity_reservation_id: str | None = None
     eks_admin_role_arns: tuple[str, ...] = ()
+    # Kubeflow Trainer's Helm chart (the pipeline runs plain Indexed Jobs and needs none of it).
+    eks_kubeflow_trainer: bool = False
     image_tag: str | None = None
     # Observability: alarm when accelerators average below this utilisation for this long (idle GPUs cost money),
     # and when FSx free capacity falls below this share of fsx_storage_gib.
@@ -230,6 +241,30 @@ class EnvironmentConfig:
             f"a CloudWatch Logs retention: {', '.join(map(str, LOG_RETENTION_DAYS))}",
         )
         _check(self, "ecr_keep_images", 1 <= self.ecr_keep_images <= 1000, "an integer from 1 to 1000")
+        _check_list(
+            self,
+            "tags",
+            _TAG,
+            "Key=Value tags (ASCII letters, digits, spaces and _ . : / + @ -; a key of at most 128 characters not "
+            "starting with aws:, a value of at most 256)",
+            MAX_TAGS,
+            max_length=385,
+        )
+        keys = [tag.split("=", 1)[0] for tag in self.tags]
+        taken = next((key for key in keys if key in APP_TAG_KEYS or keys.count(key) > 1), None)
+        _check(
+            self,
+            "tags",
+            taken is None,
+            f"each key once, and not {' or '.join(APP_TAG_KEYS)} (the app sets them)",
+            taken,
+        )
+        _check(
+            self,
+            "noncurrent_version_days",
+            1 <= self.noncurrent_version_days <= 3650,
+            "an integer from 1 to 3650 (days S3 keeps a replaced checkpoint or report)",
+        )
 
     def _check_eks(self) -> None:
         """EKS capacity and access, and the image tag."""
@@ -348,6 +383,11 @@ class EnvironmentConfig:
         return CATALOGUE[
             self.batch_single_node_instance_type or self.instance.validation_instance_type or self.instance_type
         ]
+
+    @property
+    def tag_map(self) -> dict[str, str]:
+        """`tags` as a mapping, key to value."""
+        return dict(tag.split("=", 1) for tag in self.tags)
 
     @property
     def stack_prefix(self) -> str:

@@ -25,5 +25,15 @@ def stack_name(environment: str, unit: str) -> str:
     return f"{stack_prefix(environment)}-{unit}"
 
 
+def batch_name(environment: str, unit: str) -> str:
+    """The fixed name of a Batch queue or job definition: `efa-training-<env>-<unit>` (train, multi-node, ...).
+
+    Fixed so that the pipeline names what it submits to and no cross-stack value can go stale: a job definition's
+    ARN carries a revision that every redeploy of a changed definition deregisters, while SubmitJob takes the
+    name alone and uses "the latest active revision" (Batch API reference, SubmitJob `jobDefinition`).
+    """
+    return f"{PROJECT}-{environment}-{unit}"
+
+
 def dashboard_name(environment: str) -> str:
     return f"{stack_prefix(environment)}-training"

@@ -1,7 +1,7 @@
 """AWS Batch compute backend: EFA hosts in one cluster placement group, fair-share queues, the three jobs.
 
 A `ComputeBackend` (constructs/compute/backend.py): `job_runner` submits the pipeline's jobs to the queues,
-`accelerator_metrics` and `job_queue_arns` feed the dashboard. Also exposed for operators and tests:
+`accelerator_metrics` and `job_queue_names` feed the dashboard. Also exposed for operators and tests:
   multi_node_queue, single_node_queue, single_node_on_demand_queue (the on-demand path of single-node jobs when
   single_node_queue is on Spot, else None); job_definitions {"sanity", "train", "validate"}; log_group (every
   job's output); job_role (what the training code may do); the compute environments, placement group and
@@ -18,6 +18,7 @@ import aws_cdk.aws_logs as logs
 import aws_cdk.aws_stepfunctions as sfn
 
 from config import Accelerator, EnvironmentConfig, InstanceType
+from config.layout import batch_name
 from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, ComputeBackend
 from constructs.compute.batch.host_user_data import host_user_data
@@ -121,15 +122,16 @@ class BatchStack(cdk.Stack):
         self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
         self._compute_environments(config, network)
         self._queues(config)
+        # By fixed names, not references (BatchJobRunner): a redeploy never leaves the pipeline on a stale value.
         self.job_runner = BatchJobRunner(
-            multi_node_queue=self.multi_node_queue,
-            single_node_queue=self.single_node_queue,
-            job_definitions=self.job_definitions,
+            multi_node_queue=self.queue_names["multi_node"],
+            single_node_queue=self.queue_names["single_node"],
+            job_definitions=dict(self.jobs.names),
             share_identifier=PIPELINE_SHARE,
-            single_node_on_demand_queue=self.single_node_on_demand_queue,
+            single_node_on_demand_queue=self.queue_names.get("single_node_on_demand"),
         )
         self.accelerator_metrics = accelerator_metrics("batch", config.instance.accelerator, environment=config.name)
-        self.job_queue_arns = [self.multi_node_queue.job_queue_arn, self.single_node_queue.job_queue_arn]
+        self.job_queue_names = list(self.queue_names.values())
         self._outputs()
 
     def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:
@@ -237,12 +239,18 @@ class BatchStack(cdk.Stack):
         unsatisfiable = _cancel_after(30, batch.JobStateTimeLimitActionsReason.JOB_RESOURCE_REQUIREMENT)
         stuck = [unsatisfiable, _cancel_after(CAPACITY_WAIT_MINUTES, NO_CAPACITY)]
         spot_stuck = [unsatisfiable, _cancel_after(SPOT_CAPACITY_WAIT_MINUTES, NO_CAPACITY)]
-        self.multi_node_queue = self._queue("MultiNodeQueue", self.multi_node_environment, stuck)
+        self.queue_names: dict[str, str] = {}
+        self.multi_node_queue = self._queue("MultiNodeQueue", "multi-node", self.multi_node_environment, stuck)
         self.single_node_queue = self._queue(
-            "SingleNodeQueue", self.single_node_environment, spot_stuck if config.batch_single_node_spot else stuck
+            "SingleNodeQueue",
+            "single-node",
+            self.single_node_environment,
+            spot_stuck if config.batch_single_node_spot else stuck,
         )
         self.single_node_on_demand_queue = (
-            self._queue("SingleNodeOnDemandQueue", self.single_node_on_demand_environment, stuck)
+            self._queue(
+                "SingleNodeOnDemandQueue", "single-node-on-demand", self.single_node_on_demand_environment, stuck
+            )
             if self.single_node_on_demand_environment
             else None
         )
@@ -255,8 +263,9 @@ class BatchStack(cdk.Stack):
         ):
             if queue is not None:
                 cdk.CfnOutput(self, f"{name}QueueArn", value=queue.job_queue_arn)
-        for name, definition in self.job_definitions.items():
-            cdk.CfnOutput(self, f"{name.capitalize()}JobDefinitionArn", value=definition.job_definition_arn)
+        for name, definition in self.jobs.names.items():
+            # The name, not the ARN: submitted without a revision, it runs the latest active one (SubmitJob).
+            cdk.CfnOutput(self, f"{name.capitalize()}JobDefinitionName", value=definition)
         cdk.CfnOutput(self, "JobLogGroupName", value=self.log_group.log_group_name)
 
     def _never_cut_short(self, jobs: tuple[str, ...]) -> dict:
@@ -299,11 +308,16 @@ class BatchStack(cdk.Stack):
         return environment
 
     def _queue(
-        self, id_: str, environment: batch.IComputeEnvironment, stuck: list[batch.JobStateTimeLimitAction]
+        self, id_: str, unit: str, environment: batch.IComputeEnvironment, stuck: list[batch.JobStateTimeLimitAction]
     ) -> batch.JobQueue:
+        # A fixed name: the pipeline and the dashboard name the queue instead of reading a reference. JobQueueName
+        # is create-only (as are Tags and JobQueueType), so CloudFormation refuses, rather than performs, any change
+        # that would replace a named queue, and deleting a queue terminates its jobs (Batch API, DeleteJobQueue).
+        self.queue_names[unit.replace("-", "_")] = name = batch_name(self._config.name, unit)
         return batch.JobQueue(
             self,
             id_,
+            job_queue_name=name,
             priority=1,
             scheduling_policy=self.scheduling_policy,
             compute_environments=[batch.OrderedComputeEnvironment(compute_environment=environment, order=1)],

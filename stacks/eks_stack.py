@@ -44,7 +44,12 @@ class EksStack(cdk.Stack):
         self.nodes = config.nodes
         self.image_uri = registry.image_uri
         training = EksTrainingCluster(
-            self, "Training", vpc=network.vpc, instance=config.instance, admin_role_arns=config.eks_admin_role_arns
+            self,
+            "Training",
+            vpc=network.vpc,
+            instance=config.instance,
+            admin_role_arns=config.eks_admin_role_arns,
+            kubeflow_trainer=config.eks_kubeflow_trainer,
         )
         self.cluster = training.cluster
         self.cluster_name = self.cluster.cluster_name
@@ -74,7 +79,7 @@ class EksStack(cdk.Stack):
             instance=config.instance,
             image=registry.image_uri,
             nodes=config.nodes,
-            trainer_chart=training.charts["trainer"],
+            trainer_chart=training.charts.get("trainer"),
             fsx_csi_driver=training.addons["aws-fsx-csi-driver"],
             fsx_revision=storage.file_system_revision,
             environment=config.name,
@@ -92,7 +97,7 @@ class EksStack(cdk.Stack):
         self.accelerator_metrics = accelerator_metrics(
             "eks", config.instance.accelerator, environment=config.name, cluster_name=self.cluster.cluster_name
         )
-        self.job_queue_arns: list[str] = []  # Jobs go straight to the cluster
+        self.job_queue_names: list[str] = []  # Jobs go straight to the cluster
         self._log_retention = log_retention(config)
         cdk.CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
         cdk.CfnOutput(

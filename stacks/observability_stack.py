@@ -40,7 +40,9 @@ class ObservabilityStack(cdk.Stack):
         state_machine = pipeline.state_machine
         file_system_id = storage.file_system.file_system_id
         accelerators = compute.accelerator_metrics
-        queue_arns = list(compute.job_queue_arns)
+        queue_arns = [
+            self.format_arn(service="batch", resource="job-queue", resource_name=q) for q in compute.job_queue_names
+        ]
         self.job_states = None
         if queue_arns:
             self.job_states = JobStateMetrics(
@@ -59,6 +61,7 @@ class ObservabilityStack(cdk.Stack):
             accelerators=accelerators,
             alarm_prefix=config.stack_prefix,
             file_system_id=file_system_id,
+            file_system_revision=storage.file_system_revision,
             fsx_storage_gib=config.fsx_storage_gib,
             fsx_free_percent=config.fsx_free_capacity_alarm_percent,
             idle_threshold_percent=config.gpu_idle_threshold_percent,

@@ -75,7 +75,7 @@ class SageMakerStack(cdk.Stack):
             environment=config.name,
             accelerators_per_host=config.instance.accelerators,
         )
-        self.job_queue_arns: list[str] = []  # Jobs go straight to SageMaker
+        self.job_queue_names: list[str] = []  # Jobs go straight to SageMaker
         cdk.CfnOutput(self, "ExecutionRoleArn", value=self.execution_role.role_arn)
         cdk.CfnOutput(self, "TrainingInstanceType", value=config.instance.sagemaker_instance_type)
         cdk.CfnOutput(self, "ValidationInstanceType", value=config.single_node_instance.sagemaker_instance_type)

@@ -54,6 +54,7 @@ class StorageStack(cdk.Stack):
             storage_gib=config.fsx_storage_gib,
             throughput_per_tib=config.fsx_throughput_per_tib,
             removal_policy=data_removal_policy(config),
+            noncurrent_version_days=config.noncurrent_version_days,
         )
         self.bucket = storage.bucket
         self.file_system = storage.file_system

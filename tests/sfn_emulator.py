@@ -4,7 +4,9 @@
 
 1. Resolves the CloudFormation intrinsics in the DefinitionString (Fn::Join, Ref, Fn::GetAtt,
    Fn::ImportValue, Fn::GetStackOutput, Fn::Sub of pseudo parameters) to emulated resources: a referenced SNS
-   topic, S3 bucket, Batch queue or job definition is created in moto and its name/ARN substituted.
+   topic, S3 bucket, Batch queue or job definition is created in moto and its name/ARN substituted. Queues and
+   job definitions the pipeline names instead of referencing (their fixed names) are created from the Batch
+   stack's template first, as `cdk deploy` creates them before the pipeline.
 2. Works around moto 5.2.1's Batch integration, which hands Step Functions' PascalCase request
    to boto unchanged (KeyError) and expects PascalCase back (AWS_FACTS.md): a client proxy maps
    `submit_job`'s request onto boto's member names (using botocore's own shape, so the
@@ -262,6 +264,7 @@ class Emulator:
         self.s3 = boto3.client("s3", region_name=REGION)
         self.ssm = boto3.client("ssm", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
+        self._create_named_batch_resources()
         machine = next(
             r for r in self.template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine"
         )
@@ -420,6 +423,16 @@ class Emulator:
             arn = self.create_job_definition(name)
             return {"Ref": arn, "JobDefinitionArn": arn}
         raise NotImplementedError(f"the emulator cannot create {kind} ({name})")
+
+    def _create_named_batch_resources(self) -> None:
+        creators = {"AWS::Batch::JobQueue": ("JobQueueName", self.create_job_queue)}
+        creators["AWS::Batch::JobDefinition"] = ("JobDefinitionName", self.create_job_definition)
+        for template in self.templates.values():
+            for resource in template.get("Resources", {}).values():
+                name_key, create = creators.get(resource["Type"], (None, None))
+                name = resource.get("Properties", {}).get(name_key) if name_key else None
+                if create and isinstance(name, str):
+                    create(name)
 
     # Batch: one unmanaged compute environment; every job definition a plain container one (moto's
     # non-Docker backend never runs them, and multi-node overrides play no part in the emulation).

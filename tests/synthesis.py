@@ -27,7 +27,7 @@ from config import EnvironmentConfig, efa_instance_types, load_config
 ROOT = Path(__file__).resolve().parent.parent
 CDK_JSON_CONTEXT = json.loads((ROOT / "cdk.json").read_text())["context"]
 ENVIRONMENTS = tuple(CDK_JSON_CONTEXT["environments"])
-BACKENDS = ("batch", "eks")
+BACKENDS = ("batch", "eks", "sagemaker")
 _SUMMARY = "units.json"  # written last: its presence says the cloud assembly is complete
 
 _shared: list[Path] = []  # the run's shared directory (conftest sets it; a plain script gets a private one)

@@ -23,7 +23,7 @@ def test_every_backend_stack_offers_the_seam(synth):
         assert isinstance(runner.fixed_node_count, bool) and isinstance(runner.restarts_lost_hosts, bool)
         assert all(isinstance(error, str) for error in runner.rejected_errors)
         assert stack.accelerator_metrics.backend == backend
-        assert (len(stack.job_queue_arns) == 2) == (backend == "batch")
+        assert (len(stack.job_queue_names) == 3) == (backend == "batch")
 
 
 @pytest.mark.parametrize("instance_type", ["g5.12xlarge", "trn1.32xlarge"])

@@ -58,6 +58,15 @@ BAD_INPUTS = [
     ({"neuron_cc_flags": "-lnc 1"}, ["neuron_cc_flags='-lnc 1'", "NEURON_LOGICAL_NC_CONFIG"]),
     ({"neuron_cc_flags": "-O\u0661"}, ["neuron_cc_flags="]),
     ({"neuron_cc_flags": "-O1 " + "-x " * 200}, ["neuron_cc_flags=", "at most 512"]),
+    # Cost-allocation tags (Tagging AWS resources, "Tag naming limits and requirements"): Key=Value, no aws: prefix,
+    # and not the two the app sets itself (the budget filters on Environment).
+    ({"tags": "CostCenter"}, ["tags='CostCenter'", "Key=Value"]),
+    ({"tags": "aws:owner=me"}, ["tags='aws:owner=me'", "not starting with aws:"]),
+    ({"tags": "Environment=prod"}, ["tags='Environment'", "not Project or Environment"]),
+    ({"tags": "Team=a,Team=b"}, ["tags='Team'", "each key once"]),
+    ({"tags": "Team=" + "x" * 257}, ["tags=", "a value of at most 256"]),
+    ({"noncurrent_version_days": "0"}, ["noncurrent_version_days=0", "1 to 3650"]),
+    ({"eks_kubeflow_trainer": "perhaps"}, ["eks_kubeflow_trainer='perhaps'", "true or false"]),
 ]
 
 
@@ -189,3 +198,8 @@ def test_readme_documents_every_field():
     readme = (ROOT / "README.md").read_text()
     missing = [name for name in FIELD_NAMES if f"| `{name}` |" not in readme]
     assert missing == []
+
+
+def test_tags_become_a_mapping():
+    config = load_config({**CDK_JSON_CONTEXT, "tags": "CostCenter=ml-42,Team=research platform"})
+    assert config.tag_map == {"CostCenter": "ml-42", "Team": "research platform"}

@@ -1,21 +1,24 @@
 """`make deploy ENV=...` (tools/deploy.py): one line per missing prerequisite, then bootstrap, registry login and
 deploy."""
 
+import json
+
 import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
 from tests.synthesis import CDK_JSON_CONTEXT
-from tools import deploy
+from tools import deploy, preflight
 
 
 @pytest.fixture
-def aws(monkeypatch):
-    """STS and ECR from moto; CloudFormation (not among the moto extras we install) stubbed: no CDKToolkit yet."""
+def aws(monkeypatch, tmp_path):
+    """STS and ECR from moto; CloudFormation (not among the moto extras we install) stubbed: no stack exists yet,
+    not even CDKToolkit. The synthesized assembly the checks read is an empty one."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    real = deploy._client
+    real = preflight.client
 
     def client(service, region):
         made = real(service, region)
@@ -29,7 +32,9 @@ def aws(monkeypatch):
             stubber.activate()
         return made
 
-    monkeypatch.setattr(deploy, "_client", client)
+    monkeypatch.setattr(preflight, "client", client)
+    (tmp_path / "manifest.json").write_text(json.dumps({"artifacts": {}}))
+    monkeypatch.setattr(deploy, "ASSEMBLY", tmp_path)
     with mock_aws():
         yield
 
@@ -80,11 +85,13 @@ def test_first_deploy_bootstraps_logs_in_and_deploys(aws, monkeypatch):
         return 0
 
     commands = deploy.plan("dev", dry_run=False, run=run)
-    assert [c[1] for c in commands] == ["bootstrap", "login", "deploy"]
+    assert [c[1] for c in commands] == ["bootstrap", "login", "synth", "deploy"]
     assert commands[0][2] == "aws://123456789012/us-east-1"  # the caller's account, the environment's region
     assert commands[1][-1] == "763104351884.dkr.ecr.us-west-2.amazonaws.com"
     assert ran[1][1]  # the registry password goes to docker on stdin, never on the command line
-    assert commands[2][-3:] == ["--all", "-c", "env=dev"]
+    # One synthesis, checked, then deployed as it is.
+    assert commands[2][-5:-2] == ["--quiet", "-c", "env=dev"] and commands[2][-1] == str(deploy.ASSEMBLY)
+    assert commands[3][2:] == ["--app", str(deploy.ASSEMBLY), "--all"]
 
 
 def test_an_account_mismatch_stops_before_anything_runs(aws, monkeypatch):
@@ -119,13 +126,22 @@ def test_arguments_after_the_separator_go_to_cdk_deploy(aws, monkeypatch):
         return 0
 
     monkeypatch.setattr(deploy, "_run", run)
-    assert deploy.main(["dev", "--", "--require-approval", "never"]) == 0
-    assert ran[-1][-5:] == ["--all", "-c", "env=dev", "--require-approval", "never"]
-    assert deploy.main(["dev"]) == 0 and ran[-1][-3:] == ["--all", "-c", "env=dev"]
+    assert deploy.main(["dev", "--", "--progress", "events", "-c", "nodes=4"]) == 0
+    assert ran[-1][1:] == ["deploy", "--app", str(deploy.ASSEMBLY), "--all", "--progress", "events"]
+    assert ran[-2][-4:-2] == ["-c", "nodes=4"]  # context shapes the synthesis
+    assert deploy.main(["dev"]) == 0 and ran[-1][-3:] == ["--app", str(deploy.ASSEMBLY), "--all"]
+
+
+def test_ci_mode_never_prompts(aws, monkeypatch):
+    monkeypatch.setattr(deploy, "check_docker", lambda run: None)
+    options = deploy.Options(dry_run=True, ci=True)
+    commands = deploy.plan("dev", run=lambda *a, **k: 0, options=options)
+    assert commands[-1][-2:] == ["--require-approval", "never"]
 
 
 def test_context_overrides_reach_the_checks(aws, monkeypatch):
     # With -c image_tag=TAG nothing is built, so Docker is neither checked nor logged in to.
     monkeypatch.setattr(deploy.shutil, "which", lambda name: None)  # no Docker at all
     commands = deploy.plan("dev", dry_run=True, run=lambda *a, **k: 0, extra=["-c", "image_tag=v1"])
-    assert [c[1] for c in commands] == ["bootstrap", "deploy"] and commands[-1][-2:] == ["-c", "image_tag=v1"]
+    assert [c[1] for c in commands] == ["bootstrap", "synth", "deploy"]
+    assert commands[1][-4:-2] == ["-c", "image_tag=v1"]

@@ -1,12 +1,17 @@
 """One command per environment: check what a deploy needs, bootstrap if needed, log in to the base image's
-registry, deploy every stack. `make deploy ENV=dev` runs it; `--dry-run` prints the plan and runs nothing.
+registry, synthesize, check again what only the synthesized app can tell, deploy every stack. `make deploy ENV=dev`
+runs it; `--dry-run` prints the plan and runs nothing; `--ci` never prompts.
 
-    .venv/bin/python -m tools.deploy dev [--dry-run] [-- extra cdk deploy arguments]
+    .venv/bin/python -m tools.deploy dev [--dry-run] [--ci] [--allow-running] [-- extra cdk arguments]
 
-Each check fails with one line and exit 2, before anything is created:
+Each check fails with one line and exit 2, before anything is changed:
 - Docker: `cdk deploy` builds the training image from training_image/ (not needed with `image_tag`);
 - AWS credentials: STS GetCallerIdentity, and the account must be the environment's `account` if it names one;
-- CDK bootstrap: the CDKToolkit stack in the environment's region (created with `cdk bootstrap` if missing);
+- CDK bootstrap: the CDKToolkit stack in the environment's region (created with `cdk bootstrap` if missing), at
+  least the version the synthesized templates require;
+- EKS: the region offers the pinned Kubernetes version in standard support (tools/preflight.py);
+- a run in flight: no pipeline execution of the environment is running while the deploy would change the
+  network, storage or compute stack under it, unless --allow-running;
 - the base image's registry: the GPU image builds FROM an AWS Deep Learning Container in AWS's own ECR
   registry, which needs a login (DLC docs, "Available Deep Learning Containers images"); the Neuron base is on
   public ECR and needs none.
@@ -21,16 +26,22 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from tools import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 CDK = ROOT / "node_modules" / ".bin" / "cdk"
-BOOTSTRAP_STACK = "CDKToolkit"
+# `cdk deploy` deploys the assembly synthesized (and checked) here, not a new synthesis.
+ASSEMBLY = ROOT / "cdk.out"
+# The stacks a run in flight stands on: a change to one of them may replace hosts or the file system under it.
+RUN_UNITS = ("Network", "Storage", "Batch", "Eks", "SageMaker")
 DOCKERFILES = {"nvidia": "Dockerfile.gpu", "neuron": "Dockerfile.neuron"}
 _PRIVATE_ECR = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com/")
 
 
-class DeployError(Exception):
+class DeployError(preflight.PreflightError):
     """A missing prerequisite: printed as one line."""
 
 
@@ -48,15 +59,7 @@ def base_registry(dockerfile: Path) -> tuple[str, str, str] | None:
 
 
 def _client(service: str, region: str):
-    import boto3
-    from botocore.config import Config
-
-    # Bounded: a credential or endpoint problem ends in a line, not a hang.
-    return boto3.client(
-        service,
-        region_name=region,
-        config=Config(connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}),
-    )
+    return preflight.client(service, region)
 
 
 def check_docker(run: Callable[[Sequence[str]], int]) -> None:
@@ -81,22 +84,6 @@ def caller_account(region: str) -> str:
         ) from None
 
 
-def is_bootstrapped(region: str) -> bool:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        _client("cloudformation", region).describe_stacks(StackName=BOOTSTRAP_STACK)
-    except ClientError as exc:
-        if "does not exist" in str(exc):
-            return False
-        raise DeployError(f"could not check the CDK bootstrap stack in {region}: {exc}") from None
-    except BotoCoreError as exc:
-        raise DeployError(
-            f"could not reach CloudFormation in {region} to check the CDK bootstrap stack ({type(exc).__name__})"
-        ) from None
-    return True
-
-
 def registry_password(registry_account: str, registry_region: str) -> str:
     import base64
 
@@ -113,26 +100,78 @@ def registry_password(registry_account: str, registry_region: str) -> str:
     return base64.b64decode(token).decode().split(":", 1)[1]
 
 
+def _split_context(extra: Sequence[str]) -> tuple[list[str], list[str]]:
+    """`-c FIELD=VALUE` pairs (they shape the synthesis) and the rest (they go to `cdk deploy`)."""
+    context: list[str] = []
+    rest: list[str] = []
+    items = iter(extra)
+    for item in items:
+        if item in ("-c", "--context"):
+            context += [item, next(items, "")]
+        else:
+            rest.append(item)
+    return context, rest
+
+
+@dataclass(frozen=True)
+class Options:
+    dry_run: bool = False
+    ci: bool = False  # never prompt: `cdk deploy --require-approval never`
+    allow_running: bool = False  # deploy even while a pipeline execution is running
+
+
 def plan(
-    env: str, *, dry_run: bool, run: Callable[..., int], extra: Sequence[str] = (), context: dict | None = None
+    env: str,
+    *,
+    dry_run: bool = False,
+    run: Callable[..., int],
+    extra: Sequence[str] = (),
+    context: dict | None = None,
+    options: Options | None = None,
 ) -> list[list[str]]:
     """The commands, in order, after every check; runs them unless dry_run. Returns them."""
+    options = options or Options(dry_run=dry_run)
+    context_args, rest = _split_context(extra)
+    config = _config(env, context, context_args)
+    account = _check_account(config, env, run)
+    bootstrapped = preflight.bootstrap_version(config.region)
+    if config.compute == "eks":
+        from constructs.compute.eks import versions
+
+        preflight.check_kubernetes(config.region, versions.KUBERNETES_VERSION, versions.ADDON_MINIMUMS)
+    commands: list[list[str]] = []
+    if bootstrapped is None:
+        commands.append([str(CDK), "bootstrap", f"aws://{account}/{config.region}"])
+    login = None
+    registry = base_registry(ROOT / "training_image" / DOCKERFILES[config.instance.accelerator.value])
+    if registry and not config.image_tag:
+        host, registry_account, registry_region = registry
+        login = registry_password(registry_account, registry_region)
+        commands.append(["docker", "login", "--username", "AWS", "--password-stdin", host])
+    commands.append([str(CDK), "synth", "--quiet", "-c", f"env={env}", *context_args, "--output", str(ASSEMBLY)])
+    approval = ["--require-approval", "never"] if options.ci else []
+    commands.append([str(CDK), "deploy", "--app", str(ASSEMBLY), "--all", *approval, *rest])
+    for command in commands:
+        if command[1] == "deploy" and not options.dry_run:
+            _check_assembly(config, account, bootstrapped, options)
+        _step(command, options.dry_run, run, login)
+    return commands
+
+
+def _config(env: str, context: dict | None, context_args: list[str]):
     sys.path.insert(0, str(ROOT))
     from config import ConfigError, load_config
 
     context = context if context is not None else json.loads((ROOT / "cdk.json").read_text())["context"]
     # `-c FIELD=VALUE` among the cdk arguments changes the configuration the checks see, as it does cdk's.
-    overrides = dict(
-        value.split("=", 1)
-        for flag, value in zip(extra, [*extra[1:], ""], strict=False)  # each flag with the next item (or "")
-        if flag in ("-c", "--context") and "=" in value
-    )
+    overrides = dict(value.split("=", 1) for value in context_args[1::2] if "=" in value)
     try:
-        config = load_config({**context, **overrides, "env": env})
+        return load_config({**context, **overrides, "env": env})
     except ConfigError as error:
         raise DeployError(str(error)) from None
-    commands: list[list[str]] = []
-    registry = base_registry(ROOT / "training_image" / DOCKERFILES[config.instance.accelerator.value])
+
+
+def _check_account(config, env: str, run: Callable[..., int]) -> str:
     if not config.image_tag:
         check_docker(run)
     account = caller_account(config.region)
@@ -141,23 +180,27 @@ def plan(
             f"environment '{env}' is for account {config.account}, but the credentials are for "
             f"{account}: switch profile, or change `account` in cdk.json"
         )
-    if not is_bootstrapped(config.region):
-        commands.append([str(CDK), "bootstrap", f"aws://{account}/{config.region}"])
-    login = None
-    if registry and not config.image_tag:
-        host, registry_account, registry_region = registry
-        login = registry_password(registry_account, registry_region)
-        commands.append(["docker", "login", "--username", "AWS", "--password-stdin", host])
-    commands.append([str(CDK), "deploy", "--all", "-c", f"env={env}", *extra])
-    for command in commands:
-        shown = " ".join(command)
-        print(f"deploy: {'would run' if dry_run else 'running'}: {shown}", flush=True)
-        if dry_run:
-            continue
-        code = run(command, stdin=login) if command[:2] == ["docker", "login"] else run(command)
-        if code != 0:
-            raise DeployError(f"`{shown}` failed with exit code {code}")
-    return commands
+    return account
+
+
+def _check_assembly(config, account: str, bootstrapped: int | None, options: Options) -> None:
+    """What only the synthesized app can tell: the bootstrap version it needs, and what it changes under a run."""
+    if bootstrapped is not None:
+        preflight.check_bootstrap(bootstrapped, preflight.required_bootstrap_version(ASSEMBLY), account, config.region)
+    if not options.allow_running:
+        under_a_run = [f"{config.stack_prefix}-{unit}" for unit in RUN_UNITS]
+        changing = preflight.changed_stacks(config.region, ASSEMBLY, under_a_run)
+        preflight.check_no_run_in_flight(config.region, f"{config.stack_prefix}-Pipeline", changing, "deploy")
+
+
+def _step(command: list[str], dry_run: bool, run: Callable[..., int], login: str | None) -> None:
+    shown = " ".join(command)
+    print(f"deploy: {'would run' if dry_run else 'running'}: {shown}", flush=True)
+    if dry_run:
+        return
+    code = run(command, stdin=login) if command[:2] == ["docker", "login"] else run(command)
+    if code != 0:
+        raise DeployError(f"`{shown}` failed with exit code {code}")
 
 
 def _run(command: Sequence[str], stdin: str | None = None) -> int:
@@ -177,17 +220,17 @@ def main(argv: list[str] | None = None) -> int:
     ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="after --: more `cdk deploy` arguments, e.g. -- --require-approval never",
+        epilog="after --: -c FIELD=VALUE (for the synthesis) and more `cdk deploy` arguments",
     )
     parser.add_argument("env", help="an environment of cdk.json (dev, prod, ...)")
     parser.add_argument("--dry-run", action="store_true", help="check and print the plan, run nothing")
-    options = parser.parse_args(ours)
-    try:
-        plan(options.env, dry_run=options.dry_run, run=_run, extra=extra)
-    except DeployError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    parser.add_argument("--ci", action="store_true", help="never prompt (cdk deploy --require-approval never)")
+    parser.add_argument(
+        "--allow-running", action="store_true", help="deploy even while a pipeline execution is running"
+    )
+    args = parser.parse_args(ours)
+    options = Options(dry_run=args.dry_run, ci=args.ci, allow_running=args.allow_running)
+    return preflight.one_line(lambda: plan(args.env, run=_run, extra=extra, options=options))
 
 
 if __name__ == "__main__":

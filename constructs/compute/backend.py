@@ -97,8 +97,9 @@ class ComputeBackend(Protocol):
         ...
 
     @property
-    def job_queue_arns(self) -> Sequence[str]:
-        """The job queues whose job-state changes the dashboard counts (Batch); empty where jobs have no queue."""
+    def job_queue_names(self) -> Sequence[str]:
+        """The job queues whose job-state changes the dashboard counts (Batch), by their fixed names (a consumer
+        formats their ARNs in its own stack); empty where jobs have no queue."""
         ...
 
     def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:

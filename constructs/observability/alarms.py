@@ -72,6 +72,7 @@ class TrainingAlarms(Construct):
         pipeline_namespace: str = "",
         alarm_prefix: str,
         environment: str,
+        file_system_revision: str = "",
     ) -> None:
         super().__init__(scope, id_)
         self._action = cw_actions.SnsAction(topic)
@@ -128,8 +129,10 @@ class TrainingAlarms(Construct):
             ),
             threshold=free_bytes,
             operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            # The file system's revision (stacks/storage_stack.py): a replaced file system changes this stack's
+            # template, so the deploy that replaces it also re-resolves its id here and in the dashboard.
             description=f"FSx for Lustre has under {fsx_free_percent:g}% of its {fsx_storage_gib} GiB free; "
-            "checkpoints will start failing when it is full.",
+            f"checkpoints will start failing when it is full (file system revision {file_system_revision or '-'}).",
             name=f"{alarm_prefix}-fsx-free-capacity-low",
         )
 

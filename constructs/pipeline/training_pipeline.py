@@ -17,7 +17,7 @@ import aws_cdk.aws_stepfunctions as sfn
 from config.layout import CHECKPOINTS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import JobKind, JobRunner
-from constructs.nag import acknowledge
+from constructs.nag import acknowledge, acknowledge_iam
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.initial_model import InitialModel
 from constructs.pipeline.input_checks import input_validation
@@ -302,4 +302,11 @@ class TrainingPipeline(Construct):
             f"AwsSolutions-IAM5[Resource::{executions}]",
             "A resumed run describes the execution that holds it (is it still running?); execution "
             "names are chosen at start, so only this state machine's prefix is fixed",
+        )
+        acknowledge_iam(
+            self.state_machine.role,
+            "RESOURCE_MISMATCH",
+            "states:DescribeExecution",
+            "the reference lists execution and express as DescribeExecution's resource types, one per workflow "
+            "type; this Standard state machine's executions are `execution` ARNs, which the grant names",
         )

@@ -7,10 +7,56 @@ import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_fsx as fsx
 import aws_cdk.aws_s3 as s3
 
+from config.layout import CHECKPOINTS_PREFIX, RUNS_PREFIX
 from constructs import Construct
+from constructs.nag import acknowledge_iam
 
 # Import what lands in S3 and export what training writes (checkpoints, models, reports), continuously.
 _REPOSITORY_EVENTS = ["NEW", "CHANGED", "DELETED"]
+
+
+# Prefixes rewritten on every run: FSx exports each checkpoint write and each pruned checkpoint's deletion, and a
+# versioned bucket keeps every replaced or deleted object as a noncurrent version (S3 user guide, "Deleting object
+# versions from a versioning-enabled bucket"). models/ and datasets/ keep their versions.
+CHURN_PREFIXES = (CHECKPOINTS_PREFIX, RUNS_PREFIX)
+
+
+def churn_rules(noncurrent_version_days: int) -> list[s3.LifecycleRule]:
+    """Per churning prefix: noncurrent versions expire after `noncurrent_version_days`, delete markers left with no
+    version behind them are removed, and so are multipart uploads a killed writer left incomplete (S3 user guide,
+    "Lifecycle configuration elements": NoncurrentVersionExpiration, ExpiredObjectDeleteMarker,
+    AbortIncompleteMultipartUpload)."""
+    return [
+        s3.LifecycleRule(
+            id=f"expire-old-{prefix.rstrip('/')}",
+            prefix=prefix,
+            noncurrent_version_expiration=cdk.Duration.days(noncurrent_version_days),
+            expired_object_delete_marker=True,
+            abort_incomplete_multipart_upload_after=cdk.Duration.days(1),
+        )
+        for prefix in CHURN_PREFIXES
+    ]
+
+
+def _acknowledge_auto_delete(bucket: s3.Bucket) -> None:
+    """The IAM gate's findings on the statement CDK's auto_delete_objects adds to a bucket policy (for its own
+    custom resource, which empties the bucket on `cdk destroy`): its wildcard actions expand to actions that take
+    another resource type, and it may rewrite the policy (to stop new writes while it deletes)."""
+    assert bucket.policy is not None  # auto_delete_objects gives the bucket a policy
+    acknowledge_iam(
+        bucket.policy,
+        "RESOURCE_MISMATCH",
+        "s3:List*",
+        "CDK's auto-delete statement grants s3:List*; the ListBucket it uses takes the bucket, the other List "
+        "actions it expands to take none, which grants nothing more",
+    )
+    acknowledge_iam(
+        bucket.policy,
+        "RESOURCE_POLICY_PRIVILEGE_ESCALATION",
+        "s3:*",
+        "CDK's auto-delete custom resource puts a deny-writes bucket policy before it empties the bucket on "
+        "`cdk destroy` (dev only: retain_data=false); its role is the statement's only principal",
+    )
 
 
 class TrainingStorage(Construct):
@@ -26,6 +72,7 @@ class TrainingStorage(Construct):
         storage_gib: int,
         throughput_per_tib: int,
         removal_policy: cdk.RemovalPolicy,
+        noncurrent_version_days: int = 7,
     ) -> None:
         super().__init__(scope, id_)
         destroy = removal_policy == cdk.RemovalPolicy.DESTROY
@@ -46,7 +93,11 @@ class TrainingStorage(Construct):
             versioned=True,
             server_access_logs_bucket=self.access_logs,
             server_access_logs_prefix="data/",
+            lifecycle_rules=churn_rules(noncurrent_version_days),
         )
+        if destroy:
+            for bucket in (self.access_logs, self.bucket):
+                _acknowledge_auto_delete(bucket)
 
         persistent = deployment_type == "PERSISTENT_2"
         self.file_system = fsx.LustreFileSystem(

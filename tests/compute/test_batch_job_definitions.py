@@ -221,3 +221,10 @@ def test_trainiums_compile_and_train_jobs_share_the_compiler_flags_on_the_traini
     compile_job, train = definitions["compile"], definitions["train"]
     assert _environment(compile_job)["NEURON_CC_FLAGS"] == _environment(train)["NEURON_CC_FLAGS"] == FLAGS
     assert compile_job["NodeProperties"]["NumNodes"] == NODES and _container(compile_job)["Command"][0] == "compile"
+
+
+def test_each_definition_has_the_fixed_name_the_pipeline_submits():
+    # JobDefinitionName is the type's only create-only property (its CloudFormation resource schema): a changed
+    # definition is a new revision of the same name, which SubmitJob without a revision runs (Batch API reference).
+    names = {job: props["JobDefinitionName"] for job, props in _definitions("trn1.32xlarge").items()}
+    assert names == {job: f"efa-training-dev-{job}" for job in ("sanity", "compile", "train", "validate")}

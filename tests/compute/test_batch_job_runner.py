@@ -2,10 +2,9 @@
 block of single-node jobs, and what the state machine's role may do."""
 
 import json
+import re
 
 import aws_cdk as cdk
-import aws_cdk.aws_batch as batch
-import aws_cdk.aws_ecs as ecs
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_stepfunctions as sfn
 import pytest
@@ -18,25 +17,12 @@ from tests.pipeline.runs import queue_of, states
 
 def _runner(*, on_demand_fallback: bool = False, share: str | None = "production") -> tuple[cdk.Stack, BatchJobRunner]:
     stack = cdk.Stack()
-    container = batch.EcsEc2ContainerDefinition(
-        stack, "Container", image=ecs.ContainerImage.from_registry("trainer"), cpu=1, memory=cdk.Size.mebibytes(512)
-    )
-    hosts = batch.UnmanagedComputeEnvironment(stack, "Hosts")
-    queues = {
-        name: batch.JobQueue(
-            stack, name, compute_environments=[batch.OrderedComputeEnvironment(compute_environment=hosts, order=1)]
-        )
-        for name in ("MultiNodeQueue", "SingleNodeQueue", "SingleNodeOnDemandQueue")
-    }
     return stack, BatchJobRunner(
-        multi_node_queue=queues["MultiNodeQueue"],
-        single_node_queue=queues["SingleNodeQueue"],
-        job_definitions={
-            kind: batch.EcsJobDefinition(stack, f"{kind.capitalize()}Definition", container=container)
-            for kind in ("sanity", "train", "validate")
-        },
+        multi_node_queue="MultiNodeQueue",
+        single_node_queue="SingleNodeQueue",
+        job_definitions={kind: f"{kind.capitalize()}Definition" for kind in ("sanity", "train", "validate")},
         share_identifier=share,
-        single_node_on_demand_queue=queues["SingleNodeOnDemandQueue"] if on_demand_fallback else None,
+        single_node_on_demand_queue="SingleNodeOnDemandQueue" if on_demand_fallback else None,
     )
 
 
@@ -61,8 +47,10 @@ def test_a_job_is_a_submit_job_sync_task_with_its_queue_definition_and_parameter
     )
     assert state["Type"] == "Task" and ":states:::batch:submitJob.sync" in json.dumps(state["Resource"])
     request = state["Parameters"]
-    assert "MultiNodeQueue" in json.dumps(request["JobQueue"])
-    assert "TrainDefinition" in json.dumps(request["JobDefinition"])
+    # The queue by an ARN formatted from its fixed name in this stack; the job definition by its name alone, so
+    # SubmitJob runs its latest active revision (Batch API reference, SubmitJob `jobDefinition`).
+    assert json.dumps(request["JobQueue"]).endswith(':job-queue/MultiNodeQueue"]]}')
+    assert request["JobDefinition"] == "TrainDefinition"
     # Per-run values as job Parameters (multi-node jobs take no container overrides); the run's node count too.
     assert request["Parameters"] == {"run_id.$": "$.job.run_id", "nodes.$": "States.Format('{}', $.run.nodes)"}
     assert request["JobName.$"] == "$.name" and request["PropagateTags"] is True
@@ -122,7 +110,12 @@ def test_the_role_may_submit_to_its_queues_and_definitions_and_follow_its_jobs()
     runner.grant(role)
     (policy,) = [p for k, p in template_of(stack)["Resources"].items() if k.startswith("RoleDefaultPolicy")]
     statements = {json.dumps(s["Action"]): s["Resource"] for s in policy["Properties"]["PolicyDocument"]["Statement"]}
-    assert len(statements['"batch:SubmitJob"']) == 5  # two queues, three job definitions
+    submit = statements['"batch:SubmitJob"']
+    assert len(submit) == 6  # two queues, three job definitions, the job SubmitJob creates
+    # Every revision of each definition: the request's ARN carries the revision SubmitJob resolved (Batch user
+    # guide, "Restrict job submission", "Accounting for job definition revisions").
+    definitions = sorted(re.findall(r'job-definition/([^"]+)"', json.dumps(submit)))
+    assert definitions == ["SanityDefinition:*", "TrainDefinition:*", "ValidateDefinition:*"]
     assert statements['"batch:DescribeJobs"'] == "*"  # no resource-level permissions
     assert "job/*" in json.dumps(statements['"batch:TerminateJob"'])
     assert "StepFunctionsGetEventsForBatchJobsRule" in json.dumps(
@@ -131,16 +124,7 @@ def test_the_role_may_submit_to_its_queues_and_definitions_and_follow_its_jobs()
 
 
 def test_a_job_without_its_definition_is_refused():
-    stack = cdk.Stack()
-    queue = batch.JobQueue.from_job_queue_arn(stack, "Queue", "arn:aws:batch:us-east-1:123456789012:job-queue/q")
     with pytest.raises(ValueError, match="job_definitions lacks validate"):
         BatchJobRunner(
-            multi_node_queue=queue,
-            single_node_queue=queue,
-            job_definitions={
-                kind: batch.EcsJobDefinition.from_job_definition_arn(
-                    stack, kind, f"arn:aws:batch:::job-definition/{kind}"
-                )
-                for kind in ("sanity", "train")
-            },
+            multi_node_queue="q", single_node_queue="q", job_definitions={kind: kind for kind in ("sanity", "train")}
         )

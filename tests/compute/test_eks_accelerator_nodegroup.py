@@ -68,9 +68,13 @@ def test_launch_template_has_every_efa_interface_no_subnet_and_the_placement_gro
 
 
 @pytest.mark.parametrize("instance_type", INSTANCE_TYPES)
-def test_node_group_runs_exactly_the_catalogue_type(instance_type):
-    # Set on the L1 (the L2 cannot parse p6-b200.48xlarge): EKS CreateNodegroup instanceTypes.
-    assert _group(_nodegroup(instance_type))["InstanceTypes"] == [instance_type]
+def test_node_group_runs_exactly_the_catalogue_type_from_its_launch_template(instance_type):
+    # In the launch template, not the node group's create-only InstanceTypes (AWS::EKS::Nodegroup resource schema):
+    # a new type is then a new template version, which updates the group in place (EKS user guide, "Customize
+    # managed nodes with launch templates"), instead of replacing it.
+    raw = _nodegroup(instance_type)
+    assert _launch_template(raw)["InstanceType"] == instance_type
+    assert "InstanceTypes" not in _group(raw)
 
 
 def test_cluster_security_group_is_on_every_interface():
@@ -150,3 +154,13 @@ def test_capacity_block_targets_the_reservation():
 def test_capacity_block_without_a_reservation_is_refused():
     with pytest.raises(ValueError, match="capacity_reservation_id"):
         _nodegroup("p5.48xlarge", "capacity_block")
+
+
+@pytest.mark.parametrize("capacity_type", ["on_demand", "capacity_block"])
+def test_the_node_group_is_never_force_updated(capacity_type):
+    # A forced update replaces nodes ignoring pod disruption budgets (EKS user guide, "Update a managed node group"):
+    # a launch-template change would end a running job. Desired size stays 0 in the template (the pipeline sizes
+    # it), which is also what Capacity Blocks ask for before an update.
+    reservation = "cr-0123456789abcdef0" if capacity_type == "capacity_block" else None
+    group = _group(_nodegroup("p5.48xlarge", capacity_type, reservation))
+    assert group["ForceUpdateEnabled"] is False and group["ScalingConfig"]["DesiredSize"] == 0

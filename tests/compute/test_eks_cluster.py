@@ -19,10 +19,15 @@ ADMIN = "arn:aws:iam::123456789012:role/Admin"
 
 
 @functools.cache
-def _cluster(instance_type: str, admin_role_arns: tuple[str, ...] = ()) -> Template:
+def _cluster(instance_type: str, admin_role_arns: tuple[str, ...] = (), kubeflow_trainer: bool = False) -> Template:
     stack = bare_stack()
     EksTrainingCluster(
-        stack, "Training", vpc=vpc(stack), instance=CATALOGUE[instance_type], admin_role_arns=admin_role_arns
+        stack,
+        "Training",
+        vpc=vpc(stack),
+        instance=CATALOGUE[instance_type],
+        admin_role_arns=admin_role_arns,
+        kubeflow_trainer=kubeflow_trainer,
     )
     return Template.from_stack(stack)
 
@@ -109,15 +114,25 @@ def test_observability_addon_runs_the_agents_emf_listener():
 
 @pytest.mark.parametrize("instance_type", [NVIDIA, NEURON])
 def test_charts_are_pinned_and_match_the_accelerator(instance_type):
-    # EFA plugin, the accelerator's device plugin and Kubeflow Trainer are Helm charts at pinned versions.
+    # EFA plugin and the accelerator's device plugin are Helm charts at pinned versions; Kubeflow Trainer is not
+    # installed unless asked for (the pipeline runs plain Indexed Jobs).
     charts = {
         p["Chart"]: (p["Repository"], p["Version"])
         for p in _resources(_cluster(instance_type), "Custom::AWSCDK-EKS-HelmChart")
     }
     nvidia = CATALOGUE[instance_type].accelerator.value == "nvidia"
     device_plugin = versions.NVIDIA_DEVICE_PLUGIN if nvidia else versions.NEURON
-    expected = (versions.EFA_DEVICE_PLUGIN, device_plugin, versions.KUBEFLOW_TRAINER)
+    expected = (versions.EFA_DEVICE_PLUGIN, device_plugin)
     assert charts == {c.chart: (c.repository, c.version) for c in expected}
+
+
+def test_kubeflow_trainer_is_optional_and_never_waited_for():
+    # Helm's wait makes the chart's custom resource, and with it the stack, fail until the chart is ready: a chart
+    # tested upstream on Kubernetes 1.31-1.34 only must not be able to roll the cluster back.
+    charts = _resources(_cluster(NVIDIA, kubeflow_trainer=True), "Custom::AWSCDK-EKS-HelmChart")
+    (trainer,) = [c for c in charts if c["Chart"] == versions.KUBEFLOW_TRAINER.chart]
+    assert trainer["Version"] == versions.KUBEFLOW_TRAINER.version
+    assert all(not chart.get("Wait") for chart in charts)
 
 
 @pytest.mark.parametrize("instance_type", [NVIDIA, NEURON])

@@ -68,13 +68,13 @@ def states(template: Mapping[str, Any]) -> dict:
 
 
 def queue_of(template: Mapping[str, Any], state: str) -> str:
-    """The queue reference that follows a state's "JobQueue" key (queue ARNs are tokens in the definition)."""
+    """The queue ARN a state submits to, as text with its tokens shown as <...> (the ARN is formatted from the
+    queue's fixed name with pseudo parameters: arn:<AWS::Partition>:batch:...:job-queue/<name>)."""
     parts = state_machine(template)["Properties"]["DefinitionString"]["Fn::Join"][1]
-    start = next(i for i, p in enumerate(parts) if isinstance(p, str) and f'"{state}":' in p)
-    after = next(
-        i for i in range(start, len(parts)) if isinstance(parts[i], str) and parts[i].rstrip().endswith('"JobQueue":"')
-    )
-    return json.dumps(parts[after + 1])
+    text = "".join(p if isinstance(p, str) else f"<{json.dumps(p)[1:-1].replace(chr(34), '')}>" for p in parts)
+    start = text.index(f'"{state}":') + len(state) + 3
+    queue = text.index('"JobQueue":"', start) + len('"JobQueue":"')
+    return text[queue : text.index('"', queue)]
 
 
 @contextlib.contextmanager

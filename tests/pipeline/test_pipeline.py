@@ -298,9 +298,9 @@ def test_validation_falls_back_to_the_batch_stacks_on_demand_queue_when_spot_fai
         "Next": "ValidateOnDemand",
     }
     assert on_spot["Parameters"]["JobDefinition"] == on_demand["Parameters"]["JobDefinition"]
-    assert "SingleNodeOnDemandQueue" in queue_of(template, "ValidateOnDemand")
-    spot_queue = queue_of(template, "ValidateOnSpot")
-    assert "SingleNodeQueue" in spot_queue and "OnDemand" not in spot_queue
+    # The Batch stack's queues by their fixed names (config.layout.batch_name), formatted into ARNs here.
+    assert queue_of(template, "ValidateOnDemand").endswith(":job-queue/efa-training-dev-single-node-on-demand")
+    assert queue_of(template, "ValidateOnSpot").endswith(":job-queue/efa-training-dev-single-node")
 
 
 def test_batch_submissions_name_a_share_of_the_fair_share_policy(synth):

@@ -4,8 +4,6 @@ definition's states, timeouts, retries and permissions. Its executions: test_pip
 import json
 
 import aws_cdk as cdk
-import aws_cdk.aws_batch as batch
-import aws_cdk.aws_ecs as ecs
 import aws_cdk.aws_eks_v2 as eks
 import aws_cdk.aws_logs as logs
 import aws_cdk.aws_s3 as s3
@@ -30,23 +28,11 @@ def _pipeline(
     training_retry: TrainingRetry | None = None,
 ) -> Template:
     stack = cdk.Stack()
-    container = batch.EcsEc2ContainerDefinition(
-        stack, "Container", image=ecs.ContainerImage.from_registry("trainer"), cpu=1, memory=cdk.Size.mebibytes(512)
-    )
-    hosts = batch.UnmanagedComputeEnvironment(stack, "Hosts")
-    queues = {
-        name: batch.JobQueue(
-            stack, name, compute_environments=[batch.OrderedComputeEnvironment(compute_environment=hosts, order=1)]
-        )
-        for name in ("MultiNodeQueue", "SingleNodeQueue", "SingleNodeOnDemandQueue")
-    }
     runner = BatchJobRunner(
-        multi_node_queue=queues["MultiNodeQueue"],
-        single_node_queue=queues["SingleNodeQueue"],
-        job_definitions={
-            kind: batch.EcsJobDefinition(stack, kind, container=container) for kind in ("sanity", "train", "validate")
-        },
-        single_node_on_demand_queue=queues["SingleNodeOnDemandQueue"] if on_demand_fallback else None,
+        multi_node_queue="MultiNodeQueue",
+        single_node_queue="SingleNodeQueue",
+        job_definitions={kind: kind for kind in ("sanity", "train", "validate")},
+        single_node_on_demand_queue="SingleNodeOnDemandQueue" if on_demand_fallback else None,
     )
     TrainingPipeline(
         stack,
@@ -200,7 +186,7 @@ def test_the_construct_takes_its_retry_policy_and_maximum_nodes():
 
 
 def test_the_state_machine_may_submit_only_to_its_queues_and_job_definitions():
-    # Least privilege: SubmitJob on the two queues and three job definitions, nothing else.
+    # Least privilege: SubmitJob on the two queues, three job definitions and the job it creates, nothing else.
     template = _pipeline(on_demand_fallback=False)
     (policy,) = [
         r
@@ -208,7 +194,7 @@ def test_the_state_machine_may_submit_only_to_its_queues_and_job_definitions():
         if "StateMachine" in json.dumps(r["Properties"]["Roles"])
     ]
     (submit,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Action"] == "batch:SubmitJob"]
-    assert len(submit["Resource"]) == 5
+    assert len(submit["Resource"]) == 6
 
 
 def test_on_eks_the_definition_names_no_batch_error():

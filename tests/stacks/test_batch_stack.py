@@ -213,15 +213,17 @@ def test_log_group_keeps_the_configured_retention():
 
 
 def test_outputs_and_attributes_for_the_pipeline():
-    # Queue and job-definition ARNs as outputs; the attributes the pipeline engineer builds on.
+    # Queue ARNs and job-definition names as outputs (submitted by name, a job runs the latest active revision:
+    # Batch API reference, SubmitJob); the attributes the pipeline engineer builds on.
     outputs = _batch()["Outputs"]
     assert {
         "MultiNodeQueueArn",
         "SingleNodeQueueArn",
-        "SanityJobDefinitionArn",
-        "TrainJobDefinitionArn",
-        "ValidateJobDefinitionArn",
+        "SanityJobDefinitionName",
+        "TrainJobDefinitionName",
+        "ValidateJobDefinitionName",
     } <= set(outputs)
+    assert outputs["TrainJobDefinitionName"]["Value"] == "efa-training-dev-train"
     stack = _environment(instance_type="g5.12xlarge").compute()
     assert isinstance(stack.multi_node_queue, batch.JobQueue) and isinstance(stack.single_node_queue, batch.JobQueue)
     assert set(stack.job_definitions) == {"sanity", "train", "validate"}

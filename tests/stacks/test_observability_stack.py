@@ -36,12 +36,17 @@ def test_the_budget_notifies_the_alerts_stacks_topic(dev):
         assert "EfaTraining-dev-Alerts" in json.dumps(notification["Subscribers"][0]["Address"])
 
 
-def test_job_states_are_counted_for_the_batch_stacks_queues(dev):
-    # The seam (ComputeBackend.job_queue_arns): the job-state rule listens to the Batch stack's own queues.
+def test_job_states_are_counted_for_every_batch_queue(dev):
+    # The seam (ComputeBackend.job_queue_names): the job-state rule listens to the Batch stack's three queues, the
+    # on-demand validation queue included, by ARNs formatted from their fixed names (no cross-stack reference).
     (rule,) = dev.find_resources("AWS::Events::Rule").values()
-    queues = [q["Fn::GetStackOutput"] for q in rule["Properties"]["EventPattern"]["detail"]["jobQueue"]]
-    assert {q["StackName"] for q in queues} == {"EfaTraining-dev-Batch"}
-    assert [q["OutputName"].split("FnGetAtt")[1].split("Queue")[0] for q in queues] == ["MultiNode", "SingleNode"]
+    queues = [json.dumps(q) for q in rule["Properties"]["EventPattern"]["detail"]["jobQueue"]]
+    assert [q.split("job-queue/")[1].split('"')[0] for q in queues] == [
+        "efa-training-dev-multi-node",
+        "efa-training-dev-single-node",
+        "efa-training-dev-single-node-on-demand",
+    ]
+    assert not any("GetStackOutput" in q for q in queues)
 
 
 def test_eks_has_no_job_state_rule_and_watches_its_cluster():
@@ -50,3 +55,16 @@ def test_eks_has_no_job_state_rule_and_watches_its_cluster():
     template = environment.template(environment.observability())
     assert template.find_resources("AWS::Events::Rule") == {}
     assert "ClusterName=" in json.dumps(template.find_resources("AWS::CloudWatch::Dashboard"))
+
+
+def test_a_replaced_file_system_changes_the_alarms_template():
+    # The alarms and dashboard read the file system's id through Fn::GetStackOutput, resolved only when this stack is
+    # updated (CloudFormation template reference, "Fn::GetStackOutput"): its revision makes a replacement update it.
+    def description(**overrides: object) -> str:
+        environment = StacksAlone(**overrides)
+        return alarms(environment.template(environment.observability()))["EfaTraining-dev-fsx-free-capacity-low"][
+            "AlarmDescription"
+        ]
+
+    before, after = description(), description(fsx_deployment_type="PERSISTENT_2", fsx_storage_gib="2400")
+    assert before != after and "file system revision" in after

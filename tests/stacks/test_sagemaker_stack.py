@@ -90,7 +90,7 @@ def test_spot_follows_the_configuration():
 def test_there_is_no_queue_and_no_cluster_to_keep():
     stack = _environment().compute()
     kinds = {r["Type"] for r in _template()["Resources"].values()}
-    assert stack.job_queue_arns == []
+    assert stack.job_queue_names == []
     assert not {k for k in kinds if k.startswith(("AWS::Batch::", "AWS::EKS::", "AWS::EC2::"))}
 
 

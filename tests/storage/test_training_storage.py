@@ -170,3 +170,20 @@ def test_a_destroyed_persistent_file_system_keeps_no_backups():
 def test_a_kept_file_system_keeps_a_week_of_backups(persistent_kept):
     # prod keeps its data: automatic daily backups for 7 days.
     assert _file_system(persistent_kept)["Properties"]["LustreConfiguration"]["AutomaticBackupRetentionDays"] == 7
+
+
+def test_old_checkpoint_and_report_versions_expire_and_models_keep_theirs():
+    # FSx exports every checkpoint write and prune; a versioned bucket keeps each replaced or deleted object as a
+    # noncurrent version (S3 user guide, "Deleting object versions from a versioning-enabled bucket").
+    (bucket,) = [
+        b["Properties"]
+        for b in _storage().find_resources("AWS::S3::Bucket").values()
+        if b["Properties"].get("VersioningConfiguration")
+    ]
+    rules = {rule["Prefix"]: rule for rule in bucket["LifecycleConfiguration"]["Rules"]}
+    assert set(rules) == {"checkpoints/", "runs/"}  # models/ and datasets/ keep every version
+    for rule in rules.values():
+        assert rule["Status"] == "Enabled"
+        assert rule["NoncurrentVersionExpiration"] == {"NoncurrentDays": 7}
+        assert rule["ExpiredObjectDeleteMarker"] is True
+        assert rule["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}

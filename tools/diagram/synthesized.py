@@ -114,6 +114,15 @@ class _References:
         self.assets = {
             key[1].removeprefix("asset:"): key for key, r in resources.items() if r.type == DOCKER_IMAGE_ASSET
         }
+        # Batch queues are named, not referenced, by their consumers (config.layout.batch_name): an ARN formatted
+        # from the name, `...:job-queue/<name>`, names the queue.
+        self.queues = {
+            resource["Properties"]["JobQueueName"]: (stack, logical)
+            for stack, template in templates.items()
+            for logical, resource in template.get("Resources", {}).items()
+            if resource.get("Type") == "AWS::Batch::JobQueue"
+            and isinstance(resource.get("Properties", {}).get("JobQueueName"), str)
+        }
 
     def of(self, value: object, stack: str) -> Iterator[Key]:
         if isinstance(value, list):
@@ -122,6 +131,7 @@ class _References:
         elif isinstance(value, str):
             # A Docker image asset is referenced by its image URI, which ends with the asset's tag.
             yield from (key for tag, key in self.assets.items() if tag in value)
+            yield from (self.queues[name] for name in re.findall(r"job-queue/([\w-]+)", value) if name in self.queues)
         elif isinstance(value, dict):
             if len(value) == 1:
                 yield from self._function(*next(iter(value.items())), stack)

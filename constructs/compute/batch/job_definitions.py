@@ -20,7 +20,7 @@ import aws_cdk.aws_iam as iam
 import aws_cdk.aws_logs as logs
 
 from config import Accelerator, InstanceType
-from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, FSX_MOUNT_PATH, RUNS_PREFIX
+from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, FSX_MOUNT_PATH, RUNS_PREFIX, batch_name
 from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS
 from constructs.nag import acknowledge
@@ -174,7 +174,8 @@ def job_specs(
 
 
 class BatchJobDefinitions(Construct):
-    """Job definitions sharing one execution role, job role and log group; `.definitions[name]`."""
+    """Job definitions sharing one execution role, job role and log group; `.definitions[name]`, each under the fixed
+    name `.names[name]` (config.layout.batch_name), which is what the pipeline submits."""
 
     def __init__(
         self,
@@ -202,7 +203,9 @@ class BatchJobDefinitions(Construct):
         )
         self.specs = job_specs(instance=instance, nodes=nodes, bucket_name=bucket_name, train_timeout=train_timeout)
         self.definitions: dict[str, batch.IJobDefinition] = {}
+        self.names: dict[str, str] = {}
         for name, spec in self.specs.items():
+            self.names[name] = batch_name(environment or "manual", name)
             multi_node = name in MULTI_NODE_JOBS
             host = instance if multi_node else single_node_instance
             container = self._container(
@@ -214,6 +217,10 @@ class BatchJobDefinitions(Construct):
                 retry_attempts=spec.attempts,
                 retry_strategies=retry_strategies(),
                 propagate_tags=True,
+                # JobDefinitionName is the resource's only create-only property (its CloudFormation resource
+                # schema): a changed definition registers a new revision under the same name, and the name keeps
+                # naming the latest active one.
+                job_definition_name=self.names[name],
             )
             if multi_node:
                 # Nodes 0..nodes-1 run the same container; node 0 is the main node (torchrun's rendezvous host).

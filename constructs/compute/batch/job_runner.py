@@ -3,14 +3,13 @@
 from collections.abc import Mapping
 
 import aws_cdk as cdk
-import aws_cdk.aws_batch as batch
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, JobKind, task_timeout
 from constructs.compute.batch.job_definitions import RETRY_RULES
-from constructs.nag import acknowledge
+from constructs.nag import acknowledge, acknowledge_iam
 
 
 def _host_loss_rules() -> list[dict]:
@@ -43,12 +42,16 @@ class BatchJobRunner:
     def __init__(
         self,
         *,
-        multi_node_queue: batch.IJobQueue,
-        single_node_queue: batch.IJobQueue,
-        job_definitions: Mapping[str, batch.IJobDefinition],
+        multi_node_queue: str,
+        single_node_queue: str,
+        job_definitions: Mapping[str, str],
         share_identifier: str | None = None,
-        single_node_on_demand_queue: batch.IJobQueue | None = None,
+        single_node_on_demand_queue: str | None = None,
     ) -> None:
+        """Queues and job definitions by their fixed names (config.layout.batch_name), never by a reference to the
+        Batch stack: the pipeline's template then names what it submits to, a job definition's new revision needs
+        no pipeline update (SubmitJob without a revision takes the latest active one), and the ARNs are formatted
+        in the state machine's own stack."""
         missing = {"sanity", "train", "validate"} - set(job_definitions)
         if missing:
             raise ValueError(f"job_definitions lacks {', '.join(sorted(missing))}; expected sanity, train, validate")
@@ -61,8 +64,12 @@ class BatchJobRunner:
         # Fair-share queues reject a SubmitJob without a share identifier.
         self.share_identifier = share_identifier
 
-    def _queue(self, job: JobKind) -> batch.IJobQueue:
+    def _queue(self, job: JobKind) -> str:
         return self.multi_node_queue if job in MULTI_NODE_JOBS else self.single_node_queue
+
+    @staticmethod
+    def _arn(scope: Construct, resource: str, name: str) -> str:
+        return cdk.Stack.of(scope).format_arn(service="batch", resource=resource, resource_name=name)
 
     def submit(
         self,
@@ -131,7 +138,7 @@ class BatchJobRunner:
         self,
         scope: Construct,
         id_: str,
-        queue: batch.IJobQueue,
+        queue: str,
         *,
         job: JobKind,
         parameters: Mapping[str, str],
@@ -143,8 +150,9 @@ class BatchJobRunner:
     ) -> sfn.CustomState:
         request: dict = {
             "JobName.$": job_name,
-            "JobQueue": queue.job_queue_arn,
-            "JobDefinition": self.job_definitions[job].job_definition_arn,
+            "JobQueue": self._arn(scope, "job-queue", queue),
+            # The name without a revision: "the latest active revision is used" (Batch API reference, SubmitJob).
+            "JobDefinition": self.job_definitions[job],
             # Per-run values travel as Batch job Parameters: multi-node jobs take no container overrides.
             "Parameters": {f"{name}.$": value for name, value in parameters.items()},
             "PropagateTags": True,
@@ -170,21 +178,28 @@ class BatchJobRunner:
         return sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
 
     def grant(self, principal: iam.IGrantable) -> None:
-        stack = cdk.Stack.of(principal) if isinstance(principal, Construct) else None
-        queues = {
-            id(q): q.job_queue_arn
-            for q in (self.multi_node_queue, self.single_node_queue, self.single_node_on_demand_queue)
-            if q is not None
-        }
+        if not isinstance(principal, Construct):
+            raise TypeError("BatchJobRunner.grant needs a principal that is a construct (the state machine)")
+        scope = cdk.Stack.of(principal)
+        queues = dict.fromkeys(
+            q for q in (self.multi_node_queue, self.single_node_queue, self.single_node_on_demand_queue) if q
+        )
+        # Every revision of each definition (`name:*`): the request's ARN carries the revision that SubmitJob
+        # resolved (Batch user guide, "Restrict job submission": "Accounting for job definition revisions"). And the
+        # job it creates: the Service Authorization Reference lists `job` among SubmitJob's required resource types
+        # next to the queue and the definition.
         iam.Grant.add_to_principal(
             grantee=principal,
             actions=["batch:SubmitJob"],
-            resource_arns=[*queues.values(), *(d.job_definition_arn for d in self.job_definitions.values())],
+            resource_arns=[
+                *(self._arn(scope, "job-queue", q) for q in queues),
+                *(self._arn(scope, "job-definition", f"{d}:*") for d in dict.fromkeys(self.job_definitions.values())),
+                self._arn(scope, "job", "*"),
+            ],
         )
         # .sync polls DescribeJobs (no resource-level permissions) and stops the job with TerminateJob
         # when the state times out or the execution is stopped.
         iam.Grant.add_to_principal(grantee=principal, actions=["batch:DescribeJobs"], resource_arns=["*"])
-        scope = stack or cdk.Stack.of(self.multi_node_queue)
         iam.Grant.add_to_principal(
             grantee=principal,
             actions=["batch:TerminateJob"],
@@ -195,12 +210,27 @@ class BatchJobRunner:
             account = "<AWS::AccountId>" if cdk.Token.is_unresolved(scope.account) else scope.account
             region = "<AWS::Region>" if cdk.Token.is_unresolved(scope.region) else scope.region
             partition = "<AWS::Partition>" if cdk.Token.is_unresolved(scope.partition) else scope.partition
+            arn = f"arn:{partition}:batch:{region}:{account}"
             acknowledge(
                 role,
-                f"AwsSolutions-IAM5[Resource::arn:{partition}:batch:{region}:{account}:job/*]",
+                f"AwsSolutions-IAM5[Resource::{arn}:job/*]",
                 "batch:TerminateJob (stopping the job when its state times out or the execution is "
                 "stopped) can only name job/*: job ids exist only once the job is submitted",
             )
+            acknowledge_iam(
+                role,
+                "RESOURCE_MISMATCH",
+                "batch:SubmitJob",
+                "parliament splits an ARN at ':' and cannot match job-definition/<name>:*, the form the Batch user "
+                "guide prescribes for every revision ('Restrict job submission')",
+            )
+            for definition in dict.fromkeys(self.job_definitions.values()):
+                acknowledge(
+                    role,
+                    f"AwsSolutions-IAM5[Resource::{arn}:job-definition/{definition}:*]",
+                    "batch:SubmitJob by name runs the latest active revision, which a redeploy renews: every "
+                    "revision of this one definition",
+                )
         # The managed rule through which Step Functions learns that a Batch job ended.
         iam.Grant.add_to_principal(
             grantee=principal,

@@ -79,7 +79,7 @@ class EksAcceleratorNodegroup(Construct):
         if capacity_block:
             # Capacity Blocks (EKS user guide, "Create a managed node group with Capacity Blocks for ML"): the launch
             # template must carry the market type, the targeted reservation and the InstanceType, or EKS rejects
-            # the node group; the type is then not named on the node group as well.
+            # the node group.
             if not capacity_reservation_id:
                 raise ValueError("capacity_type=capacity_block needs capacity_reservation_id (the block's cr-...)")
             template.add_property_override("LaunchTemplateData.InstanceMarketOptions.MarketType", "capacity-block")
@@ -87,7 +87,12 @@ class EksAcceleratorNodegroup(Construct):
                 "LaunchTemplateData.CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId",
                 capacity_reservation_id,
             )
-            template.add_property_override("LaunchTemplateData.InstanceType", instance.name)
+        # The one type in the launch template, never on the node group: InstanceTypes is create-only on
+        # AWS::EKS::Nodegroup (its resource schema), so a new type named there would replace the node group, while
+        # a new launch-template version updates it in place, recycling its nodes (EKS user guide, "Customize
+        # managed nodes with launch templates"; between runs the group has none). Set on the L1: the L2 cannot parse
+        # p6-b200.48xlarge ("Malformed instance type identifier", aws-cdk-lib 2.275).
+        template.add_property_override("LaunchTemplateData.InstanceType", instance.name)
         self.nodegroup = cluster.add_nodegroup_capacity(
             "Accelerator",
             instance_types=None,  # set on the L1 below
@@ -100,6 +105,12 @@ class EksAcceleratorNodegroup(Construct):
             min_size=0,
             desired_size=0,
             max_size=nodes,
+            # No forced update: with force, a launch-template change replaces the nodes of a running training
+            # job, ignoring pod disruption budgets (EKS user guide, "Update a managed node group"). Without it, an
+            # update waits for pods to drain (and fails after EKS's drain timeout rather than kill a run). The
+            # group's desired size stays 0 in the template (the pipeline sizes it at run time), which is also
+            # what Capacity Blocks ask for before an update ("Create a managed node group with Capacity Blocks").
+            force_update=False,
             labels={
                 **ACCELERATOR_LABEL,
                 "efa-training/instance-type": instance.name,
@@ -111,11 +122,6 @@ class EksAcceleratorNodegroup(Construct):
         # knows neither p5 nor trn1, and refuses AL2023_x86_64_NVIDIA / _NEURON for them.
         self.ami_type = CFN_AMI_TYPES[instance.eks_ami_type]
         cfn(self.nodegroup).add_property_override("AmiType", self.ami_type)
-        if not capacity_block:
-            # The L2 parses the types it is given with ec2.InstanceType's pattern, which refuses a family with digits
-            # after its hyphen (p6-b200.48xlarge: "Malformed instance type identifier", aws-cdk-lib 2.275), so the
-            # one type is set on the L1 as well.
-            cfn(self.nodegroup).add_property_override("InstanceTypes", [instance.name])
         cdk.Annotations.of(self.nodegroup).acknowledge_warning(
             "@aws-cdk/aws-eks:gpuInstancesUseAL2", f"AmiType is set to {self.ami_type} on the CfnNodegroup"
         )

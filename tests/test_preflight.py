@@ -1,0 +1,149 @@
+"""tools/preflight.py and `make destroy`: what a deploy or a destroy asks AWS first, each refusal one line."""
+
+import json
+
+import pytest
+from botocore.stub import Stubber
+
+from tools import deploy, destroy, preflight
+
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    """One botocore Stubber per service, shared by every client preflight makes."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    stubs: dict[str, Stubber] = {}
+    real = preflight.client
+
+    def client(service, region):
+        if service not in stubs:
+            stubs[service] = Stubber(real(service, region))
+            stubs[service].activate()
+        return stubs[service].client
+
+    monkeypatch.setattr(preflight, "client", client)
+    return lambda service: client(service, REGION) and stubs[service]
+
+
+def _versions(status: str) -> dict:
+    return {"clusterVersions": [{"clusterVersion": "1.36", "versionStatus": status}]}
+
+
+def _addon(default: str) -> dict:
+    build = {"addonVersion": default, "compatibilities": [{"clusterVersion": "1.36", "defaultVersion": True}]}
+    older = {"addonVersion": "v1.17.0-eksbuild.1", "compatibilities": [{"clusterVersion": "1.36"}]}
+    return {"addons": [{"addonName": "vpc-cni", "addonVersions": [older, build]}]}
+
+
+def test_a_kubernetes_version_out_of_standard_support_is_refused(stubbed):
+    # EKS API reference, DescribeClusterVersions: versionStatus STANDARD_SUPPORT | EXTENDED_SUPPORT | UNSUPPORTED.
+    stubbed("eks").add_response("describe_cluster_versions", _versions("EXTENDED_SUPPORT"))
+    with pytest.raises(preflight.PreflightError, match="does not offer Kubernetes 1.36 in standard support"):
+        preflight.check_kubernetes(REGION, "1.36", {"vpc-cni": "1.18.5"})
+
+
+def test_a_default_vpc_cni_older_than_efa_needs_is_refused(stubbed):
+    # vpc-cni 1.18.5 is the first to attach `efa-only` interfaces (EKS user guide, EFA).
+    eks = stubbed("eks")
+    eks.add_response("describe_cluster_versions", _versions("STANDARD_SUPPORT"))
+    eks.add_response("describe_addon_versions", _addon("v1.18.4-eksbuild.1"))
+    with pytest.raises(preflight.PreflightError, match="default vpc-cni .* is v1.18.4-eksbuild.1"):
+        preflight.check_kubernetes(REGION, "1.36", {"vpc-cni": "1.18.5"})
+    eks.add_response("describe_cluster_versions", _versions("STANDARD_SUPPORT"))
+    eks.add_response("describe_addon_versions", _addon("v1.20.1-eksbuild.3"))
+    preflight.check_kubernetes(REGION, "1.36", {"vpc-cni": "1.18.5"})
+
+
+def test_the_templates_bootstrap_version_is_read_from_the_assembly(synth):
+    # The default synthesizer writes the version each stack needs into the manifest (requiresBootstrapStackVersion).
+    required = preflight.required_bootstrap_version(synth().outdir)
+    assert required >= 6
+    with pytest.raises(preflight.PreflightError, match=f"is version 5, and these templates need {required}"):
+        preflight.check_bootstrap(5, required, "123456789012", REGION)
+    preflight.check_bootstrap(required, required, "123456789012", REGION)
+
+
+def _stack(name: str, outputs: dict) -> dict:
+    described: dict = {"StackName": name, "CreationTime": "2026-11-01T00:00:00Z", "StackStatus": "UPDATE_COMPLETE"}
+    described["Outputs"] = [{"OutputKey": k, "OutputValue": v} for k, v in outputs.items()]
+    return {"Stacks": [described]}
+
+
+def test_only_stacks_whose_template_differs_count_as_changed(stubbed, tmp_path):
+    manifest = {name: {"properties": {"templateFile": f"{name}.json"}} for name in ("A", "B")}
+    (tmp_path / "manifest.json").write_text(json.dumps({"artifacts": manifest}))
+    for name in ("A", "B"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"Resources": {"R": {"Type": name}}}))
+    cfn = stubbed("cloudformation")
+    cfn.add_response("describe_stacks", _stack("A", {}))
+    cfn.add_response("get_template", {"TemplateBody": json.dumps({"Resources": {"R": {"Type": "A"}}})})
+    cfn.add_response("describe_stacks", _stack("B", {}))
+    cfn.add_response("get_template", {"TemplateBody": json.dumps({"Resources": {"R": {"Type": "old"}}})})
+    assert preflight.changed_stacks(REGION, tmp_path, ["A", "B", "not-synthesized"]) == ["B"]
+
+
+def test_a_run_in_flight_stops_a_deploy_that_changes_what_it_runs_on(stubbed):
+    machine = "arn:aws:states:us-east-1:123456789012:stateMachine:pipeline"
+    running = {
+        "executions": [
+            {
+                "executionArn": f"{machine}:run-7",
+                "stateMachineArn": machine,
+                "name": "run-7",
+                "status": "RUNNING",
+                "startDate": "2026-11-26T08:00:00Z",
+            }
+        ]
+    }
+    cfn, sfn = stubbed("cloudformation"), stubbed("stepfunctions")
+    cfn.add_response("describe_stacks", _stack("EfaTraining-dev-Pipeline", {"StateMachineArn": machine}))
+    sfn.add_response("list_executions", running, {"stateMachineArn": machine, "statusFilter": "RUNNING"})
+    with pytest.raises(preflight.PreflightError, match="run-7 is running .* changes EfaTraining-dev-Batch"):
+        preflight.check_no_run_in_flight(REGION, "EfaTraining-dev-Pipeline", ["EfaTraining-dev-Batch"], "deploy")
+    # Nothing that a run stands on changes: no AWS call at all (the stubs have no answer left to give).
+    preflight.check_no_run_in_flight(REGION, "EfaTraining-dev-Pipeline", [], "deploy")
+
+
+def test_a_deploy_checks_the_assembly_it_synthesized_unless_told_a_run_may_go_on(monkeypatch, tmp_path):
+    asked: list[list[str]] = []
+    monkeypatch.setattr(deploy, "ASSEMBLY", tmp_path)
+
+    def changed(region: str, assembly: object, names: list[str]) -> list[str]:
+        asked.append(names)
+        return []
+
+    monkeypatch.setattr(preflight, "changed_stacks", changed)
+    monkeypatch.setattr(preflight, "check_no_run_in_flight", lambda *a: None)
+    config = deploy._config("prod", None, [])
+    deploy._check_assembly(config, "123456789012", None, deploy.Options())
+    assert asked == [[f"EfaTraining-prod-{unit}" for unit in deploy.RUN_UNITS]]
+    deploy._check_assembly(config, "123456789012", None, deploy.Options(allow_running=True))
+    assert len(asked) == 1
+
+
+@pytest.fixture
+def destroying(monkeypatch):
+    monkeypatch.setattr(deploy, "caller_account", lambda region: "123456789012")
+    monkeypatch.setattr(deploy, "check_docker", lambda run: None)
+    refused: list[str] = []
+    monkeypatch.setattr(
+        preflight, "check_no_run_in_flight", lambda region, pipeline, changing, verb: refused.append(verb)
+    )
+    return refused
+
+
+def test_destroying_dev_removes_every_stack(destroying):
+    (command,) = destroy.plan("dev", dry_run=True, run=lambda *a: 0)
+    assert command[1:] == ["destroy", "--all", "--force", "-c", "env=dev"] and destroying == ["destroy"]
+
+
+def test_destroying_prod_keeps_the_network_under_its_kept_file_system_and_says_so(destroying, capsys):
+    # retain_data keeps the file system, whose interfaces stay in the training subnet: Network cannot go yet.
+    (command,) = destroy.plan("prod", dry_run=True, run=lambda *a: 0)
+    assert command[-3:] == ["EfaTraining-prod-Storage", "EfaTraining-prod-Registry", "EfaTraining-prod-Alerts"]
+    assert "--all" not in command
+    out = capsys.readouterr().out
+    assert "kept (retain_data)" in out and "aws fsx delete-file-system" in out and "EfaTraining-prod-Network" in out

@@ -1,0 +1,161 @@
+"""What `make deploy` and `make destroy` ask AWS before they change anything, each answer one line when it says no.
+
+- the CDK bootstrap stack's version against the one the synthesized templates require;
+- the Kubernetes version (EKS backend): offered in the region and in standard support, with add-on defaults new
+  enough for EFA;
+- a run in flight: a pipeline execution of the environment that is RUNNING, and the stacks a deploy would change
+  under it (their synthesized templates against the deployed ones).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+BOOTSTRAP_STACK = "CDKToolkit"
+
+
+class PreflightError(Exception):
+    """A reason not to go on: printed as one line."""
+
+
+def one_line(step: Callable[[], object]) -> int:
+    """Run a command's step: 0, or its refusal as one `error:` line and exit code 2."""
+    try:
+        step()
+    except PreflightError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def client(service: str, region: str):
+    import boto3
+    from botocore.config import Config
+
+    # Bounded: a credential or endpoint problem ends in a line, not a hang.
+    return boto3.client(
+        service,
+        region_name=region,
+        config=Config(connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}),
+    )
+
+
+def _stack(region: str, name: str) -> dict | None:
+    """The stack's description, or None where it does not exist."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return client("cloudformation", region).describe_stacks(StackName=name)["Stacks"][0]
+    except ClientError as exc:
+        if "does not exist" in str(exc):
+            return None
+        raise PreflightError(f"could not read the stack {name} in {region}: {exc}") from None
+    except BotoCoreError as exc:
+        raise PreflightError(f"could not reach CloudFormation in {region} ({type(exc).__name__})") from None
+
+
+def _output(stack: dict, key: str) -> str | None:
+    return next((o["OutputValue"] for o in stack.get("Outputs", []) if o["OutputKey"] == key), None)
+
+
+def bootstrap_version(region: str) -> int | None:
+    """The CDKToolkit stack's version (its BootstrapVersion output), None where the region is not bootstrapped."""
+    stack = _stack(region, BOOTSTRAP_STACK)
+    if stack is None:
+        return None
+    return int(_output(stack, "BootstrapVersion") or 0)
+
+
+def required_bootstrap_version(assembly: Path) -> int:
+    """The newest bootstrap version any stack of the cloud assembly asks for (its `requiresBootstrapStackVersion`)."""
+    manifest = json.loads((assembly / "manifest.json").read_text())
+    return max(
+        (a.get("properties", {}).get("requiresBootstrapStackVersion", 0) for a in manifest["artifacts"].values()),
+        default=0,
+    )
+
+
+def check_bootstrap(deployed: int | None, required: int, account: str, region: str) -> None:
+    if deployed is not None and deployed < required:
+        raise PreflightError(
+            f"the CDK bootstrap stack in {region} is version {deployed}, and these templates need {required} or "
+            f"newer: upgrade it with `cdk bootstrap aws://{account}/{region}` (or ask who owns it)"
+        )
+
+
+def _semver(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.lstrip("v").split("-")[0].split(".") if part.isdigit())
+
+
+def check_kubernetes(region: str, version: str, addon_minimums: dict[str, str]) -> None:
+    """EKS offers `version` in the region in standard support, and each add-on's default build for it is new
+    enough (EKS API reference: DescribeClusterVersions `versionStatus`, DescribeAddonVersions `defaultVersion`)."""
+    eks = client("eks", region)
+    found = eks.describe_cluster_versions(clusterVersions=[version]).get("clusterVersions", [])
+    status = found[0].get("versionStatus") if found else None
+    if status != "STANDARD_SUPPORT":
+        raise PreflightError(
+            f"EKS in {region} does not offer Kubernetes {version} in standard support ({status or 'not listed'}): "
+            "see `aws eks describe-cluster-versions`, and constructs/compute/eks/versions.py"
+        )
+    for addon, minimum in addon_minimums.items():
+        default = _default_addon_version(eks, addon, version)
+        if default is None or _semver(default) < _semver(minimum):
+            raise PreflightError(
+                f"EKS's default {addon} for Kubernetes {version} in {region} is {default or 'missing'}; EFA needs "
+                f"{minimum} or newer: pin one in constructs/compute/eks/versions.py"
+            )
+
+
+def _default_addon_version(eks, addon: str, kubernetes: str) -> str | None:
+    answer = eks.describe_addon_versions(addonName=addon, kubernetesVersion=kubernetes)
+    for entry in answer.get("addons", []):
+        for build in entry.get("addonVersions", []):
+            if any(
+                c.get("defaultVersion")
+                for c in build.get("compatibilities", [])
+                if c.get("clusterVersion") == kubernetes
+            ):
+                return build["addonVersion"]
+    return None
+
+
+def running_executions(region: str, pipeline_stack: str) -> list[str]:
+    """The names of the environment's pipeline executions that are RUNNING (none before the first deploy)."""
+    stack = _stack(region, pipeline_stack)
+    machine = _output(stack, "StateMachineArn") if stack else None
+    if not machine:
+        return []
+    answer = client("stepfunctions", region).list_executions(stateMachineArn=machine, statusFilter="RUNNING")
+    return [execution["name"] for execution in answer["executions"]]
+
+
+def changed_stacks(region: str, assembly: Path, names: Iterable[str]) -> list[str]:
+    """Which of the named stacks a deploy of the assembly would update: their template differs from the deployed
+    one (`cdk deploy` skips a stack whose template did not change)."""
+    manifest = json.loads((assembly / "manifest.json").read_text())["artifacts"]
+    changed = []
+    for name in names:
+        if name not in manifest or _stack(region, name) is None:
+            continue
+        body = client("cloudformation", region).get_template(StackName=name, TemplateStage="Original")["TemplateBody"]
+        deployed = json.loads(body) if isinstance(body, str) else body
+        synthesized = json.loads((assembly / manifest[name]["properties"]["templateFile"]).read_text())
+        if deployed != synthesized:
+            changed.append(name)
+    return changed
+
+
+def check_no_run_in_flight(region: str, pipeline_stack: str, changing: list[str], verb: str) -> None:
+    """Refuse to change the stacks a run depends on while one is in flight."""
+    if not changing:
+        return
+    running = running_executions(region, pipeline_stack)
+    if running:
+        raise PreflightError(
+            f"pipeline execution {running[0]} is running ({len(running)} in all) and this {verb} changes "
+            f"{', '.join(changing)} under it (README, 'Day two'): wait for it, stop it, or pass --allow-running"
+        )
