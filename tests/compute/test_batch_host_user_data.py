@@ -49,3 +49,14 @@ def test_neuron_host_publishes_to_the_environments_namespace():
         host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m", environment="prod")
     )
     assert "--namespace EfaTraining/prod/Neuron" in script
+
+
+def test_hosts_without_efa_reserve_no_huge_pages():
+    # 5128 x 2 MiB pages are for libfabric's EFA provider (EC2 user guide, "Get started with EFA"); a validation host
+    # without EFA (g5.xlarge: 16 GiB) would lose 10 GiB of the memory its container is promised.
+    script = "\n".join(
+        host_commands(
+            instance=CATALOGUE["g5.xlarge"], fsx_dns_name="d", fsx_mount_name="m", environment="dev", check_efa=False
+        )
+    )
+    assert "nr_hugepages" not in script and "uverbs" not in script

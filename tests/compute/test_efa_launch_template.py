@@ -27,12 +27,14 @@ def _data(template: Template) -> dict:
 
 
 @pytest.mark.parametrize("name", efa_instance_types())
-def test_one_interface_per_efa_network_card(name):
-    # As many interfaces as the catalogue's EFA count: card i, device 0; card 0 `efa`, the others `efa-only`.
-    interfaces = efa_network_interfaces(CATALOGUE[name].efa_interfaces, ["sg-1"])
-    assert [i["NetworkCardIndex"] for i in interfaces] == list(range(CATALOGUE[name].efa_interfaces))
-    assert {i["DeviceIndex"] for i in interfaces} == {0}
-    assert [i["InterfaceType"] for i in interfaces] == ["efa"] + ["efa-only"] * (CATALOGUE[name].efa_interfaces - 1)
+def test_the_documented_layout_with_one_efa_per_network_card(name):
+    # EC2 user guide, "Maximize network bandwidth on Amazon EC2 instances with multiple network cards": the primary
+    # interface (card 0, device 0) is ENA, card 0's EFA is efa-only at device 1, every other card one efa-only at
+    # device 0. As many EFA interfaces as the catalogue's count.
+    count = CATALOGUE[name].efa_interfaces
+    interfaces = efa_network_interfaces(count, ["sg-1"])
+    layout = [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in interfaces]
+    assert layout == [(0, 0, "interface"), (0, 1, "efa-only")] + [(card, 0, "efa-only") for card in range(1, count)]
     assert all(i["Groups"] == ["sg-1"] for i in interfaces)
 
 
@@ -42,8 +44,9 @@ def test_rendered_template_has_an_interface_on_every_efa_card(name):
     _, template = _template(name)
     interfaces = _data(template)["NetworkInterfaces"]
     count = CATALOGUE[name].efa_interfaces
-    assert [i["NetworkCardIndex"] for i in interfaces] == list(range(count))
-    assert [i["InterfaceType"] for i in interfaces] == ["efa"] + ["efa-only"] * (count - 1)
+    efa = [i for i in interfaces if i["InterfaceType"] == "efa-only"]
+    assert [i["NetworkCardIndex"] for i in efa] == list(range(count))
+    assert [i["InterfaceType"] for i in interfaces] == ["interface"] + ["efa-only"] * count
     assert all(i["Groups"] == ["sg-0123456789abcdef0"] and "SubnetId" not in i for i in interfaces)
 
 
@@ -51,7 +54,7 @@ def test_rendered_interfaces_carry_the_group_and_no_subnet_or_public_ip():
     # The template's interfaces: the security group on each, no SubnetId (Batch/EKS pick it), no public IP.
     construct, template = _template("p4d.24xlarge")
     interfaces = _data(template)["NetworkInterfaces"]
-    assert len(interfaces) == 4 == len(construct.network_interfaces)
+    assert len(interfaces) == 5 == len(construct.network_interfaces)  # the primary ENA and 4 EFA
     assert all(i["Groups"] == ["sg-0123456789abcdef0"] for i in interfaces)
     assert all("SubnetId" not in i for i in interfaces)
     assert interfaces[0]["AssociatePublicIpAddress"] is False

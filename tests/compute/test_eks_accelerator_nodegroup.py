@@ -78,11 +78,12 @@ def test_node_group_runs_exactly_the_catalogue_type_from_its_launch_template(ins
 
 
 def test_cluster_security_group_is_on_every_interface():
-    # On all 32 of p5's interfaces next to the EFA group: with interfaces in the template, EKS adds no group itself.
+    # On all 33 of p5's interfaces (the primary ENA one and 32 EFA-only: EC2 user guide, "EFA configuration for
+    # P5 and P5e instances") next to the EFA group: with interfaces in the template, EKS adds no group itself.
     raw = _nodegroup("p5.48xlarge")
     (cluster_id,) = [k for k, v in raw["Resources"].items() if v["Type"] == "AWS::EKS::Cluster"]
     interfaces = _launch_template(raw)["NetworkInterfaces"]
-    assert len(interfaces) == 32
+    assert len(interfaces) == 33
     cluster_group = {"Fn::GetAtt": [cluster_id, "ClusterSecurityGroupId"]}
     assert all(cluster_group in i["Groups"] and len(i["Groups"]) == 2 for i in interfaces)
 

@@ -47,11 +47,12 @@ def _one(template: dict, kind: str, id_prefix: str) -> dict:
 
 @pytest.mark.parametrize("name", TYPES)
 def test_multi_node_hosts_carry_the_efa_group_on_every_interface(name):
-    # Multi-node hosts: one interface per EFA card of the catalogue type, the network stack's EFA group on each,
-    # none on the template (EC2 rejects both).
+    # Multi-node hosts: the primary ENA interface and one EFA-only interface per EFA card of the catalogue type, the
+    # network stack's EFA group on each, none on the template (EC2 rejects both).
     data = _one(_batch(name), "AWS::EC2::LaunchTemplate", "MultiNodeLaunchTemplate")["LaunchTemplateData"]
     interfaces = data["NetworkInterfaces"]
-    assert len(interfaces) == CATALOGUE[name].efa_interfaces
+    assert sum(i["InterfaceType"] == "efa-only" for i in interfaces) == CATALOGUE[name].efa_interfaces
+    assert len(interfaces) == CATALOGUE[name].efa_interfaces + 1
     groups = {json.dumps(i["Groups"]) for i in interfaces}
     assert len(groups) == 1 and "EfaSecurityGroup" in groups.pop()
     assert all("SubnetId" not in i for i in interfaces) and "SecurityGroupIds" not in data

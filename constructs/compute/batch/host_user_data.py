@@ -3,7 +3,8 @@
 EKS nodes are prepared by the EKS accelerated AMI and the cluster's add-ons instead (constructs/compute/eks/).
 
 What it does, in order (every step logs to /var/log/efa-training-host.log and the console):
-1. huge pages for libfabric's EFA provider (EC2 user guide, "Get started with EFA": vm.nr_hugepages=5128);
+1. on EFA hosts only, huge pages for libfabric's EFA provider (EC2 user guide, "Get started with EFA":
+   vm.nr_hugepages=5128, 10 GiB a validation host without EFA would lose to nothing);
 2. the EFA kernel driver: AL2023 kernels ship `efa`; if the expected uverbs devices are still missing,
    the EFA installer's minimal host part (kernel module + rdma-core) is installed;
 3. the Lustre client (`dnf install -y lustre-client`) and the FSx mount at /fsx (relatime,flock);
@@ -81,12 +82,12 @@ def host_commands(
         "trap 'echo \"efa-training host preparation failed at line $LINENO\"; shutdown -h now' ERR",
         "TOKEN=$(curl -sS -X PUT http://169.254.169.254/latest/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')",
         'AWS_REGION=$(curl -sS -H "X-aws-ec2-metadata-token: $TOKEN" http://169.254.169.254/latest/meta-data/placement/region)',
-        "# 1. huge pages for the libfabric EFA provider",
-        f"echo 'vm.nr_hugepages = {HUGE_PAGES}' > /etc/sysctl.d/90-efa-hugepages.conf",
-        "sysctl -p /etc/sysctl.d/90-efa-hugepages.conf",
     ]
     if check_efa:
         lines += [
+            "# 1. huge pages for the libfabric EFA provider (none on hosts without EFA: they would only take memory)",
+            f"echo 'vm.nr_hugepages = {HUGE_PAGES}' > /etc/sysctl.d/90-efa-hugepages.conf",
+            "sysctl -p /etc/sysctl.d/90-efa-hugepages.conf",
             f"# 2. the EFA driver: {instance.efa_interfaces} uverbs device(s) expected on {instance.name}",
             "modprobe efa || true",
             "efa_devices() { ls /dev/infiniband/uverbs* 2>/dev/null | wc -l; }",

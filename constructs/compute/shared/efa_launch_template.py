@@ -1,10 +1,11 @@
 """An EC2 launch template for EFA training nodes, shared by the Batch and EKS backends.
 
 Network interfaces follow the EC2 user guide, "Maximize network bandwidth on Amazon EC2 instances with
-multiple network cards" (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html):
-network card 0 / device 0 is the primary interface, here `efa` (ENA + EFA, it carries the node's IP);
-every further network card i gets one interface at device index 0, `efa-only` (no IP address used;
-EFA-only exists on every EFA instance type since 2024-10). The EFA security group goes on
+multiple network cards" (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html): the
+primary interface (network card 0, device 0) is an ENA `interface` (it carries the node's IP; "You can't use an
+EFA-only network interface as the primary network interface"), card 0's EFA is `efa-only` at device 1, and every
+further card i gets one `efa-only` interface at device 0 (no IP address used). The EKS user guide's EFA example
+for p6-b200 has the same layout. One EFA per network card, as before. The EFA security group goes on
 every interface (`Groups`): a launch template with network interfaces cannot use SecurityGroupIds.
 No SubnetId and no public IP: Batch places the instance in its compute environment's subnet, and EKS
 managed node groups reject a SubnetId in the template.
@@ -21,18 +22,26 @@ ROOT_DEVICE = "/dev/xvda"
 
 
 def efa_network_interfaces(efa_interfaces: int, security_group_ids: list[str]) -> list[dict]:
-    """The LaunchTemplateData.NetworkInterfaces list (CloudFormation casing), one interface per network card."""
+    """The LaunchTemplateData.NetworkInterfaces list (CloudFormation casing): the primary ENA interface, then one
+    EFA-only interface per network card (card 0 at device 1, the others at device 0)."""
     if efa_interfaces < 1:
         raise ValueError(f"efa_interfaces={efa_interfaces} is not valid; expected at least 1 (an EFA instance type)")
-    return [
+    common = {"Groups": security_group_ids, "DeleteOnTermination": True}
+    primary = {
+        "NetworkCardIndex": 0,
+        "DeviceIndex": 0,
+        "InterfaceType": "interface",
+        **common,
+        # Several interfaces rule out a public IP anyway; the primary one states it explicitly.
+        "AssociatePublicIpAddress": False,
+        "Description": "Primary ENA interface (the node's IP)",
+    }
+    return [primary] + [
         {
             "NetworkCardIndex": card,
-            "DeviceIndex": 0,
-            "InterfaceType": "efa" if card == 0 else "efa-only",
-            "Groups": security_group_ids,
-            "DeleteOnTermination": True,
-            # Several interfaces rule out a public IP anyway; the primary one states it explicitly.
-            **({"AssociatePublicIpAddress": False} if card == 0 else {}),
+            "DeviceIndex": 1 if card == 0 else 0,
+            "InterfaceType": "efa-only",
+            **common,
             "Description": f"EFA on network card {card}",
         }
         for card in range(efa_interfaces)
