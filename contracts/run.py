@@ -307,6 +307,9 @@ def _show(value: object) -> str:
 # A job waiting for instance capacity is cancelled after this long (the Batch queues' job state time limit);
 # each Batch attempt of a stage may wait this long before it runs.
 QUEUE_WAIT_MINUTES = 60
+# A job that ends itself (SageMaker's MaxWaitTimeInSeconds, a Kubernetes Job's activeDeadlineSeconds) does so this
+# long before its state's timeout: time to create the job before, and to upload its output after.
+JOB_END_MARGIN_SECONDS = 30 * 60
 
 
 @dataclass(frozen=True)
@@ -320,6 +323,13 @@ class Stage:
     def state_seconds(self, attempts: int | None = None) -> int:
         """How long the state that submits the job waits: every Batch attempt, each after its queue wait."""
         return (attempts or self.attempts) * (self.attempt_seconds + QUEUE_WAIT_MINUTES * 60)
+
+    @property
+    def deadline_seconds(self) -> int:
+        """How long one attempt may take from its submission, waiting for capacity included, when the job ends
+        itself: inside one attempt's share of the state's wait, so the job's own end (an attempt failure, retried)
+        comes before the state's timeout (which is not)."""
+        return self.attempt_seconds + QUEUE_WAIT_MINUTES * 60 - JOB_END_MARGIN_SECONDS
 
 
 def stages(train_attempt_hours: int) -> dict[str, Stage]:

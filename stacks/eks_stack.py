@@ -93,6 +93,7 @@ class EksStack(cdk.Stack):
             max_nodes=config.nodes,
             runs_uri=f"s3://{storage.bucket.bucket_name}/{RUNS_PREFIX}",
             site=self.workspace.site,
+            train_attempt_hours=config.batch_train_timeout_hours,
         )
         self.accelerator_metrics = accelerator_metrics(
             "eks", config.instance.accelerator, environment=config.name, cluster_name=self.cluster.cluster_name

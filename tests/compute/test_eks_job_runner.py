@@ -11,6 +11,7 @@ import pytest
 from config import CATALOGUE
 from constructs.compute.eks.job_runner import EksJobRunner
 from contracts.eks.job_templates import indexed_job
+from contracts.run import stages
 from k8s import render
 from tests.synthesis import ROOT
 
@@ -117,3 +118,13 @@ def test_runner_refuses_in_place_attempts():
     assert eks_runner.restarts_lost_hosts is False
     with pytest.raises(ValueError, match="backoffLimit 0"):
         eks_runner.submit(cdk.Stack(), "Train", job="train", parameters={}, job_name="$.n", attempts="$.a")
+
+
+@pytest.mark.parametrize("job", ["sanity", "train", "validate"])
+def test_a_job_ends_itself_after_one_attempts_time(job):
+    # activeDeadlineSeconds (Kubernetes docs, "Jobs") bounds one attempt, scale-up and image pull included, inside
+    # its share of the state's wait: a hung collective is an attempt failure within hours, not 144-720 h of nodes.
+    stage = stages(72)[job]
+    manifest = runner().job_manifest(job=job, parameters={}, job_name="$.n", nodes="$.run.nodes")
+    deadline = manifest["spec"]["activeDeadlineSeconds"]
+    assert deadline == stage.deadline_seconds and stage.attempt_seconds < deadline < stage.state_seconds(1)

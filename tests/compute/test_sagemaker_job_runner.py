@@ -9,8 +9,8 @@ import aws_cdk.aws_stepfunctions as sfn
 import pytest
 
 from config import CATALOGUE
-from constructs.compute.sagemaker.job_runner import RETRIES_FOR_ATTEMPTS, SageMakerJobRunner
-from contracts.run import MAX_ATTEMPTS, QUEUE_WAIT_MINUTES, stages, train_state_seconds
+from constructs.compute.sagemaker.job_runner import SageMakerJobRunner
+from contracts.run import QUEUE_WAIT_MINUTES, stages, train_state_seconds
 from tests.alone import template_of
 
 TRAIN_PARAMETERS = {"run_id": "$.job.run_id", "dataset": "$.job.dataset", "max_steps": "$.job.max_steps"}
@@ -49,7 +49,6 @@ def _request(job: str = "train", **options) -> dict:
         parameters=parameters,
         job_name=f"States.Format('{{}}-{job}', $.run.run_id)",
         nodes="$.run.nodes" if multi_node else None,
-        attempts="$.run.max_attempts" if job == "train" else None,
     )
     resolved = stack.resolve(state.to_state_json())
     assert ":states:::sagemaker:createTrainingJob.sync" in json.dumps(resolved["Resource"])
@@ -110,38 +109,32 @@ def test_training_checkpoints_sync_to_the_runs_prefix():
     assert checkpoint["LocalPath"] == "/opt/ml/checkpoints"
 
 
-def _table(expression: str) -> list[int]:
-    """The numbers of `States.ArrayGetItem(States.Array(a, b, ...), $.run.max_attempts)`, indexed by attempts."""
-    assert expression.endswith(", $.run.max_attempts)")
-    return [int(n) for n in expression.split("States.Array(")[1].split(")")[0].split(", ")]
-
-
-@pytest.mark.parametrize("attempts", range(1, MAX_ATTEMPTS + 1))
-def test_the_job_ends_itself_before_its_state_gives_up(attempts):
-    # With a RetryStrategy, MaxRuntimeInSeconds and MaxWaitTimeInSeconds bound all attempts together
-    # (API_StoppingCondition); SageMaker's own end is an attempt failure the pipeline retries, the state's timeout is
-    # not: so the job's bounds stay under the Train state's timeout (attempts x (attempt + queue wait)).
-    stopping = _request(spot=True)["StoppingCondition"]
+def test_one_attempt_runs_for_one_attempts_time_and_ends_before_its_state_gives_up():
+    # No RetryStrategy: with one, MaxRuntimeInSeconds bounds all attempts together (API_StoppingCondition), so a hung
+    # attempt would run max_attempts x 72 h. SageMaker's own end is an attempt failure the pipeline retries, the
+    # state's timeout is not: the job's bounds stay under one attempt of the Train state's timeout.
+    request = _request(spot=True)
+    assert "RetryStrategy" not in request
     runtime, wait = (
-        _table(stopping["MaxRuntimeInSeconds.$"])[attempts],
-        _table(stopping["MaxWaitTimeInSeconds.$"])[attempts],
+        request["StoppingCondition"]["MaxRuntimeInSeconds"],
+        request["StoppingCondition"]["MaxWaitTimeInSeconds"],
     )
-    assert runtime == min(attempts * stages(72)["train"].attempt_seconds, 28 * 24 * 3600 - 30 * 60)
+    assert runtime == stages(72)["train"].attempt_seconds == 72 * 3600
     assert runtime < wait <= 28 * 24 * 3600  # "MaxWaitTimeInSeconds must be larger than MaxRuntimeInSeconds"
-    assert wait + 30 * 60 <= train_state_seconds(72)[attempts]
+    assert wait + 30 * 60 <= train_state_seconds(72)[1]
 
 
 def test_managed_spot_waits_for_capacity_within_each_attempt():
     request = _request(spot=True)
     assert request["EnableManagedSpotTraining"] is True
-    waits = _table(request["StoppingCondition"]["MaxWaitTimeInSeconds.$"])
-    assert waits[1] == stages(72)["train"].attempt_seconds + (QUEUE_WAIT_MINUTES - 30) * 60
+    wait = request["StoppingCondition"]["MaxWaitTimeInSeconds"]
+    assert wait == stages(72)["train"].attempt_seconds + (QUEUE_WAIT_MINUTES - 30) * 60
 
 
 def test_on_demand_training_sets_no_spot_fields():
     request = _request(spot=False)
     assert "EnableManagedSpotTraining" not in request
-    assert list(request["StoppingCondition"]) == ["MaxRuntimeInSeconds.$"]
+    assert list(request["StoppingCondition"]) == ["MaxRuntimeInSeconds"]
 
 
 def test_validation_never_waits_for_spot_and_reads_the_runs_checkpoints():
@@ -182,11 +175,12 @@ def test_the_jobs_run_in_the_training_subnet_with_the_efa_group():
     assert _request()["VpcConfig"] == {"Subnets": ["subnet-1"], "SecurityGroupIds": ["sg-1"]}
 
 
-@pytest.mark.parametrize("attempts", range(1, MAX_ATTEMPTS + 1))
-def test_sagemaker_retries_internal_errors_within_the_runs_attempts(attempts):
-    # RetryStrategy.MaximumRetryAttempts counts retries, 1-30 (API_RetryStrategy): attempts - 1, at least 1.
-    assert RETRIES_FOR_ATTEMPTS[attempts] == max(1, attempts - 1)
-    assert 1 <= RETRIES_FOR_ATTEMPTS[attempts] <= 30
+def test_the_runner_refuses_in_job_attempts_and_tells_the_pipeline():
+    # The pipeline passes an attempts count only where restarts_lost_hosts; here each submission is one attempt.
+    stack, runner = _runner()
+    assert runner.restarts_lost_hosts is False
+    with pytest.raises(ValueError, match="one attempt's runtime"):
+        runner.submit(stack, "Train", job="train", parameters=TRAIN_PARAMETERS, job_name="$.n", attempts="$.a")
 
 
 def test_the_run_is_tagged_for_cost_allocation():
@@ -271,8 +265,8 @@ def test_a_validation_job_is_tried_again_on_fresh_instances():
     assert retries[("States.TaskFailed",)]["MaxAttempts"] == 3
 
 
-def test_the_longest_attempts_keep_max_wait_above_max_runtime_at_the_28_day_cap():
-    # 120-hour attempts x 10 reach SageMaker's 28 days; MaxWait must still be larger than MaxRuntime.
+def test_the_longest_attempt_keeps_max_wait_above_max_runtime():
+    # A 120-hour attempt (the longest the configuration allows); MaxWait must be larger than MaxRuntime.
     stack = cdk.Stack()
     role = iam.Role(stack, "Execution", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
     runner = SageMakerJobRunner(
@@ -287,11 +281,10 @@ def test_the_longest_attempts_keep_max_wait_above_max_runtime_at_the_28_day_cap(
         train_attempt_hours=120,
         spot=True,
     )
-    stopping = runner.training_job(
-        job="train", parameters=TRAIN_PARAMETERS, job_name="$.n", nodes="$.run.nodes", attempts="$.run.max_attempts"
-    )["StoppingCondition"]
-    runtime, wait = _table(stopping["MaxRuntimeInSeconds.$"]), _table(stopping["MaxWaitTimeInSeconds.$"])
-    assert wait[-1] == 28 * 24 * 3600 and runtime[-1] < wait[-1]
+    stopping = runner.training_job(job="train", parameters=TRAIN_PARAMETERS, job_name="$.n", nodes="$.run.nodes")[
+        "StoppingCondition"
+    ]
+    assert stopping["MaxRuntimeInSeconds"] == 120 * 3600 < stopping["MaxWaitTimeInSeconds"] <= 28 * 24 * 3600
 
 
 def test_trainiums_compile_job_fills_the_cache_in_the_file_system_on_the_runs_instances():

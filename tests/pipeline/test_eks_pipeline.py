@@ -12,6 +12,7 @@ from typing import cast
 
 import pytest
 from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
+from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import CustomErrorName
 from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
     FailureEvent,
     FailureEventException,
@@ -58,7 +59,24 @@ class EksEmulator(Emulator):
                     )
                     - 1
                 )
-                if not plan[min(attempt, len(plan) - 1)]:
+                outcome = plan[min(attempt, len(plan) - 1)]
+                if isinstance(outcome, str):  # the API server refused the request: eks:runJob names its status
+                    raise FailureEventException(
+                        FailureEvent(
+                            env=env,
+                            error_name=CustomErrorName(outcome),
+                            event_type=HistoryEventType.TaskFailed,
+                            event_details=cast(
+                                EventDetails,
+                                {
+                                    "taskFailedEventDetails": TaskFailedEventDetails(
+                                        error=outcome, cause=f"{outcome}: refused"
+                                    )
+                                },
+                            ),
+                        )
+                    )
+                if not outcome:
                     raise FailureEventException(
                         FailureEvent(  # what eks:runJob.sync reports for a failed Job
                             env=env,
@@ -152,3 +170,14 @@ def test_failing_training_is_retried_then_fails_the_run(emulator):
     phases = [job["spec"]["template"]["spec"]["containers"][0]["args"][0] for job in emulator.jobs]
     assert phases[0] == "sanity" and phases.count("train") == 1 + emulator.template_retries("Train")
     assert [m["outcome"] for m in messages(emulator)] == ["FAILED"]
+
+
+# A request the API server refuses (here 403: the state machine's role has no access entry) ends the run at once,
+# naming the error: resubmitting cannot help, and every retry's backoff would keep the nodes up.
+def test_a_refused_job_request_is_not_retried(emulator):
+    emulator.outcomes = {"train": ["EKS.403"]}
+    result = emulator.run({**RUN, "run_id": "gpt-tiny-003"})
+    assert result["status"] == "FAILED" and result["error"] == "TrainingFailed", result
+    assert "EKS.403: refused" in result["cause"]
+    phases = [job["spec"]["template"]["spec"]["containers"][0]["args"][0] for job in emulator.jobs]
+    assert phases == ["sanity", "train"]

@@ -26,6 +26,7 @@ from constructs import Construct
 from constructs.compute.backend import task_timeout
 from contracts.eks.job_spec import NAMESPACE, Site
 from contracts.eks.job_templates import indexed_job
+from contracts.run import stages
 
 JOB_NAME_ANNOTATION = "efa-training/job-name"
 SINGLE_NODE_JOBS = frozenset({"validate"})
@@ -38,8 +39,11 @@ def launcher_flag(parameter: str) -> str:
 class EksJobRunner:
     # A run may use fewer nodes than the node group's maximum: the Job's completions follow the run's `nodes`.
     fixed_node_count = False
-    # eks:runJob.sync documents no error for a rejected Job that a retry could not fix: every failure may retry.
-    rejected_errors: tuple[str, ...] = ()
+    # eks:runJob names a failed request after the API server's HTTP status (Step Functions developer guide, "Call
+    # Amazon EKS": EKS.401 ...). These say the request itself is refused: unauthenticated or forbidden (access entry,
+    # RBAC), no such namespace or API, a Job of that name already there, an invalid Job. Resubmitting cannot help and
+    # would keep the nodes up through every backoff: the run ends under the error's own name.
+    rejected_errors: tuple[str, ...] = ("EKS.400", "EKS.401", "EKS.403", "EKS.404", "EKS.409", "EKS.422")
     # A Job that lost a pod is not restarted in place (backoffLimit 0, Kubernetes docs "Jobs", Pod backoff failure
     # policy: https://kubernetes.io/docs/concepts/workloads/controllers/job/): each pipeline retry is a fresh Job.
     restarts_lost_hosts = False
@@ -55,8 +59,10 @@ class EksJobRunner:
         max_nodes: int,
         runs_uri: str | None = None,
         site: Site = Site(),
+        train_attempt_hours: int = 72,
     ) -> None:
         self.cluster = cluster
+        self._stages = stages(train_attempt_hours)
         self.site = site
         # s3://<bucket>/runs/: the sanity report and the verdict go straight to S3, where the pipeline reads
         # the verdict (FSx's export to S3 is asynchronous, so /fsx/runs/ could still be empty there).
@@ -83,6 +89,10 @@ class EksJobRunner:
                 spec[f"{field}.$"] = nodes
         if count is not None:
             spec["completions"] = spec["parallelism"] = count
+        # One attempt's time, scale-up from zero and image pull included: a hung collective ends here, not after
+        # days (Kubernetes docs, "Jobs": activeDeadlineSeconds "applies to the duration of the job, no matter how
+        # many Pods are created"; once reached, its Pods are terminated and the Job fails: an attempt failure).
+        spec["activeDeadlineSeconds"] = self._stages[job].deadline_seconds
         container = spec["template"]["spec"]["containers"][0]
         flags = []
         for name, value in parameters.items():

@@ -23,7 +23,7 @@ from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, JobKind, task_timeout
 from constructs.nag import acknowledge, shown_arn
 from contracts.job_environment import job_environment
-from contracts.run import MAX_ATTEMPTS, QUEUE_WAIT_MINUTES, stages
+from contracts.run import JOB_END_MARGIN_SECONDS, QUEUE_WAIT_MINUTES, stages
 
 # The image's ENTRYPOINT (training_image/Dockerfile.*): SageMaker would otherwise run it with the argument `train`
 # (SageMaker developer guide, "How Amazon SageMaker AI Runs Your Training Image"); ContainerEntrypoint and
@@ -40,9 +40,6 @@ NEURON_CACHE_ROOT = f"{FSX_PATH}/{NEURON_CACHE_PREFIX.rstrip('/')}"
 # instance's, and VolumeSizeInGB may not exceed it (API_ResourceConfig VolumeSizeInGB). So the smallest store of the
 # catalogue's types bounds the request (g5.xlarge: 250 GB); what the jobs get is the instance's own.
 VOLUME_GIB = 100
-# SageMaker RetryStrategy.MaximumRetryAttempts is 1-30 retries after the first attempt (API_RetryStrategy); the
-# run's max_attempts counts attempts, so 1 attempt still allows SageMaker's one retry of its own internal errors.
-RETRIES_FOR_ATTEMPTS = (1, *(max(1, attempts - 1) for attempts in range(1, MAX_ATTEMPTS + 1)))
 # What the integration raises when CreateTrainingJob itself fails (Step Functions developer guide, "Create and
 # manage Amazon SageMaker AI jobs with Step Functions": its training job example retries both): SageMaker's generic
 # error (throttling, internal errors) and the account's instance quota for the type, which other jobs may free.
@@ -71,8 +68,6 @@ VALIDATION_RETRY: dict = {
 # The longest a training job may run (API_StoppingCondition MaxRuntimeInSeconds: 28 days), taken as the bound of
 # MaxWaitTimeInSeconds too.
 MAX_JOB_SECONDS = 28 * 24 * 3600
-# Between the Task state's start and the job's: creating it; after SageMaker stops it: uploading its output.
-JOB_END_MARGIN_SECONDS = 30 * 60
 # Training job names: 1-63 letters, digits and '-' (API_CreateTrainingJob), unique in the account and region
 # forever, so each submission appends 8 hex digits of a fresh UUID: `<run_id>-validate-1a2b3c4d` <= 58.
 _UNIQUE_SUFFIX = "States.ArrayGetItem(States.StringSplit(States.UUID(), '-'), 0)"
@@ -86,8 +81,11 @@ class SageMakerJobRunner:
     # The account's instance quota for the type is used up (or 0, as it starts for ml.p5): after the submission's own
     # waits for it (QUOTA_RETRY) a new training attempt cannot help, so the run fails naming it.
     rejected_errors = (QUOTA_ERROR,)
-    # RetryStrategy restarts a job that failed on SageMaker's side (InternalServerError) inside one submission.
-    restarts_lost_hosts = True
+    # No RetryStrategy: with one, MaxRuntimeInSeconds "specifies the maximum time for all of the attempts in total"
+    # (API_StoppingCondition), so a hung attempt could run max_attempts x the attempt timeout, and it retries only
+    # SageMaker's InternalServerError (API_RetryStrategy). Each submission is one attempt with its own limit; the
+    # pipeline's Retry makes the next (a fresh job that resumes from the run's checkpoints).
+    restarts_lost_hosts = False
     sanity_in_training = True
 
     def __init__(
@@ -130,7 +128,11 @@ class SageMakerJobRunner:
     ) -> sfn.CustomState:
         if job == "sanity":
             raise ValueError("SageMakerJobRunner runs the sanity check inside the training job (sanity_in_training)")
-        request = self.training_job(job=job, parameters=parameters, job_name=job_name, nodes=nodes, attempts=attempts)
+        if attempts is not None:
+            raise ValueError(
+                "SageMakerJobRunner runs each job once (one attempt's runtime); the pipeline's Retry restarts it"
+            )
+        request = self.training_job(job=job, parameters=parameters, job_name=job_name, nodes=nodes)
         state: dict = {
             "Type": "Task",
             "Resource": f"arn:{cdk.Stack.of(scope).partition}:states:::sagemaker:createTrainingJob.sync",
@@ -152,9 +154,7 @@ class SageMakerJobRunner:
             submission.add_retry(**VALIDATION_RETRY)
         return submission
 
-    def training_job(
-        self, *, job: JobKind, parameters: Mapping[str, str], job_name: str, nodes: str | None, attempts: str | None
-    ) -> dict:
+    def training_job(self, *, job: JobKind, parameters: Mapping[str, str], job_name: str, nodes: str | None) -> dict:
         """The CreateTrainingJob request as an ASL payload template (API_CreateTrainingJob)."""
         run_id = parameters["run_id"]
         training = job == "train"
@@ -184,7 +184,7 @@ class SageMakerJobRunner:
             "VpcConfig": {"Subnets": [self.subnet_id], "SecurityGroupIds": [self.security_group_id]},
             "InputDataConfig": self._channels(job, parameters),
             "OutputDataConfig": {"S3OutputPath.$": f"States.Format('{self._runs_uri}{{}}/sagemaker/', {run_id})"},
-            "StoppingCondition": self._stopping_condition(attempt_seconds, attempts, spot=training and self.spot),
+            "StoppingCondition": self._stopping_condition(attempt_seconds, spot=training and self.spot),
             # Budgets and cost allocation filter on the same tags as the deployed resources (app.py).
             "Tags": [
                 {"Key": "Project", "Value": PROJECT},
@@ -199,37 +199,20 @@ class SageMakerJobRunner:
             request["CheckpointConfig"] = {"S3Uri.$": self._checkpoints_uri(run_id), "LocalPath": CHECKPOINT_LOCAL_PATH}
         if training and self.spot:
             request["EnableManagedSpotTraining"] = True
-        if attempts is not None:
-            table = ", ".join(map(str, RETRIES_FOR_ATTEMPTS))
-            request["RetryStrategy"] = {
-                "MaximumRetryAttempts.$": f"States.ArrayGetItem(States.Array({table}), {attempts})"
-            }
         return request
 
     @staticmethod
-    def _stopping_condition(attempt_seconds: int, attempts: str | None, *, spot: bool) -> dict:
-        """How long the job may run and, on managed Spot, wait: with a RetryStrategy both bound all of its attempts
-        together, at most 28 days (API_StoppingCondition), so they are read by the run's attempts from tables.
-
-        They end the job before the state that waits for it gives up (contracts.run: attempts x (attempt + queue
-        wait)), with JOB_END_MARGIN for creating the job and uploading its output after it stops: SageMaker's own
-        end is an attempt failure, retried on fresh instances; the state's timeout is not."""
+    def _stopping_condition(attempt_seconds: int, *, spot: bool) -> dict:
+        """How long one attempt may run and, on managed Spot, wait for capacity, at most 28 days
+        (API_StoppingCondition). Both end the job before the state that waits for it gives up (contracts.run: the
+        attempt plus the queue wait), with JOB_END_MARGIN for creating the job and uploading its output after it
+        stops: SageMaker's own end is an attempt failure, retried on fresh instances; the state's timeout is not."""
         wait = QUEUE_WAIT_MINUTES * 60 - JOB_END_MARGIN_SECONDS
-
-        def table(seconds_per_attempt: int, most: int) -> list[int]:
-            return [min(n * seconds_per_attempt, most) for n in range(MAX_ATTEMPTS + 1)]
-
-        # MaxWait "must be larger than" MaxRuntime (SageMaker developer guide, "Managed Spot Training"), also when
-        # both reach the 28 days.
-        fields = {"MaxRuntimeInSeconds": table(attempt_seconds, MAX_JOB_SECONDS - wait)}
+        # MaxWait "must be larger than" MaxRuntime (SageMaker developer guide, "Managed Spot Training").
+        fields = {"MaxRuntimeInSeconds": min(attempt_seconds, MAX_JOB_SECONDS - wait)}
         if spot:
-            fields["MaxWaitTimeInSeconds"] = table(attempt_seconds + wait, MAX_JOB_SECONDS)
-        if attempts is None:
-            return {name: values[1] for name, values in fields.items()}
-        return {
-            f"{name}.$": f"States.ArrayGetItem(States.Array({', '.join(map(str, values))}), {attempts})"
-            for name, values in fields.items()
-        }
+            fields["MaxWaitTimeInSeconds"] = min(attempt_seconds + wait, MAX_JOB_SECONDS)
+        return fields
 
     @property
     def checkpoints_on_fsx(self) -> bool:
