@@ -10,7 +10,8 @@ import aws_cdk.aws_sns as sns
 
 from constructs import Construct
 
-ACTUAL_PERCENT = 80.0
+# Actual spend past 80 % (a warning) and past 100 % (the budget is spent), and a forecast past 100 %.
+ACTUAL_PERCENTS = (80.0, 100.0)
 FORECASTED_PERCENT = 100.0
 
 
@@ -52,5 +53,8 @@ class CostBudget(Construct):
                 cost_filters={"TagKeyValue": [f"user:{tag_key}${tag_value}"]},
             ),
             # E-mail recipients are the topic's subscribers, so each person gets one message, not two.
-            notifications_with_subscribers=[notify("ACTUAL", ACTUAL_PERCENT), notify("FORECASTED", FORECASTED_PERCENT)],
+            notifications_with_subscribers=[
+                *(notify("ACTUAL", percent) for percent in ACTUAL_PERCENTS),
+                notify("FORECASTED", FORECASTED_PERCENT),
+            ],
         )

@@ -114,7 +114,18 @@ class TrainingPipeline(Construct):
         compiled = checked.next(self._compile()) if compiles_ahead else checked
         compiled.next(self._train()).next(self._validate()).next(verdict.start)
 
-        self.log_group = logs.LogGroup(self, "ExecutionLogs", retention=log_retention, removal_policy=removal_policy)
+        # Under /aws/vendedlogs/: log delivery for a group outside it adds to the account's one CloudWatch Logs
+        # resource policy, which has a size limit (Step Functions developer guide, "Avoiding CloudWatch Logs resource
+        # policy size restrictions"). The stack's id in the name: a group kept by a destroyed prod stack never
+        # collides with the next deploy's.
+        stack_id = cdk.Fn.select(2, cdk.Fn.split("/", cdk.Stack.of(self).stack_id))
+        self.log_group = logs.LogGroup(
+            self,
+            "ExecutionLogs",
+            log_group_name=cdk.Fn.join("", [f"/aws/vendedlogs/states/{self.state_machine_name}-", stack_id]),
+            retention=log_retention,
+            removal_policy=removal_policy,
+        )
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",

@@ -41,13 +41,13 @@ def test_budget_is_monthly_cost_filtered_to_the_environment_tag(budget):
     )
 
 
-def test_budget_notifies_the_topic_on_actual_80_and_forecast_100(budget):
-    # Two notifications, ACTUAL > 80 % and FORECASTED > 100 %, both to the SNS topic.
+def test_budget_notifies_the_topic_on_actual_80_and_100_and_forecast_100(budget):
+    # Three notifications, ACTUAL > 80 % (a warning), ACTUAL > 100 % (spent) and FORECASTED > 100 %, to the topic.
     (found,) = budget.find_resources("AWS::Budgets::Budget").values()
     (topic,) = budget.find_resources("AWS::SNS::Topic")
     notifications = found["Properties"]["NotificationsWithSubscribers"]
     kinds = {(n["Notification"]["NotificationType"], n["Notification"]["Threshold"]) for n in notifications}
-    assert kinds == {("ACTUAL", 80), ("FORECASTED", 100)}
+    assert kinds == {("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100)}
     for n in notifications:
         assert n["Notification"]["ThresholdType"] == "PERCENTAGE"
         assert n["Subscribers"] == [{"SubscriptionType": "SNS", "Address": {"Ref": topic}}]

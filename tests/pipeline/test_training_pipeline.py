@@ -273,3 +273,12 @@ def test_the_initial_model_reads_are_limited_to_the_parameter_and_approval_recor
     assert json.dumps(get_parameter["Resource"]).endswith(':parameter/efa-training/test/approved-model"]]}')
     reads = [s for s in statements if s["Action"] == "s3:GetObject"]
     assert any(json.dumps(s["Resource"]).endswith('/models/*/approval.json"]]}') for s in reads), reads
+
+
+def test_execution_logs_go_to_a_vended_logs_group_of_this_stack():
+    # /aws/vendedlogs/ keeps log delivery out of the account's size-limited CloudWatch Logs resource policy (Step
+    # Functions developer guide, "Avoiding CloudWatch Logs resource policy size restrictions"); the stack's id in the
+    # name keeps a group that a destroyed prod stack retained from colliding with the next deploy's.
+    (group,) = _pipeline().find_resources("AWS::Logs::LogGroup").values()
+    name = json.dumps(group["Properties"]["LogGroupName"])
+    assert "/aws/vendedlogs/states/" in name and "AWS::StackId" in name

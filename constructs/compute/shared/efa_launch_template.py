@@ -102,11 +102,14 @@ class EfaLaunchTemplate(Construct):
                     ),
                 )
             ],
-            # IMDSv2 only, one hop: a container (bridge network, pod) cannot reach the metadata service and
-            # borrow the node's role (EC2 user guide, "Instance metadata access considerations": the container
-            # is one more hop; EKS best practices, "Restrict access to the instance profile assigned to the
-            # worker node"). Jobs have their own role (Batch job role, EKS pod identity); Batch hosts also set
-            # ECS_AWSVPC_BLOCK_IMDS for awsvpc tasks (host_user_data.py).
+            # IMDSv2 only, one hop: a container on its own network (bridge, an EKS pod) cannot reach the metadata
+            # service and borrow the node's role (EC2 user guide, "Instance metadata access considerations": the
+            # container is one more hop; EKS best practices, "Restrict access to the instance profile assigned to
+            # the worker node"). Batch's multi-node containers (awsvpc) are kept out by ECS_AWSVPC_BLOCK_IMDS
+            # (host_user_data.py). Batch's single-node jobs run in host network mode (Batch user guide, "Networking
+            # modes for AWS Batch jobs"), where the hop limit does not apply: the validation container could read
+            # the host role (the ECS agent's and CloudWatch agent's managed policies, no data access); it uses its
+            # job role, and docs/batch.md says so.
             http_endpoint=True,
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
             http_put_response_hop_limit=1,
