@@ -31,6 +31,8 @@ Both:
   ELASTIC_MIN_NODES (optional)         -> --nnodes MIN:MAX (elastic)
   MAX_RESTARTS (default 3 for train, 0 for sanity) -> --max-restarts
   MASTER_PORT (default 29500)          -> rendezvous port on the main node
+  RDZV_TIMEOUT (seconds, default 1800) -> --rdzv-conf join_timeout and read_timeout: how long nodes may start apart
+  node rank 0                          -> --rdzv-conf is_host=true (every other rank is_host=false)
   RUN_ID                               -> --rdzv-id when no Batch job id; RunId metric dimension
 Set LAUNCH_DRY_RUN=1 to print the command as JSON instead of running it.
 Exit codes: torchrun turns every worker failure into 1, so each worker runs behind exit_relay.py, which
@@ -66,6 +68,12 @@ HERE = Path(__file__).resolve().parent
 DISTRIBUTED_MODES = {"sanity": "sanity_check.py", "train": "train.py", "compile": "train.py"}
 SINGLE_MODES = {"validate": "validate.py", "prepare-data": "prepare_data.py"}
 DEFAULT_PORT = 29500
+# How far apart nodes may start, in seconds: torchrun's c10d rendezvous gives up after join_timeout (600 s by
+# default), and a rank that starts before the store's host after read_timeout (60 s) (torch/distributed/elastic/
+# rendezvous/dynamic_rendezvous.py and c10d_rendezvous_backend.py). A cold start is slower: on EKS every run scales
+# the node group from zero (boot, join, device plugins) and pulls a 15-25 GiB image per node, and SageMaker and
+# Batch hosts pull the image one by one too. 30 minutes covers that, and stays far inside one attempt's time.
+DEFAULT_RDZV_TIMEOUT = 1800
 # A failed pre-flight check must fail the job, not retry; so must a failed compilation (the pipeline retries it).
 DEFAULT_MAX_RESTARTS = {"train": 3, "sanity": 0, "compile": 0}
 
@@ -111,6 +119,7 @@ class LaunchPlan:
     node_rank: int
     is_main_node: bool
     local_addr: str | None = None
+    rdzv_timeout: int = DEFAULT_RDZV_TIMEOUT
 
     def torchrun_args(self) -> list[str]:
         args = [
@@ -126,6 +135,12 @@ class LaunchPlan:
             self.rdzv_id,
             "--max-restarts",
             str(self.max_restarts),
+            # The store's host chosen by rank, not by name: without is_host, c10d hosts only where the endpoint's
+            # name already resolves to the machine (`_matches_machine_hostname`, "it may return a false negative"):
+            # a headless-service name not yet published, or SageMaker's algo-1, leaves nobody hosting.
+            "--rdzv-conf",
+            f"is_host={str(self.is_main_node).lower()},"
+            f"join_timeout={self.rdzv_timeout},read_timeout={self.rdzv_timeout}",
         ]
         if self.local_addr:
             # The rank-0 agent publishes this address to every worker; a container hostname
@@ -192,6 +207,7 @@ def plan_launch(
         max_restarts,
         node_rank=0,
         is_main_node=True,
+        rdzv_timeout=_int(env, "RDZV_TIMEOUT", DEFAULT_RDZV_TIMEOUT, minimum=10),
     )
     if "AWS_BATCH_JOB_NUM_NODES" in env:
         return _batch_plan(env, local, port, own_address)

@@ -45,6 +45,9 @@ def test_each_of_two_hosts_joins_the_first_hosts_rendezvous(current, rank):
         "run-7-train-1",  # TRAINING_JOB_NAME: one rendezvous per job, so a retried job never meets the last one's
         "--max-restarts",
         "3",
+        # algo-1 hosts the store because it is hosts[0], not because c10d takes the name for itself.
+        "--rdzv-conf",
+        f"is_host={'true' if rank == 0 else 'false'},join_timeout=1800,read_timeout=1800",
         "--local-addr",
         "10.0.1.9",
     ]

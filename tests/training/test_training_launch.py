@@ -31,6 +31,8 @@ def test_batch_main_node_hosts_the_rendezvous_on_its_own_address():
         "0f1e2d-2",
         "--max-restarts",
         "3",
+        "--rdzv-conf",
+        "is_host=true,join_timeout=1800,read_timeout=1800",
         "--local-addr",
         "10.0.1.7",
     ]
@@ -90,6 +92,8 @@ def test_pytorchjob_uses_master_addr_and_pet_nnodes():
             "exp-42",
             "--max-restarts",
             "3",
+            "--rdzv-conf",
+            "is_host=false,join_timeout=1800,read_timeout=1800",
         ]
         and plan.node_rank == 1
     )
