@@ -145,3 +145,28 @@ def test_context_overrides_reach_the_checks(aws, monkeypatch):
     commands = deploy.plan("dev", dry_run=True, run=lambda *a, **k: 0, extra=["-c", "image_tag=v1"])
     assert [c[1] for c in commands] == ["bootstrap", "synth", "deploy"]
     assert commands[1][-4:-2] == ["-c", "image_tag=v1"]
+
+
+def test_an_eks_deploy_without_admin_roles_makes_the_deployer_the_clusters_admin(aws, monkeypatch):
+    # The cluster's creator is CloudFormation's execution role, not the person deploying: without eks_admin_role_arns
+    # nobody could use kubectl. The deploying role (STS names it as an assumed role) gets the admin access entry.
+    identity = {"Account": "123456789012", "Arn": "arn:aws:sts::123456789012:assumed-role/Admin/alice", "UserId": "A"}
+
+    class Sts:
+        def get_caller_identity(self) -> dict:
+            return identity
+
+    real = deploy._client
+    monkeypatch.setattr(deploy, "_client", lambda service, region: Sts() if service == "sts" else real(service, region))
+    monkeypatch.setattr(deploy, "check_docker", lambda run: None)
+    monkeypatch.setattr(preflight, "check_kubernetes", lambda *args: None)
+    commands = deploy.plan("dev", dry_run=True, run=lambda *a, **k: 0, extra=["-c", "compute=eks"])
+    synth = next(c for c in commands if c[1] == "synth")
+    assert synth[-4:-2] == ["-c", "eks_admin_role_arns=arn:aws:iam::123456789012:role/Admin"]
+
+
+def test_an_assumed_role_is_named_by_its_role():
+    arn = "arn:aws:sts::123456789012:assumed-role/MlPlatformAdmin/alice@example.com"
+    assert deploy.admin_principal(arn) == "arn:aws:iam::123456789012:role/MlPlatformAdmin"
+    with pytest.raises(deploy.DeployError, match="no IAM role or user"):
+        deploy.admin_principal("arn:aws:iam::123456789012:root")

@@ -84,6 +84,32 @@ def caller_account(region: str) -> str:
         ) from None
 
 
+def admin_principal(caller_arn: str) -> str:
+    """The IAM principal an EKS access entry can name for these credentials: an assumed role's role (STS's ARN
+    carries no path: a role with one must be named in eks_admin_role_arns), or the IAM user."""
+    match = re.fullmatch(
+        r"arn:(?P<partition>[\w-]+):sts::(?P<account>\d{12}):assumed-role/(?P<role>[^/]+)/.+", caller_arn
+    )
+    if match:
+        return f"arn:{match['partition']}:iam::{match['account']}:role/{match['role']}"
+    if re.fullmatch(r"arn:[\w-]+:iam::\d{12}:user/.+", caller_arn):
+        return caller_arn
+    raise DeployError(
+        f"the credentials ({caller_arn}) are no IAM role or user an EKS access entry can name: "
+        "set eks_admin_role_arns in cdk.json (who may use kubectl on the cluster)"
+    )
+
+
+def _eks_admin_context(config, context_args: list[str]) -> list[str]:
+    """compute=eks without eks_admin_role_arns: the deploying principal becomes the cluster's admin, so someone can
+    use kubectl (the cluster's creator is CloudFormation's role, not the person who ran the deploy)."""
+    if config.compute != "eks" or config.eks_admin_role_arns:
+        return context_args
+    principal = admin_principal(_client("sts", config.region).get_caller_identity()["Arn"])
+    print(f"deploy: no eks_admin_role_arns: {principal} (these credentials) gets cluster-admin access", flush=True)
+    return [*context_args, "-c", f"eks_admin_role_arns={principal}"]
+
+
 def registry_password(registry_account: str, registry_region: str) -> str:
     import base64
 
@@ -134,6 +160,7 @@ def plan(
     context_args, rest = _split_context(extra)
     config = _config(env, context, context_args)
     account = _check_account(config, env, run)
+    context_args = _eks_admin_context(config, context_args)
     bootstrapped = preflight.bootstrap_version(config.region)
     if config.compute == "eks":
         from constructs.compute.eks import versions
