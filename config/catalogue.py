@@ -118,6 +118,10 @@ class InstanceType:
     # (EC2's price x SAGEMAKER_ESTIMATE_RATIO), UNPRICED (offered, no price known), or None: SageMaker training does
     # not offer the type (refused). Offered types are in CreateTrainingJob's TrainingInstanceType enum.
     sagemaker_list_usd_per_hour: float | str | None = None
+    # EFA devices a SageMaker training job's container sees on ml.<name>: no SageMaker document gives the count, so
+    # None (for every type until measured: the first job's sanity report, `efa.uverbs`, says) means "not confirmed":
+    # the sanity check there wants EFA devices and EFA transport, not EC2's exact count.
+    sagemaker_efa_interfaces: int | None = None
 
     def __post_init__(self) -> None:
         # One EFA interface per network card (module docstring): a type cannot have more EFAs than cards.

@@ -35,6 +35,18 @@ def shared_memory_gib(instance: InstanceType) -> int:
     return instance.memory_gib // 4
 
 
+def _efa_count(instance: InstanceType, backend: str) -> dict[str, str]:
+    """How many EFA devices the sanity check wants: EC2's count (DescribeInstanceTypes) on Batch and EKS; on SageMaker
+    the catalogue's measured count, else EC2's as a hint that is not enforced (EFA_COUNT_CONFIRMED=0)."""
+    if backend != "sagemaker":
+        return {"EFA_INTERFACES": str(instance.efa_interfaces)}
+    measured = instance.sagemaker_efa_interfaces
+    return {
+        "EFA_INTERFACES": str(measured or instance.efa_interfaces),
+        "EFA_COUNT_CONFIRMED": "1" if measured else "0",
+    }
+
+
 def job_environment(
     instance: InstanceType, *, backend: str, environment: str = "", neuron_cc_flags: str = ""
 ) -> dict[str, str]:
@@ -64,7 +76,7 @@ def job_environment(
         "EXPECTED_BUSBW_GBPS": f"{instance.expected_busbw_gbps:g}",
         "BUSBW_MESSAGE_BYTES": str(BUSBW_MESSAGE_BYTES),
         "BUSBW_SOURCE": instance.busbw_source,
-        "EFA_INTERFACES": str(instance.efa_interfaces),
+        **_efa_count(instance, backend),
         # MFU's denominator comes from the catalogue, not from the image's own table of device names.
         "PEAK_TFLOPS_PER_ACCELERATOR": f"{instance.peak_bf16_tflops_per_accelerator:g}",
         "FSX_MOUNT": FSX_MOUNT_PATH,

@@ -136,6 +136,17 @@ class EfaEvidence:
     # Neuron: the runtime's collectives are not known here to write NCCL_DEBUG_FILE, so an empty log is "not
     # seen" (a warning), while positive evidence of another transport still fails.
     transport_proof_required: bool = True
+    # SageMaker documents no EFA device count per ml. type: where the count is not confirmed (EFA_COUNT_CONFIRMED=0),
+    # any EFA device with the transport's proof passes, and the count found is reported to be recorded.
+    count_confirmed: bool = True
+
+    def notes(self) -> list[str]:
+        if self.count_confirmed or len(self.uverbs) == self.expected_interfaces:
+            return []
+        return [
+            f"EFA devices: {len(self.uverbs)} found where EC2 documents {self.expected_interfaces} for this type; "
+            "this backend's count is not confirmed: record it in the catalogue (sagemaker_efa_interfaces)"
+        ]
 
     def warnings(self) -> list[str]:
         if self.transport.kind == "unknown" and not self.transport_proof_required:
@@ -148,7 +159,7 @@ class EfaEvidence:
     def failures(self) -> list[str]:
         """One line per broken proof, naming what was found."""
         problems = []
-        n = self.expected_interfaces
+        n = self.expected_interfaces if self.count_confirmed else max(len(self.uverbs), 1)
         if len(self.uverbs) != n:
             problems.append(
                 f"EFA devices: {len(self.uverbs)} of {n} /dev/infiniband/uverbs* visible in the container "
@@ -171,6 +182,7 @@ class EfaEvidence:
             "transport": asdict(self.transport),
             "failures": self.failures(),
             "warnings": self.warnings(),
+            "notes": self.notes(),
         }
 
 
@@ -181,6 +193,7 @@ def collect(
     uverbs_dir: str = UVERBS_DIR,
     fi_info: str | None = None,
     transport_proof_required: bool = True,
+    count_confirmed: bool = True,
 ) -> EfaEvidence:
     """This process's evidence: its own NCCL log, and the node's devices (uverbs and libfabric's view)."""
     try:
@@ -195,6 +208,7 @@ def collect(
         problem,
         transport,
         transport_proof_required,
+        count_confirmed,
     )
 
 
