@@ -138,6 +138,11 @@ class InstanceType:
         return self.efa_interfaces > 0
 
     @property
+    def capacity_blocks_only(self) -> bool:
+        """EC2 sells this type through Capacity Blocks for ML only (CAPACITY_BLOCKS_ONLY): no on-demand or Spot."""
+        return self.price_note == CAPACITY_BLOCKS_ONLY
+
+    @property
     def expected_busbw_gbps(self) -> float:
         """The bus bandwidth the sanity check demands at BUSBW_MESSAGE_BYTES across two or more nodes.
 

@@ -193,6 +193,14 @@ class EnvironmentConfig:
             f"{self.instance_type} has no EFA, so collectives would crawl over TCP",
         )
         _check(self, "nodes", 1 <= self.nodes <= MAX_NODES, f"an integer from 1 to {MAX_NODES}")
+        # No Batch compute environment here takes a Capacity Block (issue: capacity and cost), so these never launch.
+        _check(
+            self,
+            "compute",
+            self.compute != "batch" or not self.instance.capacity_blocks_only,
+            f"eks (with eks_capacity_type=capacity_block) or sagemaker with {self.instance_type}: EC2 sells it "
+            "through Capacity Blocks for ML only, which the Batch backend does not use",
+        )
         _check(
             self,
             "vpc_cidr",
@@ -281,6 +289,16 @@ class EnvironmentConfig:
             "eks_capacity_reservation_id",
             self.eks_capacity_type != "capacity_block" or self.eks_capacity_reservation_id is not None,
             "the Capacity Block's reservation id (cr-...), required when eks_capacity_type=capacity_block",
+        )
+        # EC2 sells these through Capacity Blocks for ML only (catalogue, CAPACITY_BLOCKS_ONLY): on demand or on Spot
+        # the pods would stay Pending until the stage's timeout.
+        _check(
+            self,
+            "eks_capacity_type",
+            self.compute != "eks"
+            or not self.instance.capacity_blocks_only
+            or self.eks_capacity_type == "capacity_block",
+            f"capacity_block with {self.instance_type} (EC2 sells it through Capacity Blocks for ML only)",
         )
         _check_list(
             self,

@@ -22,7 +22,7 @@ import aws_cdk as cdk
 from aws_cdk.assertions import Template
 
 from app import build_app
-from config import EnvironmentConfig, efa_instance_types, load_config
+from config import CATALOGUE, EnvironmentConfig, efa_instance_types, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CDK_JSON_CONTEXT = json.loads((ROOT / "cdk.json").read_text())["context"]
@@ -60,10 +60,25 @@ def context(**overrides: object) -> dict:
     return {**CDK_JSON_CONTEXT, **{name: str(value) for name, value in overrides.items()}}
 
 
+# How a type sold only through Capacity Blocks for ML runs on EKS: in a block (the reservation id is a stand-in).
+CAPACITY_BLOCK = {"eks_capacity_type": "capacity_block", "eks_capacity_reservation_id": "cr-0123456789abcdef0"}
+
+
+def instance_variant(compute: str, name: str) -> dict | None:
+    """The overrides that run `name` on `compute`, or None where that backend cannot run it (config refuses it)."""
+    if not CATALOGUE[name].capacity_blocks_only:
+        return {"compute": compute, "instance_type": name}
+    if compute == "batch":
+        return None  # the Batch backend takes no Capacity Block
+    return {"compute": compute, "instance_type": name, **(CAPACITY_BLOCK if compute == "eks" else {})}
+
+
 def app_variants() -> list[dict]:
-    """What CI synthesizes: every environment on every backend, and every EFA instance type on every backend."""
+    """What CI synthesizes: every environment on every backend, and every EFA instance type on every backend that
+    can run it."""
+    per_type = [instance_variant(compute, name) for compute in BACKENDS for name in efa_instance_types()]
     return [{"env": env, "compute": compute} for env in ENVIRONMENTS for compute in BACKENDS] + [
-        {"compute": compute, "instance_type": name} for compute in BACKENDS for name in efa_instance_types()
+        variant for variant in per_type if variant is not None
     ]
 
 

@@ -10,7 +10,7 @@ import pytest
 from app import build_app
 from config import CATALOGUE, ConfigError, efa_instance_types, load_config
 from config.environment import MAX_NODES
-from tests.synthesis import CDK_JSON_CONTEXT, ROOT
+from tests.synthesis import CDK_JSON_CONTEXT, ROOT, instance_variant
 
 BAD_INPUTS = [
     # (overrides, words the one-line message must contain)
@@ -119,9 +119,25 @@ def test_default_environment_is_dev():
 
 
 def test_catalogue_instance_types_with_efa_are_all_accepted():
+    # On Batch, but the types EC2 sells through Capacity Blocks only: on EKS in a block (and on SageMaker, below).
     assert efa_instance_types()
     for name in efa_instance_types():
-        assert load_config({**CDK_JSON_CONTEXT, "instance_type": name}).instance is CATALOGUE[name]
+        overrides = instance_variant("batch", name) or instance_variant("eks", name)
+        assert overrides is not None
+        assert load_config({**CDK_JSON_CONTEXT, **overrides}).instance is CATALOGUE[name]
+
+
+@pytest.mark.parametrize("name", [n for n in efa_instance_types() if CATALOGUE[n].capacity_blocks_only])
+def test_a_capacity_blocks_only_type_is_refused_on_demand_and_on_batch(name):
+    # EC2 sells p5e and trn2 through Capacity Blocks for ML only: on-demand or Spot pods would stay Pending until the
+    # stage's timeout, and the Batch backend takes no block. One line each, at synth.
+    for overrides, field in (
+        ({"compute": "eks", "eks_capacity_type": "on_demand"}, "eks_capacity_type='on_demand'"),
+        ({"compute": "eks", "eks_capacity_type": "spot"}, "eks_capacity_type='spot'"),
+        ({"compute": "batch"}, "compute='batch'"),
+    ):
+        with pytest.raises(ConfigError, match=f"{field} is not valid.*Capacity Blocks"):
+            load_config({**CDK_JSON_CONTEXT, "instance_type": name, **overrides})
 
 
 @pytest.mark.parametrize("name", efa_instance_types())

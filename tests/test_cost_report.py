@@ -11,7 +11,7 @@ from botocore.stub import ANY, Stubber
 
 from config import CATALOGUE, load_config
 from config.pricing import HOURS_PER_MONTH, fsx_usd_per_gb_month
-from tests.synthesis import CDK_JSON_CONTEXT
+from tests.synthesis import CAPACITY_BLOCK, CDK_JSON_CONTEXT
 from tools import cost_report
 
 
@@ -282,7 +282,8 @@ def test_an_estimated_sagemaker_price_says_it_is_one():
 
 def test_a_type_with_no_on_demand_price_is_priced_na_with_the_reason():
     # p5e and trn2 are sold through EC2 Capacity Blocks: no on-demand price, so no cluster or run price is invented.
-    e = cost_report.estimate(_config(env="dev", compute="eks", instance_type="trn2.48xlarge"), 24, None)
+    config = _config(env="dev", compute="eks", instance_type="trn2.48xlarge", **CAPACITY_BLOCK)
+    e = cost_report.estimate(config, 24, None)
     assert e.on_demand.usd_per_hour is None and e.cluster_usd_per_hour is None and e.run_usd(None) is None
     text = cost_report.render(e)
     assert "Capacity Blocks" in text and f"the file system alone ${24 * e.fsx_usd_per_hour:,.2f}" in text

@@ -150,6 +150,10 @@ def test_capacity_block_targets_the_reservation():
     # launch template, or the create request is rejected (15-25 minutes into a deploy); not on the node group too.
     assert data["InstanceType"] == "p5.48xlarge"
     assert "InstanceTypes" not in _group(raw)
+    # No placement group of our own: the reservation decides where its instances are (EC2 user guide, "Launch
+    # instances into an existing Capacity Reservation").
+    assert "Placement" not in data
+    assert not any(r["Type"] == "AWS::EC2::PlacementGroup" for r in raw["Resources"].values())
 
 
 def test_capacity_block_without_a_reservation_is_refused():

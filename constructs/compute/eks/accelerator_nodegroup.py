@@ -55,7 +55,15 @@ class EksAcceleratorNodegroup(Construct):
         capacity_reservation_id: str | None = None,
     ) -> None:
         super().__init__(scope, id_)
-        self.placement_group = ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
+        capacity_block = capacity_type == "capacity_block"
+        # A Capacity Block's instances are placed where the reservation is: a launch into a reservation must match its
+        # instance type, platform, zone and tenancy (EC2 user guide, "Launch instances into an existing Capacity
+        # Reservation"), and a new cluster placement group is no part of it. On demand and Spot: one cluster group.
+        self.placement_group = (
+            None
+            if capacity_block
+            else ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
+        )
         user_data = ec2.MultipartUserData()
         user_data.add_part(
             ec2.MultipartBody.from_raw_body(
@@ -75,7 +83,6 @@ class EksAcceleratorNodegroup(Construct):
             placement_group=self.placement_group,
         ).launch_template
         template = cfn(self.launch_template)
-        capacity_block = capacity_type == "capacity_block"
         if capacity_block:
             # Capacity Blocks (EKS user guide, "Create a managed node group with Capacity Blocks for ML"): the launch
             # template must carry the market type, the targeted reservation and the InstanceType, or EKS rejects
