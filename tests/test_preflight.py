@@ -147,3 +147,17 @@ def test_destroying_prod_keeps_the_network_under_its_kept_file_system_and_says_s
     assert "--all" not in command
     out = capsys.readouterr().out
     assert "kept (retain_data)" in out and "aws fsx delete-file-system" in out and "EfaTraining-prod-Network" in out
+
+
+def test_unconfirmed_alert_emails_are_named_after_a_deploy(stubbed):
+    # SNS deletes an unconfirmed subscription after 48 hours and sends it nothing until then.
+    topic = "arn:aws:sns:us-east-1:123456789012:alerts"
+    cfn, sns = stubbed("cloudformation"), stubbed("sns")
+    cfn.add_response("describe_stacks", _stack("EfaTraining-dev-Alerts", {"AlertsTopicArn": topic}))
+    subscriptions = [
+        {"SubscriptionArn": "PendingConfirmation", "Endpoint": "oncall@example.com", "Protocol": "email"},
+        {"SubscriptionArn": f"{topic}:1", "Endpoint": "ml-platform-dev@example.com", "Protocol": "email"},
+    ]
+    sns.add_response("list_subscriptions_by_topic", {"Subscriptions": subscriptions}, {"TopicArn": topic})
+    (line,) = preflight.unconfirmed_subscriptions(REGION, "EfaTraining-dev-Alerts")
+    assert line.startswith("1 alert e-mail(s) not confirmed yet (oncall@example.com)") and "48 hours" in line

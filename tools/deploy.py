@@ -182,6 +182,9 @@ def plan(
         if command[1] == "deploy" and not options.dry_run:
             _check_assembly(config, account, bootstrapped, options)
         _step(command, options.dry_run, run, login)
+    if not options.dry_run:
+        for line in preflight.unconfirmed_subscriptions(config.region, f"{config.stack_prefix}-Alerts"):
+            print(f"deploy: {line}", flush=True)
     return commands
 
 

@@ -133,6 +133,23 @@ def running_executions(region: str, pipeline_stack: str) -> list[str]:
     return [execution["name"] for execution in answer["executions"]]
 
 
+def unconfirmed_subscriptions(region: str, alerts_stack: str) -> list[str]:
+    """One line naming the alert e-mails nobody confirmed yet: SNS deletes an unconfirmed subscription after 48 hours
+    (SNS developer guide, "Confirm your Amazon SNS subscription"), and until then nothing reaches that address."""
+    stack = _stack(region, alerts_stack)
+    topic = _output(stack, "AlertsTopicArn") if stack else None
+    if not topic:
+        return []
+    subscriptions = client("sns", region).list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+    pending = sorted(s["Endpoint"] for s in subscriptions if s["SubscriptionArn"] == "PendingConfirmation")
+    if not pending:
+        return []
+    return [
+        f"{len(pending)} alert e-mail(s) not confirmed yet ({', '.join(pending)}): each must click the link SNS sent; "
+        "an unconfirmed subscription receives nothing and is deleted after 48 hours (deploy again to resend)"
+    ]
+
+
 def changed_stacks(region: str, assembly: Path, names: Iterable[str]) -> list[str]:
     """Which of the named stacks a deploy of the assembly would update: their template differs from the deployed
     one (`cdk deploy` skips a stack whose template did not change)."""
