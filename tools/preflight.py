@@ -35,8 +35,9 @@ def client(service: str, region: str):
     import boto3
     from botocore.config import Config
 
-    # Bounded: a credential or endpoint problem ends in a line, not a hang.
-    return boto3.client(
+    # Bounded: a credential or endpoint problem ends in a line, not a hang. A session of its own: boto3's default
+    # session keeps the credentials it first found for the life of the process.
+    return boto3.session.Session().client(
         service,
         region_name=region,
         config=Config(connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}),
