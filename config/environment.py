@@ -67,6 +67,9 @@ _ARN = re.compile(
     r"arn:aws(-cn|-us-gov)?:iam::[0-9]{12}:(role|user)(/[A-Za-z0-9_+=,.@-]+)*/[A-Za-z0-9_+=,.@-]{1,64}", re.ASCII
 )
 _CIDR16 = re.compile(r"10\.([0-9]{1,3})\.0\.0/16")
+_IPV4_CIDR = re.compile(
+    r"((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])/([0-9]|[12][0-9]|3[0-2])"
+)
 # Docker image tags (and ECR's): [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}.
 # AWS tags (Tagging AWS resources, "Tag naming limits and requirements"), ASCII: a key of 1-128, a value of 0-256.
 _TAG = re.compile(r"(?!aws:)[A-Za-z0-9 _.:/+@-]{1,128}=[A-Za-z0-9 _.:/=+@-]{0,256}", re.ASCII)
@@ -123,6 +126,8 @@ class EnvironmentConfig:
     # The Capacity Block reservation the EKS accelerator nodes launch into (required with capacity_block).
     eks_capacity_reservation_id: str | None = None
     eks_admin_role_arns: tuple[str, ...] = ()
+    # Who may reach the EKS API server's public endpoint (CIDRs); none: anyone (authentication still applies).
+    eks_public_access_cidrs: tuple[str, ...] = ()
     # Kubeflow Trainer's Helm chart (the pipeline runs plain Indexed Jobs and needs none of it).
     eks_kubeflow_trainer: bool = False
     image_tag: str | None = None
@@ -299,6 +304,14 @@ class EnvironmentConfig:
             or not self.instance.capacity_blocks_only
             or self.eks_capacity_type == "capacity_block",
             f"capacity_block with {self.instance_type} (EC2 sells it through Capacity Blocks for ML only)",
+        )
+        _check_list(
+            self,
+            "eks_public_access_cidrs",
+            _IPV4_CIDR,
+            "IPv4 CIDR blocks like 203.0.113.0/24",
+            40,
+            max_length=18,
         )
         _check_list(
             self,

@@ -50,6 +50,7 @@ class EksStack(cdk.Stack):
             instance=config.instance,
             admin_role_arns=config.eks_admin_role_arns,
             kubeflow_trainer=config.eks_kubeflow_trainer,
+            public_access_cidrs=config.eks_public_access_cidrs,
         )
         self.cluster = training.cluster
         self.cluster_name = self.cluster.cluster_name

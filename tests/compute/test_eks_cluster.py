@@ -19,7 +19,12 @@ ADMIN = "arn:aws:iam::123456789012:role/Admin"
 
 
 @functools.cache
-def _cluster(instance_type: str, admin_role_arns: tuple[str, ...] = (), kubeflow_trainer: bool = False) -> Template:
+def _cluster(
+    instance_type: str,
+    admin_role_arns: tuple[str, ...] = (),
+    kubeflow_trainer: bool = False,
+    public_access_cidrs: tuple[str, ...] = (),
+) -> Template:
     stack = bare_stack()
     EksTrainingCluster(
         stack,
@@ -28,6 +33,7 @@ def _cluster(instance_type: str, admin_role_arns: tuple[str, ...] = (), kubeflow
         instance=CATALOGUE[instance_type],
         admin_role_arns=admin_role_arns,
         kubeflow_trainer=kubeflow_trainer,
+        public_access_cidrs=public_access_cidrs,
     )
     return Template.from_stack(stack)
 
@@ -152,3 +158,11 @@ def test_admin_roles_get_cluster_admin_access_entries():
     assert any(
         e["PrincipalArn"] == ADMIN and "AmazonEKSClusterAdminPolicy" in json.dumps(e["AccessPolicies"]) for e in entries
     )
+
+
+def test_the_public_endpoint_admits_only_the_configured_blocks():
+    # eks_public_access_cidrs: the API server's public endpoint (which eks:runJob needs) only from these blocks.
+    (cluster,) = _resources(_cluster(NVIDIA, public_access_cidrs=("203.0.113.0/24",)), "AWS::EKS::Cluster")
+    assert cluster["ResourcesVpcConfig"]["PublicAccessCidrs"] == ["203.0.113.0/24"]
+    (open_cluster,) = _resources(_cluster(NVIDIA), "AWS::EKS::Cluster")
+    assert "PublicAccessCidrs" not in open_cluster["ResourcesVpcConfig"]

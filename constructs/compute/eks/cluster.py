@@ -59,6 +59,7 @@ class EksTrainingCluster(Construct):
         instance: InstanceType,
         admin_role_arns: tuple[str, ...] = (),
         kubeflow_trainer: bool = False,
+        public_access_cidrs: tuple[str, ...] = (),
     ) -> None:
         super().__init__(scope, id_)
         self.cluster = eks.Cluster(
@@ -69,8 +70,14 @@ class EksTrainingCluster(Construct):
             default_capacity=0,
             vpc=vpc,
             vpc_subnets=[ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)],
-            # Public as well as private: Step Functions' eks:runJob reaches the API server over its public endpoint.
-            endpoint_access=eks.EndpointAccess.PUBLIC_AND_PRIVATE,
+            # Public as well as private: Step Functions' eks:runJob reaches the API server over its public endpoint
+            # (Step Functions developer guide, "Call Amazon EKS": "supports only Kubernetes APIs with public
+            # endpoint access"), from AWS's addresses: a CIDR list that leaves those out stops every run.
+            endpoint_access=(
+                eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*public_access_cidrs)
+                if public_access_cidrs
+                else eks.EndpointAccess.PUBLIC_AND_PRIVATE
+            ),
             cluster_logging=_CONTROL_PLANE_LOGS,
             kubectl_provider_options=eks.KubectlProviderOptions(kubectl_layer=KubectlV36Layer(self, "KubectlLayer")),
         )
