@@ -62,7 +62,8 @@ deploy: $(VENV)/.synth-deps node_modules/.installed
 
 # Every stack of ENV in an order that ends clean; with retain_data it keeps the data and says how to remove it.
 destroy: $(VENV)/.synth-deps node_modules/.installed
-	$(PY) -m tools.destroy $(ENV) $(if $(DRY_RUN),--dry-run) $(if $(ALLOW_RUNNING),--allow-running)
+	$(PY) -m tools.destroy $(ENV) $(if $(DRY_RUN),--dry-run) $(if $(ALLOW_RUNNING),--allow-running) \
+		$(if $(CDK_ARGS),-- $(CDK_ARGS))
 
 # LOCAL_MODEL=ctr-tiny runs the sparse click-through model on parameter servers instead of the GPT.
 LOCAL_MODEL ?= tiny

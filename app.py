@@ -88,8 +88,14 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
 
 # Types whose Tags are create-only (their CloudFormation resource schemas' createOnlyProperties, as cfn-lint bundles
 # them): a changed tag replaces the resource, and replacing a Batch queue terminates its jobs (Batch API reference,
-# DeleteJobQueue). They carry only the two tags whose values never change for an environment.
-CREATE_ONLY_TAGS = ("AWS::Batch::ComputeEnvironment", "AWS::Batch::JobQueue", "AWS::Batch::SchedulingPolicy")
+# DeleteJobQueue); a replaced placement group gives every host launch template a new version. They carry only the
+# two tags whose values never change for an environment (tests/test_tags.py holds the list to the schemas).
+CREATE_ONLY_TAGS = (
+    "AWS::Batch::ComputeEnvironment",
+    "AWS::Batch::JobQueue",
+    "AWS::Batch::SchedulingPolicy",
+    "AWS::EC2::PlacementGroup",
+)
 
 
 def tag(app: cdk.App, config: EnvironmentConfig) -> None:

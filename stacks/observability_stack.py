@@ -86,7 +86,10 @@ class ObservabilityStack(cdk.Stack):
         self.budget = CostBudget(
             self,
             "Budget",
-            budget_name=f"{config.stack_prefix}-monthly",
+            # NotificationsWithSubscribers is create-only (AWS::Budgets::Budget resource schema) and CloudFormation
+            # cannot replace a resource under the same custom name: a change to the notifications comes with a new
+            # name ("-2": the 100 % actual notification).
+            budget_name=f"{config.stack_prefix}-monthly-2",
             monthly_limit_usd=config.budget_monthly_usd,
             tag_key=COST_TAG_KEY,
             tag_value=config.name,

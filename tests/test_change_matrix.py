@@ -23,6 +23,8 @@ NEVER_REPLACED = (
     "AWS::EKS::Cluster",
     "AWS::EKS::Nodegroup",
     "AWS::StepFunctions::StateMachine",
+    "AWS::EC2::PlacementGroup",
+    "AWS::Budgets::Budget",
 )
 # One entry per routine change (several settings of one stack together where they touch only that stack).
 ROUTINE_CHANGES: dict[str, dict[str, object]] = {

@@ -170,3 +170,10 @@ def test_an_assumed_role_is_named_by_its_role():
     assert deploy.admin_principal(arn) == "arn:aws:iam::123456789012:role/MlPlatformAdmin"
     with pytest.raises(deploy.DeployError, match="no IAM role or user"):
         deploy.admin_principal("arn:aws:iam::123456789012:root")
+
+
+def test_an_identity_center_role_must_be_named_by_hand():
+    # IAM Identity Center roles have a path (aws-reserved/sso.amazonaws.com/...) that STS's assumed-role ARN omits.
+    arn = "arn:aws:sts::123456789012:assumed-role/AWSReservedSSO_Admin_0123456789abcdef/alice"
+    with pytest.raises(deploy.DeployError, match="IAM Identity Center role"):
+        deploy.admin_principal(arn)

@@ -126,8 +126,8 @@ def test_a_deploy_checks_the_assembly_it_synthesized_unless_told_a_run_may_go_on
 
 @pytest.fixture
 def destroying(monkeypatch):
-    monkeypatch.setattr(deploy, "caller_account", lambda region: "123456789012")
-    monkeypatch.setattr(deploy, "check_docker", lambda run: None)
+    monkeypatch.setattr(destroy, "caller_account", lambda region: "123456789012")
+    monkeypatch.setattr(deploy.shutil, "which", lambda name: None)  # no Docker: destroying builds nothing
     refused: list[str] = []
     monkeypatch.setattr(
         preflight, "check_no_run_in_flight", lambda region, pipeline, changing, verb: refused.append(verb)
@@ -161,3 +161,20 @@ def test_unconfirmed_alert_emails_are_named_after_a_deploy(stubbed):
     sns.add_response("list_subscriptions_by_topic", {"Subscriptions": subscriptions}, {"TopicArn": topic})
     (line,) = preflight.unconfirmed_subscriptions(REGION, "EfaTraining-dev-Alerts")
     assert line.startswith("1 alert e-mail(s) not confirmed yet (oncall@example.com)") and "48 hours" in line
+
+
+def test_destroying_takes_the_context_the_environment_was_deployed_with(destroying):
+    # An environment deployed with -c compute=eks is synthesized the same way to be destroyed, or its Eks stack (and
+    # the exports it imports) would be left behind.
+    (command,) = destroy.plan("dev", dry_run=True, run=lambda *a: 0, extra=["-c", "compute=eks"])
+    assert command[-2:] == ["-c", "compute=eks"]
+
+
+def test_the_environment_is_named_once():
+    # The checks follow the environment argument; a second one among the cdk arguments would split them.
+    with pytest.raises(deploy.DeployError, match="name the environment once"):
+        deploy._split_context(["-c", "env=prod"])
+    assert deploy._split_context(["--context=nodes=4", "--progress", "events"]) == (
+        ["-c", "nodes=4"],
+        ["--progress", "events"],
+    )

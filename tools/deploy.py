@@ -90,6 +90,12 @@ def admin_principal(caller_arn: str) -> str:
     match = re.fullmatch(
         r"arn:(?P<partition>[\w-]+):sts::(?P<account>\d{12}):assumed-role/(?P<role>[^/]+)/.+", caller_arn
     )
+    if match and match["role"].startswith("AWSReservedSSO_"):
+        # IAM Identity Center's roles live under a path (aws-reserved/sso.amazonaws.com/...) that STS does not show.
+        raise DeployError(
+            f"the credentials are an IAM Identity Center role ({match['role']}), whose ARN has a path STS does not "
+            "show: set eks_admin_role_arns to its full role ARN (aws iam get-role --role-name ...)"
+        )
     if match:
         return f"arn:{match['partition']}:iam::{match['account']}:role/{match['role']}"
     if re.fullmatch(r"arn:[\w-]+:iam::\d{12}:user/.+", caller_arn):
@@ -133,9 +139,16 @@ def _split_context(extra: Sequence[str]) -> tuple[list[str], list[str]]:
     items = iter(extra)
     for item in items:
         if item in ("-c", "--context"):
-            context += [item, next(items, "")]
+            context += ["-c", next(items, "")]
+        elif item.startswith("--context="):
+            context += ["-c", item.removeprefix("--context=")]
         else:
             rest.append(item)
+    if any(value.startswith("env=") for value in context[1::2]):
+        # The checks (account, a run in flight, what changes) follow the environment argument, so the synthesis must.
+        raise DeployError(
+            "-c env=... among the cdk arguments: name the environment once, as ENV=... (make) or the argument"
+        )
     return context, rest
 
 
@@ -162,7 +175,8 @@ def plan(
     account = _check_account(config, env, run)
     context_args = _eks_admin_context(config, context_args)
     bootstrapped = preflight.bootstrap_version(config.region)
-    if config.compute == "eks":
+    if config.compute == "eks" and not preflight.stack_exists(config.region, f"{config.stack_prefix}-Eks"):
+        # Only before the cluster exists: a running cluster past standard support must still take routine deploys.
         from constructs.compute.eks import versions
 
         preflight.check_kubernetes(config.region, versions.KUBERNETES_VERSION, versions.ADDON_MINIMUMS)

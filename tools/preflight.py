@@ -58,6 +58,10 @@ def _stack(region: str, name: str) -> dict | None:
         raise PreflightError(f"could not reach CloudFormation in {region} ({type(exc).__name__})") from None
 
 
+def stack_exists(region: str, name: str) -> bool:
+    return _stack(region, name) is not None
+
+
 def _output(stack: dict, key: str) -> str | None:
     return next((o["OutputValue"] for o in stack.get("Outputs", []) if o["OutputKey"] == key), None)
 

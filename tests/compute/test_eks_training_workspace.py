@@ -136,3 +136,12 @@ def test_pod_identity_role_is_limited_to_project_prefixes():
     written = {r["Fn::Join"][1][-1] for r in statements[0]["Resource"]}
     assert written == {"/checkpoints/*", "/models/*", "/runs/*"}
     assert _resources(raw, "AWS::EKS::PodIdentityAssociation")
+
+
+def test_training_pods_may_not_be_evicted():
+    # A node-group update drains through the eviction API, which honours a PodDisruptionBudget: with none, a rolling
+    # update would evict a running job's pods (EKS user guide, "Update a managed node group").
+    (budget,) = [o for o in manifests(_workspace("p5.48xlarge")) if o["kind"] == "PodDisruptionBudget"]
+    assert budget["spec"]["maxUnavailable"] == 0
+    (service,) = [o for o in manifests(_workspace("p5.48xlarge")) if o["kind"] == "Service"]
+    assert budget["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]  # the pipeline's Job pods

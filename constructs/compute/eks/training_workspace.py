@@ -108,6 +108,16 @@ class EksTrainingWorkspace(Construct):
                     "ports": [{"name": "rendezvous", "port": spec.MASTER_PORT}],
                 },
             },
+            # No voluntary eviction of a training pod: a node-group update (never forced, EksAcceleratorNodegroup)
+            # drains nodes through the eviction API, which honours this budget, so it waits for the run and then
+            # fails instead of ending it (EKS user guide, "Update a managed node group"; Kubernetes docs,
+            # "Specifying a Disruption Budget for your Application").
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": WORKERS_SERVICE, "namespace": spec.NAMESPACE},
+                "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"efa-training/workers": WORKERS_SERVICE}}},
+            },
         )
         workers.node.add_dependency(namespace)
 
