@@ -72,7 +72,7 @@ _IPV4_CIDR = re.compile(
 )
 # Docker image tags (and ECR's): [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}.
 # AWS tags (Tagging AWS resources, "Tag naming limits and requirements"), ASCII: a key of 1-128, a value of 0-256.
-_TAG = re.compile(r"(?!aws:)[A-Za-z0-9 _.:/+@-]{1,128}=[A-Za-z0-9 _.:/=+@-]{0,256}", re.ASCII)
+_TAG = re.compile(r"(?![Aa][Ww][Ss]:)[A-Za-z0-9 _.:/+@-]{1,128}=[A-Za-z0-9 _.:/=+@-]{0,256}", re.ASCII)
 # Tags the app sets itself (app.py): the cost-allocation tags the budgets filter on.
 APP_TAG_KEYS = ("Project", "Environment")
 MAX_TAGS = 40

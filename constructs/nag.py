@@ -37,13 +37,15 @@ def shown_arn(stack: cdk.Stack, service: str, resource: str) -> str:
 IAM_LINT_METADATA = "efa-training:iam-lint"
 
 
-def acknowledge_iam(scope: IConstruct, issue: str, actions: str, reason: str) -> None:
+def acknowledge_iam(scope: IConstruct, issue: str, actions: str, reason: str, formats: tuple[str, ...] = ()) -> None:
     """Acknowledge the IAM gate's `issue` (parliament's name) on the policy where the grant is: a role's DefaultPolicy,
     or a policy construct itself (a bucket policy). `actions` is a pattern (`s3:List*`) every action the finding
-    names must match. For a finding that is right about the bundled reference and wrong about AWS, with why."""
+    names must match; `formats`, where given, the only resource types (parliament's required_format) it is about.
+    For a finding that is right about the bundled reference and wrong about AWS, with why."""
     policy = scope.node.try_find_child("DefaultPolicy") or scope
     resource = policy.node.default_child
     if not isinstance(resource, cdk.CfnResource):
         raise ValueError(f"{scope.node.path} has no policy resource to acknowledge {issue} on")
     existing = resource.get_metadata(IAM_LINT_METADATA) or []
-    resource.add_metadata(IAM_LINT_METADATA, [*existing, {"issue": issue, "actions": actions, "reason": reason}])
+    entry = {"issue": issue, "actions": actions, "reason": reason, **({"formats": list(formats)} if formats else {})}
+    resource.add_metadata(IAM_LINT_METADATA, [*existing, entry])

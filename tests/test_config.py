@@ -62,6 +62,7 @@ BAD_INPUTS = [
     # and not the two the app sets itself (the budget filters on Environment).
     ({"tags": "CostCenter"}, ["tags='CostCenter'", "Key=Value"]),
     ({"tags": "aws:owner=me"}, ["tags='aws:owner=me'", "not starting with aws:"]),
+    ({"tags": "AWS:owner=me"}, ["tags='AWS:owner=me'", "not starting with aws:"]),
     ({"tags": "Environment=prod"}, ["tags='Environment'", "not Project or Environment"]),
     ({"tags": "Team=a,Team=b"}, ["tags='Team'", "each key once"]),
     ({"tags": "Team=" + "x" * 257}, ["tags=", "a value of at most 256"]),

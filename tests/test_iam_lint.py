@@ -13,6 +13,7 @@ from tools.iam_lint import METADATA_KEY, findings, policies
 @pytest.mark.parametrize("variant", app_variants(), ids=variant_id)
 def test_every_policy_grants_what_it_says(synth, variant):
     synthesized = synth(**variant)
+    assert len(list(policies(synthesized.templates, synthesized.config.region))) > 10  # the gate read the app
     unexplained, _ = findings(synthesized.templates, synthesized.config.region)
     assert [str(f) for f in unexplained] == []
 
@@ -79,3 +80,22 @@ def test_an_acknowledgement_covers_only_the_actions_its_pattern_names():
     scoped = "arn:aws:fsx:us-east-1:123456789012:file-system/*"
     unexplained, counted = findings(_app(_file_systems(scoped), metadata=acknowledged), "us-east-1")
     assert [f.issue for f in unexplained] == ["RESOURCE_MISMATCH"] and counted == 0
+
+
+def test_an_acknowledged_resource_type_never_hides_a_missing_one():
+    # The job-definition acknowledgement (parliament cannot match `name:*`) must not cover a SubmitJob that lost its
+    # queue: that finding also wants the job-queue type.
+    acknowledged = [
+        {
+            "issue": "RESOURCE_MISMATCH",
+            "actions": "batch:SubmitJob",
+            "reason": "a test",
+            "formats": ["arn:*:batch:*:*:job-definition/*"],
+        }
+    ]
+    arn = "arn:aws:batch:us-east-1:123456789012"
+    grant = {"Effect": "Allow", "Action": "batch:SubmitJob", "Resource": [f"{arn}:job-definition/d:*", f"{arn}:job/*"]}
+    unexplained, counted = findings(_app(grant, metadata=acknowledged), "us-east-1")
+    assert [f.issue for f in unexplained] == ["RESOURCE_MISMATCH"] and counted == 0
+    complete = {**grant, "Resource": [*grant["Resource"], f"{arn}:job-queue/q"]}
+    assert findings(_app(complete, metadata=acknowledged), "us-east-1") == ([], 1)

@@ -178,11 +178,21 @@ def findings(templates: dict[str, dict], region: str) -> tuple[list[Finding], in
 
 
 def _covers(acknowledgement: dict, found) -> bool:
-    """The acknowledgement names this issue, and every action the finding names matches its pattern."""
+    """The acknowledgement names this issue, every action the finding names matches its pattern, and, where it names
+    the resource types it is about (`formats`), every type the finding wants is one of them: an acknowledged
+    mismatch on one type never hides a missing grant of another."""
     detail = found.detail
+    formats = set(acknowledgement.get("formats") or [])
     if isinstance(detail, list) and all(isinstance(item, dict) and "action" in item for item in detail):
         named = {item["action"] for item in detail}
+        wanted = {item.get("required_format", "") for item in detail}
     else:  # a sentence naming actions: service:ActionName
         named = set(re.findall(r"\b[a-z0-9-]+:[A-Z][A-Za-z0-9]*", json.dumps(detail, default=str)))
+        wanted = set()
     pattern = acknowledgement.get("actions", "")
-    return acknowledgement.get("issue") == found.issue and bool(named) and all(fnmatch(a, pattern) for a in named)
+    return (
+        acknowledgement.get("issue") == found.issue
+        and bool(named)
+        and all(fnmatch(a, pattern) for a in named)
+        and (not formats or wanted <= formats)
+    )

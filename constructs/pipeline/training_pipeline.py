@@ -320,4 +320,5 @@ class TrainingPipeline(Construct):
             "states:DescribeExecution",
             "the reference lists execution and express as DescribeExecution's resource types, one per workflow "
             "type; this Standard state machine's executions are `execution` ARNs, which the grant names",
+            formats=("arn:*:states:*:*:express:*:*:*",),
         )

@@ -21,7 +21,7 @@ dist.destroy_process_group()
 """
 
 
-def _plan(rank: int, master: str, port: int) -> launch.LaunchPlan:
+def _plan(rank: int, master: str, port: int, timeout: int = 60) -> launch.LaunchPlan:
     env = {
         "ACCELERATORS_PER_NODE": "1",
         "MASTER_ADDR": master,
@@ -30,7 +30,7 @@ def _plan(rank: int, master: str, port: int) -> launch.LaunchPlan:
         "PET_NODE_RANK": str(rank),
         "RUN_ID": "cold-start",
         "MAX_RESTARTS": "0",
-        "RDZV_TIMEOUT": "60",
+        "RDZV_TIMEOUT": str(timeout),
     }
     return launch.plan_launch("train", env, own_address="127.0.0.1")
 
@@ -60,6 +60,16 @@ def test_rank_zero_hosts_the_store_though_its_endpoint_does_not_look_like_itself
     outputs = [node.communicate(timeout=120)[0] for node in (first, second)]
     assert [node.returncode for node in (first, second)] == [0, 0], outputs
     assert all("all_reduce 3" in output for output in outputs), outputs
+
+
+def test_a_node_whose_store_never_comes_gives_up_after_rdzv_timeout(tmp_path):
+    # The timeout reaches torchrun: alone, node 1 waits for a store nobody hosts and gives up after RDZV_TIMEOUT (10 s
+    # here), not after torchrun's own 60 s read timeout, which would outlast the 45 s this test allows.
+    script = tmp_path / "all_reduce.py"
+    script.write_text(ALL_REDUCE)
+    alone = _start(_plan(1, "127.0.0.1", th.free_port(), timeout=10), script)
+    output = alone.communicate(timeout=45)[0]
+    assert alone.returncode != 0 and "all_reduce" not in output
 
 
 def test_every_plan_names_its_host_by_rank_and_waits_for_a_cold_start():

@@ -223,6 +223,7 @@ class BatchJobRunner:
                 "batch:SubmitJob",
                 "parliament splits an ARN at ':' and cannot match job-definition/<name>:*, the form the Batch user "
                 "guide prescribes for every revision ('Restrict job submission')",
+                formats=("arn:*:batch:*:*:job-definition/*",),
             )
             for definition in dict.fromkeys(self.job_definitions.values()):
                 acknowledge(
