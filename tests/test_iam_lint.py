@@ -13,7 +13,7 @@ from tools.iam_lint import METADATA_KEY, findings, policies
 @pytest.mark.parametrize("variant", app_variants(), ids=variant_id)
 def test_every_policy_grants_what_it_says(synth, variant):
     synthesized = synth(**variant)
-    assert len(list(policies(synthesized.templates, synthesized.config.region))) > 10  # the gate read the app
+    assert len(list(policies(synthesized.templates, synthesized.config.region))) >= 5  # the gate read the app
     unexplained, _ = findings(synthesized.templates, synthesized.config.region)
     assert [str(f) for f in unexplained] == []
 
