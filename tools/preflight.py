@@ -23,10 +23,15 @@ class PreflightError(Exception):
 
 def one_line(step: Callable[[], object]) -> int:
     """Run a command's step: 0, or its refusal as one `error:` line and exit code 2."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     try:
         step()
     except PreflightError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (BotoCoreError, ClientError) as error:  # a call the named checks do not wrap (denied, throttled)
+        print(f"error: AWS refused a check ({type(error).__name__}: {str(error).splitlines()[0]})", file=sys.stderr)
         return 2
     return 0
 

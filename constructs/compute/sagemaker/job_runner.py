@@ -23,7 +23,7 @@ from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, JobKind, task_timeout
 from constructs.nag import acknowledge, shown_arn
 from contracts.job_environment import job_environment
-from contracts.run import JOB_END_MARGIN_SECONDS, QUEUE_WAIT_MINUTES, stages
+from contracts.run import QUEUE_WAIT_MINUTES, Stage, stages
 
 # The image's ENTRYPOINT (training_image/Dockerfile.*): SageMaker would otherwise run it with the argument `train`
 # (SageMaker developer guide, "How Amazon SageMaker AI Runs Your Training Image"); ContainerEntrypoint and
@@ -163,7 +163,6 @@ class SageMakerJobRunner:
         hyperparameters = {f"{name}.$": value for name, value in parameters.items()}
         if multi_node:
             hyperparameters["expected_nodes.$"] = f"States.Format('{{}}', {nodes or 1})"
-        attempt_seconds = self._stages[job].attempt_seconds
         request: dict = {
             "TrainingJobName.$": f"States.Format('{{}}-{{}}', {job_name}, {_UNIQUE_SUFFIX})",
             "RoleArn": self.role.role_arn,
@@ -184,7 +183,7 @@ class SageMakerJobRunner:
             "VpcConfig": {"Subnets": [self.subnet_id], "SecurityGroupIds": [self.security_group_id]},
             "InputDataConfig": self._channels(job, parameters),
             "OutputDataConfig": {"S3OutputPath.$": f"States.Format('{self._runs_uri}{{}}/sagemaker/', {run_id})"},
-            "StoppingCondition": self._stopping_condition(attempt_seconds, spot=training and self.spot),
+            "StoppingCondition": self._stopping_condition(self._stages[job], spot=training and self.spot),
             # Budgets and cost allocation filter on the same tags as the deployed resources (app.py).
             "Tags": [
                 {"Key": "Project", "Value": PROJECT},
@@ -202,16 +201,16 @@ class SageMakerJobRunner:
         return request
 
     @staticmethod
-    def _stopping_condition(attempt_seconds: int, *, spot: bool) -> dict:
+    def _stopping_condition(stage: Stage, *, spot: bool) -> dict:
         """How long one attempt may run and, on managed Spot, wait for capacity, at most 28 days
-        (API_StoppingCondition). Both end the job before the state that waits for it gives up (contracts.run: the
-        attempt plus the queue wait), with JOB_END_MARGIN for creating the job and uploading its output after it
-        stops: SageMaker's own end is an attempt failure, retried on fresh instances; the state's timeout is not."""
-        wait = QUEUE_WAIT_MINUTES * 60 - JOB_END_MARGIN_SECONDS
+        (API_StoppingCondition): the attempt's time, and its deadline (contracts.run Stage.deadline_seconds, the one
+        EKS Jobs get too), which ends the job before the state that waits for it gives up: SageMaker's own end is an
+        attempt failure, retried on fresh instances; the state's timeout is not."""
+        wait = stage.deadline_seconds - stage.attempt_seconds
         # MaxWait "must be larger than" MaxRuntime (SageMaker developer guide, "Managed Spot Training").
-        fields = {"MaxRuntimeInSeconds": min(attempt_seconds, MAX_JOB_SECONDS - wait)}
+        fields = {"MaxRuntimeInSeconds": min(stage.attempt_seconds, MAX_JOB_SECONDS - wait)}
         if spot:
-            fields["MaxWaitTimeInSeconds"] = min(attempt_seconds + wait, MAX_JOB_SECONDS)
+            fields["MaxWaitTimeInSeconds"] = min(stage.deadline_seconds, MAX_JOB_SECONDS)
         return fields
 
     @property
