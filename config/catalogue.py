@@ -69,7 +69,7 @@ SAGEMAKER_SPOT_SOURCE = "SageMaker developer guide, 'Managed Spot Training in Am
 
 # libfabric >= 1.18 with aws-ofi-nccl >= 1.7 needs few variables; FI_PROVIDER=efa keeps libfabric from choosing
 # another provider (it does not stop NCCL from falling back to its own sockets: the sanity check proves the
-# transport from NCCL's log instead). NCCL_DEBUG=INFO prints "NET/OFI Selected Provider is efa".
+# transport from NCCL's log instead). NCCL_DEBUG=INFO prints "NET/OFI Selected provider is efa, fabric is efa".
 # The bootstrap interface (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) is a fact of the backend, not of the
 # instance: contracts/job_environment.py sets it per backend.
 _NCCL_OVER_EFA = {

@@ -34,7 +34,12 @@
    names AWS SDK integration errors as Step Functions does, `ServiceName.ErrorName` in PascalCase
    (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html: "S3.NoSuchKeyException";
    moto 5.2.1 knows the casing of DynamoDb and Sfn only and would say "s3.NoSuchKeyException").
-8. Injects transient faults: `faults["s3.get_object"] = ["SlowDown"]` makes the next such call fail with that
+8. Checks every request a service integration sends (tests/request_validator.py): moto's integration clients skip
+   botocore's validation (parameter_validation=False), so a hook on each client runs it (unknown and required
+   members, types, minimums) and the walker that adds what botocore leaves out (enums, full-match patterns, the
+   maximums of strings, lists and numbers). A refused request fails its call before moto sees it, is recorded in
+   `refused_requests`, and `wait` raises it when the execution ends, whatever the definition made of the failure.
+9. Injects transient faults: `faults["s3.get_object"] = ["SlowDown"]` makes the next such call fail with that
    error code (and its HTTP status), one entry per call, before moto sees it; `"after:InternalError"` lets the
    call take effect first and then loses its answer, as a timeout after a successful write does.
 """
@@ -63,6 +68,8 @@ from botocore.response import StreamingBody
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
     StateTaskServiceCallback,
 )
+
+from tests.request_validator import check
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account
@@ -131,6 +138,9 @@ class _ClientProxy:
             code, lost_reply = (fault[len("after:") :], True) if fault.startswith("after:") else (fault, False)
 
             def failing(**request):
+                operation = self._client.meta.method_to_api_mapping[name]
+                shape = self._client.meta.service_model.operation_model(operation).input_shape
+                self._recorder.check_request(service, operation, _to_boto(request, shape) if shape else request)
                 if lost_reply:
                     getattr(self._recorder._raw(service), name)(**request)
                 raise ClientError(
@@ -211,6 +221,7 @@ class Emulator:
     # kind -> an Event the first job of that kind waits on before it finishes: holds an execution RUNNING
     held: dict[str, threading.Event] = field(default_factory=dict)
     alerts: str = ""  # the URL of an SQS queue subscribed to the alerts topic (subscribe_queue)
+    refused_requests: list[str] = field(default_factory=list)  # what the services would refuse, one problem a line
 
     def _raw(self, service: str):
         """A plain moto client of `service` (the calls a lost reply lets through)."""
@@ -226,15 +237,25 @@ class Emulator:
             self.faulted.append(f"{call}:{fault}")
         return fault
 
+    def check_request(self, service: str, operation: str, request: dict) -> None:
+        """Fail a request the service would refuse (tests/request_validator.py); `wait` reports it."""
+        problems = check(service, operation, request)
+        if problems:
+            self.refused_requests.extend(problems)
+            raise AssertionError(f"{service} {operation} request refused:\n" + "\n".join(problems))
+
     def __enter__(self) -> "Emulator":
         self._patches: list[tuple[object, str, object]] = []
         original_client = batch_service.boto_client_for
         self._original_client = original_client
 
         def proxy(region, service, state_credentials=None):
-            return _ClientProxy(
-                original_client(region=region, service=service, state_credentials=state_credentials), self
+            client = original_client(region=region, service=service, state_credentials=state_credentials)
+            client.meta.events.register(  # every call of this client, with the parameters as the caller gave them
+                "provide-client-params",
+                lambda params, model, **_: self.check_request(model.service_model.service_name, model.name, params),
             )
+            return _ClientProxy(client, self)
 
         self._patch(batch_service, "boto_client_for", proxy)
         self._patch(sdk_service, "boto_client_for", proxy)
@@ -308,6 +329,7 @@ class Emulator:
         self.outcomes, self.verdict = {}, None
         self.faults.clear()
         self.faulted.clear()
+        self.refused_requests.clear()
         self.forget_executions()
         self.submitted.clear()
         self.retry_sleeps.clear()
@@ -489,6 +511,8 @@ class Emulator:
         while True:
             described = self.sfn.describe_execution(executionArn=execution_arn)
             if described["status"] != "RUNNING":
+                if self.refused_requests:
+                    raise AssertionError("requests a service would refuse:\n" + "\n".join(self.refused_requests))
                 return described
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{execution_arn} still RUNNING after {timeout}s")

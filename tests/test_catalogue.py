@@ -32,11 +32,19 @@ def test_each_type_runs_the_eks_accelerated_ami_the_guide_lists_it_under(name):
     assert _family(name) in EKS_AMI_FAMILIES[instance.eks_ami_type]
 
 
-@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def _of(accelerator: Accelerator) -> list[str]:
+    return sorted(n for n, it in CATALOGUE.items() if it.accelerator is accelerator)
+
+
+@pytest.mark.parametrize("name", _of(Accelerator.NVIDIA))
 def test_gpu_types_are_ones_batchs_nvidia_image_supports(name):
-    instance = CATALOGUE[name]
-    if instance.accelerator is Accelerator.NVIDIA:
-        assert instance.batch_image_type == "ECS_AL2023_NVIDIA" and _family(name) not in BATCH_NVIDIA_EXCLUDED
+    assert CATALOGUE[name].batch_image_type == "ECS_AL2023_NVIDIA" and _family(name) not in BATCH_NVIDIA_EXCLUDED
+
+
+@pytest.mark.parametrize("name", _of(Accelerator.NEURON))
+def test_neuron_types_take_batchs_plain_image_type_and_their_ami_from_the_launch_template(name):
+    # Batch has no Neuron image type (Ec2Configuration.imageType); the launch template names the Neuron AMI.
+    assert CATALOGUE[name].batch_image_type == "ECS_AL2023"
 
 
 def test_sagemaker_offers_exactly_the_types_its_api_accepts():
@@ -64,10 +72,12 @@ def test_types_without_an_on_demand_price_say_why():
         assert (it.on_demand_usd_per_hour is None) <= bool(it.price_note), it.name
 
 
-def test_sagemaker_estimates_follow_the_ec2_price():
-    for it in CATALOGUE.values():
-        if it.sagemaker_price_estimated and it.on_demand_usd_per_hour is not None:
-            assert it.sagemaker_usd_per_hour == pytest.approx(it.on_demand_usd_per_hour * 1.15, abs=1e-4)
+@pytest.mark.parametrize(
+    "name", sorted(n for n, it in CATALOGUE.items() if it.sagemaker_price_estimated and it.on_demand_usd_per_hour)
+)
+def test_sagemaker_estimates_follow_the_ec2_price(name):
+    it = CATALOGUE[name]
+    assert it.sagemaker_usd_per_hour == pytest.approx(it.on_demand_usd_per_hour * 1.15, abs=1e-4)
 
 
 def test_readme_catalogue_table_is_the_catalogues():

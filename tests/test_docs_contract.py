@@ -47,3 +47,15 @@ def test_pipeline_doc_defaults_are_the_run_contract():
             assert _number(documented[field.name]) == float(str(field.default)), field.name
             checked += 1
     assert checked >= 6
+
+
+def test_batch_doc_bandwidth_thresholds_are_the_catalogues():
+    # docs/batch.md names the sanity check's bus-bandwidth gate per instance type; each is the catalogue's.
+    from config.catalogue import CATALOGUE
+
+    text = (ROOT / "docs" / "batch.md").read_text()
+    start = text.index("`expected_busbw_gbps`, config/catalogue.py):")
+    stated = re.findall(r"([a-z0-9-]+\.\w+) (\d+(?:\.\d+)?)", text[start : text.index("\n-", start)])
+    assert len(stated) >= 5
+    for instance, gbps in stated:
+        assert CATALOGUE[instance].expected_busbw_gbps == float(gbps), instance

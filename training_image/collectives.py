@@ -6,7 +6,8 @@
   busbw = algbw * 2(n-1)/n for all_reduce, algbw * (n-1)/n for all_gather and reduce_scatter
 
 Test-only fault injection: SANITY_TEST_CORRUPT_RANK=R makes rank R add 1 to its contribution,
-so the exact-verification failure path can be exercised.
+so the exact-verification failure path can be exercised; SANITY_TEST_SLOW_RANK=R:MS makes rank R wait MS
+milliseconds before each timed call (a straggler every rank's timing must see).
 """
 
 from __future__ import annotations
@@ -114,10 +115,19 @@ def _timed(op: str, x: torch.Tensor, out: torch.Tensor | None, rt: Runtime, warm
     for _ in range(warmup):
         _run(op, x, out)
     _sync(rt)
+    delay = _test_delay_seconds(rt.rank)
     start = time.perf_counter()
     for _ in range(iters):
+        if delay:
+            time.sleep(delay)
         _run(op, x, out)  # all_reduce in place: values grow, the timing does not care
     _sync(rt)
     elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=rt.device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return float(elapsed.item())
+
+
+def _test_delay_seconds(rank: int) -> float:
+    """SANITY_TEST_SLOW_RANK=R:MS (tests only): this rank's wait before each timed call, 0 for the others."""
+    slow, _, ms = os.environ.get("SANITY_TEST_SLOW_RANK", "").partition(":")
+    return float(ms) / 1000 if slow == str(rank) and ms else 0.0

@@ -10,7 +10,9 @@ check proves three things on every node before any training:
    domains of libfabric's `efa` provider (`fi_info -p efa -t FI_EP_RDM`, the EFA installer's own check);
 2. transport: NCCL's initialisation log (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET, written to
    NCCL_DEBUG_FILE) says `Using network <Libfabric plugin>` (NCCL src/init.cc: "Using network %s") and
-   aws-ofi-nccl says `NET/OFI Selected Provider is efa` (aws-ofi-nccl: "Selected Provider is %s (found %d nics)");
+   aws-ofi-nccl says `NET/OFI Selected provider is efa, fabric is efa` (or `efa-direct`; aws-ofi-nccl v1.14.0 on:
+   "Selected provider is %s, fabric is %s (found %d nics)", src/nccl_ofi_net.cpp; v1.13 and before wrote
+   "Selected Provider is %s (found %d nics)", also accepted);
    a `Using network Socket` or a missing provider line fails with one line naming what was found;
 3. bandwidth (sanity_check.py): the bus bandwidth at one fixed large message against the catalogue's threshold.
 
@@ -37,7 +39,7 @@ FI_INFO_CANDIDATES = ("fi_info", "/opt/amazon/efa/bin/fi_info")
 TRANSPORTS = ("efa", "socket", "ib", "unknown")  # ordered best to worst: ranks combine verdicts with MAX
 
 _USING_NETWORK = re.compile(r"NCCL INFO Using network (?P<name>.+?)\s*$", re.MULTILINE)
-_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (?P<provider>[\w;-]+)")
+_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (?P<provider>[\w;-]+)(?:, fabric is [\w-]+)?")
 _OFI_FAILED = re.compile(r"NET/OFI .*(?:initiali[sz]ation failed|Failed to initialize).*", re.IGNORECASE)
 _DOMAIN = re.compile(r"^\s*domain:\s*(?P<domain>\S+)\s*$", re.MULTILINE)
 
@@ -69,7 +71,7 @@ def nccl_transport(log: str) -> Transport:
     evidence = (
         f"Using network {network}, provider {provider or 'none'}"
         if network
-        else "no 'Using network' line and no 'Selected Provider is efa' line in NCCL's log"
+        else "no 'Using network' line and no 'Selected provider is efa' line in NCCL's log"
     )
     return Transport("unknown", network, provider, evidence)
 
@@ -152,7 +154,7 @@ class EfaEvidence:
         if self.transport.kind == "unknown" and not self.transport_proof_required:
             return [
                 f"transport: not proven ({self.transport.evidence}); this accelerator's runtime may not write "
-                "NCCL's debug file: check its log for 'Selected Provider is efa'"
+                "NCCL's debug file: check its log for 'Selected provider is efa'"
             ]
         return []
 

@@ -16,6 +16,8 @@ from contracts.run import stages
 from tests.alone import template_of
 
 TYPES = efa_instance_types()
+NEURON = [n for n in TYPES if CATALOGUE[n].accelerator is Accelerator.NEURON]
+NVIDIA = [n for n in TYPES if CATALOGUE[n].accelerator is Accelerator.NVIDIA]
 NODES = 2
 FLAGS = "--model-type=transformer -O1"
 
@@ -202,22 +204,24 @@ def test_job_definitions_read_the_stage_table(name):
         assert (spec.timeout.to_seconds(), spec.attempts) == (stage.attempt_seconds, stage.attempts)
 
 
-@pytest.mark.parametrize("name", efa_instance_types())
-def test_only_trainium_has_a_compile_job_with_the_training_flags(name):
+@pytest.mark.parametrize("name", NEURON)
+def test_trainium_compiles_with_the_training_flags(name):
     # Trainium compiles ahead of time (training_image/neuron_compile.py) with the training's own flags.
     specs = job_specs(instance=CATALOGUE[name], nodes=2, bucket_name="b", train_timeout=cdk.Duration.hours(24))
-    assert ("compile" in specs) == (CATALOGUE[name].accelerator is Accelerator.NEURON)
-    if "compile" in specs:
-        assert specs["compile"].command == ["compile", *specs["train"].flags]
+    assert specs["compile"].command == ["compile", *specs["train"].flags]
 
 
-@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("name", NVIDIA)
+def test_gpus_have_no_compile_job_and_no_compiler_flags(name):
+    specs = job_specs(instance=CATALOGUE[name], nodes=2, bucket_name="b", train_timeout=cdk.Duration.hours(24))
+    assert "compile" not in specs
+    assert "NEURON_CC_FLAGS" not in _environment(_definitions(name)["train"])
+
+
+@pytest.mark.parametrize("name", NEURON)
 def test_trainiums_compile_and_train_jobs_share_the_compiler_flags_on_the_training_nodes(name):
     # The compile job fills the cache for NEURON_CC_FLAGS; training with other flags would miss every entry.
     definitions = _definitions(name)
-    if CATALOGUE[name].accelerator is not Accelerator.NEURON:
-        assert "compile" not in definitions and "NEURON_CC_FLAGS" not in _environment(definitions["train"])
-        return
     compile_job, train = definitions["compile"], definitions["train"]
     assert _environment(compile_job)["NEURON_CC_FLAGS"] == _environment(train)["NEURON_CC_FLAGS"] == FLAGS
     assert compile_job["NodeProperties"]["NumNodes"] == NODES and _container(compile_job)["Command"][0] == "compile"

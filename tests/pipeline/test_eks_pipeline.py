@@ -49,6 +49,9 @@ class EksEmulator(Emulator):
                 pass
 
             def _eval_service_task(self, env, resource_runtime_part, normalised_parameters, state_credentials):
+                # Not checked against an API model: eks:runJob's request is a Kubernetes batch/v1 Job manifest and the
+                # cluster's name, endpoint and CA (no botocore shape). The pipeline's other requests (S3, SSM, SNS)
+                # are checked by the emulator's client hook like on any backend.
                 job = normalised_parameters["Job"]
                 emulator.jobs.append(job)
                 args = job["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -76,7 +79,7 @@ class EksEmulator(Emulator):
                             ),
                         )
                     )
-                if not outcome:
+                if outcome is not True:  # False, or an exit code: a container that exits non-zero fails the Job
                     raise FailureEventException(
                         FailureEvent(  # what eks:runJob.sync reports for a failed Job
                             env=env,

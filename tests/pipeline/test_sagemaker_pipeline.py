@@ -1,12 +1,13 @@
 """The pipeline on the SageMaker backend: the synthesized definition run by moto's ASL interpreter (sfn_emulator.py).
 
-moto has no SageMaker service integration, so `sagemaker:createTrainingJob.sync` is emulated here: each request
-goes through boto3's SageMaker client into moto (so botocore validates it against the CreateTrainingJob API model:
-field names, types, required members; and moto refuses a training job name used before), then completes or fails as
-`outcomes` plans. A failed job fails the task with States.TaskFailed and the job's description as the Cause, and a
-refused request with SageMaker's error, as Step Functions' SageMaker integration does
-(https://docs.aws.amazon.com/step-functions/latest/dg/connect-sagemaker.html). A succeeding validate job writes
-its verdict, like the real one.
+moto has no SageMaker service integration, so `sagemaker:createTrainingJob.sync` is emulated here: each request,
+a refused one too, is checked against the CreateTrainingJob API model (tests/request_validator.py: botocore's own
+validation of unknown and required members, types and minimums, plus enums, full-match patterns and the maximums of
+strings, lists and numbers), then goes through boto3's SageMaker client into moto (which refuses a training job name
+used before), then completes or fails as `outcomes` plans. A failed job fails the task with States.TaskFailed and
+the job's description as the Cause, and a refused request with SageMaker's error, as Step Functions' SageMaker
+integration does (https://docs.aws.amazon.com/step-functions/latest/dg/connect-sagemaker.html). A succeeding
+validate job writes its verdict, like the real one.
 """
 
 import json
@@ -31,6 +32,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
 from contracts.run import FAILURE_REASON_MARKER, QUEUE_WAIT_MINUTES, RUN_ID_MAX_LENGTH
+from tests import sfn_emulator
 from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_model, cleared, emulated_account, messages
 from tests.sfn_emulator import ACCOUNT, REGION, Emulator
 
@@ -92,6 +94,7 @@ class SageMakerEmulator(Emulator):
 
             def _eval_service_task(self, env, resource_runtime_part, normalised_parameters, state_credentials):
                 request = normalised_parameters
+                emulator.check_request("sagemaker", "CreateTrainingJob", request)  # refused ones too
                 kind = request["AlgorithmSpecification"]["ContainerArguments"][0]
                 plan = emulator.outcomes.get(kind, [True])
                 outcome = plan[min(emulator.kinds().count(kind), len(plan) - 1)]
@@ -99,7 +102,7 @@ class SageMakerEmulator(Emulator):
                 if isinstance(outcome, str) and outcome in REQUEST_ERRORS:
                     raise _task_failed(env, *REQUEST_ERRORS[outcome], states_error=False)
                 sagemaker = boto3.client("sagemaker", region_name=REGION)
-                sagemaker.create_training_job(**request)  # botocore validates the request; names must be new
+                sagemaker.create_training_job(**request)  # moto refuses a name used before
                 described = json.loads(
                     json.dumps(sagemaker.describe_training_job(TrainingJobName=request["TrainingJobName"]), default=str)
                 )
@@ -303,3 +306,17 @@ def test_job_names_from_the_longest_run_id_fit_sagemakers_pattern(emulator):
     names = [job["TrainingJobName"] for job in emulator.jobs]
     assert all(re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", name) for name in names), names
     assert names[0].startswith(f"{run_id}-train-") and names[1].startswith(f"{run_id}-validate-")
+
+
+# The request checks are wired in: a request its API model refuses fails the test when the execution ends, naming the
+# problem, whatever the definition made of the failed call (a notification that fails does not fail the run). Publish
+# goes through a moto integration client's hook, CreateTrainingJob through the emulated integration above.
+@pytest.mark.parametrize("operation", ["Publish", "CreateTrainingJob"])
+def test_a_request_its_api_model_refuses_fails_the_test(emulator, monkeypatch, operation):
+    def refused(service: str, called: str, request: dict) -> list[str]:
+        return [f"{called}: refused"] if called == operation else []
+
+    monkeypatch.setattr(sfn_emulator, "check", refused)
+    emulator.verdict = ACCEPTED
+    with pytest.raises(AssertionError, match=f"would refuse:\n{operation}: refused"):
+        emulator.run({**RUN, "run_id": f"refused-{operation.lower()}"})

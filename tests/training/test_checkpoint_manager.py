@@ -1,5 +1,6 @@
 """checkpoint_manager.py: the steps it saves at, and the Young/Daly interval it derives from the first save."""
 
+import math
 import re
 
 import pytest
@@ -53,7 +54,16 @@ def test_default_interval_is_young_daly_from_the_first_save(dataset, tmp_path):
         "train.py",
         [*th.train_args(dataset, tmp_path, steps=26, every=0), "--mtbf-hours", "0.0001", "--keep-last", "100"],
     )
-    found = re.search(r"checkpoint: every (\d+) steps \(Young/Daly: sqrt\(2 x ", run.stderr)
+    found = re.search(
+        r"checkpoint: every (\d+) steps \(Young/Daly: sqrt\(2 x (\S+) s per save x (\S+) h MTBF\) = \S+ s at (\S+) s",
+        run.stderr,
+    )
     assert run.returncode == 0 and found, run.stderr[-2000:]
-    k = int(found.group(1))
+    k, save_s, mtbf_h, step_s = int(found.group(1)), *map(float, found.group(2, 3, 4))
+    # The interval is the formula of the figures the run measured, recomputed here (not read back), and the step
+    # time it used is the median of the steps its own metric lines report (the first, a warm-up, left out).
+    ratio = math.sqrt(2 * save_s * mtbf_h * 3600) / step_s  # from figures logged to 3 digits: 0.2% of slack
+    assert mtbf_h == 0.0001 and abs(k - max(1.0, ratio)) <= 0.5 + 0.002 * ratio, (ratio, found.group(0))
+    step_times = sorted(r["StepTimeSeconds"] for r in run.emf() if 1 < r["Step"] <= 20)
+    assert step_s == pytest.approx(step_times[len(step_times) // 2], rel=0.01), (step_s, step_times)
     assert th.checkpoint_steps(tmp_path) == sorted({20, 26} | {s for s in range(21, 27) if s % k == 0})

@@ -48,11 +48,14 @@ def _damage_behind_the_manifest(step_dir, strategy):
     (step_dir / "meta.json").write_text(json.dumps(meta))
 
 
-# kind: (damage, words the warning must contain)
+# kind: (damage, words the warning must contain, or those words by strategy)
 DAMAGE = {
     "shard truncated": (lambda d, s: _truncate(_shard(d, s, 0)), "bytes, the manifest says"),
     "shard deleted": (lambda d, s: _shard(d, s, 1).unlink(), "No such file or directory"),
-    "metadata deleted": (lambda d, s: (d / ("meta.json" if s == "ddp" else ".metadata")).unlink(), ""),
+    "metadata deleted": (
+        lambda d, s: (d / ("meta.json" if s == "ddp" else ".metadata")).unlink(),
+        {"ddp": "meta.json is missing", "fsdp": ".metadata: No such file or directory"},
+    ),
     "rank 1's own file damaged": (lambda d, s: _flip_bit(d / "rng_rank1.pt"), "rank 1: "),
     "bit flip": (lambda d, s: _flip_bit(_shard(d, s, 0)), "CRC-32 mismatch"),
     "incomplete meta.json": (lambda d, s: _drop_meta_field(d, "world_size"), "meta.json lacks or mistypes world_size"),
@@ -96,10 +99,12 @@ def test_resume_falls_back_past_every_damaged_checkpoint_without_hanging(resumed
 
 @pytest.mark.parametrize("kind", DAMAGE)
 def test_each_damage_is_named_and_the_checkpoint_set_aside(resumed, kind):
-    _, ckpt, run = resumed
+    strategy, ckpt, run = resumed
     name = f"step_{STEP_OF_KIND[kind]:09d}"
+    words = DAMAGE[kind][1]
+    expected = words[strategy] if isinstance(words, dict) else words
     warnings = [line for line in run.stderr.splitlines() if f"{name} is damaged: " in line]
-    assert warnings and DAMAGE[kind][1] in warnings[0], (kind, warnings, run.stderr[-3000:])
+    assert warnings and expected in warnings[0], (kind, warnings, run.stderr[-3000:])
     assert (ckpt / f".damaged-{name}").is_dir()
 
 

@@ -4,7 +4,6 @@ and the exit codes that tell the pipeline "do not retry" survive torchrun."""
 import json
 import subprocess
 import threading
-import time
 
 import pytest
 
@@ -193,15 +192,20 @@ def test_an_earlier_attempt_of_the_same_run_is_waited_for_and_another_run_is_not
     # after 3 s; a process would only add a torch import (the killed-holder test above needs one).
     held = checkpoint_lock.lock_folder(tmp_path, {"run_id": "r1"})
     assert not isinstance(held, str)
-    evicted = threading.Timer(3, held.close)
+    released = threading.Event()  # set just before the holder lets go: a lock got later must have waited for it
+
+    def evict() -> None:
+        released.set()
+        held.close()
+
+    evicted = threading.Timer(3, evict)
     monkeypatch.setenv("CHECKPOINT_LOCK_WAIT_SECONDS", "60")
     monkeypatch.setattr(checkpoint_lock, "LOCK_POLL_SECONDS", 0.2)
-    started = time.monotonic()
     evicted.start()
     assert checkpoint_lock.lock_folder_waiting(tmp_path, {"run_id": "r2"}) == '{"run_id": "r1"}'  # another run
-    assert time.monotonic() - started < 1
+    assert not released.is_set()  # refused while the holder still held it: no wait
     lock = checkpoint_lock.lock_folder_waiting(tmp_path, {"run_id": "r1"})  # the same run: waits for the holder
-    assert not isinstance(lock, str) and time.monotonic() - started < 30
+    assert not isinstance(lock, str) and released.is_set()
     lock.close()
     evicted.join(timeout=30)
 

@@ -114,8 +114,9 @@ def _efa_inputs(tmp_path, *, log: str, fi_info: str, uverbs: int) -> tuple[list[
     )
 
 
-def _sanity_with_efa(tmp_path, *, log="nccl-efa.log", fi_info="fi_info-efa-4.txt", uverbs=4, extra=()):
+def _sanity_with_efa(tmp_path, *, log="nccl-efa-1.16.3.log", fi_info="fi_info-efa-4.txt", uverbs=4, extra=(), **more):
     flags, env = _efa_inputs(tmp_path, log=log, fi_info=fi_info, uverbs=uverbs)
+    env.update(more)
     report = tmp_path / "sanity.json"
     run = th.torchrun("sanity_check.py", [*ARGS, *flags, "--report", str(report), *extra], **env)
     return run, (json.loads(report.read_text()) if report.exists() else None)
@@ -132,7 +133,7 @@ def test_efa_proof_passes_with_every_device_and_the_efa_provider(tmp_path):
 
 
 def test_efa_proof_fails_on_a_socket_fallback_naming_the_transport(tmp_path):
-    run, report = _sanity_with_efa(tmp_path, log="nccl-socket-fallback.log")
+    run, report = _sanity_with_efa(tmp_path, log="nccl-socket-fallback-1.16.3.log")
     assert run.returncode == 1 and not report["passed"]
     (line,) = [f for f in report["failures"] if f.startswith("transport")]
     assert line == "transport: NCCL used socket (NET/OFI aws-ofi-nccl initialization failed), not EFA", line
@@ -152,14 +153,23 @@ def test_efa_proof_fails_when_libfabric_offers_fewer_devices(tmp_path):
     assert line.startswith("EFA devices: libfabric's efa provider offers 3 of 4 devices"), line
 
 
+STRAGGLER_MS = 20  # 4 KiB per 20 ms is 0.0002 GB/s; gloo on loopback moves 4 KiB in well under a millisecond
+GATE_GBPS = 0.001
+
+
 @pytest.fixture(scope="module")
 def below_threshold(tmp_path_factory):
-    # --busbw-bytes 4K and a threshold no CPU reaches, on a node whose EFA proof passes: bandwidth is the one failure.
+    # --busbw-bytes 4K and a straggler that slows every call below the threshold, on a node whose EFA proof passes:
+    # bandwidth is the one failure.
     # One run for the two tests below (a torchrun launch costs ~10 s of CPU).
     return th.shared(
         tmp_path_factory,
         "below_threshold",
-        lambda folder: _sanity_with_efa(folder, extra=["--busbw-bytes", "4K", "--min-busbw-gbps", "100000"]),
+        lambda folder: _sanity_with_efa(
+            folder,
+            extra=["--busbw-bytes", "4K", "--min-busbw-gbps", str(GATE_GBPS)],
+            SANITY_TEST_SLOW_RANK=f"1:{STRAGGLER_MS}",
+        ),
     )
 
 
@@ -168,26 +178,51 @@ def test_sanity_fails_below_the_bandwidth_threshold(below_threshold):
     assert run.returncode != 0 and "FAIL: bandwidth" in run.stderr, run.stderr[-2000:]
 
 
+def test_every_rank_times_the_straggler_it_waited_for(below_threshold, passing):
+    # Rank 1 waits STRAGGLER_MS before each timed call: every call takes at least that on every rank, so the report
+    # (the slowest rank's time) can show no more than 4 KiB per STRAGGLER_MS, a bound the test knows, not the report.
+    _, report = below_threshold
+    assert all(r["time_us"] >= STRAGGLER_MS * 1000 for r in report["results"]), report["results"]
+    assert report["measured_busbw_gbps"] <= 4096 / (STRAGGLER_MS / 1000) / 1e9
+    healthy = [r["busbw_gbps"] for r in passing[1]["results"] if (r["op"], r["size_bytes"]) == ("all_reduce", 4096)]
+    assert healthy[0] > GATE_GBPS  # without the straggler the same group passes this gate
+
+
 def test_bandwidth_gate_uses_the_fixed_size_not_the_largest(below_threshold):
     # --busbw-bytes 4K: the gate reads the 4 KiB figure even though 64 KiB was measured too.
     run, report = below_threshold
     assert run.returncode == 1 and report["measured_at_bytes"] == 4096
     assert report["measured_busbw_gbps"] == report["busbw_gbps_by_size"]["4096"]
     (line,) = [f for f in report["failures"] if f.startswith("bandwidth")]
-    assert "at 4096 bytes < --min-busbw-gbps 100000" in line
+    assert f"at 4096 bytes < --min-busbw-gbps {GATE_GBPS}" in line
 
 
-def test_nccl_transport_parses_each_kind():
+# Each fixture names the aws-ofi-nccl release and source line it follows (efa_fixtures/README.md).
+TRANSPORT_FIXTURES = {
+    "nccl-efa-1.16.3.log": ("efa", "Libfabric", "NET/OFI Selected provider is efa, fabric is efa"),
+    "nccl-efa-direct-1.21.1.log": ("efa", "Libfabric", "NET/OFI Selected provider is efa, fabric is efa-direct"),
+    "nccl-efa-1.13.2.log": ("efa", "Libfabric", "NET/OFI Selected Provider is efa"),
+    "nccl-efa-aws-libfabric-1.16.3.log": ("efa", "AWS Libfabric", "NET/OFI Selected provider is efa, fabric is efa"),
+    "nccl-socket-fallback-1.16.3.log": ("socket", "Socket", "NET/OFI aws-ofi-nccl initialization failed"),
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(TRANSPORT_FIXTURES))
+def test_nccl_transport_reads_each_release_format(fixture):
     import efa_proof
 
-    efa = efa_proof.nccl_transport((FIXTURES / "nccl-efa.log").read_text())
-    assert (efa.kind, efa.provider) == ("efa", "efa")
-    socket = efa_proof.nccl_transport((FIXTURES / "nccl-socket-fallback.log").read_text())
-    assert socket.kind == "socket" and "initialization failed" in socket.evidence
+    found = efa_proof.nccl_transport((FIXTURES / fixture).read_text())
+    assert (found.kind, found.network, found.evidence) == TRANSPORT_FIXTURES[fixture]
+
+
+def test_nccl_transport_refuses_what_is_not_efa():
+    import efa_proof
+
     assert efa_proof.nccl_transport("x NCCL INFO Using network IB\n").kind == "ib"
     # Libfabric with another provider (tcp) is not EFA either.
     tcp = efa_proof.nccl_transport(
-        "NCCL INFO NET/OFI Selected Provider is tcp (found 1 nics)\nh:1:1 [0] NCCL INFO Using network Libfabric\n"
+        "h:1:1 [0] NCCL INFO NET/OFI Selected provider is tcp, fabric is 10.0.0.0/16 (found 1 nics)\n"
+        "h:1:1 [0] NCCL INFO Using network Libfabric\n"
     )
     assert tcp.kind == "unknown" and "provider tcp" in tcp.evidence
     assert efa_proof.nccl_transport("").kind == "unknown"
@@ -215,7 +250,7 @@ def test_neuron_without_an_nccl_log_is_a_warning_but_a_socket_fallback_still_fai
         0, str(empty), uverbs_dir=str(tmp_path), fi_info="/bin/true", transport_proof_required=False
     )
     assert quiet.warnings() and not [f for f in quiet.failures() if f.startswith("transport")]
-    socket_log = str(FIXTURES / "nccl-socket-fallback.log")
+    socket_log = str(FIXTURES / "nccl-socket-fallback-1.16.3.log")
     loud = efa_proof.collect(
         0, socket_log, uverbs_dir=str(tmp_path), fi_info="/bin/true", transport_proof_required=False
     )

@@ -1,4 +1,4 @@
-"""validate.py in-process: own baseline passes, a clearly worse checkpoint is rejected, S3 works."""
+"""validate.py in-process: the 0.1% gate against a baseline, a clearly worse checkpoint is rejected, S3 works."""
 
 import json
 
@@ -21,12 +21,26 @@ def final_ckpt(ddp_reference):
     return ddp_reference.checkpoint_dir
 
 
-def test_trained_checkpoint_passes_against_its_own_baseline(final_ckpt, dataset, tmp_path, capsys):
+def test_a_missing_baseline_file_is_created_from_this_checkpoint(final_ckpt, dataset, tmp_path, capsys):
     baseline = tmp_path / "baseline.json"
     assert validate.main(["--checkpoint", str(final_ckpt), "--data", str(dataset), "--baseline", str(baseline)]) == 0
-    assert _verdict(capsys)["baseline_created"] and baseline.exists()
+    verdict = _verdict(capsys)
+    assert verdict["baseline_created"] and json.loads(baseline.read_text())["value"] == verdict["value"]
+
+
+@pytest.mark.parametrize(("better_by", "passes"), [(0.0005, True), (0.002, False)])
+def test_the_gate_is_a_tenth_of_a_percent_of_another_runs_baseline(
+    final_ckpt, dataset, tmp_path, capsys, better_by, passes
+):
+    # A baseline from another run, a little better than this checkpoint: within 0.1% it passes, beyond it fails.
+    measured = tmp_path / "measured.json"
+    validate.main(["--checkpoint", str(final_ckpt), "--data", str(dataset), "--baseline", str(measured)])
+    value = _verdict(capsys)["value"]
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps({"metric": "val_loss", "value": value * (1 - better_by)}))
     assert validate.main(["--checkpoint", str(final_ckpt), "--data", str(dataset), "--baseline", str(baseline)]) == 0
-    assert _verdict(capsys)["passed"] is True
+    verdict = _verdict(capsys)
+    assert verdict["passed"] is passes and verdict["relative_delta"] == pytest.approx(better_by, rel=0.01)
 
 
 def test_clearly_worse_checkpoint_is_rejected_with_exit_code_zero(final_ckpt, dataset, tmp_path, capsys):
