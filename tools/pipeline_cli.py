@@ -12,6 +12,7 @@ same rules as the state machine (the run contract, contracts/run.py) before star
 """
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -391,26 +392,38 @@ def _console(region: str, fragment: str) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipeline_cli", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"efa-training {_version()}")
     p.add_argument("--region", help="AWS region (default: the environment's region in cdk.json)")
+    # --region after the subcommand too: its default is SUPPRESS, so it overrides the value before only when given.
+    region = argparse.ArgumentParser(add_help=False)
+    region.add_argument("--region", default=argparse.SUPPRESS, help="AWS region (default: cdk.json's)")
     sub = p.add_subparsers(dest="command", required=True)
-    start = sub.add_parser("start", help="validate a run file and start an execution")
+    add = functools.partial(sub.add_parser, parents=[region])
+    start = add("start", help="validate a run file and start an execution")
     start.add_argument("env")
     start.add_argument("run_file")
     start.add_argument("--name", help="execution name (default: <run_id>-<UTC time>)")
     start.add_argument("--watch", action="store_true", help="then watch it; exit code = the run's result")
     start.add_argument("--interval", type=float, default=10.0, help=argparse.SUPPRESS)
-    watch_ = sub.add_parser("watch", help="follow an execution until it ends; exit code = its result")
+    watch_ = add("watch", help="follow an execution until it ends; exit code = its result")
     watch_.add_argument("env")
     watch_.add_argument("execution", help="execution name or ARN")
     watch_.add_argument("--interval", type=float, default=10.0, help="seconds between polls (default 10)")
-    list_ = sub.add_parser("list", help="recent executions")
+    list_ = add("list", help="recent executions")
     list_.add_argument("env")
     list_.add_argument("--status", choices=sorted(RESULT_CODES))
     list_.add_argument("--max", type=int, default=20)
-    describe = sub.add_parser("describe", help="an execution's verdict, jobs and links")
+    describe = add("describe", help="an execution's verdict, jobs and links")
     describe.add_argument("env")
     describe.add_argument("execution", help="execution name or ARN")
     return p
+
+
+def _version() -> str:
+    """The release, from the one file that holds it (copied into the training image as well)."""
+    path = Path(__file__).resolve().parents[1] / "training_image" / "version.py"
+    found = re.search(r'^VERSION = "([^"]+)"', path.read_text(), re.MULTILINE)
+    return found.group(1) if found else "unknown"
 
 
 COMMANDS = {"start": cmd_start, "watch": cmd_watch, "list": cmd_list, "describe": cmd_describe}

@@ -542,6 +542,11 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         print(f"usage: launch.py {{{'|'.join(modes)}}} [args...]; `launch.py MODE --help` shows the script's flags")
         return 0 if argv else 2
+    if argv[0] == "--version":
+        from version import VERSION
+
+        print(f"efa-training {VERSION}")
+        return 0
     mode, script_args = argv[0], argv[1:]
     try:
         if mode not in modes:
