@@ -206,7 +206,9 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.rt.mark_step()  # Neuron docs: one graph per optimizer step, cut right after optimizer.step()
+        # Neuron docs: cut right after optimizer.step(). The device loader cuts too, before every batch, so with
+        # gradient accumulation each micro-batch's forward and backward is a graph of its own (test_xla_path.py).
+        self.rt.mark_step()
         self.state.advance(self.samples_per_step, self.meter.tokens_per_step)
         loss, norm, stop_votes = self._agree(loss_sum, grad_norm)
         return StepResult(loss, norm, stop_votes > 0, time.perf_counter() - started)

@@ -20,7 +20,8 @@ from tests.training import training_helpers as th
 ROOT = Path(__file__).resolve().parents[2]
 XLA_PYTHON = ROOT / ".venv-xla" / "bin" / "python"
 RUNNER = Path(__file__).resolve().parent / "xla_run.py"
-STEPS, WARM_UP_STEPS = 12, 3
+STEPS, WARM_UP_STEPS, CHECKPOINT_EVERY = 12, 3, 6
+ACCUMULATING_STEPS = 2  # the gradient-accumulation run: its second step is the first with the optimizer's state
 # All XLA runs on one xdist worker: each is a few CPU-heavy processes.
 pytestmark = pytest.mark.xdist_group("xla")
 
@@ -30,12 +31,12 @@ def _require_xla_environment() -> None:
         pytest.fail(f"{XLA_PYTHON} is missing: `make test` creates it from requirements-xla.txt")
 
 
-def xla_train(out_dir: Path, data: Path, ckpt: Path, steps: int = STEPS, **env: str) -> dict:
+def xla_train(out_dir: Path, data: Path, ckpt: Path, steps: int = STEPS, grad_accum: int = 1, **env: str) -> dict:
     """train.py on the XLA CPU device (one process), its record from xla_run.py, and its stdout lines."""
     _require_xla_environment()
     record_path = out_dir / "record.json"
-    args = th.train_args(data, ckpt, steps=steps, every=6)
-    args[args.index("--grad-accum-steps") + 1] = "1"
+    args = th.train_args(data, ckpt, steps=steps, every=CHECKPOINT_EVERY)
+    args[args.index("--grad-accum-steps") + 1] = str(grad_accum)
     completed = subprocess.run(
         [str(XLA_PYTHON), str(RUNNER), str(record_path), "--", *args, "--device", "xla"],
         env=th.env(PJRT_DEVICE="CPU", **env),
@@ -53,6 +54,17 @@ def xla_train(out_dir: Path, data: Path, ckpt: Path, steps: int = STEPS, **env: 
 def xla_run(dataset, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("xla-run")
     return {**xla_train(folder, dataset, folder / "ckpt"), "ckpt": folder / "ckpt"}
+
+
+@pytest.fixture(scope="module")
+def accumulating_xla_run(dataset, tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("xla-run-accumulating")
+    return xla_train(folder, dataset, folder / "ckpt", steps=ACCUMULATING_STEPS, grad_accum=2)
+
+
+@pytest.fixture(params=[1, 2], ids=["grad-accum-1", "grad-accum-2"])
+def run_and_accum(request) -> tuple[dict, int]:
+    return request.getfixturevalue("xla_run" if request.param == 1 else "accumulating_xla_run"), request.param
 
 
 def test_the_head_stays_tied_to_the_embedding_on_the_xla_device(xla_run):
@@ -73,14 +85,37 @@ def test_the_device_loader_feeds_every_batch_on_the_xla_device(xla_run):
     assert {tuple(b["shape"]) for b in batches} == {(8, 64)}  # static shapes: one batch size and sequence length
 
 
-def test_mark_step_cuts_one_graph_per_step_right_after_the_optimizer_step(xla_run):
-    # Neuron docs ("Developer Guide for Training with PyTorch NeuronX"): xm.mark_step() after optimizer.step(). The
-    # only other cut is the checkpoint's, which materialises the step before its tensors are read (checkpoint.py).
-    events = [e for e in xla_run["events"] if e != "batch"]
-    cuts = [i for i, e in enumerate(events) if e.startswith("mark_step:")]
-    in_step = [i for i in cuts if events[i] == "mark_step:train_step"]
-    assert len(in_step) == STEPS and all(events[i - 1] == "optimizer.step" for i in in_step), events[:12]
-    assert {events[i] for i in cuts} == {"mark_step:train_step", "mark_step:save"}
+def expected_events(steps: int, accum: int) -> list[str]:
+    """Per step: the device loader's cut before each micro-batch, the optimizer step and the step's own cut; a
+    checkpoint's cut after every CHECKPOINT_EVERY-th step and the last."""
+    events: list[str] = []
+    for step in range(1, steps + 1):
+        events += ["sync:loader", "batch"] * accum + ["optimizer.step", "sync:train_step", "step_end"]
+        events += ["sync:save"] if step % CHECKPOINT_EVERY == 0 or step == steps else []
+    return events
+
+
+def test_the_graph_is_cut_before_each_batch_and_right_after_the_optimizer_step(run_and_accum):
+    # Neuron docs ("Developer Guide for Training with PyTorch NeuronX"): xm.mark_step() after optimizer.step().
+    # MpDeviceLoader cuts too (torch_xla.sync before every batch), so with gradient accumulation each micro-batch's
+    # forward and backward is a graph of its own. The checkpoint's cut materialises the step before its tensors are
+    # read (checkpoint.py).
+    run, accum = run_and_accum
+    steps = len(run["losses"])
+    assert run["events"] == expected_events(steps, accum), run["events"]
+    # PyTorch/XLA's own count of cuts (step markers): the recorder saw every one.
+    assert run["counters"]["MarkStep"] == len(run["cuts"])
+    # Graphs run: each loader cut runs what is pending before the batch (the previous micro-batch's forward and
+    # backward; before a step's first batch only the zero the loss sum starts from); the step's cut runs the last
+    # micro-batch and the optimizer; the save's finds nothing pending. One more per step: reading the step's loss,
+    # gradient norm and stop votes (trainer._agree).
+    launched = {"loader": 1, "train_step": 1, "save": 0}
+    assert [cut["graphs"] for cut in run["cuts"]] == [launched[cut["by"]] for cut in run["cuts"]], run["cuts"]
+    assert run["steps"] == [{"mark_steps": accum + 1, "graphs": accum + 2}] * steps, run["steps"]
+    # And PyTorch/XLA's count of executions: the steps' graphs and the replica checksum (trainer.fit), nothing else.
+    counters = run["counters"]
+    launches = counters["UncachedCompile"] + counters["CachedCompile"]
+    assert counters["ExecuteComputation"] == launches == steps * (accum + 2) + 1, counters
 
 
 def no_new_graph_after_warm_up(compiles: list[int]) -> bool:
@@ -91,12 +126,18 @@ def no_new_graph_after_warm_up(compiles: list[int]) -> bool:
 def test_after_the_warm_up_no_new_graph_is_compiled(xla_run):
     # The learning rate changes every step (warm-up, then cosine) and a checkpoint is saved at step 6: neither may
     # make a new graph (Neuron compiles each new graph, for minutes on Trainium).
-    assert no_new_graph_after_warm_up(xla_run["compiles"]), xla_run["compiles"]
+    compiles = xla_run["compiles"]
+    assert no_new_graph_after_warm_up(compiles), compiles
+    # No save compiles (its cut finds nothing pending; it reads the tensors out). After the last step one graph is
+    # new, once per run: the replica checksum that trainer.fit computes before the final save.
+    saves = [(save["compiles_before"], save["compiles_after"]) for save in xla_run["saves"]]
+    assert saves == [(compiles[CHECKPOINT_EVERY - 1],) * 2, (compiles[-1] + 1,) * 2], saves
+    assert xla_run["counters"]["UncachedCompile"] == compiles[-1] + 1
 
 
 def test_a_dynamic_shape_is_caught_by_the_compile_check(dataset, tmp_path):
     # The check has teeth: a loader whose sequence length changes from batch to batch makes a graph per batch.
-    record = xla_train(tmp_path, dataset, tmp_path / "ckpt", steps=8, XLA_RUN_DYNAMIC_SHAPES="1")
+    record = xla_train(tmp_path, dataset, tmp_path / "ckpt", steps=5, XLA_RUN_DYNAMIC_SHAPES="1")
     assert not no_new_graph_after_warm_up(record["compiles"]), record["compiles"]
 
 
