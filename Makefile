@@ -3,7 +3,8 @@
 
 VENV      := .venv
 PY        := $(VENV)/bin/python
-# The training image's XLA path on PyTorch/XLA's CPU device, with the Neuron image's PyTorch line (tests/training/test_xla_path.py).
+# Both images' PyTorch line (2.9): the XLA path on PyTorch/XLA's CPU device (tests/training/test_xla_path.py) and the
+# training tests that matter on the images' torch (tests/training/test_image_torch_line.py).
 XLA_VENV  := .venv-xla
 NODE_BIN  := $(CURDIR)/node_modules/.bin
 # The pinned Node 22 and CDK CLI come first, so nothing falls back to a global CLI or an end-of-life Node.

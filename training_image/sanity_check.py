@@ -233,6 +233,7 @@ def run_checks(args: argparse.Namespace, rt: Runtime, plan: Plan, nccl_log: str 
         "world_size": rt.world_size,
         "nodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
         "device": rt.device_type,
+        "torch": torch.__version__,  # the PyTorch the image runs, beside what it proved
         "accelerators": accel,
         "efa": efa,
         "threshold_busbw_gbps": args.min_busbw_gbps,

@@ -22,7 +22,8 @@ T = TypeVar("T")
 
 TRAINING_IMAGE = Path(__file__).resolve().parents[2] / "training_image"
 TESTS = Path(__file__).resolve().parent  # slow_train.py: train.py with test-only delays and faults
-PYTHON = sys.executable
+# TRAINING_PYTHON runs the launched processes on another interpreter (the images' PyTorch line: .venv-xla).
+PYTHON = os.environ.get("TRAINING_PYTHON", sys.executable)
 
 # Shared by the reference run and the resume tests: they must be the same job to compare bit for bit.
 TRAIN_STEPS = 30
