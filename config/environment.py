@@ -15,7 +15,7 @@ from typing import Any
 from config.catalogue import CATALOGUE, Accelerator, InstanceType, efa_instance_types
 from config.layout import stack_prefix
 from config.regions import CHECKED as REGIONS_CHECKED
-from config.regions import REGION_ZONES, zones
+from config.regions import NO_FSX, REGION_ZONES, zones
 
 DEFAULT_ENVIRONMENT = "dev"
 # A guard against expensive typos (160 for 16 p5 nodes is ~$15,000 an hour); raise it on purpose.
@@ -177,6 +177,15 @@ class EnvironmentConfig:
             "region",
             self.region in REGION_ZONES,
             f"an AWS region like us-east-1 (the project's list, checked {REGIONS_CHECKED}: config/regions.py)",
+        )
+        # The training storage is FSx for Lustre, whose CloudFormation type the Region's resource provider schemas
+        # lack there (config/regions.py): refused here rather than failing synth on the type.
+        _check(
+            self,
+            "region",
+            self.region not in NO_FSX,
+            f"a region with Amazon FSx (AWS::FSx::FileSystem), which the training storage needs: any region of "
+            f"config/regions.py but {', '.join(sorted(NO_FSX))}",
         )
         _check(self, "account", self.account is None or bool(_ACCOUNT.fullmatch(self.account)), "12 digits, or unset")
         _check(

@@ -5,9 +5,11 @@ gives the state machine and its execution logs.
 """
 
 import aws_cdk as cdk
+import aws_cdk.aws_budgets as budgets
 
 from config import EnvironmentConfig
 from config.layout import dashboard_name
+from config.regions import NO_BUDGETS
 from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.observability.alarms import TrainingAlarms
@@ -83,7 +85,24 @@ class ObservabilityStack(cdk.Stack):
             job_state_namespace=self.job_states.namespace if self.job_states else None,
             environment=config.name,
         ).dashboard
-        self.budget = CostBudget(
+        self.budget = self._budget(config, alerts)
+        cdk.CfnOutput(self, "DashboardName", value=self.dashboard.dashboard_name)
+
+    def _budget(self, config: EnvironmentConfig, alerts: AlertsStack) -> budgets.CfnBudget | None:
+        """The environment's monthly budget, or a warning where the region has no AWS::Budgets::Budget."""
+        if config.region in NO_BUDGETS:
+            # The Region's resource provider schemas lack the type (config/regions.py), so CloudFormation there
+            # cannot create it. AWS Budgets has one global endpoint for every Region (AWS General Reference, "AWS
+            # Billing and Cost Management endpoints and quotas") and this budget filters on a tag, not a Region:
+            # one made in the console or from a stack elsewhere covers the environment alike.
+            cdk.Annotations.of(self).add_warning_v2(
+                "efa-training:budget-omitted",
+                f"no monthly budget: AWS::Budgets::Budget does not exist in {config.region}; create the budget "
+                f"(cost filter user:{COST_TAG_KEY}${config.name}) in the Billing console or from a stack in a "
+                "region that has the type, such as us-east-1",
+            )
+            return None
+        return CostBudget(
             self,
             "Budget",
             # NotificationsWithSubscribers is create-only (AWS::Budgets::Budget resource schema) and CloudFormation
@@ -95,4 +114,3 @@ class ObservabilityStack(cdk.Stack):
             tag_value=config.name,
             topic=alerts.topic,
         ).budget
-        cdk.CfnOutput(self, "DashboardName", value=self.dashboard.dashboard_name)
