@@ -18,7 +18,7 @@ HOURS       ?= 24
 
 DIAGRAM_ENV ?= prod
 
-.PHONY: synth test lint setup deploy destroy local-run cost-report bench diagram diagram-tree clean
+.PHONY: synth test lint setup deploy destroy dataset local-run cost-report bench diagram diagram-tree clean
 
 setup: $(VENV)/.test-deps $(XLA_VENV)/.deps node_modules/.installed
 
@@ -65,6 +65,12 @@ deploy: $(VENV)/.synth-deps node_modules/.installed
 destroy: $(VENV)/.synth-deps node_modules/.installed
 	$(PY) -m tools.destroy $(ENV) $(if $(DRY_RUN),--dry-run) $(if $(ALLOW_RUNNING),--allow-running) \
 		$(if $(CDK_ARGS),-- $(CDK_ARGS))
+
+# A dataset for ENV's runs: NAME=<name> and INPUT=<text files or folders> (FORMAT=criteo for click logs), or SYNTHETIC=1
+# for a small generated corpus; uploads to datasets/<name>/ and prints a run file (DRY_RUN=1: prepare only).
+dataset: $(VENV)/.test-deps
+	$(PY) -m tools.dataset $(ENV) $(NAME) $(if $(INPUT),--input $(INPUT)) $(if $(SYNTHETIC),--synthetic) \
+		$(if $(FORMAT),--format $(FORMAT)) $(if $(DRY_RUN),--dry-run)
 
 # LOCAL_MODEL=ctr-tiny runs the sparse click-through model on parameter servers instead of the GPT.
 LOCAL_MODEL ?= tiny

@@ -75,6 +75,7 @@ REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account
 ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/pipeline-test"
 JOB_KINDS = ("sanity", "train", "validate")
+PREPARED_DATASET = "datasets/wikitext/"  # every emulated bucket holds this dataset's manifest
 # Transient error codes and their HTTP status, as the services return them.
 FAULT_STATUS = {
     "SlowDown": 503,

@@ -196,8 +196,27 @@ def load_run(path: str, max_nodes: int, min_nodes: int = 1) -> dict:
 # ---- commands ----------------------------------------------------------------------------------
 
 
+def require_prepared(pipeline: Pipeline, dataset: str) -> None:
+    """The check the pipeline's first states make (constructs/pipeline/dataset_check.py), before anything starts:
+    prepare_data.py writes `<dataset>/dataset.json` last, so without it the dataset is missing or incomplete."""
+    bucket = pipeline.bucket
+    if bucket is None:
+        return  # no storage stack output to look in: the pipeline's own check still refuses it
+    key = dataset.rstrip("/") + "/dataset.json"
+    try:
+        call(pipeline._client("s3").head_object, Bucket=bucket, Key=key)
+    except CliError as error:
+        if "404" not in str(error) and "Not Found" not in str(error):
+            raise
+        raise CliError(
+            f"dataset {dataset!r} is not prepared: no s3://{bucket}/{key}; prepare it with "
+            f"`make dataset ENV={pipeline.env} NAME=<name> INPUT=<text files>` (or name a prepared one)"
+        ) from None
+
+
 def cmd_start(args, pipeline: Pipeline, out) -> int:
     run = load_run(args.run_file, pipeline.max_nodes, pipeline.min_nodes)
+    require_prepared(pipeline, run["dataset"])
     name = args.name or f"{run['run_id']}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     started = call(
         pipeline.sfn.start_execution, stateMachineArn=pipeline.state_machine_arn, name=name[:80], input=json.dumps(run)

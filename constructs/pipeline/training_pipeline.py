@@ -18,6 +18,7 @@ from config.layout import CHECKPOINTS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import JobKind, JobRunner
 from constructs.nag import acknowledge, acknowledge_iam
+from constructs.pipeline.dataset_check import dataset_check
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.initial_model import InitialModel
 from constructs.pipeline.input_checks import input_validation
@@ -106,7 +107,10 @@ class TrainingPipeline(Construct):
             failures=self._failures,
             supported=initial_models,
         )
-        validated.next(initial.start)
+        # The dataset is checked first of all: a typo costs no claim and no instance.
+        dataset_start, dataset_ready = dataset_check(self, bucket=bucket, failures=self._failures)
+        validated.next(dataset_start)
+        dataset_ready.next(initial.start)
         initial.chosen.next(claim.start)
         prepared = claim.claimed.next(self._prepare(bucket.bucket_name))
         # A backend whose training job checks its own hosts first gets no separate sanity job.

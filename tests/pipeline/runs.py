@@ -8,13 +8,13 @@ from typing import Any
 from moto import mock_aws
 from moto.core.config import DefaultConfig
 
-from tests.sfn_emulator import Emulator
+from tests.sfn_emulator import PREPARED_DATASET, Emulator
 
 MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "batch": {"use_docker": False}}
 APPROVED_MODEL_PARAMETER = "/efa-training/dev/approved-model"
 RUN: dict[str, Any] = {
     "run_id": "gpt-tiny-001",
-    "dataset": "datasets/wikitext/",
+    "dataset": PREPARED_DATASET,
     "nodes": 2,
     "hyperparameters": {"max_steps": 500, "lr": 0.0006},
     "baseline": 3.2,
@@ -90,11 +90,14 @@ def emulated_account(synthesized, emulator_class: type[Emulator] = Emulator) -> 
 
 
 def cleared(world):
-    """The shared emulator as new: no job plan, no recorded jobs or sleeps, no approval, no messages, no objects."""
+    """The shared emulator as new: no job plan, no recorded jobs or sleeps, no approval, no messages, no objects but
+    the prepared dataset."""
     world.reset()
     world.sqs.purge_queue(QueueUrl=world.alerts)
     with contextlib.suppress(world.ssm.exceptions.ParameterNotFound):
         world.ssm.delete_parameter(Name=APPROVED_MODEL_PARAMETER)
     for listed in world.s3.list_objects_v2(Bucket=world.bucket).get("Contents", []):
         world.s3.delete_object(Bucket=world.bucket, Key=listed["Key"])
+    # The runs' dataset, prepared (prepare_data.py writes dataset.json last): the pipeline checks it first.
+    world.s3.put_object(Bucket=world.bucket, Key=f"{PREPARED_DATASET}dataset.json", Body=b'{"tokenizer": "byte"}')
     return world

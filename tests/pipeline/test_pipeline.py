@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_model, messages, queue_of, states
+from tests.sfn_emulator import PREPARED_DATASET
 
 # ---- the definition executed --------------------------------------------------------------------
 
@@ -253,7 +254,8 @@ def test_malformed_input_ends_invalid_before_any_job(emulator, execution_input, 
     assert result["status"] == "FAILED"
     assert result.get("error") == "InvalidInput" and cause in result.get("cause", ""), result
     assert emulator.submitted == []  # no Batch job
-    assert emulator.s3.list_objects_v2(Bucket=emulator.bucket).get("KeyCount", 0) == 0  # no run claimed
+    listed = emulator.s3.list_objects_v2(Bucket=emulator.bucket).get("Contents", [])
+    assert [o["Key"] for o in listed] == [f"{PREPARED_DATASET}dataset.json"]  # no run claimed, nothing written
     assert messages(emulator) == []
 
 

@@ -358,3 +358,38 @@ def test_progress_counts_the_backends_own_phases():
         progress.show({"timestamp": started, "type": "TaskStateEntered", "stateEnteredEventDetails": {"name": name}})
     assert "SanityCheck" not in out.getvalue()
     assert out.getvalue().splitlines()[-1].split()[1] == "[#########]" and "9/9" in out.getvalue().splitlines()[-1]
+
+
+# ---- the dataset a run names (tools/dataset.py, `make dataset`; constructs/pipeline/dataset_check.py)
+
+
+def test_start_refuses_a_dataset_that_was_never_prepared_before_starting(deployed, tmp_path):
+    code, _, err = cli("start", "dev", run_file(tmp_path, dataset="datasets/wikitxt/"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert (
+        f"dataset 'datasets/wikitxt/' is not prepared: no s3://{deployed.bucket}/datasets/wikitxt/dataset.json" in err
+    )
+    assert deployed.sfn.list_executions(stateMachineArn=deployed.state_machine_arn)["executions"] == []
+
+
+def test_make_dataset_uploads_a_prepared_dataset_that_the_printed_run_file_trains_on(deployed, tmp_path, capsys):
+    from tools import dataset
+
+    assert dataset.main(["dev", "sample", "--synthetic"], session=deployed.session) == 0
+    printed = json.loads(capsys.readouterr().out)
+    keys = [
+        o["Key"] for o in deployed.s3.list_objects_v2(Bucket=deployed.bucket, Prefix="datasets/sample/")["Contents"]
+    ]
+    assert "datasets/sample/dataset.json" in keys and any(k.endswith(".bin") for k in keys)
+    deployed.verdict = ACCEPTED
+    path = tmp_path / "first.json"
+    path.write_text(json.dumps(printed))
+    code, out, err = cli("start", "dev", str(path), "--watch", "--interval", "0")
+    assert printed["dataset"] == "datasets/sample/" and code == 0, (out, err)
+
+
+def test_make_dataset_without_input_is_one_line(capsys):
+    from tools import dataset
+
+    assert dataset.main(["dev", "sample"]) == 2
+    assert capsys.readouterr().err == "error: nothing to prepare: give --input <files or folders> or --synthetic\n"
