@@ -12,6 +12,7 @@ from botocore.stub import ANY, Stubber
 from config import CATALOGUE, load_config
 from config.pricing import HOURS_PER_MONTH, fsx_usd_per_gb_month
 from tests.synthesis import CAPACITY_BLOCK, CDK_JSON_CONTEXT
+from tests.test_standing_cost import shared_templates
 from tools import cost_report
 
 
@@ -171,16 +172,16 @@ def test_price_list_filters_name_the_instance_and_region():
 
 def test_cli_prints_every_environment_with_price_sources(capsys):
     # The command lists each cdk.json environment and names where its prices came from.
-    assert cost_report.main(["--offline", "--hours", "5"]) == 0
+    assert cost_report.main(["--offline", "--hours", "5"], templates=shared_templates) == 0
     out = capsys.readouterr().out
     for env in CDK_JSON_CONTEXT["environments"]:
-        assert out.count(f"{env} (") == 1
-    assert "catalogue:" in out and "run of 5 h" in out
+        assert out.count(f"{env} (") == 2  # its block, and its standing-cost table
+    assert "catalogue:" in out and "run of 5 h" in out and "Standing cost:" in out
 
 
 def test_cli_rejects_an_unknown_override(capsys):
     # A bad -c field exits 2 with the config's one-line message, not a traceback.
-    assert cost_report.main(["--offline", "-c", "colour=blue"]) == 2
+    assert cost_report.main(["--offline", "-c", "colour=blue"], templates=shared_templates) == 2
     assert "unknown field 'colour'" in capsys.readouterr().err
 
 
@@ -246,7 +247,18 @@ def test_sagemaker_spot_offline_is_awss_stated_best_case_and_says_so():
     e = cost_report.estimate(_config(env="dev", compute="sagemaker"), hours=1, session=None)
     assert e.on_demand.usd_per_hour is not None
     assert e.spot.usd_per_hour == pytest.approx(0.1 * e.on_demand.usd_per_hour)
-    assert "Spot at least $" in cost_report.render(e) and "up to 90%" in e.spot.source
+    text = cost_report.render(e)
+    assert "Spot at least $" in text
+    assert "[best case, up to 90% off: AWS's maximum saving, not a typical price (SageMaker developer guide" in text
+
+
+def test_recorded_prices_outside_us_east_1_are_labelled_as_us_east_1s():
+    # The catalogue and FSx prices are us-east-1's: prod (us-west-2) says so on every recorded figure; dev does not.
+    for compute, labelled in (("batch", 2), ("sagemaker", 3)):  # the nodes' price, FSx's and SageMaker's Spot
+        prod = cost_report.render(cost_report.estimate(_config(env="prod", compute=compute), 1, None))
+        assert prod.count("[us-east-1 list price, not us-west-2's: ") == labelled
+    dev = cost_report.render(cost_report.estimate(_config(env="dev", compute="sagemaker"), 1, None))
+    assert "list price, not" not in dev
 
 
 def test_sagemaker_spot_with_credentials_applies_ec2s_current_discount():
@@ -300,7 +312,7 @@ def test_readmes_sample_output_is_what_the_offline_report_prints(block, capsys):
     # The README shows the offline report; a price or format change that is not pasted into it fails here.
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     sample = re.search(rf"<!-- {block}:start -->\n```\n(.*?)\n```\n<!-- {block}:end -->", readme, re.S)
-    assert cost_report.main(["--offline"]) == 0
+    assert cost_report.main(["--offline"], templates=shared_templates) == 0
     out = capsys.readouterr().out
     assert sample is not None
     for paragraph in sample.group(1).split("\n\n"):

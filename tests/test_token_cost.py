@@ -10,6 +10,7 @@ from config import CATALOGUE, load_config
 from contracts.run import GPT_MODELS
 from tests.synthesis import CDK_JSON_CONTEXT
 from tests.test_cost_report import _Session  # a boto3-like session with fake credentials and stubbed clients
+from tests.test_standing_cost import shared_templates
 from tools import cost_report, token_cost
 
 
@@ -81,5 +82,6 @@ def test_the_cli_refuses_an_mfu_outside_a_percentage(capsys):
 
 
 def test_the_cli_prints_the_table_for_the_model_asked(capsys):
-    assert cost_report.main(["--offline", "--env", "dev", "--model", "13b", "--mfu", "35"]) == 0
+    args = ["--offline", "--env", "dev", "--model", "13b", "--mfu", "35"]
+    assert cost_report.main(args, templates=shared_templates) == 0
     assert "model 13b" in capsys.readouterr().out

@@ -10,7 +10,10 @@ With AWS credentials, the EC2 on-demand price comes from the AWS Price List API 
 the environment's own region, and Spot from EC2 DescribeSpotPriceHistory; without them Spot is "n/a", never
 a guessed discount. Batch multi-node parallel jobs cannot run on Spot, so Spot is shown only where it applies.
 SageMaker (compute=sagemaker) is priced at SageMaker's ml.* training price, its managed Spot at EC2's current Spot
-discount for the same type where credentials allow, else at AWS's stated best case ("up to 90%").
+discount for the same type where credentials allow, else at AWS's stated best case ("up to 90%"), labelled as that.
+The recorded prices are us-east-1's: an environment elsewhere shows them as "us-east-1 list price" unless the live
+Price List API priced its own Region. Then the standing cost: what each environment bills every month while nothing
+trains, on each backend, counted from the synthesized templates and priced per Region (tools/standing_cost.py).
 With credentials it also says whether the `Environment` cost-allocation tag, which the budget filters on, is
 active (Cost Explorer ListCostAllocationTags): until it is, the budget reads $0.
 """
@@ -35,11 +38,15 @@ from config.catalogue import (
     SAGEMAKER_SPOT_SOURCE,
 )
 from config.pricing import FSX_PRICE_DATE, FSX_PRICE_SOURCE, HOURS_PER_MONTH, fsx_usd_per_gb_month
+from tools import standing_cost
 
 ROOT = Path(__file__).resolve().parent.parent
 PRICING_REGION = "us-east-1"  # the Price List API answers from us-east-1 (and a few others) for every region
+CATALOGUE_REGION = "us-east-1"  # the Region of every recorded price (PRICE_SOURCE, SAGEMAKER_PRICE_SOURCE, FSx)
 COST_EXPLORER_REGION = "us-east-1"  # Cost Explorer's one endpoint (ce.us-east-1.amazonaws.com)
 NEEDS_CREDENTIALS = "n/a (needs credentials)"
+# What the offline SageMaker Spot figure is: AWS's "up to 90%" is its largest saving, not what a job usually gets.
+SPOT_BEST_CASE = f"best case, up to {SAGEMAKER_SPOT_MAX_SAVING:.0%} off: AWS's maximum saving, not a typical price"
 
 
 @dataclass(frozen=True)
@@ -149,9 +156,9 @@ def sagemaker_prices(config: EnvironmentConfig, session=None) -> tuple[Price, Pr
         if instance.sagemaker_price_estimated
         else f"catalogue: {SAGEMAKER_PRICE_SOURCE}, {SAGEMAKER_PRICE_DATE}"
     )
-    on_demand = Price(instance.sagemaker_usd_per_hour, source)
+    on_demand = Price(instance.sagemaker_usd_per_hour, listed_in(config, source))
     best = instance.sagemaker_usd_per_hour * (1 - SAGEMAKER_SPOT_MAX_SAVING)
-    spot = Price(best, f"best case: AWS's 'up to {SAGEMAKER_SPOT_MAX_SAVING:.0%}' saving ({SAGEMAKER_SPOT_SOURCE})")
+    spot = Price(best, listed_in(config, f"{SPOT_BEST_CASE} ({SAGEMAKER_SPOT_SOURCE})"))
     if has_credentials(session):
         try:
             ec2_spot = live_spot(session.client("ec2", region_name=config.region), config)
@@ -161,10 +168,20 @@ def sagemaker_prices(config: EnvironmentConfig, session=None) -> tuple[Price, Pr
             share = ec2_spot[0] / instance.on_demand_usd_per_hour
             spot = Price(
                 instance.sagemaker_usd_per_hour * share,
-                f"EC2's Spot discount for {instance.name} in {ec2_spot[1]} now ({1 - share:.0%}), applied to "
-                "SageMaker's price: an estimate, SageMaker bills managed Spot itself",
+                listed_in(
+                    config,
+                    f"EC2's Spot discount for {instance.name} in {ec2_spot[1]} now ({1 - share:.0%}), applied to "
+                    "SageMaker's price: an estimate, SageMaker bills managed Spot itself",
+                ),
             )
     return on_demand, spot
+
+
+def listed_in(config: EnvironmentConfig, source: str) -> str:
+    """A recorded price's source, marked as us-east-1's where the environment deploys elsewhere."""
+    if config.region == CATALOGUE_REGION:
+        return source
+    return f"{CATALOGUE_REGION} list price, not {config.region}'s: {source}"
 
 
 def estimate(config: EnvironmentConfig, hours: float, session=None) -> Estimate:
@@ -185,7 +202,7 @@ def ec2_prices(config: EnvironmentConfig, session=None) -> tuple[Price, Price]:
     instance = config.instance
     catalogue = Price(
         instance.on_demand_usd_per_hour,
-        f"catalogue: {PRICE_SOURCE}, {PRICE_DATE}"
+        listed_in(config, f"catalogue: {PRICE_SOURCE}, {PRICE_DATE}")
         if instance.on_demand_usd_per_hour is not None
         else f"n/a ({instance.price_note})",
     )
@@ -248,7 +265,8 @@ def render(e: Estimate) -> str:
         if e.on_demand.usd_per_hour is not None and e.cluster_usd_per_hour is not None
         else f"  cluster on-demand : {e.on_demand.source}",
         f"  FSx               : {c.fsx_storage_gib} GB x ${e.fsx_usd_per_gb_month:.3f}/GB-month = "
-        f"${e.fsx_usd_per_month:,.2f}/month (${e.fsx_usd_per_hour:,.4f}/h)",
+        f"${e.fsx_usd_per_month:,.2f}/month (${e.fsx_usd_per_hour:,.4f}/h)"
+        + ("" if c.region == CATALOGUE_REGION else f"   [{listed_in(c, 'config/pricing.py')}]"),
         f"  {f'run of {e.hours:g} h':<18}: on-demand "
         + _usd(e.run_usd(e.on_demand.usd_per_hour), f"n/a; the file system alone ${e.hours * e.fsx_usd_per_hour:,.2f}"),
     ]
@@ -256,7 +274,7 @@ def render(e: Estimate) -> str:
     if e.spot.usd_per_hour is None or spot_run is None:
         lines.append(f"                      Spot {e.spot.source}")
     else:
-        bound = "at least " if e.spot.source.startswith("best case") else ""
+        bound = "at least " if SPOT_BEST_CASE in e.spot.source else ""
         lines.append(
             f"                      Spot {bound}${spot_run:,.2f} ({c.nodes} x ${e.spot.usd_per_hour:,.4f}/h)"
             f"   [{e.spot.source}]"
@@ -278,7 +296,9 @@ def _context(overrides: list[str]) -> dict:
     return context
 
 
-def main(argv: list[str] | None = None, session=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    from tools import token_cost  # the model sizes come from the training image's modules
+
     parser = argparse.ArgumentParser(prog="python -m tools.cost_report", description=__doc__.split("\n")[0])
     parser.add_argument("--hours", type=float, default=24.0, help="length of the training run to price (default 24)")
     which = parser.add_mutually_exclusive_group()
@@ -293,8 +313,6 @@ def main(argv: list[str] | None = None, session=None) -> int:
         help="override a config field, as with cdk synth -c (repeatable)",
     )
     parser.add_argument("--offline", action="store_true", help="catalogue prices only; do not look for credentials")
-    from tools import token_cost  # the model sizes come from the training image's modules
-
     parser.add_argument(
         "--model",
         default=token_cost.DEFAULT_MODEL,
@@ -307,6 +325,14 @@ def main(argv: list[str] | None = None, session=None) -> int:
         default=token_cost.DEFAULT_MFU_PERCENT,
         help=f"assumed model FLOPs utilisation, percent (default {token_cost.DEFAULT_MFU_PERCENT:g})",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None, session=None, templates=None) -> int:
+    """`templates`: how the standing section gets an app's templates (tests pass their shared synthesis)."""
+    from tools import token_cost
+
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.hours <= 0:
         parser.error(f"--hours={args.hours:g} is not valid; expected a positive number of hours")
@@ -325,6 +351,8 @@ def main(argv: list[str] | None = None, session=None) -> int:
         session = boto3.Session()
     blocks = [render(estimate(config, args.hours, session)) for config in configs]
     print("\n\n".join(blocks))
+    standings = standing_cost.standing(context, names, templates or standing_cost.synthesized_templates)
+    print("\n" + standing_cost.report(standings))
     print("\n" + token_cost.report(configs, args.model, args.mfu, session, has_credentials(session)))
     if has_credentials(session):
         from stacks.observability_stack import COST_TAG_KEY  # the tag the budgets filter on (imports the CDK)
@@ -333,7 +361,7 @@ def main(argv: list[str] | None = None, session=None) -> int:
     print(
         f"\nPrices: EC2 on-demand from the catalogue ({PRICE_SOURCE}, {PRICE_DATE}) unless marked live; "
         f"FSx from {FSX_PRICE_SOURCE}, {FSX_PRICE_DATE}; a month is {HOURS_PER_MONTH} h. "
-        "Excludes EBS, data transfer, NAT, logs and S3."
+        "Excludes EBS, data transfer, logs and S3 (the standing section names what else it leaves out)."
     )
     return 0
 

@@ -1,0 +1,74 @@
+"""Prices of what an environment bills while nothing trains, per Region (tools/standing_cost.py counts the items).
+
+Every price is recorded for the Regions the shipped environments use (cdk.json: us-east-1, us-west-2) and only where
+a source names that Region, or states one price for every Region. A Region without a recorded price is reported
+"unpriced in <region>", never at another Region's price. AWS's own pricing pages render their rate tables in the
+browser, so most figures here come from AWS Price List API readings that third parties published; each line says
+whose, and when.
+"""
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from config.catalogue import PRICE_SOURCE
+from config.pricing import FSX_PRICE_DATE, FSX_PRICE_SOURCE
+
+
+@dataclass(frozen=True)
+class StandingPrice:
+    usd: float
+    unit: str  # what one `usd` buys: "hour" or "month" (of one resource, endpoint-AZ, IP address, ...)
+    source: str
+    date: str
+
+
+def _each(regions: tuple[str, ...], price: StandingPrice) -> MappingProxyType:
+    return MappingProxyType(dict.fromkeys(regions, price))
+
+
+_PRICE_LIST_VIA = "AWS Price List API as a third-party cost study published it, not read from AWS here"
+_BOTH = ("us-east-1", "us-west-2")
+
+# NAT gateway-hour, us-east-1: Price List API SKU M2YSHUBETB3JX4M4 (third-party record, effective 2025-10-01).
+_NAT_USE1 = StandingPrice(0.045, "hour", f"{_PRICE_LIST_VIA} (NatGateway-Hours, us-east-1)", "2025-10-01")
+# NAT gateway-hour, us-west-2: Price List API usage type USW2-NatGateway-Hours (third-party record, 2026-10-01).
+_NAT_USW2 = StandingPrice(0.045, "hour", f"{_PRICE_LIST_VIA} (USW2-NatGateway-Hours)", "2026-10-01")
+NAT_GATEWAY = MappingProxyType({"us-east-1": _NAT_USE1, "us-west-2": _NAT_USW2})
+
+# Public IPv4 address-hour, every Region (the NAT gateway's EIP too): AWS's public IPv4 charge, from 2024-02-01.
+PUBLIC_IPV4 = _each(_BOTH, StandingPrice(0.005, "hour", "AWS public IPv4 address charge, every Region", "2024-02-01"))
+
+# Interface endpoint per AZ-hour, us-east-1: PrivateLink pricing as awsnegotiations.com quotes it (2026-05).
+_ENDPOINT_USE1 = StandingPrice(0.01, "hour", "AWS PrivateLink pricing, us-east-1, via awsnegotiations.com", "2026-05")
+# Interface endpoint per AZ-hour, us-west-2: Price List API USW2-VpcEndpoint-Hours (third-party record, 2026-10-06).
+_ENDPOINT_USW2 = StandingPrice(0.01, "hour", f"{_PRICE_LIST_VIA} (USW2-VpcEndpoint-Hours)", "2026-10-06")
+INTERFACE_ENDPOINT_AZ = MappingProxyType({"us-east-1": _ENDPOINT_USE1, "us-west-2": _ENDPOINT_USW2})
+
+# EKS cluster-hour, standard support, no Region named: AWS Containers blog on EKS extended support pricing, 2024-04-01.
+EKS_CLUSTER = _each(_BOTH, StandingPrice(0.10, "hour", "AWS Containers blog: EKS standard support", "2024-04-01"))
+# EKS cluster-hour once its Kubernetes version leaves standard support: the same blog, 2024-04-01 (not counted).
+EKS_EXTENDED_SUPPORT_USD_PER_HOUR = 0.60
+
+# m6i.xlarge on-demand hour, Linux, us-east-1: Karpenter's zz_generated.pricing_aws.go, generated 2026-01-19.
+_M6I_XLARGE_USE1 = StandingPrice(0.192, "hour", f"{PRICE_SOURCE} (the catalogue's source)", "2026-01-19")
+EC2_USD_PER_HOUR = MappingProxyType({("us-east-1", "m6i.xlarge"): _M6I_XLARGE_USE1})
+
+# KMS key-month, no Region named ("$1/month (prorated hourly)"; rotations add more later): KMS pricing, read 2026-11-26.
+KMS_KEY = _each(_BOTH, StandingPrice(1.00, "month", "AWS KMS pricing, per customer managed key", "2026-11-26"))
+
+# Dashboard-month, us-east-1 ("Pricing varies by Region"; 3 free per account): factualminds.com, 2026-06-13.
+CLOUDWATCH_DASHBOARD = MappingProxyType(
+    {"us-east-1": StandingPrice(3.00, "month", "CloudWatch pricing, us-east-1, via factualminds.com", "2026-06-13")}
+)
+# Standard-resolution alarm metric-month, us-east-1 (10 free): AWS Pricing Calculator, via third-party estimates.
+CLOUDWATCH_ALARM_METRIC = MappingProxyType(
+    {"us-east-1": StandingPrice(0.10, "month", "AWS Pricing Calculator, CloudWatch, us-east-1", "undated")}
+)
+
+# Budget-month: an account's first two free, $0.02/day each after (AWS Billing user guide, older edition, undated).
+BUDGET = _each(_BOTH, StandingPrice(0.0, "month", "AWS Billing user guide: first two budgets free", "undated"))
+BUDGET_BEYOND_TWO_USD_PER_DAY = 0.02
+
+# FSx for Lustre GB-month: config/pricing.py records us-east-1 only, and no other Region's price was found.
+FSX_PRICED_REGIONS = frozenset({"us-east-1"})
+FSX_SOURCE = f"{FSX_PRICE_SOURCE}, {FSX_PRICE_DATE}"
