@@ -117,8 +117,8 @@ def render(model: str, mfu_percent: float, costs: list[TokenCost], spot_note: st
         )
     lines.append(
         f"  EC2 Spot: {spot_note}. SM Spot from: SageMaker managed Spot at AWS's best case, up to "
-        f"{SAGEMAKER_SPOT_MAX_SAVING:.0%} off (AWS's maximum saving, not a typical price). n/a: no price known ({CAPACITY_BLOCKS_ONLY}). Formula: "
-        "tools/token_cost.py."
+        f"{SAGEMAKER_SPOT_MAX_SAVING:.0%} off (AWS's maximum saving, not a typical price). "
+        f"n/a: no price known ({CAPACITY_BLOCKS_ONLY}). Formula: tools/token_cost.py."
     )
     return "\n".join(lines)
 
