@@ -5,7 +5,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from tools.gates import cfn_lint, open_findings
+from tools.gates import cfn_lint, open_findings, stack_templates
 
 
 def main(outdir: str = "cdk.out") -> int:
@@ -31,7 +31,7 @@ def main(outdir: str = "cdk.out") -> int:
     errors, warnings = cfn_lint(root, region)
     print(
         f"cfn-lint: {'passed' if not errors else 'FAILED'} ({len(errors)} errors, {len(warnings)} "
-        f"warnings over {len(list(root.glob('*.template.json')))} templates)"
+        f"warnings over {len(stack_templates(root))} templates)"
     )
     for match in errors:
         print(f"  {match}")
