@@ -54,7 +54,8 @@ lint: $(VENV)/.test-deps
 	$(VENV)/bin/mypy
 
 # One command per environment: checks Docker and credentials (one line each), bootstraps if needed, logs in to
-# the base image's registry, deploys every stack. DRY_RUN=1 prints the plan; CDK_ARGS go to `cdk deploy`.
+# the base image's registry, deploys every stack. DRY_RUN=1 prints the plan (no Docker, no credentials needed);
+# CDK_ARGS go to `cdk deploy`.
 ENV ?= dev
 # NO_PROMPT=1 for CI (never asks for approval); ALLOW_RUNNING=1 deploys even while a pipeline execution runs.
 deploy: $(VENV)/.synth-deps node_modules/.installed

@@ -127,7 +127,7 @@ def test_a_deploy_checks_the_assembly_it_synthesized_unless_told_a_run_may_go_on
 @pytest.fixture
 def destroying(monkeypatch):
     monkeypatch.setattr(destroy, "caller_account", lambda region: "123456789012")
-    monkeypatch.setattr(deploy.shutil, "which", lambda name: None)  # no Docker: destroying builds nothing
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: None)  # no Docker: destroying builds nothing
     refused: list[str] = []
     monkeypatch.setattr(
         preflight, "check_no_run_in_flight", lambda region, pipeline, changing, verb: refused.append(verb)

@@ -1,6 +1,7 @@
 """One command per environment: check what a deploy needs, bootstrap if needed, log in to the base image's
 registry, synthesize, check again what only the synthesized app can tell, deploy every stack. `make deploy ENV=dev`
-runs it; `--dry-run` prints the plan and runs nothing; `--ci` never prompts.
+runs it; `--dry-run` prints the plan (tools/deploy_plan.py) with neither Docker nor AWS credentials, calls no AWS
+API and runs nothing; `--ci` never prompts.
 
     .venv/bin/python -m tools.deploy dev [--dry-run] [--ci] [--allow-running] [-- extra cdk arguments]
 
@@ -22,14 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools import preflight
+from tools import deploy_plan, preflight
+from tools.deploy_plan import base_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 CDK = ROOT / "node_modules" / ".bin" / "cdk"
@@ -38,38 +39,14 @@ ASSEMBLY = ROOT / "cdk.out"
 # The stacks a run in flight stands on: a change to one of them may replace hosts or the file system under it.
 RUN_UNITS = ("Network", "Storage", "Batch", "Eks", "SageMaker")
 DOCKERFILES = {"nvidia": "Dockerfile.gpu", "neuron": "Dockerfile.neuron"}
-_PRIVATE_ECR = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com/")
 
 
 class DeployError(preflight.PreflightError):
     """A missing prerequisite: printed as one line."""
 
 
-def base_registry(dockerfile: Path) -> tuple[str, str, str] | None:
-    """(registry host, account, region) of the Dockerfile's default base image when it is a private ECR one."""
-    args: dict[str, str] = {}
-    for line in dockerfile.read_text().splitlines():
-        match = re.match(r"^ARG\s+(\w+)=(\S+)", line.strip())
-        if match:
-            args[match.group(1)] = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), ""), match.group(2))
-    found = _PRIVATE_ECR.match(args.get("BASE_IMAGE", ""))
-    if not found:
-        return None
-    return found.group(0).rstrip("/"), found.group("account"), found.group("region")
-
-
 def _client(service: str, region: str):
     return preflight.client(service, region)
-
-
-def check_docker(run: Callable[[Sequence[str]], int]) -> None:
-    if shutil.which("docker") is None:
-        raise DeployError(
-            "Docker is not installed: `cdk deploy` builds the training image from training_image/ "
-            "(install Docker, or deploy a pushed image with -c image_tag=TAG)"
-        )
-    if run(["docker", "info", "--format", "{{.ServerVersion}}"]) != 0:
-        raise DeployError("Docker is installed but its daemon does not answer (`docker info` failed): start it")
 
 
 def caller_account(region: str) -> str:
@@ -78,9 +55,11 @@ def caller_account(region: str) -> str:
     try:
         return _client("sts", region).get_caller_identity()["Account"]
     except (BotoCoreError, ClientError) as exc:
+        # The error's code or class, not botocore's own sentence: this line says what to do.
+        reason = exc.response["Error"]["Code"] if isinstance(exc, ClientError) else type(exc).__name__
         raise DeployError(
-            f"no usable AWS credentials ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-            "configure a profile or AWS_* variables for the target account"
+            f"no usable AWS credentials ({reason}): configure a profile (`aws configure sso`, AWS_PROFILE) or AWS_* "
+            "variables for the target account; DRY_RUN=1 shows the plan without them"
         ) from None
 
 
@@ -168,11 +147,19 @@ def plan(
     context: dict | None = None,
     options: Options | None = None,
 ) -> list[list[str]]:
-    """The commands, in order, after every check; runs them unless dry_run. Returns them."""
+    """The commands, in order, after every check; runs them. Returns them. With dry_run, prints the plan and those
+    commands instead, needing neither Docker nor credentials and calling no AWS API (tools/deploy_plan.py)."""
     options = options or Options(dry_run=dry_run)
     context_args, rest = _split_context(extra)
     config = _config(env, context, context_args)
-    account = _check_account(config, env, run)
+    if options.dry_run:
+        commands = _commands(env, _base_registry(config), context_args, rest, options)
+        request = deploy_plan.Request(env, config, options.allow_running, RUN_UNITS)
+        deploy_plan.show(request, _context(env, context, context_args))
+        for command in commands:
+            _step(command, True, run, None)
+        return commands
+    account = _check_account(config, env)
     context_args = _eks_admin_context(config, context_args)
     bootstrapped = preflight.bootstrap_version(config.region)
     if config.compute == "eks" and not preflight.stack_exists(config.region, f"{config.stack_prefix}-Eks"):
@@ -180,25 +167,31 @@ def plan(
         from constructs.compute.eks import versions
 
         preflight.check_kubernetes(config.region, versions.KUBERNETES_VERSION, versions.ADDON_MINIMUMS)
-    commands: list[list[str]] = []
-    if bootstrapped is None:
-        commands.append([str(CDK), "bootstrap", f"aws://{account}/{config.region}"])
-    login = None
-    registry = base_registry(ROOT / "training_image" / DOCKERFILES[config.instance.accelerator.value])
-    if registry and not config.image_tag:
-        host, registry_account, registry_region = registry
-        login = registry_password(registry_account, registry_region)
-        commands.append(["docker", "login", "--username", "AWS", "--password-stdin", host])
-    commands.append([str(CDK), "synth", "--quiet", "-c", f"env={env}", *context_args, "--output", str(ASSEMBLY)])
-    approval = ["--require-approval", "never"] if options.ci else []
-    commands.append([str(CDK), "deploy", "--app", str(ASSEMBLY), "--all", *approval, *rest])
+    commands = [[str(CDK), "bootstrap", f"aws://{account}/{config.region}"]] if bootstrapped is None else []
+    registry = _base_registry(config)
+    login = registry_password(registry[1], registry[2]) if registry else None
+    commands += _commands(env, registry, context_args, rest, options)
     for command in commands:
-        if command[1] == "deploy" and not options.dry_run:
+        if command[1] == "deploy":
             _check_assembly(config, account, bootstrapped, options)
-        _step(command, options.dry_run, run, login)
-    if not options.dry_run:
-        _report_subscriptions(config)
+        _step(command, False, run, login)
+    _report_subscriptions(config)
     return commands
+
+
+def _base_registry(config) -> tuple[str, str, str] | None:
+    """The base image's private registry, logged in to first; None where nothing is built or the base is public."""
+    if config.image_tag:
+        return None
+    return base_registry(ROOT / "training_image" / DOCKERFILES[config.instance.accelerator.value])
+
+
+def _commands(env: str, registry, context_args: list[str], rest: list[str], options: Options) -> list[list[str]]:
+    """After the bootstrap (where it is missing): the registry login, one synthesis, the deploy of that assembly."""
+    login = [["docker", "login", "--username", "AWS", "--password-stdin", registry[0]]] if registry else []
+    synth = [str(CDK), "synth", "--quiet", "-c", f"env={env}", *context_args, "--output", str(ASSEMBLY)]
+    approval = ["--require-approval", "never"] if options.ci else []
+    return [*login, synth, [str(CDK), "deploy", "--app", str(ASSEMBLY), "--all", *approval, *rest]]
 
 
 def _report_subscriptions(config) -> None:
@@ -213,22 +206,27 @@ def _report_subscriptions(config) -> None:
         print(f"deploy: {line}", flush=True)
 
 
+def _context(env: str, context: dict | None, context_args: list[str]) -> dict:
+    """The CDK context `cdk synth -c env=ENV ...` gives the app."""
+    context = context if context is not None else json.loads((ROOT / "cdk.json").read_text())["context"]
+    # `-c FIELD=VALUE` among the cdk arguments changes the configuration the checks see, as it does cdk's.
+    overrides = dict(value.split("=", 1) for value in context_args[1::2] if "=" in value)
+    return {**context, **overrides, "env": env}
+
+
 def _config(env: str, context: dict | None, context_args: list[str]):
     sys.path.insert(0, str(ROOT))
     from config import ConfigError, load_config
 
-    context = context if context is not None else json.loads((ROOT / "cdk.json").read_text())["context"]
-    # `-c FIELD=VALUE` among the cdk arguments changes the configuration the checks see, as it does cdk's.
-    overrides = dict(value.split("=", 1) for value in context_args[1::2] if "=" in value)
     try:
-        return load_config({**context, **overrides, "env": env})
+        return load_config(_context(env, context, context_args))
     except ConfigError as error:
         raise DeployError(str(error)) from None
 
 
-def _check_account(config, env: str, run: Callable[..., int]) -> str:
+def _check_account(config, env: str) -> str:
     if not config.image_tag:
-        check_docker(run)
+        preflight.check_docker()
     account = caller_account(config.region)
     if config.account and config.account != account:
         raise DeployError(
@@ -278,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         epilog="after --: -c FIELD=VALUE (for the synthesis) and more `cdk deploy` arguments",
     )
     parser.add_argument("env", help="an environment of cdk.json (dev, prod, ...)")
-    parser.add_argument("--dry-run", action="store_true", help="check and print the plan, run nothing")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the plan: no Docker, no credentials, no AWS call, nothing run"
+    )
     parser.add_argument("--ci", action="store_true", help="never prompt (cdk deploy --require-approval never)")
     parser.add_argument(
         "--allow-running", action="store_true", help="deploy even while a pipeline execution is running"

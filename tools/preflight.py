@@ -1,5 +1,6 @@
 """What `make deploy` and `make destroy` ask AWS before they change anything, each answer one line when it says no.
 
+- Docker (`make deploy` builds the training image): installed, and its daemon answers;
 - the CDK bootstrap stack's version against the one the synthesized templates require;
 - the Kubernetes version (EKS backend): offered in the region and in standard support, with add-on defaults new
   enough for EFA;
@@ -10,8 +11,10 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 BOOTSTRAP_STACK = "CDKToolkit"
@@ -34,6 +37,29 @@ def one_line(step: Callable[[], object]) -> int:
         print(f"error: AWS refused a check ({type(error).__name__}: {str(error).splitlines()[0]})", file=sys.stderr)
         return 2
     return 0
+
+
+def _docker_answers(command: Sequence[str]) -> int:
+    """`docker info`'s exit code, its output swallowed: the line it prints when the daemon is down is not ours."""
+    try:
+        return subprocess.run(
+            list(command), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False
+        ).returncode
+    except (OSError, subprocess.TimeoutExpired):
+        return 1
+
+
+def check_docker(probe: Callable[[Sequence[str]], int] = _docker_answers) -> None:
+    if shutil.which("docker") is None:
+        raise PreflightError(
+            "Docker is not installed: `cdk deploy` builds the training image from training_image/ "
+            "(install Docker, or deploy a pushed image with -c image_tag=TAG; DRY_RUN=1 shows the plan without it)"
+        )
+    if probe(["docker", "info", "--format", "{{.ServerVersion}}"]) != 0:
+        raise PreflightError(
+            "Docker is installed but its daemon does not answer (`docker info` failed): start Docker Desktop or "
+            "`sudo systemctl start docker`, and check that your user may use it"
+        )
 
 
 def client(service: str, region: str):
