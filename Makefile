@@ -84,7 +84,8 @@ cost-report: $(VENV)/.synth-deps
 bench: $(VENV)/.test-deps node_modules/.installed
 	$(PY) benchmarks/synth_ratio.py
 
-# The pictures, drawn from the app synthesized for DIAGRAM_ENV, so they cannot drift from the code: per backend,
+# The pictures, drawn from the app synthesized for DIAGRAM_ENV, each with the model it drew (tests/test_diagram.py
+# fails when the app's model differs: redraw then): per backend,
 # docs/architecture-<env>-<compute>.png (stacks and main resources) and docs/pipeline-<env>-<compute>.png (states and
 # failure paths) by tools/diagram, and docs/architecture-tree-<env>.png (every construct) by cdk-dia.
 NEED_DOT = @command -v dot >/dev/null || { echo "error: Graphviz is missing; install it with: apt-get install -y graphviz"; exit 1; }

@@ -1,15 +1,19 @@
 """The pictures' models (tools/diagram): what `make diagram` derives from the synthesized app and state machine.
 
-The models need no Graphviz; only the last test renders, and it is skipped where `dot` is missing.
+The models need no Graphviz; only the last test renders, and it is skipped where `dot` is missing. The committed
+pictures are held to the app through the models written beside them (docs/*.model.json), also without Graphviz.
 """
 
+import json
 import shutil
 import struct
 from pathlib import Path
 
 import pytest
 
+from config.environment import COMPUTE_BACKENDS
 from tools.diagram.architecture import KINDS, Architecture, architecture, cluster_label
+from tools.diagram.models import documents, drawings, model_path, png_sha256, read_model
 from tools.diagram.states import (
     Picture,
     StateGraph,
@@ -349,6 +353,49 @@ def test_a_state_that_catches_into_itself_keeps_its_arrow():
         )
     )
     assert [(a.source, a.target, a.errors) for a in picture.arrows] == [("Poll", "Poll", ("Busy",))]
+
+
+# --- the committed pictures: docs/<picture>.png with its model beside it --------------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+DIAGRAM_ENV = "prod"  # the Makefile's DIAGRAM_ENV, which the committed pictures are drawn for
+REDRAW = (
+    "draw it again with `make diagram` (these pictures alone: .venv/bin/python -m tools.diagram --out docs; both need"
+    " Graphviz: apt-get install -y graphviz) and commit the PNG with its model"
+)
+
+
+def committed_pictures() -> list[Path]:
+    return sorted(p for p in DOCS.glob(f"*-{DIAGRAM_ENV}-*.png") if p.stem.startswith(("architecture-", "pipeline-")))
+
+
+def test_every_backend_has_both_pictures_committed_each_with_its_model():
+    expected = {
+        f"{kind}-{DIAGRAM_ENV}-{compute}.png" for kind in ("architecture", "pipeline") for compute in COMPUTE_BACKENDS
+    }
+    assert {p.name for p in committed_pictures()} == expected
+    assert {p.name for p in DOCS.glob("*.model.json")} == {model_path(DOCS / name).name for name in expected}
+
+
+@pytest.mark.parametrize("picture", [p.name for p in committed_pictures()])
+def test_each_committed_picture_is_the_one_drawn_with_its_model(picture):
+    # The model file records the digest of the PNG rendered from it: a PNG and a model from different draws fail.
+    png = DOCS / picture
+    digest, _ = read_model(model_path(png))
+    assert png_sha256(png) == digest, f"{picture} is not the picture drawn with its model: {REDRAW}"
+
+
+@pytest.mark.parametrize("compute", COMPUTE_BACKENDS)
+def test_the_committed_pictures_show_the_app_as_it_is(synth, compute):
+    # The app's models now, derived as `make diagram` derives them, against the ones the committed PNGs were drawn
+    # from: a change to the stacks, their references or the state machine that a picture would show fails here.
+    synthesized = synth(env=DIAGRAM_ENV, compute=compute)
+    current = documents(drawings(read_assembly(list(synthesized.stacks.values()), synthesized.outdir), compute))
+    for kind, model in current.items():
+        png = DOCS / f"{kind}-{DIAGRAM_ENV}-{compute}.png"
+        _, committed = read_model(model_path(png))
+        # Through JSON, so tuples and lists compare alike.
+        assert json.loads(json.dumps(model)) == committed, f"{png.name} is stale: {REDRAW}"
 
 
 # --- rendering ---------------------------------------------------------------------------------------------------

@@ -32,8 +32,9 @@ from ps import INBOX, Layout, open_store, pack
 HERE = Path(__file__).resolve().parent
 REFUSALS = (EXIT_USAGE, EXIT_DIVERGED, EXIT_FOLDER_LOCKED)
 POLL_SECONDS = 0.2
-# Batch sends SIGKILL 30 s after SIGTERM (Batch user guide, job_timeouts.html), Kubernetes by default too
-# (terminationGracePeriodSeconds); a cut of the host-memory tables to FSx must fit, or the last periodic cut stands.
+# Batch's default is SIGKILL 30 s after SIGTERM (Batch user guide, job_timeouts.html; the hosts here raise it to
+# 120 s, as do the EKS pods' terminationGracePeriodSeconds), so the smallest grace is 30 s; a cut of the
+# host-memory tables to FSx must fit, or the last periodic cut stands.
 STOP_GRACE_SECONDS = 25
 GENERATION = "generation"
 NODES_DONE = "nodes_done"

@@ -253,8 +253,8 @@ def test_ps_starts_from_another_runs_model_resharded_to_its_own_servers(ps_refer
 
 
 def test_ps_sigterm_cuts_a_checkpoint_past_every_worker_and_resumes_from_it(ctr_data_dir, tmp_path):
-    # Spot or a terminated job: the supervisor asks for a cut at the first step no worker reached (Batch sends
-    # SIGKILL 30 s after SIGTERM: job_timeouts.html), waits for it, and stops with 143; the next attempt resumes.
+    # Spot or a terminated job: the supervisor asks for a cut at the first step no worker reached (Batch's default
+    # grace is 30 s: job_timeouts.html), waits for it, and stops with 143; the next attempt resumes.
     ckpt = tmp_path / "ckpt"
     job = PsJob(ps_args(ctr_data_dir, ckpt), tmp_path)
     job.wait_for(lambda: len(job.steps_of(0)) >= 70)

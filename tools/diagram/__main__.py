@@ -2,8 +2,10 @@
 
     .venv/bin/python -m tools.diagram --env prod --compute batch eks sagemaker --out docs
 
-Each picture is drawn from the app synthesized in-process with `-c env=<env> -c compute=<compute>`, so it cannot
-drift from the code. Needs Graphviz (`apt-get install -y graphviz`).
+Each picture is drawn from the app synthesized in-process with `-c env=<env> -c compute=<compute>`, and its model
+(what it shows, and the PNG's digest) is written beside it as <picture>.model.json: tests/test_diagram.py compares
+that model with the app's, so a committed picture that the code has moved away from fails a test until this is run
+again. Needs Graphviz (`apt-get install -y graphviz`).
 """
 
 import argparse
@@ -16,9 +18,8 @@ from pathlib import Path
 from app import build_app
 from config import ConfigError
 from config.environment import COMPUTE_BACKENDS
-from tools.diagram.architecture import architecture, cluster_label
+from tools.diagram.models import documents, drawings, model_path, model_text
 from tools.diagram.render import render_architecture, render_pipeline
-from tools.diagram.states import condense, pipeline_definition, state_graph
 from tools.diagram.synthesized import read_assembly
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,18 +47,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def draw(context: dict, out: Path, suffix: str) -> list[Path]:
+    """Both pictures as PNG files, each with its model beside it (tools/diagram/models.py): what tests/test_diagram.py
+    holds to the app, so a picture the code has moved away from fails a test."""
     with tempfile.TemporaryDirectory(prefix="diagram-") as outdir:
         app, stacks = build_app(context=context, outdir=outdir)
         assembly = read_assembly(list(stacks.values()), Path(app.synth().directory))
-    pipeline_stack = next(name for name in assembly.stacks if cluster_label(name) == "Pipeline")
-    prefix, compute = pipeline_stack.rsplit("-", 1)[0], context["compute"]
-    model = architecture(assembly, f"{prefix} (compute={compute}): its stacks and their main resources")
-    pipeline = condense(state_graph(pipeline_definition(assembly.templates[pipeline_stack])))
+    drawn = drawings(assembly, context["compute"])
     pictures = [out / f"architecture-{suffix}.png", out / f"pipeline-{suffix}.png"]
-    render_architecture(model, pictures[0])
-    render_pipeline(
-        pipeline, f"{pipeline_stack} (compute={compute}): the training pipeline's states and failure paths", pictures[1]
-    )
+    render_architecture(drawn.architecture, pictures[0])
+    render_pipeline(drawn.pipeline, drawn.pipeline_title, pictures[1])
+    for png, document in zip(pictures, documents(drawn).values(), strict=True):
+        model_path(png).write_text(model_text(document, png))
     return pictures
 
 
