@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from config.layout import DATASETS_PREFIX
 
 REQUIRED = object()  # the default of a field the input must give
+# The default of a field that may be left out and has no value then: the state machine keeps this marker (a string
+# where the field is a number), so a later state can tell "left out" apart (baseline: pipeline/initial_model.py).
+NOT_GIVEN = "<missing>"
 
 # ---- identifiers -------------------------------------------------------------------------------------
 # Names built from the run id and their limits: Batch job names `<run_id>-validate` (128 characters, letters,
@@ -77,9 +80,6 @@ class Field:
     pattern: str | None = None
     max_length: int | None = None
     rule: str = ""  # what is allowed, in words
-    # A required field that may be left out when this other field is not empty (baseline, with init_from: the
-    # initial model's own verdict is the baseline then).
-    unless: str = ""
 
     @property
     def key(self) -> str:
@@ -120,11 +120,11 @@ def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
         Field(
             "baseline",
             "number",
+            NOT_GIVEN,
             minimum=-1e12,
             maximum=1e12,
-            rule="a finite number from -1e12 to 1e12: the validation metric the model must match (with init_from it "
-            "may be left out: the initial model's own metric is the baseline)",
-            unless="init_from",
+            rule="a finite number from -1e12 to 1e12: the validation metric the model must match (left out: the "
+            "initial model's with init_from; the run's own on an environment's first run, which nothing approved yet)",
         ),
         Field("init_from", "string", "", pattern=INIT_FROM_PATTERN, max_length=RUN_ID_MAX_LENGTH, rule=INIT_FROM_RULE),
         Field("tolerance", "number", 0.001, 0.0, 1.0),  # 0.1%: the seeds accept a model within 0.1% of the baseline
@@ -254,8 +254,7 @@ def validate_run(run: object, max_nodes: int, min_nodes: int = 1) -> list[str]:
 def _field_problem(f: Field, source: dict) -> str | None:
     """The problem with field `f` in `source` (the run or its hyperparameters); an absent optional field is fine."""
     if f.key not in source or (f.required and source[f.key] is None):
-        excused = bool(f.unless) and bool(source.get(f.unless))
-        return f"{f.name} is missing; expected {f.allowed()}" if f.required and not excused else None
+        return f"{f.name} is missing; expected {f.allowed()}" if f.required else None
     if f.name == "init_from" and source[f.key] and source[f.key] == source.get("run_id"):
         return f"init_from={_show(source[f.key])} is not valid; expected {f.allowed()}"
     return check_value(f, source[f.key])

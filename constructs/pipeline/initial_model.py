@@ -4,7 +4,8 @@
 parameter VerdictBranch publishes); or a run id, that run's approval record (models/<run_id>/approval.json, written
 once when it was approved). The block adds to `$.run`:
   init_run: the initial model's run id, or contracts.run.NO_INITIAL_MODEL (the train job's --init-from),
-  baseline: the initial model's own verdict value where the run gave none (the validation baseline defaults to it).
+  baseline: where the run gave none, the initial model's own verdict value; from scratch, "none" where no model was
+  ever approved (the environment's first run: its own metric becomes the baseline), else the run is refused.
 A missing model fails the run (`NoApprovedModel`, `ModelNotApproved`) through the failure path, before any
 instance starts; the reads retry throttling and 5xx like the pipeline's other calls.
 """
@@ -48,7 +49,14 @@ class InitialModel:
             outputs={"run": f"{{% $merge([$states.input.run, {{'init_run': '{NO_INITIAL_MODEL}'}}]) %}}"},
         )
         use = self._use_initial_model()
-        choose = sfn.Choice(scope, "ChooseInitialModel").when(C.string_equals("$.run.init_from", ""), scratch)
+        # From scratch with no baseline: only the environment's first run (no model approved yet).
+        no_baseline = C.and_(C.is_string("$.run.baseline"), C.string_equals("$.run.baseline", MISSING))
+        from_scratch = (
+            sfn.Choice(scope, "IsBaselineGiven")
+            .when(no_baseline, self._baseline_of_approved(approved_model_parameter))
+            .otherwise(scratch)
+        )
+        choose = sfn.Choice(scope, "ChooseInitialModel").when(C.string_equals("$.run.init_from", ""), from_scratch)
         if not supported:
             choose.when(
                 C.is_present("$.run.init_from"),
@@ -70,17 +78,53 @@ class InitialModel:
     def _approved(self, parameter: str, then: sfn.IChainable) -> tasks.CallAwsService:
         """The environment's last approved model: SSM GetParameter. After the retries any failure is
         NoApprovedModel; the alert's detail names the SDK error (Ssm.ParameterNotFoundException: API_GetParameter)."""
-        arn = cdk.Stack.of(self._scope).format_arn(
-            service="ssm", resource="parameter", resource_name=parameter.lstrip("/")
-        )
         return self._read(
             "GetApprovedModel",
-            ("ssm", "getParameter", "ssm:GetParameter", [arn]),
+            ("ssm", "getParameter", "ssm:GetParameter", [self._parameter_arn(parameter)]),
             {"Name": parameter},
             "$.Parameter.Value",
             NO_APPROVED_MODEL,
             then,
         )
+
+    def _baseline_of_approved(self, parameter: str) -> tasks.CallAwsService:
+        """A run from scratch that gave no baseline is the environment's first model or nothing: where none was ever
+        approved (its SSM parameter is absent: Ssm.ParameterNotFoundException, API_GetParameter), validation with
+        `--baseline none` makes the run's own metric the baseline (approved only when finite: validate.py); where one
+        was, the run is refused, since an approved model's metric on its own data is no bar for this run's data."""
+        scope = self._scope
+        first = sfn.Pass.jsonata(
+            scope,
+            "FirstBaseline",
+            outputs={
+                "run": f"{{% $merge([$states.input.run, {{'init_run': '{NO_INITIAL_MODEL}', 'baseline': 'none'}}]) %}}"
+            },
+        )
+        first.next(self.chosen)
+        get = tasks.CallAwsService(
+            scope,
+            "FindApprovedModel",
+            service="ssm",
+            action="getParameter",
+            parameters={"Name": parameter},
+            iam_resources=[self._parameter_arn(parameter)],
+            iam_action="ssm:GetParameter",
+            result_path=J.DISCARD,
+            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+        )
+        retry_transient(get)
+        get.add_catch(first, errors=["Ssm.ParameterNotFoundException"], result_path=J.DISCARD)
+        self._failures.catch(get, "FindApprovedModel", NO_APPROVED_MODEL)
+        get.next(
+            sfn.Fail(
+                scope,
+                "BaselineRequired",
+                error=INVALID,
+                cause="baseline is missing; expected a number: this environment has an approved model, so only its "
+                "first run may leave the baseline out (or give init_from to start from, and be held to, that model)",
+            )
+        )
+        return get
 
     def _named(self, bucket: s3.IBucket, then: sfn.IChainable) -> tasks.CallAwsService:
         """A named run's approval record: S3 GetObject. After the retries any failure is ModelNotApproved
@@ -139,20 +183,7 @@ class InitialModel:
             },
         )
         use.next(self.chosen)
-        unreadable = sfn.Pass(
-            self._scope,
-            "OnInitialModelUnreadable",
-            parameters={
-                "run.$": "$.run",
-                "failure": {
-                    "state": "ChooseInitialModel",
-                    "error": MODEL_NOT_APPROVED,
-                    "detail": "InitialModelUnreadable",
-                    "cause.$": "States.JsonToString($.initial)",
-                },
-            },
-        )
-        unreadable.next(self._failures.notify)
+        unreadable = self._unreadable("ChooseInitialModel", "InitialModelUnreadable")
         return (
             sfn.Choice(self._scope, "IsInitialModelUsable")
             .when(
@@ -166,3 +197,26 @@ class InitialModel:
             )
             .otherwise(unreadable)
         )
+
+    def _parameter_arn(self, parameter: str) -> str:
+        return cdk.Stack.of(self._scope).format_arn(
+            service="ssm", resource="parameter", resource_name=parameter.lstrip("/")
+        )
+
+    def _unreadable(self, state: str, detail: str) -> sfn.Pass:
+        """An approval record without a run id or a numeric verdict: the run fails as ModelNotApproved."""
+        unreadable = sfn.Pass(
+            self._scope,
+            f"On{detail}",
+            parameters={
+                "run.$": "$.run",
+                "failure": {
+                    "state": state,
+                    "error": MODEL_NOT_APPROVED,
+                    "detail": detail,
+                    "cause.$": "States.JsonToString($.initial)",
+                },
+            },
+        )
+        unreadable.next(self._failures.notify)
+        return unreadable

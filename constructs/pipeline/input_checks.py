@@ -20,13 +20,22 @@ import dataclasses
 import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
-from contracts.run import MODEL_STRATEGY_RULE, MODELS_OF_STRATEGY, Field, defaults, fields, hyperparameters, top_level
+from contracts.run import (
+    MODEL_STRATEGY_RULE,
+    MODELS_OF_STRATEGY,
+    NOT_GIVEN,
+    Field,
+    defaults,
+    fields,
+    hyperparameters,
+    top_level,
+)
 
 C = sfn.Condition
 INVALID = "InvalidInput"
 # CDK drops None from state JSON, so a required field's default is this marker: still there after the merge
 # means the input left the field out.
-MISSING = "<missing>"
+MISSING = NOT_GIVEN  # the marker of a field left out (a required one: refused; baseline: resolved later)
 
 
 def _count(path: str) -> str:
@@ -170,8 +179,6 @@ class _InputStates:
         for f in self.table:
             if f.required:
                 missing = C.or_(C.is_null(f"$.run.{f.name}"), C.string_equals(f"$.run.{f.name}", MISSING))
-                if f.unless:  # excused while the other field is given (baseline, with init_from)
-                    missing = C.and_(missing, C.string_equals(f"$.run.{f.unless}", ""))
                 check.when(missing, self.fail(f.name, "Missing", f"{f.name} is missing; expected {f.allowed()}"))
         for f in self.table:
             if f.kind != "object":
@@ -253,11 +260,11 @@ def _check_field(check: sfn.Choice, f: Field, invalid: sfn.Fail) -> None:
     """Choice rules refusing a value of the wrong type, range or choice: the type first, since rules are tried
     in order and a comparison is only meaningful on a value of its own type."""
     path = f"$.run.{f.name}"
-    if f.unless:
-        # Left out (excused by the check before): the marker stays, and no other rule applies to it.
+    if f.default == MISSING:
+        # Left out: the marker stays, and no other rule applies to it.
         given = C.not_(C.and_(C.is_string(path), C.string_equals(path, MISSING)))
         guarded = _Guarded(check, given)
-        _check_field(guarded, dataclasses.replace(f, unless=""), invalid)  # type: ignore[arg-type]
+        _check_field(guarded, dataclasses.replace(f, default=None), invalid)  # type: ignore[arg-type]
         return
     if f.kind == "string":
         check.when(C.not_(C.is_string(path)), invalid)

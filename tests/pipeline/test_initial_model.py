@@ -79,10 +79,23 @@ def test_a_run_cannot_start_from_itself(emulator):
     assert "init_from" in result.get("cause", "")
 
 
-def test_without_init_from_the_baseline_is_still_required(emulator):
-    result = emulator.run({**INCREMENTAL, "run_id": "incr-7"})
+def test_a_first_run_without_a_baseline_makes_its_own_metric_the_baseline(emulator):
+    # No model was ever approved here (the SSM parameter is absent): validation gets `none`, so the run's own metric
+    # becomes the baseline (validate.py writes runs/<id>/baseline.json; a diverged run is never approved).
+    emulator.verdict = ACCEPTED
+    result = emulator.run({**INCREMENTAL, "run_id": "first-1"})
+    assert result["status"] == "SUCCEEDED", result
+    train, validate = emulator.submitted[1], emulator.submitted[2]
+    assert train["parameters"]["init_from"] == "none" and validate["parameters"]["baseline"] == "none"
+
+
+def test_once_a_model_is_approved_a_run_from_scratch_must_give_a_baseline(emulator):
+    # Never a first model twice, and never another dataset's metric as the bar: refused before any claim or job.
+    _approve_previous(emulator)
+    result = emulator.run({**INCREMENTAL, "run_id": "scratch-1"})
     assert result["status"] == "FAILED" and result.get("error") == "InvalidInput", result
-    assert "baseline is missing" in result.get("cause", "")
+    assert "only its first run may leave the baseline out" in result["cause"]
+    assert emulator.submitted == [] and not _claimed(emulator, "scratch-1")
 
 
 def test_an_unreadable_approval_fails_the_run_before_any_job(emulator):

@@ -233,7 +233,7 @@ MALFORMED = [
     ("ps_servers_per_node zero", _hyper(ps_servers_per_node=0), "ps_servers_per_node is not valid"),
     ("ps_servers_per_node 65", _hyper(ps_servers_per_node=65), "ps_servers_per_node is not valid"),
     # baseline, tolerance, attempts, resume
-    ("baseline missing", _with(baseline=DROP), "baseline is missing"),
+    ("baseline null", _with(baseline=None), "baseline is not valid"),
     ("baseline a string", _with(baseline="3.2"), "baseline is not valid"),
     ("baseline a boolean", _with(baseline=True), "baseline is not valid"),
     ("baseline beyond 1e12", _with(baseline=1e300), "baseline is not valid"),
