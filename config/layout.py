@@ -8,6 +8,7 @@ DATASETS_PREFIX = "datasets/"
 CHECKPOINTS_PREFIX = "checkpoints/"
 MODELS_PREFIX = "models/"
 RUNS_PREFIX = "runs/"  # per-run reports: sanity check, verdicts, summaries
+RUN_RECORD = "run.json"  # runs/<run_id>/run.json: the pipeline's claim of a run id (conditional writes only)
 # Trainium's persistent compile cache (training_image/neuron_compile.py), shared by every node and run.
 NEURON_CACHE_PREFIX = "neuron-cache/"
 # The cost-allocation tag `Project` on every resource (app.py) and every SageMaker training job (created at run time).

@@ -14,7 +14,7 @@ import aws_cdk.aws_s3 as s3
 import aws_cdk.aws_stepfunctions as sfn
 import aws_cdk.aws_stepfunctions_tasks as tasks
 
-from config.layout import CHECKPOINTS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
+from config.layout import CHECKPOINTS_PREFIX, MODELS_PREFIX, RUN_RECORD, RUNS_PREFIX
 from constructs import Construct
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
 from constructs.pipeline.failure_path import FailurePath
@@ -22,7 +22,7 @@ from constructs.pipeline.input_checks import INVALID
 
 C = sfn.Condition
 J = sfn.JsonPath
-RECORD = "run.json"
+RECORD = RUN_RECORD
 PRECONDITION_FAILED = "*Status Code: 412*"  # the cause of S3.S3Exception when a condition did not hold
 RUN_ID = J.string_at("$.run.run_id")
 
