@@ -178,3 +178,47 @@ def test_the_environment_is_named_once():
         ["-c", "nodes=4"],
         ["--progress", "events"],
     )
+
+
+# ---- the instance type's offering (EC2 API reference, DescribeInstanceTypeOfferings)
+
+
+def _offerings(*zones: str) -> dict:
+    return {
+        "InstanceTypeOfferings": [
+            {"InstanceType": "p5.48xlarge", "LocationType": "availability-zone", "Location": z} for z in zones
+        ]
+    }
+
+
+def test_a_type_ec2_does_not_offer_in_the_region_is_refused(stubbed):
+    stubbed("ec2").add_response("describe_instance_type_offerings", _offerings())
+    with pytest.raises(preflight.PreflightError, match="EC2 does not offer p5.48xlarge in us-east-1"):
+        preflight.check_instance_offered(REGION, "p5.48xlarge", None)
+
+
+def test_a_zone_that_does_not_offer_the_type_is_refused_naming_those_that_do(stubbed):
+    stubbed("ec2").add_response("describe_instance_type_offerings", _offerings("us-east-1b", "us-east-1d"))
+    with pytest.raises(preflight.PreflightError, match="only in us-east-1b, us-east-1d, not in us-east-1a"):
+        preflight.check_instance_offered(REGION, "p5.48xlarge", "us-east-1a")
+
+
+def test_a_zone_that_offers_the_type_passes(stubbed):
+    stubbed("ec2").add_response("describe_instance_type_offerings", _offerings("us-east-1a"))
+    preflight.check_instance_offered(REGION, "p5.48xlarge", "us-east-1a")
+
+
+def test_the_offering_is_checked_for_the_training_and_validation_types_on_batch_and_eks_only():
+    from config import load_config
+    from tests.synthesis import CDK_JSON_CONTEXT
+
+    def checked(**context: str) -> tuple[list[str], list[str]]:
+        config = load_config({**CDK_JSON_CONTEXT, **context})
+        return preflight.offering_checked(config), [config.instance.name, config.single_node_instance.name]
+
+    found, types = checked(instance_type="p5.48xlarge")
+    assert found == types and types[0] != types[1]  # the training type and its single-node validation type
+    assert checked(compute="sagemaker", instance_type="p5.48xlarge")[0] == []  # SageMaker's capacity, not EC2's
+    blocks = {"eks_capacity_type": "capacity_block", "eks_capacity_reservation_id": "cr-0123456789abcdef0"}
+    found, types = checked(compute="eks", instance_type="p5e.48xlarge", **blocks)
+    assert "p5e.48xlarge" not in found and found == types[1:]  # a Capacity Block's capacity is the block's

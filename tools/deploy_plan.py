@@ -142,6 +142,17 @@ def _eks_admin_lines(config: EnvironmentConfig) -> list[str]:
     ]
 
 
+def _offering_line(config: EnvironmentConfig) -> str:
+    types = preflight.offering_checked(config)
+    if not types:
+        return f"instance offering: not checked (compute={config.compute}, or Capacity Blocks only)"
+    where = config.availability_zone or "any zone"
+    return (
+        f"instance offering: would list the zones of {config.region} where EC2 offers {', '.join(types)} "
+        f"(DescribeInstanceTypeOfferings) and refuse unless {where} is one"
+    )
+
+
 def _eks_versions_line(config: EnvironmentConfig) -> str:
     if config.compute != "eks":
         return f"EKS versions: not checked (compute={config.compute})"
@@ -173,6 +184,7 @@ def _check_lines(request: Request, stacks: list[str], required: int) -> list[str
         f"docker: {docker}",
         f"credentials: would call STS GetCallerIdentity; {account}",
         *_eks_admin_lines(config),
+        _offering_line(config),
         f"bootstrap: would read the {preflight.BOOTSTRAP_STACK} stack's BootstrapVersion in {config.region} (needs "
         f">= {required}); where the stack is missing, `cdk bootstrap aws://{target}` runs first",
         _eks_versions_line(config),

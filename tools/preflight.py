@@ -122,6 +122,35 @@ def check_bootstrap(deployed: int | None, required: int, account: str, region: s
         )
 
 
+def offering_checked(config) -> list[str]:
+    """The EC2 instance types whose regional offering the deploy checks: the training and validation types on
+    Batch and EKS. Not SageMaker (its ml.* types are SageMaker's capacity, not EC2's offerings) and not a type sold
+    only as Capacity Blocks (its capacity is the reservation's, wherever the block was bought)."""
+    if config.compute == "sagemaker":
+        return []
+    types = [config.instance, config.single_node_instance]
+    return list(dict.fromkeys(t.name for t in types if not t.capacity_blocks_only))
+
+
+def check_instance_offered(region: str, instance_type: str, zone: str | None) -> None:
+    """EC2 offers the type in the region, and in the environment's zone where it names one (EC2 API reference:
+    DescribeInstanceTypeOfferings with LocationType availability-zone lists the zones that offer it)."""
+    ec2 = client("ec2", region)
+    offered: set[str] = set()
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}]
+    )
+    for page in pages:
+        offered |= {o["Location"] for o in page.get("InstanceTypeOfferings", [])}
+    if not offered:
+        raise PreflightError(f"EC2 does not offer {instance_type} in {region}: choose another instance_type or region")
+    if zone and zone not in offered:
+        raise PreflightError(
+            f"EC2 offers {instance_type} in {region} only in {', '.join(sorted(offered))}, not in {zone}: set "
+            "availability_zone to one of those (or leave it unset for the first zone)"
+        )
+
+
 def _semver(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.lstrip("v").split("-")[0].split(".") if part.isdigit())
 
