@@ -209,6 +209,10 @@ class Server:
     def allowed(self, w: int, message: dict) -> bool:
         if message["op"] == "pull":
             return self.within_staleness(w)
+        if self.stop_at is not None and self.saved_at >= self.stop_at:
+            # Stopped: the cut a stop asked for is the job's last state until the supervisor ends it. Without this,
+            # pushes went on to the next regular cut while the supervisor was still ending the processes.
+            return False
         return message["step"] < self.next_save() or self.saved_at >= self.next_save()  # a push past the cut waits
 
     def within_staleness(self, w: int) -> bool:

@@ -267,6 +267,9 @@ def test_ps_sigterm_cuts_a_checkpoint_past_every_worker_and_resumes_from_it(ctr_
     stopped = int(found.group(1))
     assert stopped >= reached  # past every step taken before the signal
     assert (ckpt / f"step_{stopped:09d}" / "meta.json").is_file()
+    # Nothing moved past the stop's cut while the supervisor ended the processes (found in CI under load: pushes
+    # went on to the next regular cut, so the next attempt resumed past the cut the stop reported).
+    assert max(int(p.name.split("_")[1]) for p in ckpt.glob("step_*")) == stopped
     again = run_ps(ps_args(ctr_data_dir, ckpt), tmp_path / "again")
     assert again.returncode == 0 and f"resumed from {ckpt}/step_{stopped:09d}" in again.stderr, again.stderr[-2000:]
     assert final_positions(ckpt) == [STEPS * BATCH, STEPS * BATCH]
