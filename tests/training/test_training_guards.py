@@ -88,7 +88,9 @@ def two_jobs(dataset, tmp_path_factory):
             env=th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port()), CHECKPOINT_LOCK_WAIT_SECONDS="2"),
             capture_output=True,
             text=True,
-            timeout=120,
+            # A hang guard, not a speed claim: the refusal goes through torchrun's 3 restarts (each a fresh
+            # `import torch`), which took over 120 s once in CI with both xdist workers training.
+            timeout=360,
         )
         steps_when_refused = th.checkpoint_steps(ckpt)
         hold.unlink()
