@@ -5,6 +5,8 @@ The file system's root is linked to the bucket's root, so /fsx/<prefix> and s3:/
 
 FSX_MOUNT_PATH = "/fsx"
 DATASETS_PREFIX = "datasets/"
+# Written last by prepare_data.py beside a dataset's shards: its presence means a complete dataset.
+DATASET_MANIFEST = "dataset.json"
 CHECKPOINTS_PREFIX = "checkpoints/"
 MODELS_PREFIX = "models/"
 RUNS_PREFIX = "runs/"  # per-run reports: sanity check, verdicts, summaries

@@ -8,7 +8,7 @@ finds the state machine by this stack's `StateMachineArn` output.
 import aws_cdk as cdk
 
 from config import Accelerator, EnvironmentConfig
-from config.layout import DATASETS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
+from config.layout import DATASET_MANIFEST, DATASETS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.pipeline.training_pipeline import TrainingPipeline
@@ -23,7 +23,7 @@ BUCKET_OBJECTS = (
     (f"{RUNS_PREFIX}*/run.json", "claims a run id with the run's record"),
     (f"{MODELS_PREFIX}*/approval.json", "reads the approval recorded for a run"),
     (f"{MODELS_PREFIX}*", "records an approved run's verdict and approval in models/<run_id>/"),
-    (f"{DATASETS_PREFIX}*/dataset.json", "checks that the run's dataset is prepared before any instance starts"),
+    (f"{DATASETS_PREFIX}*/{DATASET_MANIFEST}", "checks that the run's dataset is prepared before any instance starts"),
 )
 
 

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from config.layout import DATASETS_PREFIX
+from config.layout import DATASET_MANIFEST, DATASETS_PREFIX
 from contracts.run import DATASET_PATTERN
 from tools.pipeline_cli import CliError, Pipeline, call, region_of
 
@@ -46,7 +46,7 @@ def prepare(inputs: list[str], synthetic: bool, fmt: str, out: Path) -> dict:
         code = prepare_data.main(["--input", *inputs, "--output", str(out), "--format", fmt])
     if code != 0:
         raise CliError(f"prepare_data.py failed with exit {code}")
-    return json.loads((out / "dataset.json").read_text())
+    return json.loads((out / DATASET_MANIFEST).read_text())
 
 
 def upload(pipeline: Pipeline, folder: Path, prefix: str) -> str:
@@ -55,7 +55,7 @@ def upload(pipeline: Pipeline, folder: Path, prefix: str) -> str:
     if bucket is None:
         raise CliError(f"environment {pipeline.env!r} has no data bucket output (is its storage stack deployed?)")
     s3 = pipeline._client("s3")
-    files = sorted(p for p in folder.iterdir() if p.name != "dataset.json") + [folder / "dataset.json"]
+    files = sorted(p for p in folder.iterdir() if p.name != DATASET_MANIFEST) + [folder / DATASET_MANIFEST]
     for path in files:
         call(s3.upload_file, Filename=str(path), Bucket=bucket, Key=prefix + path.name)
     return f"s3://{bucket}/{prefix}"

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
-from config.layout import RUNS_PREFIX, dashboard_name, stack_name
+from config.layout import DATASET_MANIFEST, RUNS_PREFIX, dashboard_name, stack_name
 from contracts import run as schema
 
 # Every AWS client: bounded waits and a few retries, so an endpoint that accepts and never answers costs about
@@ -202,7 +202,7 @@ def require_prepared(pipeline: Pipeline, dataset: str) -> None:
     bucket = pipeline.bucket
     if bucket is None:
         return  # no storage stack output to look in: the pipeline's own check still refuses it
-    key = dataset.rstrip("/") + "/dataset.json"
+    key = f"{dataset.rstrip('/')}/{DATASET_MANIFEST}"
     try:
         call(pipeline._client("s3").head_object, Bucket=bucket, Key=key)
     except CliError as error:

@@ -11,14 +11,14 @@ import aws_cdk.aws_s3 as s3
 import aws_cdk.aws_stepfunctions as sfn
 import aws_cdk.aws_stepfunctions_tasks as tasks
 
-from config.layout import DATASETS_PREFIX
+from config.layout import DATASET_MANIFEST, DATASETS_PREFIX
 from constructs import Construct
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
 from constructs.pipeline.failure_path import FailurePath
 
 J = sfn.JsonPath
 DATASET_NOT_PREPARED = "DatasetNotPrepared"
-MANIFEST = "dataset.json"
+MANIFEST = DATASET_MANIFEST
 
 
 def dataset_check(scope: Construct, *, bucket: s3.IBucket, failures: FailurePath) -> tuple[sfn.Pass, sfn.Pass]:
