@@ -73,7 +73,6 @@ class SageMakerStack(cdk.Stack):
             "sagemaker",
             config.instance.accelerator,
             environment=config.name,
-            accelerators_per_host=config.instance.accelerators,
         )
         self.job_queue_names: list[str] = []  # Jobs go straight to SageMaker
         cdk.CfnOutput(self, "ExecutionRoleArn", value=self.execution_role.role_arn)

@@ -59,6 +59,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import host_metrics
 import neuron_compile
 from errors import EXIT_STOPPED, EXIT_USAGE, UsageError, exit_with_usage_error, failure_reason
 from exit_relay import EXIT_CODE_DIR, relayed_exit_code
@@ -601,6 +602,7 @@ def compiled(launch: Launch, code: int) -> int:
 def run_on_sagemaker(mode: str, launch: Launch) -> int:
     """The job's processes as children (so the failure file can be written after them), sanity first if asked."""
     assert launch.ml_root is not None
+    host_metrics.start_beside(mode, launch.env, launch.ml_root)  # this instance's utilisation, for the idle alarm
     stage, code = mode, 0
     if launch.sanity_first:
         stage = "sanity check before training"

@@ -1,11 +1,18 @@
 """Where each compute backend publishes accelerator and EFA metrics: one table, read by the dashboard and the alarms.
 
-Batch hosts run the CloudWatch agent (namespace CWAgent): `nvidia_gpu` gives nvidia_smi_* (dimensions index,
+Batch GPU hosts run the CloudWatch agent (namespace CWAgent): `nvidia_gpu` gives nvidia_smi_* (dimensions index,
 name, host, plus the Environment dimension the agent appends, see host_user_data), `efa` gives efa_rx_bytes/
 efa_tx_bytes (dimensions device, port, eniId; the agent's `efa` section takes no extra dimensions). EKS nodes
 get Container Insights from the amazon-cloudwatch-observability add-on (namespace ContainerInsights, dimension
-ClusterName). Node metrics carry several dimension sets, so graphs use SEARCH (any dimension set) and alarms
-use CloudWatch Metrics Insights queries, the form of query an alarm accepts over many time series.
+ClusterName). Where no service documents a per-host utilisation scoped to this environment, the project publishes
+its own (training_image/host_metrics.py: EfaTraining AcceleratorUtilization, dimensions Environment and Host):
+Batch Trainium hosts (neuron-monitor's CloudWatch companion script documents no metric names) and SageMaker training
+jobs (SageMaker's /aws/sagemaker/TrainingJobs instance metrics carry only Host = <job>/algo-N, so they cannot be
+limited to this environment: Metrics Insights has no prefix match, its WHERE takes =, != and AND only, and its tag
+filters (tag.<key>, CloudWatch user guide, "Metrics Insights query components and syntax") apply to resources that
+"resource tags for telemetry" enriches, among which no document found here names SageMaker training jobs).
+Node metrics carry several dimension sets, so graphs use SEARCH (any dimension set) and alarms use CloudWatch
+Metrics Insights queries, the form of query an alarm accepts over many time series.
 """
 
 import re
@@ -15,18 +22,22 @@ import aws_cdk as cdk
 import aws_cdk.aws_cloudwatch as cloudwatch
 
 from config import Accelerator
+from config.layout import TRAINING_METRICS_NAMESPACE
 
 CWAGENT = "CWAgent"
 CONTAINER_INSIGHTS = "ContainerInsights"
+# SageMaker's own namespace for training jobs' instance metrics (and their log group): not read here, see above.
 SAGEMAKER_TRAINING = "/aws/sagemaker/TrainingJobs"
 # The dimension the CloudWatch agent on Batch hosts appends to its GPU, memory and disk metrics.
 ENVIRONMENT_DIMENSION = "Environment"
+# The project's own per-host utilisation (training_image/host_metrics.py: NAMESPACE, METRIC, DIMENSIONS).
+HOST_UTILIZATION = "AcceleratorUtilization"
+HOST_DIMENSION = "Host"
 
 
-def batch_neuron_namespace(environment: str) -> str:
-    """Batch Neuron hosts publish NeuronCore utilisation themselves (neuron-monitor piped to its CloudWatch
-    publisher, which takes a namespace and no extra dimension), so the namespace carries the environment."""
-    return f"EfaTraining/{environment}/Neuron"
+def batch_host_metrics_log_group(environment: str) -> str:
+    """Where the CloudWatch agent on Batch Trainium hosts writes host_metrics.py's EMF lines (created by the agent)."""
+    return f"/efa-training/{environment}/batch-host-metrics"
 
 
 @dataclass(frozen=True)
@@ -34,7 +45,7 @@ class AcceleratorMetrics:
     backend: str
     accelerator: Accelerator
     namespace: str
-    utilization: str  # percent busy, per GPU or NeuronCore
+    utilization: str  # percent busy, per GPU or NeuronCore or their mean over the host
     memory: str | None  # accelerator memory in use
     node_dimension: str  # one value per host/node: the idle alarm's GROUP BY
     # Where EFA byte counters are published; None where the backend publishes none (SageMaker).
@@ -44,9 +55,6 @@ class AcceleratorMetrics:
     scope: tuple[str, str] | None = None  # (dimension, value) naming this environment's series, where they have one
     schema: tuple[str, ...] = ()  # the node-level dimension set, for Metrics Insights SCHEMA(...)
     efa_scoped: bool = False  # whether the EFA series carry the scope dimension too
-    # What `utilization` reads for one host whose accelerators are all busy, over 100: 1 where it is a per-device
-    # or average percentage, the device count where it is summed over the host's devices (SageMaker).
-    utilization_scale: int = 1
 
     def search(
         self,
@@ -87,27 +95,14 @@ def accelerator_metrics(
     *,
     environment: str,
     cluster_name: str | None = None,
-    accelerators_per_host: int = 1,
 ) -> AcceleratorMetrics:
+    """Every utilisation here is a percentage per GPU or NeuronCore, or their mean over the host: the idle threshold
+    is one per-host percentage whatever the host's accelerator count."""
     nvidia = accelerator is Accelerator.NVIDIA
-    if backend == "sagemaker":
-        # SageMaker's instance metrics of training jobs (SageMaker developer guide, "Amazon SageMaker AI metrics in
-        # Amazon CloudWatch", training job metrics): namespace /aws/sagemaker/TrainingJobs, dimension Host
-        # (<job name>/algo-N), GPUUtilization and GPUMemoryUtilization from 0 to 100 x the instance's GPUs (as its
-        # CPUUtilization is 0 to 100 x its CPUs; the page could not be read from this machine to confirm it). They
-        # carry no environment: the graphs and the idle alarm cover every training job of the account and region.
-        # No EFA counters.
-        return AcceleratorMetrics(
-            backend=backend,
-            accelerator=accelerator,
-            namespace=SAGEMAKER_TRAINING,
-            utilization="GPUUtilization" if nvidia else "NeuronCoreUtilization",
-            memory="GPUMemoryUtilization" if nvidia else "NeuronMemoryUtilization",
-            node_dimension="Host",
-            utilization_scale=accelerators_per_host,
-        )
     if backend == "eks":
-        # Container Insights (enhanced) node GPU/NeuronCore metrics: dimension set ClusterName, InstanceId, NodeName.
+        # Container Insights with enhanced observability (CloudWatch user guide, "Amazon EKS and Kubernetes Container
+        # Insights with enhanced observability metrics"): node_gpu_utilization and node_neuroncore_utilization, Percent,
+        # each with the dimension set ClusterName, InstanceId, NodeName among others.
         return AcceleratorMetrics(
             backend=backend,
             accelerator=accelerator,
@@ -122,7 +117,8 @@ def accelerator_metrics(
             schema=("ClusterName", "InstanceId", "NodeName"),
             efa_scoped=True,
         )
-    if nvidia:
+    if backend == "batch" and nvidia:
+        # CloudWatch user guide, "Collect NVIDIA GPU metrics": nvidia_smi_utilization_gpu, dimensions index, name, host.
         return AcceleratorMetrics(
             backend=backend,
             accelerator=accelerator,
@@ -135,14 +131,20 @@ def accelerator_metrics(
             node_dimension="host",
             scope=(ENVIRONMENT_DIMENSION, environment),
         )
+    # Our own (training_image/host_metrics.py), one series per host: Batch Trainium hosts and SageMaker training jobs.
+    # Only `train` jobs publish on SageMaker, so the one-GPU validation job never counts against this threshold.
+    batch = backend == "batch"
     return AcceleratorMetrics(
         backend=backend,
         accelerator=accelerator,
-        namespace=batch_neuron_namespace(environment),
-        utilization="neuroncore_utilization",
-        memory="neuron_runtime_memory_used_bytes",
-        efa_namespace=CWAGENT,
-        efa_rx_bytes="efa_rx_bytes",
-        efa_tx_bytes="efa_tx_bytes",
-        node_dimension="InstanceId",
+        namespace=TRAINING_METRICS_NAMESPACE,
+        utilization=HOST_UTILIZATION,
+        memory=None,
+        # Batch hosts' EFA counters come from the CloudWatch agent; SageMaker publishes none.
+        efa_namespace=CWAGENT if batch else None,
+        efa_rx_bytes="efa_rx_bytes" if batch else "",
+        efa_tx_bytes="efa_tx_bytes" if batch else "",
+        node_dimension=HOST_DIMENSION,
+        scope=(ENVIRONMENT_DIMENSION, environment),
+        schema=(ENVIRONMENT_DIMENSION, HOST_DIMENSION),
     )

@@ -98,8 +98,10 @@ class TrainingAlarms(Construct):
             name=f"{alarm_prefix}-non-finite-loss",
         )
 
-        # One contributor per host/node: the alarm fires when any one of them averages under the threshold.
-        # No accelerator hosts running means no data, which is not idleness: missing data does not breach.
+        # One contributor per host/node: the alarm fires when any one of them averages under the threshold. Every
+        # backend's utilisation is a per-device percentage or the host's mean (accelerator_metrics), so the threshold
+        # is per host, whatever its accelerator count. No accelerator hosts running means no data, which is not
+        # idleness: missing data does not breach.
         kind = "GPU" if accelerators.accelerator.value == "nvidia" else "NeuronCore"
         self._add(
             "AcceleratorsIdle",
@@ -109,7 +111,7 @@ class TrainingAlarms(Construct):
                 period=IDLE_PERIOD,
                 using_metrics={},
             ),
-            threshold=idle_threshold_percent * accelerators.utilization_scale,
+            threshold=idle_threshold_percent,
             operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
             evaluation_periods=idle_minutes // int(IDLE_PERIOD.to_minutes()),
             description=f"A node's {kind}s averaged under {idle_threshold_percent:g}% for {idle_minutes} minutes "

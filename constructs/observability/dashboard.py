@@ -100,7 +100,7 @@ class TrainingDashboard(Construct):
                 title=f"{kind} utilisation (%)",
                 width=_THIRD,
                 left=[m.search(m.utilization, "Average", f"{kind} %")],
-                left_y_axis=cloudwatch.YAxisProps(min=0, max=100 * m.utilization_scale),
+                left_y_axis=cloudwatch.YAxisProps(min=0, max=100),
             )
         ]
         if m.memory:

@@ -2,7 +2,7 @@
 agent's configuration (the metrics the dashboard and the idle alarm read)."""
 
 from config import CATALOGUE
-from constructs.compute.batch.host_user_data import cloudwatch_agent_config, host_commands
+from constructs.compute.batch.host_user_data import HOST_METRICS_SOURCE, cloudwatch_agent_config, host_commands
 
 
 def test_host_script_mounts_fsx_and_checks_accelerators():
@@ -23,7 +23,8 @@ def test_neuron_host_checks_neuron_devices():
     script = "\n".join(
         host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m", environment="dev")
     )
-    assert "neuron-ls" in script and "nvidia-smi" not in script and "-ne 16" in script
+    own = script.split("<<'HOSTMETRICS'")[0]  # the host's commands, not the exporter's text (it has a GPU source too)
+    assert "neuron-ls" in own and "nvidia-smi" not in own and "-ne 16" in own
 
 
 def test_cloudwatch_agent_publishes_gpu_metrics_to_cwagent():
@@ -43,12 +44,54 @@ def test_cloudwatch_agent_tags_gpu_metrics_with_the_environment():
     assert gpu["append_dimensions"] == {"Environment": "prod"}
 
 
-def test_neuron_host_publishes_to_the_environments_namespace():
-    # neuron-monitor's CloudWatch publisher takes no dimension, so the namespace names the environment.
-    script = "\n".join(
-        host_commands(instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m", environment="prod")
+def _neuron_script(environment: str = "prod") -> str:
+    return "\n".join(
+        host_commands(
+            instance=CATALOGUE["trn1.32xlarge"], fsx_dns_name="d", fsx_mount_name="m", environment=environment
+        )
     )
-    assert "--namespace EfaTraining/prod/Neuron" in script
+
+
+def test_neuron_host_runs_the_projects_exporter_for_this_environment():
+    # A service runs training_image/host_metrics.py on neuron-monitor's JSON and sends this environment's per-host
+    # utilisation to the agent's EMF listener; neuron-monitor-cloudwatch.py, whose metrics no document names, is gone.
+    script = _neuron_script()
+    assert (
+        "/usr/bin/python3 /opt/efa-training/host_metrics.py neuron --environment prod --host ${INSTANCE_ID}"
+        " --agent tcp://127.0.0.1:25888 --log-group /efa-training/prod/batch-host-metrics"
+    ) in script
+    assert "neuron-monitor-cloudwatch" not in script
+
+
+def test_the_exporter_is_written_to_the_host_verbatim():
+    # The quoted heredoc holds the image's module unchanged: bash ends it at the first line that is only HOSTMETRICS.
+    lines = _neuron_script().splitlines()
+    start = lines.index("cat > /opt/efa-training/host_metrics.py <<'HOSTMETRICS'") + 1
+    body = lines[start : lines.index("HOSTMETRICS", start)]
+    assert "\n".join(body) == HOST_METRICS_SOURCE.read_text().rstrip("\n")
+
+
+def test_only_neuron_hosts_open_the_agents_emf_listener():
+    # logs.metrics_collected.emf makes the agent listen on tcp:25888 (CloudWatch user guide, "Using the CloudWatch
+    # agent to send embedded metric format logs"); GPU hosts have nothing to send there.
+    neuron = cloudwatch_agent_config(CATALOGUE["trn1.32xlarge"], "dev")
+    gpu = cloudwatch_agent_config(CATALOGUE["p5.48xlarge"], "dev")
+    assert neuron["logs"] == {"metrics_collected": {"emf": {}}} and "logs" not in gpu
+
+
+def test_the_host_user_data_fits_ec2s_limit():
+    # "User data is limited to 16 KB, in raw form, before it is base64-encoded" (EC2 user guide, "Work with instance
+    # user data"): the Neuron host's script, exporter included, with names as long as real ones, and 1 KB left for the
+    # MIME wrapper and the part Batch adds.
+    script = host_commands(
+        instance=CATALOGUE["trn1n.32xlarge"],
+        fsx_dns_name="fs-0123456789abcdef0.fsx.ap-southeast-2.amazonaws.com",
+        fsx_mount_name="abcdefgh",
+        fsx_revision="f" * 64,
+        environment="production-environment",
+        ecs_stop_timeout_seconds=120,
+    )
+    assert len("\n".join(script).encode()) + 1024 < 16 * 1024
 
 
 def test_hosts_without_efa_reserve_no_huge_pages():

@@ -1,6 +1,10 @@
-"""What the observability tests read: the dashboard's body, the alarms by name, one construct's bare stack."""
+"""What the observability tests read: the dashboard's body, the alarms by name, the training image's modules."""
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
+from types import ModuleType
 
 from aws_cdk.assertions import Template
 
@@ -21,3 +25,16 @@ def alarms(template: Template) -> dict[str, dict]:
         res["Properties"]["AlarmName"]: res["Properties"]
         for res in template.find_resources("AWS::CloudWatch::Alarm").values()
     }
+
+
+def training_image_module(name: str) -> ModuleType:
+    """training_image/<name>.py, loaded by its path under a name of its own: pytest puts this folder, whose metrics.py
+    is this file, first on sys.path, so `import metrics` here would not reach the image's module."""
+    qualified = f"training_image_{name}"
+    if qualified not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "training_image" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(qualified, path)
+        assert spec and spec.loader
+        sys.modules[qualified] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[qualified]

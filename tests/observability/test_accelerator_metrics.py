@@ -1,19 +1,21 @@
 """Where accelerator metrics come from, per backend (constructs/observability/accelerator_metrics.py), and what
 the training pods are told about the metrics agent."""
 
+import pytest
+
 import contracts.eks.job_spec as spec
 from config import CATALOGUE, Accelerator
 from constructs.observability.accelerator_metrics import accelerator_metrics
 from tests.observability.metrics import NVIDIA
 
 
-def test_idle_alarm_on_batch_neuron_reads_the_environments_own_namespace():
-    # neuron-monitor's publisher takes no extra dimension: the namespace itself names the environment. A namespace
-    # with '/' is double-quoted ("Metrics Insights query components and syntax": "Metric namespaces that include /
-    # or any other character that is not a letter, number, or underscore must be surrounded with double quotes").
+def test_idle_alarm_on_batch_neuron_reads_the_hosts_own_utilisation_of_this_environment():
+    # Batch Trainium hosts publish host_metrics.py's AcceleratorUtilization (Environment, Host): one series per host,
+    # exactly that dimension set, this environment's only.
     metrics = accelerator_metrics("batch", Accelerator.NEURON, environment="prod")
     assert metrics.insights_lowest_node(metrics.utilization) == (
-        'SELECT AVG(neuroncore_utilization) FROM "EfaTraining/prod/Neuron" GROUP BY InstanceId ORDER BY AVG() ASC'
+        "SELECT AVG(AcceleratorUtilization) FROM SCHEMA(EfaTraining, Environment, Host) "
+        "WHERE Environment = 'prod' GROUP BY Host ORDER BY AVG() ASC"
     )
 
 
@@ -22,12 +24,14 @@ def test_a_plain_namespace_stays_unquoted():
     assert " FROM CWAgent WHERE " in metrics.insights_lowest_node(metrics.utilization)
 
 
-def test_idle_alarm_on_sagemaker_watches_each_host_of_the_training_jobs():
-    # SageMaker's training-job metrics: namespace /aws/sagemaker/TrainingJobs, one Host per instance of a job
-    # (SageMaker developer guide, "Amazon SageMaker AI metrics in Amazon CloudWatch").
-    metrics = accelerator_metrics("sagemaker", Accelerator.NVIDIA, environment="prod")
+@pytest.mark.parametrize("accelerator", [Accelerator.NVIDIA, Accelerator.NEURON])
+def test_idle_alarm_on_sagemaker_watches_each_host_of_this_environments_training_jobs(accelerator):
+    # SageMaker's own instance metrics carry only Host (<job>/algo-N), so no query can keep other environments' jobs
+    # out; the jobs publish their own per-host utilisation with the environment (training_image/host_metrics.py).
+    metrics = accelerator_metrics("sagemaker", accelerator, environment="prod")
     assert metrics.insights_lowest_node(metrics.utilization) == (
-        'SELECT AVG(GPUUtilization) FROM "/aws/sagemaker/TrainingJobs" GROUP BY Host ORDER BY AVG() ASC'
+        "SELECT AVG(AcceleratorUtilization) FROM SCHEMA(EfaTraining, Environment, Host) "
+        "WHERE Environment = 'prod' GROUP BY Host ORDER BY AVG() ASC"
     )
     assert metrics.efa_namespace is None  # SageMaker publishes no EFA counters
 

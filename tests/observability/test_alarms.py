@@ -178,8 +178,9 @@ def test_without_a_pipeline_there_is_no_pipeline_alarm():
     assert "p-pipeline-broken" not in alarms(_alarms(pipeline=False))
 
 
-def test_idle_alarm_on_sagemaker_scales_the_threshold_to_the_hosts_gpus():
-    # SageMaker's GPUUtilization runs from 0 to 100 x the instance's GPUs: 20% per GPU on 8 GPUs is 160.
-    metrics = accelerator_metrics("sagemaker", Accelerator.NVIDIA, environment="dev", accelerators_per_host=8)
+@pytest.mark.parametrize("accelerator", [Accelerator.NVIDIA, Accelerator.NEURON])
+def test_idle_alarm_on_sagemaker_has_one_per_host_threshold(accelerator):
+    # The jobs' own utilisation is the mean over the host's accelerators: 20 % is 20 on an 8-GPU host as on a 1-GPU one.
+    metrics = accelerator_metrics("sagemaker", accelerator, environment="dev")
     alarm = alarms(_alarms(metrics, idle_threshold_percent=20, pipeline=False))["p-accelerators-idle"]
-    assert alarm["Threshold"] == 20 * 8
+    assert alarm["Threshold"] == 20

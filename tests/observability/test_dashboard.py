@@ -21,7 +21,7 @@ EXPECTED_ACCELERATOR_METRICS = {
         "efa_rx_bytes",
         "efa_tx_bytes",
     ],
-    ("batch", Accelerator.NEURON): ["neuroncore_utilization", "efa_rx_bytes", "efa_tx_bytes"],
+    ("batch", Accelerator.NEURON): ["AcceleratorUtilization", "efa_rx_bytes", "efa_tx_bytes"],
     ("eks", Accelerator.NVIDIA): [
         "node_gpu_utilization",
         "node_gpu_memory_utilization",
@@ -29,7 +29,8 @@ EXPECTED_ACCELERATOR_METRICS = {
         "node_efa_tx_bytes",
     ],
     ("eks", Accelerator.NEURON): ["node_neuroncore_utilization", "node_efa_rx_bytes", "node_efa_tx_bytes"],
-    ("sagemaker", Accelerator.NVIDIA): ["GPUUtilization", "GPUMemoryUtilization"],
+    ("sagemaker", Accelerator.NVIDIA): ["AcceleratorUtilization"],
+    ("sagemaker", Accelerator.NEURON): ["AcceleratorUtilization"],
 }
 
 
@@ -132,6 +133,14 @@ def test_dashboard_graphs_fsx_throughput_and_free_capacity():
     found = body(_dashboard(_metrics("batch", Accelerator.NVIDIA)))
     for fragment in ("DataReadBytes", "DataWriteBytes", "FreeDataStorageCapacity", "r/PERIOD(r)", "w/PERIOD(w)"):
         assert fragment in found, fragment
+
+
+@pytest.mark.parametrize("accelerator", [Accelerator.NVIDIA, Accelerator.NEURON])
+def test_sagemaker_accelerator_graph_shows_this_environments_hosts_only(accelerator):
+    # The jobs' own utilisation, searched with Environment="dev": other environments' SageMaker jobs never appear.
+    found = body(_dashboard(_metrics("sagemaker", accelerator)))
+    assert 'MetricName=\\\\\\"AcceleratorUtilization\\\\\\" Environment=\\\\\\"dev\\\\\\"' in found
+    assert "/aws/sagemaker/TrainingJobs" not in found
 
 
 def test_eks_dashboard_is_scoped_to_the_environments_cluster():

@@ -94,11 +94,14 @@ def test_there_is_no_queue_and_no_cluster_to_keep():
     assert not {k for k in kinds if k.startswith(("AWS::Batch::", "AWS::EKS::", "AWS::EC2::"))}
 
 
-def test_the_idle_alarm_reads_sagemakers_gpu_utilisation_per_instance():
-    # GPUUtilization on SageMaker runs from 0 to 100 x the instance's GPUs: the idle threshold scales by them.
+def test_the_idle_alarm_reads_the_jobs_own_per_host_utilisation_of_this_environment():
+    # SageMaker's instance metrics carry no environment: the jobs publish their own (tests/observability/).
     metrics = _environment(instance_type="p4d.24xlarge").compute().accelerator_metrics
-    assert metrics.namespace == "/aws/sagemaker/TrainingJobs"
-    assert metrics.utilization_scale == CATALOGUE["p4d.24xlarge"].accelerators
+    assert (metrics.namespace, metrics.utilization, metrics.scope) == (
+        "EfaTraining",
+        "AcceleratorUtilization",
+        ("Environment", "dev"),
+    )
 
 
 def test_the_jobs_may_describe_the_file_system_they_read_only_with_the_fsx_data_source():

@@ -9,25 +9,34 @@ What it does, in order (every step logs to /var/log/efa-training-host.log and th
    the EFA installer's minimal host part (kernel module + rdma-core) is installed;
 3. the Lustre client (`dnf install -y lustre-client`) and the FSx mount at /fsx (relatime,flock);
 4. an accelerator check: nvidia-smi must list every GPU, or neuron-ls every Trainium device;
-5. the CloudWatch agent: `nvidia_gpu` (nvidia_smi_* in CWAgent) and `efa` metrics; Neuron hosts also pipe
-   neuron-monitor to CloudWatch (see constructs/observability/accelerator_metrics.py for the names dashboards read).
+5. the CloudWatch agent: `nvidia_gpu` (nvidia_smi_* in CWAgent) and `efa` metrics; on Neuron hosts also the
+   project's own per-host NeuronCore utilisation (training_image/host_metrics.py reads neuron-monitor's JSON and sends
+   EMF lines to the agent's EMF listener); constructs/observability/accelerator_metrics.py names what dashboards read.
 A failed step powers the host off (terminate on shutdown, see EfaLaunchTemplate), so Batch replaces it
 instead of running a job on a broken node.
 """
 
 import json
+from pathlib import Path
 
 import aws_cdk.aws_ec2 as ec2
 
 from config import Accelerator, InstanceType
 from config.layout import FSX_MOUNT_PATH
-from constructs.observability.accelerator_metrics import CWAGENT, ENVIRONMENT_DIMENSION, batch_neuron_namespace
+from constructs.observability.accelerator_metrics import CWAGENT, ENVIRONMENT_DIMENSION, batch_host_metrics_log_group
 
 # EC2 user guide, EFA: 5128 pages of 2 MiB for the libfabric EFA provider's registered buffers.
 HUGE_PAGES = 5128
 EFA_INSTALLER_URL = "https://efa-installer.amazonaws.com/aws-efa-installer-latest.tar.gz"
 CWAGENT_CONFIG = "/opt/aws/amazon-cloudwatch-agent/etc/efa-training.json"
 LOG = "/var/log/efa-training-host.log"
+# The image's own exporter, copied onto Neuron hosts. Standard library only: it runs on the host's python3, which on
+# AL2023 "will remain as Python 3.9" (Amazon Linux 2023 user guide, "Python in AL2023").
+HOST_METRICS_SOURCE = Path(__file__).resolve().parents[3] / "training_image" / "host_metrics.py"
+HOST_METRICS_PATH = "/opt/efa-training/host_metrics.py"
+# The agent's EMF listener: "listens on the default socket tcp:25888" (CloudWatch user guide, "Using the CloudWatch
+# agent to send embedded metric format logs").
+EMF_ENDPOINT = "tcp://127.0.0.1:25888"
 
 
 def cloudwatch_agent_config(instance: InstanceType, environment: str) -> dict:
@@ -57,10 +66,14 @@ def cloudwatch_agent_config(instance: InstanceType, environment: str) -> dict:
             ],
             **scoped,
         }
-    return {
+    config: dict = {
         "agent": {"metrics_collection_interval": 60, "run_as_user": "root"},
         "metrics": {"namespace": CWAGENT, "metrics_collected": metrics},
     }
+    if instance.accelerator is Accelerator.NEURON:
+        # The EMF listener (same page as EMF_ENDPOINT) for host_metrics.py's NeuronCore utilisation.
+        config["logs"] = {"metrics_collected": {"emf": {}}}
+    return config
 
 
 def host_commands(
@@ -71,7 +84,6 @@ def host_commands(
     environment: str,
     fsx_revision: str = "",
     check_efa: bool = True,
-    region: str = "${AWS_REGION}",
     ecs_stop_timeout_seconds: int | None = None,
 ) -> list[str]:
     """The shell lines (bash, set -euo pipefail) that prepare one host; tokens are allowed in the FSx names."""
@@ -122,31 +134,7 @@ def host_commands(
             f'if [ "$DEVICES" -ne {instance.accelerators} ]; then echo "Neuron check failed: $DEVICES of {instance.accelerators}"; false; fi',
             "/opt/aws/neuron/bin/neuron-ls",
         ]
-    agent_json = json.dumps(cloudwatch_agent_config(instance, environment), separators=(",", ":"))
-    lines += [
-        "# 5. CloudWatch agent: nvidia_smi_* and efa_* in CWAgent",
-        "dnf install -y amazon-cloudwatch-agent",
-        f"cat > {CWAGENT_CONFIG} <<'CWAGENT'",
-        agent_json,
-        "CWAGENT",
-        f"/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl -a fetch-config -m ec2 -s -c file:{CWAGENT_CONFIG}",
-    ]
-    if instance.accelerator is Accelerator.NEURON:
-        # neuron-monitor's own CloudWatch publisher (aws-neuronx-tools, preinstalled on the ECS Neuron AMI).
-        lines += [
-            "cat > /etc/systemd/system/neuron-monitor-cloudwatch.service <<UNIT",
-            "[Unit]",
-            "Description=neuron-monitor to CloudWatch",
-            "After=network-online.target",
-            "[Service]",
-            "ExecStart=/bin/bash -c '/opt/aws/neuron/bin/neuron-monitor | /opt/aws/neuron/bin/neuron-monitor-cloudwatch.py"
-            f" --namespace {batch_neuron_namespace(environment)} --region {region}'",
-            "Restart=always",
-            "[Install]",
-            "WantedBy=multi-user.target",
-            "UNIT",
-            "systemctl daemon-reload && systemctl enable --now neuron-monitor-cloudwatch.service",
-        ]
+    lines += metrics_agent_commands(instance, environment)
     if ecs_stop_timeout_seconds:
         # ECS waits this long between SIGTERM and SIGKILL (default 30 s): time for the final checkpoint.
         lines.append(f"echo 'ECS_CONTAINER_STOP_TIMEOUT={ecs_stop_timeout_seconds}s' >> /etc/ecs/ecs.config")
@@ -156,6 +144,47 @@ def host_commands(
         lines.append("echo 'ECS_AWSVPC_BLOCK_IMDS=true' >> /etc/ecs/ecs.config")
     lines.append("echo 'efa-training host ready'")
     return lines
+
+
+def metrics_agent_commands(instance: InstanceType, environment: str) -> list[str]:
+    """Step 5: the CloudWatch agent with cloudwatch_agent_config; on Neuron hosts the NeuronCore exporter as a service.
+
+    neuron-monitor's own companion, neuron-monitor-cloudwatch.py, is documented by its command line only (Neuron docs,
+    "Neuron Monitor User Guide", companion scripts): no document names the metrics it publishes, so no alarm could
+    read them truthfully. host_metrics.py reads neuron-monitor's documented JSON instead."""
+    agent_json = json.dumps(cloudwatch_agent_config(instance, environment), separators=(",", ":"))
+    lines = [
+        "# 5. CloudWatch agent: nvidia_smi_* and efa_* in CWAgent",
+        "dnf install -y amazon-cloudwatch-agent",
+        f"cat > {CWAGENT_CONFIG} <<'CWAGENT'",
+        agent_json,
+        "CWAGENT",
+        f"/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl -a fetch-config -m ec2 -s -c file:{CWAGENT_CONFIG}",
+    ]
+    if instance.accelerator is not Accelerator.NEURON:
+        return lines
+    metadata = "http://169.254.169.254/latest"
+    return lines + [
+        "# NeuronCore utilisation per host: EfaTraining AcceleratorUtilization, dimensions Environment and Host",
+        f"INSTANCE_ID=$(curl -sS -H \"X-aws-ec2-metadata-token: $(curl -sS -X PUT {metadata}/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 60')\" {metadata}/meta-data/instance-id)",
+        f"mkdir -p {HOST_METRICS_PATH.rsplit('/', 1)[0]}",
+        # Verbatim, so the host runs (and an operator reads) exactly the image's module; ~9 KB of EC2's 16 KB.
+        f"cat > {HOST_METRICS_PATH} <<'HOSTMETRICS'",
+        HOST_METRICS_SOURCE.read_text().rstrip("\n"),
+        "HOSTMETRICS",
+        "cat > /etc/systemd/system/efa-training-host-metrics.service <<UNIT",
+        "[Unit]",
+        "Description=NeuronCore utilisation to the CloudWatch agent (EMF)",
+        "After=network-online.target amazon-cloudwatch-agent.service",
+        "[Service]",
+        f"ExecStart=/usr/bin/python3 {HOST_METRICS_PATH} neuron --environment {environment} --host ${{INSTANCE_ID}}"
+        f" --agent {EMF_ENDPOINT} --log-group {batch_host_metrics_log_group(environment)}",
+        "Restart=always",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "UNIT",
+        "systemctl daemon-reload && systemctl enable --now efa-training-host-metrics.service",
+    ]
 
 
 def host_user_data(**kwargs) -> ec2.MultipartUserData:
