@@ -25,7 +25,7 @@ from contracts.run import DATASET_PATTERN
 from tools.pipeline_cli import CliError, Pipeline, call, region_of
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "training_image"))  # the image's modules import each other by name
+sys.path.insert(0, str(ROOT / "training_image"))  # the training image's package, efa_training
 
 EXAMPLE = json.loads((ROOT / "examples" / "run.json").read_text())
 # The first model of each format: what examples/run.json trains, or the smallest click-through model.
@@ -37,8 +37,8 @@ FIRST_HYPERPARAMETERS = {
 
 def prepare(inputs: list[str], synthetic: bool, fmt: str, out: Path) -> dict:
     """prepare_data.py's own output in `out` (its manifest, returned)."""
-    import prepare_data
-    import synthetic_corpus
+    from efa_training import prepare_data
+    from efa_training.workloads.gpt import sample as synthetic_corpus
 
     if synthetic:
         inputs = [str(path) for path in synthetic_corpus.write_corpus(out.parent / "corpus")]

@@ -4,11 +4,11 @@ that a cost per hour cannot make.
     tokens/s per node  = MFU x accelerators x peak bf16 FLOP/s per accelerator / training FLOPs per token
     $ per 1e9 tokens   = $ per node-hour / (tokens/s per node x 3600) x 1e9
 
-Training FLOPs per token are the training image's own (training_image/model_sizes.py: 6N for the matmuls plus the
-attention term, PaLM appendix B), the peak is the catalogue's, and the node count cancels out (linear scaling
-assumed: communication overhead is part of the MFU). MFU is an assumption, DEFAULT_MFU_PERCENT unless given; where an
-environment's runs have reported MFU (the EfaTraining namespace's MFU metric, over the last MEASURED_DAYS days), the
-report prices that environment's type at the measured figure as well. The image measures MFU on CUDA only.
+Training FLOPs per token are the training image's own (training_image/efa_training/workloads/gpt/sizes.py: 6N for the
+matmuls plus the attention term, PaLM appendix B), the peak is the catalogue's, and the node count cancels out (linear
+scaling assumed: communication overhead is part of the MFU). MFU is an assumption, DEFAULT_MFU_PERCENT unless given;
+where an environment's runs have reported MFU (the EfaTraining namespace's MFU metric, over the last MEASURED_DAYS
+days), the report prices that environment's type at the measured figure as well. The image measures MFU on CUDA only.
 """
 
 import sys
@@ -22,8 +22,8 @@ from config.catalogue import CAPACITY_BLOCKS_ONLY, SAGEMAKER_SPOT_MAX_SAVING
 from config.layout import TRAINING_METRICS_NAMESPACE
 from tools.cost_report import ROOT
 
-sys.path.insert(0, str(ROOT / "training_image"))  # the image's modules import each other by plain name
-from model_sizes import MODEL_SIZES, flops_per_token  # noqa: E402
+sys.path.insert(0, str(ROOT / "training_image"))  # the training image's package, efa_training
+from efa_training.workloads.gpt.sizes import MODEL_SIZES, flops_per_token  # noqa: E402
 
 # A well-tuned large run: below the 46.2% MFU PaLM reports for its 540B training (Chowdhery et al. 2022, "PaLM",
 # table 3), which took years of tuning on TPU v4; override with --mfu, or let a measured figure replace it.

@@ -8,8 +8,8 @@ validate an early checkpoint to create a baseline, validate the final checkpoint
 it, print a report and save loss / tokens-per-second curves as a PNG. No AWS: the deployed pipeline (a Step
 Functions state machine) runs the same stages as Batch or EKS jobs.
 With --model ctr-tiny the same stages run the sparse click-through model instead: Criteo-format logs from the
-generator (ctr_data.py), prepare-data --format criteo, training on 2 parameter servers and --nproc workers (ps.py),
-and validation by log-loss and AUC.
+generator (efa_training/workloads/ctr_ps/sample.py), prepare-data --format criteo, training on 2 parameter servers and
+--nproc workers (efa_training/workloads/ctr_ps/), and validation by log-loss and AUC.
 Owns only these paths under --out: corpus/, data/, checkpoints/, *.json, *.log, *.png.
 """
 
@@ -26,13 +26,13 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE))  # the package beside this file (run by path: `python training_image/local_run.py`)
 
 import numpy as np  # noqa: E402
 
-from ctr_data import generate  # noqa: E402
-from metrics import parse_emf_lines  # noqa: E402
-from synthetic_corpus import write_corpus  # noqa: E402
+from efa_training.runtime.metrics import parse_emf_lines  # noqa: E402
+from efa_training.workloads.ctr_ps.sample import generate  # noqa: E402
+from efa_training.workloads.gpt.sample import write_corpus  # noqa: E402
 
 
 def free_port() -> int:
@@ -130,69 +130,18 @@ def run_stages(out: Path, env: dict, steps: int) -> subprocess.CompletedProcess:
     ckpt, data = out / "checkpoints", out / "data"
     every = max(1, steps // 3)
     write_corpus(out / "corpus", documents=8, sentences=600)
-    run_stage(
-        "prepare_data",
-        ["prepare-data", "--input", str(out / "corpus"), "--output", str(data), "--val-fraction", "0.1"],
-        out,
-        env,
-    )
+    prepare = ["prepare-data", "--input", str(out / "corpus"), "--output", str(data)]
+    run_stage("prepare_data", [*prepare, "--val-fraction", "0.1"], out, env)
     run_stage("sanity", ["sanity", "--sizes", "64K,1M", "--report", str(out / "sanity.json")], out, env)
-    train, _ = run_stage(
-        "train",
-        [
-            "train",
-            "--data",
-            str(data),
-            "--checkpoint-dir",
-            str(ckpt),
-            "--max-steps",
-            str(steps),
-            "--checkpoint-every",
-            str(every),
-            "--model",
-            "tiny",
-            "--lr",
-            "3e-3",
-            "--warmup-steps",
-            "20",
-            "--seed",
-            "1",
-        ],
-        out,
-        env,
-    )
+    where = ["--data", str(data), "--checkpoint-dir", str(ckpt)]
+    flags = ["--max-steps", str(steps), "--checkpoint-every", str(every), "--model", "tiny", "--lr", "3e-3"]
+    train, _ = run_stage("train", ["train", *where, *flags, "--warmup-steps", "20", "--seed", "1"], out, env)
     for stale in ("baseline.json", "verdict.json"):
         (out / stale).unlink(missing_ok=True)
-    run_stage(
-        "baseline",
-        [
-            "validate",
-            "--checkpoint",
-            str(ckpt / f"step_{every:09d}"),
-            "--data",
-            str(data),
-            "--baseline",
-            str(out / "baseline.json"),
-        ],
-        out,
-        env,
-    )
-    run_stage(
-        "validate",
-        [
-            "validate",
-            "--checkpoint",
-            str(ckpt),
-            "--data",
-            str(data),
-            "--baseline",
-            str(out / "baseline.json"),
-            "--verdict",
-            str(out / "verdict.json"),
-        ],
-        out,
-        env,
-    )
+    early, baseline = ["--checkpoint", str(ckpt / f"step_{every:09d}")], ["--baseline", str(out / "baseline.json")]
+    run_stage("baseline", ["validate", *early, "--data", str(data), *baseline], out, env)
+    final = ["--checkpoint", str(ckpt), "--data", str(data), *baseline, "--verdict", str(out / "verdict.json")]
+    run_stage("validate", ["validate", *final], out, env)
     return train
 
 

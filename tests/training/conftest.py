@@ -1,7 +1,7 @@
 """Fixtures for the training image tests: a small corpus, free ports, torchrun runs.
 
-The training code ships alone in the container and imports its siblings by
-plain module name, so its folder goes on sys.path for the unit tests.
+The training code ships alone in the container as the efa_training package, so its folder goes on sys.path for the
+unit tests (and on PYTHONPATH for the processes they start: training_helpers.env).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ The jobs of a deployed environment get PEAK_TFLOPS_PER_ACCELERATOR from the cata
 
 import pytest
 
-import metrics
 from config.catalogue import CATALOGUE
+from efa_training.runtime import metrics
 
 
 @pytest.mark.parametrize("name", sorted(CATALOGUE))

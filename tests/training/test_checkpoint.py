@@ -1,4 +1,4 @@
-"""checkpoint.py's store and checkpoint_format.py's checks, in one process: atomic saves, agreed loads, pruning."""
+"""checkpointing's store (store.py) and checks (format.py), in one process: atomic saves, agreed loads, pruning."""
 
 import json
 import os
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
-import checkpoint_format
-import preflight
-from model import GPT, model_config
-from train_state import TrainerState
+from efa_training.checkpointing import format as checkpoint_format
+from efa_training.checkpointing import store as checkpoint
+from efa_training.checkpointing.reuse import check_reusable
+from efa_training.checkpointing.state import TrainerState
+from efa_training.workloads.gpt.model import GPT, model_config
 
 
 def _tiny_trainer():
@@ -141,4 +141,4 @@ def test_incomplete_meta_json_does_not_block_start_up(tmp_path):
     # check_reusable reads the newest *complete* meta.json; a broken one is set aside later, not a usage error.
     (tmp_path / "step_000000009").mkdir()
     (tmp_path / "step_000000009" / "meta.json").write_text('{"step": 9}')
-    preflight.check_reusable(tmp_path, "fsdp", "tiny", {})
+    check_reusable(tmp_path, "fsdp", "tiny", {})

@@ -1,6 +1,6 @@
 """checkpoint_lock.py in one process: one writer per folder (across processes: test_training_guards)."""
 
-import checkpoint_lock
+from efa_training.checkpointing import lock as checkpoint_lock
 
 
 def test_second_writer_is_told_who_holds_the_folder(tmp_path):

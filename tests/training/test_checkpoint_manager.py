@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from checkpoint_manager import FIRST_AUTO_SAVE, SaveSchedule, young_daly_steps
+from efa_training.checkpointing.schedule import FIRST_AUTO_SAVE, SaveSchedule, young_daly_steps
 from tests.training import training_helpers as th
 
 

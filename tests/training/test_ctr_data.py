@@ -1,4 +1,4 @@
-"""Criteo records (ctr_data.py), prepare-data --format criteo, and the sparse model's settings."""
+"""Criteo records (workloads/ctr_ps/criteo.py), prepare-data --format criteo, and the sparse model's settings."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-import ctr_data
-import prepare_data
-from ctr_model import CTR_SIZES, CtrModel, table_rows
-from errors import UsageError
-from train_config import TrainConfig
+from efa_training import prepare_data
+from efa_training.runtime.errors import UsageError
+from efa_training.train_config import TrainConfig
+from efa_training.workloads.ctr_ps import criteo, evaluate, sample
+from efa_training.workloads.ctr_ps.model import CTR_SIZES, CtrModel, table_rows
 
 LINE = "\t".join(["1", "3", "", "-2", *["0"] * 10, "68fd1e64", "", *["80e26c9b"] * 24])
 
 
 def test_a_criteo_line_becomes_one_record_as_dlrm_preprocesses_it():
-    (record,) = ctr_data.parse_lines([LINE + "\n"])
+    (record,) = criteo.parse_lines([LINE + "\n"])
     assert record["label"] == 1
     # log(1 + max(x, 0)); an empty count and a negative one are 0.
     assert record["dense"][:3].tolist() == pytest.approx([np.log(4.0), 0.0, 0.0])
@@ -36,33 +36,33 @@ def test_a_criteo_line_becomes_one_record_as_dlrm_preprocesses_it():
 )
 def test_a_malformed_line_is_one_usage_error_naming_file_and_line(line, words):
     with pytest.raises(UsageError) as err:
-        ctr_data.parse_lines([LINE, line], "day_0.txt")
+        criteo.parse_lines([LINE, line], "day_0.txt")
     assert "day_0.txt:2" in str(err.value) and words in str(err.value)
 
 
 def test_prepare_data_writes_record_shards_that_read_back(tmp_path):
-    ctr_data.generate(tmp_path / "day_0.txt", 1000, seed=1)
+    sample.generate(tmp_path / "day_0.txt", 1000, seed=1)
     out = tmp_path / "data"
     args = ["--format", "criteo", "--input", str(tmp_path / "day_0.txt"), "--output", str(out)]
     assert prepare_data.main([*args, "--val-fraction", "0.1", "--shard-tokens", "400"]) == 0
     assert sorted(p.name for p in out.glob("train_*")) == ["train_000000.ctr", "train_000001.ctr", "train_000002.ctr"]
-    train, val = ctr_data.CtrRecords(out, "train"), ctr_data.CtrRecords(out, "val")
+    train, val = criteo.CtrRecords(out, "train"), criteo.CtrRecords(out, "val")
     assert (train.n, val.n) == (900, 100)
     text = (tmp_path / "day_0.txt").read_text().splitlines()
-    assert np.array_equal(train.take(np.arange(900)), ctr_data.parse_lines(text[:900]))
+    assert np.array_equal(train.take(np.arange(900)), criteo.parse_lines(text[:900]))
 
 
 def test_a_truncated_shard_is_refused(tmp_path):
-    records = ctr_data.parse_lines([LINE] * 3)
-    ctr_data.write_records(tmp_path / "train_000000.ctr", records)
+    records = criteo.parse_lines([LINE] * 3)
+    criteo.write_records(tmp_path / "train_000000.ctr", records)
     with open(tmp_path / "train_000000.ctr", "r+b") as f:
-        f.truncate(ctr_data.HEADER.size + 2 * ctr_data.CTR_RECORD.itemsize)
+        f.truncate(criteo.HEADER.size + 2 * criteo.CTR_RECORD.itemsize)
     with pytest.raises(UsageError, match="not the header's 3 records"):
-        ctr_data.CtrRecords(tmp_path, "train")
+        criteo.CtrRecords(tmp_path, "train")
 
 
 def test_workers_read_disjoint_blocks_that_cover_the_data_in_order():
-    seen = [ctr_data.block_indices(w, 3, 4, position) for position in range(0, 40, 4) for w in range(3)]
+    seen = [criteo.block_indices(w, 3, 4, position) for position in range(0, 40, 4) for w in range(3)]
     flat = np.concatenate(seen)
     assert sorted(flat.tolist()) == list(range(120))  # every record once, none twice
 
@@ -72,13 +72,13 @@ def test_auc_is_the_probability_a_click_outranks_a_non_click():
     labels, scores = rng.random(300) < 0.3, np.round(rng.random(300), 1)  # many ties
     pairs = [(p, n) for p, n in itertools.product(scores[labels], scores[~labels])]
     brute = np.mean([1.0 if p > n else 0.5 if p == n else 0.0 for p, n in pairs])
-    assert ctr_data.auc(labels, scores) == pytest.approx(brute)
+    assert evaluate.auc(labels, scores) == pytest.approx(brute)
 
 
 def test_log_loss_matches_torch_binary_cross_entropy():
     labels, logits = np.array([1.0, 0.0, 1.0]), np.array([2.0, -1.0, -30.0])
     expected = torch.nn.functional.binary_cross_entropy_with_logits(torch.tensor(logits), torch.tensor(labels)).item()
-    assert ctr_data.log_loss(labels, logits) == pytest.approx(expected)
+    assert evaluate.log_loss(labels, logits) == pytest.approx(expected)
 
 
 def test_the_model_maps_hashes_to_their_tables_rows():
@@ -114,7 +114,7 @@ def test_the_sparse_models_settings_are_refused_in_one_line(tmp_path, changes, w
 
 def test_sharded_rows_read_back_as_the_whole_table_would_give_them():
     # Validation and --init-from read every server's shard (rows r % servers) where a batch needs them.
-    from ctr_validate import ShardedTable
+    from efa_training.workloads.ctr_ps.evaluate import ShardedTable
 
     full = torch.randn(1000, 4)
     table = ShardedTable([full[g::3] for g in range(3)])

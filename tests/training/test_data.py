@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-import data
-from errors import UsageError
+from efa_training.runtime.errors import UsageError
+from efa_training.workloads.gpt import data
 
 
 def test_shard_round_trip(tmp_path):

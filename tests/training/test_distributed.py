@@ -2,8 +2,8 @@
 
 import pytest
 
-import distributed
-from errors import UsageError
+from efa_training.runtime import distributed
+from efa_training.runtime.errors import UsageError
 
 
 def test_neuron_node_without_torch_xla_is_a_usage_error(monkeypatch):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from divergence import why_diverged
+from efa_training.runtime.divergence import why_diverged
 
 
 @pytest.mark.parametrize(

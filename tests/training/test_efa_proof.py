@@ -1,9 +1,9 @@
 """efa_proof.EfaEvidence alone: what the sanity check accepts as EFA devices where the count is confirmed (EC2's, on
 Batch and EKS) and where it is not (SageMaker documents no count per ml. type)."""
 
-import efa_proof
 from config import CATALOGUE
 from contracts.job_environment import job_environment
+from efa_training.runtime.sanity import efa_proof
 
 EFA = efa_proof.Transport("efa", "Libfabric", "efa", "NET/OFI Selected provider is efa, fabric is efa (found 4 nics)")
 

@@ -10,12 +10,10 @@ import re
 
 import pytest
 
-import run_paths
-import sanity_check
-import storage
-import train
-import validate
 from config.layout import RUNS_PREFIX
+from efa_training import train, validate
+from efa_training.runtime import run_paths, storage
+from efa_training.runtime.sanity import cli as sanity_check
 
 RUN = {
     "run_id": "run-7",
@@ -131,7 +129,7 @@ def test_training_gets_the_runs_hyperparameters(commands):
 
 def test_training_starts_from_the_initial_models_folder_next_to_its_own(commands):
     # The pipeline's resolved init_from (a run id) reaches train.py, which finds it beside the run's own folder.
-    import train_config
+    from efa_training import train_config
 
     config = train_config.from_args(commands["train"])
     assert str(config.initial_model_dir()) == "/fsx/checkpoints/run-6"

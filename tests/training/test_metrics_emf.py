@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-import metrics
+from efa_training.runtime import metrics
 
 UNITS = {
     "Seconds",

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-import launch
-import neuron_compile
 from config.environment import DEFAULT_NEURON_CC_FLAGS
 from config.layout import NEURON_CACHE_PREFIX
-from errors import UsageError
+from efa_training.runtime.errors import UsageError
+from efa_training.runtime.launch import cli, neuron_compile
+from efa_training.runtime.launch import command as launch_command
 
 RUN_FLAGS = [
     "--checkpoints-root",
@@ -48,17 +48,17 @@ def _flag(args: list[str], name: str) -> str:
 
 
 def test_compile_wraps_a_short_torchrun_of_the_runs_training_in_neuron_parallel_compile(tmp_path):
-    prepared = launch.prepare("compile", RUN_FLAGS, _env(tmp_path))
+    prepared = launch_command.prepare("compile", RUN_FLAGS, _env(tmp_path))
     command = prepared.command
     assert command[:3] == ["neuron_parallel_compile", sys.executable, "-m"] and "torch.distributed.run" in command
-    args = command[command.index(str(launch.HERE / "train.py")) + 1 :]
+    args = command[command.index("efa_training.train") + 1 :]
     assert _flag(args, "--max-steps") == str(neuron_compile.COMPILE_STEPS)
     assert (_flag(args, "--model"), _flag(args, "--batch-size"), _flag(args, "--strategy")) == ("125m", "4", "ddp")
 
 
 def test_the_trial_run_never_touches_the_runs_checkpoints_or_metrics(tmp_path):
     # Neuron docs: the trial run's outputs are invalid; a checkpoint of it in the run's folder would be resumed.
-    args = launch.prepare("compile", RUN_FLAGS, _env(tmp_path)).command
+    args = launch_command.prepare("compile", RUN_FLAGS, _env(tmp_path)).command
     assert "--checkpoints-root" not in args and args.count("--run-id") == 1 and args.count("--max-steps") == 1
     assert _flag(args, "--run-id") == "run-7-compile"
     assert Path(_flag(args, "--checkpoint-dir")).is_relative_to(tmp_path / "neuron-cache" / "scratch")
@@ -67,18 +67,20 @@ def test_the_trial_run_never_touches_the_runs_checkpoints_or_metrics(tmp_path):
 
 def test_compile_and_train_read_the_same_cache_on_the_shared_file_system(tmp_path):
     for mode in ("compile", "train"):
-        env = launch.prepare(mode, RUN_FLAGS, _env(tmp_path)).env
+        env = launch_command.prepare(mode, RUN_FLAGS, _env(tmp_path)).env
         assert env["NEURON_COMPILE_CACHE_URL"] == str(tmp_path / "neuron-cache")
 
 
 def test_sagemakers_file_system_channel_can_hold_the_cache(tmp_path):
-    env = launch.prepare("compile", RUN_FLAGS, _env(tmp_path, NEURON_CACHE_ROOT="/opt/ml/input/data/fsx/cache")).env
+    env = launch_command.prepare(
+        "compile", RUN_FLAGS, _env(tmp_path, NEURON_CACHE_ROOT="/opt/ml/input/data/fsx/cache")
+    ).env
     assert env["NEURON_COMPILE_CACHE_URL"] == "/opt/ml/input/data/fsx/cache"
 
 
 def test_only_trainium_compiles_ahead_of_time(tmp_path):
     with pytest.raises(UsageError, match="only Trainium"):
-        launch.prepare("compile", RUN_FLAGS, {**_env(tmp_path), "ACCELERATOR_KIND": "gpu"})
+        launch_command.prepare("compile", RUN_FLAGS, {**_env(tmp_path), "ACCELERATOR_KIND": "gpu"})
 
 
 def _key(args: list[str], env: dict, nodes: str = "2", workers: int = 32) -> str:
@@ -132,18 +134,18 @@ def _calls(path: Path) -> list[dict]:
 
 
 def test_a_successful_compile_marks_the_run_shape_ready_and_the_next_one_skips(fake_tool, tmp_path):
-    assert launch.main(["compile", *RUN_FLAGS]) == 0
+    assert cli.main(["compile", *RUN_FLAGS]) == 0
     (call,) = _calls(fake_tool)
     assert call["cache"] == str(tmp_path / "neuron-cache")
     markers = list((tmp_path / "neuron-cache" / "ready").glob("*.json"))
     assert len(markers) == 1 and json.loads(markers[0].read_text())["flags"]["--model"] == "125m"
-    assert launch.main(["compile", *RUN_FLAGS]) == 0
+    assert cli.main(["compile", *RUN_FLAGS]) == 0
     assert len(_calls(fake_tool)) == 1  # the second compile job found the cache ready and ran nothing
 
 
 def test_a_failed_compile_leaves_no_marker_and_fails_the_job(fake_tool, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_COMPILE_EXIT", "7")
-    assert launch.main(["compile", *RUN_FLAGS]) == 7
+    assert cli.main(["compile", *RUN_FLAGS]) == 7
     assert not (tmp_path / "neuron-cache" / "ready").exists()
 
 

@@ -1,6 +1,6 @@
-"""The parameter-server strategy on CPU with real processes: 2 servers and 2 workers (ps.py, ps_supervisor.py).
+"""The parameter-server strategy on CPU with real processes: 2 servers and 2 workers (workloads/ctr_ps/).
 
-The data is the generator's (ctr_data.generate), whose labels follow a known logistic model: its own log-loss and
+The data is the generator's (sample.generate), whose labels follow a known logistic model: its own log-loss and
 AUC on the holdout are the best any model can reach, so quality is measured against a known ceiling.
 """
 
@@ -30,10 +30,10 @@ BATCH, STEPS = 128, 300  # 2 workers x 300 x 128: about two passes over the 36,0
 @pytest.fixture(scope="session")
 def ctr_data_dir(tmp_path_factory) -> Path:
     def build(root: Path) -> Path:
-        import ctr_data
-        import prepare_data
+        from efa_training import prepare_data
+        from efa_training.workloads.ctr_ps import sample
 
-        ctr_data.generate(root / "day_0.txt", ROWS, seed=SEED, cardinality=CARDINALITY)
+        sample.generate(root / "day_0.txt", ROWS, seed=SEED, cardinality=CARDINALITY)
         args = ["--format", "criteo", "--input", str(root / "day_0.txt"), "--output", str(root / "data")]
         assert prepare_data.main([*args, "--val-fraction", "0.1"]) == 0
         return root / "data"
@@ -58,7 +58,7 @@ class PsJob:
         env = th.env(PS_REGISTRY=f"127.0.0.1:{th.free_port()}", PS_WORKERS_PER_NODE="2", **env_extra)
         with open(self.out, "w") as stdout, open(self.err, "w") as stderr:
             self.proc = subprocess.Popen(
-                [th.PYTHON, str(th.script_path("train.py")), *args],
+                [th.PYTHON, *th.script_args("train.py"), *args],
                 env=env,
                 stdout=stdout,
                 stderr=stderr,
@@ -127,12 +127,12 @@ def ps_reference(ctr_data_dir, tmp_path_factory) -> th.Run:
 
 
 def test_generated_data_has_a_known_ceiling(ctr_data_dir):
-    import ctr_data
+    from efa_training.workloads.ctr_ps import criteo, evaluate, sample
 
-    records = ctr_data.CtrRecords(ctr_data_dir, "val")
+    records = criteo.CtrRecords(ctr_data_dir, "val")
     holdout = records.take(np.arange(records.n))
-    best = ctr_data.true_logit(holdout, SEED, CARDINALITY)
-    assert 0.75 < ctr_data.auc(holdout["label"], best) < 0.85
+    best = sample.true_logit(holdout, SEED, CARDINALITY)
+    assert 0.75 < evaluate.auc(holdout["label"], best) < 0.85
     assert 0.15 < holdout["label"].mean() < 0.4  # about a quarter clicks, as in Criteo's logs
 
 
@@ -294,7 +294,7 @@ def test_ps_a_finished_run_started_again_ends_at_once(ps_reference, ctr_data_dir
 
 def test_ps_a_second_job_on_the_same_checkpoint_folder_is_refused(ctr_data_dir, tmp_path):
     # One writer per folder, as for ddp/fsdp: a copy of the same job must not write cuts beside the first.
-    from checkpoint_lock import lock_folder
+    from efa_training.checkpointing.lock import lock_folder
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-import launch
+from efa_training.runtime.launch import rendezvous
 from tests.training import training_helpers as th
 
 ALL_REDUCE = """
@@ -21,7 +21,7 @@ dist.destroy_process_group()
 """
 
 
-def _plan(rank: int, master: str, port: int, timeout: int = 60) -> launch.LaunchPlan:
+def _plan(rank: int, master: str, port: int, timeout: int = 60) -> rendezvous.LaunchPlan:
     env = {
         "ACCELERATORS_PER_NODE": "1",
         "MASTER_ADDR": master,
@@ -32,10 +32,10 @@ def _plan(rank: int, master: str, port: int, timeout: int = 60) -> launch.Launch
         "MAX_RESTARTS": "0",
         "RDZV_TIMEOUT": str(timeout),
     }
-    return launch.plan_launch("train", env, own_address="127.0.0.1")
+    return rendezvous.plan_launch("train", env, own_address="127.0.0.1")
 
 
-def _start(plan: launch.LaunchPlan, script: Path) -> subprocess.Popen:
+def _start(plan: rendezvous.LaunchPlan, script: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(), str(script)]
     return subprocess.Popen(
         command,
@@ -77,7 +77,7 @@ def test_every_plan_names_its_host_by_rank_and_waits_for_a_cold_start():
     # and an image pull (torchrun's defaults are 600 s and 60 s).
     confs = [
         _conf(
-            launch.plan_launch(
+            rendezvous.plan_launch(
                 "train",
                 {"ACCELERATORS_PER_NODE": "8", "MASTER_ADDR": "m", "PET_NNODES": "2", "PET_NODE_RANK": str(rank)},
             )
@@ -90,6 +90,6 @@ def test_every_plan_names_its_host_by_rank_and_waits_for_a_cold_start():
     ]
 
 
-def _conf(plan: launch.LaunchPlan) -> dict[str, str]:
+def _conf(plan: rendezvous.LaunchPlan) -> dict[str, str]:
     args = plan.torchrun_args()
     return dict(item.split("=") for item in args[args.index("--rdzv-conf") + 1].split(","))

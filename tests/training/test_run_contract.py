@@ -26,22 +26,22 @@ HYPERPARAMETERS = {f.key: f for f in hyperparameters(contract_fields(max_nodes=2
 
 
 def test_models_and_strategies_are_the_training_images_own():
-    from ctr_model import CTR_SIZES
-    from model import MODEL_SIZES
-    from train_config import STRATEGIES as IMAGE_STRATEGIES
+    from efa_training.train_config import STRATEGIES as IMAGE_STRATEGIES
+    from efa_training.workloads.ctr_ps.model import CTR_SIZES
+    from efa_training.workloads.gpt.model import MODEL_SIZES
 
     assert (tuple(MODEL_SIZES), tuple(CTR_SIZES)) == (GPT_MODELS, CTR_MODELS)
     assert set(MODELS) == set(GPT_MODELS) | set(CTR_MODELS) and STRATEGIES == IMAGE_STRATEGIES
 
 
 def test_the_unbounded_staleness_is_the_training_images():
-    from train_config import UNBOUNDED
+    from efa_training.train_config import UNBOUNDED
 
     assert UNBOUNDED == UNBOUNDED_STALENESS
 
 
 def test_every_hyperparameter_is_a_training_config_field():
-    from train_config import TrainConfig
+    from efa_training.train_config import TrainConfig
 
     assert {IMAGE_FIELD.get(key, key) for key in HYPERPARAMETERS} <= {f.name for f in fields(TrainConfig)}
 
@@ -49,7 +49,7 @@ def test_every_hyperparameter_is_a_training_config_field():
 @pytest.mark.parametrize("key", sorted(set(HYPERPARAMETERS) - {"max_steps"}))
 def test_hyperparameter_default_is_the_training_configs(key):
     # The image cannot import contracts/ (its build context is training_image/): the two defaults are held equal.
-    from train_config import TrainConfig
+    from efa_training.train_config import TrainConfig
 
     image = {f.name: f.default for f in fields(TrainConfig)}
     assert HYPERPARAMETERS[key].default == image[IMAGE_FIELD.get(key, key)]
@@ -57,7 +57,7 @@ def test_hyperparameter_default_is_the_training_configs(key):
 
 def test_max_steps_has_no_image_default_and_the_contracts_is_accepted():
     # train.py requires --max-steps (no default to disagree with); the job definitions pass the contract's.
-    from train_config import TrainConfig
+    from efa_training.train_config import TrainConfig
 
     contract = HYPERPARAMETERS["max_steps"].default
     assert next(f for f in fields(TrainConfig) if f.name == "max_steps").default is MISSING
@@ -67,7 +67,7 @@ def test_max_steps_has_no_image_default_and_the_contracts_is_accepted():
 @pytest.mark.parametrize("key", sorted(k for k, f in HYPERPARAMETERS.items() if f.kind in ("integer", "number")))
 def test_the_contracts_limits_are_values_the_training_config_accepts(key):
     # Every value the state machine lets through must start training, not fail on the nodes with exit 2.
-    from train_config import TrainConfig
+    from efa_training.train_config import TrainConfig
 
     f = HYPERPARAMETERS[key]
     limits = [f.maximum] + ([] if f.exclusive_minimum else [f.minimum])
@@ -78,7 +78,7 @@ def test_the_contracts_limits_are_values_the_training_config_accepts(key):
 
 
 def test_validation_tolerance_default_is_the_contracts():
-    import validate
+    from efa_training import validate
 
     tolerance = next(f for f in contract_fields(max_nodes=2) if f.name == "tolerance")
     assert validate.build_parser().get_default("tolerance") == validate.DEFAULT_TOLERANCE == tolerance.default
@@ -127,29 +127,29 @@ def test_validate_run_never_raises(run):
 def test_refused_exit_codes_are_the_training_images():
     # The pipeline does not retry a run that refused itself (constructs/pipeline/train_attempt.py): the codes it
     # matches are the ones the image exits with.
-    import errors
     from contracts.run import REFUSED_EXIT_CODES
+    from efa_training.runtime import errors
 
     assert set(REFUSED_EXIT_CODES) == {errors.EXIT_USAGE, errors.EXIT_DIVERGED, errors.EXIT_FOLDER_LOCKED}
 
 
 def test_failure_reason_marker_is_the_training_images():
     # The pipeline matches the marker in a SageMaker job's FailureReason; the image writes it (errors.failure_reason).
-    import errors
     from contracts.run import FAILURE_REASON_MARKER
+    from efa_training.runtime import errors
 
     assert errors.FAILURE_REASON_MARKER == FAILURE_REASON_MARKER
 
 
 def test_sagemaker_hyperparameters_are_the_job_parameters():
     # launch.py turns SageMaker's hyperparameters into flags and refuses unknown ones: the names the pipeline passes.
-    import launch
     from contracts.run import JOB_PARAMETERS
+    from efa_training.runtime.launch import sagemaker
 
     expected = {job: set(names) for job, names in JOB_PARAMETERS.items()}
     expected["train"].add("expected_nodes")
     expected["compile"].add("expected_nodes")  # Trainium's compile job runs on the run's nodes too
-    assert {job: set(names) for job, names in launch.SAGEMAKER_HYPERPARAMETERS.items()} == expected
+    assert {job: set(names) for job, names in sagemaker.SAGEMAKER_HYPERPARAMETERS.items()} == expected
 
 
 def test_the_images_metrics_namespace_is_the_one_the_dashboard_alarms_and_jobs_role_read():
@@ -159,7 +159,7 @@ def test_the_images_metrics_namespace_is_the_one_the_dashboard_alarms_and_jobs_r
 
     from config.layout import TRAINING_METRICS_NAMESPACE
 
-    path = Path(__file__).resolve().parents[2] / "training_image" / "metrics.py"
+    path = Path(__file__).resolve().parents[2] / "training_image" / "efa_training" / "runtime" / "metrics.py"
     spec = importlib.util.spec_from_file_location("image_metrics", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -183,8 +183,8 @@ def test_sagemaker_jobs_start_the_images_own_entry_point(dockerfile):
 
 def test_the_image_and_the_pipeline_name_from_scratch_alike():
     # The train job's --init-from when a run has no initial model (constructs/pipeline/initial_model.py sets it).
-    import train_config
     from contracts.run import NO_INITIAL_MODEL
+    from efa_training import train_config
 
     assert (
         train_config.NO_INITIAL_MODEL

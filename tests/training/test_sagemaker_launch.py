@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-import errors
-import launch
-from errors import UsageError
+from efa_training.runtime import errors
+from efa_training.runtime.errors import UsageError
+from efa_training.runtime.launch import cli, command, rendezvous, sagemaker
 
 TWO_HOSTS = {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"], "network_interface_name": "eth0"}
 ENV = {"ACCELERATORS_PER_NODE": "8", "TRAINING_JOB_NAME": "run-7-train-1", "RUN_ID": "run-7"}
@@ -19,7 +19,7 @@ ENV = {"ACCELERATORS_PER_NODE": "8", "TRAINING_JOB_NAME": "run-7-train-1", "RUN_
 
 def test_one_host_rendezvous_is_local():
     config = {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0"}
-    plan = launch.plan_launch("train", ENV, "10.0.1.7", config)
+    plan = rendezvous.plan_launch("train", ENV, "10.0.1.7", config)
     assert (plan.scheduler, plan.nnodes, plan.rdzv_endpoint, plan.node_rank, plan.is_main_node) == (
         "sagemaker",
         "1",
@@ -31,7 +31,7 @@ def test_one_host_rendezvous_is_local():
 
 @pytest.mark.parametrize(("current", "rank"), [("algo-1", 0), ("algo-2", 1)])
 def test_each_of_two_hosts_joins_the_first_hosts_rendezvous(current, rank):
-    plan = launch.plan_launch("train", ENV, "10.0.1.9", {**TWO_HOSTS, "current_host": current})
+    plan = rendezvous.plan_launch("train", ENV, "10.0.1.9", {**TWO_HOSTS, "current_host": current})
     assert plan.torchrun_args() == [
         "--nnodes",
         "2",
@@ -56,7 +56,7 @@ def test_each_of_two_hosts_joins_the_first_hosts_rendezvous(current, rank):
 
 def test_rendezvous_id_falls_back_to_the_run_id():
     env = {k: v for k, v in ENV.items() if k != "TRAINING_JOB_NAME"}
-    assert launch.plan_launch("train", env, None, TWO_HOSTS).rdzv_id == "run-7"
+    assert rendezvous.plan_launch("train", env, None, TWO_HOSTS).rdzv_id == "run-7"
 
 
 @pytest.mark.parametrize(
@@ -71,22 +71,22 @@ def test_rendezvous_id_falls_back_to_the_run_id():
 )
 def test_a_malformed_resource_config_is_one_usage_error(config, field):
     with pytest.raises(UsageError, match=f"resourceconfig.json {field}"):
-        launch.plan_launch("train", ENV, None, config)
+        rendezvous.plan_launch("train", ENV, None, config)
 
 
 def test_node_local_checkpoints_on_several_hosts_turn_in_place_restarts_off():
     # An in-place restart would resume from one node's own folder, not the union SageMaker restores.
     env = {**ENV, "CHECKPOINT_NODE_LOCAL": "1"}
-    assert launch.plan_launch("train", env, None, TWO_HOSTS).max_restarts == 0
+    assert rendezvous.plan_launch("train", env, None, TWO_HOSTS).max_restarts == 0
     one_host = {**TWO_HOSTS, "hosts": ["algo-1"]}
-    assert launch.plan_launch("train", env, None, one_host).max_restarts == 3  # its own folder is the whole union
+    assert rendezvous.plan_launch("train", env, None, one_host).max_restarts == 3  # its own folder is the whole union
     with pytest.raises(UsageError, match="MAX_RESTARTS"):
-        launch.plan_launch("train", {**env, "MAX_RESTARTS": "2"}, None, TWO_HOSTS)
+        rendezvous.plan_launch("train", {**env, "MAX_RESTARTS": "2"}, None, TWO_HOSTS)
 
 
 def test_hyperparameters_become_flags_after_the_static_ones_and_dataset_is_dropped():
     hyper = {"run_id": "run-7", "dataset": "datasets/wikitext/", "max_steps": "30", "batch_size": "8"}
-    assert launch.hyperparameter_flags("train", hyper) == [
+    assert sagemaker.hyperparameter_flags("train", hyper) == [
         "--run-id",
         "run-7",
         "--max-steps",
@@ -107,7 +107,7 @@ def test_hyperparameters_become_flags_after_the_static_ones_and_dataset_is_dropp
 )
 def test_a_wrong_hyperparameter_is_one_usage_error(mode, hyper, problem):
     with pytest.raises(UsageError, match=problem):
-        launch.hyperparameter_flags(mode, hyper)
+        sagemaker.hyperparameter_flags(mode, hyper)
 
 
 @pytest.mark.parametrize(
@@ -138,19 +138,19 @@ def _ml_root(tmp_path, config, hyperparameters=None):
 def test_a_sagemaker_container_gets_its_flags_interfaces_and_a_sanity_check_first(tmp_path):
     config = {"current_host": "localhost", "hosts": ["localhost"], "network_interface_name": "lo"}
     env = {**_ml_root(tmp_path, config, {"max_steps": "30", "run_id": "run-7"}), "SANITY_BEFORE_TRAINING": "1"}
-    prepared = launch.prepare("train", ["--data", "/opt/ml/input/data/training"], env)
+    prepared = command.prepare("train", ["--data", "/opt/ml/input/data/training"], env)
     assert prepared.command[-6:] == ["--data", "/opt/ml/input/data/training", "--max-steps", "30", "--run-id", "run-7"]
     assert prepared.env["NCCL_SOCKET_IFNAME"] == "=lo" and prepared.env["GLOO_SOCKET_IFNAME"] == "lo"
     assert prepared.plan is not None and prepared.plan.local_addr == "127.0.0.1"
     sanity = prepared.sanity_first or []
     assert sanity[sanity.index("--rdzv-endpoint") + 1] == "localhost:29501"  # its own rendezvous
-    assert sanity[-5:] == [str(launch.HERE / "sanity_check.py"), "--run-id", "run-7", "--expected-nodes", "1"]
+    assert sanity[-5:] == ["efa_training.runtime.sanity", "--run-id", "run-7", "--expected-nodes", "1"]
 
 
 def test_interfaces_the_job_sets_are_kept(tmp_path):
     config = {"current_host": "localhost", "hosts": ["localhost"], "network_interface_name": "lo"}
     env = {**_ml_root(tmp_path, config), "NCCL_SOCKET_IFNAME": "^docker,lo"}
-    assert launch.prepare("train", [], env).env["NCCL_SOCKET_IFNAME"] == "^docker,lo"
+    assert command.prepare("train", [], env).env["NCCL_SOCKET_IFNAME"] == "^docker,lo"
 
 
 def test_a_usage_error_on_sagemaker_is_written_to_the_failure_file(tmp_path, monkeypatch, capsys):
@@ -159,7 +159,7 @@ def test_a_usage_error_on_sagemaker_is_written_to_the_failure_file(tmp_path, mon
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_BATCH_JOB_NUM_NODES", raising=False)
     with pytest.raises(SystemExit) as exit_info:
-        launch.main(["train", "--data", "d"])
+        cli.main(["train", "--data", "d"])
     failure = (tmp_path / "output/failure").read_text()
     assert exit_info.value.code == 2 and failure.startswith("efa-training exit code 2: usage"), failure
     assert "current_host" in failure and "Traceback" not in capsys.readouterr().err

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import model_builders
-import train
-import train_config
-from train_config import TrainConfig
+from efa_training import train, train_config
+from efa_training.train_config import TrainConfig
+from efa_training.workloads.gpt import builders as model_builders
 
 
 def _defaults(monkeypatch, *argv: str) -> dict:
@@ -55,7 +54,16 @@ def test_a_bool_field_is_a_switch(monkeypatch):
     assert (_defaults(monkeypatch)["compile"], _defaults(monkeypatch, "--compile")["compile"]) == (False, True)
 
 
-@pytest.mark.parametrize("module", ["train", "validate", "sanity_check", "prepare_data", "local_run"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "efa_training.train",
+        "efa_training.validate",
+        "efa_training.runtime.sanity.cli",
+        "efa_training.prepare_data",
+        "local_run",
+    ],
+)
 def test_every_flag_has_help_text(module):
     parser = importlib.import_module(module).build_parser()
     assert all(action.help for action in parser._actions)

@@ -9,12 +9,12 @@ import subprocess
 import numpy as np
 import pytest
 
-import train
+from efa_training import train
 from tests.training import training_helpers as th
 
 
 def _wrong_dtype_data(tmp_path):
-    import data
+    from efa_training.workloads.gpt import data
 
     d = tmp_path / "wrong_dtype"
     d.mkdir()
@@ -39,7 +39,7 @@ def _checkpoints_of(tmp_path, strategy: str, model_name: str = "tiny"):
     import json
     from dataclasses import asdict
 
-    import model
+    from efa_training.workloads.gpt import model
 
     d = tmp_path / "ckpt"
     (d / "step_000000004").mkdir(parents=True)
@@ -58,7 +58,7 @@ def _checkpoints_of(tmp_path, strategy: str, model_name: str = "tiny"):
 
 
 def _shard_with_token(tmp_path, token: int, length: int = 1000):
-    import data
+    from efa_training.workloads.gpt import data
 
     d = tmp_path / f"token_{token}"
     d.mkdir()
@@ -134,7 +134,7 @@ def test_command_line_bad_input_has_no_traceback(tmp_path):
     p = subprocess.run(
         [
             th.PYTHON,
-            str(th.TRAINING_IMAGE / "train.py"),
+            *th.script_args("train.py"),
             "--data",
             str(tmp_path / "nope"),
             "--checkpoint-dir",

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-import checkpoint_format
+from efa_training.checkpointing import format as checkpoint_format
 from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
@@ -116,23 +116,23 @@ def test_training_continues_into_a_complete_checkpoint(resumed):
 
 
 def test_validation_skips_a_damaged_newest_checkpoint(trained, tmp_path, capsys):
-    # validate.py applies the same verification: a bit flip in the newest is skipped with a warning.
-    import validate
+    # Validation applies the same verification: a bit flip in the newest is skipped with a warning.
+    from efa_training.workloads.gpt import saved_model
 
     _, clean = trained
     ckpt = tmp_path / "ckpt"
     shutil.copytree(clean, ckpt)
     _flip_bit(_shard(ckpt / f"step_{STEPS:09d}", trained[0], 0))
-    _, meta, path = validate.find_and_load(ckpt)
+    _, meta, path = saved_model.find_and_load(ckpt)
     assert meta["step"] == STEPS - 1 and "CRC-32 mismatch" in capsys.readouterr().err
 
 
 def test_validation_of_a_damaged_checkpoint_named_directly_is_an_error(trained, tmp_path):
-    import validate
+    from efa_training.workloads.gpt import saved_model
 
     _, clean = trained
     step_dir = tmp_path / f"step_{STEPS:09d}"
     shutil.copytree(clean / step_dir.name, step_dir)
     (step_dir / "rng_rank1.pt").unlink()
     with pytest.raises(RuntimeError, match="is damaged: rng_rank1.pt: No such file"):
-        validate.find_and_load(step_dir)
+        saved_model.find_and_load(step_dir)

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-import checkpoint_format
-import checkpoint_lock
-import errors
+from efa_training.checkpointing import format as checkpoint_format
+from efa_training.checkpointing import lock as checkpoint_lock
+from efa_training.runtime import errors
 from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
@@ -117,7 +117,8 @@ def test_first_job_finishes_unharmed(two_jobs):
 def _hold_lock(folder, holder: dict, seconds: float) -> subprocess.Popen:
     """Another process that takes the folder's lock as `holder` and keeps it for `seconds` (or until killed)."""
     code = (
-        "import json, pathlib, sys, time; sys.path.insert(0, sys.argv[1]); import checkpoint_lock; "
+        "import json, pathlib, sys, time; sys.path.insert(0, sys.argv[1]); "
+        "from efa_training.checkpointing import lock as checkpoint_lock; "
         "f = checkpoint_lock.lock_folder(pathlib.Path(sys.argv[2]), json.loads(sys.argv[3])); "
         "print('locked', flush=True); time.sleep(float(sys.argv[4]))"
     )
@@ -213,7 +214,7 @@ def test_an_earlier_attempt_of_the_same_run_is_waited_for_and_another_run_is_not
 
 
 def test_a_lock_wait_that_is_not_a_number_is_one_usage_error(tmp_path, monkeypatch):
-    from errors import UsageError
+    from efa_training.runtime.errors import UsageError
 
     monkeypatch.setenv("CHECKPOINT_LOCK_WAIT_SECONDS", "five minutes")
     with pytest.raises(UsageError, match="CHECKPOINT_LOCK_WAIT_SECONDS"):

@@ -63,7 +63,7 @@ def test_a_model_of_another_size_is_refused_with_one_line(dataset, ddp_reference
 
 def test_a_run_id_is_looked_up_next_to_the_runs_own_folder(dataset, ddp_reference, tmp_path):
     # The pipeline's layout: --checkpoints-root /fsx/checkpoints --run-id B --init-from A reads /fsx/checkpoints/A.
-    import train_config
+    from efa_training import train_config
 
     args = train_config.build_parser().parse_args(
         ["--data", str(dataset), "--checkpoints-root", "/fsx/checkpoints", "--run-id", "b", "--max-steps", "1"]

@@ -1,11 +1,11 @@
-"""launch.py maps scheduler environments to torchrun arguments (pure function); exit_relay.py keeps the workers'
-own exit codes."""
+"""The launcher (runtime/launch/) maps scheduler environments to torchrun arguments (pure function); exit_relay.py keeps
+the workers' own exit codes."""
 
 import pytest
 
-import exit_relay
-import launch
-from errors import UsageError
+from efa_training.runtime import exit_relay
+from efa_training.runtime.errors import UsageError
+from efa_training.runtime.launch import command, rendezvous
 
 BATCH = {
     "ACCELERATORS_PER_NODE": "8",
@@ -17,7 +17,7 @@ BATCH = {
 
 
 def test_batch_main_node_hosts_the_rendezvous_on_its_own_address():
-    plan = launch.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"}, own_address="10.0.1.7")
+    plan = rendezvous.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"}, own_address="10.0.1.7")
     assert plan.torchrun_args() == [
         "--nnodes",
         "4",
@@ -39,7 +39,7 @@ def test_batch_main_node_hosts_the_rendezvous_on_its_own_address():
 
 
 def test_batch_main_node_without_known_address_uses_localhost():
-    plan = launch.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"})
+    plan = rendezvous.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"})
     assert plan.rdzv_endpoint == "localhost:29500" and plan.is_main_node
 
 
@@ -50,7 +50,7 @@ def test_batch_child_node_joins_the_main_node_address():
         "AWS_BATCH_JOB_ID": "0f1e2d#3",
         "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.1.7",
     }
-    plan = launch.plan_launch("train", env, own_address="10.0.1.9")
+    plan = rendezvous.plan_launch("train", env, own_address="10.0.1.9")
     assert (plan.rdzv_endpoint, plan.rdzv_id, plan.nnodes, plan.is_main_node) == (
         "10.0.1.7:29500",
         "0f1e2d-2",
@@ -61,7 +61,7 @@ def test_batch_child_node_joins_the_main_node_address():
 
 def test_batch_child_node_without_main_address_is_a_usage_error():
     with pytest.raises(UsageError, match="AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"):
-        launch.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "1"})
+        rendezvous.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "1"})
 
 
 def test_pytorchjob_uses_master_addr_and_pet_nnodes():
@@ -76,7 +76,7 @@ def test_pytorchjob_uses_master_addr_and_pet_nnodes():
         "PET_NPROC_PER_NODE": "8",
         "RUN_ID": "exp-42",
     }
-    plan = launch.plan_launch("train", env)
+    plan = rendezvous.plan_launch("train", env)
     assert (
         plan.torchrun_args()
         == [
@@ -101,35 +101,35 @@ def test_pytorchjob_uses_master_addr_and_pet_nnodes():
 
 def test_pytorchjob_world_size_counts_nodes_when_pet_nnodes_is_absent():
     env = {"ACCELERATORS_PER_NODE": "4", "MASTER_ADDR": "m", "MASTER_PORT": "1234", "WORLD_SIZE": "3", "RANK": "0"}
-    assert launch.plan_launch("train", env).nnodes == "3"
+    assert rendezvous.plan_launch("train", env).nnodes == "3"
 
 
 def test_elastic_min_nodes_gives_a_node_range():
     assert (
-        launch.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0", "ELASTIC_MIN_NODES": "2"}).nnodes
+        rendezvous.plan_launch("train", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0", "ELASTIC_MIN_NODES": "2"}).nnodes
         == "2:4"
     )
 
 
 def test_sanity_is_not_restarted_by_default():
-    assert launch.plan_launch("sanity", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"}).max_restarts == 0
+    assert rendezvous.plan_launch("sanity", {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"}).max_restarts == 0
 
 
 def test_missing_accelerators_per_node_is_a_usage_error():
     with pytest.raises(UsageError, match="ACCELERATORS_PER_NODE"):
-        launch.plan_launch("train", {"AWS_BATCH_JOB_NUM_NODES": "2"})
+        rendezvous.plan_launch("train", {"AWS_BATCH_JOB_NUM_NODES": "2"})
 
 
 def test_validate_runs_as_a_single_process():
-    cmd, plan = launch.build_command("validate", ["--checkpoint", "c"], {})
-    assert plan is None and cmd[1].endswith("validate.py") and "torch.distributed.run" not in cmd
+    cmd, plan = command.build_command("validate", ["--checkpoint", "c"], {})
+    assert plan is None and cmd[1:3] == ["-m", "efa_training.validate"] and "torch.distributed.run" not in cmd
 
 
 def test_expected_nodes_must_match_the_scheduler():
     env = {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0"}
     with pytest.raises(UsageError, match="--expected-nodes"):
-        launch.build_command("train", ["--expected-nodes", "2"], env)
-    plan = launch.build_command("train", ["--expected-nodes", "4"], env)[1]
+        command.build_command("train", ["--expected-nodes", "2"], env)
+    plan = command.build_command("train", ["--expected-nodes", "4"], env)[1]
     assert plan is not None and plan.nnodes == "4"
 
 
@@ -143,20 +143,20 @@ def test_kubeflow_trainer_pet_master_addr_is_accepted():
         "PET_NPROC_PER_NODE": "8",
         "RUN_ID": "r",
     }
-    assert launch.plan_launch("train", env).rdzv_endpoint == "tj-node-0-0.tj:29400"
+    assert rendezvous.plan_launch("train", env).rdzv_endpoint == "tj-node-0-0.tj:29400"
 
 
 def test_non_numeric_pet_nnodes_is_a_usage_error():
     # PET_NNODES is validated like the other counts (with ELASTIC_MIN_NODES it used to raise ValueError).
     env = {"ACCELERATORS_PER_NODE": "8", "MASTER_ADDR": "m", "PET_NNODES": "two", "ELASTIC_MIN_NODES": "1"}
     with pytest.raises(UsageError, match="PET_NNODES"):
-        launch.plan_launch("train", env)
+        rendezvous.plan_launch("train", env)
 
 
 def test_elastic_pet_nnodes_range_is_passed_through():
     # A PyTorchJob elastic policy sets PET_NNODES=MIN:MAX; that stays a valid --nnodes.
     env = {"ACCELERATORS_PER_NODE": "8", "MASTER_ADDR": "m", "PET_NNODES": "1:4"}
-    assert launch.plan_launch("train", env).nnodes == "1:4"
+    assert rendezvous.plan_launch("train", env).nnodes == "1:4"
 
 
 def test_rank_is_not_read_when_pet_node_rank_is_set():
@@ -168,24 +168,19 @@ def test_rank_is_not_read_when_pet_node_rank_is_set():
         "PET_NODE_RANK": "1",
         "RANK": "not-a-node-index",
     }
-    assert launch.plan_launch("train", env).node_rank == 1
+    assert rendezvous.plan_launch("train", env).node_rank == 1
 
 
 def test_batch_node_publishes_the_bootstrap_interface_address():
     # The job names the interface (GLOO_SOCKET_IFNAME=eth0 on Batch); the launcher publishes that interface's
     # address to torchrun (--local-addr), never the hostname's, which could resolve elsewhere.
-    import launch
-
-    assert launch.interface_ipv4("lo") == "127.0.0.1"
-    assert launch.own_ipv4({"GLOO_SOCKET_IFNAME": "lo"}) == "127.0.0.1"
+    assert rendezvous.interface_ipv4("lo") == "127.0.0.1"
+    assert rendezvous.own_ipv4({"GLOO_SOCKET_IFNAME": "lo"}) == "127.0.0.1"
 
 
 def test_a_missing_bootstrap_interface_is_one_usage_error():
-    import launch
-    from errors import UsageError
-
     with pytest.raises(UsageError, match="GLOO_SOCKET_IFNAME"):
-        launch.own_ipv4({"GLOO_SOCKET_IFNAME": "no-such-if0"})
+        rendezvous.own_ipv4({"GLOO_SOCKET_IFNAME": "no-such-if0"})
 
 
 def test_relayed_exit_code_is_the_first_failure_of_the_last_restart(tmp_path):
@@ -221,8 +216,8 @@ def test_a_parameter_server_run_gets_the_supervisor_with_the_batch_nodes_layout(
         "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.1.7",
         "GLOO_SOCKET_IFNAME": "lo",
     }
-    prepared = launch.prepare("train", ["--strategy", "ps", "--model", "ctr-small"], env)
-    assert "torch.distributed.run" not in prepared.command and prepared.command[1].endswith("train.py")
+    prepared = command.prepare("train", ["--strategy", "ps", "--model", "ctr-small"], env)
+    assert "torch.distributed.run" not in prepared.command and prepared.command[1:3] == ["-m", "efa_training.train"]
     layout = {k: v for k, v in prepared.env.items() if k.startswith("PS_") or k == "MAX_RESTARTS"}
     assert layout == {
         "PS_NNODES": "4",
@@ -237,4 +232,4 @@ def test_a_parameter_server_run_gets_the_supervisor_with_the_batch_nodes_layout(
 def test_a_parameter_server_run_refuses_an_elastic_node_range():
     env = {**BATCH, "AWS_BATCH_JOB_NODE_INDEX": "0", "ELASTIC_MIN_NODES": "2"}
     with pytest.raises(UsageError, match="fixed node count"):
-        launch.prepare("train", ["--strategy", "ps"], env)
+        command.prepare("train", ["--strategy", "ps"], env)

@@ -60,10 +60,10 @@ def test_fsdp_loss_falls(fsdp_run):
 
 
 def test_fsdp_dcp_checkpoint_loads_into_a_plain_model(fsdp_run, dataset):
-    import validate
+    from efa_training.workloads.gpt import saved_model
 
     newest = th.checkpoint_steps(fsdp_run.checkpoint_dir)[-1]
-    model, meta, _ = validate.find_and_load(fsdp_run.checkpoint_dir)
+    model, meta, _ = saved_model.find_and_load(fsdp_run.checkpoint_dir)
     assert meta["format"] == "dcp" and meta["step"] == newest == th.TRAIN_STEPS
 
 

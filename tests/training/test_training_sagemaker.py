@@ -43,11 +43,18 @@ HYPERPARAMETERS = {  # what the pipeline passes (contracts/run.py JOB_PARAMETERS
 
 
 def _slow_image(folder: Path) -> Path:
-    """A copy of the image whose train.py is slow_train.py (the test's delays), so SIGTERM can land mid-run."""
+    """A copy of the image whose train.py runs with slow_train.py's delays, so SIGTERM can land mid-run."""
     for source in th.TRAINING_IMAGE.glob("*.py"):
         shutil.copy(source, folder / source.name)
+    shutil.copytree(
+        th.TRAINING_IMAGE / "efa_training", folder / "efa_training", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    train = folder / "efa_training" / "train.py"
     slow = th.TESTS / "slow_train.py"
-    (folder / "train.py").write_text(f"import runpy\nrunpy.run_path({str(slow)!r}, run_name='__main__')\n")
+    main = 'if __name__ == "__main__":\n'
+    delays = f"    __import__('runpy').run_path({str(slow)!r}, run_name='slow_train')['slow_down']()\n"
+    assert train.read_text().count(main) == 1
+    train.write_text(train.read_text().replace(main, main + delays))
     return folder
 
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-import sanity_check
 from config import CATALOGUE, Accelerator
 from contracts.job_environment import job_environment
+from efa_training.runtime.sanity import checks
 from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
@@ -54,7 +54,7 @@ def test_sanity_report_sizes_and_algbw_match_the_buffers(passing):
 
 def test_unwritable_report_is_one_line_with_its_own_exit_code(tmp_path, monkeypatch, capsys):
     # The checks pass but the report cannot be written: exit 3 and one error line, not a traceback with exit 1.
-    import sanity_check
+    from efa_training.runtime.sanity import cli as sanity_check
 
     monkeypatch.setenv("ACCELERATOR_KIND", "cpu")
     for name in ("MASTER_ADDR", "ACCELERATORS_PER_NODE", "SANITY_TEST_CORRUPT_RANK"):
@@ -86,14 +86,15 @@ def test_sanity_fails_when_one_rank_contributes_a_wrong_value():
 
 
 def test_bus_bandwidth_formulas_match_nccl_tests():
-    import collectives
+    from efa_training.runtime.sanity import collectives
 
     assert collectives.bus_bandwidth("all_reduce", 10.0, 8) == pytest.approx(17.5)
     assert collectives.bus_bandwidth("all_gather", 10.0, 8) == pytest.approx(8.75)
     assert collectives.bus_bandwidth("reduce_scatter", 10.0, 8) == pytest.approx(8.75)
 
 
-# ---- EFA proof: the devices the container sees and the transport NCCL chose (training_image/efa_proof.py).
+# ---- EFA proof: the devices the container sees and the transport NCCL chose
+# (training_image/efa_training/runtime/sanity/efa_proof.py).
 # The inputs are composed from the printing programs' own format strings (see efa_fixtures/README.md) and go
 # through the same code path as on a host: the sanity check reads NCCL_DEBUG_FILE, lists --uverbs-dir, runs --fi-info.
 FIXTURES = Path(__file__).resolve().parent / "efa_fixtures"
@@ -209,14 +210,14 @@ TRANSPORT_FIXTURES = {
 
 @pytest.mark.parametrize("fixture", sorted(TRANSPORT_FIXTURES))
 def test_nccl_transport_reads_each_release_format(fixture):
-    import efa_proof
+    from efa_training.runtime.sanity import efa_proof
 
     found = efa_proof.nccl_transport((FIXTURES / fixture).read_text())
     assert (found.kind, found.network, found.evidence) == TRANSPORT_FIXTURES[fixture]
 
 
 def test_nccl_transport_refuses_what_is_not_efa():
-    import efa_proof
+    from efa_training.runtime.sanity import efa_proof
 
     assert efa_proof.nccl_transport("x NCCL INFO Using network IB\n").kind == "ib"
     # Libfabric with another provider (tcp) is not EFA either.
@@ -230,7 +231,7 @@ def test_nccl_transport_refuses_what_is_not_efa():
 
 def test_nccl_debug_file_names_the_file_nccl_writes_on_a_dotted_hostname(monkeypatch):
     # Batch awsvpc containers are named by their private DNS name; NCCL's %h is the hostname cut at the first '.'.
-    import efa_proof
+    from efa_training.runtime.sanity import efa_proof
 
     monkeypatch.setattr(efa_proof.socket, "gethostname", lambda: "ip-10-0-1-5.ec2.internal")
     assert efa_proof.debug_file("/tmp/nccl.%h.%p.log") == f"/tmp/nccl.ip-10-0-1-5.{efa_proof.os.getpid()}.log"
@@ -242,7 +243,7 @@ def test_nccl_debug_file_names_the_file_nccl_writes_on_a_dotted_hostname(monkeyp
 
 def test_neuron_without_an_nccl_log_is_a_warning_but_a_socket_fallback_still_fails(tmp_path):
     # The Neuron runtime is not known here to write NCCL_DEBUG_FILE: no log is "not proven", not a failure.
-    import efa_proof
+    from efa_training.runtime.sanity import efa_proof
 
     empty = tmp_path / "empty.log"
     empty.write_text("")
@@ -259,7 +260,7 @@ def test_neuron_without_an_nccl_log_is_a_warning_but_a_socket_fallback_still_fai
 
 def test_a_gate_size_that_is_not_whole_float32_elements_is_one_usage_error(monkeypatch, capsys):
     # Checked before any process group exists: exit 2 and one line, not a KeyError after the measurements.
-    import sanity_check
+    from efa_training.runtime.sanity import cli as sanity_check
 
     monkeypatch.setenv("ACCELERATOR_KIND", "cpu")
     with pytest.raises(SystemExit) as exited:
@@ -276,7 +277,7 @@ def test_the_jobs_neuron_core_count_is_what_the_sanity_check_finds(name, monkeyp
     env = job_environment(instance, backend="batch")
     monkeypatch.setenv("NEURON_CORES_PER_DEVICE", env["NEURON_CORES_PER_DEVICE"])
     devices = [f"/dev/neuron{i}" for i in range(instance.accelerators)]
-    monkeypatch.setattr(sanity_check.glob, "glob", lambda pattern: devices)
-    assert sanity_check.check_accelerators("neuron", int(env["ACCELERATORS_PER_NODE"]))["ok"]
-    monkeypatch.setattr(sanity_check.glob, "glob", lambda pattern: devices[:-1])  # one device missing
-    assert not sanity_check.check_accelerators("neuron", int(env["ACCELERATORS_PER_NODE"]))["ok"]
+    monkeypatch.setattr(checks.glob, "glob", lambda pattern: devices)
+    assert checks.check_accelerators("neuron", int(env["ACCELERATORS_PER_NODE"]))["ok"]
+    monkeypatch.setattr(checks.glob, "glob", lambda pattern: devices[:-1])  # one device missing
+    assert not checks.check_accelerators("neuron", int(env["ACCELERATORS_PER_NODE"]))["ok"]

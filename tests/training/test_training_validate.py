@@ -6,7 +6,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-import validate
+from efa_training import validate
 from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # needs the shared 2-process training run

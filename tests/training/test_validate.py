@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-import validate
+from efa_training import validate
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])

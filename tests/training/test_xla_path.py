@@ -69,7 +69,7 @@ def run_and_accum(request) -> tuple[dict, int]:
 
 def test_the_head_stays_tied_to_the_embedding_on_the_xla_device(xla_run):
     # Moving a module to an XLA device unties shared parameters (PyTorch/XLA TROUBLESHOOTING.md, "XLA Tensor
-    # Quirks"): found by these tests, the XLA path trained a separate head; model_builders.py ties it again.
+    # Quirks"): found by these tests, the XLA path trained a separate head; workloads/gpt/builders.py ties it again.
     assert xla_run["tied"] is True
 
 
@@ -142,10 +142,10 @@ def test_a_dynamic_shape_is_caught_by_the_compile_check(dataset, tmp_path):
 
 
 def _cpu_params(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """A checkpoint loaded on the CPU path the way validation loads it (validate.load_model, this venv's torch)."""
-    import validate
+    """A checkpoint loaded on the CPU path the way validation loads it (saved_model.load_model, this venv's torch)."""
+    from efa_training.workloads.gpt import saved_model
 
-    model, _ = validate.load_model(checkpoint)
+    model, _ = saved_model.load_model(checkpoint)
     return {name: p.detach().double().flatten() for name, p in model.named_parameters()}
 
 

@@ -22,6 +22,14 @@ T = TypeVar("T")
 
 TRAINING_IMAGE = Path(__file__).resolve().parents[2] / "training_image"
 TESTS = Path(__file__).resolve().parent  # slow_train.py: train.py with test-only delays and faults
+# The image's entry points by their script names, run as the launcher runs them: `python -m`, the package on the path.
+MODULES = {
+    "train.py": "efa_training.train",
+    "validate.py": "efa_training.validate",
+    "prepare_data.py": "efa_training.prepare_data",
+    "sanity_check.py": "efa_training.runtime.sanity",
+    "exit_relay.py": "efa_training.runtime.exit_relay",
+}
 # TRAINING_PYTHON runs the launched processes on another interpreter (the images' PyTorch line: .venv-xla).
 PYTHON = os.environ.get("TRAINING_PYTHON", sys.executable)
 
@@ -54,8 +62,8 @@ def shared(tmp_path_factory, name: str, build: Callable[[Path], T]) -> T:
 
 
 def make_dataset(corpus_dir: Path, data_dir: Path) -> None:
-    import prepare_data
-    import synthetic_corpus
+    from efa_training import prepare_data
+    from efa_training.workloads.gpt import sample as synthetic_corpus
 
     synthetic_corpus.write_corpus(corpus_dir)
     assert prepare_data.main(["--input", str(corpus_dir), "--output", str(data_dir), "--val-fraction", "0.1"]) == 0
@@ -69,6 +77,7 @@ def free_port() -> int:
 
 def env(**extra: str) -> dict:
     e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RUN_ID="test")
+    e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TRAINING_IMAGE), os.environ.get("PYTHONPATH")]))
     for name in (
         "TRAIN_TEST_BATCH_DELAY_S",
         "TRAIN_TEST_NAN_FROM_BATCH",
@@ -109,8 +118,15 @@ def train_args(
     ]
 
 
-def script_path(script: str) -> Path:
-    return TESTS / script if (TESTS / script).exists() else TRAINING_IMAGE / script
+def entry(script: str) -> str:
+    """What runs `script`: a test's own file by its path, an image entry point by its module name."""
+    return str(TESTS / script) if (TESTS / script).exists() else MODULES[script]
+
+
+def script_args(script: str) -> list[str]:
+    """`script` on a python (or torchrun) command line: a file by its path, a module after -m."""
+    target = entry(script)
+    return [target] if target.endswith(".py") else ["-m", target]
 
 
 def torchrun_cmd(script: str, args: list[str], nproc: int, max_restarts: int = 0) -> list[str]:
@@ -130,7 +146,7 @@ def torchrun_cmd(script: str, args: list[str], nproc: int, max_restarts: int = 0
         str(max_restarts),
         "--monitor-interval",
         "0.1",
-        str(script_path(script)),
+        *script_args(script),
         *args,
     ]
 
@@ -168,7 +184,7 @@ def torchrun(
 def single_process(script: str, args: list[str], timeout: float = 120, **env_extra: str) -> Run:
     """The script without torchrun: train.py then runs as a world of one."""
     p = subprocess.run(
-        [PYTHON, str(script_path(script)), *args], env=env(**env_extra), capture_output=True, text=True, timeout=timeout
+        [PYTHON, *script_args(script), *args], env=env(**env_extra), capture_output=True, text=True, timeout=timeout
     )
     return Run(p.returncode, p.stdout, p.stderr)
 
@@ -260,11 +276,11 @@ def final_model_state(ckpt: Path) -> dict:
 
 
 def launched(script: str, args: list[str], nproc: int = 2, timeout: float = 120, **env_extra: str) -> Run:
-    """torchrun behind exit_relay.py, run the way launch.py runs it, so the workers' exit codes survive."""
-    cmd = torchrun_cmd("exit_relay.py", [str(script_path(script)), *args], nproc)
+    """torchrun behind exit_relay, run the way launch.py runs it, so the workers' exit codes survive."""
+    cmd = torchrun_cmd("exit_relay.py", [entry(script), *args], nproc)
     runner = (
-        "import os, sys; sys.path.insert(0, sys.argv[1]); import launch; "
-        "sys.exit(launch.run_torchrun(sys.argv[2:], dict(os.environ)))"
+        "import os, sys; sys.path.insert(0, sys.argv[1]); from efa_training.runtime.launch import process; "
+        "sys.exit(process.run_torchrun(sys.argv[2:], dict(os.environ)))"
     )
     p = subprocess.run(
         [PYTHON, "-c", runner, str(TRAINING_IMAGE), *cmd],

@@ -39,8 +39,8 @@ import torch_xla  # noqa: E402
 import torch_xla.debug.metrics as met  # noqa: E402
 import torch_xla.distributed.parallel_loader as parallel_loader  # noqa: E402
 
-import checkpoint  # noqa: E402
-import trainer  # noqa: E402
+from efa_training.checkpointing import store as checkpoint  # noqa: E402
+from efa_training.workloads.gpt import trainer  # noqa: E402
 
 record: dict = {
     **{key: [] for key in ("events", "cuts", "steps", "compiles", "saves", "batches", "losses")},
@@ -72,7 +72,7 @@ def _cut_by(frame: Any) -> str:
         path = Path(frame.f_code.co_filename)
         if path.name == "parallel_loader.py":
             return "loader"
-        if path.parent == TRAINING_IMAGE and frame.f_code.co_name != "mark_step":
+        if TRAINING_IMAGE in path.parents and frame.f_code.co_name != "mark_step":
             return frame.f_code.co_name
         frame = frame.f_back
     return "unknown"
@@ -108,7 +108,7 @@ class RecordingLoader(OriginalLoader):
 parallel_loader.MpDeviceLoader = RecordingLoader
 
 if os.environ.get("XLA_RUN_DYNAMIC_SHAPES") == "1":
-    import data
+    from efa_training.workloads.gpt import data
 
     original_next = data.SequenceBatches.__next__
 
@@ -183,7 +183,7 @@ def main() -> int:
     out, rest = Path(sys.argv[1]), sys.argv[2:]
     if rest[:1] == ["--"]:
         rest = rest[1:]
-    import train
+    from efa_training import train
 
     try:
         code = train.main(rest)

@@ -19,12 +19,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import IMAGE, ensure_dataset, torchrun, train_records
+from common import TRAIN, ensure_dataset, torchrun, train_records
 
 
 def run(data: Path, ckpt: Path, model: str, steps: int, every: int) -> tuple[list[dict], dict]:
     out = torchrun(
-        IMAGE / "train.py",
+        TRAIN,
         [
             "--data",
             str(data),
@@ -45,8 +45,8 @@ def run(data: Path, ckpt: Path, model: str, steps: int, every: int) -> tuple[lis
 
 def main() -> None:
     # The image's own modules, on sys.path once `common` is imported.
-    import train_config
-    from checkpoint_manager import young_daly_steps
+    from efa_training import train_config
+    from efa_training.checkpointing.schedule import young_daly_steps
 
     mtbf_hours = train_config.build_parser().get_default("mtbf_hours")  # train.py's --mtbf-hours default
     p = argparse.ArgumentParser(description=__doc__)

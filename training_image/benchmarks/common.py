@@ -9,6 +9,10 @@ from pathlib import Path
 
 IMAGE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(IMAGE))
+# The image's entry points run as the launcher runs them (`python -m`), with the package on every child's path.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(IMAGE), os.environ.get("PYTHONPATH")]))
+TRAIN = ["-m", "efa_training.train"]
+VALIDATE = ["-m", "efa_training.validate"]
 
 
 def free_port() -> int:
@@ -18,8 +22,8 @@ def free_port() -> int:
 
 
 def ensure_dataset(work: Path) -> Path:
-    import prepare_data
-    import synthetic_corpus
+    from efa_training import prepare_data
+    from efa_training.workloads.gpt import sample as synthetic_corpus
 
     data = work / "data"
     if not (data / "dataset.json").exists():
@@ -28,7 +32,8 @@ def ensure_dataset(work: Path) -> Path:
     return data
 
 
-def torchrun(script: Path, args: list[str], nproc: int = 2) -> str:
+def torchrun(script: Path | list[str], args: list[str], nproc: int = 2) -> str:
+    """torchrun of a benchmark's own script (a path) or of an image entry point (TRAIN); its stdout."""
     cmd = [
         sys.executable,
         "-m",
@@ -39,7 +44,7 @@ def torchrun(script: Path, args: list[str], nproc: int = 2) -> str:
         "c10d",
         "--rdzv-endpoint",
         f"localhost:{free_port()}",
-        str(script),
+        *([str(script)] if isinstance(script, Path) else script),
         *args,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", RUN_ID="bench")

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from data import HEADER  # noqa: E402
-from model import GPT, model_config  # noqa: E402
+from efa_training.workloads.gpt.data import HEADER  # noqa: E402
+from efa_training.workloads.gpt.model import GPT, model_config  # noqa: E402
 
 
 def main() -> None:

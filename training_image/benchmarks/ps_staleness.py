@@ -7,7 +7,7 @@ The same generated Criteo data (40,000 records, a known best AUC), ctr-tiny, 2 s
 both workers at full speed and with worker 1 at half speed (PS_SLOW_WORKER=1:2, which sleeps as long as its step
 took). Reports, per configuration: the job's samples per second while both workers train (the sum of their rates),
 the wall time of the whole job, and the AUC and log-loss on the holdout. Every worker reads its own share of the
-data (ctr_data.block_indices), so with a straggler the job still ends when the straggler has read its share: an
+data (criteo.block_indices), so with a straggler the job still ends when the straggler has read its share: an
 asynchronous job gains throughput while both run, not an earlier end.
 """
 
@@ -22,15 +22,15 @@ import sys
 import time
 from pathlib import Path
 
-from common import IMAGE, free_port
+from common import TRAIN, VALIDATE, free_port
 
 STEPS, BATCH = 300, 128
 CONFIGS = [(s, slow) for s in (0, 4, -1) for slow in ("", "1:2")]
 
 
 def ensure_data(work: Path) -> Path:
-    import ctr_data
-    import prepare_data
+    from efa_training import prepare_data
+    from efa_training.workloads.ctr_ps import sample as ctr_data
 
     data = work / "data"
     if not (data / "dataset.json").exists():
@@ -60,11 +60,11 @@ def run(work: Path, data: Path, staleness: int, slow: str, repeat: int) -> dict:
     args += ["--max-steps", str(STEPS), "--batch-size", str(BATCH), "--lr", "0.02", "--ps-servers-per-node", "2"]
     args += ["--staleness", str(staleness), "--log-every", "50", "--checkpoint-every", str(STEPS)]
     began = time.perf_counter()
-    out = subprocess.run([sys.executable, str(IMAGE / "train.py"), *args], env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, *TRAIN, *args], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - began
     assert out.returncode == 0, out.stderr[-2000:]
     workers = [json.loads(line)["ps_worker_summary"] for line in out.stdout.splitlines() if "ps_worker_summary" in line]
-    check = [sys.executable, str(IMAGE / "validate.py"), "--checkpoint", str(ckpt), "--data", str(data)]
+    check = [sys.executable, *VALIDATE, "--checkpoint", str(ckpt), "--data", str(data)]
     verdict = json.loads(subprocess.run([*check, "--baseline", "1"], capture_output=True, text=True).stdout)["verdict"]
     return {
         "samples_per_second": sum(w["samples_per_second"] for w in workers),

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import IMAGE, ensure_dataset, free_port, train_records
+from common import TRAIN, ensure_dataset, free_port, train_records
 
 STEP = re.compile(r'"Step": (\d+)')
 
@@ -46,7 +46,7 @@ def command(data: Path, ckpt: Path, model: str, steps: int, every: int, max_rest
         str(max_restarts),
         "--monitor-interval",
         "0.1",
-        str(IMAGE / "train.py"),
+        *TRAIN,
         "--data",
         str(data),
         "--checkpoint-dir",
@@ -163,7 +163,7 @@ def main() -> None:
     trials = [
         trial(data, work, args.model, int(k), mode, rng) for k in args.every.split(",") for mode in ("job", "worker")
     ]
-    from checkpoint_manager import young_daly_steps  # the image's own formula (common put it on sys.path)
+    from efa_training.checkpointing.schedule import young_daly_steps  # the image's own (common put it on sys.path)
 
     young_daly = {
         f"{h} h": {

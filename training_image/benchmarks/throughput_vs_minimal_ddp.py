@@ -11,7 +11,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import IMAGE, ensure_dataset, tokens_per_second, torchrun, train_records
+from common import TRAIN, ensure_dataset, tokens_per_second, torchrun, train_records
 
 
 def main() -> None:
@@ -28,7 +28,7 @@ def main() -> None:
     for r in range(args.repeats):
         ckpt = work / f"ckpt-throughput-{r}"
         out = torchrun(
-            IMAGE / "train.py",
+            TRAIN,
             [
                 "--data",
                 str(data),

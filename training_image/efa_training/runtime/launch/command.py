@@ -1,0 +1,195 @@
+"""The command the launcher runs for a mode in this container, and the environment it runs with.
+
+From the scheduler's environment (rendezvous.py's plan) and, on SageMaker, the job's files (sagemaker.py): the
+torchrun line with each worker behind exit_relay, the workload's own supervisor (a parameter-server run), or one plain
+process; on Trainium, the compile job's neuron_parallel_compile around a short trial run (neuron_compile.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from efa_training import workloads
+from efa_training.runtime.errors import UsageError
+from efa_training.runtime.launch import neuron_compile
+from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, EXIT_RELAY, PACKAGE_ROOT, SINGLE_MODES
+from efa_training.runtime.launch.rendezvous import (
+    DEFAULT_PORT,
+    LaunchPlan,
+    env_count,
+    interface_ipv4,
+    own_ipv4,
+    plan_launch,
+)
+from efa_training.runtime.launch.sagemaker import (
+    hyperparameter_flags,
+    ml_root,
+    on_sagemaker,
+    read_json,
+    sagemaker_hosts,
+)
+from efa_training.runtime.run_paths import flag_value
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What main() runs: the command, its plan (None for a single process), the child environment, and on SageMaker
+    the sanity check to pass first and where the failure file goes."""
+
+    command: list[str]
+    plan: LaunchPlan | None
+    env: dict
+    sanity_first: list[str] | None = None
+    ml_root: Path | None = None  # set on SageMaker
+    # compile: the marker the main node writes once the cache is filled, and why nothing needs compiling if so.
+    ready_marker: Path | None = None
+    run_shape: dict | None = None
+    already_compiled: str | None = None
+    scratch: Path | None = None  # the trial run's throwaway checkpoints
+
+
+def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> Launch:
+    """The command for `mode` in this container: from the scheduler's environment, and on SageMaker its files."""
+    env = dict(environ)
+    # A fresh rendezvous store per round: restarted workers never read a dead worker's address.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    env["PYTHONPATH"] = python_path(env)
+    if env.get("ACCELERATOR_KIND") == "neuron" and mode in ("train", "compile"):
+        # Neuron docs, "Neuron Persistent Cache": NEURON_COMPILE_CACHE_URL names the cache; on the shared file system
+        # the compile job fills it and every node of every later run reads it.
+        env.setdefault("NEURON_COMPILE_CACHE_URL", str(neuron_compile.cache_root(env)))
+    elif mode == "compile":
+        raise UsageError("mode", mode, "only Trainium (ACCELERATOR_KIND=neuron) compiles ahead of time", "train")
+    if not on_sagemaker(env):
+        return _prepare_scheduler(mode, script_args, env)
+    return _prepare_sagemaker(mode, script_args, env)
+
+
+def python_path(env: Mapping[str, str]) -> str:
+    """The children's PYTHONPATH: the package's folder first, so `python -m efa_training...` finds it wherever the
+    job's working directory is."""
+    others = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(PACKAGE_ROOT)]
+    return os.pathsep.join([str(PACKAGE_ROOT), *others])
+
+
+def _prepare_scheduler(mode: str, script_args: list[str], env: dict) -> Launch:
+    """AWS Batch, Kubernetes or a local node: everything comes from the environment."""
+    own = own_ipv4(env) if mode in DISTRIBUTED_MODES else None
+    cmd, plan = build_command(mode, script_args, env, own)
+    if plan and parameter_servers(mode, script_args):
+        env.update(workloads.supervisor_environment(plan))
+    return ahead_of_time(mode, Launch(cmd, plan, env), script_args)
+
+
+def _prepare_sagemaker(mode: str, script_args: list[str], env: dict) -> Launch:
+    """A SageMaker training job: the hosts and interface from resourceconfig.json, flags from hyperparameters.json,
+    and the sanity check first where the job asks for it."""
+    root = ml_root(env)
+    config = read_json(root / "input/config/resourceconfig.json")
+    if not isinstance(config, dict):
+        raise UsageError("resourceconfig.json", config, "not a JSON object", "SageMaker's resource configuration")
+    _, _, interface = sagemaker_hosts(config)
+    for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        if not env.get(name):
+            # NCCL takes a bare name as a prefix ("eth0" would also match eth01): "=" asks for the exact interface.
+            env[name] = f"={interface}" if name.startswith("NCCL") else interface
+    args = [*script_args, *hyperparameter_flags(mode, read_json(root / "input/config/hyperparameters.json", {}))]
+    own = None
+    if mode in DISTRIBUTED_MODES:
+        own = interface_ipv4(interface)
+        if own is None:
+            raise UsageError(
+                "resourceconfig.json network_interface_name", interface, "no IPv4 address in this container", "eth0"
+            )
+    cmd, plan = build_command(mode, args, env, own, config)
+    if plan and parameter_servers(mode, args):
+        env.update(workloads.supervisor_environment(plan))
+    sanity = None
+    if plan and mode == "train" and env.get("SANITY_BEFORE_TRAINING") == "1":
+        sanity = sanity_first_command(plan, args, env, config)
+    return ahead_of_time(mode, Launch(cmd, plan, env, sanity, root), args)
+
+
+def ahead_of_time(mode: str, launch: Launch, script_args: list[str]) -> Launch:
+    """compile: neuron_parallel_compile around a short train.py run, unless this run shape's cache is ready.
+    train on Trainium: says whether its shape was compiled ahead of time (if not, graphs compile as they appear)."""
+    plan = launch.plan
+    if plan is None or launch.env.get("ACCELERATOR_KIND") != "neuron" or mode not in ("train", "compile"):
+        return launch
+    run_shape = neuron_compile.shape(script_args, launch.env, plan.nnodes, plan.nproc_per_node)
+    marker = neuron_compile.ready_marker(launch.env, neuron_compile.shape_key(run_shape))
+    if mode == "train":
+        state = "ready" if marker.is_file() else "missing: graphs will compile during training"
+        print(f"launch.py: compile cache for this run shape {state} ({marker})", file=sys.stderr, flush=True)
+        return launch
+    if marker.is_file():
+        return replace(launch, already_compiled=f"compile cache already ready for this run shape ({marker})")
+    run_id = flag_value(script_args, "--run-id") or launch.env.get("RUN_ID", "") or plan.rdzv_id
+    scratch = neuron_compile.cache_root(launch.env) / neuron_compile.SCRATCH_DIR / plan.rdzv_id
+    steps = neuron_compile.compile_steps(launch.env)
+    trial = torchrun_command(plan, "compile", neuron_compile.compile_args(script_args, run_id, scratch, steps))
+    # Neuron docs: `neuron_parallel_compile <run commands>`, the run command being torchrun with a few steps.
+    command = ["neuron_parallel_compile", *trial]
+    main = plan.is_main_node
+    return replace(launch, command=command, ready_marker=marker if main else None, run_shape=run_shape, scratch=scratch)
+
+
+def build_command(
+    mode: str,
+    script_args: list[str],
+    env: Mapping[str, str],
+    own_address: str | None = None,
+    resource_config: Mapping | None = None,
+) -> tuple[list[str], LaunchPlan | None]:
+    if mode in SINGLE_MODES:
+        return [sys.executable, "-m", SINGLE_MODES[mode], *script_args], None
+    plan = plan_launch(mode, env, own_address, resource_config)
+    expected = flag_value(script_args, "--expected-nodes")
+    # Checked here as well as in the scripts: a mismatch must fail once, not once per torchrun restart.
+    if expected is not None and ":" not in plan.nnodes and expected != plan.nnodes:
+        raise UsageError(
+            "--expected-nodes",
+            expected,
+            f"the scheduler gives {plan.nnodes} node(s)",
+            "the job's node count (AWS_BATCH_JOB_NUM_NODES / PET_NNODES / SageMaker's hosts)",
+        )
+    if parameter_servers(mode, script_args):
+        # Parameter servers run under their own supervisor, not torchrun (workloads/ctr_ps/supervisor.py says why).
+        return [sys.executable, "-m", DISTRIBUTED_MODES[mode], *script_args], plan
+    return torchrun_command(plan, mode, script_args), plan
+
+
+def parameter_servers(mode: str, script_args: list[str]) -> bool:
+    """Whether this `train` runs under its workload's own supervisor instead of torchrun (workloads.runner)."""
+    return mode == "train" and workloads.runner(flag_value(script_args, "--strategy")) == "supervisor"
+
+
+def torchrun_command(plan: LaunchPlan, mode: str, script_args: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *plan.torchrun_args(),
+        "-m",
+        EXIT_RELAY,
+        DISTRIBUTED_MODES[mode],
+        *script_args,
+    ]
+
+
+def sanity_first_command(
+    plan: LaunchPlan, script_args: list[str], env: Mapping[str, str], resource_config: Mapping | None
+) -> list[str]:
+    """The sanity check on the training's hosts, with a rendezvous of its own (MASTER_PORT + 1, rdzv id + -sanity)."""
+    port = env_count(env, "MASTER_PORT", DEFAULT_PORT, minimum=1) + 1
+    sanity = plan_launch("sanity", {**env, "MASTER_PORT": str(port)}, plan.local_addr, resource_config)
+    sanity = replace(sanity, rdzv_id=f"{plan.rdzv_id}-sanity")
+    run_id = flag_value(script_args, "--run-id") or env.get("RUN_ID", "")
+    args = ["--run-id", run_id] if run_id else []
+    if ":" not in plan.nnodes:
+        args += ["--expected-nodes", plan.nnodes]
+    return torchrun_command(sanity, "sanity", args)

@@ -1,0 +1,21 @@
+"""What each of the launcher's modes runs, and where the package is for the processes it starts.
+
+sanity, train and compile run under torchrun, each worker behind exit_relay.py (or, for a parameter-server run, under
+the workload's own supervisor: workloads.runner); validate and prepare-data run as one plain process. Every process
+runs an entry point of the package as `python -m`, with the package's folder first on its PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DISTRIBUTED_MODES = {
+    "sanity": "efa_training.runtime.sanity",
+    "train": "efa_training.train",
+    "compile": "efa_training.train",
+}
+SINGLE_MODES = {"validate": "efa_training.validate", "prepare-data": "efa_training.prepare_data"}
+EXIT_RELAY = "efa_training.runtime.exit_relay"
+# The folder that holds the package (/opt/training in the image, training_image/ here): the children's PYTHONPATH,
+# and where the release's version.py is.
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]

@@ -1,0 +1,61 @@
+"""The launcher's children: torchrun (or one plain process) with the scheduler's stop signals passed on, ending with
+the workers' own exit code; on SageMaker, the sanity check first and the failure file after them."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from efa_training.runtime import host_metrics
+from efa_training.runtime.errors import EXIT_STOPPED
+from efa_training.runtime.exit_relay import EXIT_CODE_DIR, relayed_exit_code
+from efa_training.runtime.launch.sagemaker import write_failure
+
+if TYPE_CHECKING:
+    from efa_training.runtime.launch.command import Launch
+
+_signals_received: list[int] = []
+
+
+def run_forwarding(cmd: list[str], env: dict) -> int:
+    """`cmd` as a child with the scheduler's stop signals passed on (StopTrainingJob sends SIGTERM and waits 120 s:
+    https://docs.aws.amazon.com/sagemaker/latest/dg/API_StopTrainingJob.html); its exit code, 128+N if killed."""
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        _signals_received.append(signum)
+        proc.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    code = proc.wait()
+    return code if code >= 0 else 128 - code
+
+
+def run_torchrun(cmd: list[str], env: dict) -> int:
+    """torchrun as a child, with the scheduler's stop signals passed on, ending with the workers' own exit code."""
+    with tempfile.TemporaryDirectory(prefix="launch-exit-codes-") as folder:
+        return relayed_exit_code(Path(folder), run_forwarding(cmd, {**env, EXIT_CODE_DIR: folder}))
+
+
+def run_on_sagemaker(mode: str, launch: Launch) -> int:
+    """The job's processes as children (so the failure file can be written after them), sanity first if asked."""
+    assert launch.ml_root is not None
+    host_metrics.start_beside(mode, launch.env, launch.ml_root)  # this instance's utilisation, for the idle alarm
+    stage, code = mode, 0
+    if launch.sanity_first:
+        stage = "sanity check before training"
+        print(f"launch.py: {stage}: {' '.join(launch.sanity_first)}", file=sys.stderr, flush=True)
+        code = run_torchrun(launch.sanity_first, launch.env)
+        if code == 0 and _signals_received:
+            code = EXIT_STOPPED  # stopped between the check and the training: nothing to train or save yet
+    if code == 0:
+        stage = mode
+        code = run_torchrun(launch.command, launch.env) if launch.plan else run_forwarding(launch.command, launch.env)
+    if code != 0:
+        write_failure(launch.ml_root, code, stage)
+    return code

@@ -1,0 +1,68 @@
+"""The model sizes and what they cost to train, without torch: the training image sizes its models from here, and
+the cost report (tools/cost_report.py) prices a billion tokens of each from the same FLOPs per token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from efa_training.runtime.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layer: int
+    n_head: int
+    d_model: int
+    seq_len: int
+    vocab_size: int = 320  # 257 byte-level ids padded to a multiple of 64 for matmul efficiency
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"model.{name}", getattr(self, name), "must be positive", ">= 1")
+        if self.d_model % self.n_head:
+            raise UsageError(
+                "model.d_model", self.d_model, f"not divisible by n_head={self.n_head}", "a multiple of n_head"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise UsageError("model.dropout", self.dropout, "out of range", "0 <= dropout < 1")
+
+
+MODEL_SIZES: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(n_layer=2, n_head=4, d_model=64, seq_len=64),
+    "mini": ModelConfig(n_layer=4, n_head=4, d_model=128, seq_len=128),
+    "125m": ModelConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024),
+    "350m": ModelConfig(n_layer=24, n_head=16, d_model=1024, seq_len=1024),
+    "760m": ModelConfig(n_layer=24, n_head=16, d_model=1536, seq_len=2048),
+    "1.3b": ModelConfig(n_layer=24, n_head=32, d_model=2048, seq_len=2048),
+    "2.7b": ModelConfig(n_layer=32, n_head=32, d_model=2560, seq_len=2048),
+    "6.7b": ModelConfig(n_layer=32, n_head=32, d_model=4096, seq_len=2048),
+    "13b": ModelConfig(n_layer=40, n_head=40, d_model=5120, seq_len=2048),
+}
+
+
+def model_config(name: str, seq_len: int | None = None, vocab_size: int | None = None) -> ModelConfig:
+    if name not in MODEL_SIZES:
+        raise UsageError("--model", name, "unknown model size", ", ".join(MODEL_SIZES))
+    cfg = MODEL_SIZES[name]
+    if seq_len:
+        cfg = replace(cfg, seq_len=seq_len)
+    if vocab_size and vocab_size > cfg.vocab_size:
+        cfg = replace(cfg, vocab_size=math.ceil(vocab_size / 64) * 64)
+    return cfg
+
+
+def count_params(cfg: ModelConfig) -> int:
+    """Parameters without instantiating the model (for MFU of multi-billion configs)."""
+    d, L, v = cfg.d_model, cfg.n_layer, cfg.vocab_size
+    per_block = 12 * d * d + 13 * d  # qkv+proj+mlp weights and biases, two LayerNorms
+    return v * d + cfg.seq_len * d + L * per_block + 2 * d
+
+
+def flops_per_token(cfg: ModelConfig) -> float:
+    """Training FLOPs per token: 6N for the matmuls plus attention (PaLM appendix B)."""
+    n = count_params(cfg) - cfg.seq_len * cfg.d_model  # position embeddings cost no matmul FLOPs
+    return 6.0 * n + 12.0 * cfg.n_layer * cfg.d_model * cfg.seq_len

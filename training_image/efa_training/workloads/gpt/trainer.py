@@ -1,0 +1,293 @@
+"""The training loop: a small Trainer, as in pytorch/examples' ddp-tutorial-series (multinode.py) and torchtitan.
+
+`train_step` runs one optimizer step: the micro-steps (gradients synchronised on the last one only), clipping, the
+optimizer and scheduler, and one small all-reduce that carries the loss, the gradient norm and whether any rank was
+asked to stop. `fit` runs steps until the last one or a stop, and hands each finished step to the metrics, the
+divergence guard (runtime/divergence.py) and the checkpoint manager (checkpointing/manager.py), which alone decides
+whether to save. Training is seeded; the CPU kernels used here are deterministic, so CPU runs resume bit for bit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from efa_training.checkpointing.lock import take_folder
+from efa_training.checkpointing.manager import CheckpointManager
+from efa_training.checkpointing.state import TrainerState
+from efa_training.runtime.console import log
+from efa_training.runtime.distributed import Runtime
+from efa_training.runtime.divergence import DivergenceGuard
+from efa_training.runtime.errors import EXIT_STOPPED, UsageError
+from efa_training.runtime.metrics import MetricsLogger, peak_tflops
+from efa_training.runtime.run_paths import node_local_checkpoints
+from efa_training.runtime.signals import StopFlag
+from efa_training.workloads.gpt.builders import (
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    grad_sync_context,
+    seed_everything,
+)
+from efa_training.workloads.gpt.data import BatchSpec, SequenceBatches, TokenStream
+from efa_training.workloads.gpt.model import ModelConfig, flops_per_token
+from efa_training.workloads.gpt.saved_model import find_and_load
+
+if TYPE_CHECKING:
+    from efa_training.train_config import TrainConfig
+
+
+@dataclass
+class StepResult:
+    """One optimizer step as every rank agrees on it."""
+
+    loss: float  # mean over ranks
+    grad_norm: float  # the global norm
+    stop_requested: bool  # SIGTERM/SIGINT reached at least one rank
+    seconds: float
+
+
+class StepMeter:
+    """Per-step metrics lines (rank 0) and the figures of the run's summary."""
+
+    def __init__(self, cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime, start_step: int) -> None:
+        self.metrics = MetricsLogger(cfg.run_id, enabled=rt.is_main)
+        self.log_every, self.max_steps, self.world_size = cfg.log_every, cfg.max_steps, rt.world_size
+        self.tokens_per_step = rt.world_size * cfg.micro_batch_size * cfg.grad_accum_steps * mcfg.seq_len
+        self.peak = peak_tflops(torch.cuda.get_device_name(rt.device)) if rt.device_type == "cuda" else None
+        self.flops_per_token = flops_per_token(mcfg)
+        self.start_step, self.started = start_step, time.perf_counter()
+        self.step_times: list[float] = []
+        self.throughput: list[float] = []  # tokens/s of the steps after the first
+        self.loss = float("nan")
+
+    def record(self, step: int, result: StepResult, lr: float) -> None:
+        self.loss = result.loss
+        self.step_times.append(result.seconds)
+        tps = self.tokens_per_step / result.seconds
+        if step > self.start_step + 1:
+            self.throughput.append(tps)  # the first step after (re)start includes warm-up and compilation
+        if step % self.log_every == 0 or step == self.max_steps:
+            mfu = 100.0 * self.flops_per_token * tps / (self.peak * 1e12 * self.world_size) if self.peak else None
+            self.metrics.step(step, result.loss, tps, result.seconds, mfu, LearningRate=lr)
+
+    def figures(self) -> dict:
+        return {
+            "final_loss": self.loss if math.isfinite(self.loss) else None,  # NaN: nothing trained
+            "mean_tokens_per_second": float(np.mean(self.throughput)) if self.throughput else None,
+            "wall_seconds": time.perf_counter() - self.started,
+        }
+
+
+class Trainer:
+    """One rank's training run: built from the config, resumed from the newest good checkpoint, then `fit`."""
+
+    def __init__(self, cfg: TrainConfig, rt: Runtime) -> None:
+        if rt.device_type == "xla" and cfg.strategy == "fsdp":
+            raise UsageError("--strategy", "fsdp", "FSDP2 is not supported on the xla device", "ddp")
+        # torch.use_deterministic_algorithms is not called: it imports inductor (+1 s per process), and the CPU
+        # kernels used here are deterministic already (the resume test checks it bit for bit).
+        self.cfg, self.rt, self.mcfg = cfg, rt, cfg.model_config()
+        self.stop = StopFlag()
+        self.model = build_model(cfg, self.mcfg, rt)
+        self.optimizer = build_optimizer(self.model, cfg, rt)
+        self.scheduler = build_scheduler(self.optimizer, cfg)
+        seed_everything(cfg.seed + rt.rank)  # per-rank streams (dropout); replaced by the checkpoint's on resume
+        self.checkpoints = self._open_checkpoints()
+        self.state = self._start()
+        self.batches = self._batches(self.state)
+        self.meter = StepMeter(cfg, self.mcfg, rt, self.state.step)
+        self.guard = DivergenceGuard(cfg, rt.is_main)
+        self.samples_per_step = rt.world_size * cfg.micro_batch_size * cfg.grad_accum_steps
+        self.checksums: list[float] | None = None
+
+    def _open_checkpoints(self) -> CheckpointManager:
+        """The folder's writer lock, held until the process ends, then the manager that resumes and saves in it."""
+        cfg, rt = self.cfg, self.rt
+        node_local = node_local_checkpoints(os.environ)
+        if node_local and rt.device_type == "xla":
+            # The node-local manifest travels by an object broadcast, which the XLA backend does not offer.
+            raise UsageError("CHECKPOINT_NODE_LOCAL", "1", "not supported on the xla device", "0 (a shared folder)")
+        self._lock = take_folder(Path(cfg.checkpoint_dir), rt, node_local)  # held until the process ends
+        return CheckpointManager(
+            cfg,
+            rt,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            {"train": asdict(cfg), "model": asdict(self.mcfg)},
+            node_local,
+        )
+
+    def _start(self) -> TrainerState:
+        """Where the run starts: its newest good checkpoint, else --init-from's weights, else afresh (rank 0 says)."""
+        cfg, rt = self.cfg, self.rt
+        state, resumed_from = self.checkpoints.resume()
+        start = f"resumed from {resumed_from}" if resumed_from else "starting fresh"
+        initial = cfg.initial_model_dir()
+        if resumed_from is None and initial is not None:  # a run's own checkpoint wins over its initial model
+            start = f"starting from the weights of {self._start_from(initial)}"
+        if rt.is_main:
+            log(
+                f"train: {start} at step "
+                f"{state.step}; world={rt.world_size} device={rt.device_type} strategy={cfg.strategy} "
+                f"model={cfg.model} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+            )
+        return state
+
+    def _start_from(self, folder: Path) -> Path:
+        """The weights of another run's newest loadable checkpoint (incremental training); the optimizer, the
+        schedule, the step and the data position start afresh. Refused (exit 2) for another model size."""
+        try:
+            initial, meta, path = find_and_load(folder, flag="--init-from")
+        except RuntimeError as err:  # none of its checkpoints loads
+            raise UsageError("--init-from", str(folder), str(err), "a run with a loadable checkpoint") from None
+        if meta["config"]["model"] != asdict(self.mcfg):
+            raise UsageError(
+                "--init-from",
+                str(path),
+                f"a {meta['config']['train'].get('model')} model, not this run's {self.cfg.model}",
+                "a checkpoint of the same model size and sequence length",
+            )
+        weights = initial.state_dict()
+        if self.cfg.strategy == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True))
+        else:
+            target = (
+                self.model.module if isinstance(self.model, torch.nn.parallel.DistributedDataParallel) else self.model
+            )
+            target.load_state_dict(weights)  # copies into the parameters in place: the head stays tied
+        return path
+
+    def _batches(self, state: TrainerState) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        spec = BatchSpec(self.mcfg.seq_len, self.cfg.micro_batch_size, self.rt.rank, self.rt.world_size, self.cfg.seed)
+        batches = SequenceBatches(
+            TokenStream(Path(self.cfg.data), "train"), spec, samples_consumed=state.samples_consumed
+        )
+        if self.rt.device_type != "xla":
+            return iter(batches)
+        parallel_loader = importlib.import_module("torch_xla.distributed.parallel_loader")  # Neuron image only
+        # Neuron docs: MpDeviceLoader overlaps host-to-device copies and inserts mark_step per batch.
+        return iter(parallel_loader.MpDeviceLoader(batches, self.rt.device))
+
+    def fit(self) -> int:
+        """Train to the last step, or until a stop is requested: 143 if stopped before the last step, else 0."""
+        self.model.train()
+        stopping = False
+        while self.state.step < self.cfg.max_steps and not stopping:
+            result = self.train_step()
+            self.meter.record(self.state.step, result, float(self.scheduler.get_last_lr()[0]))
+            # After the metrics line (the NonFiniteLoss alarm sees the step), before any save.
+            self.guard.check(self.state.step, result.loss, result.grad_norm, self.checkpoints.last_saved)
+            stopping = result.stop_requested
+            if stopping or self.state.step == self.cfg.max_steps:
+                # Before the final save, so the save's barrier stays the last collective before teardown
+                # (a collective right before destroy_process_group made gloo abort at exit, 3 runs in 8).
+                self.checksums = replica_checksums(self.model, self.cfg.strategy, self.rt)
+            self.checkpoints.after_step(self.state, stopping, self.meter.step_times)
+        self._summary(stopping)
+        # Every rank exits the same way, whichever of them got the signal.
+        return EXIT_STOPPED if stopping and self.state.step < self.cfg.max_steps else 0
+
+    def train_step(self) -> StepResult:
+        started = time.perf_counter()
+        loss_sum = self._accumulate_gradients()
+        if self.rt.xm is not None:
+            self.rt.xm.reduce_gradients(self.optimizer)  # the one gradient all-reduce, after the last micro-step
+        # The global norm (all-reduced gradients, or FSDP's sharded norm): the same on every rank. With
+        # --grad-clip 0 an infinite bound measures without clipping.
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip or math.inf)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        # Neuron docs: cut right after optimizer.step(). The device loader cuts too, before every batch, so with
+        # gradient accumulation each micro-batch's forward and backward is a graph of its own (test_xla_path.py).
+        self.rt.mark_step()
+        self.state.advance(self.samples_per_step, self.meter.tokens_per_step)
+        loss, norm, stop_votes = self._agree(loss_sum, grad_norm)
+        return StepResult(loss, norm, stop_votes > 0, time.perf_counter() - started)
+
+    def _accumulate_gradients(self) -> torch.Tensor:
+        loss_sum = torch.zeros((), device=self.rt.device)
+        for micro in range(self.cfg.grad_accum_steps):
+            x, y = next(self.batches)
+            x, y = x.to(self.rt.device, non_blocking=True), y.to(self.rt.device, non_blocking=True)
+            last = micro == self.cfg.grad_accum_steps - 1
+            with grad_sync_context(self.model, self.cfg.strategy, last):
+                with self.rt.autocast():
+                    loss = self.model(x, y) / self.cfg.grad_accum_steps
+                loss.backward()
+            loss_sum += loss.detach()
+        return loss_sum
+
+    def _agree(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float, float]:
+        """(mean loss, gradient norm, stop votes) from one tiny all-reduce, so every rank stops at the same step.
+        .tolist() is the step's one host sync."""
+        norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
+        stats = torch.stack(
+            [
+                loss_sum.float(),
+                torch.tensor(float(self.stop.requested), device=self.rt.device),
+                norm.float().to(self.rt.device) / self.rt.world_size,
+            ]
+        )
+        dist.all_reduce(stats)
+        loss, stop_votes, norm_value = stats.tolist()
+        return loss / self.rt.world_size, norm_value, stop_votes
+
+    def _summary(self, stopped: bool) -> None:
+        if self.rt.is_main and self.checksums and len(set(self.checksums)) > 1:
+            log(
+                f"train: WARNING the ranks' parameters differ (checksums {self.checksums}): gradients were not "
+                "all-reduced the same way on every rank"
+            )
+        figures = self.meter.figures()
+        self.meter.metrics.summary(
+            {
+                "run_id": self.cfg.run_id,
+                "steps": self.state.step,
+                "start_step": self.meter.start_step,
+                "final_loss": figures["final_loss"],
+                "tokens_seen": self.state.tokens_seen,
+                "mean_tokens_per_second": figures["mean_tokens_per_second"],
+                "wall_seconds": figures["wall_seconds"],
+                "world_size": self.rt.world_size,
+                "strategy": self.cfg.strategy,
+                "model": self.cfg.model,
+                "last_checkpoint_step": self.checkpoints.last_saved,
+                "stopped_by_sigterm": stopped,
+                "checkpoints_saved": self.checkpoints.saves,
+                "checkpoint_seconds": self.checkpoints.save_seconds,
+                "replica_checksums": self.checksums,
+            }
+        )
+
+
+def replica_checksums(model: torch.nn.Module, strategy: str, rt: Runtime) -> list[float] | None:
+    """Every rank's checksum of its parameters (gathered; rank 0 reports them in the summary).
+
+    With replicated parameters (DDP, XLA) they must be equal: a difference means gradients were
+    not all-reduced (or were reduced differently) and the replicas have drifted apart. FSDP ranks
+    hold different shards, so there is nothing to compare (None).
+    """
+    if strategy == "fsdp":
+        return None
+    sums = torch.zeros(rt.world_size, dtype=torch.float64, device=rt.device)
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            values = p.detach().double()
+            sums[rt.rank] += (i + 1) * values.sum() + values.square().sum()  # weighted by tensor: swaps show
+    dist.all_reduce(sums)  # each rank fills its own slot: a gather built from the per-step collective
+    return sums.tolist()
