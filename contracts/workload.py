@@ -1,0 +1,227 @@
+"""A workload: the user's training code, declared once per environment (cdk.json `workloads`), as the platform runs it.
+
+A declaration names where the image comes from (a folder with a Dockerfile built on the platform's image, or an
+image URI), how the code is launched on each node, its train and validate commands, the metric the validation gate
+reads (and whether lower or higher is better), the regular expressions that turn its log lines into metrics (as
+SageMaker's metric definitions do), and its hyperparameters' schema. docs/workloads.md is the contract the code
+follows; this module only reads and checks declarations: every mistake is one line naming the workload, the
+field, the value and what is allowed, at synth.
+
+    "workloads": {"my-llm": {"image": {"directory": "my-llm"}, "launch": "torchrun",
+                             "train": ["python", "train.py"], "validate": ["python", "evaluate.py"],
+                             "metric": {"name": "eval_loss", "direction": "lower"},
+                             "metrics": {"loss": "loss=([0-9.eE+-]+)"},
+                             "hyperparameters": {"lr": {"type": "number", "default": 0.001, "minimum": 0}}}}
+"""
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from contracts.run import REQUIRED, Field, check_value
+
+# Launch modes: the platform's torchrun on every node (its rendezvous; the command is the script and its
+# arguments); the workload's own per-node launcher (`accelerate launch`, `deepspeed`), run once per node with the
+# same environment; or one process per node (RANK = node rank, WORLD_SIZE = nodes).
+LAUNCHES = ("torchrun", "per-node", "one-process")
+DIRECTIONS = ("lower", "higher")  # which way the validation metric is better
+HYPERPARAMETER_TYPES = ("string", "integer", "number", "boolean")
+# The Dockerfile of a workload built from a folder starts from the platform's image, which carries the launcher,
+# the sanity check and the EFA stack: the stacks pass its URI as this build argument.
+PLATFORM_IMAGE_ARG = "PLATFORM_IMAGE"
+# Names reach Batch job definition names, Kubernetes labels and SageMaker job names: short, lower case.
+NAME_PATTERN = r"[a-z](?:[a-z0-9-]{0,22}[a-z0-9])?"
+HYPERPARAMETER_NAME_PATTERN = r"[a-z_][a-z0-9_]{0,63}"
+METRIC_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_.:-]{0,63}"
+IMAGE_URI_PATTERN = r"[a-z0-9.-]+(?::[0-9]+)?/[a-z0-9._/-]+(?::[A-Za-z0-9_.-]{1,128}|@sha256:[0-9a-f]{64})"
+MAX_COMMAND_ITEMS, MAX_HYPERPARAMETERS, MAX_METRICS = 64, 100, 40
+FIELDS = ("image", "launch", "train", "validate", "metric", "metrics", "hyperparameters")
+
+
+class WorkloadError(ValueError):
+    """One line: `workloads.<name>.<field>=<value> is not valid; expected <what is allowed>`."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    image_directory: str | None  # a folder (relative to the project) with a Dockerfile on the platform's image
+    image_uri: str | None
+    launch: str
+    train: tuple[str, ...]
+    validate: tuple[str, ...]
+    metric: str
+    direction: str
+    metrics: Mapping[str, str]  # metric name -> regex with one group, matched on every log line
+    hyperparameters: tuple[Field, ...]  # dotted names: hyperparameters.<name>
+
+    def as_json(self) -> dict:
+        """What the launcher in the image reads (the job's WORKLOAD environment variable, as JSON)."""
+        return {
+            "name": self.name,
+            "launch": self.launch,
+            "train": list(self.train),
+            "validate": list(self.validate),
+            "metric": {"name": self.metric, "direction": self.direction},
+            "metrics": dict(self.metrics),
+        }
+
+
+def parse_workloads(raw: object, root: Path) -> tuple[Workload, ...]:
+    """Every declared workload, checked; `root` is where image folders are found (the project)."""
+    if not isinstance(raw, dict):
+        raise WorkloadError(f"workloads={_show(raw)} is not valid; expected an object of workload name -> declaration")
+    return tuple(parse_workload(name, declaration, root) for name, declaration in raw.items())
+
+
+def parse_workload(name: object, raw: object, root: Path) -> Workload:
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+        raise WorkloadError(
+            f"workloads.{name}: the name is not valid; expected 1-24 lower-case letters, digits and '-', "
+            "starting with a letter and ending with a letter or digit"
+        )
+    where = _Where(name)
+    if not isinstance(raw, dict):
+        raise where.bad("", raw, "an object with " + ", ".join(FIELDS))
+    for key in raw:
+        if key not in FIELDS:
+            raise where.bad(key, raw[key], f"no such field; a declaration has only {', '.join(FIELDS)}")
+    directory, uri = _image(where, raw.get("image"), root)
+    metric = raw.get("metric")
+    if not isinstance(metric, dict) or set(metric) != {"name", "direction"}:
+        raise where.bad("metric", metric, 'an object {"name": <metric>, "direction": "lower" or "higher"}')
+    return Workload(
+        name=name,
+        image_directory=directory,
+        image_uri=uri,
+        launch=where.choice("launch", raw.get("launch", "torchrun"), LAUNCHES),
+        train=_command(where, "train", raw.get("train")),
+        validate=_command(where, "validate", raw.get("validate")),
+        metric=where.matching("metric.name", metric["name"], METRIC_NAME_PATTERN, "a metric name"),
+        direction=where.choice("metric.direction", metric["direction"], DIRECTIONS),
+        metrics=_regexes(where, raw.get("metrics", {})),
+        hyperparameters=_schema(where, raw.get("hyperparameters", {})),
+    )
+
+
+@dataclass(frozen=True)
+class _Where:
+    name: str
+
+    def bad(self, field: str, value: object, allowed: str) -> WorkloadError:
+        path = f"workloads.{self.name}" + (f".{field}" if field else "")
+        return WorkloadError(f"{path}={_show(value)} is not valid; expected {allowed}")
+
+    def choice(self, field: str, value: object, choices: tuple[str, ...]) -> str:
+        if value not in choices:
+            raise self.bad(field, value, " or ".join(choices))
+        return str(value)
+
+    def matching(self, field: str, value: object, pattern: str, what: str) -> str:
+        if not isinstance(value, str) or not re.fullmatch(pattern, value):
+            raise self.bad(field, value, f"{what} matching {pattern}")
+        return value
+
+
+def _image(where: _Where, raw: object, root: Path) -> tuple[str | None, str | None]:
+    """Exactly one of {"directory": ...} (built on the platform's image) or {"uri": ...} (documented, unchecked)."""
+    allowed = '{"directory": <folder with a Dockerfile>} or {"uri": <image URI>}'
+    if not isinstance(raw, dict) or len(raw) != 1 or not set(raw) <= {"directory", "uri"}:
+        raise where.bad("image", raw, allowed)
+    if "uri" in raw:
+        return None, where.matching("image.uri", raw["uri"], IMAGE_URI_PATTERN, "an image URI with a tag or digest")
+    directory = raw["directory"]
+    dockerfile = root / str(directory) / "Dockerfile"
+    if not isinstance(directory, str) or ".." in Path(directory).parts or not dockerfile.is_file():
+        raise where.bad("image.directory", directory, "a folder of this project (no '..') holding a Dockerfile")
+    if not _builds_on_platform(dockerfile.read_text()):
+        raise where.bad(
+            "image.directory",
+            directory,
+            f"a Dockerfile whose first stage is `ARG {PLATFORM_IMAGE_ARG}` then `FROM ${{{PLATFORM_IMAGE_ARG}}}` "
+            "(the platform's image carries the launcher, the sanity check and the EFA stack)",
+        )
+    return directory, None
+
+
+def _builds_on_platform(dockerfile: str) -> bool:
+    """The first FROM is the platform's image, given as the build argument (after its ARG)."""
+    lines = [line.strip() for line in dockerfile.splitlines() if line.strip() and not line.strip().startswith("#")]
+    first_from = next((i for i, line in enumerate(lines) if line.upper().startswith("FROM ")), None)
+    if first_from is None:
+        return False
+    declared = any(re.fullmatch(rf"ARG\s+{PLATFORM_IMAGE_ARG}(=\S*)?", line, re.I) for line in lines[:first_from])
+    image = lines[first_from].split()[1]
+    return declared and image in (f"${PLATFORM_IMAGE_ARG}", f"${{{PLATFORM_IMAGE_ARG}}}")
+
+
+def _command(where: _Where, field: str, raw: object) -> tuple[str, ...]:
+    ok = (
+        isinstance(raw, list)
+        and 0 < len(raw) <= MAX_COMMAND_ITEMS
+        and all(isinstance(item, str) and 0 < len(item) <= 1024 for item in raw)
+    )
+    if not ok:
+        raise where.bad(
+            field, raw, f'a command as a list of 1-{MAX_COMMAND_ITEMS} strings, like ["python", "train.py"]'
+        )
+    return tuple(raw)  # type: ignore[arg-type]
+
+
+def _regexes(where: _Where, raw: object) -> dict[str, str]:
+    """Metric name -> a regular expression with exactly one group: the value, read from any log line."""
+    if not isinstance(raw, dict) or len(raw) > MAX_METRICS:
+        raise where.bad("metrics", raw, f"an object of at most {MAX_METRICS} metric name -> regular expression")
+    for name, regex in raw.items():
+        where.matching(f"metrics.{name}", name, METRIC_NAME_PATTERN, "a metric name")
+        try:
+            groups = re.compile(regex).groups if isinstance(regex, str) else -1
+        except re.error:
+            groups = -1
+        if groups != 1:
+            raise where.bad(f"metrics.{name}", regex, "a regular expression with exactly one group (the value)")
+    return dict(raw)
+
+
+def _schema(where: _Where, raw: object) -> tuple[Field, ...]:
+    if not isinstance(raw, dict) or len(raw) > MAX_HYPERPARAMETERS:
+        raise where.bad("hyperparameters", raw, f"an object of at most {MAX_HYPERPARAMETERS} name -> declaration")
+    return tuple(_hyperparameter(where, name, spec) for name, spec in raw.items())
+
+
+def _hyperparameter(where: _Where, name: object, spec: object) -> Field:
+    field = f"hyperparameters.{name}"
+    where.matching(field, name, HYPERPARAMETER_NAME_PATTERN, "a name of lower-case letters, digits and '_'")
+    keys = {"type", "default", "minimum", "maximum", "choices"}
+    if not isinstance(spec, dict) or not set(spec) <= keys or spec.get("type") not in HYPERPARAMETER_TYPES:
+        raise where.bad(
+            field,
+            spec,
+            f'{{"type": {" or ".join(HYPERPARAMETER_TYPES)}, optional {", ".join(sorted(keys - {"type"}))}}}',
+        )
+    numeric = spec["type"] in ("integer", "number")
+    low, high = spec.get("minimum"), spec.get("maximum")
+    for bound in (low, high):
+        if bound is not None and (not numeric or not _finite(bound)):
+            raise where.bad(field, spec, "minimum and maximum only on integer and number hyperparameters, finite")
+    if low is not None and high is not None and low > high:
+        raise where.bad(field, spec, "a minimum no larger than the maximum")
+    choices = spec.get("choices", ())
+    if choices and (spec["type"] != "string" or not all(isinstance(c, str) for c in choices)):
+        raise where.bad(field, spec, "choices (a list of strings) only on string hyperparameters")
+    declared = Field(field, spec["type"], spec.get("default", REQUIRED), low, high, choices=tuple(choices))
+    # A default is held to what a run may give (the run contract's own check of one value).
+    if not declared.required and check_value(declared, declared.default):
+        raise where.bad(f"{field}.default", declared.default, declared.allowed())
+    return declared
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
