@@ -6,6 +6,8 @@ PY        := $(VENV)/bin/python
 # Both images' PyTorch line (2.9): the XLA path on PyTorch/XLA's CPU device (tests/training/test_xla_path.py) and the
 # training tests that matter on the images' torch (tests/training/test_image_torch_line.py).
 XLA_VENV  := .venv-xla
+# checkov, the IaC scanner gate (tools/gates.py): its pins conflict with .venv's (requirements-scan.txt says which).
+SCAN_VENV := .venv-scan
 NODE_BIN  := $(CURDIR)/node_modules/.bin
 # The pinned Node 22 and CDK CLI come first, so nothing falls back to a global CLI or an end-of-life Node.
 export PATH := $(NODE_BIN):$(PATH)
@@ -20,7 +22,7 @@ DIAGRAM_ENV ?= prod
 
 .PHONY: synth test lint setup deploy destroy dataset local-run cost-report bench diagram diagram-tree clean
 
-setup: $(VENV)/.test-deps $(XLA_VENV)/.deps node_modules/.installed
+setup: $(VENV)/.test-deps $(XLA_VENV)/.deps $(SCAN_VENV)/.deps node_modules/.installed
 
 $(VENV)/.synth-deps: requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +38,11 @@ $(XLA_VENV)/.deps: requirements-xla.txt
 	$(XLA_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-xla.txt
 	touch $@
 
+$(SCAN_VENV)/.deps: requirements-scan.txt
+	test -x $(SCAN_VENV)/bin/python || python3 -m venv $(SCAN_VENV)
+	$(SCAN_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-scan.txt
+	touch $@
+
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
@@ -44,7 +51,7 @@ synth: $(VENV)/.synth-deps node_modules/.installed
 	cdk synth --quiet $(CDK_ARGS)
 	$(PY) -m tools.synth_summary cdk.out
 
-test: $(VENV)/.test-deps $(XLA_VENV)/.deps node_modules/.installed lint
+test: $(VENV)/.test-deps $(XLA_VENV)/.deps $(SCAN_VENV)/.deps node_modules/.installed lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The gates a newcomer gets for free (pyproject.toml configures them): lint, format, types, over the whole tree.

@@ -6,18 +6,26 @@ A bad value raises ConfigError with one line: the field, the value, what is allo
 """
 
 import dataclasses
+import json
 import math
 import re
 import typing
 from dataclasses import dataclass, fields
-from typing import Any
+from pathlib import Path
+from typing import Any, NewType
 
 from config.catalogue import CATALOGUE, Accelerator, InstanceType, efa_instance_types
 from config.layout import stack_prefix
 from config.regions import CHECKED as REGIONS_CHECKED
 from config.regions import NO_FSX, REGION_ZONES, zones
 
+if typing.TYPE_CHECKING:
+    from contracts.workload import Workload
+
 DEFAULT_ENVIRONMENT = "dev"
+# A JSON object kept as its text, so the configuration stays a hashable value (workloads).
+JsonObject = NewType("JsonObject", str)
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where workload image folders are found
 # A guard against expensive typos (160 for 16 p5 nodes is ~$15,000 an hour); raise it on purpose.
 MAX_NODES = 64
 # The compute backends app.py can build (its COMPUTE_STACKS has one line per name; a test keeps them equal).
@@ -149,6 +157,8 @@ class EnvironmentConfig:
     sagemaker_data_source: str = "fsx"
     # Trainium: the Neuron compiler's flags (NEURON_CC_FLAGS) for the compile job and training alike.
     neuron_cc_flags: str = DEFAULT_NEURON_CC_FLAGS
+    # Your own training code (docs/workloads.md): workload name -> declaration, checked here (contracts/workload.py).
+    workloads: JsonObject = JsonObject("{}")
 
     def __post_init__(self) -> None:
         """Every field checked when the app starts, in this order: the first problem is the one reported."""
@@ -159,6 +169,7 @@ class EnvironmentConfig:
         self._check_eks()
         self._check_alarms_and_jobs()
         self._check_sagemaker()
+        self.declared_workloads  # noqa: B018 - a mistake in a declaration is one line at synth
         _check(
             self,
             "neuron_cc_flags",
@@ -314,6 +325,15 @@ class EnvironmentConfig:
             or self.eks_capacity_type == "capacity_block",
             f"capacity_block with {self.instance_type} (EC2 sells it through Capacity Blocks for ML only)",
         )
+        # EKS validates on a node group of its own, one node of one accelerator without EFA (accelerator_nodegroup.py).
+        single = self.single_node_instance
+        _check(
+            self,
+            "batch_single_node_instance_type",
+            self.compute != "eks" or (single.accelerators == 1 and not single.has_efa),
+            "a single-accelerator catalogue type without EFA on EKS (the validation node group), or unset",
+            value=single.name,
+        )
         _check_list(
             self,
             "eks_public_access_cidrs",
@@ -414,6 +434,17 @@ class EnvironmentConfig:
         )
 
     @property
+    def declared_workloads(self) -> tuple["Workload", ...]:
+        """The environment's own workloads, read from `workloads` (each mistake: ConfigError, one line)."""
+        # Here, not at the top: contracts.run (which contracts.workload reads) imports config.layout.
+        from contracts.workload import WorkloadError, parse_workloads
+
+        try:
+            return parse_workloads(json.loads(self.workloads), PROJECT_ROOT)
+        except WorkloadError as error:
+            raise ConfigError(f"environment '{self.name}': {error}") from None
+
+    @property
     def instance(self) -> InstanceType:
         return CATALOGUE[self.instance_type]
 
@@ -491,6 +522,14 @@ def _coerce(env: str, name: str, raw: object) -> Any:
         if value is None or not math.isfinite(value):
             raise bad("a number")
         return value
+    if base is JsonObject:
+        try:
+            parsed: object = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise bad("a JSON object")
+        return json.dumps(parsed, sort_keys=True)
     if typing.get_origin(base) is tuple:
         if isinstance(raw, str):
             return tuple(part.strip() for part in raw.split(",") if part.strip())

@@ -10,12 +10,22 @@ DATASET_MANIFEST = "dataset.json"
 CHECKPOINTS_PREFIX = "checkpoints/"
 MODELS_PREFIX = "models/"
 RUNS_PREFIX = "runs/"  # per-run reports: sanity check, verdicts, summaries
-RUN_RECORD = "run.json"  # runs/<run_id>/run.json: the pipeline's claim of a run id (conditional writes only)
-# Trainium's persistent compile cache (training_image/neuron_compile.py), shared by every node and run.
+RUN_RECORD = "run.json"  # runs/<run_id>/run.json: a readable copy of a run's claim, written once the claim holds
+# The runs table (constructs/storage/runs_table.py; the storage stack's output RUNS_TABLE_OUTPUT names it): the
+# pipeline claims a run id with a conditional write of its item (constructs/pipeline/run_claim.py). The item holds the
+# key, the execution holding the run, when it claimed it (ISO 8601) and the run's input as JSON text.
+RUNS_TABLE_OUTPUT = "RunsTableName"
+RUNS_TABLE_KEY = "run_id"
+RUN_HOLDER = "execution"
+RUN_SINCE = "since"
+RUN_INPUT = "input"
+# Trainium's persistent compile cache (training_image/efa_training/runtime/launch/neuron_compile.py), shared by every
+# node and run.
 NEURON_CACHE_PREFIX = "neuron-cache/"
 # The cost-allocation tag `Project` on every resource (app.py) and every SageMaker training job (created at run time).
 PROJECT = "efa-training"
-# The training image's EMF namespace (training_image/metrics.py NAMESPACE; tests hold the two equal).
+# The training image's EMF namespace (training_image/efa_training/runtime/metrics.py NAMESPACE; tests hold the two
+# equal).
 TRAINING_METRICS_NAMESPACE = "EfaTraining"
 
 

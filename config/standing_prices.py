@@ -65,6 +65,12 @@ CLOUDWATCH_ALARM_METRIC = MappingProxyType(
     {"us-east-1": StandingPrice(0.10, "month", "AWS Pricing Calculator, CloudWatch, us-east-1", "undated")}
 )
 
+# Standard workflow state transition, us-east-1 and us-west-2 ($0.025 per 1,000; 4,000 free per account and month, not
+# counted): AWS Step Functions pricing page, state transitions pricing table, read 2026-11-26.
+SFN_STATE_TRANSITION = _each(
+    _BOTH, StandingPrice(0.000025, "month", "AWS Step Functions pricing, state transitions table", "2026-11-26")
+)
+
 # Budget-month: an account's first two free, $0.02/day each after (AWS Billing user guide, older edition, undated).
 BUDGET = _each(_BOTH, StandingPrice(0.0, "month", "AWS Billing user guide: first two budgets free", "undated"))
 BUDGET_BEYOND_TWO_USD_PER_DAY = 0.02

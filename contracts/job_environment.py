@@ -54,7 +54,8 @@ def job_environment(
     `neuron_cc_flags`: the environment's Neuron compiler flags, the same for every job (a compile job fills the cache
     only for the flags training then uses)."""
     return {
-        # The Environment dimension of the training metrics (training_image/metrics.py): alarms and the
+        # The Environment dimension of the training metrics (training_image/efa_training/runtime/metrics.py): alarms and
+        # the
         # dashboard of one environment see its runs only.
         **({"TRAINING_ENVIRONMENT": environment} if environment else {}),
         **dict(instance.collective_env),

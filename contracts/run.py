@@ -50,8 +50,9 @@ INIT_FROM_RULE = (
 # What the train job receives when the run starts from scratch (a Batch job parameter cannot be an empty string).
 NO_INITIAL_MODEL = "none"
 
-# What the training image knows (training_image/model.py MODEL_SIZES, ctr_model.py CTR_SIZES, train_config.py
-# STRATEGIES; tests hold them equal). The GPT models train with all-reduce (ddp, fsdp), the sparse click-through
+# What the training image knows (training_image/efa_training/: workloads/gpt/sizes.py MODEL_SIZES,
+# workloads/ctr_ps/model.py CTR_SIZES, train_config.py STRATEGIES; tests hold them equal). The GPT models train with
+# all-reduce (ddp, fsdp), the sparse click-through
 # models on parameter servers (ps).
 GPT_MODELS = ("tiny", "mini", "125m", "350m", "760m", "1.3b", "2.7b", "6.7b", "13b")
 CTR_MODELS = ("ctr-tiny", "ctr-small", "ctr-large")
@@ -96,7 +97,7 @@ class Field:
             return "one of " + ", ".join(self.choices)
         kind = {"integer": "an integer", "number": "a number"}.get(self.kind, f"a {self.kind}")
         if self.minimum is None:
-            return kind
+            return kind if self.maximum is None else f"{kind} up to {_num(self.maximum)}"
         low = f"greater than {_num(self.minimum)}" if self.exclusive_minimum else f"from {_num(self.minimum)}"
         return f"{kind} {low} to {_num(self.maximum)}" if self.maximum is not None else f"{kind} {low}"
 
@@ -133,7 +134,7 @@ def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
         Field("max_attempts", "integer", 2, 1, 10),
         Field("resume", "boolean", False, rule="true or false: true resumes an earlier run with this run_id"),
         Field("hyperparameters", "object", {}, rule="an object with only the hyperparameters listed"),
-        # Defaults match training_image/train_config.py's TrainConfig, so a run may omit any of them.
+        # Defaults match training_image/efa_training/train_config.py's TrainConfig, so a run may omit any of them.
         Field("hyperparameters.model", "string", "tiny", choices=MODELS),
         Field("hyperparameters.max_steps", "integer", 1000, 1, 10_000_000),
         # 0: the image derives the interval (Young/Daly) from the measured save and step times.
@@ -149,7 +150,8 @@ def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
         Field("hyperparameters.strategy", "string", "ddp", choices=STRATEGIES),
         Field("hyperparameters.lr", "number", 3e-4, 0, 1, exclusive_minimum=True),
         Field("hyperparameters.batch_size", "integer", 8, 1, 4096),  # micro-batch per worker
-        # The parameter-server strategy's own settings (training_image/ps.py); the other strategies ignore them.
+        # The parameter-server strategy's own settings (training_image/efa_training/workloads/ctr_ps/); the other
+        # strategies ignore them.
         Field("hyperparameters.ps_servers_per_node", "integer", 1, 1, 64),
         Field(
             "hyperparameters.staleness",
@@ -217,7 +219,8 @@ JOB_PARAMETERS = {
     ),
     "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
 }
-# Trainium's compile job runs a few steps of the same training (training_image/neuron_compile.py), so it takes the
+# Trainium's compile job runs a few steps of the same training
+# (training_image/efa_training/runtime/launch/neuron_compile.py), so it takes the
 # train job's parameters; the image replaces the step count and moves checkpoints and metrics aside.
 JOB_PARAMETERS["compile"] = JOB_PARAMETERS["train"]
 
@@ -403,11 +406,12 @@ def execution_seconds(
 
 
 # ---- how a training job ends: exit codes the training image uses for a failure of the run itself
-# (training_image/errors.py; tests/training/test_run_contract.py keeps the two equal). Retrying them on new hosts
+# (training_image/efa_training/runtime/errors.py; tests/training/test_run_contract.py keeps the two equal). Retrying
+# them on new hosts
 # repeats the failure at the price of booting every node again, so the pipeline stops at the first one.
 # Where a backend reports no exit code (SageMaker: DescribeTrainingJob's FailureReason is the start of the file
 # /opt/ml/output/failure), launch.py writes one line starting with this marker and the code: "<marker>4: ...".
-# training_image/errors.py holds the same text (tests keep them equal).
+# training_image/efa_training/runtime/errors.py holds the same text (tests keep them equal).
 FAILURE_REASON_MARKER = "efa-training exit code "
 REFUSED_EXIT_CODES = {
     2: "a bad flag, dataset or checkpoint folder",

@@ -20,6 +20,12 @@ from stacks.policies import data_removal_policy
 
 CLOUDWATCH = "cloudwatch.amazonaws.com"
 BUDGETS = "budgets.amazonaws.com"
+# The publishers whose KMS requests for an encrypted topic carry aws:SourceAccount/aws:SourceArn, so the key policy can
+# hold them to this account's sources too: CloudWatch alarms (AWS's Modern Data Architecture Accelerator,
+# grantCloudWatchAlarmsTopicAccess, after SNS's "compatibility-with-aws-services"). AWS Budgets documents the
+# conditions for the topic policy only (budgets-sns-policy.html), not for the key: a condition its requests do not
+# carry would drop every budget alert without an error, so its key statement has none (its topic statement does).
+KEY_SOURCE_CONDITIONS = (CLOUDWATCH,)
 
 
 def publishers(stack: cdk.Stack) -> dict[str, str]:
@@ -58,9 +64,10 @@ class AlertsStack(cdk.Stack):
             # Confused-deputy guard (SNS developer guide, "Example cases for Amazon SNS access control":
             # aws:SourceAccount and aws:SourceArn): only this account's alarms/budgets may publish.
             conditions = {"StringEquals": {"aws:SourceAccount": self.account}, "ArnLike": {"aws:SourceArn": source_arn}}
+            name = service.split(".")[0].capitalize()
             self.topic.add_to_resource_policy(
                 iam.PolicyStatement(
-                    sid=f"Allow{service.split('.')[0].capitalize()}Publish",
+                    sid=f"Allow{name}Publish",
                     principals=[iam.ServicePrincipal(service)],
                     actions=["sns:Publish"],
                     resources=[self.topic.topic_arn],
@@ -68,8 +75,17 @@ class AlertsStack(cdk.Stack):
                 )
             )
             # Publishing to an encrypted topic needs the key (SNS developer guide, sns-key-management.html,
-            # "compatibility between event sources from AWS services and encrypted topics").
-            self.key.grant(iam.ServicePrincipal(service), "kms:Decrypt", "kms:GenerateDataKey*")
+            # "compatibility between event sources from AWS services and encrypted topics"), with the same guard
+            # where the service documents it for its KMS requests (KEY_SOURCE_CONDITIONS).
+            self.key.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid=f"Allow{name}UseForTheTopic",
+                    principals=[iam.ServicePrincipal(service)],
+                    actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                    resources=["*"],
+                    conditions=conditions if service in KEY_SOURCE_CONDITIONS else None,
+                )
+            )
         for email in config.alert_emails:
             self.topic.add_subscription(subscriptions.EmailSubscription(email))
         cdk.CfnOutput(self, "AlertsTopicArn", value=self.topic.topic_arn)

@@ -26,7 +26,7 @@ from constructs.compute.batch.job_definitions import BatchJobDefinitions
 from constructs.compute.batch.job_runner import BatchJobRunner
 from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate
 from constructs.escape_hatch import cfn
-from constructs.nag import acknowledge, managed_policy_finding
+from constructs.nag import acknowledge, acknowledge_log_group_encryption, managed_policy_finding
 from constructs.observability.accelerator_metrics import accelerator_metrics
 from contracts.job_environment import STOP_GRACE_SECONDS
 from contracts.run import QUEUE_WAIT_MINUTES
@@ -97,6 +97,7 @@ class BatchStack(cdk.Stack):
         self.log_group = logs.LogGroup(
             self, "JobLogs", retention=log_retention(config), removal_policy=data_removal_policy(config)
         )
+        acknowledge_log_group_encryption(self.log_group)
         self.job_role = iam.Role(
             self,
             "JobRole",

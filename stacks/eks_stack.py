@@ -1,7 +1,8 @@
 """EKS compute backend (-c compute=eks): cluster, accelerator node group, training workspace, pipeline job runner.
 
 A `ComputeBackend` (constructs/compute/backend.py): `job_runner` runs the pipeline's jobs as Indexed Jobs, and
-`attach_pipeline` adds the node-group scaling that follows the pipeline's executions.
+`attach_pipeline` adds the reconciler that brings the node groups to zero when no execution runs (the pipeline sizes
+them itself: node_scaling.py).
 """
 
 from typing import TYPE_CHECKING
@@ -12,15 +13,19 @@ import aws_cdk.aws_stepfunctions as sfn
 from config import EnvironmentConfig
 from config.layout import RUNS_PREFIX
 from constructs import Construct
-from constructs.compute.backend import ComputeBackend
-from constructs.compute.eks.accelerator_nodegroup import EksAcceleratorNodegroup
+from constructs.compute.backend import TRAINING, VALIDATION, ComputeBackend
+from constructs.compute.eks.accelerator_nodegroup import (
+    VALIDATION_NODES,
+    EksAcceleratorNodegroup,
+    EksValidationNodegroup,
+)
 from constructs.compute.eks.cluster import EksTrainingCluster, as_icluster
 from constructs.compute.eks.job_runner import EksJobRunner
-from constructs.compute.eks.node_scaling import EksNodeScaling
+from constructs.compute.eks.node_scaling import EksNodeReconciler, EksNodeScaling, SizedGroup
 from constructs.compute.eks.training_workspace import EksTrainingWorkspace
 from constructs.observability.accelerator_metrics import accelerator_metrics
 from stacks.network_stack import NetworkStack
-from stacks.policies import log_retention
+from stacks.policies import data_removal_policy, log_retention
 from stacks.registry_stack import RegistryStack
 from stacks.storage_stack import StorageStack
 
@@ -51,6 +56,8 @@ class EksStack(cdk.Stack):
             admin_role_arns=config.eks_admin_role_arns,
             kubeflow_trainer=config.eks_kubeflow_trainer,
             public_access_cidrs=config.eks_public_access_cidrs,
+            log_retention=log_retention(config),
+            removal_policy=data_removal_policy(config),
         )
         self.cluster = training.cluster
         self.cluster_name = self.cluster.cluster_name
@@ -69,6 +76,22 @@ class EksStack(cdk.Stack):
         )
         self.nodegroup = accelerators.nodegroup
         self.launch_template = accelerators.launch_template
+        # Validation on the catalogue's small type, as on Batch and SageMaker, not on a whole training node.
+        self.validation_nodegroup = EksValidationNodegroup(
+            self,
+            "Validation",
+            cluster=self.cluster,
+            instance=config.single_node_instance,
+            subnet=network.training_subnet,
+            efa_security_group=network.efa_security_group,
+        ).nodegroup
+        self.node_scaling = EksNodeScaling(
+            cluster_name=self.cluster.cluster_name,
+            groups={
+                TRAINING: SizedGroup(self.nodegroup, config.nodes),
+                VALIDATION: SizedGroup(self.validation_nodegroup, VALIDATION_NODES),
+            },
+        )
         self.add_stack_dependency(storage)
         self.workspace = EksTrainingWorkspace(
             self,
@@ -92,6 +115,8 @@ class EksStack(cdk.Stack):
             instance=config.instance,
             image=registry.image_uri,
             max_nodes=config.nodes,
+            validation_instance=config.single_node_instance,
+            node_scaling=self.node_scaling,
             runs_uri=f"s3://{storage.bucket.bucket_name}/{RUNS_PREFIX}",
             site=self.workspace.site,
             train_attempt_hours=config.batch_train_timeout_hours,
@@ -111,13 +136,11 @@ class EksStack(cdk.Stack):
         )
 
     def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:
-        """The accelerator node group follows the pipeline's executions (nothing in the cluster scales it)."""
-        self.node_scaling = EksNodeScaling(
+        """What no pipeline state can catch (a timed-out or aborted execution): node groups to 0 when none runs."""
+        self.reconciler = EksNodeReconciler(
             scope,
-            "EksNodeScaling",
-            cluster=as_icluster(self.cluster),
-            nodegroup=self.nodegroup,
-            max_nodes=self.nodes,
+            "EksNodeReconciler",
+            scaling=self.node_scaling,
             pipeline=state_machine,
             log_retention=self._log_retention,
         )

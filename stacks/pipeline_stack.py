@@ -8,7 +8,7 @@ finds the state machine by this stack's `StateMachineArn` output.
 import aws_cdk as cdk
 
 from config import Accelerator, EnvironmentConfig
-from config.layout import DATASET_MANIFEST, DATASETS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
+from config.layout import DATASET_MANIFEST, DATASETS_PREFIX, MODELS_PREFIX, RUN_RECORD, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.pipeline.training_pipeline import TrainingPipeline
@@ -20,7 +20,7 @@ from stacks.storage_stack import StorageStack
 # The object patterns the state machine reads or writes, and why (each a cdk-nag finding on its role).
 BUCKET_OBJECTS = (
     (f"{RUNS_PREFIX}*/verdict.json", "reads the verdict of the run being validated"),
-    (f"{RUNS_PREFIX}*/run.json", "claims a run id with the run's record"),
+    (f"{RUNS_PREFIX}*/{RUN_RECORD}", "writes a readable copy of the run's claim (the claim is the runs table's)"),
     (f"{MODELS_PREFIX}*/approval.json", "reads the approval recorded for a run"),
     (f"{MODELS_PREFIX}*", "records an approved run's verdict and approval in models/<run_id>/"),
     (f"{DATASETS_PREFIX}*/{DATASET_MANIFEST}", "checks that the run's dataset is prepared before any instance starts"),
@@ -49,6 +49,7 @@ class PipelineStack(cdk.Stack):
             environment=config.name,
             max_nodes=config.nodes,
             bucket=storage.data_access.bucket(self),
+            runs_table=storage.runs_table,
             topic=alerts.topic,
             runner=runner,
             log_retention=log_retention(config),

@@ -1,4 +1,11 @@
-"""Registry: ECR repositories for the GPU and Neuron training images, and the image built from training_image/."""
+"""Registry: ECR repositories for the GPU and Neuron training images, and the image built from training_image/.
+
+Every image the app runs is scanned for vulnerabilities: a tag CI pushed (image_tag) to our repositories, which scan on
+push; an image `cdk deploy` builds from training_image/ lands in the CDK bootstrap's asset repository, which does not,
+so this stack asks ECR for a basic scan of that image when it deploys it (StartImageScan). Not the registry's scanning
+configuration (AWS::ECR::RegistryScanningConfiguration): one per account and region, it would replace what the account
+has (Amazon Inspector's enhanced scanning included), and two environments in one account would own it both.
+"""
 
 from pathlib import Path
 
@@ -6,10 +13,18 @@ import aws_cdk as cdk
 import aws_cdk.aws_ecr as ecr
 import aws_cdk.aws_ecr_assets as ecr_assets
 import aws_cdk.aws_ecs as ecs
+import aws_cdk.aws_logs as logs
+import aws_cdk.custom_resources as cr
 
 from config import Accelerator, EnvironmentConfig
 from constructs import Construct
-from stacks.policies import data_removal_policy
+from constructs.nag import (
+    acknowledge,
+    acknowledge_cdk_handler,
+    acknowledge_log_group_encryption,
+    managed_policy_finding,
+)
+from stacks.policies import data_removal_policy, log_retention
 
 TRAINING_IMAGE_DIR = Path(__file__).resolve().parent.parent / "training_image"
 DOCKERFILES = {Accelerator.NVIDIA: "Dockerfile.gpu", Accelerator.NEURON: "Dockerfile.neuron"}
@@ -37,6 +52,13 @@ class RegistryStack(cdk.Stack):
             )
             for accelerator in Accelerator
         }
+        for repository in self.repositories.values():
+            acknowledge(
+                repository,
+                "CKV_AWS_136",
+                "AES-256 at rest (ECR's own keys, set explicitly); a KMS key would need a grant for every role that "
+                "pulls, and EncryptionConfiguration is create-only (the repository's schema): a change replaces it",
+            )
         accelerator = config.instance.accelerator
         if config.image_tag:
             # A tag that CI pushed to our repository (immutable, scanned).
@@ -59,5 +81,59 @@ class RegistryStack(cdk.Stack):
             self.container_image = ecs.ContainerImage.from_docker_image_asset(asset)
             self.image_uri = asset.image_uri
             self.image_repository = asset.repository
+            self._scan_on_deploy(asset, config)
         for accel, repository in self.repositories.items():
             cdk.CfnOutput(self, f"{accel.value.capitalize()}RepositoryUri", value=repository.repository_uri)
+
+    def _scan_on_deploy(self, asset: ecr_assets.DockerImageAsset, config: EnvironmentConfig) -> None:
+        """A basic scan of the built image, once per image (a new image is a new tag, so an update scans it).
+        ECR allows one basic scan per image per 24 hours (ECR API reference, StartImageScan): LimitExceededException
+        means it is scanned already (another environment of the account deployed the same image). A registry on
+        enhanced scanning answers ValidationException ("This feature is disabled"): Amazon Inspector scans it there."""
+        call = cr.AwsSdkCall(
+            service="ECR",
+            action="startImageScan",
+            parameters={"repositoryName": asset.repository.repository_name, "imageId": {"imageTag": asset.image_tag}},
+            physical_resource_id=cr.PhysicalResourceId.of(asset.image_tag),
+            ignore_error_codes_matching="LimitExceededException|ValidationException",
+        )
+        logs_group = logs.LogGroup(
+            self, "ImageScanLogs", retention=log_retention(config), removal_policy=data_removal_policy(config)
+        )
+        cr.AwsCustomResource(
+            self,
+            "ImageScan",
+            on_create=call,
+            on_update=call,
+            policy=cr.AwsCustomResourcePolicy.from_sdk_calls(resources=[asset.repository.repository_arn]),
+            install_latest_aws_sdk=False,
+            log_group=logs_group,
+        )
+        acknowledge_log_group_encryption(logs_group)
+        self._acknowledge_scan_handler()
+        cdk.CfnOutput(
+            self,
+            "ImageScanFindingsCommand",
+            value=cdk.Fn.join(
+                "",
+                [
+                    "aws ecr describe-image-scan-findings --region ",
+                    self.region,
+                    " --repository-name ",
+                    asset.repository.repository_name,
+                    f" --image-id imageTag={asset.image_tag}",
+                ],
+            ),
+        )
+
+    def _acknowledge_scan_handler(self) -> None:
+        """CDK's one AwsCustomResource function per stack (a singleton), which runs the scan request."""
+        # SingletonFunction's id: "AWS" and the uuid without dashes (aws-lambda, SingletonFunction).
+        handler = self.node.find_child("AWS" + cr.AwsCustomResource.PROVIDER_FUNCTION_UUID.replace("-", ""))
+        acknowledge(
+            handler,
+            managed_policy_finding("service-role/AWSLambdaBasicExecutionRole"),
+            "CDK's AwsCustomResource function writes its own logs with the policy Lambda documents for that; its one "
+            "call (ecr:StartImageScan) is granted on the asset repository alone",
+        )
+        acknowledge_cdk_handler(handler, "CKV_AWS_115", "CKV_AWS_116", "CKV_AWS_117")

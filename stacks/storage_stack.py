@@ -1,4 +1,4 @@
-"""Storage: the data bucket and the FSx for Lustre file system every training node mounts at /fsx."""
+"""Storage: the data bucket, the FSx for Lustre file system every training node mounts at /fsx, and the runs table."""
 
 import hashlib
 import json
@@ -6,9 +6,10 @@ import json
 import aws_cdk as cdk
 
 from config import EnvironmentConfig
-from config.layout import FSX_MOUNT_PATH
+from config.layout import FSX_MOUNT_PATH, RUNS_TABLE_OUTPUT
 from constructs import Construct
 from constructs.storage.data_bucket_access import DataBucketAccess
+from constructs.storage.runs_table import RunsTable
 from constructs.storage.training_storage import TrainingStorage
 from stacks.network_stack import NetworkStack
 from stacks.policies import data_removal_policy
@@ -62,7 +63,10 @@ class StorageStack(cdk.Stack):
         self.mount_path = FSX_MOUNT_PATH
         # The compute and pipeline stacks reach the bucket through this (its ARN through one named export).
         self.data_access = DataBucketAccess(self, self.bucket)
+        # The pipeline's claims of run ids (constructs/pipeline/run_claim.py), kept with the data.
+        self.runs_table = RunsTable(self, "Runs", removal_policy=data_removal_policy(config)).table
         cdk.CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
+        cdk.CfnOutput(self, RUNS_TABLE_OUTPUT, value=self.runs_table.table_name)  # `pipeline_cli list` reads it
         cdk.CfnOutput(self, "FileSystemId", value=self.file_system.file_system_id)
         cdk.CfnOutput(
             self,

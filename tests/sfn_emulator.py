@@ -4,7 +4,8 @@
 
 1. Resolves the CloudFormation intrinsics in the DefinitionString (Fn::Join, Ref, Fn::GetAtt,
    Fn::ImportValue, Fn::GetStackOutput, Fn::Sub of pseudo parameters) to emulated resources: a referenced SNS
-   topic, S3 bucket, Batch queue or job definition is created in moto and its name/ARN substituted. Queues and
+   topic, S3 bucket, DynamoDB table (its key schema from the template), Batch queue or job definition is created in
+   moto and its name/ARN substituted. Queues and
    job definitions the pipeline names instead of referencing (their fixed names) are created from the Batch
    stack's template first, as `cdk deploy` creates them before the pipeline.
 2. Works around moto 5.2.1's Batch integration, which hands Step Functions' PascalCase request
@@ -33,7 +34,10 @@
 7. Evaluates JSONata states with jsonata-python (a port of jsonata-java; moto's own bridge needs a JVM), and
    names AWS SDK integration errors as Step Functions does, `ServiceName.ErrorName` in PascalCase
    (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html: "S3.NoSuchKeyException";
-   moto 5.2.1 knows the casing of DynamoDb and Sfn only and would say "s3.NoSuchKeyException").
+   moto 5.2.1 knows the casing of DynamoDb and Sfn only and would say "s3.NoSuchKeyException"). Its optimized
+   DynamoDB integration already names errors `DynamoDB.<code>` ("DynamoDB.ConditionalCheckFailedException"), the
+   prefix Step Functions documents for it (https://docs.aws.amazon.com/step-functions/latest/dg/connect-ddb.html,
+   "Exception prefix differences"): nothing to rename there; its client gets the proxy like the others.
 8. Checks every request a service integration sends (tests/request_validator.py): moto's integration clients skip
    botocore's validation (parameter_validation=False), so a hook on each client runs it (unknown and required
    members, types, minimums) and the walker that adds what botocore leaves out (enums, full-match patterns, the
@@ -41,7 +45,9 @@
    `refused_requests`, and `wait` raises it when the execution ends, whatever the definition made of the failure.
 9. Injects transient faults: `faults["s3.get_object"] = ["SlowDown"]` makes the next such call fail with that
    error code (and its HTTP status), one entry per call, before moto sees it; `"after:InternalError"` lets the
-   call take effect first and then loses its answer, as a timeout after a successful write does.
+   call take effect first and then loses its answer, as a timeout after a successful write does. DynamoDB too:
+   `faults["dynamodb.put_item"] = ["after:InternalServerError"]`; its conditional writes (put_item, update_item)
+   are serialized, as DynamoDB decides a condition and the write atomically and moto checks, then writes.
 """
 
 import copy
@@ -60,6 +66,7 @@ import moto.batch_simple.models as batch_simple
 import moto.stepfunctions.parser.asl.component.common.retry.retrier_decl as retrier_decl
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_aws_sdk as sdk_service
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_batch as batch_service
+import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_dynamodb as ddb_service
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sns as sns_service
 import moto.stepfunctions.parser.asl.jsonata.jsonata as jsonata_bridge
 import moto.stepfunctions.parser.asl.parse.asl_parser as asl_parser
@@ -84,8 +91,12 @@ FAULT_STATUS = {
     "ThrottlingException": 400,
     "Throttling": 400,
     "InternalFailure": 500,
+    # DynamoDB developer guide, "Error handling with DynamoDB": a 500 for InternalServerError, 400 for throttling.
+    "InternalServerError": 500,
+    "ProvisionedThroughputExceededException": 400,
 }
-ERROR_SERVICE_NAMES = {"s3": "S3", "ssm": "Ssm", "sns": "Sns", "sfn": "Sfn", "dynamodb": "DynamoDb"}
+CAMEL_CASE_SERVICES = ("stepfunctions", "eks")
+ERROR_SERVICE_NAMES = {"s3": "S3", "ssm": "Ssm", "sns": "Sns", "sfn": "Sfn", "dynamodb": "DynamoDb", "eks": "Eks"}
 
 
 def _to_boto(value, shape):
@@ -99,6 +110,18 @@ def _to_boto(value, shape):
     if shape.type_name == "list" and isinstance(value, list):
         return [_to_boto(item, shape.member) for item in value]
     return value  # maps (Parameters, Tags) and scalars unchanged
+
+
+def _to_pascal(value, shape):
+    """A camelCase API's response as Step Functions' AWS SDK integration returns it: every structure member's name
+    in PascalCase, at every depth (`$.Nodegroup.ScalingConfig.DesiredSize`); map keys (labels, tags) unchanged."""
+    if shape is None:
+        return value
+    if shape.type_name == "structure" and isinstance(value, dict):
+        return {key[:1].upper() + key[1:]: _to_pascal(item, shape.members.get(key)) for key, item in value.items()}
+    if shape.type_name == "list" and isinstance(value, list):
+        return [_to_pascal(item, shape.member) for item in value]
+    return value
 
 
 def _json_safe(value):
@@ -129,6 +152,13 @@ class _ClientProxy:
 
     def __init__(self, client, recorder: "Emulator"):
         self._client, self._recorder = client, recorder
+
+    def _atomic(self, method):
+        def call(**request):
+            with self._recorder._lock:
+                return method(**request)
+
+        return call
 
     def __getattr__(self, name):
         method = getattr(self._client, name)
@@ -185,16 +215,18 @@ class _ClientProxy:
             return describe_jobs
         if service == "s3" and name == "get_object":
             return lambda **request: _json_safe(method(**request))
-        if service == "stepfunctions":  # a camelCase API: Step Functions speaks PascalCase to it both ways
+        if service in CAMEL_CASE_SERVICES:  # Step Functions speaks PascalCase to them both ways
 
             def pascal_case_call(**request):
-                shape = self._client.meta.service_model.operation_model(
+                operation = self._client.meta.service_model.operation_model(
                     self._client.meta.method_to_api_mapping[name]
-                ).input_shape
-                response = method(**_to_boto(request, shape))
-                return {key[:1].upper() + key[1:]: value for key, value in _json_safe(response).items()}
+                )
+                response = method(**_to_boto(request, operation.input_shape))
+                return _to_pascal(_json_safe(response), operation.output_shape)
 
             return pascal_case_call
+        if service == "dynamodb" and name in ("put_item", "update_item"):
+            return self._atomic(method)
         if service == "s3" and name == "put_object":
 
             def put_object(**request):
@@ -261,6 +293,7 @@ class Emulator:
         self._patch(batch_service, "boto_client_for", proxy)
         self._patch(sdk_service, "boto_client_for", proxy)
         self._patch(sns_service, "boto_client_for", proxy)
+        self._patch(ddb_service, "boto_client_for", proxy)
         self._patch(sdk_service, "_SERVICE_ERROR_NAMES", ERROR_SERVICE_NAMES)
         self._patch(jsonata_bridge, "_eval_jsonata", lambda expression: jsonata.Jsonata(expression).evaluate(None))
         self._patch(retrier_decl, "time", types.SimpleNamespace(sleep=self.retry_sleeps.append))
@@ -287,8 +320,11 @@ class Emulator:
         self.ssm = boto3.client("ssm", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
         self._create_named_batch_resources()
+        # The pipeline: the one state machine with a fixed name (a backend may add others beside it, unnamed).
         machine = next(
-            r for r in self.template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine"
+            r
+            for r in self.template["Resources"].values()
+            if r["Type"] == "AWS::StepFunctions::StateMachine" and "StateMachineName" in r["Properties"]
         )
         self.definition = self.resolve(machine["Properties"]["DefinitionString"])
         self.name = machine["Properties"].get("StateMachineName", "pipeline")
@@ -388,6 +424,10 @@ class Emulator:
     def bucket(self) -> str:
         return next(v["Ref"] for v in self.physical.values() if v.get("type") == "AWS::S3::Bucket")
 
+    @property
+    def runs_table(self) -> str:
+        return next(v["Ref"] for v in self.physical.values() if v.get("type") == "AWS::DynamoDB::Table")
+
     def resolve(self, value, template: dict | None = None):
         template = template or self.template
         if isinstance(value, list):
@@ -429,13 +469,20 @@ class Emulator:
         key = f"{id(template)}/{logical}"
         if key not in self.physical:
             kind = template["Resources"][logical]["Type"]
-            self.physical[key] = {"type": kind, **self._create(kind, logical.lower()[:40])}
+            name, properties = logical.lower()[:40], template["Resources"][logical].get("Properties", {})
+            # A table is made from its template properties (its key schema); every other kind from its name, through
+            # `_create`, which a backend's emulator extends as `_create(kind, name)` for its own kinds.
+            table = kind == "AWS::DynamoDB::Table"
+            created = self._create_table(name, properties) if table else self._create(kind, name)
+            self.physical[key] = {"type": kind, **created}
         return self.physical[key]
 
-    def _create(self, kind: str, name: str) -> dict[str, str]:
+    def _create(self, kind: str, name: str, properties: dict | None = None) -> dict[str, str]:
         if kind == "AWS::S3::Bucket":
             boto3.client("s3", region_name=REGION).create_bucket(Bucket=name)
             return {"Ref": name, "Arn": f"arn:aws:s3:::{name}"}
+        if kind == "AWS::DynamoDB::Table":
+            return self._create_table(name, properties or {})
         if kind == "AWS::SNS::Topic":
             arn = boto3.client("sns", region_name=REGION).create_topic(Name=name)["TopicArn"]
             return {"Ref": arn, "TopicArn": arn, "TopicName": name}
@@ -446,6 +493,17 @@ class Emulator:
             arn = self.create_job_definition(name)
             return {"Ref": arn, "JobDefinitionArn": arn}
         raise NotImplementedError(f"the emulator cannot create {kind} ({name})")
+
+    @staticmethod
+    def _create_table(name: str, properties: dict) -> dict[str, str]:
+        """A DynamoDB table with the key schema and attributes its template declares."""
+        arn = boto3.client("dynamodb", region_name=REGION).create_table(
+            TableName=name,
+            KeySchema=properties["KeySchema"],
+            AttributeDefinitions=properties["AttributeDefinitions"],
+            BillingMode=properties.get("BillingMode", "PAY_PER_REQUEST"),
+        )["TableDescription"]["TableArn"]
+        return {"Ref": name, "Arn": arn}
 
     def _create_named_batch_resources(self) -> None:
         creators = {"AWS::Batch::JobQueue": ("JobQueueName", self.create_job_queue)}

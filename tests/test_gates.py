@@ -1,4 +1,5 @@
-"""Quality gates on every app variant: cdk-nag AwsSolutions at synth, cfn-lint over every template."""
+"""Quality gates on every app variant: cdk-nag AwsSolutions at synth, cfn-lint over every template, checkov over the
+templates of every environment on every backend."""
 
 import contextlib
 import hashlib
@@ -13,10 +14,14 @@ import pytest
 
 from app import build_app
 from config import efa_instance_types
+from constructs.nag import CHECKOV_METADATA
 from tests.synthesis import CDK_JSON_CONTEXT, app_variants, locked, shared_directory, variant_id
-from tools.gates import cfn_lint, open_findings
+from tools.gates import cfn_lint, checkov, open_findings
 
 VARIANTS = app_variants()
+# Every environment on every backend. The instance-type variants add no resource type to these (their templates
+# differ in values: types, counts, charts), and checkov's start-up (about 4 s) is paid once for all of them.
+SCANNED = [variant for variant in VARIANTS if set(variant) == {"env", "compute"}]
 
 
 def lint_errors(templates: list[Path], region: str) -> list[str]:
@@ -117,3 +122,85 @@ def test_the_synth_summary_lints_only_this_synthesis_templates(synth, tmp_path):
     ours = stack_templates(outdir)
     shutil.copyfile(ours[0], outdir / "EfaTraining-old-Leftover.template.json")
     assert stack_templates(outdir) == ours and len(ours) == len(list(outdir.glob("*.template.json"))) - 1
+
+
+def _distinct_templates(synth, variants: list[dict]) -> list[Path]:
+    """One path per distinct template content among these variants' stacks (many are shared between variants)."""
+    by_content: dict[str, Path] = {}
+    for variant in variants:
+        for template in sorted(synth(**variant).outdir.glob("*.template.json")):
+            by_content.setdefault(hashlib.sha256(template.read_bytes()).hexdigest(), template)
+    return list(by_content.values())
+
+
+def test_checkov_finds_nothing_unacknowledged(synth):
+    # checkov, a scanner independent of cdk-nag and cfn-lint, over every environment on every backend: each finding
+    # is fixed or acknowledged on its resource (Metadata.checkov.skip, constructs/nag.py acknowledge).
+    assert checkov(_distinct_templates(synth, SCANNED)) == []
+
+
+def test_the_checkov_gate_reports_what_nobody_acknowledged(tmp_path):
+    # An unencrypted log group (CKV_AWS_158) fails the gate; the same resource with a checkov skip does not.
+    group = {"Type": "AWS::Logs::LogGroup", "Properties": {"RetentionInDays": 7}}
+    skip = {"checkov": {"skip": [{"id": "CKV_AWS_158", "comment": "a test of the acknowledgement itself"}]}}
+    for name, resource in (("Open", group), ("Acknowledged", {**group, "Metadata": skip})):
+        (tmp_path / f"{name}.template.json").write_text(json.dumps({"Resources": {f"{name}Logs": resource}}))
+    found = checkov(sorted(tmp_path.glob("*.template.json")))
+    assert found == ["Open.template.json: CKV_AWS_158 AWS::Logs::LogGroup.OpenLogs"]
+
+
+def test_every_checkov_acknowledgement_names_one_check_with_a_reason(synth):
+    # No blanket skip: each entry names one check id and says why, on one resource.
+    skips = [
+        (template.name, logical, entry)
+        for template in _distinct_templates(synth, SCANNED)
+        for logical, resource in json.loads(template.read_text())["Resources"].items()
+        for entry in resource.get("Metadata", {}).get(CHECKOV_METADATA, {}).get("skip", [])
+    ]
+    assert skips
+    for template, logical, entry in skips:
+        assert entry["id"].startswith("CKV") and "," not in entry["id"], f"{template} {logical}: {entry}"
+        assert len(entry["comment"]) >= 40, f"{template} {logical} {entry['id']}: reason too thin"
+
+
+# (service principal, resource type) of every grant whose service documents a confused-deputy condition for it: the
+# grant must carry one (aws:SourceArn / aws:SourceAccount). CloudWatch alarms and AWS Budgets on the alerts topic
+# (SNS developer guide, "Example cases for Amazon SNS access control"), CloudWatch on its key too; the SageMaker,
+# EKS cluster and VPC flow-log role trusts (each service's "Cross-service confused deputy prevention" or role page).
+GUARDED_GRANTS = {
+    ("cloudwatch.amazonaws.com", "AWS::SNS::TopicPolicy"),
+    ("cloudwatch.amazonaws.com", "AWS::KMS::Key"),
+    ("budgets.amazonaws.com", "AWS::SNS::TopicPolicy"),
+    ("sagemaker.amazonaws.com", "AWS::IAM::Role"),
+    ("eks.amazonaws.com", "AWS::IAM::Role"),
+    ("vpc-flow-logs.amazonaws.com", "AWS::IAM::Role"),
+}
+_POLICY_DOCUMENTS = {
+    "AWS::IAM::Role": "AssumeRolePolicyDocument",
+    "AWS::SNS::TopicPolicy": "PolicyDocument",
+    "AWS::KMS::Key": "KeyPolicy",
+}
+
+
+def _service_grants(templates: list[Path]):
+    """(service, resource type, template, logical id, statement) of every service-principal statement."""
+    for template in templates:
+        for logical, resource in json.loads(template.read_text())["Resources"].items():
+            document = resource.get("Properties", {}).get(_POLICY_DOCUMENTS.get(resource["Type"], ""), {})
+            for statement in document.get("Statement", []) if isinstance(document, dict) else []:
+                services = (
+                    statement.get("Principal", {}).get("Service", []) if statement.get("Principal") != "*" else []
+                )
+                for service in [services] if isinstance(services, str) else services:
+                    yield service, resource["Type"], template.name, logical, statement
+
+
+@pytest.mark.parametrize("grant", sorted(GUARDED_GRANTS), ids=lambda grant: f"{grant[0]}-{grant[1]}")
+def test_service_grants_carry_the_confused_deputy_guard_their_service_documents(synth, grant):
+    # Derived from the synthesized templates of every environment on every backend: each such grant is scoped to
+    # this account's sources, and there is at least one (the grant exists on some backend).
+    found = [g for g in _service_grants(_distinct_templates(synth, SCANNED)) if g[:2] == grant]
+    assert found
+    for _, _, template, logical, statement in found:
+        keys = {key for test in statement.get("Condition", {}).values() for key in test}
+        assert keys & {"aws:SourceArn", "aws:SourceAccount"}, f"{template} {logical}: {statement}"

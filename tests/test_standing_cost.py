@@ -52,8 +52,8 @@ def test_eks_control_plane_and_system_nodes_are_the_templates():
     app = synthesize(env="dev", compute="eks")
     compute = app.template("compute")
     groups = [g["Properties"] for g in compute.find_resources("AWS::EKS::Nodegroup").values()]
-    running = [g for g in groups if g["ScalingConfig"]["DesiredSize"]]  # the accelerator group's is 0
-    assert len(groups) == 2 and len(running) == 1
+    running = [g for g in groups if g["ScalingConfig"]["DesiredSize"]]  # the training and validation groups' are 0
+    assert len(groups) == 3 and len(running) == 1
     nodes = _line(_standing("dev", "eks"), "EKS nodes")
     assert nodes.quantity == running[0]["ScalingConfig"]["DesiredSize"] == 2
     assert nodes.item == f"EKS nodes ({running[0]['InstanceTypes'][0]})"
@@ -134,3 +134,28 @@ def test_readme_standing_table_is_the_tools():
     assert block.group(1) == standing_cost.readme_tables(
         standing_cost.standing(CDK_JSON_CONTEXT, ENVIRONMENTS, shared_templates)
     )
+
+
+# A state machine EventBridge starts every 5 minutes bills its transitions whether or not anything trains: at most
+# every state of its definition once per run (EKS's node-group reconciler is one).
+def test_scheduled_state_machines_bill_their_transitions():
+    machine = {
+        "Type": "AWS::StepFunctions::StateMachine",
+        "Properties": {
+            "DefinitionString": {"Fn::Join": ["", ['{"States":{"A":{"Type":"Pass"},', '"B":{"Type":"Succeed"}}}']]}
+        },
+    }
+    rule = {
+        "Type": "AWS::Events::Rule",
+        "Properties": {"ScheduleExpression": "rate(5 minutes)", "Targets": [{"Arn": {"Ref": "Machine"}, "Id": "T"}]},
+    }
+    templates = [{"Resources": {"Machine": machine, "Rule": rule}}]
+    assert standing_cost.scheduled_transitions(templates) == HOURS_PER_MONTH * 60 // 5 * 2
+    (line,) = [x for x in standing_cost.standing_lines(templates, "us-east-1") if x.item.startswith("scheduled")]
+    assert line.usd_per_month == pytest.approx(HOURS_PER_MONTH * 12 * 2 * 0.025 / 1000)
+
+
+# On EKS the reconciler is the one scheduled state machine: its transitions are in the standing cost.
+def test_the_eks_reconciler_is_in_the_standing_cost():
+    assert _line(_standing("dev", "eks"), "scheduled state transitions").quantity > 0
+    assert not any(line.item.startswith("scheduled") for line in _standing("dev", "batch").lines)

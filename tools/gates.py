@@ -1,13 +1,19 @@
-"""The two gates every synthesized app passes, in one place: `make synth` prints them, the tests assert them.
+"""The gates every synthesized app passes, in one place: `make synth` prints them, the tests assert them.
 
-cdk-nag (AwsSolutions) runs inside synth and writes validation-report.json; cfn-lint checks every template.
+cdk-nag (AwsSolutions) runs inside synth and writes validation-report.json; cfn-lint checks every template; checkov,
+an IaC scanner independent of both, checks them again (in its own environment: its pins conflict with .venv's).
 """
 
 import json
+import subprocess
 from pathlib import Path
 
 from cfnlint.api import ManualArgs, lint_by_config
 from cfnlint.match import Match
+
+ROOT = Path(__file__).resolve().parent.parent
+# checkov pins boto3, packaging and networkx below .venv's (moto, cfn-lint): `make setup` gives it .venv-scan.
+CHECKOV = ROOT / ".venv-scan" / "bin" / "checkov"
 
 # The app's own warnings (Annotations ids "efa-training:...", e.g. the budget left out where a region has no
 # AWS::Budgets::Budget) tell the user something; the report lists them and they are no finding to acknowledge.
@@ -49,3 +55,25 @@ def cfn_lint(outdir: Path, region: str | None) -> tuple[list[Match], list[Match]
     matches = lint_by_config(ManualArgs(templates=templates, regions=regions)) if templates else []
     errors = [m for m in matches if m.rule.id.startswith("E")]
     return errors, [m for m in matches if not m.rule.id.startswith("E")]
+
+
+def checkov(templates: list[Path]) -> list[str]:
+    """checkov's CloudFormation checks over these templates: the failures nobody acknowledged, one line each
+    ("<template>: <check id> <type>.<logical id>"); a resource's Metadata.checkov.skip acknowledges (constructs/nag.py).
+    --skip-download: nothing is fetched from checkov's platform, so it runs offline and the same everywhere."""
+    if not templates:
+        return []
+    if not CHECKOV.exists():
+        raise FileNotFoundError(f"{CHECKOV} is missing: run `make setup` (it installs requirements-scan.txt)")
+    files = [argument for template in templates for argument in ("--file", str(template))]
+    options = ["--framework", "cloudformation", "--skip-download", "--quiet", "--compact", "--output", "json"]
+    done = subprocess.run([str(CHECKOV), *options, *files], capture_output=True, text=True, check=False)
+    try:
+        reports = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"checkov failed (exit {done.returncode}): {done.stderr[-2000:]}") from None
+    return [
+        f"{Path(failed['file_path']).name}: {failed['check_id']} {failed['resource']}"
+        for report in (reports if isinstance(reports, list) else [reports])
+        for failed in report.get("results", {}).get("failed_checks", [])
+    ]

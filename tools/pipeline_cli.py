@@ -6,8 +6,9 @@
     .venv/bin/python -m tools.pipeline_cli describe dev gpt-tiny-001-20261121T083000
 
 The environment's region comes from cdk.json (or --region); the state machine from the output
-`StateMachineArn` of the stack `EfaTraining-<env>-Pipeline`. `start` validates the run file with the
-same rules as the state machine (the run contract, contracts/run.py) before starting anything. Exit codes:
+`StateMachineArn` of the stack `EfaTraining-<env>-Pipeline`; the runs table `list` reads (every claimed run id, with
+the execution holding it) from the output `RunsTableName` of `EfaTraining-<env>-Storage`. `start` validates the run
+file with the same rules as the state machine (the run contract, contracts/run.py) before starting anything. Exit codes:
 0 success (or a run that succeeded), 1 a run that failed, 2 a usage or environment error.
 """
 
@@ -21,7 +22,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
-from config.layout import DATASET_MANIFEST, RUNS_PREFIX, dashboard_name, stack_name
+from config.layout import (
+    DATASET_MANIFEST,
+    RUN_HOLDER,
+    RUN_SINCE,
+    RUNS_PREFIX,
+    RUNS_TABLE_KEY,
+    RUNS_TABLE_OUTPUT,
+    dashboard_name,
+    stack_name,
+)
 from contracts import run as schema
 
 # Every AWS client: bounded waits and a few retries, so an endpoint that accepts and never answers costs about
@@ -85,13 +95,23 @@ class Pipeline:
     def _client(self, service: str):
         return self.session.client(service, region_name=self.region, config=client_config())
 
+    @functools.cached_property
+    def _storage(self) -> dict[str, str]:
+        """The storage stack's outputs ({} where it cannot be read)."""
+        try:
+            return self._outputs(stack_name(self.env, "Storage"))
+        except CliError:
+            return {}
+
     @property
     def bucket(self) -> str | None:
         """The data bucket: output `BucketName` of the environment's storage stack."""
-        try:
-            return self._outputs(stack_name(self.env, "Storage")).get("BucketName")
-        except CliError:
-            return None
+        return self._storage.get("BucketName")
+
+    @property
+    def runs_table(self) -> str | None:
+        """The runs table, where the pipeline claims run ids: output `RunsTableName` of the storage stack."""
+        return self._storage.get(RUNS_TABLE_OUTPUT)
 
     def _outputs(self, stack: str | None = None) -> dict[str, str]:
         stack = stack or stack_name(self.env, "Pipeline")
@@ -312,20 +332,52 @@ def watch(pipeline: Pipeline, execution_arn: str, out, interval: float = 10.0) -
 
 
 def cmd_list(args, pipeline: Pipeline, out) -> int:
-    kwargs = {"stateMachineArn": pipeline.state_machine_arn, "maxResults": args.max}
-    if args.status:
-        kwargs["statusFilter"] = args.status
-    executions = call(pipeline.sfn.list_executions, **kwargs)["executions"]
-    for execution in executions:
-        stop = execution.get("stopDate")
-        took = _elapsed((stop - execution["startDate"]).total_seconds()) if stop else "running"
-        print(
-            f"{execution['name']:<50} {execution['status']:<10} {execution['startDate']:%Y-%m-%d %H:%M} {took}",
-            file=out,
-        )
-    if not executions:
-        print("no runs yet", file=out)
+    """Every claimed run id (the runs table), newest claim first, with the status of the execution holding it."""
+    shown = 0
+    for run in sorted(claimed_runs(pipeline), key=lambda item: item.get(RUN_SINCE, ""), reverse=True):
+        if shown == args.max:
+            break
+        holder = run.get(RUN_HOLDER, "")
+        status = holder_status(pipeline, holder)
+        if args.status and status != args.status:
+            continue
+        since = run.get(RUN_SINCE, "")[:16].replace("T", " ")
+        print(f"{run[RUNS_TABLE_KEY]:<40} {status:<10} {since:<16} {holder.rsplit(':', 1)[-1]}", file=out)
+        shown += 1
+    if not shown:
+        print("no runs yet" if not args.status else f"no {args.status} runs", file=out)
     return 0
+
+
+def claimed_runs(pipeline: Pipeline) -> list[dict[str, str]]:
+    """Every item of the runs table, its string attributes as plain values (a Scan, page by page)."""
+    table = pipeline.runs_table
+    if table is None:
+        raise CliError(
+            f"environment {pipeline.env!r}: stack {stack_name(pipeline.env, 'Storage')} has no {RUNS_TABLE_OUTPUT} "
+            "output; redeploy the storage stack"
+        )
+    dynamodb, runs, start = pipeline._client("dynamodb"), [], None
+    # Not the runs' inputs (up to 256 KiB each): the key, the holder and when.
+    names = {"#k": RUNS_TABLE_KEY, "#h": RUN_HOLDER, "#s": RUN_SINCE}
+    shown = {"ProjectionExpression": "#k, #h, #s", "ExpressionAttributeNames": names}
+    # A Scan answers at most 1 MB a call; LastEvaluatedKey starts the next page (DynamoDB API reference, Scan).
+    while True:
+        page = call(dynamodb.scan, TableName=table, **shown, **({"ExclusiveStartKey": start} if start else {}))
+        runs += [{name: value["S"] for name, value in item.items() if "S" in value} for item in page["Items"]]
+        start = page.get("LastEvaluatedKey")
+        if not start:
+            return runs
+
+
+def holder_status(pipeline: Pipeline, execution_arn: str) -> str:
+    """The status of the execution holding a run; EXPIRED once Step Functions no longer keeps it."""
+    try:
+        return call(pipeline.sfn.describe_execution, executionArn=execution_arn)["status"]
+    except CliError as error:
+        if str(error).startswith("no such execution"):
+            return "EXPIRED"
+        raise
 
 
 def cmd_describe(args, pipeline: Pipeline, out) -> int:
@@ -338,6 +390,8 @@ def cmd_describe(args, pipeline: Pipeline, out) -> int:
     print(f"status     {described['status']}", file=out)
     if described.get("error"):
         print(f"error      {described['error']}: {described.get('cause', '')[:500]}", file=out)
+    if run_id and re.fullmatch(schema.RUN_ID_PATTERN, run_id) and pipeline.runs_table:
+        print(f"claim      {_claim(pipeline, run_id, arn)}", file=out)
     jobs, verdict = {}, None
     current = None
     for event in pipeline.all_history(arn):
@@ -376,6 +430,25 @@ def cmd_describe(args, pipeline: Pipeline, out) -> int:
             f"logs       {_console(pipeline.region, f'cloudwatch/home#logsV2:log-groups/log-group/{group}')}", file=out
         )
     return RESULT_CODES.get(described["status"], 1) if described["status"] != "RUNNING" else 0
+
+
+def _claim(pipeline: Pipeline, run_id: str, execution_arn: str) -> str:
+    """Who holds the run id, from the runs table: this execution, another one (a resume took it over), or none."""
+    try:
+        found = call(
+            pipeline._client("dynamodb").get_item,
+            TableName=pipeline.runs_table,
+            Key={RUNS_TABLE_KEY: {"S": run_id}},
+            ConsistentRead=True,
+        )
+    except CliError as error:
+        return f"unreadable ({error})"
+    if "Item" not in found:
+        return "none: the run id was never claimed"
+    holder = found["Item"].get(RUN_HOLDER, {}).get("S", "")
+    since = found["Item"].get(RUN_SINCE, {}).get("S", "")
+    who = "this execution" if holder == execution_arn else f"execution {holder.rsplit(':', 1)[-1]}"
+    return f"held by {who} since {since}"
 
 
 def _json_object(text: object) -> dict:
@@ -428,10 +501,10 @@ def parser() -> argparse.ArgumentParser:
     watch_.add_argument("env")
     watch_.add_argument("execution", help="execution name or ARN")
     watch_.add_argument("--interval", type=float, default=10.0, help="seconds between polls (default 10)")
-    list_ = add("list", help="recent executions")
+    list_ = add("list", help="claimed runs (the runs table), newest first, with their executions' status")
     list_.add_argument("env")
-    list_.add_argument("--status", choices=sorted(RESULT_CODES))
-    list_.add_argument("--max", type=int, default=20)
+    list_.add_argument("--status", choices=sorted({*RESULT_CODES, "EXPIRED"}), help="only runs whose execution is")
+    list_.add_argument("--max", type=int, default=20, help="at most this many runs (default 20)")
     describe = add("describe", help="an execution's verdict, jobs and links")
     describe.add_argument("env")
     describe.add_argument("execution", help="execution name or ARN")

@@ -3,10 +3,12 @@
 Quantities come from the backend's synthesized templates, since a template is what deploys: NAT gateways and their
 public IPv4 addresses, interface endpoints times the subnets (one per AZ) each has a network interface in, the FSx
 file system's capacity and deployment type, EKS clusters and each node group's desired size, Batch's minimum vCPUs,
-KMS keys, dashboards, alarm metrics and budgets. Prices come from config/standing_prices.py for the environment's
+KMS keys, dashboards, alarm metrics, budgets and the state transitions of state machines run on a schedule (EKS's
+node-group reconciler). Prices come from config/standing_prices.py for the environment's
 Region; where none is recorded the item reads "unpriced in <region>", never us-east-1's figure.
 """
 
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from config.standing_prices import (
     KMS_KEY,
     NAT_GATEWAY,
     PUBLIC_IPV4,
+    SFN_STATE_TRANSITION,
     StandingPrice,
 )
 
@@ -94,6 +97,25 @@ def _node_group_lines(templates: Templates, region: str) -> list[Line]:
     return lines
 
 
+def scheduled_transitions(templates: Templates) -> int:
+    """State transitions a month of the state machines EventBridge starts on a `rate(N minutes)` schedule, at most:
+    each run counted as every state of its definition once (a run takes fewer on its idle path)."""
+    transitions = 0
+    for template in templates:
+        resources = template.get("Resources", {})
+        for rule in resources.values():
+            props = rule.get("Properties", {}) if rule.get("Type") == "AWS::Events::Rule" else {}
+            minutes = re.fullmatch(r"rate\((\d+) minutes?\)", props.get("ScheduleExpression", ""))
+            for target in props.get("Targets", []) if minutes else []:
+                machine = resources.get(target.get("Arn", {}).get("Ref", ""), {})
+                if minutes and machine.get("Type") == "AWS::StepFunctions::StateMachine":
+                    definition = machine["Properties"]["DefinitionString"]
+                    text = "".join(p for p in definition["Fn::Join"][1] if isinstance(p, str))
+                    runs = HOURS_PER_MONTH * 60 // int(minutes.group(1))
+                    transitions += int(runs) * text.count('"Type":')
+    return transitions
+
+
 def _ec2(instance_type: str) -> dict[str, StandingPrice]:
     return {region: price for (region, name), price in EC2_USD_PER_HOUR.items() if name == instance_type}
 
@@ -142,6 +164,13 @@ def standing_lines(templates: Templates, region: str) -> list[Line]:
         ),
         _priced("CloudWatch alarm metrics", alarm_metrics(templates)[0], "metric", CLOUDWATCH_ALARM_METRIC, region),
         _priced("budgets", count("AWS::Budgets::Budget"), "budget", BUDGET, region),
+        _priced(
+            "scheduled state transitions (at most)",
+            scheduled_transitions(templates),
+            "transition",
+            SFN_STATE_TRANSITION,
+            region,
+        ),
     ]
     return [line for line in lines if line.quantity]
 
@@ -202,12 +231,14 @@ Row = tuple[str, list[str]]  # a label and one cell per backend
 
 
 def _rate(price: StandingPrice) -> str:
+    if 0 < price.usd < 0.001:  # per-use prices (state transitions) read per thousand, as AWS quotes them
+        return f"${price.usd * 1000:.3f}/1,000"
     usd = f"{price.usd:.3f}"
     usd = usd[:-1] if usd.endswith("0") else usd  # $0.10, $1.00, but $0.045 and $0.192
     return f"${usd}/{'h' if price.unit == 'hour' else 'month'}"
 
 
-_SHOWN_UNITS = {"endpoint-AZ": " endpoint-AZs", "GB": " GB", "vCPU": " vCPUs"}
+_SHOWN_UNITS = {"endpoint-AZ": " endpoint-AZs", "GB": " GB", "vCPU": " vCPUs", "transition": " transitions"}
 
 
 def _label(found: list[Line]) -> str:

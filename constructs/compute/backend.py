@@ -18,9 +18,12 @@ import aws_cdk.aws_stepfunctions as sfn
 from constructs import Construct
 from constructs.observability.accelerator_metrics import AcceleratorMetrics
 
-# "compile": Trainium's ahead-of-time compilation (training_image/neuron_compile.py), on the run's nodes.
+# "compile": Trainium's ahead-of-time compilation (training_image/efa_training/runtime/launch/neuron_compile.py), on the
+# run's nodes.
 JobKind = Literal["sanity", "compile", "train", "validate"]
 MULTI_NODE_JOBS: frozenset[str] = frozenset({"sanity", "compile", "train"})
+# The roles of the nodes a pipeline sizes itself (PipelineNodes): the run's training nodes, one validation node.
+TRAINING, VALIDATION = "training", "validation"
 
 
 def task_timeout(timeout: cdk.Duration | str | None) -> dict[str, int | str]:
@@ -29,6 +32,30 @@ def task_timeout(timeout: cdk.Duration | str | None) -> dict[str, int | str]:
     if isinstance(timeout, str):
         return {"TimeoutSecondsPath": timeout}
     return {} if timeout is None else {"TimeoutSeconds": int(timeout.to_seconds())}
+
+
+class PipelineNodes(Protocol):
+    """Nodes the pipeline itself sizes, where nothing brings up hosts per job (EKS managed node groups): the run
+    holds them alone, sizes them per stage, and releases them on every ending; roles TRAINING and VALIDATION."""
+
+    def refuse_concurrent(
+        self, scope: Construct, *, machine_arn: str, error: str
+    ) -> tuple[sfn.TaskStateBase, sfn.Choice]:
+        """(first state, choice): the choice fails with `error` while another execution runs; its `.otherwise()`
+        goes on."""
+        ...
+
+    def size(
+        self, scope: Construct, id_: str, desired: dict[str, int | str]
+    ) -> tuple[sfn.Chain, list[sfn.TaskStateBase]]:
+        """The states setting each role's node count (a number, or a JSONPath to one), and its tasks to catch on."""
+        ...
+
+    def release(
+        self, scope: Construct, id_: str, *, machine: str, machine_arn: str, others: int
+    ) -> tuple[sfn.Chain, sfn.Map]:
+        """Every role to 0 unless more than `others` executions of `machine` run; (chain, state to catch on)."""
+        ...
 
 
 class JobRunner(Protocol):
@@ -54,6 +81,11 @@ class JobRunner(Protocol):
     def sanity_in_training(self) -> bool:
         """Whether the training job itself checks its hosts before it trains (the pipeline then submits no sanity
         job): where each attempt gets fresh hosts, only a check inside the job proves the hosts that train."""
+        ...
+
+    @property
+    def node_scaling(self) -> PipelineNodes | None:
+        """The nodes the pipeline sizes itself; None where each job brings up its own hosts (Batch, SageMaker)."""
         ...
 
     def submit(

@@ -5,6 +5,8 @@ import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_logs as logs
 
 from constructs import Construct
+from constructs.escape_hatch import cfn
+from constructs.nag import acknowledge_cdk_provider, acknowledge_log_group_encryption
 
 # FSx for Lustre: LNET on 988, and 1018-1023 (FSx user guide, "File system access control with Amazon VPC").
 LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
@@ -43,6 +45,8 @@ class EfaNetwork(Construct):
                 ec2.SubnetConfiguration(name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=20),
             ],
         )
+        # CDK's handler that empties the VPC's default security group (@aws-cdk/aws-ec2:restrictDefaultSecurityGroup).
+        acknowledge_cdk_provider(self, "VpcRestrictDefaultSG", "CKV_AWS_115", "CKV_AWS_116", "CKV_AWS_117")
         # EFA traffic and FSx for Lustre both stay inside one AZ: a single subnet for every training node.
         second_octet = cidr.split(".")[1]
         self.training_subnet = ec2.PrivateSubnet(
@@ -79,7 +83,9 @@ class EfaNetwork(Construct):
             )
 
         flow_logs = logs.LogGroup(self, "FlowLogs", retention=log_retention, removal_policy=removal_policy)
-        self.vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
+        acknowledge_log_group_encryption(flow_logs)
+        flow_log = self.vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
+        _guard_flow_log_trust(flow_log)
 
         self.efa_security_group = ec2.SecurityGroup(
             self,
@@ -108,3 +114,17 @@ class EfaNetwork(Construct):
             # FSx for Lustre user guide, "File system access control with Amazon VPC" (Lustre clients' rules):
             # clients also admit 988 and 1018-1023 from the file system's group (servers call back to clients).
             self.efa_security_group.add_ingress_rule(self.lustre_security_group, port, "Lustre servers to client")
+
+
+def _guard_flow_log_trust(flow_log: ec2.FlowLog) -> None:
+    """The confused-deputy guard the VPC user guide recommends in the flow-log role's trust policy ("IAM role for
+    publishing flow logs to CloudWatch Logs": aws:SourceAccount, and aws:SourceArn on the account's flow logs). Set
+    on the role CDK makes for the flow log, in place: a role of our own would replace the flow log
+    (DeliverLogsPermissionArn is create-only)."""
+    stack = cdk.Stack.of(flow_log)
+    flow_logs = stack.format_arn(service="ec2", resource="vpc-flow-log", resource_name="*")
+    role = flow_log.node.find_child("IAMRole")
+    cfn(role).add_property_override(
+        "AssumeRolePolicyDocument.Statement.0.Condition",
+        {"StringEquals": {"aws:SourceAccount": stack.account}, "ArnLike": {"aws:SourceArn": flow_logs}},
+    )

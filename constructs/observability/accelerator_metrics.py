@@ -5,7 +5,8 @@ name, host, plus the Environment dimension the agent appends, see host_user_data
 efa_tx_bytes (dimensions device, port, eniId; the agent's `efa` section takes no extra dimensions). EKS nodes
 get Container Insights from the amazon-cloudwatch-observability add-on (namespace ContainerInsights, dimension
 ClusterName). Where no service documents a per-host utilisation scoped to this environment, the project publishes
-its own (training_image/host_metrics.py: EfaTraining AcceleratorUtilization, dimensions Environment and Host):
+its own (training_image/efa_training/runtime/host_metrics.py: EfaTraining AcceleratorUtilization, dimensions Environment
+and Host):
 Batch Trainium hosts (neuron-monitor's CloudWatch companion script documents no metric names) and SageMaker training
 jobs (SageMaker's /aws/sagemaker/TrainingJobs instance metrics carry only Host = <job>/algo-N, so they cannot be
 limited to this environment: Metrics Insights has no prefix match, its WHERE takes =, != and AND only, and its tag
@@ -30,7 +31,8 @@ CONTAINER_INSIGHTS = "ContainerInsights"
 SAGEMAKER_TRAINING = "/aws/sagemaker/TrainingJobs"
 # The dimension the CloudWatch agent on Batch hosts appends to its GPU, memory and disk metrics.
 ENVIRONMENT_DIMENSION = "Environment"
-# The project's own per-host utilisation (training_image/host_metrics.py: NAMESPACE, METRIC, DIMENSIONS).
+# The project's own per-host utilisation (training_image/efa_training/runtime/host_metrics.py: NAMESPACE, METRIC,
+# DIMENSIONS).
 HOST_UTILIZATION = "AcceleratorUtilization"
 HOST_DIMENSION = "Host"
 
@@ -131,7 +133,8 @@ def accelerator_metrics(
             node_dimension="host",
             scope=(ENVIRONMENT_DIMENSION, environment),
         )
-    # Our own (training_image/host_metrics.py), one series per host: Batch Trainium hosts and SageMaker training jobs.
+    # Our own (training_image/efa_training/runtime/host_metrics.py), one series per host: Batch Trainium hosts and
+    # SageMaker training jobs.
     # Only `train` jobs publish on SageMaker, so the one-GPU validation job never counts against this threshold.
     batch = backend == "batch"
     return AcceleratorMetrics(

@@ -20,7 +20,8 @@ from constructs.observability.job_state_metrics import METRIC_NAME as JOB_STATE_
 
 TRAINING_NAMESPACE = TRAINING_METRICS_NAMESPACE
 TRAINING_METRICS = ("Loss", "TokensPerSecond", "StepTimeSeconds", "MFU")
-# The parameter-server strategy's (training_image/ps.py): one line per worker and step, so each graph says which
+# The parameter-server strategy's (training_image/efa_training/workloads/ctr_ps/): one line per worker and step, so each
+# graph says which
 # statistic combines the workers.
 PS_METRICS = {
     "SamplesPerSecond": "Average",

@@ -15,6 +15,7 @@ import aws_cdk.aws_logs as logs
 import jsii
 
 from constructs import Construct
+from constructs.nag import acknowledge_log_group_encryption
 
 METRIC_NAME = "JobStateChanges"
 
@@ -61,6 +62,7 @@ class JobStateMetrics(Construct):
             retention=retention,
             removal_policy=removal_policy,
         )
+        acknowledge_log_group_encryption(self.log_group)
         self.log_group.add_to_resource_policy(
             iam.PolicyStatement(
                 principals=[

@@ -1,6 +1,7 @@
-"""The pipeline's failure path: every Task's Catch names its stage, notifies the alerts topic, then fails the run.
+"""The pipeline's failure path: every Task's Catch names its stage, releases the nodes the run held (where the
+pipeline sizes nodes itself: EKS), notifies the alerts topic, then fails the run.
 
-A failed notification must not hide the run's own error: its Catch goes straight to the Fail state.
+A failed release or notification must not hide the run's own error: their Catches go on to the next step.
 """
 
 import aws_cdk.aws_sns as sns
@@ -15,12 +16,21 @@ Catchable = sfn.TaskStateBase | sfn.CustomState | sfn.Parallel
 
 
 class FailurePath:
-    """`catch(task, state, error)` sends a failed task to an "On<state>Failure" Pass, then `notify` and `failed`."""
+    """`catch(task, state, error)` sends a failed task to an "On<state>Failure" Pass, then `notify` (the release, if
+    any, then the notification) and `failed`. `release`: the chain that brings the run's nodes to 0, and its state
+    to catch on (PipelineNodes.release)."""
 
-    def __init__(self, scope: Construct, *, environment: str, topic: sns.ITopic) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        *,
+        environment: str,
+        topic: sns.ITopic,
+        release: tuple[sfn.Chain, sfn.Map] | None = None,
+    ) -> None:
         self._scope = scope
         self.failed = sfn.Fail(scope, "RunFailed", error_path="$.failure.error", cause_path="$.failure.cause")
-        self.notify = tasks.SnsPublish(
+        publish = tasks.SnsPublish(
             scope,
             "NotifyFailure",
             topic=topic,
@@ -40,9 +50,15 @@ class FailurePath:
             ),
             task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
-        retry_transient(self.notify, NOTIFICATION_ERRORS)
-        self.notify.add_catch(self.failed, result_path="$.notification_error")
-        self.notify.next(self.failed)
+        retry_transient(publish, NOTIFICATION_ERRORS)
+        publish.add_catch(self.failed, result_path="$.notification_error")
+        publish.next(self.failed)
+        self.notify: sfn.IChainable = publish
+        if release is not None:
+            chain, state = release
+            state.add_catch(publish, result_path="$.release_error")
+            chain.next(publish)
+            self.notify = chain
 
     def record(self, state: str, error: str) -> sfn.Pass:
         """The Pass that names the failure of `state` (from `$.caught`); `.next(self.notify)` is up to the caller."""

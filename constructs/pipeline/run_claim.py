@@ -1,20 +1,31 @@
-"""A run id names one run: the execution claims `runs/<run_id>/run.json` with an S3 conditional write.
+"""A run id names one run: the execution claims the run's item in the runs table with a DynamoDB conditional write.
 
-A new run writes the record with `If-None-Match: *`: S3 lets exactly one writer create an object, and answers
-412 Precondition Failed to every other one, concurrent or later ("Add preconditions to S3 operations with
-conditional requests", https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-requests.html). Runs
-from before the record existed are found by their checkpoints, verdict or approved model.
-
-A resume (`"resume": true`) reads the record, refuses while the execution holding it is RUNNING, and takes the
-record over with `If-Match: <ETag>`, so of two resumes at once only one wins (the same document). The record
-holds the run input, the execution that holds it, and when.
+Step Functions' optimized DynamoDB integration (`arn:aws:states:::dynamodb:putItem`, `getItem`, `updateItem`) takes a
+`ConditionExpression` ("Call DynamoDB APIs with Step Functions",
+https://docs.aws.amazon.com/step-functions/latest/dg/connect-ddb.html). A new run puts the item only if
+`attribute_not_exists(run_id)`, which keeps a put from replacing an existing item; every other writer, concurrent or
+later, fails with ConditionalCheckFailedException (DynamoDB API reference, PutItem:
+https://docs.aws.amazon.com/amazondynamodb/latest/APIReference/API_PutItem.html). Runs from before the table are found
+by their checkpoints, verdict or approved model. A resume (`"resume": true`) reads the item, refuses while its holder
+is RUNNING, and takes it over only if it still names the holder read: of two resumes at once, one wins. Once the
+claim holds, a readable copy goes to `runs/<run_id>/run.json` (the run input, the execution that holds it, and when).
 """
 
+import aws_cdk.aws_dynamodb as dynamodb
 import aws_cdk.aws_s3 as s3
 import aws_cdk.aws_stepfunctions as sfn
 import aws_cdk.aws_stepfunctions_tasks as tasks
 
-from config.layout import CHECKPOINTS_PREFIX, MODELS_PREFIX, RUN_RECORD, RUNS_PREFIX
+from config.layout import (
+    CHECKPOINTS_PREFIX,
+    MODELS_PREFIX,
+    RUN_HOLDER,
+    RUN_INPUT,
+    RUN_RECORD,
+    RUN_SINCE,
+    RUNS_PREFIX,
+    RUNS_TABLE_KEY,
+)
 from constructs import Construct
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
 from constructs.pipeline.failure_path import FailurePath
@@ -22,22 +33,49 @@ from constructs.pipeline.input_checks import INVALID
 
 C = sfn.Condition
 J = sfn.JsonPath
-RECORD = RUN_RECORD
-PRECONDITION_FAILED = "*Status Code: 412*"  # the cause of S3.S3Exception when a condition did not hold
+A = tasks.DynamoAttributeValue
+PRECONDITION_FAILED = "*Status Code: 412*"  # the cause of S3.S3Exception when a condition did not hold (verdict.py)
+# A failed condition through the optimized integration: the prefix is `DynamoDB` (upper-case DB), unlike the AWS SDK
+# integration's `DynamoDb` ("Call DynamoDB APIs with Step Functions", "Exception prefix differences").
+CONDITION_FAILED = "DynamoDB.ConditionalCheckFailedException"
+# Throttling and 5xx (DynamoDB developer guide, "Error handling with DynamoDB": InternalServerError is a 500, the
+# throttling errors 400s). Step Functions documents the prefix, not each name: both spellings of the 500 and the SDK's
+# base exception (where unmodeled errors land) are retried. Every write retried is conditional, so a retry whose first
+# try took effect fails its condition and is recognised as this execution's own.
+DYNAMODB_TRANSIENT = (
+    "DynamoDB.InternalServerError",
+    "DynamoDB.InternalServerErrorException",
+    "DynamoDB.ProvisionedThroughputExceededException",
+    "DynamoDB.RequestLimitExceeded",
+    "DynamoDB.ThrottlingException",
+    "DynamoDB.AmazonDynamoDBException",
+    "States.Timeout",
+)
 RUN_ID = J.string_at("$.run.run_id")
+HOLDER = f"$.claim.Item.{RUN_HOLDER}.S"  # the execution holding the run, as ReadRunRecord read it
 
 
-def record_key() -> str:
-    return J.format(f"{RUNS_PREFIX}{{}}/{RECORD}", RUN_ID)
+def _key() -> dict[str, tasks.DynamoAttributeValue]:
+    return {RUNS_TABLE_KEY: A.from_string(RUN_ID)}
 
 
 class RunClaim:
     """`start` (reached with `$.run` validated) leads to `claimed` or to a Fail `InvalidInput`. Tasks that fail
     otherwise go to the pipeline's failure path."""
 
-    def __init__(self, scope: Construct, *, bucket: s3.IBucket, execution_arns: str, failures: FailurePath) -> None:
-        self.bucket, self.on_failure, self.notify_failure = bucket, failures.catch, failures.notify
+    def __init__(
+        self,
+        scope: Construct,
+        *,
+        bucket: s3.IBucket,
+        table: dynamodb.ITable,
+        execution_arns: str,
+        failures: FailurePath,
+    ) -> None:
+        self.bucket, self.table = bucket, table
+        self.on_failure = failures.catch
         self.claimed = sfn.Pass(scope, "RunClaimed", parameters={"run.$": "$.run"})
+        self.won = self._copy_record(scope)
         describe = sfn.Pass(
             scope,
             "DescribeRun",
@@ -53,20 +91,29 @@ class RunClaim:
 
     # ---- a new run ------------------------------------------------------------------------------------
     def _claim_new(self, scope: Construct) -> sfn.IChainable:
-        claim = self._put_record(scope, "ClaimRun", {"IfNoneMatch": "*"})
+        claim = tasks.DynamoPutItem(
+            scope,
+            "ClaimRun",
+            table=self.table,
+            item={
+                **_key(),
+                RUN_HOLDER: A.from_string(J.string_at("$.record.execution")),
+                RUN_SINCE: A.from_string(J.string_at("$.record.since")),
+                RUN_INPUT: A.from_string(J.json_to_string(J.object_at("$.run"))),
+            },
+            condition_expression=f"attribute_not_exists({RUNS_TABLE_KEY})",
+            result_path=J.DISCARD,
+            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+        )
+        retry_transient(claim, DYNAMODB_TRANSIENT)
         taken = sfn.Fail(
             scope,
             "RunIdTaken",
             error=INVALID,
             cause_path=J.format(
-                "run_id {} already names a run (s3://"
-                + self.bucket.bucket_name
-                + "/"
-                + RUNS_PREFIX
-                + "{}/"
-                + RECORD
+                "run_id {} already names a run (runs table "
+                + self.table.table_name
                 + '); give "resume": true to resume it from its checkpoints, or choose a new run_id',
-                RUN_ID,
                 RUN_ID,
             ),
         )
@@ -78,7 +125,14 @@ class RunClaim:
                 ("Model", f"{MODELS_PREFIX}{{}}/"),
             )
         ]
-        self._refuse_on_precondition(scope, claim, "ClaimRun", taken, ours=finds[0])
+        self._refuse_on_condition(scope, claim, "ClaimRun", taken, ours=finds[0])
+        chain = sfn.Chain.start(claim)
+        for find in finds:
+            chain = chain.next(find)
+        chain.next(self._unused(scope))
+        return claim
+
+    def _unused(self, scope: Construct) -> sfn.Choice:
         earlier = sfn.Fail(
             scope,
             "RunIdUsedBefore",
@@ -89,21 +143,8 @@ class RunClaim:
                 RUN_ID,
             ),
         )
-        fresh = (
-            sfn.Choice(scope, "IsRunIdUnused")
-            .when(
-                C.or_(
-                    *(C.number_greater_than(f"$.found.{name}.count", 0) for name in ("checkpoints", "verdict", "model"))
-                ),
-                earlier,
-            )
-            .otherwise(self.claimed)
-        )
-        chain = sfn.Chain.start(claim)
-        for find in finds:
-            chain = chain.next(find)
-        chain.next(fresh)
-        return claim
+        found = (C.number_greater_than(f"$.found.{name}.count", 0) for name in ("checkpoints", "verdict", "model"))
+        return sfn.Choice(scope, "IsRunIdUnused").when(C.or_(*found), earlier).otherwise(self.won)
 
     def _find(self, scope: Construct, id_: str, prefix: str, name: str) -> tasks.CallAwsService:
         task = tasks.CallAwsService(
@@ -124,38 +165,27 @@ class RunClaim:
 
     # ---- a resume -------------------------------------------------------------------------------------
     def _resume(self, scope: Construct, execution_arns: str) -> sfn.IChainable:
-        read = tasks.CallAwsService(
-            scope,
-            "ReadRunRecord",
-            service="s3",
-            action="getObject",
-            parameters={"Bucket": self.bucket.bucket_name, "Key": record_key()},
-            iam_resources=[self.bucket.arn_for_objects(f"{RUNS_PREFIX}*/{RECORD}")],
-            iam_action="s3:GetObject",
-            result_selector={"etag.$": "$.ETag", "record.$": "States.StringToJson($.Body)"},
-            result_path="$.claim",
-            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
-        )
-        retry_transient(read)
-        read.add_catch(
-            sfn.Fail(
-                scope,
-                "NothingToResume",
-                error=INVALID,
-                cause_path=J.format(
-                    'run_id {} names no earlier run: nothing to resume (leave out "resume" to start it)', RUN_ID
-                ),
-            ),
-            errors=["S3.NoSuchKeyException"],
-            result_path="$.caught",
-        )
+        read = self._read(scope, "ReadRunRecord", "$.claim")
         self.on_failure(read, "ReadRunRecord", "RunNotClaimed")
+        nothing = sfn.Fail(
+            scope,
+            "NothingToResume",
+            error=INVALID,
+            cause_path=J.format(
+                'run_id {} names no earlier run: nothing to resume (leave out "resume" to start it)', RUN_ID
+            ),
+        )
+        holder = self._describe_holder(scope, execution_arns)
+        read.next(sfn.Choice(scope, "IsRunRecorded").when(C.is_present(HOLDER), holder).otherwise(nothing))
+        return read
+
+    def _describe_holder(self, scope: Construct, execution_arns: str) -> tasks.CallAwsService:
         holder = tasks.CallAwsService(
             scope,
             "DescribeRunHolder",
             service="sfn",
             action="describeExecution",
-            parameters={"ExecutionArn": J.string_at("$.claim.record.execution")},
+            parameters={"ExecutionArn": J.string_at(HOLDER)},
             iam_resources=[execution_arns],
             iam_action="states:DescribeExecution",
             result_selector={"status.$": "$.Status"},
@@ -163,7 +193,7 @@ class RunClaim:
             task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
         retry_transient(holder)
-        take_over = self._put_record(scope, "TakeOverRun", {"IfMatch": J.string_at("$.claim.etag")})
+        take_over = self._take_over(scope)
         # An execution past Step Functions' retention is gone: it is not running either.
         holder.add_catch(take_over, errors=["Sfn.ExecutionDoesNotExistException"], result_path="$.holder_gone")
         self.on_failure(holder, "DescribeRunHolder", "RunNotClaimed")
@@ -174,96 +204,98 @@ class RunClaim:
             cause_path=J.format(
                 "run_id {} is running in execution {}: wait for it to end, or stop it, before resuming",
                 RUN_ID,
-                J.string_at("$.claim.record.execution"),
+                J.string_at(HOLDER),
             ),
         )
+        holder.next(
+            sfn.Choice(scope, "IsHolderRunning")
+            .when(C.string_equals("$.holder.status", "RUNNING"), running)
+            .otherwise(take_over)
+        )
+        return holder
+
+    def _take_over(self, scope: Construct) -> tasks.DynamoUpdateItem:
+        """The item moves to this execution only if it still names the holder read: of two resumes, one wins."""
+        take_over = tasks.DynamoUpdateItem(
+            scope,
+            "TakeOverRun",
+            table=self.table,
+            key=_key(),
+            update_expression="SET #holder = :execution, #since = :since, #input = :input",
+            condition_expression="#holder = :previous",
+            expression_attribute_names={"#holder": RUN_HOLDER, "#since": RUN_SINCE, "#input": RUN_INPUT},
+            expression_attribute_values={
+                ":execution": A.from_string(J.string_at("$.record.execution")),
+                ":since": A.from_string(J.string_at("$.record.since")),
+                ":input": A.from_string(J.json_to_string(J.object_at("$.run"))),
+                ":previous": A.from_string(J.string_at(HOLDER)),
+            },
+            result_path=J.DISCARD,
+            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+        )
+        retry_transient(take_over, DYNAMODB_TRANSIENT)
         raced = sfn.Fail(
             scope,
             "RunResumedElsewhere",
             error=INVALID,
             cause_path=J.format("run_id {} was resumed by another execution at the same time", RUN_ID),
         )
-        self._refuse_on_precondition(scope, take_over, "TakeOverRun", raced, ours=self.claimed)
-        take_over.next(self.claimed)
-        read.next(holder).next(
-            sfn.Choice(scope, "IsHolderRunning")
-            .when(C.string_equals("$.holder.status", "RUNNING"), running)
-            .otherwise(take_over)
-        )
-        return read
+        self._refuse_on_condition(scope, take_over, "TakeOverRun", raced, ours=self.won)
+        take_over.next(self.won)
+        return take_over
 
     # ---- shared ---------------------------------------------------------------------------------------
-    def _put_record(self, scope: Construct, id_: str, condition: dict) -> tasks.CallAwsService:
-        task = tasks.CallAwsService(
+    def _read(self, scope: Construct, id_: str, result_path: str) -> tasks.DynamoGetItem:
+        """The run's item, read after every write before it (a strongly consistent read)."""
+        read = tasks.DynamoGetItem(
             scope,
             id_,
+            table=self.table,
+            key=_key(),
+            consistent_read=True,
+            result_path=result_path,
+            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+        )
+        retry_transient(read, DYNAMODB_TRANSIENT)
+        return read
+
+    def _refuse_on_condition(
+        self, scope: Construct, task: sfn.TaskStateBase, state: str, refused: sfn.Fail, ours: sfn.IChainable
+    ) -> None:
+        """A failed condition means another execution holds the item, or changed it: refuse the run, unless the item
+        is this execution's own (a retried write whose first try succeeded but whose answer was lost): then go on to
+        `ours`. Anything else left after the retries goes to the failure path."""
+        reread = self._read(scope, f"{state}ReadBack", "$.stored")
+        reread.add_catch(refused, errors=["States.ALL"], result_path="$.reread_error")
+        stored = f"$.stored.Item.{RUN_HOLDER}.S"
+        reread.next(
+            sfn.Choice(scope, f"Is{state}Ours")
+            .when(C.and_(C.is_present(stored), C.string_equals_json_path(stored, "$.record.execution")), ours)
+            .otherwise(refused)
+        )
+        task.add_catch(reread, errors=[CONDITION_FAILED], result_path="$.caught")
+        self.on_failure(task, state, "RunNotClaimed")
+
+    def _copy_record(self, scope: Construct) -> tasks.CallAwsService:
+        """The claim holds: a readable copy of it in `runs/<run_id>/run.json`, then RunClaimed. Only the holder
+        writes it, so a plain overwrite (a resume's) is right."""
+        copy = tasks.CallAwsService(
+            scope,
+            "WriteRunRecord",
             service="s3",
             action="putObject",
             parameters={
                 "Bucket": self.bucket.bucket_name,
-                "Key": record_key(),
+                "Key": J.format(f"{RUNS_PREFIX}{{}}/{RUN_RECORD}", RUN_ID),
                 "ContentType": "application/json",
                 "Body": J.json_to_string(J.object_at("$.record")),
-                **condition,
             },
-            iam_resources=[self.bucket.arn_for_objects(f"{RUNS_PREFIX}*/{RECORD}")],
+            iam_resources=[self.bucket.arn_for_objects(f"{RUNS_PREFIX}*/{RUN_RECORD}")],
             iam_action="s3:PutObject",
             result_path=J.DISCARD,
             task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
-        retry_transient(task)
-        return task
-
-    def _refuse_on_precondition(
-        self, scope: Construct, task: tasks.CallAwsService, state: str, refused: sfn.Fail, ours: sfn.IChainable
-    ) -> None:
-        """412 means the condition did not hold (the record exists, or changed): refuse the run, unless the record
-        is this execution's own (a retried write whose first try succeeded but whose answer was lost): then go on
-        to `ours`. Anything else left after the retries goes to the failure path."""
-        other = sfn.Pass(
-            scope,
-            f"{state}Failed",
-            parameters={
-                "run.$": "$.run",
-                "failure": {
-                    "state": state,
-                    "error": "RunNotClaimed",
-                    "detail.$": "$.caught.Error",
-                    "cause.$": "$.caught.Cause",
-                },
-            },
-        )
-        other.next(self.notify_failure)
-        reread = tasks.CallAwsService(
-            scope,
-            f"{state}ReadBack",
-            service="s3",
-            action="getObject",
-            parameters={"Bucket": self.bucket.bucket_name, "Key": record_key()},
-            iam_resources=[self.bucket.arn_for_objects(f"{RUNS_PREFIX}*/{RECORD}")],
-            iam_action="s3:GetObject",
-            result_selector={"record.$": "States.StringToJson($.Body)"},
-            result_path="$.stored",
-            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
-        )
-        retry_transient(reread)
-        reread.add_catch(refused, errors=["States.ALL"], result_path="$.reread_error")
-        reread.next(
-            sfn.Choice(scope, f"Is{state}Ours")
-            .when(
-                C.and_(
-                    C.is_present("$.stored.record.execution"),
-                    C.string_equals_json_path("$.stored.record.execution", "$.record.execution"),
-                ),
-                ours,
-            )
-            .otherwise(refused)
-        )
-        task.add_catch(
-            sfn.Choice(scope, f"Is{state}Refused")
-            .when(C.string_matches("$.caught.Cause", PRECONDITION_FAILED), reread)
-            .otherwise(other),
-            errors=["S3.S3Exception"],
-            result_path="$.caught",
-        )
-        self.on_failure(task, state, "RunNotClaimed")
+        retry_transient(copy)
+        self.on_failure(copy, "WriteRunRecord", "RunNotClaimed")
+        copy.next(self.claimed)
+        return copy

@@ -9,6 +9,7 @@ notifies the alerts topic before failing; every AWS call of the pipeline's own r
 from dataclasses import dataclass, field
 
 import aws_cdk as cdk
+import aws_cdk.aws_dynamodb as dynamodb
 import aws_cdk.aws_logs as logs
 import aws_cdk.aws_s3 as s3
 import aws_cdk.aws_sns as sns
@@ -16,12 +17,12 @@ import aws_cdk.aws_stepfunctions as sfn
 
 from config.layout import CHECKPOINTS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
 from constructs import Construct
-from constructs.compute.backend import JobKind, JobRunner
-from constructs.nag import acknowledge, acknowledge_iam
+from constructs.compute.backend import TRAINING, VALIDATION, JobKind, JobRunner
+from constructs.nag import acknowledge, acknowledge_iam, acknowledge_log_group_encryption
 from constructs.pipeline.dataset_check import dataset_check
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.initial_model import InitialModel
-from constructs.pipeline.input_checks import input_validation
+from constructs.pipeline.input_checks import INVALID, input_validation
 from constructs.pipeline.run_claim import RunClaim
 from constructs.pipeline.train_attempt import ATTEMPT_FAILED, NO_CAPACITY, classified_training
 from constructs.pipeline.verdict import VerdictBranch
@@ -51,6 +52,7 @@ class TrainingPipeline(Construct):
         environment: str,
         max_nodes: int,
         bucket: s3.IBucket,
+        runs_table: dynamodb.ITable,
         topic: sns.ITopic,
         runner: JobRunner,
         log_retention: logs.RetentionDays,
@@ -72,16 +74,38 @@ class TrainingPipeline(Construct):
         # being resumed) without naming the state machine itself, which would be a circular reference.
         self.state_machine_name = f"{stack.stack_name}-{id_}"[:80]
         self.approved_model_parameter = f"/efa-training/{environment}/approved-model"
-        self._failures = FailurePath(self, environment=environment, topic=topic)
+        self._nodes, self._machine_arn = (
+            runner.node_scaling,
+            stack.format_arn(
+                service="states",
+                resource="stateMachine",
+                resource_name=self.state_machine_name,
+                arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+            ),
+        )
+        # Where the pipeline sizes nodes itself, every failure first releases them (unless another execution runs).
+        release = (
+            self._nodes.release(
+                self,
+                "ReleaseNodes",
+                machine=sfn.JsonPath.string_at("$$.StateMachine.Id"),
+                machine_arn=self._machine_arn,
+                others=1,
+            )
+            if self._nodes
+            else None
+        )
+        self._failures = FailurePath(self, environment=environment, topic=topic, release=release)
 
         # 1. the input (pure ASL, before anything is submitted); a backend whose multi-node jobs have a fixed size
-        # takes runs of exactly that size. 2. the run id names one run (S3 conditional writes) unless resumed.
+        # takes runs of exactly that size. 2. the run id names one run (runs_table conditional writes) unless resumed.
         validation_start, validated = input_validation(
             self, max_nodes=max_nodes, min_nodes=max_nodes if runner.fixed_node_count else 1
         )
         claim = RunClaim(
             self,
             bucket=bucket,
+            table=runs_table,
             execution_arns=stack.format_arn(
                 service="states",
                 resource="execution",
@@ -109,14 +133,17 @@ class TrainingPipeline(Construct):
         )
         # The dataset is checked first of all: a typo costs no claim and no instance.
         dataset_start, dataset_ready = dataset_check(self, bucket=bucket, failures=self._failures)
-        validated.next(dataset_start)
+        self._exclusive(validated, then=dataset_start)
         dataset_ready.next(initial.start)
         initial.chosen.next(claim.start)
-        prepared = claim.claimed.next(self._prepare(bucket.bucket_name))
+        prepared = self._sized(
+            claim.claimed.next(self._prepare(bucket.bucket_name)), "ForTraining", {TRAINING: "$.run.nodes"}
+        )
         # A backend whose training job checks its own hosts first gets no separate sanity job.
         checked = prepared if runner.sanity_in_training else prepared.next(self._sanity_check(sanity_retry_interval))
         compiled = checked.next(self._compile()) if compiles_ahead else checked
-        compiled.next(self._train()).next(self._validate()).next(verdict.start)
+        trained = self._sized(compiled.next(self._train()), "ForValidation", {TRAINING: 0, VALIDATION: 1})
+        self._sized(trained.next(self._validate()), "AfterValidation", {VALIDATION: 0}).next(verdict.start)
 
         # Under /aws/vendedlogs/: log delivery for a group outside it adds to the account's one CloudWatch Logs
         # resource policy, which has a size limit (Step Functions developer guide, "Avoiding CloudWatch Logs resource
@@ -130,6 +157,7 @@ class TrainingPipeline(Construct):
             retention=log_retention,
             removal_policy=removal_policy,
         )
+        acknowledge_log_group_encryption(self.log_group)
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
@@ -144,6 +172,25 @@ class TrainingPipeline(Construct):
         if topic.master_key is not None:  # an encrypted topic: publishing needs its key
             topic.master_key.grant(self.state_machine, "kms:Decrypt", "kms:GenerateDataKey")
         self._acknowledge()
+
+    def _exclusive(self, validated: sfn.INextable, *, then: sfn.IChainable) -> None:
+        """Where the pipeline sizes nodes itself, a second execution is refused at its start (one line)."""
+        if self._nodes is None:
+            validated.next(then)
+            return
+        first, alone = self._nodes.refuse_concurrent(self, machine_arn=self._machine_arn, error=INVALID)
+        self._failures.catch(first, "ListRunningExecutions", "RunNotStarted")
+        validated.next(first)
+        alone.otherwise(then)
+
+    def _sized(self, chain: sfn.Chain, stage: str, desired: dict[str, int | str]) -> sfn.Chain:
+        """`chain`, then (where the pipeline sizes nodes) the node counts `desired` for what comes next."""
+        if self._nodes is None:
+            return chain
+        sizing, calls = self._nodes.size(self, stage, desired)
+        for call in calls:
+            self._failures.catch(call, call.node.id, "NodesNotSized")
+        return chain.next(sizing)
 
     def _prepare(self, bucket_name: str) -> sfn.Pass:
         """The jobs' string parameters, the run's S3 keys and the Train state's timeout, from the validated run."""
@@ -207,7 +254,8 @@ class TrainingPipeline(Construct):
 
     def _compile(self) -> sfn.Parallel:
         """Trainium: neuron_parallel_compile fills the shared compile cache on the run's nodes before training
-        (training_image/neuron_compile.py). Its own timeout; one retry of a failed attempt, capacity waited for as
+        (training_image/efa_training/runtime/launch/neuron_compile.py). Its own timeout; one retry of a failed attempt,
+        capacity waited for as
         for training, a refused run (bad flags: exit 2) not retried."""
         compile_ = classified_training(
             self,

@@ -43,7 +43,8 @@ PHASES = ("sanity", "compile", "train", "validate")
 
 
 def phases(instance: InstanceType) -> tuple[str, ...]:
-    """The phases an instance type runs: only Trainium compiles ahead of time (training_image/neuron_compile.py)."""
+    """The phases an instance type runs: only Trainium compiles ahead of time
+    (training_image/efa_training/runtime/launch/neuron_compile.py)."""
     return tuple(p for p in PHASES if p != "compile" or instance.accelerator is Accelerator.NEURON)
 
 
@@ -66,13 +67,12 @@ def toleration() -> dict:
 
 
 def resources(instance: InstanceType) -> dict:
-    """Every accelerator and every EFA interface of one node; limits equal requests (extended resources demand it)."""
-    whole_node = {
-        instance.kubernetes_resource: str(instance.accelerators),
-        EFA_RESOURCE: str(instance.efa_interfaces),
-        "hugepages-2Mi": HUGEPAGES_2MI,
-        "memory": f"{instance.memory_gib // 2}Gi",
-    }
+    """Every accelerator and every EFA interface of one node; limits equal requests (extended resources demand it).
+    A type without EFA (the validation node) gets no EFA devices and no huge pages: its node reserves none."""
+    whole_node = {instance.kubernetes_resource: str(instance.accelerators)}
+    if instance.has_efa:
+        whole_node |= {EFA_RESOURCE: str(instance.efa_interfaces), "hugepages-2Mi": HUGEPAGES_2MI}
+    whole_node["memory"] = f"{instance.memory_gib // 2}Gi"
     return {"requests": dict(whole_node), "limits": dict(whole_node)}
 
 

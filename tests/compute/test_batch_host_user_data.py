@@ -53,7 +53,8 @@ def _neuron_script(environment: str = "prod") -> str:
 
 
 def test_neuron_host_runs_the_projects_exporter_for_this_environment():
-    # A service runs training_image/host_metrics.py on neuron-monitor's JSON and sends this environment's per-host
+    # A service runs training_image/efa_training/runtime/host_metrics.py on neuron-monitor's JSON and sends this
+    # environment's per-host
     # utilisation to the agent's EMF listener; neuron-monitor-cloudwatch.py, whose metrics no document names, is gone.
     script = _neuron_script()
     assert (

@@ -206,7 +206,8 @@ def test_job_definitions_read_the_stage_table(name):
 
 @pytest.mark.parametrize("name", NEURON)
 def test_trainium_compiles_with_the_training_flags(name):
-    # Trainium compiles ahead of time (training_image/neuron_compile.py) with the training's own flags.
+    # Trainium compiles ahead of time (training_image/efa_training/runtime/launch/neuron_compile.py) with the training's
+    # own flags.
     specs = job_specs(instance=CATALOGUE[name], nodes=2, bucket_name="b", train_timeout=cdk.Duration.hours(24))
     assert specs["compile"].command == ["compile", *specs["train"].flags]
 

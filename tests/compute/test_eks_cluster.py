@@ -1,17 +1,21 @@
 """EksTrainingCluster alone, in a bare stack, for each accelerator family: the pinned cluster, its small system node
 group, the pinned add-ons and the charts (EFA and the accelerator's device plugin, Kubeflow Trainer)."""
 
+import copy
 import functools
 import json
 
+import aws_cdk.aws_logs as logs
 import pytest
 from aws_cdk.assertions import Match, Template
 
 import constructs.compute.eks.versions as versions
 from config import CATALOGUE
 from constructs.compute.eks.cluster import EksTrainingCluster
+from constructs.compute.eks.cluster_logs import CONTAINER_INSIGHTS
 from contracts.eks.job_spec import ACCELERATOR_TAINT_KEY
 from tests.alone import bare_stack
+from tests.change_matrix import redeploy
 from tests.compute.eks_parts import vpc
 
 NVIDIA, NEURON = "p5.48xlarge", "trn1.32xlarge"
@@ -24,6 +28,7 @@ def _cluster(
     admin_role_arns: tuple[str, ...] = (),
     kubeflow_trainer: bool = False,
     public_access_cidrs: tuple[str, ...] = (),
+    log_retention: logs.RetentionDays | None = None,
 ) -> Template:
     stack = bare_stack()
     EksTrainingCluster(
@@ -34,6 +39,7 @@ def _cluster(
         admin_role_arns=admin_role_arns,
         kubeflow_trainer=kubeflow_trainer,
         public_access_cidrs=public_access_cidrs,
+        log_retention=log_retention,
     )
     return Template.from_stack(stack)
 
@@ -166,3 +172,97 @@ def test_the_public_endpoint_admits_only_the_configured_blocks():
     assert cluster["ResourcesVpcConfig"]["PublicAccessCidrs"] == ["203.0.113.0/24"]
     (open_cluster,) = _resources(_cluster(NVIDIA), "AWS::EKS::Cluster")
     assert "PublicAccessCidrs" not in open_cluster["ResourcesVpcConfig"]
+
+
+def _logical_id(template: Template, kind: str) -> str:
+    (logical,) = template.find_resources(kind)
+    return logical
+
+
+def test_secrets_are_envelope_encrypted_with_a_rotated_key_of_the_cluster():
+    # EncryptionConfig names the stack's own key for "secrets" (the only resource EKS encrypts); the key rotates.
+    template = _cluster(NVIDIA)
+    key = _logical_id(template, "AWS::KMS::Key")
+    (cluster,) = _resources(template, "AWS::EKS::Cluster")
+    assert cluster["EncryptionConfig"] == [
+        {"Provider": {"KeyArn": {"Fn::GetAtt": [key, "Arn"]}}, "Resources": ["secrets"]}
+    ]
+    template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+
+
+def test_a_cluster_created_without_the_key_is_replaced_by_the_next_deploy():
+    # Day two: EncryptionConfig and Name are create-only (AWS::EKS::Cluster's resource schema, bundled with cfn-lint;
+    # CloudFormation docs: "Update requires: Replacement"), so a cluster deployed before them is replaced, not updated.
+    after = {"Eks": dict(_cluster(NVIDIA).to_json())}
+    before = copy.deepcopy(after)
+    cluster = _logical_id(_cluster(NVIDIA), "AWS::EKS::Cluster")
+    for created_since in ("EncryptionConfig", "Name"):
+        del before["Eks"]["Resources"][cluster]["Properties"][created_since]
+    assert ("Eks", cluster) in redeploy(before, after, "us-east-1").replaced
+
+
+def test_the_cluster_name_is_the_stacks_and_its_own():
+    # Fixed by the stack, not generated: the stack's name, the construct's id and the first group of the stack's
+    # UUID (a group a destroyed stack kept never collides with the next stack's cluster).
+    (cluster,) = _resources(_cluster(NVIDIA), "AWS::EKS::Cluster")
+    separator, (stack_and_construct, uuid_group) = cluster["Name"]["Fn::Join"]
+    assert (separator, stack_and_construct) == ("-", "Stack-Training")
+    assert uuid_group["Fn::Select"][0] == 0 and "AWS::StackId" in json.dumps(uuid_group)
+
+
+def test_run_time_log_groups_are_created_first_with_retention():
+    # The groups EKS (control plane) and the observability add-on (Container Insights) would create without
+    # retention exist first, with the environment's retention; the cluster and the add-on wait for them.
+    template = _cluster(NVIDIA, log_retention=logs.RetentionDays.TWO_WEEKS)
+    (cluster_props,) = _resources(template, "AWS::EKS::Cluster")
+    name = cluster_props["Name"]
+    control_plane = json.dumps({"Fn::Join": ["", ["/aws/eks/", name, "/cluster"]]})
+    insights = {
+        json.dumps({"Fn::Join": ["", ["/aws/containerinsights/", name, f"/{kind}"]]}) for kind in CONTAINER_INSIGHTS
+    }
+    groups = template.find_resources("AWS::Logs::LogGroup", {"Properties": {"RetentionInDays": 14}})
+    named = {json.dumps(resource["Properties"]["LogGroupName"]): logical for logical, resource in groups.items()}
+    assert {control_plane} | insights <= set(named)
+    resources = template.to_json()["Resources"]
+    cluster = resources[_logical_id(template, "AWS::EKS::Cluster")]
+    (addon,) = [r for r in resources.values() if r["Properties"].get("AddonName") == "amazon-cloudwatch-observability"]
+    assert named[control_plane] in cluster["DependsOn"]
+    assert {named[group] for group in insights} <= set(addon["DependsOn"])
+
+
+def test_without_a_retention_the_services_keep_their_log_groups():
+    # No log_retention: nothing is created under the services' names (they create their groups as before).
+    names = {g.get("LogGroupName", "") for g in _resources(_cluster(NVIDIA), "AWS::Logs::LogGroup")}
+    assert not any(name.startswith(("/aws/eks/", "/aws/containerinsights/")) for name in names)
+
+
+def _trust(template: Template, service: str) -> dict:
+    (statement,) = [
+        s
+        for role in _resources(template, "AWS::IAM::Role")
+        for s in role["AssumeRolePolicyDocument"]["Statement"]
+        if s["Principal"].get("Service") == service
+    ]
+    return statement
+
+
+def test_the_cluster_role_serves_this_cluster_only():
+    # Confused-deputy guard (EKS user guide, "Cross-service confused deputy prevention in Amazon EKS"): aws:SourceArn
+    # is this cluster's ARN (its fixed name), aws:SourceAccount this account.
+    template = _cluster(NVIDIA)
+    (cluster,) = _resources(template, "AWS::EKS::Cluster")
+    condition = _trust(template, "eks.amazonaws.com")["Condition"]
+    assert condition["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    assert condition["ArnLike"]["aws:SourceArn"]["Fn::Join"][1][-2:] == [":cluster/", cluster["Name"]]
+
+
+def test_the_cloudwatch_agent_role_serves_the_agents_service_account_only():
+    # EKS Pod Identity's documented trust conditions are its session tags (EKS user guide, "Create IAM role with
+    # trust policy required by EKS Pod Identity"): this cluster, the add-on's namespace and service account.
+    template = _cluster(NVIDIA)
+    (cluster,) = _resources(template, "AWS::EKS::Cluster")
+    assert _trust(template, "pods.eks.amazonaws.com")["Condition"]["StringEquals"] == {
+        "aws:RequestTag/eks-cluster-name": cluster["Name"],
+        "aws:RequestTag/kubernetes-namespace": "amazon-cloudwatch",
+        "aws:RequestTag/kubernetes-service-account": "cloudwatch-agent",
+    }

@@ -288,7 +288,8 @@ def test_the_longest_attempt_keeps_max_wait_above_max_runtime():
 
 
 def test_trainiums_compile_job_fills_the_cache_in_the_file_system_on_the_runs_instances():
-    # training_image/neuron_compile.py: the cache root is the FSx channel (read-write), the same one training reads.
+    # training_image/efa_training/runtime/launch/neuron_compile.py: the cache root is the FSx channel (read-write), the
+    # same one training reads.
     request = _request("compile", instance="trn1.32xlarge", spot=True, neuron_cc_flags="--model-type=transformer -O1")
     assert request["AlgorithmSpecification"]["ContainerArguments"][0] == "compile"
     assert request["ResourceConfig"] == {

@@ -98,6 +98,24 @@ def test_vpc_flow_logs_go_to_cloudwatch(network):
     network.has_resource_properties("AWS::EC2::FlowLog", {"ResourceType": "VPC", "TrafficType": "ALL"})
 
 
+def test_the_flow_log_role_serves_this_accounts_flow_logs_only(network):
+    # Confused-deputy guard in the role's trust (VPC user guide, "IAM role for publishing flow logs to CloudWatch
+    # Logs": aws:SourceAccount, and aws:SourceArn on the account's flow logs).
+    (role,) = [
+        r["Properties"]
+        for r in _resources(network, "AWS::IAM::Role").values()
+        if "vpc-flow-logs" in str(r["Properties"]["AssumeRolePolicyDocument"])
+    ]
+    (statement,) = role["AssumeRolePolicyDocument"]["Statement"]
+    assert statement["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    assert statement["Condition"]["ArnLike"]["aws:SourceArn"] == {
+        "Fn::Join": [
+            "",
+            ["arn:", {"Ref": "AWS::Partition"}, ":ec2:us-west-2:", {"Ref": "AWS::AccountId"}, ":vpc-flow-log/*"],
+        ]
+    }
+
+
 @pytest.mark.parametrize(
     ("removal_policy", "expected"), [(cdk.RemovalPolicy.DESTROY, "Delete"), (cdk.RemovalPolicy.RETAIN, "Retain")]
 )

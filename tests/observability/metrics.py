@@ -28,11 +28,11 @@ def alarms(template: Template) -> dict[str, dict]:
 
 
 def training_image_module(name: str) -> ModuleType:
-    """training_image/<name>.py, loaded by its path under a name of its own: pytest puts this folder, whose metrics.py
-    is this file, first on sys.path, so `import metrics` here would not reach the image's module."""
+    """training_image/efa_training/runtime/<name>.py (metrics or host_metrics: standard library only), loaded by its
+    path under a name of its own: pytest puts this folder, whose metrics.py is this file, first on sys.path."""
     qualified = f"training_image_{name}"
     if qualified not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "training_image" / f"{name}.py"
+        path = Path(__file__).resolve().parents[2] / "training_image" / "efa_training" / "runtime" / f"{name}.py"
         spec = importlib.util.spec_from_file_location(qualified, path)
         assert spec and spec.loader
         sys.modules[qualified] = module = importlib.util.module_from_spec(spec)

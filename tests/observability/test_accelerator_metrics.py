@@ -27,7 +27,8 @@ def test_a_plain_namespace_stays_unquoted():
 @pytest.mark.parametrize("accelerator", [Accelerator.NVIDIA, Accelerator.NEURON])
 def test_idle_alarm_on_sagemaker_watches_each_host_of_this_environments_training_jobs(accelerator):
     # SageMaker's own instance metrics carry only Host (<job>/algo-N), so no query can keep other environments' jobs
-    # out; the jobs publish their own per-host utilisation with the environment (training_image/host_metrics.py).
+    # out; the jobs publish their own per-host utilisation with the environment
+    # (training_image/efa_training/runtime/host_metrics.py).
     metrics = accelerator_metrics("sagemaker", accelerator, environment="prod")
     assert metrics.insights_lowest_node(metrics.utilization) == (
         "SELECT AVG(AcceleratorUtilization) FROM SCHEMA(EfaTraining, Environment, Host) "

@@ -112,11 +112,10 @@ def test_dashboard_searches_every_training_metric_over_run_ids():
 
 
 def test_the_parameter_server_graphs_draw_metrics_the_image_emits():
-    # Names are a contract with training_image/metrics.py's UNITS (what ps.py's workers write).
-    import sys
+    # Names are a contract with the image's runtime/metrics.py UNITS (what the parameter-server workers write).
+    from tests.observability.metrics import training_image_module
 
-    sys.path.insert(0, "training_image")
-    from metrics import UNITS
+    UNITS = training_image_module("metrics").UNITS
 
     assert set(PS_METRICS) <= set(UNITS) and {m for names in PS_GRAPHS.values() for m in names} == set(PS_METRICS)
 

@@ -1,5 +1,6 @@
-"""training_image/host_metrics.py alone: the project's own per-host accelerator utilisation (EfaTraining
-AcceleratorUtilization, dimensions Environment and Host), from neuron-monitor's JSON or nvidia-smi, as EMF lines."""
+"""training_image/efa_training/runtime/host_metrics.py alone: the project's own per-host accelerator utilisation
+(EfaTraining AcceleratorUtilization, dimensions Environment and Host), from neuron-monitor's JSON or nvidia-smi, as EMF
+lines."""
 
 import ast
 import json

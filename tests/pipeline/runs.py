@@ -5,10 +5,12 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import boto3
 from moto import mock_aws
 from moto.core.config import DefaultConfig
 
-from tests.sfn_emulator import PREPARED_DATASET, Emulator
+from config.layout import RUN_HOLDER, RUN_INPUT, RUN_SINCE, RUNS_TABLE_KEY
+from tests.sfn_emulator import PREPARED_DATASET, REGION, Emulator
 
 MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "batch": {"use_docker": False}}
 APPROVED_MODEL_PARAMETER = "/efa-training/dev/approved-model"
@@ -53,8 +55,30 @@ def approval(emulator) -> dict[str, Any]:
     return model
 
 
+def run_item(emulator, run_id: str) -> dict[str, str] | None:
+    """The run's item in the runs table, its string attributes as plain values (a strongly consistent read)."""
+    table = boto3.client("dynamodb", region_name=REGION)
+    found = table.get_item(TableName=emulator.runs_table, Key={RUNS_TABLE_KEY: {"S": run_id}}, ConsistentRead=True)
+    return {name: value["S"] for name, value in found["Item"].items()} if "Item" in found else None
+
+
+def hold_run(emulator, run: Mapping[str, Any], execution: str) -> None:
+    """A run claimed earlier by `execution` (what ClaimRun writes), for the resume tests."""
+    boto3.client("dynamodb", region_name=REGION).put_item(
+        TableName=emulator.runs_table,
+        Item={
+            RUNS_TABLE_KEY: {"S": run["run_id"]},
+            RUN_HOLDER: {"S": execution},
+            RUN_SINCE: {"S": "2026-01-01T00:00:00Z"},
+            RUN_INPUT: {"S": json.dumps(run)},
+        },
+    )
+
+
 def state_machine(template: Mapping[str, Any]) -> dict:
-    return next(r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine")
+    """The pipeline's state machine (the one with a fixed name), else the template's only one."""
+    machines = [r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine"]
+    return next((m for m in machines if "StateMachineName" in m["Properties"]), machines[0])
 
 
 def definition(template: Mapping[str, Any]) -> dict:
@@ -90,14 +114,18 @@ def emulated_account(synthesized, emulator_class: type[Emulator] = Emulator) -> 
 
 
 def cleared(world):
-    """The shared emulator as new: no job plan, no recorded jobs or sleeps, no approval, no messages, no objects but
-    the prepared dataset."""
+    """The shared emulator as new: no job plan, no recorded jobs or sleeps, no approval, no messages, no claimed
+    runs, no objects but the prepared dataset."""
     world.reset()
     world.sqs.purge_queue(QueueUrl=world.alerts)
     with contextlib.suppress(world.ssm.exceptions.ParameterNotFound):
         world.ssm.delete_parameter(Name=APPROVED_MODEL_PARAMETER)
     for listed in world.s3.list_objects_v2(Bucket=world.bucket).get("Contents", []):
         world.s3.delete_object(Bucket=world.bucket, Key=listed["Key"])
+    table = boto3.client("dynamodb", region_name=REGION)
+    for page in table.get_paginator("scan").paginate(TableName=world.runs_table):
+        for item in page["Items"]:
+            table.delete_item(TableName=world.runs_table, Key={RUNS_TABLE_KEY: item[RUNS_TABLE_KEY]})
     # The runs' dataset, prepared (prepare_data.py writes dataset.json last): the pipeline checks it first.
     world.s3.put_object(Bucket=world.bucket, Key=f"{PREPARED_DATASET}dataset.json", Body=b'{"tokenizer": "byte"}')
     return world

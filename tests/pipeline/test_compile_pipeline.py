@@ -1,7 +1,8 @@
 """Trainium's Compile state, executed in the emulated pipeline on every backend (tests/sfn_emulator.py).
 
 A trn1 environment compiles ahead of time: after the sanity check (Batch, EKS) and before training, a compile job on
-the run's nodes fills the shared compile cache (training_image/neuron_compile.py). It has its own timeout, one retry
+the run's nodes fills the shared compile cache (training_image/efa_training/runtime/launch/neuron_compile.py). It has
+its own timeout, one retry
 of a failed attempt, and a run it refuses (exit 2: bad flags) is not retried; a compile that fails stops the run
 before any training instance-hour is spent.
 """

@@ -1,16 +1,20 @@
 """The pipeline on the EKS backend: the synthesized definition run by moto's ASL interpreter (tests/sfn_emulator.py).
 
 moto has no EKS service integration, so `eks:runJob.sync` is emulated here: the Job is recorded and completes at
-once, or fails as `outcomes` plans (a succeeding validate Job writes its verdict, like the real one). Sizing the
-node group is not part of the pipeline's definition (an EventBridge rule and its own state machine, checked in
-tests/compute/test_eks_node_scaling.py).
+once, or fails as `outcomes` plans (a succeeding validate Job writes its verdict, like the real one). The cluster
+and its node groups are moto's EKS, which the pipeline's own states size (eks:updateNodegroupConfig through the AWS
+SDK integration): each Job records the node groups' desired sizes when it was submitted.
 """
 
 import json
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import cast
 
+import boto3
 import pytest
+from moto.eks.models import eks_backends
 from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
 from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import CustomErrorName
 from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
@@ -25,8 +29,9 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 )
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
+from constructs.compute.eks.node_scaling import HOLD_TAG
 from tests.pipeline.runs import ACCEPTED, RUN, approval, cleared, emulated_account, messages
-from tests.sfn_emulator import REGION, Emulator
+from tests.sfn_emulator import ACCOUNT, REGION, ROLE_ARN, Emulator
 
 EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge"}
 # Both tests on one xdist worker: the emulated account (an EKS app loaded into moto) is set up once.
@@ -36,10 +41,36 @@ pytestmark = pytest.mark.xdist_group("eks-pipeline")
 @dataclass
 class EksEmulator(Emulator):
     jobs: list[dict] = field(default_factory=list)  # every Job eks:runJob.sync was asked to run
+    sizes_at_jobs: list[dict[str, int]] = field(default_factory=list)  # node group -> desired, per Job submitted
+    resizes: list[tuple[str, int]] = field(default_factory=list)  # (node group, desired) per UpdateNodegroupConfig
+    _cluster: str = ""
 
     def reset(self) -> None:
         super().reset()
         self.jobs.clear()
+        self.sizes_at_jobs.clear()
+        self.resizes.clear()
+        for group in self.eks.list_nodegroups(clusterName=self._cluster)["nodegroups"]:  # as a deploy leaves them
+            self.eks.update_nodegroup_config(
+                clusterName=self._cluster, nodegroupName=group, scalingConfig={"desiredSize": 0}
+            )
+
+    def check_request(self, service: str, operation: str, request: dict) -> None:
+        super().check_request(service, operation, request)
+        if operation == "UpdateNodegroupConfig":
+            self.resizes.append((request["nodegroupName"], request["scalingConfig"]["desiredSize"]))
+
+    @property
+    def eks(self):
+        return boto3.client("eks", region_name=REGION)
+
+    def node_sizes(self) -> dict[str, int]:
+        """Desired size per node group, by role: "training" or "validation" (from the node group's logical id)."""
+        sizes = {}
+        for name in self.eks.list_nodegroups(clusterName=self._cluster)["nodegroups"]:
+            group = self.eks.describe_nodegroup(clusterName=self._cluster, nodegroupName=name)["nodegroup"]
+            sizes["validation" if "validation" in name else "training"] = group["scalingConfig"]["desiredSize"]
+        return sizes
 
     def __enter__(self) -> "EksEmulator":
         emulator, original = self, state_task_factory.state_task_service_for
@@ -54,7 +85,17 @@ class EksEmulator(Emulator):
                 # are checked by the emulator's client hook like on any backend.
                 job = normalised_parameters["Job"]
                 emulator.jobs.append(job)
+                emulator.sizes_at_jobs.append(emulator.node_sizes())
                 args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+                held = emulator.held.get(args[0])
+                if (
+                    held is not None
+                    and sum(
+                        1 for j in emulator.jobs if j["spec"]["template"]["spec"]["containers"][0]["args"][0] == args[0]
+                    )
+                    == 1
+                ):
+                    held.wait(timeout=60)
                 plan = emulator.outcomes.get(args[0], [True])
                 attempt = (
                     sum(
@@ -119,15 +160,49 @@ class EksEmulator(Emulator):
         )
         return self
 
-    def _create(self, kind: str, name: str) -> dict[str, str]:
-        if kind == "AWS::EKS::Cluster":  # only its name, endpoint and CA reach the definition
+    def _create(self, kind: str, name: str, properties: dict | None = None) -> dict[str, str]:
+        if kind == "AWS::EKS::Cluster":  # its name, endpoint and CA reach the definition; moto holds the node groups
+            self.eks.create_cluster(name=name, roleArn=ROLE_ARN, resourcesVpcConfig={"subnetIds": ["subnet-1"]})
+            self._cluster = name
             return {
                 "Ref": name,
                 "Arn": f"arn:aws:eks:{REGION}:123456789012:cluster/{name}",
                 "Endpoint": "https://eks.example",
                 "CertificateAuthorityData": "Q0E=",
             }
-        return super()._create(kind, name)
+        if kind == "AWS::EKS::Nodegroup":  # scaled by the pipeline: moto's, sized 0 as deployed
+            group = self.eks.create_nodegroup(
+                clusterName=self._cluster,
+                nodegroupName=name,
+                nodeRole=ROLE_ARN,
+                subnets=["subnet-1"],
+                scalingConfig={"minSize": 0, "maxSize": 4, "desiredSize": 0},
+            )["nodegroup"]
+            return {"Ref": f"{self._cluster}/{name}", "NodegroupName": name, "Arn": group["nodegroupArn"]}
+        if kind == "AWS::StepFunctions::StateMachine":  # the pipeline, named by the reconciler
+            return {"Ref": self.state_machine_arn, "Name": self.name}
+        return super()._create(kind, name, properties)
+
+    def _resource(self, template: dict, logical: str) -> dict[str, str]:
+        resource = template["Resources"][logical]
+        if resource["Type"] == "AWS::EKS::Nodegroup":  # its cluster first
+            self.resolve(resource["Properties"]["ClusterName"], template)
+        return super()._resource(template, logical)
+
+    def reconciler(self) -> str:
+        """The reconciler's state machine, created in moto from the pipeline stack's template (its other machine)."""
+        existing = [m for m in self.sfn.list_state_machines()["stateMachines"] if m["name"] == "reconciler"]
+        if existing:
+            return existing[0]["stateMachineArn"]
+        machine = next(
+            r
+            for r in self.template["Resources"].values()
+            if r["Type"] == "AWS::StepFunctions::StateMachine" and "StateMachineName" not in r["Properties"]
+        )
+        definition = self.resolve(machine["Properties"]["DefinitionString"])
+        return self.sfn.create_state_machine(name="reconciler", definition=definition, roleArn=ROLE_ARN)[
+            "stateMachineArn"
+        ]
 
     def template_retries(self, state: str) -> int:
         """MaxAttempts of the pipeline's retry of a failed job attempt on `state`."""
@@ -184,3 +259,110 @@ def test_a_refused_job_request_is_not_retried(emulator):
     assert "EKS.403: refused" in result["cause"]
     phases = [job["spec"]["template"]["spec"]["containers"][0]["args"][0] for job in emulator.jobs]
     assert phases == ["sanity", "train"]
+
+
+def _phases(emulator) -> list[str]:
+    return [job["spec"]["template"]["spec"]["containers"][0]["args"][0] for job in emulator.jobs]
+
+
+def _start(emulator, run: dict, name: str) -> str:
+    return emulator.sfn.start_execution(stateMachineArn=emulator.state_machine_arn, name=name, input=json.dumps(run))[
+        "executionArn"
+    ]
+
+
+def _wait_for_job(emulator, phase: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while phase not in _phases(emulator):
+        assert time.monotonic() < deadline, f"no {phase} Job after {timeout}s"
+        time.sleep(0.05)
+
+
+# The pipeline sizes the node groups itself: the run's nodes for sanity and training, then the training nodes down
+# and one validation node up for validation, then none; the validation Job asks for one accelerator and no EFA.
+def test_the_pipeline_sizes_the_node_groups_for_each_stage(emulator):
+    emulator.verdict = ACCEPTED
+    result = emulator.run({**RUN, "run_id": "gpt-tiny-010"})
+    assert result["status"] == "SUCCEEDED", result
+    assert _phases(emulator) == ["sanity", "train", "validate"]
+    training = {"training": RUN["nodes"], "validation": 0}
+    assert emulator.sizes_at_jobs == [training, training, {"training": 0, "validation": 1}]
+    assert emulator.node_sizes() == {"training": 0, "validation": 0}
+    pod = emulator.jobs[2]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.4xlarge"
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1", "memory": "128Gi"}
+
+
+# A failed run releases its nodes on the failure path, before the alert: nothing is left running.
+def test_a_failed_run_leaves_no_nodes_up(emulator):
+    emulator.outcomes = {"train": [False]}
+    result = emulator.run({**RUN, "run_id": "gpt-tiny-011"})
+    assert result["status"] == "FAILED" and result["error"] == "TrainingFailed", result
+    assert max(size for _, size in emulator.resizes) == RUN["nodes"]
+    assert emulator.node_sizes() == {"training": 0, "validation": 0}
+
+
+# A run refused a second after it started (its run id is taken) never sized a node group.
+def test_a_run_refused_at_its_start_never_sizes_a_node_group(emulator):
+    emulator.verdict = ACCEPTED
+    assert emulator.run({**RUN, "run_id": "gpt-tiny-012"})["status"] == "SUCCEEDED"
+    emulator.resizes.clear()
+    result = emulator.run({**RUN, "run_id": "gpt-tiny-012"}, name="again")
+    assert result["status"] == "FAILED" and result["error"] == "InvalidInput", result
+    assert emulator.resizes == [] and emulator.node_sizes() == {"training": 0, "validation": 0}
+
+
+# A second execution while one holds the nodes is refused at its start, naming the running ones; the first run's
+# nodes stay up (its failure path would release them only when it runs alone) and it goes on to approval.
+def test_a_concurrent_execution_is_refused_and_leaves_the_running_ones_nodes(emulator):
+    emulator.verdict = ACCEPTED
+    emulator.held["train"] = threading.Event()
+    first = _start(emulator, {**RUN, "run_id": "gpt-tiny-013"}, "holder")
+    try:
+        _wait_for_job(emulator, "train")
+        second = emulator.run({**RUN, "run_id": "gpt-tiny-014"}, name="second")
+        assert second["status"] == "FAILED" and second["error"] == "InvalidInput", second
+        assert "another execution of this pipeline is running" in second["cause"] and "holder" in second["cause"]
+        assert emulator.node_sizes()["training"] == RUN["nodes"]
+    finally:
+        emulator.held["train"].set()
+    assert emulator.wait(first)["status"] == "SUCCEEDED"
+
+
+# An aborted execution runs no more states, so its nodes stay up until the reconciler (every 5 minutes and on every
+# ended execution) finds no execution running; while one runs, the reconciler leaves its nodes alone.
+def test_the_reconciler_releases_an_aborted_runs_nodes_and_no_running_ones(emulator):
+    emulator.held["train"] = threading.Event()
+    running = _start(emulator, {**RUN, "run_id": "gpt-tiny-015"}, "to-abort")
+    reconciler = emulator.reconciler()
+    try:
+        _wait_for_job(emulator, "train")
+        arn = emulator.sfn.start_execution(stateMachineArn=reconciler, name="while-running")["executionArn"]
+        assert emulator.wait(arn)["status"] == "SUCCEEDED"
+        assert emulator.node_sizes()["training"] == RUN["nodes"]
+        emulator.sfn.stop_execution(executionArn=running)
+    finally:
+        emulator.held["train"].set()
+    assert emulator.wait(running)["status"] == "ABORTED"
+    assert emulator.node_sizes()["training"] == RUN["nodes"]
+    arn = emulator.sfn.start_execution(stateMachineArn=reconciler, name="after-abort")["executionArn"]
+    assert emulator.wait(arn)["status"] == "SUCCEEDED"
+    assert emulator.node_sizes() == {"training": 0, "validation": 0}
+
+
+# Jobs run by hand (docs/eks.md): a node group tagged HoldUntil with a later time keeps its nodes through the
+# reconciler; once that time has passed, the next reconciliation brings it to 0.
+def test_a_node_group_held_by_hand_is_left_up_until_its_hold_ends(emulator):
+    (training,) = [
+        n for n in emulator.eks.list_nodegroups(clusterName=emulator._cluster)["nodegroups"] if "validation" not in n
+    ]
+    emulator.eks.update_nodegroup_config(
+        clusterName=emulator._cluster, nodegroupName=training, scalingConfig={"desiredSize": 2}
+    )
+    reconciler = emulator.reconciler()
+    for hold, left_up in (("2999-01-01T00:00:00Z", 2), ("2001-01-01T00:00:00Z", 0)):
+        # moto 5.2's TagResource finds clusters only: the tag goes on its node group model, as TagResource would.
+        eks_backends[ACCOUNT][REGION].clusters[emulator._cluster].nodegroups[training].tags[HOLD_TAG] = hold
+        run = emulator.sfn.start_execution(stateMachineArn=reconciler, name=f"hold-{left_up}")["executionArn"]
+        assert emulator.wait(run)["status"] == "SUCCEEDED"
+        assert emulator.node_sizes()["training"] == left_up

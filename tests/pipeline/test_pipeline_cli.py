@@ -15,8 +15,9 @@ from botocore.exceptions import ClientError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from config.layout import RUNS_TABLE_OUTPUT
 from contracts.run import phases
-from tests.pipeline.runs import ACCEPTED, RUN
+from tests.pipeline.runs import ACCEPTED, RUN, hold_run
 from tests.synthesis import ROOT
 from tools.pipeline_cli import ATTEMPTS, CliError, _Progress, client_config, load_run, main
 
@@ -36,9 +37,13 @@ class Deployed:
         class CloudFormation:
             @staticmethod
             def describe_stacks(StackName: str):
-                if StackName == "EfaTraining-dev-Storage" and "BucketName" in outputs:
-                    bucket = {"OutputKey": "BucketName", "OutputValue": outputs["BucketName"]}
-                    return {"Stacks": [{"Outputs": [bucket]}]}
+                storage = [
+                    {"OutputKey": key, "OutputValue": outputs[key]}
+                    for key in ("BucketName", RUNS_TABLE_OUTPUT)
+                    if key in outputs
+                ]
+                if StackName == "EfaTraining-dev-Storage" and storage:
+                    return {"Stacks": [{"Outputs": storage}]}
                 if StackName != "EfaTraining-dev-Pipeline" or region_name != "us-east-1":
                     raise ClientError(
                         {"Error": {"Code": "ValidationError", "Message": f"Stack with id {StackName} does not exist"}},
@@ -56,6 +61,7 @@ def deployed(emulator):
             "StateMachineArn": emulator.state_machine_arn,
             "MaxNodes": "2",
             "BucketName": emulator.bucket,
+            RUNS_TABLE_OUTPUT: emulator.runs_table,
             "ExecutionLogGroup": "EfaTraining-dev-Pipeline-ExecutionLogs",
             "ApprovedModelParameter": "/efa-training/dev/approved-model",
         }
@@ -124,6 +130,103 @@ def test_start_and_watch_a_run_that_succeeds(deployed, tmp_path):
 
     code, out, _ = cli("list", "dev")
     assert code == 0 and any(line.startswith("cli-ok") and "SUCCEEDED" in line for line in out.splitlines())
+
+
+# ---- the runs table: every claimed run id, with the execution holding it -------------------------------------------
+
+GONE = "arn:aws:states:us-east-1:123456789012:execution:EfaTraining-dev-Pipeline-TrainingPipeline:long-gone"
+
+
+class ScanPages(Deployed):
+    """The deployed session, its DynamoDB Scan answering `limit` items a page, as a large table's Scan does at 1 MB
+    (DynamoDB API reference, Scan: LastEvaluatedKey)."""
+
+    def __init__(self, outputs: dict[str, str], limit: int):
+        super().__init__(outputs)
+        self.limit, self.pages = limit, 0
+
+    def client(self, service: str, region_name: str | None = None, config=None):
+        client = super().client(service, region_name=region_name, config=config)
+        if service == "dynamodb":
+            scan = client.scan
+
+            def paged(**request):
+                self.pages += 1
+                return scan(Limit=self.limit, **request)
+
+            client.scan = paged
+        return client
+
+
+# `list` shows every claimed run, newest claim first, with its execution's status, claim time and name, across Scan
+# pages; a run whose execution Step Functions no longer keeps shows EXPIRED.
+def test_list_shows_every_claimed_run_from_the_runs_table(deployed, tmp_path):
+    deployed.verdict = ACCEPTED
+    hold_run(deployed, {**RUN, "run_id": "cli-old"}, GONE)
+    for run_id in ("cli-one", "cli-two"):
+        assert (
+            cli("start", "dev", run_file(tmp_path, run_id=run_id), "--name", run_id, "--watch", "--interval", "0")[0]
+            == 0
+        )
+    session = ScanPages(deployed.session.outputs, limit=1)
+    _SESSION.append(session)
+    code, out, err = cli("list", "dev")
+    assert (code, err) == (0, "")
+    rows = [line.split() for line in out.splitlines()]
+    assert [(row[0], row[1], row[-1]) for row in rows] == [
+        ("cli-two", "SUCCEEDED", "cli-two"),
+        ("cli-one", "SUCCEEDED", "cli-one"),
+        ("cli-old", "EXPIRED", "long-gone"),
+    ]
+    assert rows[-1][2:4] == ["2026-01-01", "00:00"] and session.pages >= 3  # one item a page, then the last
+
+
+# `list --status` keeps the runs whose execution has that status; `--max` bounds the rows.
+def test_list_filters_by_status_and_stops_at_max(deployed, tmp_path):
+    deployed.outcomes = {"train": [False]}
+    hold_run(deployed, {**RUN, "run_id": "cli-old"}, GONE)
+    assert (
+        cli("start", "dev", run_file(tmp_path, run_id="cli-bad"), "--name", "cli-bad", "--watch", "--interval", "0")[0]
+        == 1
+    )
+    code, out, _ = cli("list", "dev", "--status", "FAILED")
+    assert code == 0 and [line.split()[0] for line in out.splitlines()] == ["cli-bad"]
+    code, out, _ = cli("list", "dev", "--max", "1")
+    assert code == 0 and [line.split()[0] for line in out.splitlines()] == ["cli-bad"]
+
+
+# Without the storage stack's RunsTableName output (a stack deployed before the table), `list` says so in one line.
+def test_list_without_the_runs_table_output_is_one_line(deployed):
+    _SESSION.append(Deployed({k: v for k, v in deployed.session.outputs.items() if k != RUNS_TABLE_OUTPUT}))
+    code, out, err = cli("list", "dev")
+    assert (code, out) == (2, "")
+    assert err == (
+        "error: environment 'dev': stack EfaTraining-dev-Storage has no RunsTableName output; redeploy the storage "
+        "stack\n"
+    )
+
+
+# `describe` shows who holds the run id: a failed run's execution, once resumed, no longer holds it.
+def test_describe_shows_the_claim_of_the_run(deployed, tmp_path):
+    deployed.outcomes = {"train": [False]}
+    cli("start", "dev", run_file(tmp_path, run_id="cli-resume"), "--name", "cli-failed", "--watch", "--interval", "0")
+    _, out, _ = cli("describe", "dev", "cli-failed")
+    assert "claim      held by this execution since 20" in out
+    deployed.outcomes = {}
+    deployed.verdict = ACCEPTED
+    code, _, _ = cli(
+        "start",
+        "dev",
+        run_file(tmp_path, run_id="cli-resume", resume=True),
+        "--name",
+        "cli-resumed",
+        "--watch",
+        "--interval",
+        "0",
+    )
+    assert code == 0
+    _, out, _ = cli("describe", "dev", "cli-failed")
+    assert "claim      held by execution cli-resumed since 20" in out
 
 
 def test_watch_a_failing_run_shows_attempts_and_exits_1(deployed, tmp_path):

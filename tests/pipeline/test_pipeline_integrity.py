@@ -1,13 +1,24 @@
-"""Run integrity in the emulated pipeline: a run id names one run, and no transient AWS error after training
-loses a validated model (tests/sfn_emulator.py runs the synthesized definition in moto)."""
+"""Run integrity in the emulated pipeline: a run id names one run (the runs table), and no transient AWS error after
+training loses a validated model (tests/sfn_emulator.py runs the synthesized definition in moto)."""
 
 import json
 import threading
 import time
 
+import boto3
 import pytest
 
-from tests.pipeline.runs import ACCEPTED, APPROVED_MODEL_PARAMETER, RUN, approval, approved_model, messages
+from tests.pipeline.runs import (
+    ACCEPTED,
+    APPROVED_MODEL_PARAMETER,
+    RUN,
+    approval,
+    approved_model,
+    hold_run,
+    messages,
+    run_item,
+)
+from tests.sfn_emulator import REGION
 
 
 def started(emulator, execution_input: dict, name: str) -> str:
@@ -16,19 +27,45 @@ def started(emulator, execution_input: dict, name: str) -> str:
     )["executionArn"]
 
 
-def record(emulator, run_id: str) -> dict:
+def holder(emulator, run_id: str) -> str:
+    """The execution the runs table says holds the run."""
+    item = run_item(emulator, run_id)
+    assert item is not None, f"{run_id} was never claimed"
+    return item["execution"]
+
+
+def copied_record(emulator, run_id: str) -> dict:
+    """runs/<run_id>/run.json: the readable copy of the claim."""
     return json.loads(emulator.s3.get_object(Bucket=emulator.bucket, Key=f"runs/{run_id}/run.json")["Body"].read())
+
+
+def entered(emulator, execution_arn: str) -> list[str]:
+    return [
+        e["stateEnteredEventDetails"]["name"]
+        for e in emulator.history(execution_arn)
+        if "stateEnteredEventDetails" in e
+    ]
+
+
+def task_errors(emulator, execution_arn: str) -> list[str]:
+    return [e["taskFailedEventDetails"]["error"] for e in emulator.history(execution_arn) if e["type"] == "TaskFailed"]
 
 
 def parameter_versions(emulator) -> int:
     return len(emulator.ssm.get_parameter_history(Name=APPROVED_MODEL_PARAMETER)["Parameters"])
 
 
-# ---- a run id names one run (S3 conditional writes: If-None-Match / If-Match) ---------------------------
-# S3 user guide, "Add preconditions to S3 operations with conditional requests":
-# https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-requests.html
+# ---- a run id names one run: a conditional write of its item in the runs table ---------------------------------
+# DynamoDB API reference, PutItem (attribute_not_exists on the partition key keeps a put from replacing an item; a
+# failed condition is ConditionalCheckFailedException):
+# https://docs.aws.amazon.com/amazondynamodb/latest/APIReference/API_PutItem.html
+# Through Step Functions' optimized integration the error is "DynamoDB.ConditionalCheckFailedException" (prefix
+# `DynamoDB`, "Call DynamoDB APIs with Step Functions": https://docs.aws.amazon.com/step-functions/latest/dg/connect-ddb.html).
+CONDITION_FAILED = "DynamoDB.ConditionalCheckFailedException"
+GONE = "arn:aws:states:us-east-1:123456789012:execution:EfaTraining-dev-Pipeline-TrainingPipeline:gone"
 
 
+# A second execution with a taken run id fails its conditional put with the documented error and is refused.
 def test_a_second_run_with_the_same_id_is_refused_before_any_job(emulator):
     emulator.verdict = ACCEPTED
     first = emulator.run(RUN, name="first")
@@ -37,11 +74,28 @@ def test_a_second_run_with_the_same_id_is_refused_before_any_job(emulator):
     second = emulator.run(RUN, name="second")
     assert (second["status"], second.get("error")) == ("FAILED", "InvalidInput")
     assert "run_id gpt-tiny-001 already names a run" in second["cause"] and '"resume": true' in second["cause"]
+    assert task_errors(emulator, second["executionArn"]) == [CONDITION_FAILED]
     assert emulator.submitted == []
-    assert record(emulator, "gpt-tiny-001")["execution"] == first["executionArn"]  # the first keeps the run
+    assert holder(emulator, "gpt-tiny-001") == first["executionArn"]  # the first keeps the run
     assert approval(emulator)["execution"] == first["executionArn"]
 
 
+# The claimed item holds the run's input, the execution and when; the readable copy in S3 says the same.
+def test_a_claimed_run_is_recorded_in_the_table_and_copied_to_s3(emulator):
+    emulator.verdict = ACCEPTED
+    result = emulator.run(RUN, name="recorded")
+    item = run_item(emulator, "gpt-tiny-001")
+    assert item is not None and item["execution"] == result["executionArn"]
+    assert json.loads(item["input"])["dataset"] == RUN["dataset"] and item["since"].startswith("20")
+    copy = copied_record(emulator, "gpt-tiny-001")
+    assert (copy["execution"], copy["since"], copy["run"]["run_id"]) == (
+        item["execution"],
+        item["since"],
+        "gpt-tiny-001",
+    )
+
+
+# Two executions racing for one run id: DynamoDB lets one put win; the other is refused, one run's jobs only.
 def test_two_executions_started_together_with_one_run_id_run_once(emulator):
     emulator.verdict = ACCEPTED
     arns = [started(emulator, RUN, f"together-{i}") for i in range(2)]
@@ -53,6 +107,7 @@ def test_two_executions_started_together_with_one_run_id_run_once(emulator):
     assert [m["outcome"] for m in messages(emulator)] == ["APPROVED"]
 
 
+# Runs from before the runs table are known by what they left.
 @pytest.mark.parametrize(
     "key",
     [
@@ -62,7 +117,6 @@ def test_two_executions_started_together_with_one_run_id_run_once(emulator):
     ],
 )
 def test_a_run_id_with_earlier_artifacts_is_refused(emulator, key):
-    # Runs from before the run record existed are known by what they left.
     emulator.s3.put_object(Bucket=emulator.bucket, Key=key, Body=b"{}")
     result = emulator.run(RUN)
     assert (result["status"], result.get("error")) == ("FAILED", "InvalidInput")
@@ -70,6 +124,7 @@ def test_a_run_id_with_earlier_artifacts_is_refused(emulator, key):
     assert emulator.submitted == []
 
 
+# A failed run is resumed with "resume": true (the item moves to the resuming execution); a plain restart is not.
 def test_resume_continues_a_failed_run_and_a_plain_restart_is_refused(emulator):
     emulator.outcomes = {"train": [False]}
     failed = emulator.run(RUN, name="failed")
@@ -81,49 +136,66 @@ def test_resume_continues_a_failed_run_and_a_plain_restart_is_refused(emulator):
     resumed = emulator.run({**RUN, "resume": True}, name="resumed")
     assert resumed["status"] == "SUCCEEDED", resumed
     assert emulator.submitted_kinds() == ["sanity", "train", "validate"]
-    assert record(emulator, "gpt-tiny-001")["execution"] == resumed["executionArn"]  # taken over
+    assert holder(emulator, "gpt-tiny-001") == resumed["executionArn"]  # taken over
+    assert copied_record(emulator, "gpt-tiny-001")["execution"] == resumed["executionArn"]
 
 
+# A resume while the execution holding the run is RUNNING is refused, naming that execution.
 def test_resume_is_refused_while_the_run_is_running(emulator):
-    # The run's record names an execution that is still running (a waiting state machine stands in for it).
     waiting = emulator.sfn.create_state_machine(
         name="still-running",
         roleArn="arn:aws:iam::123456789012:role/x",
         definition=json.dumps({"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 30, "End": True}}}),
     )
-    holder = emulator.sfn.start_execution(stateMachineArn=waiting["stateMachineArn"], name="holder")["executionArn"]
-    emulator.s3.put_object(
-        Bucket=emulator.bucket,
-        Key="runs/gpt-tiny-001/run.json",
-        Body=json.dumps({"execution": holder, "run": RUN}).encode(),
-    )
+    running = emulator.sfn.start_execution(stateMachineArn=waiting["stateMachineArn"], name="holder")["executionArn"]
+    hold_run(emulator, RUN, running)
     try:
         result = emulator.run({**RUN, "resume": True})
     finally:
-        emulator.sfn.stop_execution(executionArn=holder)
+        emulator.sfn.stop_execution(executionArn=running)
     assert (result["status"], result.get("error")) == ("FAILED", "InvalidInput")
-    assert f"is running in execution {holder}" in result["cause"]
-    assert emulator.submitted == []
+    assert f"is running in execution {running}" in result["cause"]
+    assert emulator.submitted == [] and holder(emulator, "gpt-tiny-001") == running
 
 
+# A resume of a run id the table does not know is refused.
 def test_resume_of_an_unknown_run_is_refused(emulator):
     result = emulator.run({**RUN, "run_id": "never-ran", "resume": True})
     assert (result.get("error"), emulator.submitted) == ("InvalidInput", [])
     assert "nothing to resume" in result["cause"]
 
 
+# Two resumes racing: the other one takes the item over between this one's read and its conditional update, so
+# this one's condition (the holder it read) fails with the documented error and it is refused; the winner keeps it.
+def test_a_resume_whose_holder_changed_after_it_read_is_refused(emulator, monkeypatch):
+    hold_run(emulator, RUN, GONE)
+    winner = GONE.replace(":gone", ":the-other-resume")
+    next_fault = emulator.next_fault
+
+    def other_resume_first(call: str):
+        if call == "dynamodb.update_item":  # the other resume's TakeOverRun, on the holder both read
+            boto3.client("dynamodb", region_name=REGION).update_item(
+                TableName=emulator.runs_table,
+                Key={"run_id": {"S": RUN["run_id"]}},
+                UpdateExpression="SET #holder = :winner",
+                ConditionExpression="#holder = :previous",
+                ExpressionAttributeNames={"#holder": "execution"},
+                ExpressionAttributeValues={":winner": {"S": winner}, ":previous": {"S": GONE}},
+            )
+        return next_fault(call)
+
+    monkeypatch.setattr(emulator, "next_fault", other_resume_first)
+    result = emulator.run({**RUN, "resume": True}, name="raced")
+    assert (result["status"], result.get("error")) == ("FAILED", "InvalidInput"), result
+    assert "was resumed by another execution at the same time" in result["cause"]
+    # The holder read is long gone (not running), so the take-over was tried, and its condition failed.
+    assert task_errors(emulator, result["executionArn"]) == ["Sfn.ExecutionDoesNotExistException", CONDITION_FAILED]
+    assert emulator.submitted == [] and holder(emulator, "gpt-tiny-001") == winner
+
+
+# Two resumes started together: one trains, the other is refused (by the condition, or by the holder check).
 def test_two_resumes_at_once_take_the_run_once(emulator):
-    emulator.s3.put_object(
-        Bucket=emulator.bucket,
-        Key="runs/gpt-tiny-001/run.json",
-        Body=json.dumps(
-            {
-                "execution": "arn:aws:states:us-east-1:123456789012:execution:"
-                "EfaTraining-dev-Pipeline-TrainingPipeline:gone",
-                "run": RUN,
-            }
-        ).encode(),
-    )
+    hold_run(emulator, RUN, GONE)
     emulator.verdict = ACCEPTED
     # The first resume holds the run (its sanity job is held RUNNING) while the second one starts: without the
     # hold, a loaded machine could finish the first before the second begins, which is a legitimate later resume.
@@ -135,12 +207,39 @@ def test_two_resumes_at_once_take_the_run_once(emulator):
     refused = emulator.wait(started(emulator, {**RUN, "resume": True}, "resume-1"))
     emulator.held["sanity"].set()
     assert emulator.wait(first)["status"] == "SUCCEEDED"
-    # Refused either by the conditional write (both read the same record) or by the holder check.
     assert (
         refused["status"] == "FAILED"
         and refused["error"] == "InvalidInput"
         and ("resumed by another execution" in refused["cause"] or "is running in execution" in refused["cause"])
     ), refused
+    assert emulator.submitted_kinds() == ["sanity", "train", "validate"]
+    assert holder(emulator, "gpt-tiny-001") == first
+
+
+# The claim's PutItem took effect but its answer was lost (a 500 after the write); the retry's condition then fails
+# with the documented error, the item names this execution, so the run goes on, once.
+def test_a_claim_whose_answer_was_lost_is_recognised_as_this_runs_own(emulator):
+    emulator.verdict = ACCEPTED
+    emulator.faults["dynamodb.put_item"] = ["after:InternalServerError"]
+    result = emulator.run(RUN)
+    assert result["status"] == "SUCCEEDED", result
+    assert task_errors(emulator, result["executionArn"]) == ["DynamoDB.InternalServerError", CONDITION_FAILED]
+    states = entered(emulator, result["executionArn"])
+    assert "ClaimRunReadBack" in states and "RunIdTaken" not in states
+    assert emulator.submitted_kinds() == ["sanity", "train", "validate"] and parameter_versions(emulator) == 1
+
+
+# The same for a resume's take-over: its UpdateItem took effect, its answer was lost, the retry's condition fails,
+# and the item already names this execution: the resume goes on.
+def test_a_take_over_whose_answer_was_lost_is_recognised_as_this_runs_own(emulator):
+    hold_run(emulator, RUN, GONE)
+    emulator.verdict = ACCEPTED
+    emulator.faults["dynamodb.update_item"] = ["after:InternalServerError"]
+    result = emulator.run({**RUN, "resume": True})
+    assert result["status"] == "SUCCEEDED", result
+    states = entered(emulator, result["executionArn"])
+    assert "TakeOverRunReadBack" in states and "RunResumedElsewhere" not in states
+    assert holder(emulator, "gpt-tiny-001") == result["executionArn"]
     assert emulator.submitted_kinds() == ["sanity", "train", "validate"]
 
 
@@ -152,8 +251,11 @@ TRANSIENT: list[tuple[str, list[str | None]]] = [
     ("s3.get_object", ["SlowDown"]),  # reading the verdict
     ("s3.get_object", ["ServiceUnavailable", "InternalError", "SlowDown"]),  # three in a row
     ("s3.copy_object", ["InternalError"]),  # copying the verdict to models/
-    ("s3.put_object", [None, "SlowDown"]),  # recording the approval (the first put is the run's claim)
-    ("s3.put_object", ["SlowDown"]),  # claiming the run
+    ("s3.put_object", [None, "SlowDown"]),  # recording the approval (the first put is the claim's copy)
+    ("s3.put_object", ["SlowDown"]),  # the claim's readable copy
+    # Claiming the run; DynamoDB developer guide, "Error handling with DynamoDB" (500 and throttling errors).
+    ("dynamodb.put_item", ["InternalServerError"]),
+    ("dynamodb.put_item", ["ProvisionedThroughputExceededException", "InternalServerError"]),
     ("s3.list_objects_v2", ["SlowDown"]),  # looking for an earlier run's artifacts
     ("ssm.put_parameter", ["ThrottlingException"]),  # publishing the approved model
     ("ssm.put_parameter", ["ThrottlingException", "InternalFailure"]),
@@ -196,19 +298,3 @@ def test_a_notification_that_keeps_failing_does_not_fail_an_approved_run(emulato
     assert result["status"] == "SUCCEEDED", result
     assert approval(emulator)["run_id"] == RUN["run_id"]
     assert messages(emulator) == []
-
-
-def test_a_claim_whose_answer_was_lost_is_recognised_as_this_runs_own(emulator):
-    # The claim's PutObject took effect but its answer was lost; the retry's If-None-Match then fails with 412
-    # (S3 user guide, conditional requests). The record names this execution, so the run goes on, once.
-    emulator.verdict = ACCEPTED
-    emulator.faults["s3.put_object"] = ["after:InternalError"]
-    result = emulator.run(RUN)
-    assert result["status"] == "SUCCEEDED", result
-    entered = [
-        e["stateEnteredEventDetails"]["name"]
-        for e in emulator.history(result["executionArn"])
-        if "stateEnteredEventDetails" in e
-    ]
-    assert "ClaimRunReadBack" in entered and "RunIdTaken" not in entered
-    assert emulator.submitted_kinds() == ["sanity", "train", "validate"] and parameter_versions(emulator) == 1

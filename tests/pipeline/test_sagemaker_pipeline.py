@@ -140,7 +140,7 @@ class SageMakerEmulator(Emulator):
         )
         return self
 
-    def _create(self, kind: str, name: str) -> dict[str, str]:
+    def _create(self, kind: str, name: str, properties: dict | None = None) -> dict[str, str]:
         """The SageMaker stack's role, the network's subnet and group, the file system: only names reach the jobs."""
         if kind == "AWS::IAM::Role":
             return {"Ref": name, "Arn": f"arn:aws:iam::{ACCOUNT}:role/{name}"}
@@ -150,7 +150,7 @@ class SageMakerEmulator(Emulator):
             return {"Ref": "sg-0123456789abcdef0", "GroupId": "sg-0123456789abcdef0"}
         if kind == "AWS::FSx::FileSystem":
             return {"Ref": "fs-0123456789abcdef0", "LustreMountName": "abcdefgh"}
-        return super()._create(kind, name)
+        return super()._create(kind, name, properties)
 
 
 @pytest.fixture(scope="module")

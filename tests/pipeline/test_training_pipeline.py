@@ -4,6 +4,7 @@ definition's states, timeouts, retries and permissions. Its executions: test_pip
 import json
 
 import aws_cdk as cdk
+import aws_cdk.aws_dynamodb as dynamodb
 import aws_cdk.aws_eks_v2 as eks
 import aws_cdk.aws_logs as logs
 import aws_cdk.aws_s3 as s3
@@ -18,6 +19,12 @@ from constructs.observability.alarms import MODEL_REJECTED_ERROR
 from constructs.pipeline.training_pipeline import TrainingPipeline, TrainingRetry
 from contracts.run import PHASES, QUEUE_WAIT_MINUTES, phases, stages, train_state_seconds
 from tests.pipeline.runs import definition, states
+
+
+def _runs_table(stack: cdk.Stack) -> dynamodb.Table:
+    return dynamodb.Table(
+        stack, "Runs", partition_key=dynamodb.Attribute(name="run_id", type=dynamodb.AttributeType.STRING)
+    )
 
 
 def _pipeline(
@@ -40,6 +47,7 @@ def _pipeline(
         environment="test",
         max_nodes=max_nodes,
         bucket=s3.Bucket(stack, "Data"),
+        runs_table=_runs_table(stack),
         topic=sns.Topic(stack, "Alerts"),
         runner=runner,
         log_retention=logs.RetentionDays.TWO_WEEKS,
@@ -126,7 +134,7 @@ def test_every_aws_call_of_the_pipeline_retries_with_full_jitter(pipeline):
         name: state
         for name, state in states(pipeline).items()
         if state["Type"] == "Task"
-        and ":aws-sdk:" in state["Resource"]
+        and (":aws-sdk:" in state["Resource"] or ":dynamodb:" in state["Resource"])
         or state.get("Resource", "").endswith(":sns:publish")
     }
     assert {
@@ -213,6 +221,7 @@ def test_on_eks_the_definition_names_no_batch_error():
         environment="test",
         max_nodes=2,
         bucket=s3.Bucket(stack, "Data"),
+        runs_table=_runs_table(stack),
         topic=sns.Topic(stack, "Alerts"),
         runner=EksJobRunner(cluster=cluster, instance=CATALOGUE["p4d.24xlarge"], image="image:tag", max_nodes=2),
         log_retention=logs.RetentionDays.TWO_WEEKS,

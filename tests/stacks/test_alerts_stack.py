@@ -49,9 +49,36 @@ def test_alerts_key_lets_the_publishing_services_use_it(alerts):
         service
         for s in statements
         if {"kms:Decrypt", "kms:GenerateDataKey*"} <= set(s["Action"])
-        for service in s["Principal"].get("Service", [])
+        for service in _services(s["Principal"])
     }
     assert {"cloudwatch.amazonaws.com", "budgets.amazonaws.com"} <= granted
+
+
+def _services(principal: dict) -> list[str]:
+    services = principal.get("Service", [])
+    return [services] if isinstance(services, str) else services
+
+
+def _key_statement(alerts: Template, service: str) -> dict:
+    (key,) = alerts.find_resources("AWS::KMS::Key").values()
+    (statement,) = [s for s in key["Properties"]["KeyPolicy"]["Statement"] if service in _services(s["Principal"])]
+    return statement
+
+
+def test_alerts_key_holds_cloudwatch_to_this_accounts_alarms(alerts):
+    # Confused-deputy guard on the key too, for the service whose KMS requests carry the source (CloudWatch alarms:
+    # SNS developer guide, sns-key-management.html, compatibility with AWS services).
+    statement = _key_statement(alerts, "cloudwatch.amazonaws.com")
+    assert statement["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    assert statement["Condition"]["ArnLike"]["aws:SourceArn"] == {
+        "Fn::Join": ["", ["arn:aws:cloudwatch:us-east-1:", {"Ref": "AWS::AccountId"}, ":alarm:*"]]
+    }
+
+
+def test_alerts_key_lets_budgets_use_it_without_a_source_condition(alerts):
+    # AWS Budgets documents aws:SourceAccount/aws:SourceArn for the topic policy only (budgets-sns-policy.html): a
+    # condition its KMS requests may not carry would drop every budget alert silently; its topic statement has them.
+    assert "Condition" not in _key_statement(alerts, "budgets.amazonaws.com")
 
 
 def test_the_configured_addresses_are_subscribed(alerts):

@@ -37,10 +37,10 @@ def _accelerator_group(raw: dict) -> dict:
 
 
 def test_every_node_launch_template_allows_one_imds_hop():
-    # IMDSv2 with one hop on every node (accelerator and system): pods cannot use the node's role.
+    # IMDSv2 with one hop on every node (training, validation and system): pods cannot use the node's role.
     raw = _compute(instance_type="p4d.24xlarge")
     templates = _resources(raw, "AWS::EC2::LaunchTemplate")
-    assert len(templates) == 2  # accelerator and system node groups
+    assert len(templates) == 3  # training, validation and system node groups
     for props in templates:
         options = props["LaunchTemplateData"]["MetadataOptions"]
         assert (options["HttpEndpoint"], options["HttpPutResponseHopLimit"], options["HttpTokens"]) == (
@@ -49,7 +49,7 @@ def test_every_node_launch_template_allows_one_imds_hop():
             "required",
         )
     nodegroups = _resources(raw, "AWS::EKS::Nodegroup")
-    assert len(nodegroups) == 2 and all("LaunchTemplate" in n for n in nodegroups)
+    assert len(nodegroups) == 3 and all("LaunchTemplate" in n for n in nodegroups)
 
 
 def test_nodes_reserve_the_huge_pages_pods_request():
@@ -127,9 +127,9 @@ def test_operators_find_the_cluster_in_the_outputs(output):
     environment.template(environment.compute()).has_output(output, {"Value": Match.any_value()})
 
 
-def test_pipeline_executions_drive_the_node_group_size():
-    # attach_pipeline: the scaling rule sits in the pipeline's stack and listens to its state machine
-    # (tests/compute/test_eks_node_scaling.py has the states).
+def test_the_reconciler_sits_beside_the_pipeline_and_watches_its_executions():
+    # attach_pipeline: the reconciler's rule sits in the pipeline's stack and listens to its state machine's endings
+    # (tests/compute/test_eks_node_scaling.py has its states; tests/pipeline/test_eks_pipeline.py runs them).
     environment = StacksAlone(compute="eks", instance_type="p4d.24xlarge")  # built through the pipeline's stack
     pipeline = environment.template(environment.pipeline())
     (machine_id,) = [
@@ -143,14 +143,25 @@ def test_pipeline_executions_drive_the_node_group_size():
             "EventPattern": {
                 "source": ["aws.states"],
                 "detail-type": ["Step Functions Execution Status Change"],
-                "detail": Match.object_like(
-                    {
-                        "stateMachineArn": [{"Ref": machine_id}],
-                        "status": ["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"],
-                    }
-                ),
-            }
+                "detail": {
+                    "stateMachineArn": [{"Ref": machine_id}],
+                    "status": ["SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"],
+                },
+            },
+            "Targets": [Match.object_like({"Arn": {"Ref": Match.string_like_regexp("^EksNodeReconciler")}})],
         },
     )
-    scaling = json.dumps(pipeline.find_resources("AWS::StepFunctions::StateMachine"))
-    assert "ScaleToZero" in scaling and "ScaleToRunNodes" in scaling and "ScaleToMaxNodes" in scaling
+
+
+def test_the_validation_node_group_is_one_small_node_without_efa():
+    # Validation on the catalogue's small type (p4d -> p5.4xlarge), 0 to 1 node, no EFA interfaces, no huge pages.
+    raw = _compute(instance_type="p4d.24xlarge")
+    (group,) = [g for g in _resources(raw, "AWS::EKS::Nodegroup") if g["ScalingConfig"]["MaxSize"] == 1]
+    assert group["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 1}
+    assert group["CapacityType"] == "ON_DEMAND" and group["AmiType"] == "AL2023_x86_64_NVIDIA"
+    (data,) = [
+        t["LaunchTemplateData"]
+        for t in _resources(raw, "AWS::EC2::LaunchTemplate")
+        if t["LaunchTemplateData"].get("InstanceType") == "p5.4xlarge"
+    ]
+    assert "NetworkInterfaces" not in data and "nr_hugepages" not in json.dumps(data)

@@ -75,3 +75,51 @@ def test_a_pinned_image_tag_uses_the_repository_instead_of_a_build():
     registry = StacksAlone(image_tag="v1").registry()
     uri = registry.resolve(registry.image_uri)
     assert uri["Fn::Join"][1][-1].endswith(":v1"), uri
+
+
+def _scans(template: Template) -> list[dict]:
+    return [json.loads(_joined(r["Properties"]["Create"])) for r in template.find_resources("Custom::AWS").values()]
+
+
+def _joined(value: object) -> str:
+    """A Fn::Join of literals and tokens, tokens as "<token>" (the call's JSON keeps its shape)."""
+    if isinstance(value, dict) and "Fn::Join" in value:
+        return "".join(part if isinstance(part, str) else "<token>" for part in value["Fn::Join"][1])
+    return str(value)
+
+
+def test_a_built_image_is_scanned_when_it_is_deployed(dev):
+    # The bootstrap's asset repository does not scan on push: the stack starts ECR's basic scan of the image it
+    # deploys (ECR API reference, StartImageScan), on create and on every update (a new image is a new tag).
+    (scan,) = _scans(dev)
+    assert (scan["service"], scan["action"]) == ("ECR", "startImageScan")
+    assert scan["parameters"]["imageId"]["imageTag"] == scan["physicalResourceId"]["id"]
+    (resource,) = dev.find_resources("Custom::AWS").values()
+    assert resource["Properties"]["Update"] == resource["Properties"]["Create"]
+
+
+def test_an_image_scanned_already_or_by_inspector_does_not_fail_the_deploy(dev):
+    # One basic scan per image per 24 hours (LimitExceededException: another environment deployed the same image);
+    # a registry on enhanced scanning refuses basic scans (ValidationException): Amazon Inspector scans it there.
+    (scan,) = _scans(dev)
+    assert scan["ignoreErrorCodesMatching"] == "LimitExceededException|ValidationException"
+
+
+def test_the_scan_may_only_start_scans_in_the_asset_repository(dev):
+    # The custom resource's function may call ecr:StartImageScan on the bootstrap's asset repository, nothing else.
+    (policy,) = dev.find_resources("AWS::IAM::Policy").values()
+    (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert statement["Action"] == "ecr:StartImageScan"
+    assert "container-assets" in json.dumps(statement["Resource"])
+
+
+def test_the_registry_scanning_configuration_is_left_to_the_account(dev):
+    # AWS::ECR::RegistryScanningConfiguration is one per account and region: two environments would both own it, and
+    # it would replace the account's own (enhanced) scanning.
+    dev.resource_count_is("AWS::ECR::RegistryScanningConfiguration", 0)
+
+
+def test_a_pinned_image_tag_is_not_scanned_again():
+    # image_tag=v1: CI pushed it to our repository, which scanned it on push; no scan request is added.
+    registry = StacksAlone(image_tag="v1")
+    registry.template(registry.registry()).resource_count_is("Custom::AWS", 0)

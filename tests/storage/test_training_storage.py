@@ -86,22 +86,6 @@ def test_bucket_refuses_plain_http(scratch):
     )
 
 
-def test_a_run_record_is_written_only_with_a_precondition(scratch):
-    # The run claim rests on S3's 412 to a second writer: a put of runs/<id>/run.json without If-None-Match or
-    # If-Match is denied outright (S3 user guide, "Enforce conditional writes on Amazon S3 buckets").
-    (policy,) = scratch.find_resources(
-        "AWS::S3::BucketPolicy", {"Properties": {"Bucket": {"Ref": Match.string_like_regexp("Data")}}}
-    ).values()
-    (deny,) = [
-        s
-        for s in policy["Properties"]["PolicyDocument"]["Statement"]
-        if s.get("Sid") == "RunRecordsOnlyByConditionalWrites"
-    ]
-    assert deny["Effect"] == "Deny" and deny["Action"] == "s3:PutObject" and deny["Principal"] == {"AWS": "*"}
-    assert deny["Condition"] == {"Null": {"s3:if-none-match": "true", "s3:if-match": "true"}}
-    assert deny["Resource"]["Fn::Join"][1][-1] == "/runs/*/run.json"
-
-
 def test_bucket_logs_access_to_a_separate_bucket(scratch):
     # Server access logs (cdk-nag S1) go to their own bucket.
     logging = _data_bucket(scratch)["Properties"]["LoggingConfiguration"]

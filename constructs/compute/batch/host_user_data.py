@@ -10,7 +10,7 @@ What it does, in order (every step logs to /var/log/efa-training-host.log and th
 3. the Lustre client (`dnf install -y lustre-client`) and the FSx mount at /fsx (relatime,flock);
 4. an accelerator check: nvidia-smi must list every GPU, or neuron-ls every Trainium device;
 5. the CloudWatch agent: `nvidia_gpu` (nvidia_smi_* in CWAgent) and `efa` metrics; on Neuron hosts also the
-   project's own per-host NeuronCore utilisation (training_image/host_metrics.py reads neuron-monitor's JSON and sends
+   project's own per-host NeuronCore utilisation (training_image/efa_training/runtime/host_metrics.py reads neuron-monitor's JSON and sends
    EMF lines to the agent's EMF listener); constructs/observability/accelerator_metrics.py names what dashboards read.
 A failed step powers the host off (terminate on shutdown, see EfaLaunchTemplate), so Batch replaces it
 instead of running a job on a broken node.
@@ -32,7 +32,7 @@ CWAGENT_CONFIG = "/opt/aws/amazon-cloudwatch-agent/etc/efa-training.json"
 LOG = "/var/log/efa-training-host.log"
 # The image's own exporter, copied onto Neuron hosts. Standard library only: it runs on the host's python3, which on
 # AL2023 "will remain as Python 3.9" (Amazon Linux 2023 user guide, "Python in AL2023").
-HOST_METRICS_SOURCE = Path(__file__).resolve().parents[3] / "training_image" / "host_metrics.py"
+HOST_METRICS_SOURCE = Path(__file__).resolve().parents[3] / "training_image/efa_training/runtime/host_metrics.py"
 HOST_METRICS_PATH = "/opt/efa-training/host_metrics.py"
 # The agent's EMF listener: "listens on the default socket tcp:25888" (CloudWatch user guide, "Using the CloudWatch
 # agent to send embedded metric format logs").

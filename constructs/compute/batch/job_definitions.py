@@ -167,7 +167,8 @@ def job_specs(
         ),
     }
     if instance.accelerator is Accelerator.NEURON:
-        # Trainium compiles ahead of time: the training's own flags, mode `compile` (training_image/neuron_compile.py).
+        # Trainium compiles ahead of time: the training's own flags, mode `compile`
+        # (training_image/efa_training/runtime/launch/neuron_compile.py).
         train = specs["train"]
         specs["compile"] = JobSpec(mode="compile", flags=train.flags, defaults=train.defaults, **limits("compile"))
     return specs

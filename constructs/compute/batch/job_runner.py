@@ -38,6 +38,8 @@ class BatchJobRunner:
     restarts_lost_hosts = True
     # The pipeline runs a sanity job on the run's nodes before the training job (its SanityCheck state).
     sanity_in_training = False
+    # Each job brings up its own hosts: the compute environments scale to what the queues hold.
+    node_scaling = None
 
     def __init__(
         self,

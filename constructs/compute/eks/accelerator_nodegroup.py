@@ -1,8 +1,12 @@
-"""The accelerator node group: whole EFA nodes in one subnet and one cluster placement group, tainted for training.
+"""The accelerator node groups: whole EFA nodes for training, and one small node for validation.
 
-The launch template is the shared EfaLaunchTemplate (every EFA interface of the catalogue type, no SubnetId,
-as EKS managed node groups require), with the cluster security group on every interface next to the EFA group:
-with interfaces in the template, EKS adds no security group of its own. Scales from 0 to `nodes`.
+Training: the launch template is the shared EfaLaunchTemplate (every EFA interface of the catalogue type, no
+SubnetId, as EKS managed node groups require), with the cluster security group on every interface next to the EFA
+group: with interfaces in the template, EKS adds no security group of its own. Scales from 0 to `nodes`, in one
+subnet and one cluster placement group, tainted for training.
+
+Validation: one node of the catalogue's validation type (one accelerator, no EFA interfaces, no huge pages), the
+way Batch and SageMaker validate; scales from 0 to 1. The pipeline sizes both groups (node_scaling.py).
 """
 
 from typing import cast
@@ -25,7 +29,8 @@ CAPACITY_TYPES = {
 }
 # catalogue eks_ami_type (aws_eks_v2.NodegroupAmiType member) -> the CloudFormation AmiType value
 CFN_AMI_TYPES = {"AL2023_X86_64_NVIDIA": "AL2023_x86_64_NVIDIA", "AL2023_X86_64_NEURON": "AL2023_x86_64_NEURON"}
-ROOT_VOLUME_GIB = 500  # container images of the CUDA / Neuron stacks are tens of GB
+ROOT_VOLUME_GIB = 500
+VALIDATION_NODES = 1  # a validation job runs on one node  # container images of the CUDA / Neuron stacks are tens of GB
 # The NVIDIA device plugin chart's default nodeAffinity requires one of feature.node.kubernetes.io/pci-10de.present,
 # feature.node.kubernetes.io/cpu-model.vendor_id=NVIDIA or nvidia.com/gpu.present=true. With GPU/node feature
 # discovery off nothing sets them, so the node group sets the last one itself (else the plugin runs nowhere and
@@ -131,6 +136,67 @@ class EksAcceleratorNodegroup(Construct):
         cfn(self.nodegroup).add_property_override("AmiType", self.ami_type)
         cdk.Annotations.of(self.nodegroup).acknowledge_warning(
             "@aws-cdk/aws-eks:gpuInstancesUseAL2", f"AmiType is set to {self.ami_type} on the CfnNodegroup"
+        )
+        acknowledge_node_role(self.nodegroup.role)
+
+
+class EksValidationNodegroup(Construct):
+    """One on-demand node of `instance` (a single-accelerator type without EFA) for validation jobs, from 0 to 1.
+
+    Same subnet (FSx's zone) and security groups as training, so it mounts FSx; the template's security groups
+    replace EKS's own, so the cluster group is named too (EKS user guide, "Customize managed nodes with launch
+    templates": security groups in the template). Tainted and labelled like the training nodes; the validation Job
+    selects it by its instance type."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        cluster: eks.Cluster,
+        instance: InstanceType,
+        subnet: ec2.ISubnet,
+        efa_security_group: ec2.ISecurityGroup,
+    ) -> None:
+        super().__init__(scope, id_)
+        if instance.has_efa or instance.accelerators != 1:
+            raise ValueError(
+                f"validation instance {instance.name} is not valid; expected a single-accelerator type without EFA"
+            )
+        self.launch_template = EfaLaunchTemplate(
+            self,
+            "LaunchTemplate",
+            instance=instance,
+            security_groups=[efa_security_group, cluster.cluster_security_group],
+            user_data=ec2.MultipartUserData(),  # no EFA, so no huge pages to reserve
+            root_volume_gib=ROOT_VOLUME_GIB,
+            include_network_interfaces=False,
+            terminate_on_shutdown=False,
+        ).launch_template
+        cfn(self.launch_template).add_property_override("LaunchTemplateData.InstanceType", instance.name)
+        self.nodegroup = cluster.add_nodegroup_capacity(
+            "Validation",
+            instance_types=None,  # in the launch template, as for training (InstanceTypes is create-only)
+            capacity_type=eks.CapacityType.ON_DEMAND,
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=cast(str, self.launch_template.launch_template_id),
+                version=self.launch_template.latest_version_number,
+            ),
+            subnets=ec2.SubnetSelection(subnets=[subnet]),
+            min_size=0,
+            desired_size=0,
+            max_size=VALIDATION_NODES,
+            force_update=False,
+            labels={
+                **ACCELERATOR_LABEL,
+                "efa-training/instance-type": instance.name,
+                **(NVIDIA_GPU_PRESENT_LABEL if instance.accelerator is Accelerator.NVIDIA else {}),
+            },
+            taints=[eks.TaintSpec(key=ACCELERATOR_TAINT_KEY, value="true", effect=eks.TaintEffect.NO_SCHEDULE)],
+        )
+        cfn(self.nodegroup).add_property_override("AmiType", CFN_AMI_TYPES[instance.eks_ami_type])
+        cdk.Annotations.of(self.nodegroup).acknowledge_warning(
+            "@aws-cdk/aws-eks:gpuInstancesUseAL2", "AmiType is set on the CfnNodegroup"
         )
         acknowledge_node_role(self.nodegroup.role)
 

@@ -1,4 +1,5 @@
-"""An EKS cluster for training: managed node groups (not Auto Mode), control plane logs, pinned add-ons and charts.
+"""An EKS cluster for training: managed node groups (not Auto Mode), control plane logs, pinned add-ons and charts,
+Kubernetes secrets envelope-encrypted with a key of its own.
 
 Add-ons where EKS offers one (VPC CNI, Pod Identity agent, FSx CSI driver, CloudWatch observability); Helm
 charts for the EFA and accelerator device plugins, and Kubeflow Trainer's when asked for
@@ -13,12 +14,15 @@ import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_eks_v2 as eks
 import aws_cdk.aws_iam as iam
+import aws_cdk.aws_kms as kms
+import aws_cdk.aws_logs as logs
 from aws_cdk.lambda_layer_kubectl_v36 import KubectlV36Layer
 
 import constructs.compute.eks.versions as versions
 from config import Accelerator, InstanceType
-from constructs import Construct, IConstruct
-from constructs.compute.eks.accelerator_nodegroup import acknowledge_node_role
+from constructs import Construct
+from constructs.compute.eks.cluster_internals import acknowledge_cdk_internals
+from constructs.compute.eks.cluster_logs import ClusterLogGroups
 from constructs.escape_hatch import cfn
 from constructs.nag import acknowledge, managed_policy_finding
 from contracts.eks.job_spec import ACCELERATOR_LABEL, toleration
@@ -40,6 +44,8 @@ OBSERVABILITY_CONFIGURATION = {
         }
     }
 }
+# Where the observability add-on runs its CloudWatch agent (the add-on's namespace and service account).
+AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT = "amazon-cloudwatch", "cloudwatch-agent"
 _CONTROL_PLANE_LOGS = [
     eks.ClusterLoggingTypes.API,
     eks.ClusterLoggingTypes.AUDIT,
@@ -60,11 +66,19 @@ class EksTrainingCluster(Construct):
         admin_role_arns: tuple[str, ...] = (),
         kubeflow_trainer: bool = False,
         public_access_cidrs: tuple[str, ...] = (),
+        log_retention: logs.RetentionDays | None = None,
+        removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY,
     ) -> None:
+        """`log_retention`: the control plane's and Container Insights' log groups are created with it (before EKS
+        and the add-on would create them without); None leaves them to the services."""
         super().__init__(scope, id_)
+        self.secrets_key = _secrets_key(self)
+        self.cluster_name = _fixed_name(self, id_)
         self.cluster = eks.Cluster(
             self,
             "Cluster",
+            cluster_name=self.cluster_name,
+            secrets_encryption_key=self.secrets_key,
             version=eks.KubernetesVersion.of(versions.KUBERNETES_VERSION),
             default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
             default_capacity=0,
@@ -81,6 +95,7 @@ class EksTrainingCluster(Construct):
             cluster_logging=_CONTROL_PLANE_LOGS,
             kubectl_provider_options=eks.KubectlProviderOptions(kubectl_layer=KubectlV36Layer(self, "KubectlLayer")),
         )
+        _guard_cluster_role(self.cluster, self.cluster_name)
         # IMDSv2 with hop limit 1 (EKS best practices, "Restrict access to the instance profile assigned to the
         # worker node"): pods cannot borrow the node role; host-network daemons (VPC CNI, CloudWatch agent) still
         # reach IMDS. The node group's own default template would allow 2 hops.
@@ -105,7 +120,7 @@ class EksTrainingCluster(Construct):
             subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
             labels={"efa-training/role": "system"},
         )
-        self._acknowledge_cdk_internals()
+        acknowledge_cdk_internals(self.cluster, self.system_nodegroup)
         for index, arn in enumerate(admin_role_arns):
             self.cluster.grant_access(
                 f"Admin{index}",
@@ -118,47 +133,17 @@ class EksTrainingCluster(Construct):
             )
         self.addons = self._add_addons()
         self.charts = self._add_charts(instance.accelerator, kubeflow_trainer)
+        self.log_groups = None if log_retention is None else self._log_groups(log_retention, removal_policy)
 
-    def _acknowledge_cdk_internals(self) -> None:
-        """Findings on roles and functions the EKS constructs create and do not let us shape."""
-        acknowledge(
-            self.cluster.role,
-            managed_policy_finding("AmazonEKSClusterPolicy"),
-            "AmazonEKSClusterPolicy is the policy EKS requires on the cluster service role",
+    def _log_groups(self, retention: logs.RetentionDays, removal_policy: cdk.RemovalPolicy) -> ClusterLogGroups:
+        """The groups EKS and the observability add-on write to, created first: the cluster and the add-on wait."""
+        groups = ClusterLogGroups(
+            self, "Logs", cluster_name=self.cluster_name, retention=retention, removal_policy=removal_policy
         )
-        acknowledge_node_role(self.system_nodegroup.role)
-        provider = self.cluster.kubectl_provider
-        assert provider is not None  # the cluster is built with a kubectl layer, so it has a provider
-        for policy in (
-            "service-role/AWSLambdaBasicExecutionRole",
-            "service-role/AWSLambdaVPCAccessExecutionRole",
-            "AmazonEC2ContainerRegistryReadOnly",
-        ):
-            acknowledge(
-                provider,
-                managed_policy_finding(policy),
-                "CDK's kubectl provider functions: Lambda logging/VPC access and ECR read for OCI charts",
-            )
-        has_ecr_public = _logical(provider.node.find_child("Handler"), "HasEcrPublic", default_child=False)
-        ecr_public = (
-            f'{{"Fn::If":["{has_ecr_public}",{{"Fn::Join":["",["arn:",{{"Ref":"AWS::Partition"}},":iam::aws:policy/'
-            'AmazonElasticContainerRegistryPublicReadOnly"]]},{"Ref":"AWS::NoValue"}]}'
-        )
-        acknowledge(
-            provider,
-            f"AwsSolutions-IAM4[Policy::{ecr_public}]",
-            "CDK's kubectl handler may pull OCI charts from public ECR (the Neuron chart lives there)",
-        )
-        acknowledge(
-            provider,
-            f"AwsSolutions-IAM5[Resource::<{_logical(provider, 'Handler')}.Arn>:*]",
-            "CDK's provider framework may invoke only its own kubectl handler function (its versions: ARN:*)",
-        )
-        acknowledge(
-            provider,
-            "AwsSolutions-L1",
-            "CDK pins the kubectl handler's Python runtime to match the kubectl/helm layer it ships with",
-        )
+        cfn(self.cluster).node.add_dependency(groups.control_plane)
+        for group in groups.container_insights.values():
+            self.addons["amazon-cloudwatch-observability"].node.add_dependency(group)
+        return groups
 
     def _add_addons(self) -> dict[str, eks.IAddon]:
         addons: dict[str, eks.IAddon] = {}
@@ -186,12 +171,12 @@ class EksTrainingCluster(Construct):
         agent_role = iam.Role(
             self,
             "CloudWatchAgentRole",
-            assumed_by=_pod_identity_principal(),
+            assumed_by=_pod_identity_principal(self.cluster_name, AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT),
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("CloudWatchAgentServerPolicy")],
         )
         observability = addons["amazon-cloudwatch-observability"]
         cfn(observability).add_property_override(
-            "PodIdentityAssociations", [{"ServiceAccount": "cloudwatch-agent", "RoleArn": agent_role.role_arn}]
+            "PodIdentityAssociations", [{"ServiceAccount": AGENT_SERVICE_ACCOUNT, "RoleArn": agent_role.role_arn}]
         )
         cfn(observability).add_property_override("ConfigurationValues", json.dumps(OBSERVABILITY_CONFIGURATION))
         observability.node.add_dependency(addons["eks-pod-identity-agent"])
@@ -252,21 +237,62 @@ class EksTrainingCluster(Construct):
         )
 
 
-def _logical(parent: IConstruct, child: str, default_child: bool = True) -> str:
-    """The logical ID cdk-nag prints for a child of a CDK-made construct."""
-    element = parent.node.find_child(child)
-    resource = cast(cdk.CfnElement, cfn(element) if default_child else element)
-    return cdk.Stack.of(parent).resolve(cdk.Stack.of(parent).get_logical_id(resource))
-
-
 def as_icluster(cluster: eks.Cluster) -> eks.ICluster:
     """jsii's Python typing of aws_eks_v2.Cluster misses ICluster.kubectl_provider_options, which it implements."""
     return cast(eks.ICluster, cluster)
 
 
-def _pod_identity_principal() -> iam.IPrincipal:
-    """EKS Pod Identity's trust: the pods service principal with AssumeRole and TagSession."""
-    return iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com"))
+def _secrets_key(scope: Construct) -> kms.Key:
+    """Secrets envelope encryption with a key of ours (EKS user guide, "Encrypt Kubernetes secrets with KMS on
+    existing clusters": symmetric, same region; irreversible once enabled). CloudFormation calls CreateCluster with the
+    deploying role, which creates EKS's grant on the key (the key policy lets IAM decide). EncryptionConfig is
+    create-only (AWS::EKS::Cluster EncryptionConfig, "Update requires: Replacement"), and so is Name: a cluster created
+    without them is replaced on the next deploy (docs/eks.md, Security)."""
+    return kms.Key(
+        scope,
+        "SecretsKey",
+        enable_key_rotation=True,
+        description="Envelope-encrypts the training cluster's Kubernetes secrets",
+        # The key serves this cluster only, which is deleted before it (the cluster depends on the key).
+        removal_policy=cdk.RemovalPolicy.DESTROY,
+    )
+
+
+def _fixed_name(scope: Construct, id_: str) -> str:
+    """A fixed name: the log groups' names are known before EKS creates them, and a later create-only change fails
+    (the name is taken) instead of quietly replacing the cluster under running jobs. It ends with the stack's own id
+    (the first group of its UUID): groups a destroyed prod stack kept (retain_data) never collide with the next
+    deploy's, which EKS and the add-on would write to by name."""
+    stack = cdk.Stack.of(scope)
+    stack_uuid = cdk.Fn.select(2, cdk.Fn.split("/", stack.stack_id))
+    return cdk.Fn.join("-", [stack.stack_name, id_, cdk.Fn.select(0, cdk.Fn.split("-", stack_uuid))])
+
+
+def _guard_cluster_role(cluster: eks.Cluster, name: str) -> None:
+    """The cluster role serves this cluster of this account only (EKS user guide, "Cross-service confused deputy
+    prevention in Amazon EKS": aws:SourceArn, the cluster's ARN, and aws:SourceAccount in the cluster role's trust).
+    The name is fixed, so the ARN is known before the cluster exists; set in place on the role CDK makes."""
+    stack = cdk.Stack.of(cluster)
+    arn = stack.format_arn(service="eks", resource="cluster", resource_name=name)
+    cfn(cluster.role).add_property_override(
+        "AssumeRolePolicyDocument.Statement.0.Condition",
+        {"StringEquals": {"aws:SourceAccount": stack.account}, "ArnLike": {"aws:SourceArn": arn}},
+    )
+
+
+def _pod_identity_principal(cluster_name: str, namespace: str, service_account: str) -> iam.IPrincipal:
+    """EKS Pod Identity's trust: the pods service principal with AssumeRole and TagSession, for one service account
+    of one cluster only. EKS documents the session tags it sets, not aws:SourceArn, as the trust policy's conditions
+    (EKS user guide, "Create IAM role with trust policy required by EKS Pod Identity", Setting Conditions; the tags:
+    "Enable or disable session tags", pod-id-abac.html)."""
+    tags = {
+        "eks-cluster-name": cluster_name,
+        "kubernetes-namespace": namespace,
+        "kubernetes-service-account": service_account,
+    }
+    return iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")).with_conditions(
+        {"StringEquals": {f"aws:RequestTag/{tag}": value for tag, value in tags.items()}}
+    )
 
 
 def _pascal(name: str) -> str:

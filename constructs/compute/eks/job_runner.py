@@ -5,8 +5,10 @@ Job fails; it knows only batch/v1 Jobs, so the pipeline runs Indexed Jobs (one p
 completion index, rank 0 found through the `training-workers` headless service) rather than TrainJobs.
 A CustomState: CDK's tasks.EksCall takes the v1 aws_eks cluster type, not aws_eks_v2's.
 
-Accelerator nodes scale with the pipeline's executions (node_scaling.py); pods wait in Pending while the nodes
-join, and the job's Task stays a plain `eks:runJob.sync` state, so its errors reach the pipeline's Retry and Catch.
+The pipeline sizes the node groups itself around these jobs (`node_scaling`, node_scaling.py): training nodes for
+the multi-node jobs, one validation node (the catalogue's small type, no EFA) for validation. Pods wait in Pending
+while the nodes join, and the job's Task stays a plain `eks:runJob.sync` state, so its errors reach the pipeline's
+Retry and Catch.
 
 Job parameters become launcher flags after the phase: {"run_id": "$.job.run_id"} -> `train --run-id <value>`.
 The Kubernetes name is `<phase>-<uuid>` (run ids may hold capitals and '_', which names may not, and every retry
@@ -24,6 +26,7 @@ import aws_cdk.aws_stepfunctions as sfn
 from config import InstanceType
 from constructs import Construct
 from constructs.compute.backend import task_timeout
+from constructs.compute.eks.node_scaling import EksNodeScaling, acknowledge_list_executions
 from contracts.eks.job_spec import NAMESPACE, Site
 from contracts.eks.job_templates import indexed_job
 from contracts.run import stages
@@ -57,11 +60,17 @@ class EksJobRunner:
         instance: InstanceType,
         image: str,
         max_nodes: int,
+        validation_instance: InstanceType | None = None,
+        node_scaling: EksNodeScaling | None = None,
         runs_uri: str | None = None,
         site: Site = Site(),
         train_attempt_hours: int = 72,
     ) -> None:
+        """`validation_instance`: the single-node jobs' type (default: `instance`); `node_scaling`: the node-group
+        states the pipeline runs around the jobs (None: something else sizes the nodes)."""
         self.cluster = cluster
+        self.validation_instance = validation_instance or instance
+        self.node_scaling = node_scaling
         self._stages = stages(train_attempt_hours)
         self.site = site
         # s3://<bucket>/runs/: the sanity report and the verdict go straight to S3, where the pipeline reads
@@ -73,8 +82,9 @@ class EksJobRunner:
 
     def job_manifest(self, *, job: str, parameters: Mapping[str, str], job_name: str, nodes: str | None) -> dict:
         """The Job as an ASL payload template: static fields, plus `.$` fields resolved per execution."""
+        instance = self.validation_instance if job in SINGLE_NODE_JOBS else self.instance
         manifest = indexed_job(
-            self.instance, image=self.image, phase=job, nodes=self.max_nodes, name="placeholder", site=self.site
+            instance, image=self.image, phase=job, nodes=self.max_nodes, name="placeholder", site=self.site
         )
         metadata, spec = manifest["metadata"], manifest["spec"]
         metadata.pop("name")
@@ -153,6 +163,8 @@ class EksJobRunner:
             grantee=principal, actions=["eks:DescribeCluster"], resource_arns=[self.cluster.cluster_arn]
         )
         role = cast(iam.IRole, principal.grant_principal)  # the state machine's role
+        if self.node_scaling is not None:
+            acknowledge_list_executions(role)
         # In the principal's stack: the pipeline stack already depends on the EKS stack, not the reverse.
         eks.AccessEntry(
             cdk.Stack.of(role) if isinstance(role, Construct) else cdk.Stack.of(self.cluster),

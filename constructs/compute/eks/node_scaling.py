@@ -1,12 +1,21 @@
-"""EKS node-group scaling driven by the pipeline's executions.
+"""EKS node groups sized by the pipeline itself, and a reconciler that brings them to zero when no run holds them.
 
-Accelerator nodes scale from 0 and nothing in the cluster scales them on demand (no Cluster Autoscaler: it cannot
-predict `vpc.amazonaws.com/efa` on a node group at zero). An EventBridge rule on the pipeline's execution status
-changes starts a small state machine that sets the node group's desired size to the run's `nodes` (default: the
-environment's maximum) when an execution starts, and to 0 when it ends, however it ends (success, failure,
-timeout, abort; "Step Functions execution status change" events, EventBridge). Pods wait in Pending while the
-nodes join. One pipeline execution at a time: the node group belongs to the running execution.
+Nothing in the cluster scales the accelerator nodes (no Cluster Autoscaler: it cannot predict
+`vpc.amazonaws.com/efa` on a node group at zero). EventBridge delivers Step Functions' execution status changes
+"best effort" and not in order (EventBridge user guide, "Events from AWS services"), so the node groups follow the
+pipeline's own states instead, in `EksNodeScaling`:
+- `refuse_concurrent`: a second execution is refused at its start (the node groups serve one run at a time);
+- `size`: the training group gets the run's nodes once the run is claimed; before validation the training group
+  goes to 0 and the validation group to 1; after it, the validation group to 0;
+- `release`: on every failure the pipeline brings both groups to 0, unless another execution is running.
+What no state can catch (an execution timed out or aborted, a lost release) is the `EksNodeReconciler`'s: a state
+machine run every few minutes and on every ended execution, which brings each group to 0 while no execution of the
+pipeline runs. It reads the group first and re-checks the executions before each update, so it never stops a run
+that started meanwhile for longer than one list-then-update. A group tagged `HoldUntil` with a later time is left
+alone by every release (jobs run by hand, docs/eks.md).
 """
+
+from dataclasses import dataclass
 
 import aws_cdk as cdk
 import aws_cdk.aws_eks_v2 as eks
@@ -16,47 +25,258 @@ import aws_cdk.aws_logs as logs
 import aws_cdk.aws_stepfunctions as sfn
 import aws_cdk.aws_stepfunctions_tasks as tasks
 
-from constructs import Construct
-from constructs.nag import acknowledge
+from constructs import Construct, IConstruct
+from constructs.nag import acknowledge, acknowledge_iam, acknowledge_log_group_encryption
+
+C = sfn.Condition
+J = sfn.JsonPath
+# EKS API errors worth another try: 5xx and throttling (modelled, and the service's base exception); a node group
+# in the middle of another update answers ResourceInUseException (EKS API reference, UpdateNodegroupConfig).
+TRANSIENT = ("Eks.ServerException", "Eks.ServiceUnavailableException", "Eks.EksException", "States.Timeout")
+# Step Functions' own throttling and 5xx have no modelled exception: its base one (constructs/pipeline/aws_calls.py).
+TRANSIENT_SFN = ("Sfn.SfnException", "States.Timeout")
+IN_USE = "Eks.ResourceInUseException"
+UPDATE_WAIT = cdk.Duration.seconds(30)
+UPDATE_TRIES = 20  # 10 minutes of another update in progress
+CALL_TIMEOUT = cdk.Duration.minutes(2)
+RECONCILE_EVERY = cdk.Duration.minutes(5)
+# A node group tagged HoldUntil=<UTC time like 2026-11-27T18:00:00Z> (`aws eks tag-resource`) is left up until then:
+# jobs run by hand (docs/eks.md).
+HOLD_TAG = "HoldUntil"
 
 
-class EksNodeScaling(Construct):
-    """Node group desired size: the run's nodes while an execution of `pipeline` runs, 0 once it has ended."""
+def acknowledge_list_executions(role: IConstruct) -> None:
+    """The IAM gate: ListExecutions on a state machine ARN is what the release and the refusal need."""
+    acknowledge_iam(
+        role,
+        "RESOURCE_MISMATCH",
+        "states:ListExecutions",
+        "the reference lists stateMachine and mapRun as ListExecutions' resource types; listing a Standard state "
+        "machine's executions names the stateMachine ARN, which the grant does (no Map Run is listed)",
+        formats=("arn:*:states:*:*:mapRun:*/*:*",),
+    )
+
+
+@dataclass(frozen=True)
+class SizedGroup:
+    nodegroup: eks.Nodegroup
+    max_size: int
+
+
+def _retry_transient(task: tasks.CallAwsService, errors: tuple[str, ...] = TRANSIENT) -> tasks.CallAwsService:
+    task.add_retry(errors=list(errors), interval=cdk.Duration.seconds(2), backoff_rate=2, max_attempts=5)
+    return task
+
+
+class EksNodeScaling:
+    """The pipeline's node-group states (implements constructs.compute.backend.PipelineNodes)."""
+
+    def __init__(self, *, cluster_name: str, groups: dict[str, SizedGroup]) -> None:
+        self._cluster, self._groups = cluster_name, groups
+
+    def _running(self, scope: Construct, id_: str, machine: str, machine_arn: str, result_path: str):
+        """ListExecutions RUNNING of the pipeline; eventually consistent, most recent first (Step Functions API
+        reference, ListExecutions). Two are enough to tell "only this one" from "another one too"."""
+        return _retry_transient(
+            tasks.CallAwsService(
+                scope,
+                id_,
+                service="sfn",
+                action="listExecutions",
+                parameters={"StateMachineArn": machine, "StatusFilter": "RUNNING", "MaxResults": 2},
+                iam_resources=[machine_arn],
+                iam_action="states:ListExecutions",
+                result_selector={"count.$": "States.ArrayLength($.Executions)", "names.$": "$.Executions[*].Name"},
+                result_path=result_path,
+                task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+            ),
+            TRANSIENT_SFN,
+        )
+
+    def refuse_concurrent(
+        self, scope: Construct, *, machine_arn: str, error: str
+    ) -> tuple[tasks.CallAwsService, sfn.Choice]:
+        """(first state, choice): the choice's `.otherwise()` is for an execution that runs alone; with another one
+        running it fails with `error` and one line naming them."""
+        listed = self._running(
+            scope, "ListRunningExecutions", J.string_at("$$.StateMachine.Id"), machine_arn, "$.others"
+        )
+        busy = sfn.Fail(
+            scope,
+            "AnotherRunHoldsTheNodes",
+            error=error,
+            cause_path=J.format(
+                "another execution of this pipeline is running (running now: {}); the EKS node groups serve one run "
+                "at a time: wait for it to end, or stop it, then start this run again",
+                J.json_to_string(J.list_at("$.others.names")),
+            ),
+        )
+        alone = sfn.Choice(scope, "IsOnlyRunningExecution").when(C.number_greater_than("$.others.count", 1), busy)
+        listed.next(alone)
+        return listed, alone
+
+    def _update(self, scope: Construct, id_: str, role: str, desired: int | str) -> tasks.CallAwsService:
+        group = self._groups[role]
+        task = tasks.CallAwsService(
+            scope,
+            id_,
+            service="eks",
+            action="updateNodegroupConfig",
+            parameters={
+                "ClusterName": self._cluster,
+                "NodegroupName": group.nodegroup.nodegroup_name,
+                "ScalingConfig": {
+                    "MinSize": 0,
+                    "MaxSize": group.max_size,
+                    "DesiredSize": J.number_at(desired) if isinstance(desired, str) else desired,
+                },
+            },
+            iam_resources=[group.nodegroup.nodegroup_arn],
+            result_path=J.DISCARD,
+            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+        )
+        return _retry_transient(task)
+
+    def size(
+        self, scope: Construct, id_: str, desired: dict[str, int | str]
+    ) -> tuple[sfn.Chain, list[sfn.TaskStateBase]]:
+        """The updates setting each group in `desired` (role -> count or JSONPath to it), in order, and the tasks;
+        each state is named `Size<Role>Nodes<id_>` (id_: ForTraining, ForValidation, AfterValidation).
+        The run holds the groups (refuse_concurrent), so an update in progress is its own: waited for."""
+        updates: list[sfn.TaskStateBase] = []
+        for role, count in desired.items():
+            update = self._update(scope, f"Size{role.capitalize()}Nodes{id_}", role, count)
+            update.add_retry(errors=[IN_USE], interval=UPDATE_WAIT, max_attempts=UPDATE_TRIES, backoff_rate=1)
+            updates.append(update)
+        chain = sfn.Chain.start(updates[0])
+        for later in updates[1:]:
+            chain = chain.next(later)
+        return chain, updates
+
+    def release(
+        self, scope: Construct, id_: str, *, machine: str, machine_arn: str, others: int
+    ) -> tuple[sfn.Chain, sfn.Map]:
+        """(chain, its Map state for a Catch): every group to 0 unless more than `others` executions of the pipeline
+        `machine` (an ARN, or a JSONPath to it) run: 1 from inside the pipeline (itself), 0 from the reconciler.
+        Per group: read its size; if above 0, list the executions; if none other, update; if another update is in
+        progress, wait and start over (at most UPDATE_TRIES times)."""
+        groups = sfn.Pass(
+            scope,
+            f"{id_}Groups",
+            result_path="$.release",
+            parameters={
+                "groups": [{"name": g.nodegroup.nodegroup_name, "max": g.max_size} for g in self._groups.values()],
+                "machine": machine,
+            },
+        )
+        release = sfn.Map(
+            scope,
+            id_,
+            items_path="$.release.groups",
+            item_selector={
+                "group.$": "$$.Map.Item.Value",
+                "machine.$": "$.release.machine",
+                "now.$": "$$.State.EnteredTime",
+                "tries": 0,
+            },
+            result_path=J.DISCARD,
+        )
+        release.item_processor(self._release_group(scope, id_, machine_arn, others))
+        return groups.next(release), release
+
+    def _release_group(self, scope: Construct, id_: str, machine_arn: str, others: int) -> sfn.IChainable:
+        describe = _retry_transient(
+            tasks.CallAwsService(
+                scope,
+                f"{id_}Describe",
+                service="eks",
+                action="describeNodegroup",
+                parameters={"ClusterName": self._cluster, "NodegroupName": J.string_at("$.group.name")},
+                iam_resources=[g.nodegroup.nodegroup_arn for g in self._groups.values()],
+                result_selector={"group.$": "$.Nodegroup"},
+                result_path="$.described",
+                task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+            )
+        )
+        running = self._running(scope, f"{id_}ListRunning", J.string_at("$.machine"), machine_arn, "$.running")
+        down = _retry_transient(
+            tasks.CallAwsService(
+                scope,
+                f"{id_}ScaleToZero",
+                service="eks",
+                action="updateNodegroupConfig",
+                parameters={
+                    "ClusterName": self._cluster,
+                    "NodegroupName": J.string_at("$.group.name"),
+                    "ScalingConfig": {"MinSize": 0, "MaxSize": J.number_at("$.group.max"), "DesiredSize": 0},
+                },
+                iam_resources=[g.nodegroup.nodegroup_arn for g in self._groups.values()],
+                iam_action="eks:UpdateNodegroupConfig",
+                result_path=J.DISCARD,
+                task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+            )
+        )
+        done = sfn.Succeed(scope, f"{id_}Done")
+        again = sfn.Pass(
+            scope,
+            f"{id_}TryAgain",
+            parameters={
+                "group.$": "$.group",
+                "machine.$": "$.machine",
+                "now.$": "$.now",
+                "tries.$": "States.MathAdd($.tries, 1)",
+            },
+        )
+        wait = sfn.Wait(scope, f"{id_}WaitForUpdate", time=sfn.WaitTime.duration(UPDATE_WAIT))
+        down.add_catch(again, errors=[IN_USE], result_path="$.in_use")
+        again.next(
+            sfn.Choice(scope, f"{id_}TriesLeft")
+            .when(C.number_less_than("$.tries", UPDATE_TRIES), wait.next(describe))
+            .otherwise(done)
+        )
+        hold = f"$.described.group.Tags.{HOLD_TAG}"
+        describe.next(
+            sfn.Choice(scope, f"{id_}IsUp")
+            .when(  # held by hand: tagged HoldUntil=<a later UTC time, ...Z>; UTC timestamps compare as strings
+                C.and_(C.is_present(hold), C.is_timestamp(hold), C.string_greater_than_json_path(hold, "$.now")),
+                done,
+            )
+            .when(
+                C.number_greater_than("$.described.group.ScalingConfig.DesiredSize", 0),
+                running.next(
+                    sfn.Choice(scope, f"{id_}IsHeld")
+                    .when(C.number_greater_than("$.running.count", others), done)
+                    .otherwise(down)
+                ),
+            )
+            .otherwise(done)
+        )
+        down.next(done)
+        return describe
+
+
+class EksNodeReconciler(Construct):
+    """Brings the node groups to 0 while no execution of `pipeline` runs: every RECONCILE_EVERY, and at once when
+    an execution ends (best effort: the schedule is the guarantee)."""
 
     def __init__(
         self,
         scope: Construct,
         id_: str,
         *,
-        cluster: eks.ICluster,
-        nodegroup: eks.Nodegroup,
-        max_nodes: int,
+        scaling: EksNodeScaling,
         pipeline: sfn.IStateMachine,
         log_retention: logs.RetentionDays,
     ) -> None:
         super().__init__(scope, id_)
-        self._cluster, self._nodegroup, self._max_nodes = cluster, nodegroup, max_nodes
-        run_nodes = "$.input.nodes"
-        read_input = sfn.Pass(
-            self,
-            "ReadExecutionInput",
-            parameters={"status.$": "$.detail.status", "input.$": "States.StringToJson($.detail.input)"},
-        )
-        started = sfn.Condition.string_equals("$.status", "RUNNING")
-        choice = (
-            sfn.Choice(self, "StartedOrEnded")
-            .when(
-                sfn.Condition.and_(started, sfn.Condition.is_present(run_nodes), sfn.Condition.is_numeric(run_nodes)),
-                self._scale("ScaleToRunNodes", sfn.JsonPath.number_at(run_nodes)),
-            )
-            .when(started, self._scale("ScaleToMaxNodes", max_nodes))
-            .otherwise(self._scale("ScaleToZero", 0))
+        release, _ = scaling.release(
+            self, "ReleaseNodes", machine=pipeline.state_machine_arn, machine_arn=pipeline.state_machine_arn, others=0
         )
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
-            definition_body=sfn.DefinitionBody.from_chainable(read_input.next(choice)),
-            comment="Sizes the EKS accelerator node group for the training pipeline's running execution",
+            definition_body=sfn.DefinitionBody.from_chainable(release),
+            comment="Sets the EKS node groups to 0 while no training pipeline execution runs",
             timeout=cdk.Duration.hours(1),
             tracing_enabled=True,
             logs=sfn.LogOptions(
@@ -66,19 +286,28 @@ class EksNodeScaling(Construct):
                 level=sfn.LogLevel.ALL,
             ),
         )
+        acknowledge_log_group_encryption(self.node.find_child("Logs"))
+        target = targets.SfnStateMachine(self.state_machine)
         events.Rule(
             self,
-            "OnPipelineExecutionStatus",
-            description="Training pipeline execution started or ended: size the accelerator node group",
+            "Every5Minutes",
+            description="Node groups to 0 while no training pipeline execution runs",
+            schedule=events.Schedule.rate(RECONCILE_EVERY),
+            targets=[target],
+        )
+        events.Rule(
+            self,
+            "OnPipelineExecutionEnded",
+            description="A training pipeline execution ended: node groups to 0 unless another runs",
             event_pattern=events.EventPattern(
                 source=["aws.states"],
                 detail_type=["Step Functions Execution Status Change"],
                 detail={
                     "stateMachineArn": [pipeline.state_machine_arn],
-                    "status": ["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"],
+                    "status": ["SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"],
                 },
             ),
-            targets=[targets.SfnStateMachine(self.state_machine)],
+            targets=[target],
         )
         acknowledge(
             self.state_machine.role,
@@ -86,24 +315,4 @@ class EksNodeScaling(Construct):
             "X-Ray (PutTraceSegments, PutTelemetryRecords, GetSampling*) and CloudWatch Logs delivery "
             "(logs:CreateLogDelivery ...) allow no resource-level permissions",
         )
-
-    def _scale(self, id_: str, desired: float) -> tasks.CallAwsService:
-        task = tasks.CallAwsService(
-            self,
-            id_,
-            service="eks",
-            action="updateNodegroupConfig",
-            parameters={
-                "ClusterName": self._cluster.cluster_name,
-                "NodegroupName": self._nodegroup.nodegroup_name,
-                "ScalingConfig": {"MinSize": 0, "MaxSize": self._max_nodes, "DesiredSize": desired},
-            },
-            iam_resources=[self._nodegroup.nodegroup_arn],
-            result_path=sfn.JsonPath.DISCARD,
-            task_timeout=sfn.Timeout.duration(cdk.Duration.minutes(2)),
-        )
-        # One update at a time per node group: wait for the previous one (UpdateNodegroupConfig, ResourceInUse).
-        task.add_retry(
-            errors=["Eks.ResourceInUseException"], interval=cdk.Duration.seconds(30), max_attempts=20, backoff_rate=1
-        )
-        return task
+        acknowledge_list_executions(self.state_machine.role)

@@ -87,6 +87,8 @@ class SageMakerJobRunner:
     # pipeline's Retry makes the next (a fresh job that resumes from the run's checkpoints).
     restarts_lost_hosts = False
     sanity_in_training = True
+    # Each job brings up its own hosts: SageMaker starts and stops the instances of every training job.
+    node_scaling = None
 
     def __init__(
         self,
@@ -216,7 +218,8 @@ class SageMakerJobRunner:
     @property
     def checkpoints_on_fsx(self) -> bool:
         """Neuron jobs keep checkpoints in the shared FSx folder /fsx/checkpoints/<run_id>, as on Batch and EKS:
-        node-local folders need an object collective for their manifest (training_image/checkpoint.py), which the
+        node-local folders need an object collective for their manifest
+        (training_image/efa_training/checkpointing/store.py), which the
         XLA backend lacks; the configuration requires sagemaker_data_source=fsx for Neuron types."""
         return self.instance.accelerator is Accelerator.NEURON
 
