@@ -1,0 +1,182 @@
+"""Your own code under the platform (efa_training/runtime/user_workload.py): the declaration the image reads is the
+one synth checked, the environment each launch mode gives, the metrics read from log lines, and the validation gate.
+One real run: the platform's torchrun starts a plain script (no torch import) on 2 processes with `--no-python`."""
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from contracts.workload import LAUNCHES as DECLARED_LAUNCHES
+from contracts.workload import parse_workload
+from efa_training.runtime.errors import UsageError
+from efa_training.runtime.launch import rendezvous
+from efa_training.runtime.metrics import parse_emf_lines
+from efa_training.runtime.user_workload import (
+    LAUNCHES,
+    LogMetrics,
+    UserWorkload,
+    contract_environment,
+    gate,
+    node_environment,
+    train_command,
+)
+from tests.training import training_helpers as th
+
+DECLARATION = {
+    "image": {"uri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/my-llm:v1"},
+    "train": ["python", "train.py", "--fast"],
+    "validate": ["python", "evaluate.py"],
+    "metric": {"name": "eval_loss", "direction": "lower"},
+    "metrics": {"loss": r"loss=([-0-9.eE+naif]+)", "tokens_per_s": r"tok/s=([0-9.]+)"},
+}
+
+
+def _workload(launch: str = "torchrun", direction: str = "lower") -> UserWorkload:
+    declared = parse_workload(
+        "my-llm", {**DECLARATION, "launch": launch, "metric": {"name": "eval_loss", "direction": direction}}, Path(".")
+    )
+    return UserWorkload.from_json(json.dumps(declared.as_json()))
+
+
+def _plan(
+    nodes: int = 2, rank: int = 1, nproc: int = 2, port: int = 29500, master: str = "10.0.0.5"
+) -> rendezvous.LaunchPlan:
+    env = {
+        "ACCELERATORS_PER_NODE": str(nproc),
+        "MASTER_ADDR": master,
+        "MASTER_PORT": str(port),
+        "PET_NNODES": str(nodes),
+        "PET_NODE_RANK": str(rank),
+        "RUN_ID": "byoc",
+        "MAX_RESTARTS": "0",
+    }
+    return rendezvous.plan_launch("train", env, own_address="127.0.0.1")
+
+
+# The image reads what synth checked: the declaration's JSON round-trips, and both sides know the same launch modes.
+def test_the_image_reads_the_declaration_synth_checked():
+    workload = _workload()
+    assert LAUNCHES == DECLARED_LAUNCHES
+    assert (workload.train, workload.metric, workload.direction) == (
+        ("python", "train.py", "--fast"),
+        "eval_loss",
+        "lower",
+    )
+    with pytest.raises(UsageError, match="WORKLOAD"):
+        UserWorkload.from_json('{"name": "x"}')
+
+
+# Every mode gets the run id, the hyperparameters as a JSON file, and the checkpoint, data and model folders.
+def test_the_contract_environment_names_the_runs_files_and_folders(tmp_path):
+    env = contract_environment(
+        run_id="run-1",
+        hyperparameters={"lr": 0.001, "max_steps": 10},
+        run_dir=tmp_path / "run",
+        checkpoint_dir=tmp_path / "ckpt",
+        data_dir=tmp_path / "data",
+    )
+    assert json.loads(Path(env["HYPERPARAMETERS_FILE"]).read_text()) == {"lr": 0.001, "max_steps": 10}
+    assert env["RUN_ID"] == "run-1" and Path(env["CHECKPOINT_DIR"]).is_dir() and Path(env["MODEL_DIR"]).is_dir()
+
+
+# torchrun gives each worker its ranks; a per-node launcher gets the node's place and the address; one process per
+# node is rank = node rank.
+def test_each_launch_mode_gets_the_ranks_it_needs():
+    plan = _plan(nodes=2, rank=1, nproc=8)
+    assert node_environment(_workload("torchrun"), plan) == {}
+    per_node = node_environment(_workload("per-node"), plan)
+    assert per_node == {
+        "MASTER_ADDR": "10.0.0.5",
+        "MASTER_PORT": "29500",
+        "NODE_RANK": "1",
+        "NNODES": "2",
+        "NPROC_PER_NODE": "8",
+    }
+    one = node_environment(_workload("one-process"), plan)
+    assert (one["RANK"], one["WORLD_SIZE"], one["LOCAL_RANK"]) == ("1", "2", "0")
+
+
+# torchrun runs the declared command itself (`--no-python`) with the platform's rendezvous (is_host by node rank).
+def test_torchrun_runs_the_declared_command_with_the_platforms_rendezvous():
+    plan = _plan()
+    command = train_command(_workload(), plan)
+    assert command[-4:] == ["--no-python", "python", "train.py", "--fast"]
+    assert command[command.index("--rdzv-conf") + 1].startswith("is_host=false")
+    assert train_command(_workload("per-node"), plan) == ["python", "train.py", "--fast"]
+
+
+# A matched log line becomes an EMF line with the environment and run id; a NaN is left out, never sent.
+def test_log_lines_become_metrics():
+    lines: list[str] = []
+    metrics = LogMetrics(_workload(), "run-1", "dev", emit=lines.append)
+    assert metrics.feed("step 10 loss=2.5 tok/s=1234.5") == {"loss": 2.5, "tokens_per_s": 1234.5}
+    assert metrics.feed("step 11 loss=nan") == {} and metrics.feed("nothing here") == {}
+    (record,) = parse_emf_lines(lines)
+    assert (record["Environment"], record["RunId"], record["loss"]) == ("dev", "run-1", 2.5)
+    assert record["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["Environment", "RunId"]]
+
+
+def _written(tmp_path: Path, value) -> Path:
+    (tmp_path / "metrics.json").write_text(
+        json.dumps({"eval_loss": value}) if value != "raw-nan" else '{"eval_loss": NaN}'
+    )
+    return tmp_path
+
+
+# The gate compares in the declared direction within the relative tolerance.
+@pytest.mark.parametrize(
+    ("direction", "value", "passed"),
+    [("lower", 3.2032, True), ("lower", 3.21, False), ("higher", 3.1968, True), ("higher", 3.19, False)],
+)
+def test_the_gate_compares_in_the_declared_direction(tmp_path, direction, value, passed):
+    verdict = gate(_workload(direction=direction), _written(tmp_path, value), baseline=3.2, tolerance=0.001)
+    assert verdict["passed"] is passed and verdict["direction"] == direction
+
+
+# A metric that is missing, NaN or not a number never passes; a missing file is one line naming it.
+@pytest.mark.parametrize("value", [None, "raw-nan", "3.1", True])
+def test_a_missing_or_non_finite_metric_never_passes(tmp_path, value):
+    verdict = gate(_workload(), _written(tmp_path, value), baseline=3.2, tolerance=0.5)
+    assert verdict["passed"] is False and "eval_loss" in verdict["reason"]
+
+
+def test_no_metrics_file_is_a_usage_error_naming_it(tmp_path):
+    with pytest.raises(UsageError, match=r"metrics\.json.*wrote no metrics file"):
+        gate(_workload(), tmp_path, baseline=3.2, tolerance=0.001)
+
+
+# With no baseline the run's own value becomes it (an environment's first run).
+def test_without_a_baseline_the_value_becomes_it(tmp_path):
+    verdict = gate(_workload(), _written(tmp_path, 2.75), baseline=None, tolerance=0.001)
+    assert verdict["passed"] and math.isclose(verdict["baseline"], 2.75)
+
+
+USER_SCRIPT = """
+import json, os, sys
+hyper = json.load(open(os.environ["HYPERPARAMETERS_FILE"]))
+print(f"rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']} run={os.environ['RUN_ID']} lr={hyper['lr']} "
+      f"ckpt={os.path.isdir(os.environ['CHECKPOINT_DIR'])} loss=1.5", flush=True)
+"""
+
+
+# For real: the platform's torchrun starts a plain script (not Python code of ours) on 2 processes with the contract's
+# environment; each worker sees its rank, the world size, the run id and the hyperparameters file.
+def test_the_platforms_torchrun_runs_a_plain_script_with_the_contract(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(USER_SCRIPT)
+    declared = parse_workload("plain", {**DECLARATION, "train": [th.PYTHON, str(script)]}, Path("."))
+    workload = UserWorkload.from_json(json.dumps(declared.as_json()))
+    plan = _plan(nodes=1, rank=0, nproc=2, port=th.free_port(), master="127.0.0.1")
+    env = contract_environment(
+        run_id="run-1", hyperparameters={"lr": 0.001}, run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "c",
+        data_dir=tmp_path,
+    )  # fmt: skip
+    done = subprocess.run(
+        train_command(workload, plan), env={**th.env(), **env}, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = sorted(line.split(" loss=")[0] for line in done.stdout.splitlines() if line.startswith("rank="))
+    assert seen == [f"rank={r} world=2 run=run-1 lr=0.001 ckpt=True" for r in (0, 1)]

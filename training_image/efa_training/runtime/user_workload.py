@@ -1,0 +1,166 @@
+"""Your own training code under the platform (docs/workloads.md): what it is given, how each launch mode starts it,
+the metrics read from its log lines, and the validation gate over the metrics file it writes.
+
+The declaration arrives as JSON in the WORKLOAD environment variable (contracts/workload.py `Workload.as_json`,
+checked at synth; read again here, since the image cannot import the CDK side). Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from efa_training.runtime.errors import UsageError
+from efa_training.runtime.launch.rendezvous import LaunchPlan
+from efa_training.runtime.metrics import NAMESPACE
+
+WORKLOAD_VARIABLE = "WORKLOAD"
+LAUNCHES = ("torchrun", "per-node", "one-process")  # contracts/workload.py LAUNCHES (a test holds them equal)
+METRICS_FILE = "metrics.json"  # what the validate command writes in MODEL_DIR
+HYPERPARAMETERS_FILE = "hyperparameters.json"
+
+
+@dataclass(frozen=True)
+class UserWorkload:
+    name: str
+    launch: str
+    train: tuple[str, ...]
+    validate: tuple[str, ...]
+    metric: str
+    direction: str  # "lower" or "higher": which way the metric is better
+    metrics: Mapping[str, re.Pattern]
+
+    @classmethod
+    def from_json(cls, text: str) -> UserWorkload:
+        try:
+            raw = json.loads(text)
+            workload = cls(
+                name=str(raw["name"]),
+                launch=raw["launch"],
+                train=tuple(raw["train"]),
+                validate=tuple(raw["validate"]),
+                metric=raw["metric"]["name"],
+                direction=raw["metric"]["direction"],
+                metrics={name: re.compile(regex) for name, regex in raw.get("metrics", {}).items()},
+            )
+        except (ValueError, KeyError, TypeError, re.error) as error:
+            raise UsageError(WORKLOAD_VARIABLE, text[:60], f"not a workload declaration ({error})") from None
+        if workload.launch not in LAUNCHES or workload.direction not in ("lower", "higher"):
+            raise UsageError(WORKLOAD_VARIABLE, text[:60], "launch or metric direction unknown", ", ".join(LAUNCHES))
+        return workload
+
+
+def contract_environment(
+    *, run_id: str, hyperparameters: Mapping, run_dir: Path, checkpoint_dir: Path, data_dir: Path
+) -> dict[str, str]:
+    """The variables every launch mode gives the code; writes the hyperparameters file into `run_dir`."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "model").mkdir(exist_ok=True)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    hyperparameters_file = run_dir / HYPERPARAMETERS_FILE
+    hyperparameters_file.write_text(json.dumps(dict(hyperparameters), sort_keys=True))
+    return {
+        "RUN_ID": run_id,
+        "HYPERPARAMETERS_FILE": str(hyperparameters_file),
+        "CHECKPOINT_DIR": str(checkpoint_dir),
+        "DATA_DIR": str(data_dir),
+        "MODEL_DIR": str(run_dir / "model"),
+    }
+
+
+def node_environment(workload: UserWorkload, plan: LaunchPlan) -> dict[str, str]:
+    """What a launcher other than the platform's torchrun needs: the node's place and the rendezvous address."""
+    if workload.launch == "torchrun":
+        return {}  # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT for each worker
+    host, _, port = plan.rdzv_endpoint.rpartition(":")
+    nodes = plan.nnodes.split(":")[-1]
+    env = {"MASTER_ADDR": host, "MASTER_PORT": port, "NODE_RANK": str(plan.node_rank), "NNODES": nodes}
+    if workload.launch == "one-process":
+        env |= {"RANK": str(plan.node_rank), "WORLD_SIZE": nodes, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    else:
+        env["NPROC_PER_NODE"] = str(plan.nproc_per_node)
+    return env
+
+
+def train_command(workload: UserWorkload, plan: LaunchPlan) -> list[str]:
+    """torchrun: the platform's torchrun (its rendezvous) runs the declared command as is (`--no-python`); the
+    other modes run the command once on this node."""
+    if workload.launch != "torchrun":
+        return list(workload.train)
+    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(), "--no-python", *workload.train]
+
+
+class LogMetrics:
+    """Each log line the declared regexes match becomes one EMF line (namespace EfaTraining, dimensions Environment
+    and RunId, as the built-in workloads' metrics): the same CloudWatch metrics from any code that prints them."""
+
+    def __init__(
+        self, workload: UserWorkload, run_id: str, environment: str = "", emit: Callable[[str], None] = print
+    ) -> None:
+        self.patterns, self.run_id, self.environment, self.emit = workload.metrics, run_id, environment, emit
+
+    def feed(self, line: str) -> dict[str, float]:
+        values = {}
+        for name, pattern in self.patterns.items():
+            found = pattern.search(line)
+            if found:
+                try:
+                    value = float(found.group(1))
+                except ValueError:
+                    continue
+                if math.isfinite(value):  # NaN/Infinity are not JSON: CloudWatch would drop the whole line
+                    values[name] = value
+        if values:
+            self.emit(json.dumps(self._record(values)))
+        return values
+
+    def _record(self, values: dict[str, float]) -> dict:
+        dimensions = ["Environment", "RunId"] if self.environment else ["RunId"]
+        metadata = {
+            "Timestamp": int(time.time() * 1000),
+            "CloudWatchMetrics": [
+                {"Namespace": NAMESPACE, "Dimensions": [dimensions], "Metrics": [{"Name": n} for n in values]}
+            ],
+        }
+        scope = {"Environment": self.environment} if self.environment else {}
+        return {"_aws": metadata, **scope, "RunId": self.run_id, **values}
+
+
+def gate(workload: UserWorkload, model_dir: Path, baseline: float | None, tolerance: float) -> dict:
+    """The verdict on the metric the validate command wrote: within `tolerance` (relative) of the baseline in the
+    declared direction. A missing file is a usage error naming it; a missing, NaN or infinite metric never passes.
+    With no baseline, the run's own value becomes it (the pipeline's first run of an environment)."""
+    path = model_dir / METRICS_FILE
+    if not path.is_file():
+        raise UsageError(str(path), "missing", f"the validate command of '{workload.name}' wrote no metrics file")
+    try:
+        written = json.loads(path.read_text())
+    except ValueError:
+        written = None
+    value = written.get(workload.metric) if isinstance(written, dict) else None
+    usable = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not usable:
+        return {"metric": workload.metric, "value": None, "baseline": baseline, "tolerance": tolerance,
+                "passed": False, "reason": f"{path} has no finite {workload.metric!r}"}  # fmt: skip
+    measured = float(value)  # type: ignore[arg-type]  # a finite int or float: `usable`
+    if baseline is None:
+        baseline = measured
+    allowed = abs(baseline) * tolerance
+    passed = measured <= baseline + allowed if workload.direction == "lower" else measured >= baseline - allowed
+    relative = (measured - baseline) / abs(baseline) if baseline else 0.0
+    return {
+        "metric": workload.metric,
+        "direction": workload.direction,
+        "value": measured,
+        "baseline": baseline,
+        "delta": measured - baseline,
+        "relative_delta": relative,
+        "tolerance": tolerance,
+        "passed": bool(passed),
+    }
