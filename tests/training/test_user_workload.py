@@ -1,6 +1,7 @@
 """Your own code under the platform (efa_training/runtime/user_workload.py): the declaration the image reads is the
 one synth checked, the environment each launch mode gives, the metrics read from log lines, and the validation gate.
-One real run: the platform's torchrun starts a plain script (no torch import) on 2 processes with `--no-python`."""
+One real run: the platform's torchrun starts a plain script (no torch import) on 2 processes; its exit code 2 (bad
+input: not retried) comes back through the relay as 2, not torchrun's 1."""
 
 import json
 import math
@@ -99,11 +100,12 @@ def test_each_launch_mode_gets_the_ranks_it_needs():
     assert (one["RANK"], one["WORLD_SIZE"], one["LOCAL_RANK"]) == ("1", "2", "0")
 
 
-# torchrun runs the declared command itself (`--no-python`) with the platform's rendezvous (is_host by node rank).
+# torchrun runs the declared command in every worker behind the exit relay, with the platform's rendezvous (is_host by
+# node rank).
 def test_torchrun_runs_the_declared_command_with_the_platforms_rendezvous():
     plan = _plan()
     command = train_command(_workload(), plan)
-    assert command[-4:] == ["--no-python", "python", "train.py", "--fast"]
+    assert command[-6:] == ["-m", "efa_training.runtime.exit_relay", "--command", "python", "train.py", "--fast"]
     assert command[command.index("--rdzv-conf") + 1].startswith("is_host=false")
     assert train_command(_workload("per-node"), plan) == ["python", "train.py", "--fast"]
 
@@ -159,24 +161,42 @@ import json, os, sys
 hyper = json.load(open(os.environ["HYPERPARAMETERS_FILE"]))
 print(f"rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']} run={os.environ['RUN_ID']} lr={hyper['lr']} "
       f"ckpt={os.path.isdir(os.environ['CHECKPOINT_DIR'])} loss=1.5", flush=True)
+sys.exit(2 if hyper.get("refuse") else 0)
 """
 
 
-# For real: the platform's torchrun starts a plain script (not Python code of ours) on 2 processes with the contract's
-# environment; each worker sees its rank, the world size, the run id and the hyperparameters file.
-def test_the_platforms_torchrun_runs_a_plain_script_with_the_contract(tmp_path):
+def _run_plain(tmp_path: Path, hyperparameters: dict) -> subprocess.CompletedProcess:
+    """`launch.py train` as the job runs it, with the declaration in WORKLOAD: 2 processes on this node."""
     script = tmp_path / "train.py"
     script.write_text(USER_SCRIPT)
     declared = parse_workload("plain", {**DECLARATION, "train": [th.PYTHON, str(script)]}, Path("."))
-    workload = UserWorkload.from_json(json.dumps(declared.as_json()))
-    plan = _plan(nodes=1, rank=0, nproc=2, port=th.free_port(), master="127.0.0.1")
-    env = contract_environment(
-        run_id="run-1", hyperparameters={"lr": 0.001}, run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "c",
-        data_dir=tmp_path,
-    )  # fmt: skip
-    done = subprocess.run(
-        train_command(workload, plan), env={**th.env(), **env}, capture_output=True, text=True, timeout=120
+    folders = ["--data", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c"), "--run-dir", str(tmp_path / "run")]
+    return subprocess.run(
+        [th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train", "--run-id", "run-1", *folders]
+        + ["--hyperparameters", json.dumps(hyperparameters)],
+        env=th.env(
+            WORKLOAD=json.dumps(declared.as_json()),
+            ACCELERATORS_PER_NODE="2",
+            MASTER_PORT=str(th.free_port()),
+            MAX_RESTARTS="0",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
+
+
+# For real, through launch.py: the platform's torchrun starts a plain script (not Python code of ours) on 2 processes
+# with the contract's environment; each worker sees its rank, the world size, the run id and the hyperparameters file.
+def test_the_platforms_torchrun_runs_a_plain_script_with_the_contract(tmp_path):
+    done = _run_plain(tmp_path, {"lr": 0.001})
     assert done.returncode == 0, done.stderr[-2000:]
     seen = sorted(line.split(" loss=")[0] for line in done.stdout.splitlines() if line.startswith("rank="))
     assert seen == [f"rank={r} world=2 run=run-1 lr=0.001 ckpt=True" for r in (0, 1)]
+
+
+# A script that exits 2 (its input is wrong) ends the job with 2, which the pipeline does not retry; torchrun alone
+# would have said 1, an attempt failure.
+def test_a_scripts_own_refusal_reaches_the_job_as_its_code(tmp_path):
+    done = _run_plain(tmp_path, {"lr": 0.001, "refuse": True})
+    assert done.returncode == 2, done.stderr[-2000:]

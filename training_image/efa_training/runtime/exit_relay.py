@@ -3,7 +3,8 @@
     python -m efa_training.runtime.exit_relay efa_training.train --data ...    (the launcher puts it in front)
 
 The entry point is a module of the image (run as `python -m` runs it); a path ending in .py is run as a script
-(a test's wrapper of train.py).
+(a test's wrapper of train.py); `--command ARGV...` runs any program as a child (a declared workload's command,
+runtime/user_workload.py), passing SIGTERM on, and relays its code the same way.
 
 torchrun reports any failed worker group as exit code 1 (its ChildFailedError), which hides the scripts'
 own codes (errors.py: 2 usage, 4 diverged, 5 folder locked, which the pipeline does not retry; sanity_check.py:
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +32,19 @@ from efa_training.runtime.errors import EXIT_DIVERGED, EXIT_FOLDER_LOCKED, EXIT_
 
 EXIT_CODE_DIR = "LAUNCH_EXIT_CODE_DIR"
 FINAL = {EXIT_USAGE, EXIT_DIVERGED, EXIT_FOLDER_LOCKED}  # a restart would end the same way
+COMMAND = "--command"
+
+
+def _run_child(argv: list[str]) -> int:
+    """A program of the user's, with SIGTERM/SIGINT passed on (it saves and exits within the grace period); its
+    exit code, 128+N when a signal killed it."""
+    if not argv:
+        return EXIT_USAGE
+    child = subprocess.Popen(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    code = child.wait()
+    return code if code >= 0 else 128 - code
 
 
 def _attempt() -> tuple[int, str]:
@@ -81,6 +97,10 @@ def main() -> None:
         record(final)
         sys.exit(final)
     target = sys.argv[1]
+    if target == COMMAND:
+        code = _run_child(sys.argv[2:])
+        record(code)
+        sys.exit(code)
     sys.argv = sys.argv[1:]
     code = 1  # an exception escaping the script
     os.environ[RELAYED] = "1"  # the script raises its code for us (errors.exit_process)

@@ -89,11 +89,13 @@ def node_environment(workload: UserWorkload, plan: LaunchPlan) -> dict[str, str]
 
 
 def train_command(workload: UserWorkload, plan: LaunchPlan) -> list[str]:
-    """torchrun: the platform's torchrun (its rendezvous) runs the declared command as is (`--no-python`); the
-    other modes run the command once on this node."""
+    """torchrun: the platform's torchrun (its rendezvous) runs the declared command in every worker, behind the exit
+    relay (its own exit code, not torchrun's 1, decides whether the pipeline retries); the other modes run the
+    command once on this node."""
     if workload.launch != "torchrun":
         return list(workload.train)
-    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(), "--no-python", *workload.train]
+    relay = ["-m", "efa_training.runtime.exit_relay", "--command"]
+    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(), *relay, *workload.train]
 
 
 class LogMetrics:

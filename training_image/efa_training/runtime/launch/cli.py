@@ -34,6 +34,8 @@ Both:
   RDZV_TIMEOUT (seconds, default 1800) -> --rdzv-conf join_timeout and read_timeout: how long nodes may start apart
   node rank 0                          -> --rdzv-conf is_host=true (every other rank is_host=false)
   RUN_ID                               -> --rdzv-id when no Batch job id; RunId metric dimension
+WORKLOAD (a declared workload's JSON; train, outside SageMaker) -> the declared command instead of the GPT/ps trainer,
+                                          with the contract's environment (runtime/user_workload.py, docs/workloads.md)
 Set LAUNCH_DRY_RUN=1 to print the command as JSON instead of running it.
 Exit codes: torchrun turns every worker failure into 1, so each worker runs behind exit_relay.py, which
 records its own exit code, and launch.py ends with the code of torchrun's last restart (errors.py lists

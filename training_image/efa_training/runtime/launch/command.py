@@ -7,6 +7,7 @@ process; on Trainium, the compile job's neuron_parallel_compile around a short t
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -33,6 +34,13 @@ from efa_training.runtime.launch.sagemaker import (
     sagemaker_hosts,
 )
 from efa_training.runtime.run_paths import flag_value
+from efa_training.runtime.user_workload import (
+    WORKLOAD_VARIABLE,
+    UserWorkload,
+    contract_environment,
+    node_environment,
+    train_command,
+)
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,8 @@ def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> La
         env.setdefault("NEURON_COMPILE_CACHE_URL", str(neuron_compile.cache_root(env)))
     elif mode == "compile":
         raise UsageError("mode", mode, "only Trainium (ACCELERATOR_KIND=neuron) compiles ahead of time", "train")
+    if env.get(WORKLOAD_VARIABLE) and mode == "train" and not on_sagemaker(env):
+        return _prepare_workload(script_args, env)
     if not on_sagemaker(env):
         return _prepare_scheduler(mode, script_args, env)
     return _prepare_sagemaker(mode, script_args, env)
@@ -83,6 +93,40 @@ def _prepare_scheduler(mode: str, script_args: list[str], env: dict) -> Launch:
     if plan and parameter_servers(mode, script_args):
         env.update(workloads.supervisor_environment(plan))
     return ahead_of_time(mode, Launch(cmd, plan, env), script_args)
+
+
+def _prepare_workload(script_args: list[str], env: dict) -> Launch:
+    """A declared workload's training on this node (docs/workloads.md): the declared command under the platform's
+    torchrun (or its own launcher), with the contract's environment. Folders: the flags, else the FSx layout."""
+    workload = UserWorkload.from_json(env[WORKLOAD_VARIABLE])
+    run_id = flag_value(script_args, "--run-id") or env.get("RUN_ID")
+    if not run_id:
+        raise UsageError("--run-id", None, "a declared workload's run needs its id", "--run-id <run id>")
+    text = flag_value(script_args, "--hyperparameters") or "{}"
+    try:
+        hyperparameters = json.loads(text)
+    except ValueError:
+        hyperparameters = None
+    if not isinstance(hyperparameters, dict):
+        raise UsageError("--hyperparameters", text[:60], "not a JSON object", '{"lr": 0.001}')
+    fsx = Path(env.get("FSX_MOUNT", "/fsx"))
+    dataset = (flag_value(script_args, "--dataset") or "").strip("/").removeprefix("datasets/")
+
+    def folder(flag: str, default: Path) -> Path:
+        return Path(flag_value(script_args, flag) or default)
+
+    env.update(
+        contract_environment(
+            run_id=run_id,
+            hyperparameters=hyperparameters,
+            run_dir=folder("--run-dir", fsx / "runs" / run_id),
+            checkpoint_dir=folder("--checkpoint-dir", fsx / "checkpoints" / run_id),
+            data_dir=folder("--data", fsx / "datasets" / dataset),
+        )
+    )
+    plan = plan_launch("train", env, own_ipv4(env))
+    env.update(node_environment(workload, plan))
+    return Launch(train_command(workload, plan), plan, env)
 
 
 def _prepare_sagemaker(mode: str, script_args: list[str], env: dict) -> Launch:
