@@ -187,12 +187,16 @@ def _run_plain(tmp_path: Path, hyperparameters: dict) -> subprocess.CompletedPro
 
 
 # For real, through launch.py: the platform's torchrun starts a plain script (not Python code of ours) on 2 processes
-# with the contract's environment; each worker sees its rank, the world size, the run id and the hyperparameters file.
+# with the contract's environment; each worker sees its rank, the world size, the run id and the hyperparameters file,
+# and the loss it prints becomes a metric.
 def test_the_platforms_torchrun_runs_a_plain_script_with_the_contract(tmp_path):
     done = _run_plain(tmp_path, {"lr": 0.001})
     assert done.returncode == 0, done.stderr[-2000:]
     seen = sorted(line.split(" loss=")[0] for line in done.stdout.splitlines() if line.startswith("rank="))
     assert seen == [f"rank={r} world=2 run=run-1 lr=0.001 ckpt=True" for r in (0, 1)]
+    # The declared regex read the printed loss: one EMF line per matching line, with the run id.
+    records = parse_emf_lines(done.stdout.splitlines())
+    assert [(r["RunId"], r["loss"]) for r in records] == [("run-1", 1.5), ("run-1", 1.5)]
 
 
 # A script that exits 2 (its input is wrong) ends the job with 2, which the pipeline does not retry; torchrun alone

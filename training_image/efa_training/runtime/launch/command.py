@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from efa_training.runtime.launch.sagemaker import (
 from efa_training.runtime.run_paths import flag_value
 from efa_training.runtime.user_workload import (
     WORKLOAD_VARIABLE,
+    LogMetrics,
     UserWorkload,
     contract_environment,
     node_environment,
@@ -58,6 +59,8 @@ class Launch:
     run_shape: dict | None = None
     already_compiled: str | None = None
     scratch: Path | None = None  # the trial run's throwaway checkpoints
+    # a declared workload's log lines -> its metrics (runtime/user_workload.py LogMetrics), on the main node
+    on_line: Callable[[str], object] | None = None
 
 
 def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> Launch:
@@ -126,7 +129,13 @@ def _prepare_workload(script_args: list[str], env: dict) -> Launch:
     )
     plan = plan_launch("train", env, own_ipv4(env))
     env.update(node_environment(workload, plan))
-    return Launch(train_command(workload, plan), plan, env)
+    # Read on the main node only: one metric line per step however many nodes print it.
+    metrics = LogMetrics(workload, run_id, env.get("TRAINING_ENVIRONMENT", ""), emit=_print_flushed)
+    return Launch(train_command(workload, plan), plan, env, on_line=metrics.feed if plan.is_main_node else None)
+
+
+def _print_flushed(line: str) -> None:
+    print(line, flush=True)
 
 
 def _prepare_sagemaker(mode: str, script_args: list[str], env: dict) -> Launch:

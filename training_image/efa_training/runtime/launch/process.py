@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,10 +22,11 @@ if TYPE_CHECKING:
 _signals_received: list[int] = []
 
 
-def run_forwarding(cmd: list[str], env: dict) -> int:
+def run_forwarding(cmd: list[str], env: dict, on_line: Callable[[str], object] | None = None) -> int:
     """`cmd` as a child with the scheduler's stop signals passed on (StopTrainingJob sends SIGTERM and waits 120 s:
-    https://docs.aws.amazon.com/sagemaker/latest/dg/API_StopTrainingJob.html); its exit code, 128+N if killed."""
-    proc = subprocess.Popen(cmd, env=env)
+    https://docs.aws.amazon.com/sagemaker/latest/dg/API_StopTrainingJob.html); its exit code, 128+N if killed.
+    `on_line`: each line the child prints, after it is passed on to this process's stdout (a workload's metrics)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if on_line else None, text=bool(on_line))
 
     def forward(signum: int, frame: object) -> None:
         _signals_received.append(signum)
@@ -32,14 +34,19 @@ def run_forwarding(cmd: list[str], env: dict) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
+    if on_line is not None and proc.stdout is not None:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            on_line(line)
     code = proc.wait()
     return code if code >= 0 else 128 - code
 
 
-def run_torchrun(cmd: list[str], env: dict) -> int:
+def run_torchrun(cmd: list[str], env: dict, on_line: Callable[[str], object] | None = None) -> int:
     """torchrun as a child, with the scheduler's stop signals passed on, ending with the workers' own exit code."""
     with tempfile.TemporaryDirectory(prefix="launch-exit-codes-") as folder:
-        return relayed_exit_code(Path(folder), run_forwarding(cmd, {**env, EXIT_CODE_DIR: folder}))
+        return relayed_exit_code(Path(folder), run_forwarding(cmd, {**env, EXIT_CODE_DIR: folder}, on_line))
 
 
 def run_on_sagemaker(mode: str, launch: Launch) -> int:
