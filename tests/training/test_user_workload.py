@@ -204,3 +204,45 @@ def test_the_platforms_torchrun_runs_a_plain_script_with_the_contract(tmp_path):
 def test_a_scripts_own_refusal_reaches_the_job_as_its_code(tmp_path):
     done = _run_plain(tmp_path, {"lr": 0.001, "refuse": True})
     assert done.returncode == 2, done.stderr[-2000:]
+
+
+EVALUATE_SCRIPT = """
+import json, os, sys
+hyper = json.load(open(os.environ["HYPERPARAMETERS_FILE"]))
+if hyper.get("write", True):
+    with open(os.path.join(os.environ["MODEL_DIR"], "metrics.json"), "w") as f:
+        f.write('{"eval_loss": %s}' % hyper["eval_loss"])
+"""
+
+
+def _validate(tmp_path: Path, hyperparameters: dict, baseline: str = "3.2") -> subprocess.CompletedProcess:
+    """`launch.py validate` with a declared workload whose evaluate script writes what `hyperparameters` say."""
+    script = tmp_path / "evaluate.py"
+    script.write_text(EVALUATE_SCRIPT)
+    declared = parse_workload("plain", {**DECLARATION, "validate": [th.PYTHON, str(script)]}, Path("."))
+    folders = ["--data", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c"), "--run-dir", str(tmp_path / "run")]
+    return subprocess.run(
+        [th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "validate", "--run-id", "run-1", *folders]
+        + ["--hyperparameters", json.dumps(hyperparameters), "--baseline", baseline, "--tolerance", "0.001"]
+        + ["--verdict", str(tmp_path / "verdict.json")],
+        env=th.env(WORKLOAD=json.dumps(declared.as_json())),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+# launch.py validate runs the declared command, then the gate, and writes the verdict where the pipeline reads it.
+@pytest.mark.parametrize(("value", "passed"), [("3.2031", True), ("3.25", False), ("NaN", False)])
+def test_launch_validate_runs_the_command_and_the_gate(tmp_path, value, passed):
+    done = _validate(tmp_path, {"eval_loss": value})
+    assert done.returncode == 0, done.stderr[-2000:]
+    verdict = json.loads((tmp_path / "verdict.json").read_text())
+    assert verdict["passed"] is passed and verdict["metric"] == "eval_loss"
+
+
+# A validate command that writes no metrics file fails validation with one line naming the file it expected.
+def test_launch_validate_without_a_metrics_file_names_it(tmp_path):
+    done = _validate(tmp_path, {"write": False})
+    assert done.returncode == 2 and str(tmp_path / "run" / "model" / "metrics.json") in done.stderr
+    assert not (tmp_path / "verdict.json").exists()

@@ -19,6 +19,7 @@ from pathlib import Path
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.launch.rendezvous import LaunchPlan
 from efa_training.runtime.metrics import NAMESPACE
+from efa_training.runtime.run_paths import flag_value
 
 WORKLOAD_VARIABLE = "WORKLOAD"
 LAUNCHES = ("torchrun", "per-node", "one-process")  # contracts/workload.py LAUNCHES (a test holds them equal)
@@ -72,6 +73,36 @@ def contract_environment(
         "DATA_DIR": str(data_dir),
         "MODEL_DIR": str(run_dir / "model"),
     }
+
+
+def prepare_run(args: list[str], env: Mapping[str, str]) -> tuple[UserWorkload, str, dict[str, str]]:
+    """The declaration (WORKLOAD), the run id and the contract's environment from the job's flags: --run-id,
+    --hyperparameters (a JSON object), --data/--dataset, --checkpoint-dir, --run-dir (else the FSx layout)."""
+    workload = UserWorkload.from_json(env.get(WORKLOAD_VARIABLE, ""))
+    run_id = flag_value(args, "--run-id") or env.get("RUN_ID")
+    if not run_id:
+        raise UsageError("--run-id", None, "a declared workload's run needs its id", "--run-id <run id>")
+    text = flag_value(args, "--hyperparameters") or "{}"
+    try:
+        hyperparameters = json.loads(text)
+    except ValueError:
+        hyperparameters = None
+    if not isinstance(hyperparameters, dict):
+        raise UsageError("--hyperparameters", text[:60], "not a JSON object", '{"lr": 0.001}')
+    fsx = Path(env.get("FSX_MOUNT", "/fsx"))
+    dataset = (flag_value(args, "--dataset") or "").strip("/").removeprefix("datasets/")
+
+    def folder(flag: str, default: Path) -> Path:
+        return Path(flag_value(args, flag) or default)
+
+    contract = contract_environment(
+        run_id=run_id,
+        hyperparameters=hyperparameters,
+        run_dir=folder("--run-dir", fsx / "runs" / run_id),
+        checkpoint_dir=folder("--checkpoint-dir", fsx / "checkpoints" / run_id),
+        data_dir=folder("--data", fsx / "datasets" / dataset),
+    )
+    return workload, run_id, contract
 
 
 def node_environment(workload: UserWorkload, plan: LaunchPlan) -> dict[str, str]:

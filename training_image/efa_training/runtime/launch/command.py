@@ -7,7 +7,6 @@ process; on Trainium, the compile job's neuron_parallel_compile around a short t
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -37,11 +36,12 @@ from efa_training.runtime.run_paths import flag_value
 from efa_training.runtime.user_workload import (
     WORKLOAD_VARIABLE,
     LogMetrics,
-    UserWorkload,
-    contract_environment,
     node_environment,
+    prepare_run,
     train_command,
 )
+
+USER_VALIDATE = "efa_training.runtime.user_validate"  # a declared workload's validate command, then the gate
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,8 @@ def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> La
         raise UsageError("mode", mode, "only Trainium (ACCELERATOR_KIND=neuron) compiles ahead of time", "train")
     if env.get(WORKLOAD_VARIABLE) and mode == "train" and not on_sagemaker(env):
         return _prepare_workload(script_args, env)
+    if env.get(WORKLOAD_VARIABLE) and mode == "validate" and not on_sagemaker(env):
+        return Launch([sys.executable, "-m", USER_VALIDATE, *script_args], None, env)
     if not on_sagemaker(env):
         return _prepare_scheduler(mode, script_args, env)
     return _prepare_sagemaker(mode, script_args, env)
@@ -100,33 +102,9 @@ def _prepare_scheduler(mode: str, script_args: list[str], env: dict) -> Launch:
 
 def _prepare_workload(script_args: list[str], env: dict) -> Launch:
     """A declared workload's training on this node (docs/workloads.md): the declared command under the platform's
-    torchrun (or its own launcher), with the contract's environment. Folders: the flags, else the FSx layout."""
-    workload = UserWorkload.from_json(env[WORKLOAD_VARIABLE])
-    run_id = flag_value(script_args, "--run-id") or env.get("RUN_ID")
-    if not run_id:
-        raise UsageError("--run-id", None, "a declared workload's run needs its id", "--run-id <run id>")
-    text = flag_value(script_args, "--hyperparameters") or "{}"
-    try:
-        hyperparameters = json.loads(text)
-    except ValueError:
-        hyperparameters = None
-    if not isinstance(hyperparameters, dict):
-        raise UsageError("--hyperparameters", text[:60], "not a JSON object", '{"lr": 0.001}')
-    fsx = Path(env.get("FSX_MOUNT", "/fsx"))
-    dataset = (flag_value(script_args, "--dataset") or "").strip("/").removeprefix("datasets/")
-
-    def folder(flag: str, default: Path) -> Path:
-        return Path(flag_value(script_args, flag) or default)
-
-    env.update(
-        contract_environment(
-            run_id=run_id,
-            hyperparameters=hyperparameters,
-            run_dir=folder("--run-dir", fsx / "runs" / run_id),
-            checkpoint_dir=folder("--checkpoint-dir", fsx / "checkpoints" / run_id),
-            data_dir=folder("--data", fsx / "datasets" / dataset),
-        )
-    )
+    torchrun (or its own launcher), with the contract's environment and folders (user_workload.prepare_run)."""
+    workload, run_id, contract = prepare_run(script_args, env)
+    env.update(contract)
     plan = plan_launch("train", env, own_ipv4(env))
     env.update(node_environment(workload, plan))
     # Read on the main node only: one metric line per step however many nodes print it.
