@@ -1,0 +1,103 @@
+"""The example workloads in examples/ run through the contract on CPU with real processes: declared (the declaration
+synth checks), trained by the platform's launcher on 2 processes, stopped with SIGTERM and resumed from their own
+checkpoint, and validated through the gate. examples/torch_ddp: a plain PyTorch DDP script that imports nothing of
+the platform."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from contracts.workload import parse_workload
+from efa_training.runtime.metrics import parse_emf_lines
+from tests.training import training_helpers as th
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "torch_ddp"
+pytestmark = pytest.mark.xdist_group("example-workloads")
+
+
+def _declared() -> str:
+    declaration = json.loads((EXAMPLE / "workload.json").read_text())
+    return json.dumps(parse_workload("torch-ddp", declaration, ROOT).as_json())
+
+
+def _launch(tmp_path: Path, mode: str, *args: str) -> list[str]:
+    folders = ["--data", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c"), "--run-dir", str(tmp_path / "run")]
+    return [th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), mode, "--run-id", "demo", *folders, *args]
+
+
+def _env() -> dict:
+    """The job's environment; `python` in the declared commands is the test's (in the image: the image's)."""
+    path = f"{Path(th.PYTHON).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return th.env(
+        WORKLOAD=_declared(), ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port()), MAX_RESTARTS="0", PATH=path
+    )
+
+
+def _train(tmp_path: Path, hyperparameters: dict) -> subprocess.CompletedProcess:
+    command = _launch(tmp_path, "train", "--hyperparameters", json.dumps(hyperparameters))
+    return subprocess.run(command, cwd=EXAMPLE, env=_env(), capture_output=True, text=True, timeout=180)
+
+
+def _saved_step(tmp_path: Path) -> int:
+    return torch.load(tmp_path / "c" / "latest.pt")["step"]
+
+
+# Trained for real on 2 processes: its printed loss becomes metrics; a second attempt resumes from its checkpoint.
+def test_the_ddp_example_trains_and_resumes_from_its_own_checkpoint(tmp_path):
+    first = _train(tmp_path, {"max_steps": 60})
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert _saved_step(tmp_path) == 60
+    losses = [record["loss"] for record in parse_emf_lines(first.stdout.splitlines())]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    second = _train(tmp_path, {"max_steps": 80})
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from step=60" in second.stdout and _saved_step(tmp_path) == 80
+
+
+# A bad hyperparameter ends the job with the script's own 2 (not retried), through torchrun and the relay.
+def test_the_ddp_example_refuses_a_bad_hyperparameter_with_2(tmp_path):
+    done = _train(tmp_path, {"lr": 5})
+    assert done.returncode == 2, done.stderr[-3000:]
+
+
+# SIGTERM to the launcher (a scheduler stopping the job) reaches the script through torchrun and the relay: every
+# rank stops at the same step, rank 0 saves it, and the next attempt resumes there.
+def test_the_ddp_example_saves_on_sigterm_and_resumes_there(tmp_path):
+    command = _launch(tmp_path, "train", "--hyperparameters", json.dumps({"max_steps": 10_000_000}))
+    proc = subprocess.Popen(command, cwd=EXAMPLE, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        if line.startswith("step=") or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    stopped = [line for line in out.splitlines() if line.startswith("stopped at step=")]
+    assert stopped, (out[-2000:], err[-3000:])
+    step = int(stopped[0].split("=")[1].split(":")[0])
+    assert step >= 10 and _saved_step(tmp_path) == step
+    resumed = _train(tmp_path, {"max_steps": step + 10})
+    assert f"resumed from step={step}" in resumed.stdout and _saved_step(tmp_path) == step + 10
+
+
+# Validated through the gate: the example's eval_loss against a baseline, in the declared direction.
+def test_the_ddp_example_is_validated_through_the_gate(tmp_path):
+    assert _train(tmp_path, {"max_steps": 200}).returncode == 0
+
+    def validate(baseline: str) -> dict:
+        verdict = tmp_path / f"verdict-{baseline}.json"
+        command = _launch(tmp_path, "validate", "--baseline", baseline, "--verdict", str(verdict))
+        done = subprocess.run(command, cwd=EXAMPLE, env=_env(), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(verdict.read_text())
+
+    first = validate("none")  # an environment's first run: its own value is the baseline
+    assert first["passed"] and first["value"] < 0.1 and (tmp_path / "run" / "model" / "model.pt").is_file()
+    assert not validate(str(first["value"] / 2))["passed"]  # twice as good a baseline: rejected
