@@ -325,15 +325,6 @@ class EnvironmentConfig:
             or self.eks_capacity_type == "capacity_block",
             f"capacity_block with {self.instance_type} (EC2 sells it through Capacity Blocks for ML only)",
         )
-        # EKS validates on a node group of its own, one node of one accelerator without EFA (accelerator_nodegroup.py).
-        single = self.single_node_instance
-        _check(
-            self,
-            "batch_single_node_instance_type",
-            self.compute != "eks" or (single.accelerators == 1 and not single.has_efa),
-            "a single-accelerator catalogue type without EFA on EKS (the validation node group), or unset",
-            value=single.name,
-        )
         _check_list(
             self,
             "eks_public_access_cidrs",
@@ -398,6 +389,15 @@ class EnvironmentConfig:
             single is None or (single in CATALOGUE and CATALOGUE[single].accelerator is self.instance.accelerator),
             f"unset (then {self.instance.validation_instance_type}), or a catalogue instance type with "
             f"{self.instance.accelerator.value} accelerators (validation loads the training checkpoint on one)",
+        )
+        # EKS validates on a node group of its own, one node of one accelerator without EFA (accelerator_nodegroup.py).
+        single = self.single_node_instance
+        _check(
+            self,
+            "batch_single_node_instance_type",
+            self.compute != "eks" or (single.accelerators == 1 and not single.has_efa),
+            "a single-accelerator catalogue type without EFA on EKS (the validation node group), or unset",
+            value=single.name,
         )
 
     def _check_sagemaker(self) -> None:

@@ -68,6 +68,13 @@ BAD_INPUTS = [
     ({"tags": "Team=" + "x" * 257}, ["tags=", "a value of at most 256"]),
     ({"noncurrent_version_days": "0"}, ["noncurrent_version_days=0", "1 to 3650"]),
     ({"eks_kubeflow_trainer": "perhaps"}, ["eks_kubeflow_trainer='perhaps'", "true or false"]),
+    # EKS validates on a node group of one small node: an EFA type there would idle a whole training node.
+    (
+        {"compute": "eks", "batch_single_node_instance_type": "p4d.24xlarge"},
+        ["batch_single_node_instance_type='p4d.24xlarge'", "single-accelerator catalogue type without EFA on EKS"],
+    ),
+    ({"compute": "eks", "batch_single_node_instance_type": "0"}, ["batch_single_node_instance_type='0'", "unset"]),
+    ({"workloads": "[]"}, ["workloads='[]'", "a JSON object"]),
 ]
 
 

@@ -155,7 +155,8 @@ def test_efa_proof_fails_when_libfabric_offers_fewer_devices(tmp_path):
 
 
 STRAGGLER_MS = 20  # 4 KiB per 20 ms is 0.0002 GB/s; gloo on loopback moves 4 KiB in well under a millisecond
-GATE_GBPS = 0.001
+GATE_GBPS = 0.0005  # between the two: 2.5 x the straggler bound, and 4 KiB in 8 ms for a healthy pair (CI under load
+# measured 0.0008 for a healthy pair once, so 0.001 failed on load alone)
 
 
 @pytest.fixture(scope="module")
