@@ -391,13 +391,13 @@ class EnvironmentConfig:
             f"{self.instance.accelerator.value} accelerators (validation loads the training checkpoint on one)",
         )
         # EKS validates on a node group of its own, one node of one accelerator without EFA (accelerator_nodegroup.py).
-        single = self.single_node_instance
+        validation = self.single_node_instance
         _check(
             self,
             "batch_single_node_instance_type",
-            self.compute != "eks" or (single.accelerators == 1 and not single.has_efa),
+            self.compute != "eks" or (validation.accelerators == 1 and not validation.has_efa),
             "a single-accelerator catalogue type without EFA on EKS (the validation node group), or unset",
-            value=single.name,
+            value=validation.name,
         )
 
     def _check_sagemaker(self) -> None:
