@@ -62,7 +62,10 @@ def main() -> int:
         if rank == 0:
             print(f"stopped at step={step}: saved", flush=True)
     dist.destroy_process_group()
-    return 0
+    # End without interpreter finalization: gloo's threads can abort a finished process at exit ("terminate called
+    # without an active exception", pytorch/pytorch#179291); the checkpoint is complete before this.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def stopping(stop: list) -> bool:

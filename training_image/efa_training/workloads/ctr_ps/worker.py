@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -73,7 +74,11 @@ class Worker:
         for g in range(self.layout.servers):
             self.ask(g, {"op": "done"})
         seconds = time.perf_counter() - started
-        print(_summary_line(self.layout.index, step - first_step, self.cfg.micro_batch_size, seconds, loss), flush=True)
+        # One write per line: workers share the job's stdout, and print() under PYTHONUNBUFFERED writes the text and
+        # its newline separately, so two workers' lines could share one line of the log.
+        line = _summary_line(self.layout.index, step - first_step, self.cfg.micro_batch_size, seconds, loss)
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
         return 0
 
     def step(self, step: int, position: int) -> float:
