@@ -151,4 +151,7 @@ def test_validation_and_hand_runs_publish_nothing(tmp_path, mode, environment):
 # The Batch hosts run the exporter on their own python3, 3.9 on Amazon Linux 2023 (AL2023 user guide, "Python in
 # AL2023": /usr/bin/python3 "will remain as Python 3.9 for the life of AL2023").
 def test_the_exporter_is_python_3_9():
-    ast.parse(Path(str(host_metrics.__file__)).read_text(), feature_version=(3, 9))
+    tree = ast.parse(Path(str(host_metrics.__file__)).read_text(), feature_version=(3, 9))
+    assert isinstance(tree, ast.Module) and tree.body
+    with pytest.raises(SyntaxError):  # the check has teeth: 3.10 syntax is refused at 3.9
+        ast.parse("match x:\n    case 1:\n        pass\n", feature_version=(3, 9))
