@@ -169,7 +169,7 @@ class EnvironmentConfig:
         self._check_eks()
         self._check_alarms_and_jobs()
         self._check_sagemaker()
-        self.declared_workloads  # noqa: B018 - a mistake in a declaration is one line at synth
+        self._check_workloads()
         _check(
             self,
             "neuron_cc_flags",
@@ -431,6 +431,18 @@ class EnvironmentConfig:
             single.sagemaker_offered,
             f"a type SageMaker training offers for validation; ml.{single.name} is not one",
             value=single.name,
+        )
+
+    def _check_workloads(self) -> None:
+        """Each declaration (one line per mistake), then where declared workloads run today: on GPUs."""
+        declared = self.declared_workloads
+        _check(
+            self,
+            "workloads",
+            not declared or self.instance.accelerator is Accelerator.NVIDIA,
+            "no declared workload with a Trainium instance type: 0.3.0 runs your own training code on GPU "
+            "instances (docs/workloads.md, 'Where it runs')",
+            value=", ".join(w.name for w in declared),
         )
 
     @property

@@ -7,6 +7,7 @@ definitions and the state machine read the stage timeouts, so none of them can d
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from config.layout import DATASETS_PREFIX
@@ -64,6 +65,11 @@ MODEL_STRATEGY_RULE = (
     f"ps trains {', '.join(CTR_MODELS)}"
 )
 UNBOUNDED_STALENESS = -1  # train_config.py UNBOUNDED
+# The platform's own trainer (the GPT and click-through models above, chosen by hyperparameters.model): what a run
+# that names no `workload` trains. A declared workload (contracts/workload.py) is any other name.
+BUILT_IN_WORKLOAD = "built-in"
+# A declared workload's hyperparameter fields by its name (contracts.workload.Workload.hyperparameters).
+WorkloadSchemas = Mapping[str, tuple["Field", ...]]
 
 
 @dataclass(frozen=True)
@@ -106,9 +112,13 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
 
 
-def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
-    """Every field with its rule. `nodes` defaults to the environment's maximum; a backend whose multi-node jobs
-    have a fixed size (Batch) takes exactly that many (min_nodes == max_nodes)."""
+def fields(
+    max_nodes: int, min_nodes: int = 1, workloads: WorkloadSchemas | None = None, workload: str = BUILT_IN_WORKLOAD
+) -> tuple[Field, ...]:
+    """Every field with its rule, hyperparameters those of `workload` (one of `workloads`, or the built-in's).
+    `nodes` defaults to the environment's maximum; a backend whose multi-node jobs have a fixed size (Batch) takes
+    exactly that many (min_nodes == max_nodes)."""
+    workloads = workloads or {}
     nodes_rule = (
         f"exactly {max_nodes}: this backend's multi-node job definitions fix the node count"
         if min_nodes == max_nodes
@@ -134,6 +144,19 @@ def fields(max_nodes: int, min_nodes: int = 1) -> tuple[Field, ...]:
         Field("max_attempts", "integer", 2, 1, 10),
         Field("resume", "boolean", False, rule="true or false: true resumes an earlier run with this run_id"),
         Field("hyperparameters", "object", {}, rule="an object with only the hyperparameters listed"),
+        Field(
+            "workload",
+            "string",
+            BUILT_IN_WORKLOAD,
+            choices=(BUILT_IN_WORKLOAD, *workloads),
+            rule=f"{BUILT_IN_WORKLOAD!r} (the platform's trainer) or a workload this environment declares"
+            + (f" ({', '.join(workloads)})" if workloads else " (it declares none)"),
+        ),
+    ) + (workloads[workload] if workload in workloads else _built_in_hyperparameters())
+
+
+def _built_in_hyperparameters() -> tuple[Field, ...]:
+    return (
         # Defaults match training_image/efa_training/train_config.py's TrainConfig, so a run may omit any of them.
         Field("hyperparameters.model", "string", "tiny", choices=MODELS),
         Field("hyperparameters.max_steps", "integer", 1000, 1, 10_000_000),
@@ -172,11 +195,13 @@ def hyperparameters(all_fields: tuple[Field, ...]) -> tuple[Field, ...]:
     return tuple(f for f in all_fields if f.name.startswith("hyperparameters."))
 
 
-def defaults(max_nodes: int) -> dict[str, object]:
+def defaults(
+    max_nodes: int, workloads: WorkloadSchemas | None = None, workload: str = BUILT_IN_WORKLOAD
+) -> dict[str, object]:
     """The run's defaults, hyperparameters included (required fields left out)."""
-    table = fields(max_nodes)
+    table = fields(max_nodes, workloads=workloads, workload=workload)
     run = {f.name: f.default for f in top_level(table) if not f.required}
-    run["hyperparameters"] = {f.key: f.default for f in hyperparameters(table)}
+    run["hyperparameters"] = {f.key: f.default for f in hyperparameters(table) if not f.required}
     return run
 
 
@@ -219,6 +244,17 @@ JOB_PARAMETERS = {
     ),
     "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
 }
+# A declared workload's jobs (docs/workloads.md): its hyperparameters travel whole, as JSON text, and the image's
+# launcher gives them to the code as HYPERPARAMETERS_FILE; its sanity job is the platform's own.
+WORKLOAD_JOB_VALUES = {
+    **{name: JOB_VALUES[name] for name in ("run_id", "dataset", "baseline", "tolerance")},
+    "hyperparameters": "States.JsonToString($.run.hyperparameters)",
+}
+WORKLOAD_JOB_PARAMETERS = {
+    "sanity": JOB_PARAMETERS["sanity"],
+    "train": ("run_id", "dataset", "hyperparameters"),
+    "validate": ("run_id", "dataset", "hyperparameters", "baseline", "tolerance"),
+}
 # Trainium's compile job runs a few steps of the same training
 # (training_image/efa_training/runtime/launch/neuron_compile.py), so it takes the
 # train job's parameters; the image replaces the step count and moves checkpoints and metrics aside.
@@ -227,11 +263,20 @@ JOB_PARAMETERS["compile"] = JOB_PARAMETERS["train"]
 # ---- validation (the state machine checks the same, and stops at the first problem) ------------------
 
 
-def validate_run(run: object, max_nodes: int, min_nodes: int = 1) -> list[str]:
-    """Every problem with a run, one line each, naming the field, the value and what is allowed."""
+def validate_run(
+    run: object, max_nodes: int, min_nodes: int = 1, workloads: WorkloadSchemas | None = None
+) -> list[str]:
+    """Every problem with a run, one line each, naming the field, the value and what is allowed; its hyperparameters
+    are those of the workload it names (`workloads`: the environment's declared ones)."""
     if not isinstance(run, dict):
         return [f"the run must be a JSON object, not {_json_type(run)}"]
-    table = fields(max_nodes, min_nodes)
+    workloads = workloads or {}
+    workload = run.get("workload", BUILT_IN_WORKLOAD)
+    if workload != BUILT_IN_WORKLOAD and (not isinstance(workload, str) or workload not in workloads):
+        # Its hyperparameters cannot be judged: the workload that declares them is unknown.
+        return [check_value(next(f for f in fields(max_nodes, workloads=workloads) if f.name == "workload"), workload)
+                or ""]  # fmt: skip
+    table = fields(max_nodes, min_nodes, workloads, workload)
     known = {f.name for f in top_level(table)}
     problems = [f"unknown field {key!r}; expected only {', '.join(sorted(known))}" for key in run if key not in known]
     hyper = run.get("hyperparameters", {})
@@ -246,6 +291,13 @@ def validate_run(run: object, max_nodes: int, min_nodes: int = 1) -> list[str]:
         if f.kind != "object":
             problem = _field_problem(f, hyper if f.name.startswith("hyperparameters.") else run)
             problems += [problem] if problem else []
+    if workload != BUILT_IN_WORKLOAD:
+        if run.get("init_from"):
+            problems.append(
+                f"init_from={_show(run['init_from'])} is not valid for workload {workload!r}; expected empty: a "
+                "declared workload starts from its own code (the platform gives it no initial model yet)"
+            )
+        return problems
     strategy, model = hyper.get("strategy", "ddp"), hyper.get("model", "tiny")
     if strategy in MODELS_OF_STRATEGY and model in MODELS and model not in MODELS_OF_STRATEGY[strategy]:
         problems.append(

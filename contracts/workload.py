@@ -14,13 +14,14 @@ field, the value and what is allowed, at synth.
                              "hyperparameters": {"lr": {"type": "number", "default": 0.001, "minimum": 0}}}}
 """
 
+import json
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.run import REQUIRED, Field, check_value
+from contracts.run import BUILT_IN_WORKLOAD, REQUIRED, Field, WorkloadSchemas, check_value
 
 # Launch modes: the platform's torchrun on every node (its rendezvous; the command is the script and its
 # arguments); the workload's own per-node launcher (`accelerate launch`, `deepspeed`), run once per node with the
@@ -57,6 +58,11 @@ class Workload:
     metrics: Mapping[str, str]  # metric name -> regex with one group, matched on every log line
     hyperparameters: tuple[Field, ...]  # dotted names: hyperparameters.<name>
 
+    @property
+    def variable(self) -> str:
+        """The job's WORKLOAD environment variable: the declaration as compact JSON."""
+        return json.dumps(self.as_json(), separators=(",", ":"))
+
     def as_json(self) -> dict:
         """What the launcher in the image reads (the job's WORKLOAD environment variable, as JSON)."""
         return {
@@ -76,11 +82,17 @@ def parse_workloads(raw: object, root: Path) -> tuple[Workload, ...]:
     return tuple(parse_workload(name, declaration, root) for name, declaration in raw.items())
 
 
+def schemas(workloads: tuple[Workload, ...]) -> WorkloadSchemas:
+    """Each workload's hyperparameter fields by its name: what the run contract checks a run's against."""
+    return {w.name: w.hyperparameters for w in workloads}
+
+
 def parse_workload(name: object, raw: object, root: Path) -> Workload:
-    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name) or name == BUILT_IN_WORKLOAD:
         raise WorkloadError(
             f"workloads.{name}: the name is not valid; expected 1-24 lower-case letters, digits and '-', "
-            "starting with a letter and ending with a letter or digit"
+            f"starting with a letter and ending with a letter or digit, other than {BUILT_IN_WORKLOAD!r} (the "
+            "platform's own trainer)"
         )
     where = _Where(name)
     if not isinstance(raw, dict):

@@ -23,10 +23,11 @@ from constructs.compute.eks.cluster import EksTrainingCluster, as_icluster
 from constructs.compute.eks.job_runner import EksJobRunner
 from constructs.compute.eks.node_scaling import EksNodeReconciler, EksNodeScaling, SizedGroup
 from constructs.compute.eks.training_workspace import EksTrainingWorkspace
+from constructs.compute.shared.workload_images import WorkloadImages
 from constructs.observability.accelerator_metrics import accelerator_metrics
 from stacks.network_stack import NetworkStack
 from stacks.policies import data_removal_policy, log_retention
-from stacks.registry_stack import RegistryStack
+from stacks.registry_stack import RegistryStack, platform_image_tag
 from stacks.storage_stack import StorageStack
 
 
@@ -110,6 +111,13 @@ class EksStack(cdk.Stack):
             neuron_cc_flags=config.neuron_cc_flags,
         )
         # The pipeline (PipelineStack) runs its jobs through this.
+        # Each declared workload's image (its pods pull it with the nodes' ECR read-only policy).
+        images = WorkloadImages(
+            self,
+            "WorkloadImages",
+            workloads=config.declared_workloads,
+            platform_image=platform_image_tag(config.instance.accelerator),
+        )
         self.job_runner = EksJobRunner(
             cluster=as_icluster(self.cluster),
             instance=config.instance,
@@ -120,6 +128,7 @@ class EksStack(cdk.Stack):
             runs_uri=f"s3://{storage.bucket.bucket_name}/{RUNS_PREFIX}",
             site=self.workspace.site,
             train_attempt_hours=config.batch_train_timeout_hours,
+            workloads=images.for_runner(),
         )
         self.accelerator_metrics = accelerator_metrics(
             "eks", config.instance.accelerator, environment=config.name, cluster_name=self.cluster.cluster_name

@@ -13,6 +13,7 @@ from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.pipeline.training_pipeline import TrainingPipeline
 from contracts.run import phases
+from contracts.workload import schemas
 from stacks.alerts_stack import AlertsStack
 from stacks.policies import data_removal_policy, log_retention
 from stacks.storage_stack import StorageStack
@@ -58,6 +59,7 @@ class PipelineStack(cdk.Stack):
             compiles_ahead=compiles_ahead,
             # SageMaker jobs reading their dataset from S3 mount no file system, where other runs' checkpoints are.
             initial_models=not (config.compute == "sagemaker" and config.sagemaker_data_source == "s3"),
+            workloads=schemas(config.declared_workloads),
         )
         compute.attach_pipeline(self, pipeline.state_machine)
         for objects, why in BUCKET_OBJECTS:

@@ -7,6 +7,7 @@ configuration (AWS::ECR::RegistryScanningConfiguration): one per account and reg
 has (Amazon Inspector's enhanced scanning included), and two environments in one account would own it both.
 """
 
+import hashlib
 from pathlib import Path
 
 import aws_cdk as cdk
@@ -28,6 +29,22 @@ from stacks.policies import data_removal_policy, log_retention
 
 TRAINING_IMAGE_DIR = Path(__file__).resolve().parent.parent / "training_image"
 DOCKERFILES = {Accelerator.NVIDIA: "Dockerfile.gpu", Accelerator.NEURON: "Dockerfile.neuron"}
+IMAGE_EXCLUDE = ["**/__pycache__", "benchmarks/results", "*.md"]  # what platform_image_tag leaves out too
+RESULTS = ("benchmarks", "results")
+PLATFORM_LOCAL_IMAGE = "efa-training-platform"
+
+
+def platform_image_tag(accelerator: Accelerator) -> str:
+    """The local tag of the platform image built from this tree (`make deploy` builds it before `cdk deploy`): what a
+    declared workload's Dockerfile builds FROM. Named by its content, so a changed platform changes the build argument
+    and with it every workload image's asset hash: they are rebuilt on it."""
+    digest = hashlib.sha256(DOCKERFILES[accelerator].encode())
+    for path in sorted(TRAINING_IMAGE_DIR.rglob("*")):
+        relative = path.relative_to(TRAINING_IMAGE_DIR)
+        left_out = "__pycache__" in relative.parts or path.suffix == ".md" or relative.parts[:2] == RESULTS
+        if path.is_file() and not left_out:
+            digest.update(str(relative).encode() + b"\0" + path.read_bytes())
+    return f"{PLATFORM_LOCAL_IMAGE}:{accelerator.value}-{digest.hexdigest()[:16]}"
 
 
 class RegistryStack(cdk.Stack):
@@ -76,7 +93,7 @@ class RegistryStack(cdk.Stack):
                 directory=str(TRAINING_IMAGE_DIR),
                 file=DOCKERFILES[accelerator],
                 platform=ecr_assets.Platform.LINUX_AMD64,
-                exclude=["**/__pycache__", "benchmarks/results", "*.md"],
+                exclude=IMAGE_EXCLUDE,
             )
             self.container_image = ecs.ContainerImage.from_docker_image_asset(asset)
             self.image_uri = asset.image_uri

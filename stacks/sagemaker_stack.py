@@ -19,9 +19,10 @@ from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.compute.sagemaker.execution_role import TRAINING_LOG_GROUP, SageMakerExecutionRole
 from constructs.compute.sagemaker.job_runner import SageMakerJobRunner
+from constructs.compute.shared.workload_images import WorkloadImages
 from constructs.observability.accelerator_metrics import accelerator_metrics
 from stacks.network_stack import NetworkStack
-from stacks.registry_stack import RegistryStack
+from stacks.registry_stack import RegistryStack, platform_image_tag
 from stacks.storage_stack import StorageStack
 
 
@@ -45,6 +46,14 @@ class SageMakerStack(cdk.Stack):
             self, "Execution", data_access=storage.data_access, file_system=fsx
         ).role
         registry.image_repository.grant_pull(self.execution_role)
+        # Each declared workload's image, pulled by the jobs' role (docs/workloads.md).
+        images = WorkloadImages(
+            self,
+            "WorkloadImages",
+            workloads=config.declared_workloads,
+            platform_image=platform_image_tag(config.instance.accelerator),
+        )
+        images.grant_pull(self.execution_role)
         file_system = None
         if fsx:
             # The file system's revision rides along so that a replaced file system changes the pipeline's
@@ -68,6 +77,7 @@ class SageMakerStack(cdk.Stack):
             spot=config.sagemaker_spot,
             file_system=file_system,
             neuron_cc_flags=config.neuron_cc_flags,
+            workloads=images.for_runner(),
         )
         self.accelerator_metrics = accelerator_metrics(
             "sagemaker",

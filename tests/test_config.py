@@ -12,6 +12,7 @@ from config import CATALOGUE, ConfigError, efa_instance_types, load_config
 from config.environment import MAX_NODES
 from tests.synthesis import CDK_JSON_CONTEXT, ROOT, instance_variant
 
+_DDP = json.dumps({"torch-ddp": json.loads((ROOT / "examples/torch_ddp/workload.json").read_text())})
 BAD_INPUTS = [
     # (overrides, words the one-line message must contain)
     ({"env": "staging"}, ["env='staging'", "dev", "prod"]),
@@ -75,6 +76,9 @@ BAD_INPUTS = [
     ),
     ({"compute": "eks", "batch_single_node_instance_type": "0"}, ["batch_single_node_instance_type='0'", "unset"]),
     ({"workloads": "[]"}, ["workloads='[]'", "a JSON object"]),
+    # Declared workloads run on GPU instances in 0.3.0 (docs/workloads.md, "Where it runs").
+    ({"instance_type": "trn1.32xlarge", "workloads": _DDP}, ["workloads='torch-ddp'", "Trainium"]),
+    ({"workloads": '{"built-in": {}}'}, ["workloads.built-in: the name is not valid", "other than 'built-in'"]),
 ]
 
 

@@ -9,8 +9,9 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from config import Accelerator
 from tests import synthesis
-from tests.synthesis import CDK_JSON_CONTEXT
+from tests.synthesis import CDK_JSON_CONTEXT, ROOT
 from tools import deploy, deploy_plan, preflight
 
 
@@ -266,3 +267,24 @@ def test_an_identity_center_role_must_be_named_by_hand():
     arn = "arn:aws:sts::123456789012:assumed-role/AWSReservedSSO_Admin_0123456789abcdef/alice"
     with pytest.raises(deploy.DeployError, match="IAM Identity Center role"):
         deploy.admin_principal(arn)
+
+
+# A workload built from a folder starts FROM the platform image's local tag (contracts/workload.py): the deploy builds
+# that image first, since CDK does not order one asset's build after another's (aws/aws-cdk#6471).
+def test_a_workload_built_from_a_folder_gets_the_platform_image_built_first(aws, monkeypatch):
+    from stacks.registry_stack import platform_image_tag
+
+    monkeypatch.setattr(preflight, "check_docker", lambda: None)
+    declared = json.loads((ROOT / "examples/torch_ddp/workload.json").read_text())
+    context = {**CDK_JSON_CONTEXT, "workloads": json.dumps({"torch-ddp": declared})}
+    commands = deploy.plan("dev", dry_run=False, run=lambda *command, **options: 0, context=context)
+    assert [c[1] for c in commands] == ["bootstrap", "login", "build", "synth", "deploy"]
+    build = commands[2]
+    assert build[build.index("-t") + 1] == platform_image_tag(Accelerator.NVIDIA)
+    assert build[-1] == str(ROOT / "training_image") and build[build.index("-f") + 1].endswith("Dockerfile.gpu")
+
+
+def test_without_a_workload_folder_nothing_more_is_built(aws, monkeypatch):
+    monkeypatch.setattr(preflight, "check_docker", lambda: None)
+    commands = deploy.plan("dev", dry_run=False, run=lambda *command, **options: 0)
+    assert "build" not in [c[1] for c in commands]

@@ -153,7 +153,7 @@ def plan(
     context_args, rest = _split_context(extra)
     config = _config(env, context, context_args)
     if options.dry_run:
-        commands = _commands(env, _base_registry(config), context_args, rest, options)
+        commands = _commands(env, _base_registry(config), context_args, rest, options, _platform_build(config))
         request = deploy_plan.Request(env, config, options.allow_running, RUN_UNITS)
         deploy_plan.show(request, _context(env, context, context_args))
         for command in commands:
@@ -172,7 +172,7 @@ def plan(
     commands = [[str(CDK), "bootstrap", f"aws://{account}/{config.region}"]] if bootstrapped is None else []
     registry = _base_registry(config)
     login = registry_password(registry[1], registry[2]) if registry else None
-    commands += _commands(env, registry, context_args, rest, options)
+    commands += _commands(env, registry, context_args, rest, options, _platform_build(config))
     for command in commands:
         if command[1] == "deploy":
             _check_assembly(config, account, bootstrapped, options)
@@ -188,12 +188,29 @@ def _base_registry(config) -> tuple[str, str, str] | None:
     return base_registry(ROOT / "training_image" / DOCKERFILES[config.instance.accelerator.value])
 
 
-def _commands(env: str, registry, context_args: list[str], rest: list[str], options: Options) -> list[list[str]]:
-    """After the bootstrap (where it is missing): the registry login, one synthesis, the deploy of that assembly."""
+def _platform_build(config) -> list[list[str]]:
+    """The platform image under its local tag, where a declared workload's image is built FROM it (its folder's
+    Dockerfile: docs/workloads.md); CDK builds the workload's asset on it, and cannot order two assets' builds."""
+    from stacks.registry_stack import DOCKERFILES as IMAGE_DOCKERFILES
+    from stacks.registry_stack import TRAINING_IMAGE_DIR, platform_image_tag
+
+    if not any(w.image_directory for w in config.declared_workloads):
+        return []
+    accelerator = config.instance.accelerator
+    dockerfile = str(TRAINING_IMAGE_DIR / IMAGE_DOCKERFILES[accelerator])
+    tag = platform_image_tag(accelerator)
+    return [["docker", "build", "--platform", "linux/amd64", "-t", tag, "-f", dockerfile, str(TRAINING_IMAGE_DIR)]]
+
+
+def _commands(
+    env: str, registry, context_args: list[str], rest: list[str], options: Options, builds: list[list[str]]
+) -> list[list[str]]:
+    """After the bootstrap (where it is missing): the registry login, the platform image where workloads build on
+    it, one synthesis, the deploy of that assembly."""
     login = [["docker", "login", "--username", "AWS", "--password-stdin", registry[0]]] if registry else []
     synth = [str(CDK), "synth", "--quiet", "-c", f"env={env}", *context_args, "--output", str(ASSEMBLY)]
     approval = ["--require-approval", "never"] if options.ci else []
-    return [*login, synth, [str(CDK), "deploy", "--app", str(ASSEMBLY), "--all", *approval, *rest]]
+    return [*login, *builds, synth, [str(CDK), "deploy", "--app", str(ASSEMBLY), "--all", *approval, *rest]]
 
 
 def _report_subscriptions(config) -> None:

@@ -60,13 +60,27 @@ class CliError(Exception):
 # ---- AWS access --------------------------------------------------------------------------------
 
 
-def region_of(env: str, override: str | None) -> str:
-    if override:
-        return override
+def _environment(env: str) -> dict:
     environments = json.loads((ROOT / "cdk.json").read_text())["context"]["environments"]
     if env not in environments:
         raise CliError(f"unknown environment {env!r}; expected one of {', '.join(environments)} (from cdk.json)")
-    return environments[env]["region"]
+    return environments[env]
+
+
+def region_of(env: str, override: str | None) -> str:
+    return override or _environment(env)["region"]
+
+
+def declared_workloads(env: str) -> schema.WorkloadSchemas:
+    """The environment's declared workloads (cdk.json), whose hyperparameters a run naming one is checked against;
+    the deployed pipeline's first state checks the same (its own copy, from the last deploy)."""
+    from contracts.workload import WorkloadError, parse_workloads, schemas
+
+    raw = _environment(env).get("workloads", {})
+    try:
+        return schemas(parse_workloads(json.loads(raw) if isinstance(raw, str) else raw, ROOT))
+    except (WorkloadError, ValueError) as error:
+        raise CliError(f"environment {env!r} in cdk.json: {error}") from None
 
 
 class Pipeline:
@@ -188,7 +202,7 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def load_run(path: str, max_nodes: int, min_nodes: int = 1) -> dict:
+def load_run(path: str, max_nodes: int, min_nodes: int = 1, workloads: schema.WorkloadSchemas | None = None) -> dict:
     try:
         with open(path, "rb") as handle:
             data = handle.read(MAX_RUN_FILE_BYTES + 1)
@@ -207,7 +221,7 @@ def load_run(path: str, max_nodes: int, min_nodes: int = 1) -> dict:
     except (ValueError, RecursionError) as error:  # NaN, a number of thousands of digits, nesting too deep
         reason = "nested too deeply" if isinstance(error, RecursionError) else _one_line(error)
         raise CliError(f"{path}: not a valid run file ({reason})") from None
-    problems = schema.validate_run(run, max_nodes, min_nodes)
+    problems = schema.validate_run(run, max_nodes, min_nodes, workloads)
     if problems:
         raise CliError(f"{path}: " + "; ".join(problems))
     return run
@@ -235,7 +249,7 @@ def require_prepared(pipeline: Pipeline, dataset: str) -> None:
 
 
 def cmd_start(args, pipeline: Pipeline, out) -> int:
-    run = load_run(args.run_file, pipeline.max_nodes, pipeline.min_nodes)
+    run = load_run(args.run_file, pipeline.max_nodes, pipeline.min_nodes, declared_workloads(pipeline.env))
     require_prepared(pipeline, run["dataset"])
     name = args.name or f"{run['run_id']}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     started = call(
@@ -528,7 +542,7 @@ def main(argv: list[str] | None = None, *, session=None, out=None, err=None) -> 
         if args.command == "start":  # a malformed run file fails before any AWS call
             from config.environment import MAX_NODES
 
-            load_run(args.run_file, max_nodes=MAX_NODES)
+            load_run(args.run_file, max_nodes=MAX_NODES, workloads=declared_workloads(args.env))
         pipeline = Pipeline(args.env, region_of(args.env, args.region), session=session)
         return COMMANDS[args.command](args, pipeline, out)
     except CliError as error:

@@ -100,6 +100,7 @@ class JobRunner(Protocol):
         attempts: str | None = None,
         result_path: str = sfn.JsonPath.DISCARD,
         timeout: cdk.Duration | str | None = None,
+        workload: str | None = None,
     ) -> sfn.CustomState | sfn.Parallel:
         """A Task state that runs `job` and succeeds only when it succeeded.
 
@@ -108,6 +109,7 @@ class JobRunner(Protocol):
         intrinsic for the job's name. `nodes`: path to the run's node count (multi-node jobs).
         `attempts`: path to how many attempts the submission may make (only where `restarts_lost_hosts`).
         `timeout`: how long the state waits, or a JSONPath to it in seconds (`TimeoutSecondsPath`).
+        `workload`: a declared workload's job (its image and command) instead of the platform's own trainer.
         The state's result is `{"JobId", "JobName", "Status"}` at `result_path`.
         """
         ...

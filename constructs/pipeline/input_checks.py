@@ -21,10 +21,12 @@ import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
 from contracts.run import (
+    BUILT_IN_WORKLOAD,
     MODEL_STRATEGY_RULE,
     MODELS_OF_STRATEGY,
     NOT_GIVEN,
     Field,
+    WorkloadSchemas,
     defaults,
     fields,
     hyperparameters,
@@ -63,37 +65,66 @@ def _matches_whole(path: str, pattern: str | None, max_length: int | None, empty
     return f"{{% {empty}($length({path}) <= {max_length} and $match({path}, {regex})[0].match = {path}) %}}"
 
 
-def input_validation(scope: Construct, *, max_nodes: int, min_nodes: int = 1) -> tuple[sfn.IChainable, sfn.Pass]:
-    """The validation states: (first state, the Pass reached by valid input, holding `$.run`)."""
-    states = _InputStates(scope, max_nodes=max_nodes, min_nodes=min_nodes)
-    read, counted = states.complete_run()
-    valid = states.check_values()
-    counted.next(states.check_fields(then=states.values_start))
+def input_validation(
+    scope: Construct, *, max_nodes: int, min_nodes: int = 1, workloads: WorkloadSchemas | None = None
+) -> tuple[sfn.IChainable, sfn.Pass]:
+    """The validation states: (first state, the Pass reached by valid input, holding `$.run`). Each declared
+    workload gets the same checks with its own hyperparameters, in states named `<state>-<workload>`."""
+    read = sfn.Pass(scope, "ReadInput", parameters={"input.$": "$", "shape.$": "States.JsonToString($)"})
+    valid = sfn.Pass(scope, "InputValid", parameters={"run.$": "$.run"})
+    chains = {
+        name: _InputStates(scope, max_nodes=max_nodes, min_nodes=min_nodes, workloads=workloads, workload=name)
+        for name in (BUILT_IN_WORKLOAD, *(workloads or {}))
+    }
+    for states in chains.values():
+        states.check_fields(then=states.check_values(valid))
+    built_in = chains.pop(BUILT_IN_WORKLOAD)
+    start: sfn.IChainable = built_in.start
+    if chains:
+        # The run's `workload` picks whose hyperparameters apply; anything else is refused by the built-in
+        # checks' rule for `workload` (its choices name every declared workload).
+        which = sfn.Choice(scope, "WhichWorkload")
+        for name, states in chains.items():
+            path = "$.input.workload"
+            which.when(C.and_(C.is_present(path), C.is_string(path), C.string_equals(path, name)), states.start)
+        start = which.otherwise(built_in.start)
+    not_object = built_in.fail(
+        "input",
+        "NotObject",
+        f"the input must be a JSON object with the fields {', '.join(f.name for f in built_in.top)}",
+    )
+    read.next(_is_object(scope, "IsObject", not_object, start))
     return read, valid
 
 
 class _InputStates:
     """1. shape and defaults, 2. presence, types, ranges and known values, 3. integers as written, patterns."""
 
-    def __init__(self, scope: Construct, *, max_nodes: int, min_nodes: int) -> None:
-        self.scope = scope
-        self.table = fields(max_nodes, min_nodes)
+    def __init__(
+        self, scope: Construct, *, max_nodes: int, min_nodes: int, workloads: WorkloadSchemas | None, workload: str
+    ) -> None:
+        self.scope, self.workload = scope, workload
+        self.suffix = "" if workload == BUILT_IN_WORKLOAD else f"-{workload}"
+        self.table = fields(max_nodes, min_nodes, workloads, workload)
         self.top, self.hyper = top_level(self.table), hyperparameters(self.table)
-        self.run_defaults = defaults(max_nodes)
+        self.run_defaults = defaults(max_nodes, workloads, workload)
+        self.start, self.counted = self.complete_run()
+
+    def id(self, name: str) -> str:
+        return name + self.suffix
 
     def fail(self, field: str, problem: str, cause: str) -> sfn.Fail:
-        return sfn.Fail(self.scope, _state_name(field, problem), error=INVALID, cause=cause)
+        return sfn.Fail(self.scope, self.id(_state_name(field, problem)), error=INVALID, cause=cause)
 
     def invalid(self, f: Field, problem: str) -> sfn.Fail:
         return self.fail(f.name, problem, f"{f.name} is not valid; expected {f.allowed()}")
 
     def complete_run(self) -> tuple[sfn.Pass, sfn.Pass]:
-        """ReadInput .. CountFields: the input as an object with every default applied, and its field counts."""
+        """ApplyDefaults .. CountFields: the input with every default applied, and its field counts."""
         scope, top, hyper = self.scope, self.top, self.hyper
-        read = sfn.Pass(scope, "ReadInput", parameters={"input.$": "$", "shape.$": "States.JsonToString($)"})
         apply_defaults = sfn.Pass(
             scope,
-            "ApplyDefaults",
+            self.id("ApplyDefaults"),
             parameters={
                 "input.$": "$.input",
                 "defaults": {
@@ -101,12 +132,16 @@ class _InputStates:
                     **{k: v for k, v in self.run_defaults.items() if k != "hyperparameters"},
                     "hyperparameters": {},
                 },
-                "hyperparameter_defaults": self.run_defaults["hyperparameters"],
+                # A required hyperparameter (a declared workload's, without a default) is the marker until given.
+                "hyperparameter_defaults": {
+                    **{f.key: MISSING for f in hyper if f.required},
+                    **self.run_defaults["hyperparameters"],  # type: ignore[dict-item]
+                },
             },
         )
         merge = sfn.Pass(
             scope,
-            "MergeDefaults",
+            self.id("MergeDefaults"),
             parameters={
                 "run.$": "States.JsonMerge($.defaults, $.input, false)",
                 "hyperparameter_defaults.$": "$.hyperparameter_defaults",
@@ -114,7 +149,7 @@ class _InputStates:
         )
         inspect_hyper = sfn.Pass(
             scope,
-            "InspectHyperparameters",
+            self.id("InspectHyperparameters"),
             parameters={
                 "run.$": "$.run",
                 "hyperparameter_defaults.$": "$.hyperparameter_defaults",
@@ -123,7 +158,7 @@ class _InputStates:
         )
         merge_hyper = sfn.Pass(
             scope,
-            "MergeHyperparameters",
+            self.id("MergeHyperparameters"),
             parameters={
                 "given.$": "$.run",
                 "merged": {
@@ -132,11 +167,11 @@ class _InputStates:
             },
         )
         complete = sfn.Pass(
-            scope, "CompleteInput", parameters={"given.$": "States.JsonMerge($.given, $.merged, false)"}
+            scope, self.id("CompleteInput"), parameters={"given.$": "States.JsonMerge($.given, $.merged, false)"}
         )
         project = sfn.Pass(
             scope,
-            "KeepKnownFields",
+            self.id("KeepKnownFields"),
             parameters={
                 "given.$": "$.given",
                 "run": {
@@ -147,26 +182,24 @@ class _InputStates:
         )
         count = sfn.Pass(
             scope,
-            "CountFields",
+            self.id("CountFields"),
             parameters={
                 "run.$": "$.run",
                 "field_count": {"given.$": _count("$.given"), "known.$": _count("$.run")},
             },
         )
-        not_object = self.fail(
-            "input", "NotObject", f"the input must be a JSON object with the fields {', '.join(f.name for f in top)}"
-        )
-        read.next(_is_object(scope, "IsObject", not_object, apply_defaults))
         hyper_field = next(f for f in top if f.name == "hyperparameters")
         apply_defaults.next(merge).next(inspect_hyper).next(
-            _is_object(scope, "HyperparametersIsObject", self.invalid(hyper_field, "NotObject"), merge_hyper)
+            _is_object(scope, self.id("HyperparametersIsObject"), self.invalid(hyper_field, "NotObject"), merge_hyper)
         )
         merge_hyper.next(complete).next(project).next(count)
-        return read, count
+        return apply_defaults, count
 
-    def check_fields(self, *, then: sfn.IChainable) -> sfn.Choice:
-        """ValidateInput: no unknown field, every required one, each of its type, range or choice."""
-        check = sfn.Choice(self.scope, "ValidateInput")
+    def check_fields(self, *, then: sfn.IChainable) -> None:
+        """ValidateInput: no unknown field, every required one, each of its type, range or choice; after
+        CountFields."""
+        check = sfn.Choice(self.scope, self.id("ValidateInput"))
+        self.counted.next(check)
         check.when(
             C.number_greater_than_json_path("$.field_count.given", "$.field_count.known"),
             self.fail(
@@ -192,6 +225,19 @@ class _InputStates:
             ),
             self.invalid(init_from, "Self"),
         )
+        if self.workload != BUILT_IN_WORKLOAD:
+            # contracts.run.validate_run says the same.
+            check.when(
+                C.not_(C.string_equals("$.run.init_from", "")),
+                self.fail(
+                    "init_from",
+                    "ForWorkload",
+                    f"init_from is not valid for workload {self.workload!r}; expected empty: a declared workload "
+                    "starts from its own code (the platform gives it no initial model yet)",
+                ),
+            )
+            check.otherwise(then)
+            return
         # A model trains with its own kind of strategy (contracts.run.validate_run says the same).
         mismatch = self.fail("hyperparameters.model", "ForStrategy", f"{MODEL_STRATEGY_RULE}")
         for strategy, models in MODELS_OF_STRATEGY.items():
@@ -200,17 +246,16 @@ class _InputStates:
                 C.and_(C.string_equals("$.run.hyperparameters.strategy", strategy), C.not_(model_fits)), mismatch
             )
         check.otherwise(then)
-        return check
 
-    def check_values(self) -> sfn.Pass:
-        """MeasureIntegers .. ValidateValues: integers written without a fraction, patterns and lengths (JSONata).
-        Returns InputValid; the chain starts at `self.values_start`."""
+    def check_values(self, valid: sfn.Pass) -> sfn.Pass:
+        """MeasureIntegers .. ValidateValues: integers written without a fraction, patterns and lengths (JSONata);
+        on to `valid`. Returns the first of them."""
         scope = self.scope
         integers = [f for f in self.table if f.kind == "integer"]
         patterned = [f for f in self.table if f.pattern]
         measure = sfn.Pass(
             scope,
-            "MeasureIntegers",
+            self.id("MeasureIntegers"),
             parameters={
                 "run.$": "$.run",
                 "fraction_parts": {
@@ -222,7 +267,7 @@ class _InputStates:
         )
         match = sfn.Pass.jsonata(
             scope,
-            "MatchPatterns",
+            self.id("MatchPatterns"),
             outputs={
                 "run": "{% $states.input.run %}",
                 "fraction_parts": "{% $states.input.fraction_parts %}",
@@ -232,18 +277,16 @@ class _InputStates:
                 },
             },
         )
-        values = sfn.Choice(scope, "ValidateValues")
+        values = sfn.Choice(scope, self.id("ValidateValues"))
         for f in integers:
             values.when(
                 C.number_greater_than(f"$.fraction_parts.{f.name.replace('.', '_')}", 1), self.invalid(f, "NotInteger")
             )
         for f in patterned:
             values.when(C.not_(C.boolean_equals(f"$.patterns.{f.name}", True)), self.invalid(f, "Pattern"))
-        valid = sfn.Pass(scope, "InputValid", parameters={"run.$": "$.run"})
         values.otherwise(valid)
         measure.next(match).next(values)
-        self.values_start = measure
-        return valid
+        return measure
 
 
 class _Guarded:

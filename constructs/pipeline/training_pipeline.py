@@ -6,6 +6,7 @@ Every job runs through a `JobRunner` (the seam to Batch, EKS or SageMaker); ever
 notifies the alerts topic before failing; every AWS call of the pipeline's own retries throttling and 5xx.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aws_cdk as cdk
@@ -26,7 +27,19 @@ from constructs.pipeline.input_checks import INVALID, input_validation
 from constructs.pipeline.run_claim import RunClaim
 from constructs.pipeline.train_attempt import ATTEMPT_FAILED, NO_CAPACITY, classified_training
 from constructs.pipeline.verdict import VerdictBranch
-from contracts.run import JOB_PARAMETERS, JOB_VALUES, QUEUE_WAIT_MINUTES, execution_seconds, stages, train_state_seconds
+from contracts.run import (
+    JOB_PARAMETERS,
+    JOB_VALUES,
+    QUEUE_WAIT_MINUTES,
+    WORKLOAD_JOB_PARAMETERS,
+    WORKLOAD_JOB_VALUES,
+    WorkloadSchemas,
+    execution_seconds,
+    stages,
+    train_state_seconds,
+)
+
+C = sfn.Condition
 
 
 @dataclass(frozen=True)
@@ -62,10 +75,13 @@ class TrainingPipeline(Construct):
         train_attempt_hours: int = 72,
         compiles_ahead: bool = False,
         initial_models: bool = True,
+        workloads: WorkloadSchemas | None = None,
     ) -> None:
         """`compiles_ahead`: Trainium compiles every graph before it trains, in a Compile state of its own.
-        `initial_models`: whether runs may start from an approved model (`init_from`; initial_model.py)."""
+        `initial_models`: whether runs may start from an approved model (`init_from`; initial_model.py).
+        `workloads`: the environment's declared workloads (their hyperparameters), which a run may name."""
         super().__init__(scope, id_)
+        self._workloads = tuple(workloads or {})
         self.training_retry = training_retry or TrainingRetry()
         self._runner, self._train_attempt_hours = runner, train_attempt_hours
         self._compiles_ahead = compiles_ahead
@@ -100,7 +116,7 @@ class TrainingPipeline(Construct):
         # 1. the input (pure ASL, before anything is submitted); a backend whose multi-node jobs have a fixed size
         # takes runs of exactly that size. 2. the run id names one run (runs_table conditional writes) unless resumed.
         validation_start, validated = input_validation(
-            self, max_nodes=max_nodes, min_nodes=max_nodes if runner.fixed_node_count else 1
+            self, max_nodes=max_nodes, min_nodes=max_nodes if runner.fixed_node_count else 1, workloads=workloads
         )
         claim = RunClaim(
             self,
@@ -192,19 +208,30 @@ class TrainingPipeline(Construct):
             self._failures.catch(call, call.node.id, "NodesNotSized")
         return chain.next(sizing)
 
-    def _prepare(self, bucket_name: str) -> sfn.Pass:
-        """The jobs' string parameters, the run's S3 keys and the Train state's timeout, from the validated run."""
+    def _prepare(self, bucket_name: str) -> sfn.IChainable:
+        """PrepareRun: the jobs' string parameters, the run's S3 keys and the Train state's timeout, from the
+        validated run; with declared workloads, one such state per workload (its own job values) after a Choice."""
+        if not self._workloads:
+            return self._prepare_state("PrepareRun", JOB_VALUES, bucket_name)
+        which = sfn.Choice(self, "PrepareWorkload")
+        for name in self._workloads:
+            which.when(
+                C.string_equals("$.run.workload", name),
+                self._prepare_state(f"PrepareRun-{name}", WORKLOAD_JOB_VALUES, bucket_name),
+            )
+        return which.otherwise(self._prepare_state("PrepareRun", JOB_VALUES, bucket_name)).afterwards()
 
+    def _prepare_state(self, id_: str, job_values: dict[str, str], bucket_name: str) -> sfn.Pass:
         def run_key(prefix: str, key: str) -> str:
             return f"States.Format('{prefix}{{}}/{key}', $.run.run_id)"
 
         return sfn.Pass(
             self,
-            "PrepareRun",
+            id_,
             parameters={
                 "run.$": "$.run",
                 # Job parameters are strings (Batch job Parameters, launcher flags on EKS).
-                "job": {f"{name}.$": path for name, path in JOB_VALUES.items()},
+                "job": {f"{name}.$": path for name, path in job_values.items()},
                 "paths": {
                     "verdict_key.$": run_key(RUNS_PREFIX, "verdict.json"),
                     "verdict_source.$": run_key(f"{bucket_name}/{RUNS_PREFIX}", "verdict.json"),
@@ -224,15 +251,29 @@ class TrainingPipeline(Construct):
             },
         )
 
-    def _submit(self, id_: str, job: JobKind, **options) -> sfn.CustomState | sfn.Parallel:
+    def _submit(self, id_: str, job: JobKind, workload: str | None = None, **options) -> sfn.CustomState | sfn.Parallel:
+        """The job's state: the platform's own job, or (`workload`) a declared workload's, with its job values."""
+        names = WORKLOAD_JOB_PARAMETERS[job] if workload else JOB_PARAMETERS[job]
         return self._runner.submit(
             self,
             id_,
             job=job,
-            parameters={name: f"$.job.{name}" for name in JOB_PARAMETERS[job]},
+            parameters={name: f"$.job.{name}" for name in names},
             job_name=f"States.Format('{{}}-{job}', $.run.run_id)",
+            **({"workload": workload} if workload else {}),
             **options,
         )
+
+    def _per_workload(self, id_: str, build: Callable[[str | None, str], sfn.State]) -> sfn.IChainable:
+        """`build(workload, suffix)`: the stage's state for the built-in trainer (None, ""), and where workloads are
+        declared one more per workload (its name, "-<name>") behind a Choice on the run's `workload`. Each is retried
+        and caught on its own, so no job's failure has to cross a Parallel state's boundary to reach them."""
+        if not self._workloads:
+            return build(None, "")
+        which = sfn.Choice(self, f"{id_}Workload")
+        for name in self._workloads:
+            which.when(C.string_equals("$.run.workload", name), build(name, f"-{name}"))
+        return which.otherwise(build(None, "")).afterwards()
 
     def _sanity_check(self, retry_interval: cdk.Duration | None) -> sfn.IChainable:
         """On the run's nodes; once more (fresh placement) if it fails."""
@@ -282,16 +323,20 @@ class TrainingPipeline(Construct):
         self._failures.catch(compile_, "Compile", "CompilationFailed")
         return compile_
 
-    def _train(self) -> sfn.Parallel:
+    def _train(self) -> sfn.IChainable:
+        return self._per_workload("Train", self._train_state)
+
+    def _train_state(self, workload: str | None, suffix: str) -> sfn.Parallel:
         """A retry resumes from the run's checkpoints; retried only when the job failed for a reason other than
         the run itself (its exit code says which), never when the backend rejected the request."""
         runner, retry = self._runner, self.training_retry
         train = classified_training(
             self,
-            "Train",
+            f"Train{suffix}",
             self._submit(
-                "TrainJob",
+                f"TrainJob{suffix}",
                 "train",
+                workload,
                 nodes="$.run.nodes",
                 result_path="$",
                 attempts="$.run.max_attempts" if runner.restarts_lost_hosts else None,
@@ -315,17 +360,21 @@ class TrainingPipeline(Construct):
         train.add_retry(
             errors=[NO_CAPACITY], interval=cdk.Duration.minutes(5), max_attempts=QUEUE_WAIT_MINUTES // 5, backoff_rate=1
         )
-        self._failures.catch(train, "Train", "TrainingFailed")
+        self._failures.catch(train, f"Train{suffix}", "TrainingFailed")
         return train
 
     def _validate(self) -> sfn.IChainable:
+        return self._per_workload("Validate", self._validate_state)
+
+    def _validate_state(self, workload: str | None, suffix: str) -> sfn.CustomState | sfn.Parallel:
         validate = self._submit(
-            "Validate",
+            f"Validate{suffix}",
             "validate",
+            workload,
             result_path="$.jobs.validate",
             timeout=cdk.Duration.seconds(stages(self._train_attempt_hours)["validate"].state_seconds()),
         )
-        self._failures.catch(validate, "Validate", "ValidationJobFailed")
+        self._failures.catch(validate, f"Validate{suffix}", "ValidationJobFailed")
         return validate
 
     def _execution_seconds(self) -> int:

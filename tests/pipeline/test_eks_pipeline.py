@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import cast
 
 import boto3
@@ -33,7 +34,9 @@ from constructs.compute.eks.node_scaling import HOLD_TAG
 from tests.pipeline.runs import ACCEPTED, RUN, approval, cleared, emulated_account, messages
 from tests.sfn_emulator import ACCOUNT, REGION, ROLE_ARN, Emulator
 
-EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge"}
+# With the DDP example declared as a workload: the built-in runs below, a declared one in its own test.
+DDP = json.loads((Path(__file__).resolve().parents[2] / "examples/torch_ddp/workload.json").read_text())
+EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge", "workloads": json.dumps({"torch-ddp": DDP})}
 # Both tests on one xdist worker: the emulated account (an EKS app loaded into moto) is set up once.
 pytestmark = pytest.mark.xdist_group("eks-pipeline")
 
@@ -238,6 +241,29 @@ def test_happy_path_on_eks_approves_the_model(emulator):
     assert args[args.index("--run-id") + 1] == RUN["run_id"]
     assert approval(emulator)["run_id"] == RUN["run_id"]
     assert [m["outcome"] for m in messages(emulator)] == ["APPROVED"]
+
+
+# A declared workload's train and validate pods run its image with its declaration; its hyperparameters go whole,
+# as JSON, to the launcher (docs/workloads.md); the sanity check is the platform's, on the same nodes.
+def test_a_declared_workload_runs_its_own_image_on_eks(emulator):
+    emulator.verdict = {**ACCEPTED, "metric": "eval_loss"}
+    run = {**RUN, "workload": "torch-ddp", "hyperparameters": {"lr": 0.1}}
+    assert emulator.run(run)["status"] == "SUCCEEDED"
+    containers = [job["spec"]["template"]["spec"]["containers"][0] for job in emulator.jobs]
+    assert [c["args"][0] for c in containers] == ["sanity", "train", "validate"]
+    sanity, train, validate = containers
+    assert train["image"] == validate["image"] != sanity["image"]
+    for container in (train, validate):
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert json.loads(env["WORKLOAD"])["name"] == "torch-ddp"
+        args = container["args"]
+        assert json.loads(args[args.index("--hyperparameters") + 1]) == {
+            "lr": 0.1,
+            "max_steps": 200,
+            "checkpoint_every": 20,
+        }
+    assert "WORKLOAD" not in {e["name"] for e in sanity["env"]}
+    assert approval(emulator)["verdict"]["metric"] == "eval_loss"
 
 
 # A training Job that keeps failing is retried by the pipeline's Retry, then fails the run with TrainingFailed.

@@ -13,6 +13,7 @@ validate job writes its verdict, like the real one.
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import cast
 
 import boto3
@@ -36,7 +37,9 @@ from tests import sfn_emulator
 from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_model, cleared, emulated_account, messages
 from tests.sfn_emulator import ACCOUNT, REGION, Emulator
 
-SAGEMAKER_VARIANT = {"compute": "sagemaker", "sagemaker_spot": "true"}
+# With the DDP example declared as a workload: the built-in runs below, a declared one in its own test.
+DDP = json.loads((Path(__file__).resolve().parents[2] / "examples/torch_ddp/workload.json").read_text())
+SAGEMAKER_VARIANT = {"compute": "sagemaker", "sagemaker_spot": "true", "workloads": json.dumps({"torch-ddp": DDP})}
 # All tests on one xdist worker: the emulated account (a SageMaker app loaded into moto) is set up once.
 pytestmark = pytest.mark.xdist_group("sagemaker-pipeline")
 # What SageMaker reports for a managed Spot job that ran out of its MaxWaitTimeInSeconds after an interruption
@@ -179,6 +182,28 @@ def test_happy_path_trains_validates_and_approves(emulator):
     assert validate["ResourceConfig"]["InstanceCount"] == 1
     assert approval(emulator)["run_id"] == RUN["run_id"]
     assert [m["outcome"] for m in messages(emulator)] == ["APPROVED"]
+
+
+# A declared workload's training and validation jobs run its image with its declaration, its hyperparameters whole
+# (as JSON) and the contract's folders: checkpoints SageMaker syncs, the model where it uploads it (docs/workloads.md).
+def test_a_declared_workload_runs_its_own_image_on_sagemaker(emulator):
+    emulator.verdict = {**ACCEPTED, "metric": "eval_loss"}
+    assert emulator.run({**RUN, "workload": "torch-ddp", "hyperparameters": {"lr": 0.1}})["status"] == "SUCCEEDED"
+    train, validate = emulator.jobs
+    assert train["AlgorithmSpecification"]["TrainingImage"] == validate["AlgorithmSpecification"]["TrainingImage"]
+    for job in (train, validate):
+        assert json.loads(job["Environment"]["WORKLOAD"])["name"] == "torch-ddp"
+        assert json.loads(job["HyperParameters"]["hyperparameters"]) == {
+            "lr": 0.1,
+            "max_steps": 200,
+            "checkpoint_every": 20,
+        }
+        arguments = job["AlgorithmSpecification"]["ContainerArguments"]
+        assert arguments[arguments.index("--model-dir") + 1] == "/opt/ml/model"
+    assert "model" not in train["HyperParameters"] and train["Environment"]["SANITY_BEFORE_TRAINING"] == "1"
+    train_arguments = train["AlgorithmSpecification"]["ContainerArguments"]
+    assert train_arguments[train_arguments.index("--checkpoint-dir") + 1] == train["CheckpointConfig"]["LocalPath"]
+    assert approval(emulator)["verdict"]["metric"] == "eval_loss"
 
 
 # Managed Spot: the training job checkpoints to the run's prefix, and validation reads the same prefix.

@@ -163,3 +163,47 @@ def test_a_usage_error_on_sagemaker_is_written_to_the_failure_file(tmp_path, mon
     failure = (tmp_path / "output/failure").read_text()
     assert exit_info.value.code == 2 and failure.startswith("efa-training exit code 2: usage"), failure
     assert "current_host" in failure and "Traceback" not in capsys.readouterr().err
+
+
+# A declared workload on SageMaker (docs/workloads.md): its flags from the job's hyperparameters (its own arrive whole,
+# as JSON), the hosts from resourceconfig.json, the platform's sanity check first, then the declared command under
+# torchrun with the contract's folders: the model where SageMaker uploads it.
+WORKLOAD_DECLARATION = {
+    "name": "my-llm",
+    "launch": "torchrun",
+    "train": ["python", "train.py"],
+    "validate": ["python", "evaluate.py"],
+    "metric": {"name": "eval_loss", "direction": "lower"},
+    "metrics": {},
+}
+
+
+def _workload_job(tmp_path, hyperparameters: dict) -> dict:
+    config = {"current_host": "localhost", "hosts": ["localhost"], "network_interface_name": "lo"}
+    env = _ml_root(tmp_path / "ml", config, hyperparameters)
+    return {**env, "WORKLOAD": json.dumps(WORKLOAD_DECLARATION), "SANITY_BEFORE_TRAINING": "1"}
+
+
+def test_a_declared_workload_trains_on_sagemaker_with_the_contract(tmp_path):
+    hyper = {"run_id": "run-7", "dataset": "datasets/x/", "hyperparameters": '{"lr": 0.1}', "expected_nodes": "1"}
+    folders = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--run-dir", str(tmp_path / "run")]
+    prepared = command.prepare(
+        "train", ["--data", "/d", *folders, "--model-dir", str(tmp_path / "model")], _workload_job(tmp_path, hyper)
+    )
+    assert prepared.command[-2:] == ["python", "train.py"] and prepared.ml_root == tmp_path / "ml"
+    assert prepared.env["MODEL_DIR"] == str(tmp_path / "model") and prepared.env["DATA_DIR"] == "/d"
+    assert json.loads((tmp_path / "run/hyperparameters.json").read_text()) == {"lr": 0.1}
+    assert prepared.env["NCCL_SOCKET_IFNAME"] == "=lo" and prepared.plan is not None
+    assert "efa_training.runtime.sanity" in (prepared.sanity_first or [])
+
+
+def test_a_declared_workload_validates_on_sagemaker_through_the_gate(tmp_path):
+    hyper = {"run_id": "run-7", "dataset": "d", "hyperparameters": "{}", "baseline": "3.2", "tolerance": "0.001"}
+    prepared = command.prepare("validate", ["--data", "/d"], _workload_job(tmp_path, hyper))
+    assert prepared.command[1:3] == ["-m", "efa_training.runtime.user_validate"] and prepared.plan is None
+    assert prepared.command[-4:] == ["--baseline", "3.2", "--tolerance", "0.001"]
+
+
+def test_a_built_in_hyperparameter_is_refused_for_a_declared_workload(tmp_path):
+    with pytest.raises(UsageError, match="hyperparameter model"):
+        command.prepare("train", [], _workload_job(tmp_path, {"run_id": "r", "model": "tiny"}))

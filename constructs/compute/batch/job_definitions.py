@@ -23,10 +23,12 @@ from config import Accelerator, InstanceType
 from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, FSX_MOUNT_PATH, RUNS_PREFIX, batch_name
 from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS
+from constructs.compute.batch.workload_jobs import workload_job_specs
 from constructs.nag import acknowledge
 from contracts.job_environment import job_environment, shared_memory_gib
 from contracts.run import NO_INITIAL_MODEL, stages
 from contracts.run import defaults as run_defaults
+from contracts.workload import Workload
 
 DATASETS_ROOT = f"{FSX_MOUNT_PATH}/{DATASETS_PREFIX.rstrip('/')}"
 CHECKPOINTS_ROOT = f"{FSX_MOUNT_PATH}/{CHECKPOINTS_PREFIX.rstrip('/')}"
@@ -203,39 +205,13 @@ class BatchJobDefinitions(Construct):
             description="Batch jobs: pull the training image and write the job logs",
         )
         self.specs = job_specs(instance=instance, nodes=nodes, bucket_name=bucket_name, train_timeout=train_timeout)
+        self._hosts, self._job_role, self._log_group = (instance, single_node_instance), job_role, log_group
+        self._nodes = nodes
         self.definitions: dict[str, batch.IJobDefinition] = {}
         self.names: dict[str, str] = {}
         for name, spec in self.specs.items():
             self.names[name] = batch_name(environment or "manual", name)
-            multi_node = name in MULTI_NODE_JOBS
-            host = instance if multi_node else single_node_instance
-            container = self._container(
-                f"{name.capitalize()}Container", spec, host, image, job_role, log_group, efa=multi_node
-            )
-            common: dict[str, Any] = dict(
-                parameters=dict(spec.defaults),
-                timeout=spec.timeout,
-                retry_attempts=spec.attempts,
-                retry_strategies=retry_strategies(),
-                propagate_tags=True,
-                # JobDefinitionName is the resource's only create-only property (its CloudFormation resource
-                # schema): a changed definition registers a new revision under the same name, and the name keeps
-                # naming the latest active one.
-                job_definition_name=self.names[name],
-            )
-            if multi_node:
-                # Nodes 0..nodes-1 run the same container; node 0 is the main node (torchrun's rendezvous host).
-                self.definitions[name] = batch.MultiNodeJobDefinition(
-                    self,
-                    f"{name.capitalize()}JobDefinition",
-                    main_node=0,
-                    **common,
-                    containers=[batch.MultiNodeContainer(start_node=0, end_node=nodes - 1, container=container)],
-                )
-            else:
-                self.definitions[name] = batch.EcsJobDefinition(
-                    self, f"{name.capitalize()}JobDefinition", container=container, **common
-                )
+            self.definitions[name] = self._define(name.capitalize(), name, spec, image, self.names[name], {})
         if self.execution_role.node.try_find_child("DefaultPolicy") is not None:  # the image's pull grant made it
             acknowledge(
                 self.execution_role,
@@ -244,16 +220,54 @@ class BatchJobDefinitions(Construct):
                 "are limited to the training image's repository",
             )
 
+    def _define(
+        self, id_: str, job: str, spec: JobSpec, image: ecs.ContainerImage, name: str, extra: Mapping[str, str]
+    ) -> batch.IJobDefinition:
+        """One definition under the fixed `name`; `extra`: environment variables beyond the catalogue's."""
+        multi_node = job in MULTI_NODE_JOBS
+        host = self._hosts[0] if multi_node else self._hosts[1]
+        container = self._container(f"{id_}Container", spec, host, image, efa=multi_node, extra=extra)
+        common: dict[str, Any] = dict(
+            parameters=dict(spec.defaults),
+            timeout=spec.timeout,
+            retry_attempts=spec.attempts,
+            retry_strategies=retry_strategies(),
+            propagate_tags=True,
+            # JobDefinitionName is the resource's only create-only property (its CloudFormation resource
+            # schema): a changed definition registers a new revision under the same name, and the name keeps
+            # naming the latest active one.
+            job_definition_name=name,
+        )
+        if not multi_node:
+            return batch.EcsJobDefinition(self, f"{id_}JobDefinition", container=container, **common)
+        # Nodes 0..nodes-1 run the same container; node 0 is the main node (torchrun's rendezvous host).
+        return batch.MultiNodeJobDefinition(
+            self,
+            f"{id_}JobDefinition",
+            main_node=0,
+            **common,
+            containers=[batch.MultiNodeContainer(start_node=0, end_node=self._nodes - 1, container=container)],
+        )
+
+    def add_workload(self, workload: Workload, image: ecs.ContainerImage) -> dict[str, str]:
+        """A declared workload's "train" (multi-node) and "validate" definitions, on its own image, with its
+        declaration in WORKLOAD (what the image's launcher runs: docs/workloads.md); returns their fixed names."""
+        names = {}
+        for job, spec in workload_job_specs(self.specs).items():
+            names[job] = batch_name(self.environment or "manual", f"{workload.name}-{job}")
+            extra = {"WORKLOAD": workload.variable}
+            self._define(f"Workload-{workload.name}-{job}", job, spec, image, names[job], extra)
+        return names
+
     def _container(
         self,
         id_: str,
         spec: JobSpec,
         host: InstanceType,
         image: ecs.ContainerImage,
-        job_role: iam.IRole,
-        log_group: logs.ILogGroup,
         *,
         efa: bool,
+        extra: Mapping[str, str],
     ) -> batch.EcsEc2ContainerDefinition:
         memory_mib = int(host.memory_gib * 1024 * MEMORY_SHARE)
         # Multi-node jobs take every accelerator of their host; a single-node job (validation) takes one.
@@ -291,6 +305,7 @@ class BatchJobDefinitions(Construct):
                 and k != "EFA_INTERFACES"
             }
             environment["ACCELERATORS_PER_NODE"] = str(accelerators * host.cores_per_accelerator)
+        environment.update(extra)
         return batch.EcsEc2ContainerDefinition(
             self,
             id_,
@@ -300,11 +315,11 @@ class BatchJobDefinitions(Construct):
             gpu=accelerators if host.accelerator is Accelerator.NVIDIA else None,
             command=spec.command,
             environment=environment,
-            job_role=job_role,
+            job_role=self._job_role,
             execution_role=self.execution_role,
             linux_parameters=linux,
             # EFA registers (pins) large buffers: locked memory must be unlimited.
             ulimits=[batch.Ulimit(name=batch.UlimitName.MEMLOCK, soft_limit=-1, hard_limit=-1)],
             volumes=[batch.EcsVolume.host(name="fsx", host_path=FSX_MOUNT_PATH, container_path=FSX_MOUNT_PATH)],
-            logging=ecs.LogDriver.aws_logs(stream_prefix=spec.mode, log_group=log_group),
+            logging=ecs.LogDriver.aws_logs(stream_prefix=spec.mode, log_group=self._log_group),
         )

@@ -49,11 +49,13 @@ class BatchJobRunner:
         job_definitions: Mapping[str, str],
         share_identifier: str | None = None,
         single_node_on_demand_queue: str | None = None,
+        workload_definitions: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         """Queues and job definitions by their fixed names (config.layout.batch_name), never by a reference to the
         Batch stack: the pipeline's template then names what it submits to, a job definition's new revision needs
         no pipeline update (SubmitJob without a revision takes the latest active one), and the ARNs are formatted
-        in the state machine's own stack."""
+        in the state machine's own stack. `workload_definitions`: each declared workload's "train" and "validate"
+        definitions by the workload's name (its sanity job is the platform's)."""
         missing = {"sanity", "train", "validate"} - set(job_definitions)
         if missing:
             raise ValueError(f"job_definitions lacks {', '.join(sorted(missing))}; expected sanity, train, validate")
@@ -63,6 +65,7 @@ class BatchJobRunner:
         # compute environment of a queue to the next when EC2 has no Spot capacity, so the pipeline does it.
         self.single_node_on_demand_queue = single_node_on_demand_queue
         self.job_definitions = dict(job_definitions)
+        self.workload_definitions = {name: dict(jobs) for name, jobs in (workload_definitions or {}).items()}
         # Fair-share queues reject a SubmitJob without a share identifier.
         self.share_identifier = share_identifier
 
@@ -85,7 +88,9 @@ class BatchJobRunner:
         attempts: str | None = None,
         result_path: str = sfn.JsonPath.DISCARD,
         timeout: cdk.Duration | str | None = None,
+        workload: str | None = None,
     ) -> sfn.CustomState | sfn.Parallel:
+        definition = self.workload_definitions[workload][job] if workload else self.job_definitions[job]
         fallback = self.single_node_on_demand_queue if job not in MULTI_NODE_JOBS else None
         if fallback is None:
             return self._submit_state(
@@ -93,6 +98,7 @@ class BatchJobRunner:
                 id_,
                 self._queue(job),
                 job=job,
+                definition=definition,
                 parameters=parameters,
                 job_name=job_name,
                 nodes=nodes,
@@ -108,6 +114,7 @@ class BatchJobRunner:
             f"{id_}OnSpot",
             self._queue(job),
             job=job,
+            definition=definition,
             parameters=parameters,
             job_name=job_name,
             attempts=attempts,
@@ -119,6 +126,7 @@ class BatchJobRunner:
             f"{id_}OnDemand",
             fallback,
             job=job,
+            definition=definition,
             parameters=parameters,
             job_name=job_name,
             attempts=attempts,
@@ -143,6 +151,7 @@ class BatchJobRunner:
         queue: str,
         *,
         job: JobKind,
+        definition: str,
         parameters: Mapping[str, str],
         job_name: str,
         nodes: str | None = None,
@@ -154,7 +163,7 @@ class BatchJobRunner:
             "JobName.$": job_name,
             "JobQueue": self._arn(scope, "job-queue", queue),
             # The name without a revision: "the latest active revision is used" (Batch API reference, SubmitJob).
-            "JobDefinition": self.job_definitions[job],
+            "JobDefinition": definition,
             # Per-run values travel as Batch job Parameters: multi-node jobs take no container overrides.
             "Parameters": {f"{name}.$": value for name, value in parameters.items()},
             "PropagateTags": True,
@@ -179,6 +188,13 @@ class BatchJobRunner:
         }
         return sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
 
+    def _definition_names(self) -> list[str]:
+        every = [
+            *self.job_definitions.values(),
+            *(d for jobs in self.workload_definitions.values() for d in jobs.values()),
+        ]
+        return list(dict.fromkeys(every))
+
     def grant(self, principal: iam.IGrantable) -> None:
         if not isinstance(principal, Construct):
             raise TypeError("BatchJobRunner.grant needs a principal that is a construct (the state machine)")
@@ -195,7 +211,7 @@ class BatchJobRunner:
             actions=["batch:SubmitJob"],
             resource_arns=[
                 *(self._arn(scope, "job-queue", q) for q in queues),
-                *(self._arn(scope, "job-definition", f"{d}:*") for d in dict.fromkeys(self.job_definitions.values())),
+                *(self._arn(scope, "job-definition", f"{d}:*") for d in self._definition_names()),
                 self._arn(scope, "job", "*"),
             ],
         )
@@ -227,7 +243,7 @@ class BatchJobRunner:
                 "guide prescribes for every revision ('Restrict job submission')",
                 formats=("arn:*:batch:*:*:job-definition/*",),
             )
-            for definition in dict.fromkeys(self.job_definitions.values()):
+            for definition in self._definition_names():
                 acknowledge(
                     role,
                     f"AwsSolutions-IAM5[Resource::{arn}:job-definition/{definition}:*]",

@@ -65,9 +65,12 @@ class EksJobRunner:
         runs_uri: str | None = None,
         site: Site = Site(),
         train_attempt_hours: int = 72,
+        workloads: Mapping[str, tuple[str, str]] | None = None,
     ) -> None:
         """`validation_instance`: the single-node jobs' type (default: `instance`); `node_scaling`: the node-group
-        states the pipeline runs around the jobs (None: something else sizes the nodes)."""
+        states the pipeline runs around the jobs (None: something else sizes the nodes); `workloads`: each declared
+        workload's (image URI, declaration as JSON), which its train and validate pods run (docs/workloads.md)."""
+        self.workloads = dict(workloads or {})
         self.cluster = cluster
         self.validation_instance = validation_instance or instance
         self.node_scaling = node_scaling
@@ -80,11 +83,15 @@ class EksJobRunner:
         self.image = image
         self.max_nodes = max_nodes
 
-    def job_manifest(self, *, job: str, parameters: Mapping[str, str], job_name: str, nodes: str | None) -> dict:
-        """The Job as an ASL payload template: static fields, plus `.$` fields resolved per execution."""
+    def job_manifest(
+        self, *, job: str, parameters: Mapping[str, str], job_name: str, nodes: str | None, workload: str | None = None
+    ) -> dict:
+        """The Job as an ASL payload template: static fields, plus `.$` fields resolved per execution; a declared
+        workload's pod runs its image with its declaration in WORKLOAD."""
         instance = self.validation_instance if job in SINGLE_NODE_JOBS else self.instance
+        image, declaration = self.workloads[workload] if workload else (self.image, None)
         manifest = indexed_job(
-            instance, image=self.image, phase=job, nodes=self.max_nodes, name="placeholder", site=self.site
+            instance, image=image, phase=job, nodes=self.max_nodes, name="placeholder", site=self.site
         )
         metadata, spec = manifest["metadata"], manifest["spec"]
         metadata.pop("name")
@@ -109,6 +116,8 @@ class EksJobRunner:
             flags += [f"'{launcher_flag(name)}'", value]
         container.pop("args")
         container["args.$"] = f"States.Array('{job}', {', '.join(flags)})" if flags else f"States.Array('{job}')"
+        if declaration is not None:
+            container["env"].append({"name": "WORKLOAD", "value": declaration})
         if self.runs_uri:
             container["env"] += [
                 {"name": "REPORT_PREFIX", "value": self.runs_uri},
@@ -135,6 +144,7 @@ class EksJobRunner:
         attempts: str | None = None,
         result_path: str = sfn.JsonPath.DISCARD,
         timeout: cdk.Duration | str | None = None,
+        workload: str | None = None,
     ) -> sfn.CustomState:
         if attempts is not None:
             raise ValueError("EksJobRunner runs each job once (backoffLimit 0); the pipeline's Retry restarts it")
@@ -146,7 +156,9 @@ class EksJobRunner:
                 "CertificateAuthority": self.cluster.cluster_certificate_authority_data,
                 "Endpoint": self.cluster.cluster_endpoint,
                 "Namespace": NAMESPACE,
-                "Job": self.job_manifest(job=job, parameters=parameters, job_name=job_name, nodes=nodes),
+                "Job": self.job_manifest(
+                    job=job, parameters=parameters, job_name=job_name, nodes=nodes, workload=workload
+                ),
             },
             "ResultSelector": {
                 "JobId.$": "$.ResponseBody.metadata.uid",

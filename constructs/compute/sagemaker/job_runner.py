@@ -35,6 +35,10 @@ DATA_CHANNEL, CHECKPOINTS_CHANNEL, FSX_CHANNEL = "training", "checkpoints", "fsx
 DATA_PATH = f"/opt/ml/input/data/{DATA_CHANNEL}"
 CHECKPOINTS_INPUT_PATH = f"/opt/ml/input/data/{CHECKPOINTS_CHANNEL}"
 FSX_PATH = f"/opt/ml/input/data/{FSX_CHANNEL}"
+# SageMaker uploads /opt/ml/model as the job's model artifact and /opt/ml/output/data as its output (SageMaker
+# developer guide, "How Amazon SageMaker AI Processes Training Output").
+MODEL_PATH = "/opt/ml/model"
+WORKLOAD_RUN_DIR = "/opt/ml/output/data/run"
 NEURON_CACHE_ROOT = f"{FSX_PATH}/{NEURON_CACHE_PREFIX.rstrip('/')}"
 # Every catalogue type has NVMe instance storage: SageMaker mounts it instead of an EBS volume, its size is fixed to the
 # instance's, and VolumeSizeInGB may not exceed it (API_ResourceConfig VolumeSizeInGB). So the smallest store of the
@@ -105,9 +109,12 @@ class SageMakerJobRunner:
         spot: bool,
         file_system: tuple[str, str, str] | None = None,
         neuron_cc_flags: str = "",
+        workloads: Mapping[str, tuple[str, str]] | None = None,
     ) -> None:
         """`file_system`: (FSx file system id, mount name, revision) to read datasets from; None reads them from S3.
-        The revision (StorageStack.file_system_revision) is written into the jobs' environment."""
+        The revision (StorageStack.file_system_revision) is written into the jobs' environment. `workloads`: each
+        declared workload's (image URI, declaration as JSON), which its train and validate jobs run."""
+        self.workloads = dict(workloads or {})
         self.image, self.role, self.bucket_name = image, role, bucket_name
         self.subnet_id, self.security_group_id = subnet_id, security_group_id
         self.instance, self.validation_instance = instance, validation_instance
@@ -127,6 +134,7 @@ class SageMakerJobRunner:
         attempts: str | None = None,
         result_path: str = sfn.JsonPath.DISCARD,
         timeout: cdk.Duration | str | None = None,
+        workload: str | None = None,
     ) -> sfn.CustomState:
         if job == "sanity":
             raise ValueError("SageMakerJobRunner runs the sanity check inside the training job (sanity_in_training)")
@@ -134,7 +142,7 @@ class SageMakerJobRunner:
             raise ValueError(
                 "SageMakerJobRunner runs each job once (one attempt's runtime); the pipeline's Retry restarts it"
             )
-        request = self.training_job(job=job, parameters=parameters, job_name=job_name, nodes=nodes)
+        request = self.training_job(job=job, parameters=parameters, job_name=job_name, nodes=nodes, workload=workload)
         state: dict = {
             "Type": "Task",
             "Resource": f"arn:{cdk.Stack.of(scope).partition}:states:::sagemaker:createTrainingJob.sync",
@@ -156,8 +164,17 @@ class SageMakerJobRunner:
             submission.add_retry(**VALIDATION_RETRY)
         return submission
 
-    def training_job(self, *, job: JobKind, parameters: Mapping[str, str], job_name: str, nodes: str | None) -> dict:
-        """The CreateTrainingJob request as an ASL payload template (API_CreateTrainingJob)."""
+    def training_job(
+        self,
+        *,
+        job: JobKind,
+        parameters: Mapping[str, str],
+        job_name: str,
+        nodes: str | None,
+        workload: str | None = None,
+    ) -> dict:
+        """The CreateTrainingJob request as an ASL payload template (API_CreateTrainingJob); a declared workload's
+        job runs its image with its declaration in WORKLOAD and the contract's folders (docs/workloads.md)."""
         run_id = parameters["run_id"]
         training = job == "train"
         multi_node = job in MULTI_NODE_JOBS  # train, and compile on Trainium
@@ -169,13 +186,21 @@ class SageMakerJobRunner:
             "TrainingJobName.$": f"States.Format('{{}}-{{}}', {job_name}, {_UNIQUE_SUFFIX})",
             "RoleArn": self.role.role_arn,
             "AlgorithmSpecification": {
-                "TrainingImage": self.image,
+                "TrainingImage": self.workloads[workload][0] if workload else self.image,
                 "TrainingInputMode": "File",
                 "ContainerEntrypoint": list(ENTRYPOINT),
-                "ContainerArguments": [job, "--data", DATA_PATH, *self._checkpoint_flags(job)],
+                "ContainerArguments": [
+                    job,
+                    "--data",
+                    DATA_PATH,
+                    *(self._workload_flags(job) if workload else self._checkpoint_flags(job)),
+                ],
             },
             "HyperParameters": hyperparameters,
-            "Environment": self._environment(job, instance, run_id),
+            "Environment": {
+                **self._environment(job, instance, run_id),
+                **({"WORKLOAD": self.workloads[workload][1]} if workload else {}),
+            },
             "ResourceConfig": {
                 "InstanceType": instance.sagemaker_instance_type,
                 **({"InstanceCount.$": nodes} if multi_node and nodes else {"InstanceCount": 1}),
@@ -243,6 +268,13 @@ class SageMakerJobRunner:
             CHECKPOINT_LOCAL_PATH,
             *(["--init-checkpoints-root", shared] if self.file_system else []),
         ]
+
+    @staticmethod
+    def _workload_flags(job: JobKind) -> list[str]:
+        """A declared workload's folders (user_workload.prepare_run): the checkpoints SageMaker syncs (training) or
+        the run's checkpoint channel (validation), the model where SageMaker uploads it, the rest beside it."""
+        checkpoints = CHECKPOINT_LOCAL_PATH if job == "train" else CHECKPOINTS_INPUT_PATH
+        return ["--checkpoint-dir", checkpoints, "--run-dir", WORKLOAD_RUN_DIR, "--model-dir", MODEL_PATH]
 
     def _environment(self, job: JobKind, instance: InstanceType, run_id: str) -> dict:
         return {

@@ -58,11 +58,19 @@ class UserWorkload:
 
 
 def contract_environment(
-    *, run_id: str, hyperparameters: Mapping, run_dir: Path, checkpoint_dir: Path, data_dir: Path
+    *,
+    run_id: str,
+    hyperparameters: Mapping,
+    run_dir: Path,
+    checkpoint_dir: Path,
+    data_dir: Path,
+    model_dir: Path | None = None,
 ) -> dict[str, str]:
-    """The variables every launch mode gives the code; writes the hyperparameters file into `run_dir`."""
+    """The variables every launch mode gives the code; writes the hyperparameters file into `run_dir`. The model
+    goes to `model_dir` (default: `run_dir`/model; on SageMaker /opt/ml/model, which it uploads)."""
+    model_dir = model_dir or run_dir / "model"
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "model").mkdir(exist_ok=True)
+    model_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     hyperparameters_file = run_dir / HYPERPARAMETERS_FILE
     hyperparameters_file.write_text(json.dumps(dict(hyperparameters), sort_keys=True))
@@ -71,13 +79,14 @@ def contract_environment(
         "HYPERPARAMETERS_FILE": str(hyperparameters_file),
         "CHECKPOINT_DIR": str(checkpoint_dir),
         "DATA_DIR": str(data_dir),
-        "MODEL_DIR": str(run_dir / "model"),
+        "MODEL_DIR": str(model_dir),
     }
 
 
 def prepare_run(args: list[str], env: Mapping[str, str]) -> tuple[UserWorkload, str, dict[str, str]]:
     """The declaration (WORKLOAD), the run id and the contract's environment from the job's flags: --run-id,
-    --hyperparameters (a JSON object), --data/--dataset, --checkpoint-dir, --run-dir (else the FSx layout)."""
+    --hyperparameters (a JSON object), --data/--dataset, --checkpoint-dir, --run-dir, --model-dir (else the FSx
+    layout)."""
     workload = UserWorkload.from_json(env.get(WORKLOAD_VARIABLE, ""))
     run_id = flag_value(args, "--run-id") or env.get("RUN_ID")
     if not run_id:
@@ -101,6 +110,7 @@ def prepare_run(args: list[str], env: Mapping[str, str]) -> tuple[UserWorkload, 
         run_dir=folder("--run-dir", fsx / "runs" / run_id),
         checkpoint_dir=folder("--checkpoint-dir", fsx / "checkpoints" / run_id),
         data_dir=folder("--data", fsx / "datasets" / dataset),
+        model_dir=folder("--model-dir", Path()) if flag_value(args, "--model-dir") else None,
     )
     return workload, run_id, contract
 

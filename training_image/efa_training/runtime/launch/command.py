@@ -26,6 +26,7 @@ from efa_training.runtime.launch.rendezvous import (
     plan_launch,
 )
 from efa_training.runtime.launch.sagemaker import (
+    WORKLOAD_HYPERPARAMETERS,
     hyperparameter_flags,
     ml_root,
     on_sagemaker,
@@ -75,10 +76,8 @@ def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> La
         env.setdefault("NEURON_COMPILE_CACHE_URL", str(neuron_compile.cache_root(env)))
     elif mode == "compile":
         raise UsageError("mode", mode, "only Trainium (ACCELERATOR_KIND=neuron) compiles ahead of time", "train")
-    if env.get(WORKLOAD_VARIABLE) and mode == "train" and not on_sagemaker(env):
-        return _prepare_workload(script_args, env)
-    if env.get(WORKLOAD_VARIABLE) and mode == "validate" and not on_sagemaker(env):
-        return Launch([sys.executable, "-m", USER_VALIDATE, *script_args], None, env)
+    if env.get(WORKLOAD_VARIABLE) and mode in ("train", "validate"):
+        return _prepare_workload(mode, script_args, env)
     if not on_sagemaker(env):
         return _prepare_scheduler(mode, script_args, env)
     return _prepare_sagemaker(mode, script_args, env)
@@ -100,16 +99,31 @@ def _prepare_scheduler(mode: str, script_args: list[str], env: dict) -> Launch:
     return ahead_of_time(mode, Launch(cmd, plan, env), script_args)
 
 
-def _prepare_workload(script_args: list[str], env: dict) -> Launch:
+def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
     """A declared workload's training on this node (docs/workloads.md): the declared command under the platform's
-    torchrun (or its own launcher), with the contract's environment and folders (user_workload.prepare_run)."""
+    torchrun (or its own launcher), with the contract's environment and folders (user_workload.prepare_run); its
+    validation: the validate command, then the gate (user_validate). On SageMaker the flags come from the job's
+    hyperparameters, the hosts from its resource configuration, and the sanity check runs first where asked."""
+    root = ml_root(env) if on_sagemaker(env) else None
+    config, own = None, None
+    if root is not None:
+        hyperparameters = read_json(root / "input/config/hyperparameters.json", {})
+        script_args = [*script_args, *hyperparameter_flags(mode, hyperparameters, WORKLOAD_HYPERPARAMETERS)]
+    if mode == "validate":
+        return Launch([sys.executable, "-m", USER_VALIDATE, *script_args], None, env, ml_root=root)
+    if root is not None:
+        config, own = _sagemaker_network(root, env, distributed=True)
     workload, run_id, contract = prepare_run(script_args, env)
     env.update(contract)
-    plan = plan_launch("train", env, own_ipv4(env))
+    plan = plan_launch("train", env, own if root is not None else own_ipv4(env), config)
     env.update(node_environment(workload, plan))
     # Read on the main node only: one metric line per step however many nodes print it.
     metrics = LogMetrics(workload, run_id, env.get("TRAINING_ENVIRONMENT", ""), emit=_print_flushed)
-    return Launch(train_command(workload, plan), plan, env, on_line=metrics.feed if plan.is_main_node else None)
+    sanity = None
+    if root is not None and env.get("SANITY_BEFORE_TRAINING") == "1":
+        sanity = sanity_first_command(plan, script_args, env, config)
+    on_line = metrics.feed if plan.is_main_node else None
+    return Launch(train_command(workload, plan), plan, env, sanity, root, on_line=on_line)
 
 
 def _print_flushed(line: str) -> None:
@@ -120,6 +134,20 @@ def _prepare_sagemaker(mode: str, script_args: list[str], env: dict) -> Launch:
     """A SageMaker training job: the hosts and interface from resourceconfig.json, flags from hyperparameters.json,
     and the sanity check first where the job asks for it."""
     root = ml_root(env)
+    config, own = _sagemaker_network(root, env, mode in DISTRIBUTED_MODES)
+    args = [*script_args, *hyperparameter_flags(mode, read_json(root / "input/config/hyperparameters.json", {}))]
+    cmd, plan = build_command(mode, args, env, own, config)
+    if plan and parameter_servers(mode, args):
+        env.update(workloads.supervisor_environment(plan))
+    sanity = None
+    if plan and mode == "train" and env.get("SANITY_BEFORE_TRAINING") == "1":
+        sanity = sanity_first_command(plan, args, env, config)
+    return ahead_of_time(mode, Launch(cmd, plan, env, sanity, root), args)
+
+
+def _sagemaker_network(root: Path, env: dict, distributed: bool) -> tuple[dict, str | None]:
+    """resourceconfig.json, and for a distributed mode this host's IPv4 address on its interface (which NCCL and
+    gloo are told to use)."""
     config = read_json(root / "input/config/resourceconfig.json")
     if not isinstance(config, dict):
         raise UsageError("resourceconfig.json", config, "not a JSON object", "SageMaker's resource configuration")
@@ -128,21 +156,12 @@ def _prepare_sagemaker(mode: str, script_args: list[str], env: dict) -> Launch:
         if not env.get(name):
             # NCCL takes a bare name as a prefix ("eth0" would also match eth01): "=" asks for the exact interface.
             env[name] = f"={interface}" if name.startswith("NCCL") else interface
-    args = [*script_args, *hyperparameter_flags(mode, read_json(root / "input/config/hyperparameters.json", {}))]
-    own = None
-    if mode in DISTRIBUTED_MODES:
-        own = interface_ipv4(interface)
-        if own is None:
-            raise UsageError(
-                "resourceconfig.json network_interface_name", interface, "no IPv4 address in this container", "eth0"
-            )
-    cmd, plan = build_command(mode, args, env, own, config)
-    if plan and parameter_servers(mode, args):
-        env.update(workloads.supervisor_environment(plan))
-    sanity = None
-    if plan and mode == "train" and env.get("SANITY_BEFORE_TRAINING") == "1":
-        sanity = sanity_first_command(plan, args, env, config)
-    return ahead_of_time(mode, Launch(cmd, plan, env, sanity, root), args)
+    own = interface_ipv4(interface) if distributed else None
+    if distributed and own is None:
+        raise UsageError(
+            "resourceconfig.json network_interface_name", interface, "no IPv4 address in this container", "eth0"
+        )
+    return config, own
 
 
 def ahead_of_time(mode: str, launch: Launch, script_args: list[str]) -> Launch:

@@ -40,6 +40,12 @@ SAGEMAKER_HYPERPARAMETERS = {
 }
 SAGEMAKER_HYPERPARAMETERS["compile"] = SAGEMAKER_HYPERPARAMETERS["train"]  # the trial run takes the run's flags
 CHANNEL_HYPERPARAMETERS = ("dataset",)  # on SageMaker the `training` input channel: the --data flag wins
+# A declared workload's jobs (contracts/run.py WORKLOAD_JOB_PARAMETERS, plus train's expected_nodes): its
+# hyperparameters arrive whole, as JSON text, for user_workload.prepare_run.
+WORKLOAD_HYPERPARAMETERS = {
+    "train": ("run_id", "dataset", "hyperparameters", "expected_nodes"),
+    "validate": ("run_id", "dataset", "hyperparameters", "baseline", "tolerance"),
+}
 
 
 def ml_root(env: Mapping[str, str]) -> Path:
@@ -75,12 +81,15 @@ def sagemaker_hosts(config: Mapping) -> tuple[list[str], int, str]:
     return hosts, hosts.index(current), interface
 
 
-def hyperparameter_flags(mode: str, hyperparameters: object) -> list[str]:
+def hyperparameter_flags(
+    mode: str, hyperparameters: object, accepted: Mapping[str, tuple[str, ...]] = SAGEMAKER_HYPERPARAMETERS
+) -> list[str]:
     """SageMaker's hyperparameters as the script's flags: --name-with-dashes VALUE, as the EKS job runner passes them
-    (constructs/compute/eks/job_runner.py launcher_flag), minus the ones an input channel already gives."""
+    (constructs/compute/eks/job_runner.py launcher_flag), minus the ones an input channel already gives. `accepted`:
+    the names each mode takes (a declared workload's: WORKLOAD_HYPERPARAMETERS)."""
     if not isinstance(hyperparameters, dict):
         raise UsageError("hyperparameters.json", hyperparameters, "not a JSON object", '{"max_steps": "1000", ...}')
-    known = SAGEMAKER_HYPERPARAMETERS.get(mode, ())
+    known = accepted.get(mode, ())
     flags: list[str] = []
     for name, value in hyperparameters.items():
         if name not in known:
