@@ -80,10 +80,17 @@ dataset: $(VENV)/.test-deps
 	$(PY) -m tools.dataset $(ENV) $(NAME) $(if $(INPUT),--input $(INPUT)) $(if $(SYNTHETIC),--synthetic) \
 		$(if $(FORMAT),--format $(FORMAT)) $(if $(DRY_RUN),--dry-run)
 
-# LOCAL_MODEL=ctr-tiny runs the sparse click-through model on parameter servers instead of the GPT.
+# LOCAL_MODEL=ctr-tiny runs the sparse click-through model on parameter servers instead of the GPT; WORKLOAD=<name>
+# runs a declared workload (cdk.json, or an example: torch-ddp) through sanity, train, validate and approval
+# (HYPERPARAMETERS='<JSON>' checked against its schema).
 LOCAL_MODEL ?= tiny
 local-run: $(VENV)/.test-deps
+ifdef WORKLOAD
+	$(PY) -m tools.local_workload $(WORKLOAD) --out local-run --env $(ENV) \
+		$(if $(HYPERPARAMETERS),--hyperparameters '$(HYPERPARAMETERS)')
+else
 	$(PY) training_image/local_run.py --out local-run --model $(LOCAL_MODEL)
+endif
 
 cost-report: $(VENV)/.synth-deps
 	$(PY) -m tools.cost_report --all --hours $(HOURS)

@@ -80,3 +80,26 @@ def test_the_ddp_example_is_validated_through_the_gate(tmp_path):
     first = validate("none")  # an environment's first run: its own value is the baseline
     assert first["passed"] and first["value"] < 0.1 and (tmp_path / "run" / "model" / "model.pt").is_file()
     assert not validate(str(first["value"] / 2))["passed"]  # twice as good a baseline: rejected
+
+
+# `make local-run WORKLOAD=torch-ddp`: the stages the pipeline runs, here through the launcher: the platform's sanity
+# check, the example's training on 2 processes, its validation through the gate, and the approval the verdict decides.
+def test_make_local_run_takes_a_declared_workload_through_every_stage(tmp_path):
+    from tools import local_workload
+
+    command = [th.PYTHON, "-m", "tools.local_workload", "torch-ddp", "--out", str(tmp_path), "--hyperparameters"]
+    done = subprocess.run([*command, '{"max_steps": 20}'], cwd=ROOT, env=th.env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["sanity"]["passed"] and report["train"]["loss"]["count"] == 2
+    assert report["validate"]["metric"] == "eval_loss" and report["approved"] is True
+    assert json.loads((tmp_path / "approval.json").read_text())["run_id"] == local_workload.RUN_ID
+
+
+def test_make_local_run_refuses_a_hyperparameter_outside_the_schema_in_one_line(tmp_path, capsys):
+    from tools import local_workload
+
+    assert local_workload.main(["torch-ddp", "--out", str(tmp_path), "--hyperparameters", '{"lr": 5}']) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "local_workload: error: hyperparameters.lr=5 is not valid; expected a number from 0 to 1"
+    assert not (tmp_path / "sanity.json").exists()
