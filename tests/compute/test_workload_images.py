@@ -39,7 +39,7 @@ def test_a_folder_is_built_on_the_platform_images_local_tag():
         stack, "Images", workloads=(_workload("ddp", {"directory": "examples/torch_ddp"}),), platform_image=PLATFORM
     )
     assert images.uri("ddp")  # the asset's URI, a deploy-time value
-    assembly = stack.node.root.synth()  # type: ignore[union-attr]
+    assembly = cdk.App.of(stack).synth()  # type: ignore[union-attr]
     manifest = next(Path(assembly.directory).glob("*.assets.json"))
     docker = json.loads(manifest.read_text())["dockerImages"]
     (source,) = [image["source"] for image in docker.values()]
