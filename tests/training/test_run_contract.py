@@ -152,6 +152,21 @@ def test_sagemaker_hyperparameters_are_the_job_parameters():
     assert {job: set(names) for job, names in sagemaker.SAGEMAKER_HYPERPARAMETERS.items()} == expected
 
 
+def test_a_declared_workloads_sagemaker_hyperparameters_are_its_job_parameters():
+    from contracts.run import WORKLOAD_JOB_PARAMETERS
+    from efa_training.runtime.launch import sagemaker
+
+    expected = {job: set(WORKLOAD_JOB_PARAMETERS[job]) for job in ("train", "validate")}
+    expected["train"].add("expected_nodes")
+    assert {job: set(names) for job, names in sagemaker.WORKLOAD_HYPERPARAMETERS.items()} == expected
+
+
+def test_a_declared_workloads_gate_defaults_to_the_contracts_tolerance():
+    from efa_training.runtime import user_validate
+
+    assert next(f.default for f in contract_fields(2) if f.name == "tolerance") == user_validate.DEFAULT_TOLERANCE
+
+
 def test_the_images_metrics_namespace_is_the_one_the_dashboard_alarms_and_jobs_role_read():
     # Loaded from its file: a plain `import metrics` may find tests/observability/metrics.py in the same session.
     import importlib.util
