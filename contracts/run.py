@@ -5,6 +5,7 @@ One source for every run fact. The state machine's input checks are generated fr
 definitions and the state machine read the stage timeouts, so none of them can disagree.
 """
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -250,6 +251,13 @@ WORKLOAD_JOB_VALUES = {
     **{name: JOB_VALUES[name] for name in ("run_id", "dataset", "baseline", "tolerance")},
     "hyperparameters": "States.JsonToString($.run.hyperparameters)",
 }
+# The strictest backend's limit on that text: a SageMaker hyperparameter value holds at most 2,500 characters
+# (botocore's SageMaker model, HyperParameterValue: max 2500; API_CreateTrainingJob HyperParameters).
+WORKLOAD_HYPERPARAMETERS_MAX_CHARACTERS = 2500
+WORKLOAD_HYPERPARAMETERS_RULE = (
+    f"hyperparameters (defaults merged) of at most {WORKLOAD_HYPERPARAMETERS_MAX_CHARACTERS} characters as compact "
+    "JSON: they reach the job as one value, and a SageMaker hyperparameter holds no more"
+)
 WORKLOAD_JOB_PARAMETERS = {
     "sanity": JOB_PARAMETERS["sanity"],
     "train": ("run_id", "dataset", "hyperparameters"),
@@ -292,6 +300,9 @@ def validate_run(
             problem = _field_problem(f, hyper if f.name.startswith("hyperparameters.") else run)
             problems += [problem] if problem else []
     if workload != BUILT_IN_WORKLOAD:
+        merged = {f.key: f.default for f in hyperparameters(table) if not f.required} | hyper
+        if len(json.dumps(merged, separators=(",", ":"))) > WORKLOAD_HYPERPARAMETERS_MAX_CHARACTERS:
+            problems.append(f"hyperparameters is not valid; expected {WORKLOAD_HYPERPARAMETERS_RULE}")
         if run.get("init_from"):
             problems.append(
                 f"init_from={_show(run['init_from'])} is not valid for workload {workload!r}; expected empty: a "

@@ -25,6 +25,8 @@ from contracts.run import (
     MODEL_STRATEGY_RULE,
     MODELS_OF_STRATEGY,
     NOT_GIVEN,
+    WORKLOAD_HYPERPARAMETERS_MAX_CHARACTERS,
+    WORKLOAD_HYPERPARAMETERS_RULE,
     Field,
     WorkloadSchemas,
     defaults,
@@ -275,6 +277,12 @@ class _InputStates:
                     f.name: _matches_whole(f"$states.input.run.{f.name}", f.pattern, f.max_length, f.default == "")
                     for f in patterned
                 },
+                # A declared workload's hyperparameters travel as one JSON text (contracts.run.validate_run).
+                **(
+                    {"hyperparameters_length": "{% $length($string($states.input.run.hyperparameters)) %}"}
+                    if self.workload != BUILT_IN_WORKLOAD
+                    else {}
+                ),
             },
         )
         values = sfn.Choice(scope, self.id("ValidateValues"))
@@ -284,6 +292,9 @@ class _InputStates:
             )
         for f in patterned:
             values.when(C.not_(C.boolean_equals(f"$.patterns.{f.name}", True)), self.invalid(f, "Pattern"))
+        if self.workload != BUILT_IN_WORKLOAD:
+            too_long = C.number_greater_than("$.hyperparameters_length", WORKLOAD_HYPERPARAMETERS_MAX_CHARACTERS)
+            values.when(too_long, self.fail("hyperparameters", "Length", WORKLOAD_HYPERPARAMETERS_RULE))
         values.otherwise(valid)
         measure.next(match).next(values)
         return measure

@@ -14,7 +14,14 @@ from tests.pipeline.runs import ACCEPTED, REJECTED, approval, approved_model, cl
 from tests.sfn_emulator import PREPARED_DATASET
 
 ROOT = Path(__file__).resolve().parents[2]
-DECLARED = {"torch-ddp": json.loads((ROOT / "examples/torch_ddp/workload.json").read_text())}
+DDP = json.loads((ROOT / "examples/torch_ddp/workload.json").read_text())
+# A second workload, from an image URI, with a free-text hyperparameter.
+NOTED = {
+    **DDP,
+    "image": {"uri": "111122223333.dkr.ecr.us-east-1.amazonaws.com/noted:v1"},
+    "hyperparameters": {"note": {"type": "string", "default": ""}},
+}
+DECLARED = {"torch-ddp": DDP, "noted": NOTED}
 WORKLOADS = schemas(parse_workloads(DECLARED, ROOT))
 RUN = {
     "run_id": "ddp-001",
@@ -98,6 +105,7 @@ def test_a_rejected_model_of_a_declared_workload_is_not_approved(emulator):
         ({"workload": "torch-ddp", "hyperparameters": {"model": "tiny"}}, "InvalidUnknownField-torch-ddp"),
         ({"workload": "torch-ddp", "hyperparameters": {"max_steps": 2.0}}, "InvalidMaxStepsNotInteger-torch-ddp"),
         ({"workload": "torch-ddp", "init_from": "approved"}, "InvalidInitFromForWorkload-torch-ddp"),
+        ({"workload": "noted", "hyperparameters": {"note": "x" * 2500}}, "InvalidHyperparametersLength-noted"),
         ({"workload": "my-llm"}, "InvalidWorkloadType"),
         ({"workload": 7}, "InvalidWorkloadType"),
     ],
@@ -120,6 +128,18 @@ def test_a_valid_declared_run_passes_the_cli_check_too():
     assert validate_run(RUN, max_nodes=2, min_nodes=2, workloads=WORKLOADS) == []
 
 
+# The hyperparameters reach the job as one JSON text: 2,500 characters at most (SageMaker's limit on one value).
+def test_the_longest_hyperparameters_a_run_may_give_pass_and_one_more_character_does_not():
+    fits = {"note": "x" * (2500 - len('{"note":""}'))}
+    run = {**RUN, "workload": "noted", "hyperparameters": fits}
+    assert validate_run(run, max_nodes=2, min_nodes=2, workloads=WORKLOADS) == []
+    run["hyperparameters"] = {"note": fits["note"] + "x"}
+    (problem,) = validate_run(run, max_nodes=2, min_nodes=2, workloads=WORKLOADS)
+    assert problem.startswith(
+        "hyperparameters is not valid; expected hyperparameters (defaults merged) of at most 2500"
+    )
+
+
 # The CLI checks a run file against the environment's declarations in cdk.json before any AWS call.
 def test_the_cli_refuses_a_workload_the_environment_does_not_declare(tmp_path, capsys):
     from tools.pipeline_cli import main
@@ -140,3 +160,10 @@ def test_the_cli_checks_a_declared_workloads_hyperparameters(tmp_path, capsys, m
     path.write_text(json.dumps({**RUN, "hyperparameters": {"lr": 2}}))
     assert pipeline_cli.main(["start", "dev", str(path)]) == 2
     assert capsys.readouterr().err.strip().endswith("hyperparameters.lr=2 is not valid; expected a number from 0 to 1")
+
+
+def test_the_first_state_counts_the_hyperparameters_length_as_the_cli_does(emulator):
+    emulator.verdict = VERDICT
+    fits = {"note": "x" * (2500 - len('{"note":""}'))}
+    assert emulator.run({**RUN, "workload": "noted", "hyperparameters": fits})["status"] == "SUCCEEDED"
+    assert len(emulator.submitted[1]["parameters"]["hyperparameters"]) == 2500
