@@ -15,7 +15,7 @@ def main() -> int:
         print(f"evaluate.py: no checkpoint at {latest}", file=sys.stderr)
         return 2
     model = torch.nn.Linear(1, 1)
-    model.load_state_dict(torch.load(latest)["model"])
+    model.load_state_dict(torch.load(latest, map_location="cpu")["model"])
     x = torch.linspace(-1, 1, 101).unsqueeze(1)
     with torch.no_grad():
         eval_loss = torch.nn.functional.mse_loss(model(x), 3 * x - 1).item()

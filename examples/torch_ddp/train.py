@@ -31,23 +31,28 @@ def hyperparameters() -> dict:
 
 def main() -> int:
     hyper = hyperparameters()
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    # On GPUs each process drives the GPU of its local rank, and NCCL's tensors live there; on CPU, gloo.
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(1234 + rank)
-    model = DistributedDataParallel(torch.nn.Linear(1, 1))
+    model = DistributedDataParallel(torch.nn.Linear(1, 1).to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=hyper["lr"])
     latest = Path(os.environ["CHECKPOINT_DIR"]) / "latest.pt"
     step = 0
     if latest.is_file():
-        saved = torch.load(latest)
+        saved = torch.load(latest, map_location=device)
         model.module.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         step = saved["step"]
         print(f"resumed from step={step}", flush=True)
-    stop = []
+    stop: list[bool] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    while step < hyper["max_steps"] and not stopping(stop):
-        x = torch.rand(64, 1) * 2 - 1
+    stopped = False
+    while step < hyper["max_steps"] and not (stopped := stopping(stop, device)):
+        x = torch.rand(64, 1, device=device) * 2 - 1
         loss = torch.nn.functional.mse_loss(model(x), 3 * x - 1)
         optimizer.zero_grad()
         loss.backward()
@@ -57,7 +62,7 @@ def main() -> int:
             print(f"step={step} loss={loss.item():.6f}", flush=True)
         if step % hyper["checkpoint_every"] == 0 or step == hyper["max_steps"]:
             save(rank, latest, model, optimizer, step)
-    if stop:
+    if stopped:  # the all-reduced flag: every rank saves together, not only those the signal reached
         save(rank, latest, model, optimizer, step)
         if rank == 0:
             print(f"stopped at step={step}: saved", flush=True)
@@ -68,9 +73,9 @@ def main() -> int:
     os._exit(0)
 
 
-def stopping(stop: list) -> bool:
+def stopping(stop: list, device: torch.device) -> bool:
     """Every rank stops at the same step: a SIGTERM seen by any rank stops them all (all-reduce of the flag)."""
-    flag = torch.tensor([1.0 if stop else 0.0])
+    flag = torch.tensor([1.0 if stop else 0.0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 

@@ -6,6 +6,7 @@ PyTorch DDP script that imports nothing of the platform."""
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from tests.training import training_helpers as th
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "torch_ddp"
-pytestmark = pytest.mark.xdist_group("example-workloads")
+pytestmark = pytest.mark.xdist_group("example-ddp")
 
 
 def _declared() -> str:
@@ -48,16 +49,23 @@ def _saved_step(tmp_path: Path) -> int:
     return torch.load(tmp_path / "c" / "latest.pt")["step"]
 
 
-# Trained for real on 2 processes: its printed loss becomes metrics; a second attempt resumes from its checkpoint.
-def test_the_ddp_example_trains_and_resumes_from_its_own_checkpoint(tmp_path):
-    first = _train(tmp_path, {"max_steps": 60})
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """One training of the module, in two attempts: 60 steps, then resumed to 200 (the gate's tests read it)."""
+    folder = tmp_path_factory.mktemp("ddp")
+    first = _train(folder, {"max_steps": 60})
     assert first.returncode == 0, first.stderr[-3000:]
-    assert _saved_step(tmp_path) == 60
+    assert _saved_step(folder) == 60
+    return folder, first, _train(folder, {"max_steps": 200})
+
+
+# Trained for real on 2 processes: its printed loss becomes metrics; a second attempt resumes from its checkpoint.
+def test_the_ddp_example_trains_and_resumes_from_its_own_checkpoint(trained):
+    folder, first, second = trained
     losses = [record["loss"] for record in parse_emf_lines(first.stdout.splitlines())]
     assert len(losses) == 6 and losses[-1] < losses[0]
-    second = _train(tmp_path, {"max_steps": 80})
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from step=60" in second.stdout and _saved_step(tmp_path) == 80
+    assert "resumed from step=60" in second.stdout and _saved_step(folder) == 200
 
 
 # A bad hyperparameter ends the job with the script's own 2 (not retried), through torchrun and the relay.
@@ -67,8 +75,8 @@ def test_the_ddp_example_refuses_a_bad_hyperparameter_with_2(tmp_path):
 
 
 # Validated through the gate: the example's eval_loss against a baseline, in the declared direction.
-def test_the_ddp_example_is_validated_through_the_gate(tmp_path):
-    assert _train(tmp_path, {"max_steps": 200}).returncode == 0
+def test_the_ddp_example_is_validated_through_the_gate(trained, tmp_path):
+    shutil.copytree(trained[0], tmp_path, dirs_exist_ok=True)  # the module's run, trained to 200 steps
 
     def validate(baseline: str) -> dict:
         verdict = tmp_path / f"verdict-{baseline}.json"
