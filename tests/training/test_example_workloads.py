@@ -7,6 +7,7 @@ PyTorch DDP script that imports nothing of the platform."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -111,3 +112,25 @@ def test_make_local_run_refuses_a_hyperparameter_outside_the_schema_in_one_line(
     err = capsys.readouterr().err.strip()
     assert err == "local_workload: error: hyperparameters.lr=5 is not valid; expected a number from 0 to 1"
     assert not (tmp_path / "sanity.json").exists()
+
+
+# Stopped on SIGTERM (Batch and EKS send it before the kill, SageMaker on StopTrainingJob): the launcher passes it on,
+# every rank stops at the same step, rank 0 saves, and the job ends as stopped (143: an attempt failure, retried and
+# resumed), though the script itself exits 0. Signalled once a step line shows the script's handler is in place.
+def test_the_ddp_example_saves_and_the_job_ends_as_stopped_on_sigterm(tmp_path):
+    command = _launch(tmp_path, "train", "--hyperparameters", json.dumps({"max_steps": 1_000_000}))
+    proc = subprocess.Popen(command, cwd=EXAMPLE, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("step="):
+                proc.send_signal(signal.SIGTERM)
+                break
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    stopped = [line for line in [*lines, *out.splitlines()] if line.startswith("stopped at step=")]
+    assert proc.returncode == 143 and stopped, err[-3000:]
+    assert _saved_step(tmp_path) == int(stopped[0].split("=")[1].split(":")[0])

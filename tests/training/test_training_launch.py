@@ -193,6 +193,19 @@ def test_relayed_exit_code_is_the_first_failure_of_the_last_restart(tmp_path):
     assert exit_relay.relayed_exit_code(tmp_path / "empty", 1) == 1
 
 
+# A stop signal every worker answered by saving and ending (0 from a user's script, 143 from the platform's trainer)
+# ends the job as stopped (143: an attempt failure, resumed), not as torchrun's own 1 for its SIGTERM.
+def test_workers_that_all_stopped_cleanly_on_a_signal_end_the_job_as_stopped(tmp_path):
+    for name, text in {"restart0-rank0": "0 10.0", "restart0-rank1": "143 11.0"}.items():
+        (tmp_path / name).write_text(text)
+    assert exit_relay.relayed_exit_code(tmp_path, 1, stop_requested=True) == 143
+    assert exit_relay.relayed_exit_code(tmp_path, 1, stop_requested=False) == 143  # the first failure: rank 1's
+    (tmp_path / "restart0-rank1").write_text("0 11.0")
+    assert exit_relay.relayed_exit_code(tmp_path, 1, stop_requested=False) == 1  # no signal: torchrun's own
+    (tmp_path / "restart0-rank1").write_text("7 11.0")
+    assert exit_relay.relayed_exit_code(tmp_path, 1, stop_requested=True) == 7  # one failed on the way out
+
+
 def test_a_restart_after_a_final_code_ends_the_same_way_without_running_again(tmp_path, monkeypatch):
     # torchrun restarts the group after a refusal too; the relay ends it at once with the same code.
     (tmp_path / "restart0-rank1").write_text("5 10.0")

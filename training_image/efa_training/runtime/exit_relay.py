@@ -28,7 +28,14 @@ import sys
 import time
 from pathlib import Path
 
-from efa_training.runtime.errors import EXIT_DIVERGED, EXIT_FOLDER_LOCKED, EXIT_USAGE, RELAYED, exit_process
+from efa_training.runtime.errors import (
+    EXIT_DIVERGED,
+    EXIT_FOLDER_LOCKED,
+    EXIT_STOPPED,
+    EXIT_USAGE,
+    RELAYED,
+    exit_process,
+)
 
 EXIT_CODE_DIR = "LAUNCH_EXIT_CODE_DIR"
 FINAL = {EXIT_USAGE, EXIT_DIVERGED, EXIT_FOLDER_LOCKED}  # a restart would end the same way
@@ -71,10 +78,11 @@ def record(code: int) -> None:
         Path(folder, f"restart{restart}-rank{rank}").write_text(f"{code} {time.time()}")
 
 
-def relayed_exit_code(folder: Path, torchrun_code: int) -> int:
+def relayed_exit_code(folder: Path, torchrun_code: int, stop_requested: bool = False) -> int:
     """The exit code a job should end with: that of the first worker of torchrun's last restart to fail
     (torchrun's "root cause"), when it chose one; else torchrun's. Workers that torchrun stopped after that
-    failure exit later and do not count, so a crash (1) is not reported as their 143."""
+    failure exit later and do not count, so a crash (1) is not reported as their 143. After a stop signal
+    (`stop_requested`) that every worker answered by ending cleanly: EXIT_STOPPED."""
     if torchrun_code == 0:
         return 0
     exits: dict[int, list[tuple[float, int, int]]] = {}
@@ -85,7 +93,12 @@ def relayed_exit_code(folder: Path, torchrun_code: int) -> int:
             exits.setdefault(int(restart), []).append((float(when), int(rank), int(code)))
         except ValueError:
             continue
-    failures = sorted(e for e in exits.get(max(exits, default=-1), []) if e[2] != 0)
+    last = exits.get(max(exits, default=-1), [])
+    failures = sorted(e for e in last if e[2] != 0)
+    if stop_requested and last and all(code in (0, EXIT_STOPPED) for _, _, code in last):
+        # Every worker saved and ended on the stop signal (a user's script may exit 0 then, as the contract lets it);
+        # torchrun reports its own SIGTERM as 1, which would read as a crash.
+        return EXIT_STOPPED
     return failures[0][2] if failures and failures[0][2] != 1 else torchrun_code
 
 

@@ -46,7 +46,8 @@ def run_forwarding(cmd: list[str], env: dict, on_line: Callable[[str], object] |
 def run_torchrun(cmd: list[str], env: dict, on_line: Callable[[str], object] | None = None) -> int:
     """torchrun as a child, with the scheduler's stop signals passed on, ending with the workers' own exit code."""
     with tempfile.TemporaryDirectory(prefix="launch-exit-codes-") as folder:
-        return relayed_exit_code(Path(folder), run_forwarding(cmd, {**env, EXIT_CODE_DIR: folder}, on_line))
+        code = run_forwarding(cmd, {**env, EXIT_CODE_DIR: folder}, on_line)
+        return relayed_exit_code(Path(folder), code, stop_requested=bool(_signals_received))
 
 
 def run_on_sagemaker(mode: str, launch: Launch) -> int:
