@@ -8,7 +8,6 @@ relay failed under CI load, see test_example_workloads.py.)"""
 
 import json
 import math
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -17,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from contracts.workload import parse_workload
 from efa_training.runtime.metrics import parse_emf_lines
-from tests.training import training_helpers as th
+from tests.training import example_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "deepspeed_zero"
@@ -27,34 +25,18 @@ FIRST_STEPS, RESUMED_STEPS = 30, 40
 pytestmark = pytest.mark.xdist_group("example-deepspeed")
 
 
+def _launch(folder: Path, mode: str, *args: str) -> list[str]:
+    return example_runs.launch(folder, mode, *args)
+
+
+def _env() -> dict:
+    return example_runs.job_env("deepspeed-zero", 2, CUDA_VISIBLE_DEVICES="")
+
+
 @dataclass(frozen=True)
 class Run:
     folder: Path  # --data; checkpoints in c/, the run's folder in run/
     done: subprocess.CompletedProcess
-
-
-def _declared() -> str:
-    declaration = json.loads((EXAMPLE / "workload.json").read_text())
-    return json.dumps(parse_workload("deepspeed-zero", declaration, ROOT).as_json())
-
-
-def _launch(folder: Path, mode: str, *args: str) -> list[str]:
-    folders = ["--data", str(folder), "--checkpoint-dir", str(folder / "c"), "--run-dir", str(folder / "run")]
-    return [th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), mode, "--run-id", "demo", *folders, *args]
-
-
-def _env() -> dict:
-    """The job's environment; `python` in the declared commands is the test's (in the image: the image's). No GPU:
-    the CPU path (DeepSpeed's CPU accelerator and gloo) even where the test machine has one."""
-    path = f"{Path(th.PYTHON).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return th.env(
-        WORKLOAD=_declared(),
-        ACCELERATORS_PER_NODE="2",
-        MASTER_PORT=str(th.free_port()),
-        MAX_RESTARTS="0",
-        PATH=path,
-        CUDA_VISIBLE_DEVICES="",
-    )
 
 
 def _train(folder: Path, hyperparameters: dict) -> Run:

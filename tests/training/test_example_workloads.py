@@ -5,7 +5,6 @@ about 10 under CI load, the stop line never arriving: not claimed until understo
 PyTorch DDP script that imports nothing of the platform."""
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -14,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from contracts.workload import parse_workload
 from efa_training.runtime.metrics import parse_emf_lines
+from tests.training import example_runs
 from tests.training import training_helpers as th
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,22 +22,12 @@ EXAMPLE = ROOT / "examples" / "torch_ddp"
 pytestmark = pytest.mark.xdist_group("example-ddp")
 
 
-def _declared() -> str:
-    declaration = json.loads((EXAMPLE / "workload.json").read_text())
-    return json.dumps(parse_workload("torch-ddp", declaration, ROOT).as_json())
-
-
-def _launch(tmp_path: Path, mode: str, *args: str) -> list[str]:
-    folders = ["--data", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c"), "--run-dir", str(tmp_path / "run")]
-    return [th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), mode, "--run-id", "demo", *folders, *args]
+def _launch(folder: Path, mode: str, *args: str) -> list[str]:
+    return example_runs.launch(folder, mode, *args)
 
 
 def _env() -> dict:
-    """The job's environment; `python` in the declared commands is the test's (in the image: the image's)."""
-    path = f"{Path(th.PYTHON).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return th.env(
-        WORKLOAD=_declared(), ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port()), MAX_RESTARTS="0", PATH=path
-    )
+    return example_runs.job_env("torch-ddp", 2)
 
 
 def _train(tmp_path: Path, hyperparameters: dict) -> subprocess.CompletedProcess:

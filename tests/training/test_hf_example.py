@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.workload import parse_workload
 from efa_training.runtime.metrics import parse_emf_lines
+from tests.training import example_runs
 from tests.training import training_helpers as th
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,29 +28,12 @@ COMPLETE = "checkpoint-complete.json"  # train.py's marker: every rank has saved
 pytestmark = pytest.mark.xdist_group("example-hf")
 
 
-def _declared() -> str:
-    declaration = json.loads((EXAMPLE / "workload.json").read_text())
-    return json.dumps(parse_workload("hf-trainer", declaration, ROOT).as_json())
-
-
-def _launch(tmp_path: Path, mode: str, *args: str) -> list[str]:
-    folders = ["--data", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c"), "--run-dir", str(tmp_path / "run")]
-    return [th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), mode, "--run-id", "demo", *folders, *args]
+def _launch(folder: Path, mode: str, *args: str) -> list[str]:
+    return example_runs.launch(folder, mode, *args)
 
 
 def _env() -> dict:
-    """The job's environment; `python` in the declared commands is the test's (in the image: the image's). Offline:
-    the example must not reach for the Hugging Face Hub."""
-    path = f"{Path(th.PYTHON).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return th.env(
-        WORKLOAD=_declared(),
-        ACCELERATORS_PER_NODE="2",
-        MASTER_PORT=str(th.free_port()),
-        MAX_RESTARTS="0",
-        PATH=path,
-        HF_HUB_OFFLINE="1",
-        CUDA_VISIBLE_DEVICES="",
-    )
+    return example_runs.job_env("hf-trainer", 2, HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
 
 
 def _train_command(tmp_path: Path, hyperparameters: dict) -> list[str]:

@@ -5,16 +5,14 @@ process through the gate. One training run is shared by the module's tests (each
 
 import json
 import math
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from contracts.workload import parse_workload
 from efa_training.runtime.metrics import parse_emf_lines
-from tests.training import training_helpers as th
+from tests.training import example_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "torch_tp"
@@ -22,22 +20,12 @@ STEPS = 20  # the shared run's: a loss line every 10 steps, a checkpoint every 1
 pytestmark = pytest.mark.xdist_group("example-tp")
 
 
-def _declared() -> str:
-    declaration = json.loads((EXAMPLE / "workload.json").read_text())
-    return json.dumps(parse_workload("torch-tp", declaration, ROOT).as_json())
-
-
 def _launch(folder: Path, mode: str, *args: str) -> list[str]:
-    folders = ["--data", str(folder), "--checkpoint-dir", str(folder / "c"), "--run-dir", str(folder / "run")]
-    return [th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), mode, "--run-id", "demo", *folders, *args]
+    return example_runs.launch(folder, mode, *args)
 
 
 def _env() -> dict:
-    """The job's environment: 4 processes on one node; `python` in the declared commands is the test's."""
-    path = f"{Path(th.PYTHON).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return th.env(
-        WORKLOAD=_declared(), ACCELERATORS_PER_NODE="4", MASTER_PORT=str(th.free_port()), MAX_RESTARTS="0", PATH=path
-    )
+    return example_runs.job_env("torch-tp", 4)
 
 
 def _train(folder: Path, hyperparameters: dict) -> subprocess.CompletedProcess:

@@ -12,6 +12,7 @@ import pytest
 
 from contracts.workload import LAUNCHES as DECLARED_LAUNCHES
 from contracts.workload import parse_workload
+from efa_training.report import report_metrics
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.launch import rendezvous
 from efa_training.runtime.metrics import parse_emf_lines
@@ -119,6 +120,23 @@ def test_log_lines_become_metrics():
     (record,) = parse_emf_lines(lines)
     assert (record["Environment"], record["RunId"], record["loss"]) == ("dev", "run-1", 2.5)
     assert record["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["Environment", "RunId"]]
+
+
+# Code that reports its own metrics (efa_training.report) needs no regex: the launcher reads the helper's line into the
+# same metrics; a NaN is left out, a bad name or a value that is not a number is the caller's error at once.
+def test_metrics_reported_through_the_helper_become_metrics_without_a_regex(capsys):
+    report_metrics(step=20, loss=1.25, grad_norm=math.nan)
+    line = capsys.readouterr().out
+    assert line == 'efa-training-metrics {"step": 20.0, "loss": 1.25}\n'
+    lines: list[str] = []
+    bare = UserWorkload.from_json(parse_workload("bare", {**DECLARATION, "metrics": {}}, Path(".")).variable)
+    assert LogMetrics(bare, "run-1", "dev", emit=lines.append).feed(line) == {"step": 20.0, "loss": 1.25}
+    (record,) = parse_emf_lines(lines)
+    assert record["loss"] == 1.25 and record["RunId"] == "run-1"
+    with pytest.raises(ValueError, match="metric name 'a b'"):
+        report_metrics(**{"a b": 1.0})
+    with pytest.raises(TypeError, match="loss='x' is not a number"):
+        report_metrics(loss="x")  # type: ignore[arg-type]
 
 
 def _written(tmp_path: Path, value) -> Path:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from efa_training.report import PREFIX as REPORT_PREFIX
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.launch.rendezvous import LaunchPlan
 from efa_training.runtime.metrics import NAMESPACE
@@ -149,7 +150,7 @@ class LogMetrics:
         self.patterns, self.run_id, self.environment, self.emit = workload.metrics, run_id, environment, emit
 
     def feed(self, line: str) -> dict[str, float]:
-        values = {}
+        values = self._reported(line)
         for name, pattern in self.patterns.items():
             found = pattern.search(line)
             if found:
@@ -162,6 +163,20 @@ class LogMetrics:
         if values:
             self.emit(json.dumps(self._record(values)))
         return values
+
+    @staticmethod
+    def _reported(line: str) -> dict[str, float]:
+        """A line from efa_training.report.report_metrics: its numbers, whatever the declaration's regexes."""
+        if not line.startswith(REPORT_PREFIX):
+            return {}
+        try:
+            reported = json.loads(line[len(REPORT_PREFIX) :])
+        except ValueError:
+            return {}
+        if not isinstance(reported, dict):
+            return {}
+        numbers = {k: float(v) for k, v in reported.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return {k: v for k, v in numbers.items() if isinstance(k, str) and math.isfinite(v)}
 
     def _record(self, values: dict[str, float]) -> dict:
         dimensions = ["Environment", "RunId"] if self.environment else ["RunId"]
