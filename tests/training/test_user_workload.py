@@ -12,10 +12,10 @@ import pytest
 
 from contracts.workload import LAUNCHES as DECLARED_LAUNCHES
 from contracts.workload import parse_workload
-from efa_training.report import report_metrics
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.launch import rendezvous
 from efa_training.runtime.metrics import parse_emf_lines
+from efa_training.runtime.report import report_metrics
 from efa_training.runtime.user_workload import (
     LAUNCHES,
     LogMetrics,
@@ -122,8 +122,8 @@ def test_log_lines_become_metrics():
     assert record["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["Environment", "RunId"]]
 
 
-# Code that reports its own metrics (efa_training.report) needs no regex: the launcher reads the helper's line into the
-# same metrics; a NaN is left out, a bad name or a value that is not a number is the caller's error at once.
+# Code that reports its own metrics (efa_training.runtime.report) needs no regex: the launcher reads the helper's line
+# into the same metrics; a NaN is left out, a bad name or a value that is not a number is the caller's error at once.
 def test_metrics_reported_through_the_helper_become_metrics_without_a_regex(capsys):
     report_metrics(step=20, loss=1.25, grad_norm=math.nan)
     line = capsys.readouterr().out

@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from efa_training.report import PREFIX as REPORT_PREFIX
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.launch.rendezvous import LaunchPlan
 from efa_training.runtime.metrics import NAMESPACE
+from efa_training.runtime.report import PREFIX as REPORT_PREFIX
 from efa_training.runtime.run_paths import flag_value
 
 WORKLOAD_VARIABLE = "WORKLOAD"
@@ -166,7 +166,7 @@ class LogMetrics:
 
     @staticmethod
     def _reported(line: str) -> dict[str, float]:
-        """A line from efa_training.report.report_metrics: its numbers, whatever the declaration's regexes."""
+        """A line from efa_training.runtime.report.report_metrics: its numbers, whatever the declaration's regexes."""
         if not line.startswith(REPORT_PREFIX):
             return {}
         try:

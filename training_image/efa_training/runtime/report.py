@@ -1,6 +1,6 @@
 """For your own training code (docs/workloads.md): report metrics without declaring a regular expression.
 
-    from efa_training.report import report_metrics   # in the platform's image, under its launcher
+    from efa_training.runtime.report import report_metrics   # in the platform's image, under its launcher
     report_metrics(step=100, loss=2.31, tokens_per_s=51234.0)
 
 Prints one line, `efa-training-metrics {"step": 100, "loss": 2.31, "tokens_per_s": 51234.0}`, which the launcher
