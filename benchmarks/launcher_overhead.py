@@ -5,7 +5,7 @@ it reports its own steady-state steps per second and when its first step ended. 
 declaration in WORKLOAD (the contract's environment, the platform's torchrun with its rendezvous, every worker behind
 exit_relay, the main node's lines read into metrics). "Plain": `torchrun --standalone --nproc-per-node 2` with the
 same files. Start-up: from the command's start to the end of the first step. Goal: throughput >= 0.98 of plain's.
-Usage: .venv/bin/python benchmarks/launcher_overhead.py [--runs 5] [--steps 600]
+Usage: .venv/bin/python benchmarks/launcher_overhead.py [--runs 5] [--steps 3000]
 """
 
 import argparse
@@ -57,7 +57,7 @@ def _run(platform: bool, steps: int, declaration: str) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of each, alternating (medians reported)")
-    parser.add_argument("--steps", type=int, default=600, help="steps per run")
+    parser.add_argument("--steps", type=int, default=3000, help="steps per run")
     args = parser.parse_args()
     declaration = json.dumps(parse_workload("bench", DECLARATION, ROOT).as_json())
     samples: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
