@@ -32,6 +32,7 @@ EXIT_USAGE = 2
 EXIT_DIVERGED = 4
 EXIT_FOLDER_LOCKED = 5
 EXIT_REPORT_NOT_WRITTEN = 3  # sanity_check.py: the checks passed, the report was not written
+EXIT_HUNG = 6  # runtime/launch/watchdog.py: no progress past the limit; the stacks are in the log (retried)
 EXIT_STOPPED = 143  # 128 + SIGTERM: train.py stopped cleanly on request (SIGINT too), after a final checkpoint
 
 FAILURE_REASON_MARKER = "efa-training exit code "
@@ -41,6 +42,7 @@ EXIT_MEANINGS = {
     EXIT_REPORT_NOT_WRITTEN: "sanity report not written (the checks passed)",
     EXIT_DIVERGED: "diverged: the loss or gradient norm stopped being finite, or exploded",
     EXIT_FOLDER_LOCKED: "checkpoint folder locked by another live job",
+    EXIT_HUNG: "hung: no progress past the watchdog's limit (every worker's stacks are in the log)",
     EXIT_STOPPED: "stopped (143) on SIGTERM after writing a final checkpoint",
 }
 

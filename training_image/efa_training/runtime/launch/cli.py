@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if launch.ml_root is None:
         if not launch.plan:
             os.execvpe(launch.command[0], launch.command, launch.env)  # one plain process: its exit code is the job's
-        return mark_compiled(launch, run_torchrun(launch.command, launch.env, launch.on_line))
+        return mark_compiled(launch, run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog))
     return mark_compiled(launch, run_on_sagemaker(mode, launch))
 
 

@@ -33,6 +33,7 @@ from efa_training.runtime.launch.sagemaker import (
     read_json,
     sagemaker_hosts,
 )
+from efa_training.runtime.launch.watchdog import Watchdog
 from efa_training.runtime.run_paths import flag_value
 from efa_training.runtime.user_workload import (
     WORKLOAD_VARIABLE,
@@ -62,6 +63,7 @@ class Launch:
     scratch: Path | None = None  # the trial run's throwaway checkpoints
     # a declared workload's log lines -> its metrics (runtime/user_workload.py LogMetrics), on the main node
     on_line: Callable[[str], object] | None = None
+    watchdog: Watchdog | None = None  # ends a training that stopped making progress (on the main node)
 
 
 def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> Launch:
@@ -117,13 +119,17 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
     env.update(contract)
     plan = plan_launch("train", env, own if root is not None else own_ipv4(env), config)
     env.update(node_environment(workload, plan))
-    # Read on the main node only: one metric line per step however many nodes print it.
+    env["PYTHONFAULTHANDLER"] = "1"  # a worker's stacks on SIGABRT: the watchdog's evidence of a hang
+    # Read on the main node only: one metric line per step however many nodes print it; each is progress.
     metrics = LogMetrics(workload, run_id, env.get("TRAINING_ENVIRONMENT", ""), emit=_print_flushed)
     sanity = None
     if root is not None and env.get("SANITY_BEFORE_TRAINING") == "1":
         sanity = sanity_first_command(plan, script_args, env, config)
-    on_line = metrics.feed if plan.is_main_node else None
-    return Launch(train_command(workload, plan), plan, env, sanity, root, on_line=on_line)
+    if not plan.is_main_node:
+        return Launch(train_command(workload, plan), plan, env, sanity, root)
+    watchdog = Watchdog.from_env(env)
+    command = train_command(workload, plan)
+    return Launch(command, plan, env, sanity, root, on_line=watchdog.watch(metrics.feed), watchdog=watchdog)
 
 
 def _print_flushed(line: str) -> None:

@@ -12,21 +12,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from efa_training.runtime import host_metrics
-from efa_training.runtime.errors import EXIT_STOPPED
+from efa_training.runtime.errors import EXIT_HUNG, EXIT_STOPPED
 from efa_training.runtime.exit_relay import EXIT_CODE_DIR, relayed_exit_code
 from efa_training.runtime.launch.sagemaker import write_failure
 
 if TYPE_CHECKING:
     from efa_training.runtime.launch.command import Launch
+    from efa_training.runtime.launch.watchdog import Watchdog
 
 _signals_received: list[int] = []
 
 
-def run_forwarding(cmd: list[str], env: dict, on_line: Callable[[str], object] | None = None) -> int:
+def run_forwarding(
+    cmd: list[str], env: dict, on_line: Callable[[str], object] | None = None, watchdog: Watchdog | None = None
+) -> int:
     """`cmd` as a child with the scheduler's stop signals passed on (StopTrainingJob sends SIGTERM and waits 120 s:
     https://docs.aws.amazon.com/sagemaker/latest/dg/API_StopTrainingJob.html); its exit code, 128+N if killed.
-    `on_line`: each line the child prints, after it is passed on to this process's stdout (a workload's metrics)."""
+    `on_line`: each line the child prints, after it is passed on to this process's stdout (a workload's metrics).
+    `watchdog`: ends the child's process tree when its progress stops (runtime/launch/watchdog.py)."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if on_line else None, text=bool(on_line))
+    if watchdog is not None:
+        watchdog.guard(proc)
 
     def forward(signum: int, frame: object) -> None:
         _signals_received.append(signum)
@@ -43,10 +49,15 @@ def run_forwarding(cmd: list[str], env: dict, on_line: Callable[[str], object] |
     return code if code >= 0 else 128 - code
 
 
-def run_torchrun(cmd: list[str], env: dict, on_line: Callable[[str], object] | None = None) -> int:
-    """torchrun as a child, with the scheduler's stop signals passed on, ending with the workers' own exit code."""
+def run_torchrun(
+    cmd: list[str], env: dict, on_line: Callable[[str], object] | None = None, watchdog: Watchdog | None = None
+) -> int:
+    """torchrun as a child, with the scheduler's stop signals passed on, ending with the workers' own exit code, or
+    EXIT_HUNG where the watchdog ended a training that stopped making progress."""
     with tempfile.TemporaryDirectory(prefix="launch-exit-codes-") as folder:
-        code = run_forwarding(cmd, {**env, EXIT_CODE_DIR: folder}, on_line)
+        code = run_forwarding(cmd, {**env, EXIT_CODE_DIR: folder}, on_line, watchdog)
+        if watchdog is not None and watchdog.hang is not None:
+            return EXIT_HUNG
         return relayed_exit_code(Path(folder), code, stop_requested=bool(_signals_received))
 
 
@@ -63,7 +74,10 @@ def run_on_sagemaker(mode: str, launch: Launch) -> int:
             code = EXIT_STOPPED  # stopped between the check and the training: nothing to train or save yet
     if code == 0:
         stage = mode
-        code = run_torchrun(launch.command, launch.env) if launch.plan else run_forwarding(launch.command, launch.env)
+        if launch.plan:
+            code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog)
+        else:
+            code = run_forwarding(launch.command, launch.env)
     if code != 0:
         write_failure(launch.ml_root, code, stage)
     return code
