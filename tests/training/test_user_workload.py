@@ -82,6 +82,13 @@ def test_the_contract_environment_names_the_runs_files_and_folders(tmp_path):
     )
     assert json.loads(Path(env["HYPERPARAMETERS_FILE"]).read_text()) == {"lr": 0.001, "max_steps": 10}
     assert env["RUN_ID"] == "run-1" and Path(env["CHECKPOINT_DIR"]).is_dir() and Path(env["MODEL_DIR"]).is_dir()
+    assert (env["HP_LR"], env["HP_MAX_STEPS"]) == ("0.001", "10")  # each one as a variable too (its JSON text)
+
+
+def test_each_hyperparameter_is_a_variable_a_string_as_it_is(tmp_path):
+    folders = {"run_dir": tmp_path / "r", "checkpoint_dir": tmp_path / "c", "data_dir": tmp_path / "d"}
+    env = contract_environment(run_id="r", hyperparameters={"optimizer": "adamw", "fused": True}, **folders)
+    assert (env["HP_OPTIMIZER"], env["HP_FUSED"]) == ("adamw", "true")
 
 
 # torchrun gives each worker its ranks; a per-node launcher gets the node's place and the address; one process per

@@ -67,8 +67,9 @@ def contract_environment(
     data_dir: Path,
     model_dir: Path | None = None,
 ) -> dict[str, str]:
-    """The variables every launch mode gives the code; writes the hyperparameters file into `run_dir`. The model
-    goes to `model_dir` (default: `run_dir`/model; on SageMaker /opt/ml/model, which it uploads)."""
+    """The variables every launch mode gives the code; writes the hyperparameters file into `run_dir`, and gives each
+    hyperparameter as HP_<NAME> too (its JSON text; a string as it is). The model goes to `model_dir` (default:
+    `run_dir`/model; on SageMaker /opt/ml/model, which it uploads)."""
     model_dir = model_dir or run_dir / "model"
     run_dir.mkdir(parents=True, exist_ok=True)
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -81,7 +82,9 @@ def contract_environment(
         "CHECKPOINT_DIR": str(checkpoint_dir),
         "DATA_DIR": str(data_dir),
         "MODEL_DIR": str(model_dir),
-    }
+        **{f"HP_{name.upper()}": value if isinstance(value, str) else json.dumps(value) for name, value in
+           hyperparameters.items()},
+    }  # fmt: skip
 
 
 def prepare_run(args: list[str], env: Mapping[str, str]) -> tuple[UserWorkload, str, dict[str, str]]:
