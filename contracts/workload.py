@@ -38,7 +38,10 @@ HYPERPARAMETER_NAME_PATTERN = r"[a-z_][a-z0-9_]{0,63}"
 METRIC_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_.:-]{0,63}"
 IMAGE_URI_PATTERN = r"[a-z0-9.-]+(?::[0-9]+)?/[a-z0-9._/-]+(?::[A-Za-z0-9_.-]{1,128}|@sha256:[0-9a-f]{64})"
 MAX_COMMAND_ITEMS, MAX_HYPERPARAMETERS, MAX_METRICS = 64, 100, 40
-FIELDS = ("image", "launch", "train", "validate", "metric", "metrics", "hyperparameters")
+FIELDS = ("image", "launch", "train", "validate", "metric", "metrics", "hyperparameters", "hang_timeout_seconds")
+# The hang watchdog's floor (training_image/efa_training/runtime/launch/watchdog.py): a training with no progress line
+# for this long (or 10 times its usual interval, if longer) is ended. Long enough for the slowest checkpoint save.
+HANG_TIMEOUT_DEFAULT, HANG_TIMEOUT_RANGE = 1800, (60, 7 * 24 * 3600)
 
 
 class WorkloadError(ValueError):
@@ -57,6 +60,7 @@ class Workload:
     direction: str
     metrics: Mapping[str, str]  # metric name -> regex with one group, matched on every log line
     hyperparameters: tuple[Field, ...]  # dotted names: hyperparameters.<name>
+    hang_timeout_seconds: int = HANG_TIMEOUT_DEFAULT
 
     @property
     def variable(self) -> str:
@@ -72,6 +76,7 @@ class Workload:
             "validate": list(self.validate),
             "metric": {"name": self.metric, "direction": self.direction},
             "metrics": dict(self.metrics),
+            "hang_timeout_seconds": self.hang_timeout_seconds,
         }
 
 
@@ -115,7 +120,15 @@ def parse_workload(name: object, raw: object, root: Path) -> Workload:
         direction=where.choice("metric.direction", metric["direction"], DIRECTIONS),
         metrics=_regexes(where, raw.get("metrics", {})),
         hyperparameters=_schema(where, raw.get("hyperparameters", {})),
+        hang_timeout_seconds=_hang_timeout(where, raw.get("hang_timeout_seconds", HANG_TIMEOUT_DEFAULT)),
     )
+
+
+def _hang_timeout(where: "_Where", raw: object) -> int:
+    low, high = HANG_TIMEOUT_RANGE
+    if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
+        raise where.bad("hang_timeout_seconds", raw, f"an integer from {low} to {high} (seconds)")
+    return raw
 
 
 @dataclass(frozen=True)

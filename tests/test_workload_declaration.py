@@ -96,6 +96,8 @@ def test_an_image_folder_outside_the_project_or_without_a_dockerfile_is_refused(
         ({"metrics": {"loss": "loss=([0-9.]+"}}, "metrics.loss", "exactly one group"),
         ({"image": {"directory": "code", "uri": "x"}}, "image", '{"directory"'),
         ({"entry_point": "train.py"}, "entry_point", "no such field"),
+        ({"hang_timeout_seconds": 30}, "hang_timeout_seconds", "an integer from 60 to 604800"),
+        ({"hang_timeout_seconds": 600.5}, "hang_timeout_seconds", "an integer from 60 to 604800"),
     ],
 )
 def test_each_mistake_is_one_line_naming_the_field(root, changes, field, allowed):

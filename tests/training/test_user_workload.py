@@ -71,6 +71,17 @@ def test_the_image_reads_the_declaration_synth_checked():
         UserWorkload.from_json('{"name": "x"}')
 
 
+# The hang watchdog's floor: the declaration's, else the one default both sides know.
+def test_the_declared_hang_timeout_reaches_the_watchdog():
+    from contracts.workload import HANG_TIMEOUT_DEFAULT
+    from efa_training.runtime.launch.watchdog import DEFAULT_FLOOR_SECONDS, Watchdog
+
+    assert _workload().hang_timeout_seconds == HANG_TIMEOUT_DEFAULT == DEFAULT_FLOOR_SECONDS
+    declared = parse_workload("slow-saves", {**DECLARATION, "hang_timeout_seconds": 7200}, Path("."))
+    assert Watchdog.from_env({}, UserWorkload.from_json(declared.variable).hang_timeout_seconds).floor == 7200
+    assert Watchdog.from_env({"HANG_TIMEOUT_SECONDS": "3"}, 7200).floor == 3  # the job's own setting wins
+
+
 # Every mode gets the run id, the hyperparameters as a JSON file, and the checkpoint, data and model folders.
 def test_the_contract_environment_names_the_runs_files_and_folders(tmp_path):
     env = contract_environment(

@@ -37,6 +37,7 @@ class UserWorkload:
     metric: str
     direction: str  # "lower" or "higher": which way the metric is better
     metrics: Mapping[str, re.Pattern]
+    hang_timeout_seconds: float = 1800.0  # contracts/workload.py HANG_TIMEOUT_DEFAULT (a test holds them equal)
 
     @classmethod
     def from_json(cls, text: str) -> UserWorkload:
@@ -50,6 +51,7 @@ class UserWorkload:
                 metric=raw["metric"]["name"],
                 direction=raw["metric"]["direction"],
                 metrics={name: re.compile(regex) for name, regex in raw.get("metrics", {}).items()},
+                hang_timeout_seconds=float(raw.get("hang_timeout_seconds", 1800)),
             )
         except (ValueError, KeyError, TypeError, re.error) as error:
             raise UsageError(WORKLOAD_VARIABLE, text[:60], f"not a workload declaration ({error})") from None

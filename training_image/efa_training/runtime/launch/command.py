@@ -127,7 +127,7 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
         sanity = sanity_first_command(plan, script_args, env, config)
     if not plan.is_main_node:
         return Launch(train_command(workload, plan), plan, env, sanity, root)
-    watchdog = Watchdog.from_env(env)
+    watchdog = Watchdog.from_env(env, workload.hang_timeout_seconds)
     command = train_command(workload, plan)
     return Launch(command, plan, env, sanity, root, on_line=watchdog.watch(metrics.feed), watchdog=watchdog)
 

@@ -4,7 +4,8 @@ holding every accelerator until the job's timeout (a hung collective keeps a GPU
 Progress is a metrics line on the main node: a declared regex's match, or a line from runtime/report.py. Warm-up
 (rendezvous, compilation, data staging) takes as long as it takes: the watch starts after the first WARMUP_LINES
 lines. From then on the attempt is hung when no progress came for max(floor, FACTOR x the median interval between
-progress lines so far): the floor is HANG_TIMEOUT_SECONDS (default 600). Then every worker's Python stacks go to the
+progress lines so far): the floor is the declaration's `hang_timeout_seconds` (default 1800: long enough for a slow
+checkpoint save), or the job's HANG_TIMEOUT_SECONDS. Then every worker's Python stacks go to the
 job's log (SIGABRT with faulthandler on: PYTHONFAULTHANDLER=1 in the workers' environment, Python's "Dumping the
 traceback"), one line `{"hang": {...}}` names the last step and the wait, and the launcher ends torchrun and exits
 EXIT_HUNG, an attempt failure the pipeline retries (the next attempt resumes from the last checkpoint).
@@ -25,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 FLOOR_VARIABLE = "HANG_TIMEOUT_SECONDS"
-DEFAULT_FLOOR_SECONDS = 600.0
+DEFAULT_FLOOR_SECONDS = 1800.0  # contracts/workload.py HANG_TIMEOUT_DEFAULT
 FACTOR = 10.0  # a step may take this many times the usual interval between progress lines before it counts as hung
 WARMUP_LINES = 2
 STACK_DUMP_SECONDS = 10.0  # how long each worker gets to write its stacks, and torchrun to stop
@@ -42,11 +43,12 @@ class Watchdog:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Watchdog:
+    def from_env(cls, env: Mapping[str, str], declared: float = DEFAULT_FLOOR_SECONDS) -> Watchdog:
+        """The floor the workload declared (`hang_timeout_seconds`), unless the job's HANG_TIMEOUT_SECONDS sets it."""
         try:
-            floor = float(env.get(FLOOR_VARIABLE) or DEFAULT_FLOOR_SECONDS)
+            floor = float(env.get(FLOOR_VARIABLE) or declared)
         except ValueError:
-            floor = DEFAULT_FLOOR_SECONDS
+            floor = declared
         return cls(max(floor, 1.0))
 
     def watch(self, handler: Callable[[str], object]) -> Callable[[str], object]:
@@ -125,12 +127,15 @@ def workers(root: int) -> list[int]:
 
 def stop_tree(proc: subprocess.Popen) -> None:
     """Each worker's stacks to the log, one worker at a time so that they do not interleave (SIGABRT under
-    faulthandler), then torchrun stopped (SIGTERM, then SIGKILL)."""
+    faulthandler), then torchrun stopped (SIGTERM, then SIGKILL). torchrun is paused meanwhile: it would otherwise
+    stop the other workers (SIGTERM, no stacks) as soon as the first one ends."""
+    _signal(proc.pid, signal.SIGSTOP)
     for pid in workers(proc.pid):
         _signal(pid, signal.SIGABRT)
         deadline = time.monotonic() + STACK_DUMP_SECONDS
         while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and not _zombie(pid):
             time.sleep(0.05)
+    _signal(proc.pid, signal.SIGCONT)
     proc.terminate()
     try:
         proc.wait(timeout=STACK_DUMP_SECONDS)
