@@ -117,3 +117,19 @@ def test_a_training_that_stops_making_progress_is_ended_with_its_stacks(tmp_path
     # Each worker's Python stack, from faulthandler on SIGABRT: where it waited.
     assert done.stderr.count("in wait_for_a_collective_that_never_ends") >= 2, done.stderr[-3000:]
     assert took < 60, took
+
+
+# The built-in trainer is watched the same way: its EMF lines are its progress, on the main node only.
+def test_the_built_in_trainer_is_watched_on_the_main_node_by_its_metrics_lines():
+    from efa_training.runtime.launch import command
+
+    env = th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT="29555", MAX_RESTARTS="0")
+    main = command.prepare("train", ["--data", "d", "--checkpoint-dir", "c"], env)
+    assert main.watchdog is not None and main.env["PYTHONFAULTHANDLER"] == "1" and main.on_line is not None
+    main.on_line("step 10 loading")
+    main.on_line('{"_aws": {"CloudWatchMetrics": []}, "Loss": 2.0}')
+    assert len(main.watchdog.times) == 1
+    worker = command.prepare("train", ["--data", "d"], {**env, "PET_NNODES": "2", "PET_NODE_RANK": "1",
+                                                        "MASTER_ADDR": "10.0.0.5"})  # fmt: skip
+    assert worker.watchdog is None and worker.on_line is None
+    assert command.prepare("sanity", [], env).watchdog is None

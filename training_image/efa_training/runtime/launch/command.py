@@ -98,7 +98,21 @@ def _prepare_scheduler(mode: str, script_args: list[str], env: dict) -> Launch:
     cmd, plan = build_command(mode, script_args, env, own)
     if plan and parameter_servers(mode, script_args):
         env.update(workloads.supervisor_environment(plan))
-    return ahead_of_time(mode, Launch(cmd, plan, env), script_args)
+    return _watched(mode, ahead_of_time(mode, Launch(cmd, plan, env), script_args))
+
+
+def _watched(mode: str, launch: Launch) -> Launch:
+    """The built-in trainer's training on the main node under the hang watchdog: its EMF lines are its progress."""
+    if mode != "train" or launch.plan is None or not launch.plan.is_main_node:
+        return launch
+    launch.env["PYTHONFAULTHANDLER"] = "1"  # a worker's stacks on SIGABRT: the watchdog's evidence of a hang
+    watchdog = Watchdog.from_env(launch.env)
+    return replace(launch, on_line=watchdog.watch(is_metrics_line), watchdog=watchdog)
+
+
+def is_metrics_line(line: str) -> bool:
+    """A line of CloudWatch's embedded metric format (runtime/metrics.py), which the trainer prints per logged step."""
+    return line.startswith("{") and '"_aws"' in line
 
 
 def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
@@ -120,6 +134,7 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
     plan = plan_launch("train", env, own if root is not None else own_ipv4(env), config)
     env.update(node_environment(workload, plan))
     env["PYTHONFAULTHANDLER"] = "1"  # a worker's stacks on SIGABRT: the watchdog's evidence of a hang
+    env.setdefault("PYTHONUNBUFFERED", "1")  # progress lines as they are printed (the images set it too)
     # Read on the main node only: one metric line per step however many nodes print it; each is progress.
     metrics = LogMetrics(workload, run_id, env.get("TRAINING_ENVIRONMENT", ""), emit=_print_flushed)
     sanity = None
@@ -148,7 +163,7 @@ def _prepare_sagemaker(mode: str, script_args: list[str], env: dict) -> Launch:
     sanity = None
     if plan and mode == "train" and env.get("SANITY_BEFORE_TRAINING") == "1":
         sanity = sanity_first_command(plan, args, env, config)
-    return ahead_of_time(mode, Launch(cmd, plan, env, sanity, root), args)
+    return _watched(mode, ahead_of_time(mode, Launch(cmd, plan, env, sanity, root), args))
 
 
 def _sagemaker_network(root: Path, env: dict, distributed: bool) -> tuple[dict, str | None]:

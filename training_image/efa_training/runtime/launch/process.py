@@ -30,7 +30,9 @@ def run_forwarding(
     https://docs.aws.amazon.com/sagemaker/latest/dg/API_StopTrainingJob.html); its exit code, 128+N if killed.
     `on_line`: each line the child prints, after it is passed on to this process's stdout (a workload's metrics).
     `watchdog`: ends the child's process tree when its progress stops (runtime/launch/watchdog.py)."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if on_line else None, text=bool(on_line))
+    # Lines as text; a byte that is not UTF-8 is replaced rather than ending the launcher.
+    stdout = subprocess.PIPE if on_line else None
+    proc = subprocess.Popen(cmd, env=env, stdout=stdout, text=bool(on_line), errors="replace" if on_line else None)
     if watchdog is not None:
         watchdog.guard(proc)
 
