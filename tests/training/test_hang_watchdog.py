@@ -133,3 +133,19 @@ def test_the_built_in_trainer_is_watched_on_the_main_node_by_its_metrics_lines()
                                                         "MASTER_ADDR": "10.0.0.5"})  # fmt: skip
     assert worker.watchdog is None and worker.on_line is None
     assert command.prepare("sanity", [], env).watchdog is None
+
+
+# On SageMaker the training runs behind the sanity check (run_on_sagemaker): the metrics reader and the watchdog are
+# passed on to it as on Batch and EKS (they were not, once: a workload's log lines reached no metric there).
+def test_on_sagemaker_the_training_gets_the_metrics_reader_and_the_watchdog(tmp_path, monkeypatch):
+    from efa_training.runtime.launch import command, process
+    from efa_training.runtime.launch.rendezvous import plan_launch
+
+    calls = []
+    monkeypatch.setattr(process, "run_torchrun", lambda *args: calls.append(args) or 0)
+    monkeypatch.setattr(process.host_metrics, "start_beside", lambda *args: None)
+    plan = plan_launch("train", {"ACCELERATORS_PER_NODE": "1", "MASTER_PORT": "29500"}, "127.0.0.1")
+    watchdog = Watchdog(60.0)
+    launch = command.Launch(["torchrun"], plan, {}, ml_root=tmp_path, on_line=print, watchdog=watchdog)
+    assert process.run_on_sagemaker("train", launch) == 0
+    assert calls == [(["torchrun"], {}, print, watchdog)]

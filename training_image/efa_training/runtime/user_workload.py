@@ -18,6 +18,7 @@ from pathlib import Path
 
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.launch.rendezvous import LaunchPlan
+from efa_training.runtime.launch.watchdog import DEFAULT_FLOOR_SECONDS
 from efa_training.runtime.metrics import NAMESPACE
 from efa_training.runtime.report import PREFIX as REPORT_PREFIX
 from efa_training.runtime.run_paths import flag_value
@@ -37,7 +38,7 @@ class UserWorkload:
     metric: str
     direction: str  # "lower" or "higher": which way the metric is better
     metrics: Mapping[str, re.Pattern]
-    hang_timeout_seconds: float = 1800.0  # contracts/workload.py HANG_TIMEOUT_DEFAULT (a test holds them equal)
+    hang_timeout_seconds: float = DEFAULT_FLOOR_SECONDS  # contracts/workload.py HANG_TIMEOUT_DEFAULT (tests: equal)
 
     @classmethod
     def from_json(cls, text: str) -> UserWorkload:
@@ -51,7 +52,7 @@ class UserWorkload:
                 metric=raw["metric"]["name"],
                 direction=raw["metric"]["direction"],
                 metrics={name: re.compile(regex) for name, regex in raw.get("metrics", {}).items()},
-                hang_timeout_seconds=float(raw.get("hang_timeout_seconds", 1800)),
+                hang_timeout_seconds=float(raw.get("hang_timeout_seconds", DEFAULT_FLOOR_SECONDS)),
             )
         except (ValueError, KeyError, TypeError, re.error) as error:
             raise UsageError(WORKLOAD_VARIABLE, text[:60], f"not a workload declaration ({error})") from None

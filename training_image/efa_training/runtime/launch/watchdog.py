@@ -130,12 +130,14 @@ def stop_tree(proc: subprocess.Popen) -> None:
     faulthandler), then torchrun stopped (SIGTERM, then SIGKILL). torchrun is paused meanwhile: it would otherwise
     stop the other workers (SIGTERM, no stacks) as soon as the first one ends."""
     _signal(proc.pid, signal.SIGSTOP)
-    for pid in workers(proc.pid):
-        _signal(pid, signal.SIGABRT)
-        deadline = time.monotonic() + STACK_DUMP_SECONDS
-        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and not _zombie(pid):
-            time.sleep(0.05)
-    _signal(proc.pid, signal.SIGCONT)
+    try:
+        for pid in workers(proc.pid):
+            _signal(pid, signal.SIGABRT)
+            deadline = time.monotonic() + STACK_DUMP_SECONDS
+            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and not _zombie(pid):
+                time.sleep(0.05)
+    finally:  # never leave torchrun paused: it would hold the job until its timeout
+        _signal(proc.pid, signal.SIGCONT)
     proc.terminate()
     try:
         proc.wait(timeout=STACK_DUMP_SECONDS)
