@@ -141,8 +141,13 @@ def test_on_sagemaker_the_training_gets_the_metrics_reader_and_the_watchdog(tmp_
     from efa_training.runtime.launch import command, process
     from efa_training.runtime.launch.rendezvous import plan_launch
 
-    calls = []
-    monkeypatch.setattr(process, "run_torchrun", lambda *args: calls.append(args) or 0)
+    calls: list[tuple] = []
+
+    def run_torchrun(*args: object) -> int:
+        calls.append(args)
+        return 0
+
+    monkeypatch.setattr(process, "run_torchrun", run_torchrun)
     monkeypatch.setattr(process.host_metrics, "start_beside", lambda *args: None)
     plan = plan_launch("train", {"ACCELERATORS_PER_NODE": "1", "MASTER_PORT": "29500"}, "127.0.0.1")
     watchdog = Watchdog(60.0)
