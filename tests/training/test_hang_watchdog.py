@@ -8,9 +8,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from contracts.run import REFUSED_EXIT_CODES
 from contracts.workload import parse_workload
 from efa_training.runtime.errors import EXIT_HUNG
+from efa_training.runtime.launch.hang_evidence import stopped_first
 from efa_training.runtime.launch.watchdog import FACTOR, Watchdog
 from tests.training import training_helpers as th
 
@@ -65,22 +68,34 @@ def test_a_hang_is_retried_as_an_attempt_failure_not_refused():
     assert EXIT_HUNG not in REFUSED_EXIT_CODES
 
 
+# Two ranks under gloo; at step 4 rank 1 stops: SIGSTOP (a stopped rank), or a loop outside any collective (a rank
+# stuck in its own code). Either way rank 0 then waits inside all_reduce, and no progress line comes.
 HANGING_SCRIPT = """
-import os, sys, time
-def wait_for_a_collective_that_never_ends():
+import os, signal, time
+import torch
+import torch.distributed as dist
+
+def stuck_outside_any_collective():
     while True:
         time.sleep(1)
-for step in range(1, 4):
-    if os.environ["RANK"] == "0":
+
+def stopped_by_a_signal():
+    os.kill(os.getpid(), signal.SIGSTOP)
+    stuck_outside_any_collective()
+
+dist.init_process_group("gloo")
+rank, total = dist.get_rank(), torch.ones(1)
+for step in range(1, 100):
+    if step == 4 and rank == 1:
+        stopped_by_a_signal() if os.environ["HANG"] == "stopped" else stuck_outside_any_collective()
+    dist.all_reduce(total)
+    if rank == 0:
         print(f"step={step} loss={1.0 / step}", flush=True)
-    time.sleep(0.3)
-wait_for_a_collective_that_never_ends()
+    time.sleep(0.1)
 """
 
 
-# For real, through launch.py on 2 processes: three progress lines, then nothing. With a 3 s floor the attempt ends
-# a few seconds after its last line, not at the job's timeout.
-def test_a_training_that_stops_making_progress_is_ended_with_its_stacks(tmp_path):
+def _hanging_run(tmp_path: Path, hang: str) -> tuple[subprocess.CompletedProcess, float]:
     script = tmp_path / "train.py"
     script.write_text(HANGING_SCRIPT)
     declared = parse_workload(
@@ -101,6 +116,7 @@ def test_a_training_that_stops_making_progress_is_ended_with_its_stacks(tmp_path
         MASTER_PORT=str(th.free_port()),
         MAX_RESTARTS="0",
         HANG_TIMEOUT_SECONDS="3",
+        HANG=hang,
     )
     started = time.monotonic()
     done = subprocess.run(
@@ -110,13 +126,77 @@ def test_a_training_that_stops_making_progress_is_ended_with_its_stacks(tmp_path
         text=True,
         timeout=120,
     )
-    took = time.monotonic() - started
+    return done, time.monotonic() - started
+
+
+# For real, through launch.py on 2 processes: three progress lines, then nothing. With a 3 s floor the attempt ends
+# a few seconds after its last line, not at the job's timeout, with exit code 6 (retried), the rank that stopped
+# first named in the summary line, and each rank's stacks in the log and under runs/<run_id>/hang/.
+@pytest.mark.parametrize(
+    ("hang", "why", "rank_1_was"),
+    [
+        ("stopped", "process state T", "in stopped_by_a_signal"),
+        ("stuck", "outside any collective", "in stuck_outside_any_collective"),
+    ],
+)
+def test_a_hung_rank_is_named_and_every_ranks_stacks_are_kept(tmp_path, hang, why, rank_1_was):
+    done, took = _hanging_run(tmp_path, hang)
     assert done.returncode == EXIT_HUNG, done.stderr[-3000:]
     (summary,) = [json.loads(line)["hang"] for line in done.stderr.splitlines() if line.startswith('{"hang"')]
-    assert summary["progress_lines"] == 3 and summary["limit_seconds"] == 3.0
-    # Each worker's Python stack, from faulthandler on SIGABRT: where it waited.
-    assert done.stderr.count("in wait_for_a_collective_that_never_ends") >= 2, done.stderr[-3000:]
+    assert summary["progress_lines"] == 3 and summary["limit_seconds"] >= 3.0  # the floor, or 10 x a slow step
+    assert summary["stopped_first"]["rank"] == 1 and why in summary["stopped_first"]["why"], summary
+    evidence = Path(summary["evidence"])
+    assert evidence.parent == tmp_path / "run" / "hang"
+    assert json.loads((evidence / "summary.json").read_text())["stopped_first"] == summary["stopped_first"]
+    # Rank 0 waited inside the collective; rank 1's stack shows where it stopped. Both are in the job's log too.
+    assert " in all_reduce" in (evidence / "stacks-rank0.txt").read_text()
+    assert rank_1_was in (evidence / "stacks-rank1.txt").read_text()
+    assert done.stderr.count(" in all_reduce") >= 1 and rank_1_was in done.stderr
+    assert (evidence.parent / "flight-recorder").is_dir()  # where NCCL's traces go (none on gloo)
     assert took < 60, took
+
+
+def _worker(worker_id: int, rank: int, state: str, stacks: str) -> dict:
+    return {"rank": rank, "state": state, "host": "h", "pid": worker_id, "stacks": stacks}
+
+
+IN_ALL_REDUCE = 'File "/usr/lib/python3/torch/distributed/distributed_c10d.py", line 2810 in all_reduce'
+
+
+def test_without_a_stopped_rank_the_one_outside_a_collective_is_named():
+    waiting, elsewhere = _worker(1, 0, "S", IN_ALL_REDUCE), _worker(2, 1, "S", 'File "t.py", line 3 in load')
+    assert (stopped_first([waiting, elsewhere]) or {}).get("rank") == 1
+    assert (stopped_first([_worker(1, 0, "S", ""), _worker(2, 1, "T", IN_ALL_REDUCE)]) or {}).get("rank") == 1
+    # Every rank waits in a collective: the network or NCCL; the Flight Recorder's traces tell, not the stacks.
+    assert stopped_first([waiting, _worker(2, 1, "S", IN_ALL_REDUCE)]) is None
+
+
+# The processes the watchdog takes stacks from: one per rank (RANK from torchrun), not a rank's data loader workers
+# (they share its RANK), and where an exit relay runs a declared command, the command's process, not the relay.
+def test_the_watched_workers_are_the_ranks_own_processes():
+    from efa_training.runtime.exit_relay import COMMAND
+    from efa_training.runtime.launch.watchdog import workers
+
+    sleeper = [th.PYTHON, "-c", "import time; time.sleep(60)"]
+    spawn = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(60)"
+    relay = [th.PYTHON, "-m", "efa_training.runtime.exit_relay", COMMAND, *sleeper]
+    root = subprocess.Popen([th.PYTHON, "-c", (
+        "import os, subprocess, sys, time\n"
+        f"a = subprocess.Popen({[th.PYTHON, '-c', spawn, *sleeper]!r}, env=dict(os.environ, RANK='0'))\n"
+        f"b = subprocess.Popen({relay!r}, env=dict(os.environ, RANK='1'))\n"
+        "time.sleep(60)")], env=th.env())  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(found := workers(root.pid)) < 2:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        found = workers(root.pid)
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in found]
+        assert len(found) == 2, commands
+        assert [argv[2].decode()[:24] for argv in commands] == [spawn[:24], "import time; time.sleep("]
+    finally:
+        subprocess.run(["pkill", "-KILL", "-P", str(root.pid)], check=False)
+        root.kill()
 
 
 # The built-in trainer is watched the same way: its EMF lines are its progress, on the main node only.
@@ -133,6 +213,21 @@ def test_the_built_in_trainer_is_watched_on_the_main_node_by_its_metrics_lines()
                                                         "MASTER_ADDR": "10.0.0.5"})  # fmt: skip
     assert worker.watchdog is None and worker.on_line is None
     assert command.prepare("sanity", [], env).watchdog is None
+
+
+# On NCCL a collective that times out dumps PyTorch's Flight Recorder traces (the collectives each rank issued) into
+# the run's folder, on every node (PyTorch's Flight Recorder tutorial names the variables).
+def test_nccl_flight_recorder_dumps_into_the_runs_folder_on_every_node(tmp_path):
+    from efa_training.runtime.launch import command
+
+    env = th.env(
+        ACCELERATORS_PER_NODE="2", MASTER_PORT="29555", MAX_RESTARTS="0", FSX_MOUNT=str(tmp_path), RUN_ID="r-1"
+    )
+    prefix = tmp_path / "runs/r-1/hang/flight-recorder/rank_"
+    for node in ({}, {"PET_NNODES": "2", "PET_NODE_RANK": "1", "MASTER_ADDR": "10.0.0.5"}):
+        launch = command.prepare("train", ["--data", "d"], {**env, **node})
+        assert launch.env["TORCH_FR_DUMP_TEMP_FILE"] == str(prefix) and prefix.parent.is_dir()
+        assert int(launch.env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0 and launch.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
 
 
 # On SageMaker the training runs behind the sanity check (run_on_sagemaker): the metrics reader and the watchdog are

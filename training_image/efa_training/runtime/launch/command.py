@@ -16,6 +16,7 @@ from pathlib import Path
 from efa_training import workloads
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.launch import neuron_compile
+from efa_training.runtime.launch.hang_evidence import flight_recorder, run_folder
 from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, EXIT_RELAY, PACKAGE_ROOT, SINGLE_MODES
 from efa_training.runtime.launch.rendezvous import (
     DEFAULT_PORT,
@@ -98,15 +99,20 @@ def _prepare_scheduler(mode: str, script_args: list[str], env: dict) -> Launch:
     cmd, plan = build_command(mode, script_args, env, own)
     if plan and parameter_servers(mode, script_args):
         env.update(workloads.supervisor_environment(plan))
-    return _watched(mode, ahead_of_time(mode, Launch(cmd, plan, env), script_args))
+    return _watched(mode, ahead_of_time(mode, Launch(cmd, plan, env), script_args), script_args)
 
 
-def _watched(mode: str, launch: Launch) -> Launch:
-    """The built-in trainer's training on the main node under the hang watchdog: its EMF lines are its progress."""
-    if mode != "train" or launch.plan is None or not launch.plan.is_main_node:
+def _watched(mode: str, launch: Launch, script_args: list[str]) -> Launch:
+    """The built-in trainer's training on the main node under the hang watchdog: its EMF lines are its progress.
+    On every node NCCL's Flight Recorder dumps into the run's folder if a collective times out."""
+    if mode != "train" or launch.plan is None:
+        return launch
+    run = run_folder(launch.env, script_args)
+    launch.env.update(flight_recorder(run))
+    if not launch.plan.is_main_node:
         return launch
     launch.env["PYTHONFAULTHANDLER"] = "1"  # a worker's stacks on SIGABRT: the watchdog's evidence of a hang
-    watchdog = Watchdog.from_env(launch.env)
+    watchdog = Watchdog.from_env(launch.env, run=run)
     return replace(launch, on_line=watchdog.watch(is_metrics_line), watchdog=watchdog)
 
 
@@ -133,6 +139,8 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
     env.update(contract)
     plan = plan_launch("train", env, own if root is not None else own_ipv4(env), config)
     env.update(node_environment(workload, plan))
+    run = Path(contract["HYPERPARAMETERS_FILE"]).parent  # the run's folder (user_workload.contract_environment)
+    env.update(flight_recorder(run))
     env["PYTHONFAULTHANDLER"] = "1"  # a worker's stacks on SIGABRT: the watchdog's evidence of a hang
     env.setdefault("PYTHONUNBUFFERED", "1")  # progress lines as they are printed (the images set it too)
     # Read on the main node only: one metric line per step however many nodes print it; each is progress.
@@ -142,7 +150,7 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
         sanity = sanity_first_command(plan, script_args, env, config)
     if not plan.is_main_node:
         return Launch(train_command(workload, plan), plan, env, sanity, root)
-    watchdog = Watchdog.from_env(env, workload.hang_timeout_seconds)
+    watchdog = Watchdog.from_env(env, workload.hang_timeout_seconds, run)
     command = train_command(workload, plan)
     return Launch(command, plan, env, sanity, root, on_line=watchdog.watch(metrics.feed), watchdog=watchdog)
 
@@ -163,7 +171,7 @@ def _prepare_sagemaker(mode: str, script_args: list[str], env: dict) -> Launch:
     sanity = None
     if plan and mode == "train" and env.get("SANITY_BEFORE_TRAINING") == "1":
         sanity = sanity_first_command(plan, args, env, config)
-    return _watched(mode, ahead_of_time(mode, Launch(cmd, plan, env, sanity, root), args))
+    return _watched(mode, ahead_of_time(mode, Launch(cmd, plan, env, sanity, root), args), args)
 
 
 def _sagemaker_network(root: Path, env: dict, distributed: bool) -> tuple[dict, str | None]:

@@ -7,9 +7,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from efa_training.runtime import host_metrics
 from efa_training.runtime.errors import EXIT_HUNG, EXIT_STOPPED
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from efa_training.runtime.launch.watchdog import Watchdog
 
 _signals_received: list[int] = []
+PASS_ON_SECONDS = 5.0
 
 
 def run_forwarding(
@@ -30,10 +32,16 @@ def run_forwarding(
     https://docs.aws.amazon.com/sagemaker/latest/dg/API_StopTrainingJob.html); its exit code, 128+N if killed.
     `on_line`: each line the child prints, after it is passed on to this process's stdout (a workload's metrics).
     `watchdog`: ends the child's process tree when its progress stops (runtime/launch/watchdog.py)."""
-    # Lines as text; a byte that is not UTF-8 is replaced rather than ending the launcher.
+    # Lines as text; a byte that is not UTF-8 is replaced rather than ending the launcher. Under a watchdog stderr
+    # passes through it too: the workers' stacks arrive there when they hang.
     stdout = subprocess.PIPE if on_line else None
-    proc = subprocess.Popen(cmd, env=env, stdout=stdout, text=bool(on_line), errors="replace" if on_line else None)
-    if watchdog is not None:
+    stderr = subprocess.PIPE if watchdog is not None else None
+    piped = stdout is not None or stderr is not None
+    proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, text=piped, errors="replace" if piped else None)
+    passing = None
+    if watchdog is not None and proc.stderr is not None:
+        passing = threading.Thread(target=_pass_on, args=(proc.stderr, watchdog.stderr_line), daemon=True)
+        passing.start()
         watchdog.guard(proc)
 
     def forward(signum: int, frame: object) -> None:
@@ -48,7 +56,18 @@ def run_forwarding(
             sys.stdout.flush()
             on_line(line)
     code = proc.wait()
+    if watchdog is not None:
+        watchdog.join()
+    if passing is not None:
+        passing.join(PASS_ON_SECONDS)  # a descendant that outlives torchrun may hold the pipe open
     return code if code >= 0 else 128 - code
+
+
+def _pass_on(stream: TextIO, also: Callable[[str], None]) -> None:
+    for line in stream:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        also(line)
 
 
 def run_torchrun(

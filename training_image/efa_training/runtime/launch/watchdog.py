@@ -6,9 +6,10 @@ Progress is a metrics line on the main node: a declared regex's match, or a line
 lines. From then on the attempt is hung when no progress came for max(floor, FACTOR x the median interval between
 progress lines so far): the floor is the declaration's `hang_timeout_seconds` (default 1800: long enough for a slow
 checkpoint save), or the job's HANG_TIMEOUT_SECONDS. Then every worker's Python stacks go to the
-job's log (SIGABRT with faulthandler on: PYTHONFAULTHANDLER=1 in the workers' environment, Python's "Dumping the
-traceback"), one line `{"hang": {...}}` names the last step and the wait, and the launcher ends torchrun and exits
-EXIT_HUNG, an attempt failure the pipeline retries (the next attempt resumes from the last checkpoint).
+job's log and to the run's folder (SIGABRT with faulthandler on: PYTHONFAULTHANDLER=1 in the workers' environment,
+Python's "Dumping the traceback"; hang_evidence.py), one line `{"hang": {...}}` names the wait, the rank that stopped
+first and where the evidence is, and the launcher ends torchrun and exits EXIT_HUNG, an attempt failure the pipeline
+retries (the next attempt resumes from the last checkpoint).
 """
 
 from __future__ import annotations
@@ -25,31 +26,65 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from efa_training.runtime.exit_relay import COMMAND
+from efa_training.runtime.launch.hang_evidence import describe, environ, keep, stopped_first
+from efa_training.runtime.launch.modes import EXIT_RELAY
+
 FLOOR_VARIABLE = "HANG_TIMEOUT_SECONDS"
 DEFAULT_FLOOR_SECONDS = 1800.0  # contracts/workload.py HANG_TIMEOUT_DEFAULT
 FACTOR = 10.0  # a step may take this many times the usual interval between progress lines before it counts as hung
 WARMUP_LINES = 2
 STACK_DUMP_SECONDS = 10.0  # how long each worker gets to write its stacks, and torchrun to stop
+PIPE_QUIET_SECONDS = 0.5  # a dead worker's stacks have passed the launcher's stderr pipe once it is this long quiet
 
 
 class Watchdog:
     """Fed each progress line (`watch` wraps a line handler that returns what it read); `guard(proc)` ends `proc`'s
-    process tree when progress stops. `hang` is the summary once it did."""
+    process tree when progress stops, keeping the evidence under `run` (hang_evidence.py). `hang` is the summary once
+    it did. The launcher passes the children's stderr through `stderr_line`, where the workers' stacks arrive."""
 
-    def __init__(self, floor: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.floor, self.clock = floor, clock
+    def __init__(self, floor: float, clock: Callable[[], float] = time.monotonic, run: Path | None = None) -> None:
+        self.floor, self.clock, self.run = floor, clock, run
         self.times: list[float] = []
         self.hang: dict | None = None
         self._lock = threading.Lock()
+        self._captured: list[str] | None = None  # stderr lines while one worker writes its stacks
+        self._line_at = 0.0  # when the last of them came
+        self._thread: threading.Thread | None = None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], declared: float = DEFAULT_FLOOR_SECONDS) -> Watchdog:
+    def from_env(
+        cls, env: Mapping[str, str], declared: float = DEFAULT_FLOOR_SECONDS, run: Path | None = None
+    ) -> Watchdog:
         """The floor the workload declared (`hang_timeout_seconds`), unless the job's HANG_TIMEOUT_SECONDS sets it."""
         try:
             floor = float(env.get(FLOOR_VARIABLE) or declared)
         except ValueError:
             floor = declared
-        return cls(max(floor, 1.0))
+        return cls(max(floor, 1.0), run=run)
+
+    def stderr_line(self, line: str) -> None:
+        captured = self._captured
+        if captured is not None:
+            captured.append(line)
+            self._line_at = time.monotonic()
+
+    def stacks_of(self, pid: int) -> str:
+        """A stopped worker's Python stacks (SIGABRT under faulthandler), read off stderr: resumed, it handles the
+        signal before it runs any more of its code, so the stacks are where it stopped."""
+        captured: list[str] = []
+        self._captured = captured
+        _signal(pid, signal.SIGABRT)
+        _signal(pid, signal.SIGCONT)
+        deadline = time.monotonic() + STACK_DUMP_SECONDS
+        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and not _zombie(pid):
+            time.sleep(0.05)
+        # Its last lines may still be in the pipe: wait until they came and the pipe went quiet (bounded).
+        settled = time.monotonic() + STACK_DUMP_SECONDS
+        while time.monotonic() < settled and (not captured or time.monotonic() - self._line_at < PIPE_QUIET_SECONDS):
+            time.sleep(0.05)
+        self._captured = None
+        return "".join(captured)
 
     def watch(self, handler: Callable[[str], object]) -> Callable[[str], object]:
         def fed(line: str) -> object:
@@ -91,58 +126,97 @@ class Watchdog:
             while proc.poll() is None:
                 hang = self.overdue()
                 if hang is not None:
-                    self.hang = hang
-                    print(json.dumps({"hang": hang}), file=sys.stderr, flush=True)
-                    stop_tree(proc)
+                    self.hang = hang  # first: the launcher's exit code is EXIT_HUNG however this ends
+                    self._end(proc, hang)
                     return
                 time.sleep(poll)
 
-        thread = threading.Thread(target=run, name="hang-watchdog", daemon=True)
-        thread.start()
-        return thread
+        self._thread = threading.Thread(target=run, name="hang-watchdog", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def _end(self, proc: subprocess.Popen, hang: dict) -> None:
+        print(f"launch.py: no progress for {hang['seconds_without_progress']} s (limit {hang['limit_seconds']} s): "
+              "each worker's stacks follow, then the attempt ends", file=sys.stderr, flush=True)  # fmt: skip
+        found = stop_tree(proc, self)
+        hang["stopped_first"] = stopped_first(found)
+        hang["workers"] = [{key: w[key] for key in ("rank", "state", "host", "pid")} for w in found]
+        folder = keep(self.run, hang, found)
+        hang["evidence"] = str(folder) if folder else None
+        print(json.dumps({"hang": hang}), file=sys.stderr, flush=True)
+
+    def join(self, timeout: float = 4 * STACK_DUMP_SECONDS) -> None:
+        """Wait for a hang's evidence and summary to be written (the launcher exits after them)."""
+        if self._thread is not None and self.hang is not None:
+            self._thread.join(timeout)
 
 
-def _children() -> dict[int, list[int]]:
-    """Each process's children, from /proc (Linux, as in every image of the platform)."""
-    children: dict[int, list[int]] = {}
+def _tree() -> dict[int, int]:
+    """Each process's parent, from /proc (Linux, as in every image of the platform)."""
+    parents: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    return children
+    return parents
 
 
 def workers(root: int) -> list[int]:
-    """The processes at the bottom of `root`'s tree: the training processes (below torchrun and the exit relays)."""
-    children, found, pending = _children(), [], [root]
+    """The training processes below `root` (torchrun): each rank's own process, found by the RANK that torchrun puts
+    in its environment. Not its children (data loader workers share its RANK), not the exit relay that runs a
+    declared command (its child is the rank's process). Without any RANK (a process of its own): the leaves."""
+    parents = _tree()
+    below, pending = [], [root]
     while pending:
         pid = pending.pop()
-        below = children.get(pid, [])
-        found += [pid] if not below and pid != root else []
-        pending += below
-    return sorted(found)
+        children = [child for child, parent in parents.items() if parent == pid]
+        below += children
+        pending += children
+    ranks = {pid: environ(pid).get("RANK") for pid in below}
+    relays = {pid for pid in below if _relays_a_command(pid)}
+    found = [
+        pid for pid in below
+        if ranks[pid] is not None and pid not in relays
+        and (ranks.get(parents[pid]) != ranks[pid] or parents[pid] in relays)
+    ]  # fmt: skip
+    if found:
+        return sorted(found)
+    return sorted(pid for pid in below if pid not in parents.values())
 
 
-def stop_tree(proc: subprocess.Popen) -> None:
-    """Each worker's stacks to the log, one worker at a time so that they do not interleave (SIGABRT under
-    faulthandler), then torchrun stopped (SIGTERM, then SIGKILL). torchrun is paused meanwhile: it would otherwise
-    stop the other workers (SIGTERM, no stacks) as soon as the first one ends."""
-    _signal(proc.pid, signal.SIGSTOP)
+def _relays_a_command(pid: int) -> bool:
     try:
-        for pid in workers(proc.pid):
-            _signal(pid, signal.SIGABRT)
-            deadline = time.monotonic() + STACK_DUMP_SECONDS
-            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and not _zombie(pid):
-                time.sleep(0.05)
-    finally:  # never leave torchrun paused: it would hold the job until its timeout
-        _signal(proc.pid, signal.SIGCONT)
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return EXIT_RELAY.encode() in argv and COMMAND.encode() in argv
+
+
+def stop_tree(proc: subprocess.Popen, watchdog: Watchdog) -> list[dict]:
+    """Each worker described and its stacks taken, one worker at a time so that they do not interleave, then torchrun
+    stopped (SIGTERM, then SIGKILL). torchrun and the workers are paused meanwhile: torchrun would otherwise stop the
+    other workers (SIGTERM, no stacks) as soon as the first one ends, and a worker would fail its collective.
+    The workers as hang_evidence.describe gives them, with their stacks."""
+    _signal(proc.pid, signal.SIGSTOP)
+    found: list[dict] = []
+    described: list[dict] = []
+    try:
+        described = [describe(pid) for pid in workers(proc.pid)]  # states before any signal of ours
+        for worker in described:  # frozen, so that none reacts to another's end (a peer gone fails a collective)
+            _signal(worker["pid"], signal.SIGSTOP)
+        for worker in described:
+            worker["stacks"] = watchdog.stacks_of(worker["pid"])
+            found.append(worker)
+    finally:  # never leave torchrun or a worker paused: it would hold the job until its timeout
+        for pid in [proc.pid, *(worker["pid"] for worker in described)]:
+            _signal(pid, signal.SIGCONT)
     proc.terminate()
     try:
         proc.wait(timeout=STACK_DUMP_SECONDS)
     except subprocess.TimeoutExpired:
         proc.kill()
+    return found
 
 
 def _zombie(pid: int) -> bool:
