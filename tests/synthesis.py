@@ -8,6 +8,7 @@ key is the validated configuration, not the overrides that led to it: `env=dev` 
 `compute=batch,instance_type=g5.12xlarge` are one app, synthesized once.
 """
 
+import atexit
 import fcntl
 import hashlib
 import json
@@ -40,8 +41,9 @@ def share(directory: Path) -> None:
 
 
 def shared_directory() -> Path:
-    if not _shared:
+    if not _shared:  # a plain script's own (a benchmark's): removed when it exits, as pytest removes the run's
         _shared.append(Path(tempfile.mkdtemp(prefix="cdk-test-")))
+        atexit.register(shutil.rmtree, _shared[0], ignore_errors=True)
     _shared[0].mkdir(parents=True, exist_ok=True)
     return _shared[0]
 

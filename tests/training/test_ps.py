@@ -304,3 +304,33 @@ def test_ps_a_second_job_on_the_same_checkpoint_folder_is_refused(ctr_data_dir, 
     held.close()
     assert run.returncode == 5, run.stderr[-2000:]
     assert "is in use by another job" in run.stderr and not list(ckpt.glob("step_*"))
+
+
+# A non-finite loss stops the job (exit 4), and first reports NonFiniteLoss on its step, whether or not the step is
+# one that logs: the NonFiniteLoss alarm watches that line.
+def test_ps_a_nan_loss_is_reported_before_the_worker_stops():
+    import io
+    from types import SimpleNamespace
+
+    from efa_training.runtime.errors import EXIT_DIVERGED, RunRefused
+    from efa_training.runtime.metrics import MetricsLogger
+    from efa_training.workloads.ctr_ps.worker import Worker
+
+    class Diverged(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+            return (dense.sum(1) + embedded.sum(1)) * self.w * float("nan")
+
+    stream, model = io.StringIO(), Diverged()
+    worker = SimpleNamespace(model=model, device="cpu", layout=SimpleNamespace(index=1),
+                             metrics=MetricsLogger("r", enabled=True, stream=stream, environ={}))  # fmt: skip
+    batch = np.zeros(4, dtype=[("dense", np.float32, (3,)), ("label", np.float32)])
+    embedded = torch.zeros(2, 5, requires_grad=True)
+    with pytest.raises(RunRefused) as refused:
+        Worker._forward_backward(worker, batch, embedded, torch.tensor([0, 1, 0, 1]), model.state_dict(), 6)  # type: ignore[arg-type]
+    assert refused.value.code == EXIT_DIVERGED
+    (line,) = [json.loads(text) for text in stream.getvalue().splitlines()]
+    assert line["NonFiniteLoss"] == 1 and line["Step"] == 7 and line["Worker"] == 1

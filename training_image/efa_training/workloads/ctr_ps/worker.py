@@ -131,6 +131,8 @@ class Worker:
         loss.backward()
         value = float(loss.detach())
         if not math.isfinite(value):
+            # Its metrics line first, on whatever step it comes: the NonFiniteLoss alarm watches it.
+            self.metrics.record(step + 1, {"NonFiniteLoss": 1}, Worker=self.layout.index)
             raise RunRefused(EXIT_DIVERGED, f"worker {self.layout.index}: the loss is {value} at step {step}")
         return value
 

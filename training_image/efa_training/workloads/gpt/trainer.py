@@ -77,9 +77,12 @@ class StepMeter:
         tps = self.tokens_per_step / result.seconds
         if step > self.start_step + 1:
             self.throughput.append(tps)  # the first step after (re)start includes warm-up and compilation
-        if step % self.log_every == 0 or step == self.max_steps:
+        # A non-finite loss or gradient is reported on whatever step it comes (the NonFiniteLoss alarm needs its line).
+        finite = math.isfinite(result.loss) and math.isfinite(result.grad_norm)
+        if step % self.log_every == 0 or step == self.max_steps or not finite:
             mfu = 100.0 * self.flops_per_token * tps / (self.peak * 1e12 * self.world_size) if self.peak else None
-            self.metrics.step(step, result.loss, tps, result.seconds, mfu, LearningRate=lr)
+            flagged = {} if finite else {"NonFiniteLoss": 1.0}
+            self.metrics.step(step, result.loss, tps, result.seconds, mfu, LearningRate=lr, **flagged)
 
     def figures(self) -> dict:
         return {
