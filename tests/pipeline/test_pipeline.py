@@ -76,11 +76,12 @@ def test_training_that_refuses_the_run_is_not_retried_on_new_hosts(emulator, exi
 
 
 def test_training_failing_with_another_exit_code_is_retried(emulator):
-    # Exit 1 (an infrastructure or unexpected failure) and 143 (stopped by SIGTERM) are worth a retry elsewhere.
+    # Exit 1 (an infrastructure or unexpected failure), 143 (stopped by SIGTERM) and 6 (hung: the launcher's watchdog
+    # ended it, efa_training/runtime/errors.py EXIT_HUNG) are worth a retry elsewhere.
     emulator.verdict = ACCEPTED
-    emulator.outcomes = {"train": [1, 143, 0]}
+    emulator.outcomes = {"train": [1, 143, 6, 0]}
     assert emulator.run(RUN)["status"] == "SUCCEEDED"
-    assert emulator.submitted_kinds() == ["sanity", "train", "train", "train", "validate"]
+    assert emulator.submitted_kinds() == ["sanity", "train", "train", "train", "train", "validate"]
 
 
 def test_training_failing_every_time_notifies_and_fails(emulator):

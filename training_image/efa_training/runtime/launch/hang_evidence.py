@@ -35,8 +35,10 @@ TRACE_BUFFER_ENTRIES = "2000"
 
 
 def run_folder(env: Mapping[str, str], script_args: list[str]) -> Path | None:
-    """The run's folder on this node: the job's --run-dir; on SageMaker the output data the job uploads; else the
-    shared file system's runs/<run_id>; None where none is known (a hand run without a run id)."""
+    """The run's folder on this node: the job's --run-dir; on SageMaker its output data, which SageMaker uploads as
+    output.tar.gz "at the end of the training job" (your-algorithms-training-algo-output.html; whether also after a
+    failure the page does not say); else the shared file system's runs/<run_id>; None where none is known (a hand run
+    without a run id)."""
     explicit = flag_value(script_args, "--run-dir")
     if explicit:
         return Path(explicit)
