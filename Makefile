@@ -98,6 +98,7 @@ cost-report: $(VENV)/.synth-deps
 bench: $(VENV)/.test-deps node_modules/.installed
 	$(PY) benchmarks/synth_ratio.py
 	$(PY) benchmarks/launcher_overhead.py
+	$(PY) benchmarks/hang_to_end.py
 
 # The pictures, drawn from the app synthesized for DIAGRAM_ENV, each with the model it drew (tests/test_diagram.py
 # fails when the app's model differs: redraw then): per backend,
