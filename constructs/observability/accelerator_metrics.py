@@ -83,12 +83,20 @@ class AcceleratorMetrics:
         """Metrics Insights query: `metric_name` averaged per host/node of this environment, lowest first.
         An alarm on it has one contributor per node, so one idle node raises it (CloudWatch user guide,
         Create_Metrics_Insights_Alarm.html and multi-time-series-alarm.html)."""
+        grouped = f"GROUP BY {self.node_dimension} ORDER BY AVG() ASC"
+        return f"SELECT AVG({metric_name}) FROM {self._insights_source()} {grouped}"
+
+    def insights_reported(self, metric_name: str) -> str:
+        """Metrics Insights query: how many values of `metric_name` this environment's nodes reported (none, no data:
+        no accelerator host is up)."""
+        return f"SELECT COUNT({metric_name}) FROM {self._insights_source()}"
+
+    def _insights_source(self) -> str:
         # Metrics Insights: a namespace with characters other than letters, digits and '_' is double-quoted
         # (CloudWatch user guide, "Metrics Insights query components and syntax").
         namespace = self.namespace if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.namespace) else f'"{self.namespace}"'
         source = f"SCHEMA({namespace}, {', '.join(self.schema)})" if self.schema else namespace
-        where = f" WHERE {self.scope[0]} = '{self.scope[1]}'" if self.scope else ""
-        return f"SELECT AVG({metric_name}) FROM {source}{where} GROUP BY {self.node_dimension} ORDER BY AVG() ASC"
+        return source + (f" WHERE {self.scope[0]} = '{self.scope[1]}'" if self.scope else "")
 
 
 def accelerator_metrics(

@@ -1,4 +1,5 @@
-"""Alarms that page the environment's alerts topic: broken pipeline, non-finite loss, an idle node, a full FSx.
+"""Alarms that page the environment's alerts topic: broken pipeline, non-finite loss, an idle node, a full FSx, no
+training progress while accelerator hosts are up.
 
 Loss itself cannot reveal NaN: NaN is not valid JSON, so CloudWatch drops an EMF line that carries it, and
 metrics have no NaN. The training code therefore emits `NonFiniteLoss` (1 when the step's loss is NaN/inf,
@@ -10,6 +11,12 @@ Step Functions counts in ExecutionsFailed like any failure. A metric filter on t
 (level ALL) therefore counts failures by error name: `PipelineFailures` (every error but ValidationFailed)
 pages with ExecutionsTimedOut and ExecutionsAborted; `ModelsRejected` is graphed, and the rejection's own,
 lower-severity notification is the pipeline's "validation failed" message with the verdict.
+
+NoProgress backs up the hang watchdog in the image (training_image/efa_training/runtime/launch/watchdog.py), which ends
+a training without progress within its floor (default 30 minutes) on the main node. If the watchdog is gone (the
+main node frozen, the launcher wedged), accelerator hosts stay up with no progress reported: a composite alarm of
+"hosts report utilisation" and "no ProgressLines (missing data breaches)" for NO_PROGRESS_MINUTES (CloudWatch user
+guide, Create_Composite_Alarm.html: a rule of other alarms' states; its two children page nobody).
 """
 
 import aws_cdk as cdk
@@ -21,7 +28,7 @@ import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
 from constructs.observability.accelerator_metrics import AcceleratorMetrics
-from constructs.observability.dashboard import NON_FINITE_LOSS_METRIC, TRAINING_NAMESPACE
+from constructs.observability.dashboard import NON_FINITE_LOSS_METRIC, PROGRESS_METRIC, TRAINING_NAMESPACE
 
 GIB = 1024**3
 IDLE_PERIOD = cdk.Duration.minutes(5)
@@ -29,6 +36,11 @@ IDLE_PERIOD = cdk.Duration.minutes(5)
 # file system's free bytes (FSx for Lustre user guide, fs-metrics.html, storage capacity metrics).
 FSX_PERIOD = cdk.Duration.minutes(1)
 PIPELINE_PERIOD = cdk.Duration.minutes(5)
+# Twice the hang watchdog's default floor (contracts/workload.py HANG_TIMEOUT_DEFAULT, 30 minutes): by then the
+# watchdog has ended any attempt it still watches. A Trainium compile stage or a validation longer than this, on
+# accelerator hosts, raises it too.
+NO_PROGRESS_MINUTES = 60
+PROGRESS_PERIOD = cdk.Duration.minutes(5)
 # The error of the pipeline's Fail state for a model that did not pass validation (TrainingPipeline).
 MODEL_REJECTED_ERROR = "ValidationFailed"
 # A refused input (malformed, or a run id already taken) is the caller's mistake, told to the caller by the
@@ -76,7 +88,7 @@ class TrainingAlarms(Construct):
     ) -> None:
         super().__init__(scope, id_)
         self._action = cw_actions.SnsAction(topic)
-        self.alarms: dict[str, cloudwatch.Alarm] = {}
+        self.alarms: dict[str, cloudwatch.AlarmBase] = {}
         self.pipeline_metrics: dict[str, cloudwatch.Metric] = {}
 
         if state_machine is not None and execution_log_group is not None:
@@ -118,6 +130,8 @@ class TrainingAlarms(Construct):
             "while it was up: a stalled job or node, or an instance left running without work.",
             name=f"{alarm_prefix}-accelerators-idle",
         )
+
+        self._no_progress(accelerators, environment, alarm_prefix, kind)
 
         free_bytes = fsx_storage_gib * GIB * fsx_free_percent / 100
         self._add(
@@ -175,6 +189,53 @@ class TrainingAlarms(Construct):
             description="A training pipeline execution failed (for a reason other than a rejected model), "
             "timed out or was aborted.",
             name=f"{prefix}-pipeline-broken",
+        )
+
+    def _no_progress(self, accelerators: AcceleratorMetrics, environment: str, prefix: str, kind: str) -> None:
+        progress = (
+            f"SELECT SUM({PROGRESS_METRIC}) FROM SCHEMA({TRAINING_NAMESPACE}, Environment, RunId) "
+            f"WHERE Environment = '{environment}'"
+        )
+        hosts_up = self._child(
+            "HostsUp", accelerators.insights_reported(accelerators.utilization), f"{kind} utilisation values reported",
+            name=f"{prefix}-accelerator-hosts-up", above=True, missing=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )  # fmt: skip
+        silent = self._child(
+            "ProgressSilent", progress, "progress lines of this environment's runs",
+            name=f"{prefix}-progress-silent", above=False, missing=cloudwatch.TreatMissingData.BREACHING,
+        )  # fmt: skip
+        composite = cloudwatch.CompositeAlarm(
+            self,
+            "NoProgress",
+            composite_alarm_name=f"{prefix}-no-progress",
+            alarm_rule=cloudwatch.AlarmRule.all_of(
+                cloudwatch.AlarmRule.from_alarm(hosts_up, cloudwatch.AlarmState.ALARM),
+                cloudwatch.AlarmRule.from_alarm(silent, cloudwatch.AlarmState.ALARM),
+            ),
+            alarm_description=f"Accelerator hosts were up for {NO_PROGRESS_MINUTES} minutes and no run reported "
+            "progress: a hang the launcher's watchdog did not end (the main node or its launcher gone), or a stage "
+            "without progress lines (a long Trainium compile or validation).",
+        )
+        composite.add_alarm_action(self._action)
+        self.alarms["NoProgress"] = composite
+
+    def _child(
+        self, id_: str, query: str, label: str, *, name: str, above: bool, missing: cloudwatch.TreatMissingData
+    ) -> cloudwatch.Alarm:
+        """A part of NoProgress over its whole window: above 0, or under 1; it pages nobody by itself."""
+        periods = NO_PROGRESS_MINUTES // int(PROGRESS_PERIOD.to_minutes())
+        operator = cloudwatch.ComparisonOperator
+        return cloudwatch.Alarm(
+            self,
+            id_,
+            metric=cloudwatch.MathExpression(expression=query, label=label, period=PROGRESS_PERIOD, using_metrics={}),
+            threshold=0 if above else 1,
+            comparison_operator=operator.GREATER_THAN_THRESHOLD if above else operator.LESS_THAN_THRESHOLD,
+            evaluation_periods=periods,
+            datapoints_to_alarm=periods,
+            treat_missing_data=missing,
+            alarm_description=f"One half of the NoProgress alarm, paging nobody by itself: {label}.",
+            alarm_name=name,
         )
 
     def _add(

@@ -37,6 +37,7 @@ PS_GRAPHS = {  # title: the metrics it draws
     "Embedding rows per step (ps)": ("RowsTouched",),
 }
 NON_FINITE_LOSS_METRIC = "NonFiniteLoss"
+PROGRESS_METRIC = "ProgressLines"  # 1 per progress line of any workload (training_image .../runtime/metrics.py)
 _FIVE_MINUTES = cdk.Duration.minutes(5)
 _WIDE, _HALF, _THIRD = 24, 12, 8
 

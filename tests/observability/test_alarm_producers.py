@@ -11,6 +11,7 @@ import io
 import json
 import math
 import re
+from pathlib import Path
 
 import aws_cdk as cdk
 import aws_cdk.aws_logs as logs
@@ -159,7 +160,8 @@ def _unproduced(alarm: dict, producers: Producers) -> list[tuple]:
 
 # Each test below covers one alarm; a new alarm without its test fails here.
 def test_every_alarm_has_its_producer_test(batch_gpu):
-    covered = {"p-accelerators-idle", "p-non-finite-loss", "p-fsx-free-capacity-low", "p-pipeline-broken"}
+    covered = {"p-accelerators-idle", "p-non-finite-loss", "p-fsx-free-capacity-low", "p-pipeline-broken",
+               "p-accelerator-hosts-up", "p-progress-silent"}  # fmt: skip
     assert set(alarms(batch_gpu)) == covered
 
 
@@ -173,6 +175,32 @@ def test_every_alarm_has_its_producer_test(batch_gpu):
 def test_idle_alarm_reads_an_emitted_utilisation(backend, accelerator, producers):
     alarm = alarms(_alarms(backend, accelerator))["p-accelerators-idle"]
     assert _queried(alarm) and not _unproduced(alarm, producers)
+
+
+# NoProgress's half "hosts up" reads the same utilisation as the idle alarm, on every backend.
+@pytest.mark.parametrize(
+    ("backend", "accelerator"),
+    [(b, a) for b in ("batch", "eks", "sagemaker") for a in (Accelerator.NVIDIA, Accelerator.NEURON)],
+)
+def test_hosts_up_reads_an_emitted_utilisation(backend, accelerator, producers):
+    alarm = alarms(_alarms(backend, accelerator))["p-accelerator-hosts-up"]
+    assert _queried(alarm) and not _unproduced(alarm, producers)
+
+
+# NoProgress's half "progress silent": ProgressLines, on the built-in trainer's step line and on the lines the launcher
+# turns a declared workload's log into (the same Environment, RunId).
+def test_progress_silent_reads_what_every_workload_emits(batch_gpu, producers, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "training_image"))  # the image's root
+    from efa_training.runtime.user_workload import LogMetrics, UserWorkload
+
+    assert not _unproduced(alarms(batch_gpu)["p-progress-silent"], producers)
+    declared = UserWorkload.from_json(json.dumps({"name": "w", "launch": "torchrun", "train": ["t"], "validate": ["v"],
+                                                  "metric": {"name": "loss", "direction": "lower"},
+                                                  "metrics": {"loss": "loss=([0-9.]+)"}}))  # fmt: skip
+    lines: list[str] = []
+    LogMetrics(declared, "run-1", ENVIRONMENT, emit=lines.append).feed("step 3 loss=0.5")
+    declared_producers = _emf_series(json.loads(lines[0]))
+    assert not _unproduced(alarms(batch_gpu)["p-progress-silent"], declared_producers)
 
 
 # NonFiniteLoss: the training image's EMF line (Environment, RunId), exactly the SCHEMA the alarm reads.

@@ -1,6 +1,8 @@
 """TrainingAlarms alone, in a bare stack: idle accelerators per node, a non-finite loss, a filling file system, a broken
 pipeline (rejected models and refused inputs apart), each to the topic it is given."""
 
+import json
+
 import aws_cdk as cdk
 import aws_cdk.aws_logs as logs
 import aws_cdk.aws_sns as sns
@@ -55,12 +57,39 @@ def batch_alarms() -> Template:
 
 
 def test_every_alarm_notifies_the_topic(batch_alarms):
-    # Each alarm's action is the topic the construct is given (the environment's alerts topic).
+    # Each paging alarm's action is the topic the construct is given (the environment's alerts topic); NoProgress
+    # pages through its composite, not its two halves.
     found = alarms(batch_alarms)
-    assert set(found) == {"p-accelerators-idle", "p-non-finite-loss", "p-fsx-free-capacity-low", "p-pipeline-broken"}
+    paging = {"p-accelerators-idle", "p-non-finite-loss", "p-fsx-free-capacity-low", "p-pipeline-broken"}
+    assert set(found) == paging | {"p-accelerator-hosts-up", "p-progress-silent"}
     (topic,) = batch_alarms.find_resources("AWS::SNS::Topic")
-    for name, props in found.items():
+    (composite,) = batch_alarms.find_resources("AWS::CloudWatch::CompositeAlarm").values()
+    for name, props in [*((n, found[n]) for n in paging), ("p-no-progress", composite["Properties"])]:
         assert props["AlarmActions"] == [{"Ref": topic}], name
+    assert "AlarmActions" not in found["p-accelerator-hosts-up"] and "AlarmActions" not in found["p-progress-silent"]
+
+
+# NoProgress: accelerator hosts up (any utilisation value of this environment's nodes) AND no progress line of any
+# run of this environment, both for the whole hour; no progress data at all breaches (a silent run sends nothing),
+# no host data does not (no host up). The watchdog's default floor is 30 minutes, so by then it has acted or is gone.
+def test_no_progress_pages_when_hosts_are_up_and_no_run_reports_progress(batch_alarms):
+    found = alarms(batch_alarms)
+    hosts, silent = found["p-accelerator-hosts-up"], found["p-progress-silent"]
+    assert hosts["Metrics"][0]["Expression"] == (
+        "SELECT COUNT(nvidia_smi_utilization_gpu) FROM CWAgent WHERE Environment = 'dev'"
+    )
+    assert (hosts["Threshold"], hosts["ComparisonOperator"], hosts["TreatMissingData"]) == (
+        0, "GreaterThanThreshold", "notBreaching")  # fmt: skip
+    assert silent["Metrics"][0]["Expression"] == (
+        "SELECT SUM(ProgressLines) FROM SCHEMA(EfaTraining, Environment, RunId) WHERE Environment = 'dev'"
+    )
+    assert (silent["Threshold"], silent["ComparisonOperator"], silent["TreatMissingData"]) == (
+        1, "LessThanThreshold", "breaching")  # fmt: skip
+    for alarm in (hosts, silent):
+        assert alarm["EvaluationPeriods"] == alarm["DatapointsToAlarm"] == 12 and alarm["Metrics"][0]["Period"] == 300
+    (composite,) = batch_alarms.find_resources("AWS::CloudWatch::CompositeAlarm").values()
+    rule = json.dumps(composite["Properties"]["AlarmRule"])
+    assert rule.count("ALARM(") == 2 and " AND " in rule, rule
 
 
 def test_idle_accelerator_alarm_uses_the_threshold_and_duration():

@@ -89,7 +89,7 @@ def test_batch_event_is_the_stdout_line_and_a_valid_emf_document():
     line = _stdout_line(step=3, loss=2.5, tokens_per_s=1000.0, step_time_s=0.4, mfu_percent=41.0)
     assert emf_problems(line) == []
     names = {m["Name"] for m in json.loads(line)["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
-    assert names == {"Loss", "TokensPerSecond", "StepTimeSeconds", "MFU", "NonFiniteLoss"}
+    assert names == {"Loss", "TokensPerSecond", "StepTimeSeconds", "MFU", "NonFiniteLoss", "ProgressLines"}
 
 
 def test_fluent_bit_wrapped_line_is_not_emf():

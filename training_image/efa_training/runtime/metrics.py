@@ -24,12 +24,16 @@ from typing import TextIO
 from urllib.parse import urlparse
 
 NAMESPACE = "EfaTraining"
+PROGRESS_METRIC = "ProgressLines"
 UNITS = {
     "Loss": "None",
     "TokensPerSecond": "Count/Second",
     "StepTimeSeconds": "Seconds",
     "MFU": "Percent",
     "NonFiniteLoss": "Count",
+    # 1 on every line that reports training progress, whatever the workload: the NoProgress alarm's sum
+    # (constructs/observability/alarms.py), which holds when hosts are up and none came.
+    "ProgressLines": "Count",
     # The parameter-server strategy's (workloads/ctr_ps/worker.py), one line per worker and step
     "SamplesPerSecond": "Count/Second",
     "PullLatencyMs": "Milliseconds",
@@ -158,7 +162,8 @@ class MetricsLogger:
         # NaN/inf is not valid JSON, and CloudWatch would drop the whole line: a diverged run reports
         # NonFiniteLoss=1 (which the NonFiniteLoss alarm watches) and leaves Loss out of that line.
         finite = math.isfinite(loss)
-        values = {"NonFiniteLoss": 0 if finite else 1, "TokensPerSecond": tokens_per_s, "StepTimeSeconds": step_time_s}
+        values = {"NonFiniteLoss": 0 if finite else 1, "TokensPerSecond": tokens_per_s, "StepTimeSeconds": step_time_s,
+                  PROGRESS_METRIC: 1}  # fmt: skip
         if finite:
             values["Loss"] = loss
         if mfu_percent is not None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.launch.rendezvous import LaunchPlan
 from efa_training.runtime.launch.watchdog import DEFAULT_FLOOR_SECONDS
-from efa_training.runtime.metrics import NAMESPACE
+from efa_training.runtime.metrics import NAMESPACE, PROGRESS_METRIC
 from efa_training.runtime.report import PREFIX as REPORT_PREFIX
 from efa_training.runtime.run_paths import flag_value
 
@@ -185,6 +185,8 @@ class LogMetrics:
         return {k: v for k, v in numbers.items() if isinstance(k, str) and math.isfinite(v)}
 
     def _record(self, values: dict[str, float]) -> dict:
+        """The EMF document of one line's values, with ProgressLines 1 (metrics.py UNITS: the NoProgress alarm's)."""
+        values = {**values, PROGRESS_METRIC: 1.0}
         dimensions = ["Environment", "RunId"] if self.environment else ["RunId"]
         metadata = {
             "Timestamp": int(time.time() * 1000),

@@ -23,7 +23,7 @@ from torch import nn
 from efa_training.runtime.console import log
 from efa_training.runtime.distributed import resolve_device
 from efa_training.runtime.errors import EXIT_DIVERGED, RunRefused
-from efa_training.runtime.metrics import MetricsLogger
+from efa_training.runtime.metrics import PROGRESS_METRIC, MetricsLogger
 from efa_training.workloads.ctr_ps.criteo import CtrRecords, block_indices
 from efa_training.workloads.ctr_ps.model import CTR_SIZES, CtrModel, table_rows
 from efa_training.workloads.ctr_ps.protocol import INBOX, Layout, open_store, pack, unpack
@@ -161,6 +161,7 @@ class Worker:
             {
                 "Loss": loss,
                 "NonFiniteLoss": 0,
+                PROGRESS_METRIC: 1,
                 "SamplesPerSecond": self.cfg.micro_batch_size / seconds,
                 "StepTimeSeconds": seconds,
                 "PullLatencyMs": pull_ms,
