@@ -39,6 +39,7 @@ KINDS: dict[str, Kind] = {
     "AWS::StepFunctions::StateMachine": Kind("state machine", "integration.StepFunctions", "StateMachine"),
     "AWS::CloudWatch::Dashboard": Kind("dashboard", "management.Cloudwatch", "Dashboard"),
     "AWS::CloudWatch::Alarm": Kind("alarm", "management.CloudwatchAlarm"),
+    "AWS::CloudWatch::CompositeAlarm": Kind("composite alarm", "management.CloudwatchAlarm"),
     "AWS::Budgets::Budget": Kind("budget", "cost.Budgets", "Budget"),
 }
 
@@ -72,6 +73,7 @@ RELATIONS: dict[tuple[str, str], str] = {
     ("AWS::StepFunctions::StateMachine", "AWS::S3::Bucket"): "run records",
     ("AWS::StepFunctions::StateMachine", "AWS::SNS::Topic"): "notifies",
     ("AWS::CloudWatch::Alarm", "AWS::SNS::Topic"): "alarms",
+    ("AWS::CloudWatch::CompositeAlarm", "AWS::SNS::Topic"): "alarms",
     ("AWS::Budgets::Budget", "AWS::SNS::Topic"): "budget alerts",
 }
 
