@@ -165,25 +165,16 @@ def test_every_alarm_has_its_producer_test(batch_gpu):
     assert set(alarms(batch_gpu)) == covered
 
 
-# The idle alarm of every backend reads a utilisation its producer emits with the dimensions the query filters and
-# groups on: the CloudWatch agent's (Batch GPU), Container Insights' (EKS), the training image's own (Batch Trainium
-# hosts, SageMaker jobs).
+# The idle alarm and NoProgress's half "hosts up" of every backend read a utilisation its producer emits with the
+# dimensions the query filters and groups on: the CloudWatch agent's (Batch GPU), Container Insights' (EKS), the
+# training image's own (Batch Trainium hosts, SageMaker jobs).
+@pytest.mark.parametrize("name", ["p-accelerators-idle", "p-accelerator-hosts-up"])
 @pytest.mark.parametrize(
     ("backend", "accelerator"),
     [(b, a) for b in ("batch", "eks", "sagemaker") for a in (Accelerator.NVIDIA, Accelerator.NEURON)],
 )
-def test_idle_alarm_reads_an_emitted_utilisation(backend, accelerator, producers):
-    alarm = alarms(_alarms(backend, accelerator))["p-accelerators-idle"]
-    assert _queried(alarm) and not _unproduced(alarm, producers)
-
-
-# NoProgress's half "hosts up" reads the same utilisation as the idle alarm, on every backend.
-@pytest.mark.parametrize(
-    ("backend", "accelerator"),
-    [(b, a) for b in ("batch", "eks", "sagemaker") for a in (Accelerator.NVIDIA, Accelerator.NEURON)],
-)
-def test_hosts_up_reads_an_emitted_utilisation(backend, accelerator, producers):
-    alarm = alarms(_alarms(backend, accelerator))["p-accelerator-hosts-up"]
+def test_utilisation_alarms_read_an_emitted_utilisation(name, backend, accelerator, producers):
+    alarm = alarms(_alarms(backend, accelerator))[name]
     assert _queried(alarm) and not _unproduced(alarm, producers)
 
 
