@@ -452,7 +452,7 @@ class EnvironmentConfig:
         from contracts.workload import WorkloadError, parse_workloads
 
         try:
-            return parse_workloads(json.loads(self.workloads), PROJECT_ROOT)
+            return parse_workloads(self.workloads, PROJECT_ROOT)
         except WorkloadError as error:
             raise ConfigError(f"environment '{self.name}': {error}") from None
 

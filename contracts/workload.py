@@ -81,7 +81,13 @@ class Workload:
 
 
 def parse_workloads(raw: object, root: Path) -> tuple[Workload, ...]:
-    """Every declared workload, checked; `root` is where image folders are found (the project)."""
+    """Every declared workload, checked; `root` is where image folders are found (the project). `raw` is one
+    environment's `workloads` as cdk.json writes it (an object) or as `-c workloads=...` passes it (its JSON text)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise WorkloadError(f"workloads={_show(raw)} is not valid; expected a JSON object") from None
     if not isinstance(raw, dict):
         raise WorkloadError(f"workloads={_show(raw)} is not valid; expected an object of workload name -> declaration")
     return tuple(parse_workload(name, declaration, root) for name, declaration in raw.items())

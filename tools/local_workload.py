@@ -39,7 +39,7 @@ def declared(name: str, env: str) -> Workload:
     environments = json.loads((ROOT / "cdk.json").read_text())["context"]["environments"]
     raw = environments.get(env, {}).get("workloads", {})
     try:
-        found = {w.name: w for w in parse_workloads(json.loads(raw) if isinstance(raw, str) else raw, ROOT)}
+        found = {w.name: w for w in parse_workloads(raw, ROOT)}
         if name in found:
             return found[name]
         example = ROOT / "examples" / name.replace("-", "_") / "workload.json"

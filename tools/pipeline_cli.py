@@ -76,10 +76,9 @@ def declared_workloads(env: str) -> schema.WorkloadSchemas:
     the deployed pipeline's first state checks the same (its own copy, from the last deploy)."""
     from contracts.workload import WorkloadError, parse_workloads, schemas
 
-    raw = _environment(env).get("workloads", {})
     try:
-        return schemas(parse_workloads(json.loads(raw) if isinstance(raw, str) else raw, ROOT))
-    except (WorkloadError, ValueError) as error:
+        return schemas(parse_workloads(_environment(env).get("workloads", {}), ROOT))
+    except WorkloadError as error:
         raise CliError(f"environment {env!r} in cdk.json: {error}") from None
 
 
