@@ -17,8 +17,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,7 +24,11 @@ from contracts.run import BUILT_IN_WORKLOAD, validate_run
 from contracts.workload import Workload, WorkloadError, parse_workload, parse_workloads, schemas
 
 ROOT = Path(__file__).resolve().parent.parent
-LAUNCH = ROOT / "training_image" / "launch.py"
+sys.path.insert(0, str(ROOT / "training_image"))  # the image's package and its local runner, as `make local-run` runs
+
+from efa_training.runtime.metrics import PROGRESS_METRIC, parse_emf_lines  # noqa: E402
+from local_run import free_port, run_stage  # noqa: E402
+
 RUN_ID = "local-run"
 
 
@@ -67,18 +69,12 @@ def checked_hyperparameters(workload: Workload, given: str) -> dict:
 
 def stage_env(workload: Workload | None, nproc: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_BATCH_", "PET_", "SAGEMAKER_"))}
-    env.update(ACCELERATOR_KIND="cpu", ACCELERATORS_PER_NODE=str(nproc), MASTER_PORT=str(_free_port()), RUN_ID=RUN_ID)
+    env.update(ACCELERATOR_KIND="cpu", ACCELERATORS_PER_NODE=str(nproc), MASTER_PORT=str(free_port()), RUN_ID=RUN_ID)
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MAX_RESTARTS="0")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` in your commands
     if workload is not None:
         env["WORKLOAD"] = workload.variable
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,25 +137,18 @@ def run_stages(workload: Workload, hyper: dict, out: Path, nproc: int) -> dict:
 
 
 def stage(name: str, args: list[str], out: Path, env: dict, cwd: Path) -> str:
-    """One stage through launch.py; its output in <name>.log; a failure ends the run with the log's tail."""
-    print(f"[local_workload] {name}: launch.py {' '.join(args)}", flush=True)
-    done = subprocess.run([sys.executable, str(LAUNCH), *args], env=env, cwd=cwd, capture_output=True, text=True)
-    (out / f"{name}.log").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
-    if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-        raise SystemExit(f"[local_workload] {name} failed with exit code {done.returncode} ({out / name}.log):\n{tail}")
-    return done.stdout
+    """One stage through launch.py, as `make local-run` runs the built-in's (local_run.run_stage); its output."""
+    return run_stage(name, args, out, env, cwd)[0].stdout
 
 
 def _metrics(stdout: str) -> dict[str, list[float]]:
-    """The metrics the declared regexes read from the training's lines (the EMF records the launcher printed)."""
-    sys.path.insert(0, str(ROOT / "training_image"))
-    from efa_training.runtime.metrics import parse_emf_lines
-
+    """The metrics the declared regexes read from the training's lines (the EMF records the launcher printed; not the
+    platform's own ProgressLines count)."""
     values: dict[str, list[float]] = {}
     for record in parse_emf_lines(stdout.splitlines()):
         for metric in record["_aws"]["CloudWatchMetrics"][0]["Metrics"]:
-            values.setdefault(metric["Name"], []).append(record[metric["Name"]])
+            if metric["Name"] != PROGRESS_METRIC:
+                values.setdefault(metric["Name"], []).append(record[metric["Name"]])
     return values
 
 

@@ -41,11 +41,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_stage(name: str, args: list[str], out: Path, env: dict) -> tuple[subprocess.CompletedProcess, float]:
+def run_stage(
+    name: str, args: list[str], out: Path, env: dict, cwd: Path | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
+    """One stage through launch.py (in `cwd`: a declared workload's folder); its output in <name>.log; a failure ends
+    the run with the log's tail."""
     print(f"[local_run] {name}: launch.py {' '.join(args)}", flush=True)
     t0 = time.perf_counter()
     env = {**env, "MASTER_PORT": str(free_port())}
-    proc = subprocess.run([sys.executable, str(HERE / "launch.py"), *args], env=env, capture_output=True, text=True)
+    launch = [sys.executable, str(HERE / "launch.py"), *args]
+    proc = subprocess.run(launch, env=env, cwd=cwd, capture_output=True, text=True)
     elapsed = time.perf_counter() - t0
     (out / f"{name}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     if proc.returncode != 0:
