@@ -33,6 +33,26 @@ def test_sanity_passes_on_a_healthy_group(passing):
     assert run.returncode == 0 and report["passed"], run.stderr[-2000:]
 
 
+def test_every_ranks_matmul_rate_is_reported_and_on_cpu_not_gated(passing):
+    # CPU ranks share cores with the rest of the host: the compute check reports there unless asked to gate.
+    _, report = passing
+    compute = report["compute"]
+    assert len(compute["tflops_by_rank"]) == 2 and all(v > 0 for v in compute["tflops_by_rank"])
+    assert compute["min_of_median"] == 0.0 and compute["peak_tflops"] is None
+
+
+# A slow accelerator: rank 1's timed matmul rounds each take 100 ms longer (the test's stand-in for a throttled GPU);
+# the group names the rank and its host, and the check fails before any training.
+def test_a_slow_accelerator_is_named_before_training(tmp_path):
+    report_path = tmp_path / "sanity.json"
+    run = th.torchrun("sanity_check.py", [*ARGS, "--min-compute-of-median", "0.5", "--report", str(report_path)],
+                      SANITY_TEST_SLOW_COMPUTE="1:100", **NODE)  # fmt: skip
+    report = json.loads(report_path.read_text())
+    assert run.returncode == 1 and not report["passed"], run.stderr[-2000:]
+    (line,) = report["failures"]
+    assert line.startswith("compute: rank 1 on ") and "under 0.5 of the group's median" in line, line
+
+
 def test_sanity_report_uses_nccl_tests_bus_bandwidth(passing):
     _, report = passing
     factors = {"all_reduce": 2 * (2 - 1) / 2, "all_gather": 1 / 2, "reduce_scatter": 1 / 2}

@@ -16,10 +16,13 @@ import torch.distributed as dist
 from efa_training.runtime.distributed import KIND_TO_DEVICE, Runtime, resolve_device
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.run_paths import expected_nodes_error
-from efa_training.runtime.sanity import efa_proof
+from efa_training.runtime.sanity import compute, efa_proof
 from efa_training.runtime.sanity.collectives import COLLECTIVES, measure
 
 DEFAULT_SIZES = {"cuda": "1M,16M,128M,1G,2G", "xla": "1M,16M,128M,1G,2G", "cpu": "64K,1M,4M"}
+# The compute gate's default: on accelerators a rank under 0.8 of the group's median matmul rate is a slow device;
+# CPU ranks share cores with everything else on the host, so there it only reports unless asked.
+DEFAULT_MIN_COMPUTE_OF_MEDIAN = {"cuda": 0.8, "xla": 0.8, "cpu": 0.0}
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 EXIT_FAILED = 1
 # The checks passed but the report is lost: a code of its own, so the job's log and exit code say the nodes are
@@ -38,6 +41,7 @@ class Plan:
     sizes: list[int]
     gate_bytes: int  # the one size the bandwidth gate applies at
     efa_interfaces: int
+    min_compute_of_median: float  # 0: the compute check reports only
 
 
 def parse_size(text: str, flag: str = "--sizes") -> int:
@@ -81,7 +85,12 @@ def plan_checks(args: argparse.Namespace) -> Plan:
         raise UsageError("EFA_INTERFACES", efa_text, "not a count", "the instance's EFA interfaces, or 0")
     if args.report_prefix and not args.run_id:
         raise UsageError("--report-prefix", args.report_prefix, "needs a run id", "--run-id or env RUN_ID")
-    return Plan(device_type, kind, int(expected_text) if expected_text else None, sizes, gate_bytes, int(efa_text))
+    compute_gate = DEFAULT_MIN_COMPUTE_OF_MEDIAN[device_type] if args.min_compute_of_median is None else \
+        args.min_compute_of_median  # fmt: skip
+    if not 0 <= compute_gate < 1:
+        raise UsageError("--min-compute-of-median", compute_gate, "out of range", "from 0 (report only) to under 1")
+    expected = int(expected_text) if expected_text else None
+    return Plan(device_type, kind, expected, sizes, gate_bytes, int(efa_text), compute_gate)
 
 
 def _sizes(args: argparse.Namespace, device_type: str) -> tuple[list[int], int]:
@@ -126,11 +135,12 @@ def _efa_checks(
 
 def run_checks(args: argparse.Namespace, rt: Runtime, plan: Plan, nccl_log: str = "") -> dict:
     accel = check_accelerators(plan.kind, plan.expected)
+    compute_report, compute_failures = compute.check(rt, plan.min_compute_of_median)
     results = [measure(op, size, rt, args.warmup, args.iters) for op in COLLECTIVES for size in plan.sizes]
     by_size = {r["size_bytes"]: r["busbw_gbps"] for r in results if r["op"] == "all_reduce"}
     measured = by_size[plan.gate_bytes]
     efa, devices_bad, transport = _efa_checks(args, rt, plan.efa_interfaces, nccl_log, plan.kind)
-    failures = _agreed_failures(rt, plan, accel, results, efa, devices_bad, transport)
+    failures = _agreed_failures(rt, plan, accel, results, efa, devices_bad, transport) + compute_failures
     nodes_problem = expected_nodes_error(args.expected_nodes)
     if nodes_problem:
         failures.append(f"nodes: {nodes_problem}")
@@ -147,6 +157,7 @@ def run_checks(args: argparse.Namespace, rt: Runtime, plan: Plan, nccl_log: str 
         "device": rt.device_type,
         "torch": torch.__version__,  # the PyTorch the image runs, beside what it proved
         "accelerators": accel,
+        "compute": compute_report,
         "efa": efa,
         "threshold_busbw_gbps": args.min_busbw_gbps,
         "threshold_source": os.environ.get("BUSBW_SOURCE", "--min-busbw-gbps"),

@@ -12,7 +12,8 @@ Exit 0 = pass, 1 = a check failed, 2 = bad usage, 3 = the checks passed but the 
    (uverbs and libfabric's efa provider; with EFA_COUNT_CONFIRMED=0, on SageMaker, at least one, the count found
    reported) and NCCL's own log shows the EFA network plugin with provider efa, not its socket fallback
    (efa_proof.py says which lines and why).
-4. Bandwidth over a range of sizes, with the nccl-tests definitions (collectives.py). The all_reduce busbw at one
+4. Compute: every rank's matmul rate against the group's median (compute.py): a slow accelerator is named.
+5. Bandwidth over a range of sizes, with the nccl-tests definitions (collectives.py). The all_reduce busbw at one
    fixed large message (--busbw-bytes, env BUSBW_MESSAGE_BYTES: 2 GiB on EFA jobs, the size AWS's published
    two-node figures use) must reach --min-busbw-gbps (GB/s, 1e9 bytes); never an average over sizes, which small
    messages drag down.
@@ -78,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("BUSBW_MESSAGE_BYTES", ""),
         help="the message size the bandwidth gate applies at, added to --sizes if missing "
         "(default: env BUSBW_MESSAGE_BYTES, else the largest of --sizes)",
+    )
+    p.add_argument(
+        "--min-compute-of-median",
+        type=float,
+        default=float(os.environ["MIN_COMPUTE_OF_MEDIAN"]) if os.environ.get("MIN_COMPUTE_OF_MEDIAN") else None,
+        help="fail a rank whose matmul rate is under this share of the group's median (default: env "
+        "MIN_COMPUTE_OF_MEDIAN, else 0.8 on accelerators and 0 = report only on CPU)",
     )
     p.add_argument("--uverbs-dir", default=efa_proof.UVERBS_DIR, help="where the EFA uverbs devices appear")
     p.add_argument("--fi-info", default=None, help="libfabric's fi_info (default: on PATH or /opt/amazon/efa/bin)")
