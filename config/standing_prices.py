@@ -64,6 +64,11 @@ CLOUDWATCH_DASHBOARD = MappingProxyType(
 CLOUDWATCH_ALARM_METRIC = MappingProxyType(
     {"us-east-1": StandingPrice(0.10, "month", "AWS Pricing Calculator, CloudWatch, us-east-1", "undated")}
 )
+# Composite alarm-month, us-east-1 (AWS: "Pricing varies by Region"; its children bill as alarm metrics): c3x.dev's
+# CloudWatch alarm cost page, read 2026-11-26.
+CLOUDWATCH_COMPOSITE_ALARM = MappingProxyType(
+    {"us-east-1": StandingPrice(0.50, "month", "CloudWatch composite alarms, us-east-1, via c3x.dev", "2026-11-26")}
+)
 
 # Standard workflow state transition, us-east-1 and us-west-2 ($0.025 per 1,000; 4,000 free per account and month, not
 # counted): AWS Step Functions pricing page, state transitions pricing table, read 2026-11-26.

@@ -3,9 +3,9 @@
 Quantities come from the backend's synthesized templates, since a template is what deploys: NAT gateways and their
 public IPv4 addresses, interface endpoints times the subnets (one per AZ) each has a network interface in, the FSx
 file system's capacity and deployment type, EKS clusters and each node group's desired size, Batch's minimum vCPUs,
-KMS keys, dashboards, alarm metrics, budgets and the state transitions of state machines run on a schedule (EKS's
-node-group reconciler). Prices come from config/standing_prices.py for the environment's
-Region; where none is recorded the item reads "unpriced in <region>", never us-east-1's figure.
+KMS keys, dashboards, alarm metrics, composite alarms, budgets and the state transitions of state machines run on a
+schedule (EKS's node-group reconciler). Prices come from config/standing_prices.py for the environment's Region;
+where none is recorded the item reads "unpriced in <region>", never us-east-1's figure.
 """
 
 import re
@@ -20,6 +20,7 @@ from config.standing_prices import (
     BUDGET,
     BUDGET_BEYOND_TWO_USD_PER_DAY,
     CLOUDWATCH_ALARM_METRIC,
+    CLOUDWATCH_COMPOSITE_ALARM,
     CLOUDWATCH_DASHBOARD,
     EC2_USD_PER_HOUR,
     EKS_CLUSTER,
@@ -163,6 +164,8 @@ def standing_lines(templates: Templates, region: str) -> list[Line]:
             "CloudWatch dashboards", count("AWS::CloudWatch::Dashboard"), "dashboard", CLOUDWATCH_DASHBOARD, region
         ),
         _priced("CloudWatch alarm metrics", alarm_metrics(templates)[0], "metric", CLOUDWATCH_ALARM_METRIC, region),
+        _priced("CloudWatch composite alarms", count("AWS::CloudWatch::CompositeAlarm"), "alarm",
+                CLOUDWATCH_COMPOSITE_ALARM, region),  # fmt: skip
         _priced("budgets", count("AWS::Budgets::Budget"), "budget", BUDGET, region),
         _priced(
             "scheduled state transitions (at most)",
