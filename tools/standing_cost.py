@@ -164,8 +164,13 @@ def standing_lines(templates: Templates, region: str) -> list[Line]:
             "CloudWatch dashboards", count("AWS::CloudWatch::Dashboard"), "dashboard", CLOUDWATCH_DASHBOARD, region
         ),
         _priced("CloudWatch alarm metrics", alarm_metrics(templates)[0], "metric", CLOUDWATCH_ALARM_METRIC, region),
-        _priced("CloudWatch composite alarms", count("AWS::CloudWatch::CompositeAlarm"), "alarm",
-                CLOUDWATCH_COMPOSITE_ALARM, region),  # fmt: skip
+        _priced(
+            "CloudWatch composite alarms",
+            count("AWS::CloudWatch::CompositeAlarm"),
+            "alarm",
+            CLOUDWATCH_COMPOSITE_ALARM,
+            region,
+        ),  # fmt: skip
         _priced("budgets", count("AWS::Budgets::Budget"), "budget", BUDGET, region),
         _priced(
             "scheduled state transitions (at most)",
