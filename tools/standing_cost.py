@@ -170,7 +170,7 @@ def standing_lines(templates: Templates, region: str) -> list[Line]:
             "alarm",
             CLOUDWATCH_COMPOSITE_ALARM,
             region,
-        ),  # fmt: skip
+        ),
         _priced("budgets", count("AWS::Budgets::Budget"), "budget", BUDGET, region),
         _priced(
             "scheduled state transitions (at most)",
