@@ -249,3 +249,20 @@ def test_on_sagemaker_the_training_gets_the_metrics_reader_and_the_watchdog(tmp_
     launch = command.Launch(["torchrun"], plan, {}, ml_root=tmp_path, on_line=print, watchdog=watchdog)
     assert process.run_on_sagemaker("train", launch) == 0
     assert calls == [(["torchrun"], {}, print, watchdog)]
+
+
+# Whatever fails while the stacks are taken, torchrun is resumed and ended: a paused or running torchrun would hold the
+# job's hosts until its timeout.
+def test_torchrun_is_ended_even_when_taking_the_stacks_fails(monkeypatch):
+    from efa_training.runtime.launch import watchdog
+
+    def lost(pid: int) -> str:
+        raise RuntimeError("the stacks were lost")
+
+    torchrun = subprocess.Popen([th.PYTHON, "-c", "import time; time.sleep(60)"])
+    watch = Watchdog(60.0)
+    monkeypatch.setattr(watch, "stacks_of", lost)
+    monkeypatch.setattr(watchdog, "workers", lambda root: [root])
+    with pytest.raises(RuntimeError):
+        watchdog.stop_tree(torchrun, watch)
+    assert torchrun.wait(timeout=5) is not None

@@ -138,12 +138,14 @@ class Watchdog:
     def _end(self, proc: subprocess.Popen, hang: dict) -> None:
         print(f"launch.py: no progress for {hang['seconds_without_progress']} s (limit {hang['limit_seconds']} s): "
               "each worker's stacks follow, then the attempt ends", file=sys.stderr, flush=True)  # fmt: skip
-        found = stop_tree(proc, self)
-        hang["stopped_first"] = stopped_first(found)
-        hang["workers"] = [{key: w[key] for key in ("rank", "state", "host", "pid")} for w in found]
-        folder = keep(self.run, hang, found)
-        hang["evidence"] = str(folder) if folder else None
-        print(json.dumps({"hang": hang}), file=sys.stderr, flush=True)
+        try:
+            found = stop_tree(proc, self)
+            hang["stopped_first"] = stopped_first(found)
+            hang["workers"] = [{key: w[key] for key in ("rank", "state", "host", "pid")} for w in found]
+            folder = keep(self.run, hang, found)
+            hang["evidence"] = str(folder) if folder else None
+        finally:  # the summary line whatever failed in gathering the evidence
+            print(json.dumps({"hang": hang}, default=str), file=sys.stderr, flush=True)
 
     def join(self, timeout: float = 4 * STACK_DUMP_SECONDS) -> None:
         """Wait for a hang's evidence and summary to be written (the launcher exits after them)."""
@@ -208,14 +210,14 @@ def stop_tree(proc: subprocess.Popen, watchdog: Watchdog) -> list[dict]:
         for worker in described:
             worker["stacks"] = watchdog.stacks_of(worker["pid"])
             found.append(worker)
-    finally:  # never leave torchrun or a worker paused: it would hold the job until its timeout
+    finally:  # never leave torchrun or a worker paused, nor torchrun running: it would hold the job until its timeout
         for pid in [proc.pid, *(worker["pid"] for worker in described)]:
             _signal(pid, signal.SIGCONT)
-    proc.terminate()
-    try:
-        proc.wait(timeout=STACK_DUMP_SECONDS)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        proc.terminate()
+        try:
+            proc.wait(timeout=STACK_DUMP_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
     return found
 
 
