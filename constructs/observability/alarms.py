@@ -28,7 +28,12 @@ import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
 from constructs.observability.accelerator_metrics import AcceleratorMetrics
-from constructs.observability.dashboard import NON_FINITE_LOSS_METRIC, PROGRESS_METRIC, TRAINING_NAMESPACE
+from constructs.observability.dashboard import (
+    NON_FINITE_LOSS_METRIC,
+    PROGRESS_METRIC,
+    STRAGGLER_METRIC,
+    TRAINING_NAMESPACE,
+)
 
 GIB = 1024**3
 IDLE_PERIOD = cdk.Duration.minutes(5)
@@ -41,6 +46,9 @@ PIPELINE_PERIOD = cdk.Duration.minutes(5)
 # accelerator hosts, raises it too.
 NO_PROGRESS_MINUTES = 60
 PROGRESS_PERIOD = cdk.Duration.minutes(5)
+# A run's slowest device at 1.5 times the median's time, on average over each of 3 five-minute periods: one noisy
+# metrics line does not raise it, a device that stays slow does. The line names the rank and host (SlowestHost).
+STRAGGLER_RATIO, STRAGGLER_PERIODS = 1.5, 3
 # The error of the pipeline's Fail state for a model that did not pass validation (TrainingPipeline).
 MODEL_REJECTED_ERROR = "ValidationFailed"
 # A refused input (malformed, or a run id already taken) is the caller's mistake, told to the caller by the
@@ -132,6 +140,22 @@ class TrainingAlarms(Construct):
         )
 
         self._no_progress(accelerators, environment, alarm_prefix, kind)
+        self._add(
+            "Straggler",
+            cloudwatch.MathExpression(
+                expression=f"SELECT AVG({STRAGGLER_METRIC}) FROM SCHEMA({TRAINING_NAMESPACE}, Environment, RunId) "
+                f"WHERE Environment = '{environment}' GROUP BY RunId",
+                label="slowest device over the median, per run",
+                period=PROGRESS_PERIOD,
+                using_metrics={},
+            ),
+            threshold=STRAGGLER_RATIO,
+            operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=STRAGGLER_PERIODS,
+            description=f"A run's slowest {kind} took {STRAGGLER_RATIO:g} times the median's time on the platform's "
+            f"device probe for {STRAGGLER_PERIODS * 5} minutes: its metrics lines name it (SlowestRank, SlowestHost).",
+            name=f"{alarm_prefix}-straggler",
+        )
 
         free_bytes = fsx_storage_gib * GIB * fsx_free_percent / 100
         self._add(

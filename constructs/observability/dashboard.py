@@ -37,6 +37,12 @@ PS_GRAPHS = {  # title: the metrics it draws
     "Embedding rows per step (ps)": ("RowsTouched",),
 }
 NON_FINITE_LOSS_METRIC = "NonFiniteLoss"
+# The built-in trainer's straggler figures (training_image .../runtime/stragglers.py), one graph each.
+STRAGGLER_METRIC = "StragglerRatio"
+STRAGGLER_GRAPHS = {
+    "Straggler ratio (slowest device over the median) by run": STRAGGLER_METRIC,
+    "Longest wait for input between metrics lines (s) by run": "DataWaitSeconds",
+}
 PROGRESS_METRIC = "ProgressLines"  # 1 per progress line of any workload (training_image .../runtime/metrics.py)
 _FIVE_MINUTES = cdk.Duration.minutes(5)
 _WIDE, _HALF, _THIRD = 24, 12, 8
@@ -84,6 +90,12 @@ class TrainingDashboard(Construct):
         )
         self.dashboard.add_widgets(*self._accelerator_widgets(accelerators))
         self.dashboard.add_widgets(*self._training_widgets(environment))
+        self.dashboard.add_widgets(
+            *(
+                cloudwatch.GraphWidget(title=title, width=_HALF, left=[training_search(name, environment)])
+                for title, name in STRAGGLER_GRAPHS.items()
+            )
+        )
         self.dashboard.add_widgets(*self._parameter_server_widgets(environment))
         self.dashboard.add_widgets(*self._fsx_widgets(file_system_id))
         row = []

@@ -76,7 +76,9 @@ def _training_image(monkeypatch: pytest.MonkeyPatch) -> Producers:
     metrics, host_metrics = training_image_module("metrics"), training_image_module("host_metrics")
     monkeypatch.setenv("TRAINING_ENVIRONMENT", ENVIRONMENT)
     stream = io.StringIO()
-    metrics.MetricsLogger("run-1", True, stream=stream, environ={}).step(1, math.nan, 1.0, 1.0)
+    # A step line as the built-in trainer prints it on several ranks: with the straggler figures (runtime/stragglers.py)
+    straggler = {"StragglerRatio": 1.0, "DataWaitSeconds": 0.0}
+    metrics.MetricsLogger("run-1", True, stream=stream, environ={}).step(1, math.nan, 1.0, 1.0, None, {}, **straggler)
     step = _emf_series(json.loads(stream.getvalue()))
     return {**step, **_emf_series(host_metrics.emf_record(ENVIRONMENT, "job/algo-1", 50.0, 0))}
 
@@ -161,7 +163,7 @@ def _unproduced(alarm: dict, producers: Producers) -> list[tuple]:
 # Each test below covers one alarm; a new alarm without its test fails here.
 def test_every_alarm_has_its_producer_test(batch_gpu):
     covered = {"p-accelerators-idle", "p-non-finite-loss", "p-fsx-free-capacity-low", "p-pipeline-broken",
-               "p-accelerator-hosts-up", "p-progress-silent"}  # fmt: skip
+               "p-accelerator-hosts-up", "p-progress-silent", "p-straggler"}  # fmt: skip
     assert set(alarms(batch_gpu)) == covered
 
 
@@ -192,6 +194,11 @@ def test_progress_silent_reads_what_every_workload_emits(batch_gpu, producers, m
     LogMetrics(declared, "run-1", ENVIRONMENT, emit=lines.append).feed("step 3 loss=0.5")
     declared_producers = _emf_series(json.loads(lines[0]))
     assert not _unproduced(alarms(batch_gpu)["p-progress-silent"], declared_producers)
+
+
+# The straggler ratio: the built-in trainer's step line (Environment, RunId), exactly the SCHEMA the alarm reads.
+def test_straggler_alarm_reads_what_training_emits(batch_gpu, producers):
+    assert not _unproduced(alarms(batch_gpu)["p-straggler"], producers)
 
 
 # NonFiniteLoss: the training image's EMF line (Environment, RunId), exactly the SCHEMA the alarm reads.

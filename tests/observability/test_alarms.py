@@ -60,7 +60,7 @@ def test_every_alarm_notifies_the_topic(batch_alarms):
     # Each paging alarm's action is the topic the construct is given (the environment's alerts topic); NoProgress
     # pages through its composite, not its two halves.
     found = alarms(batch_alarms)
-    paging = {"p-accelerators-idle", "p-non-finite-loss", "p-fsx-free-capacity-low", "p-pipeline-broken"}
+    paging = {"p-accelerators-idle", "p-non-finite-loss", "p-fsx-free-capacity-low", "p-pipeline-broken", "p-straggler"}
     assert set(found) == paging | {"p-accelerator-hosts-up", "p-progress-silent"}
     (topic,) = batch_alarms.find_resources("AWS::SNS::Topic")
     (composite,) = batch_alarms.find_resources("AWS::CloudWatch::CompositeAlarm").values()
@@ -131,6 +131,19 @@ def test_idle_alarm_on_eks_watches_each_node_of_the_cluster():
             ]
         },
     )
+
+
+# A straggler: one contributor per run of this environment, its slowest device at 1.5 x the median's time on average
+# over each of three 5-minute periods (a single noisy metrics line does not raise it).
+def test_straggler_alarm_watches_each_runs_ratio_for_fifteen_minutes(batch_alarms):
+    alarm = alarms(batch_alarms)["p-straggler"]
+    assert alarm["Metrics"][0]["Expression"] == (
+        "SELECT AVG(StragglerRatio) FROM SCHEMA(EfaTraining, Environment, RunId) WHERE Environment = 'dev' "
+        "GROUP BY RunId"
+    )
+    assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (1.5, "GreaterThanOrEqualToThreshold")
+    assert alarm["EvaluationPeriods"] == alarm["DatapointsToAlarm"] == 3 and alarm["Metrics"][0]["Period"] == 300
+    assert "SlowestHost" in alarm["AlarmDescription"]
 
 
 def test_non_finite_loss_alarm_fires_on_any_run(batch_alarms):

@@ -11,7 +11,13 @@ from aws_cdk.assertions import Template
 from config import Accelerator
 from constructs.observability.accelerator_metrics import AcceleratorMetrics, accelerator_metrics
 from constructs.observability.alarms import TrainingAlarms
-from constructs.observability.dashboard import PS_GRAPHS, PS_METRICS, TRAINING_METRICS, TrainingDashboard
+from constructs.observability.dashboard import (
+    PS_GRAPHS,
+    PS_METRICS,
+    STRAGGLER_GRAPHS,
+    TRAINING_METRICS,
+    TrainingDashboard,
+)
 from tests.observability.metrics import body
 
 EXPECTED_ACCELERATOR_METRICS = {
@@ -109,6 +115,16 @@ def test_dashboard_searches_every_training_metric_over_run_ids():
             f'SEARCH(\'{{EfaTraining,Environment,RunId}} Environment=\\\\\\"dev\\\\\\" '
             f'MetricName=\\\\\\"{metric}\\\\\\"\''
         ) in found, metric
+
+
+# The straggler graphs: the slowest device over the median and the longest input wait, by run, as the image names them.
+def test_the_straggler_graphs_draw_metrics_the_image_emits():
+    from tests.observability.metrics import training_image_module
+
+    assert set(STRAGGLER_GRAPHS.values()) <= set(training_image_module("metrics").UNITS)
+    found = body(_dashboard(_metrics("batch", Accelerator.NVIDIA)))
+    for title, metric in STRAGGLER_GRAPHS.items():
+        assert title in found and f'MetricName=\\\\\\"{metric}\\\\\\"' in found, metric
 
 
 def test_the_parameter_server_graphs_draw_metrics_the_image_emits():

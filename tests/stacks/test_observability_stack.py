@@ -21,7 +21,7 @@ def test_alarms_publish_to_the_alerts_stacks_topic(dev):
     # two halves page nobody themselves (its composite does).
     found = {name: props for name, props in alarms(dev).items() if "AlarmActions" in props}
     (composite,) = dev.find_resources("AWS::CloudWatch::CompositeAlarm").values()
-    assert len(found) == 4
+    assert len(found) == 5
     for name, props in [*found.items(), ("composite", composite["Properties"])]:
         assert "EfaTraining-dev-Alerts" in json.dumps(props["AlarmActions"]), name
 

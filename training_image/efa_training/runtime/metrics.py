@@ -34,6 +34,9 @@ UNITS = {
     # 1 on every line that reports training progress, whatever the workload: the NoProgress alarm's sum
     # (constructs/observability/alarms.py), which holds when hosts are up and none came.
     "ProgressLines": "Count",
+    # Stragglers (runtime/stragglers.py): the slowest rank's device probe over the median, the longest input wait
+    "StragglerRatio": "None",
+    "DataWaitSeconds": "Seconds",
     # The parameter-server strategy's (workloads/ctr_ps/worker.py), one line per worker and step
     "SamplesPerSecond": "Count/Second",
     "PullLatencyMs": "Milliseconds",
@@ -155,6 +158,7 @@ class MetricsLogger:
         tokens_per_s: float,
         step_time_s: float,
         mfu_percent: float | None = None,
+        properties: dict[str, object] | None = None,
         **extra: float,
     ) -> None:
         if not self.enabled:
@@ -169,7 +173,7 @@ class MetricsLogger:
         if mfu_percent is not None:
             values["MFU"] = mfu_percent
         values.update(extra)
-        self.record(step, values)
+        self.record(step, values, **(properties or {}))
 
     def record(self, step: int, values: dict[str, float], **properties: object) -> None:
         """One EMF line of these values (names in UNITS are metrics; `properties` ride along, not as dimensions)."""

@@ -32,6 +32,7 @@ from efa_training.runtime.errors import EXIT_STOPPED, UsageError
 from efa_training.runtime.metrics import MetricsLogger, peak_tflops
 from efa_training.runtime.run_paths import node_local_checkpoints
 from efa_training.runtime.signals import StopFlag
+from efa_training.runtime.stragglers import Stragglers
 from efa_training.workloads.gpt.builders import (
     build_model,
     build_optimizer,
@@ -62,6 +63,7 @@ class StepMeter:
 
     def __init__(self, cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime, start_step: int) -> None:
         self.metrics = MetricsLogger(cfg.run_id, enabled=rt.is_main)
+        self.stragglers = Stragglers(rt) if Stragglers.enabled(rt) else None  # measured by every rank per line
         self.log_every, self.max_steps, self.world_size = cfg.log_every, cfg.max_steps, rt.world_size
         self.tokens_per_step = rt.world_size * cfg.micro_batch_size * cfg.grad_accum_steps * mcfg.seq_len
         self.peak = peak_tflops(torch.cuda.get_device_name(rt.device)) if rt.device_type == "cuda" else None
@@ -82,7 +84,9 @@ class StepMeter:
         if step % self.log_every == 0 or step == self.max_steps or not finite:
             mfu = 100.0 * self.flops_per_token * tps / (self.peak * 1e12 * self.world_size) if self.peak else None
             flagged = {} if finite else {"NonFiniteLoss": 1.0}
-            self.metrics.step(step, result.loss, tps, result.seconds, mfu, LearningRate=lr, **flagged)
+            extra, properties = self.stragglers.measure() if self.stragglers else ({}, {})
+            self.metrics.step(step, result.loss, tps, result.seconds, mfu, properties, LearningRate=lr, **flagged,
+                              **extra)  # fmt: skip
 
     def figures(self) -> dict:
         return {
@@ -225,7 +229,10 @@ class Trainer:
     def _accumulate_gradients(self) -> torch.Tensor:
         loss_sum = torch.zeros((), device=self.rt.device)
         for micro in range(self.cfg.grad_accum_steps):
+            waited = time.perf_counter()
             x, y = next(self.batches)
+            if self.meter.stragglers:
+                self.meter.stragglers.data_wait += time.perf_counter() - waited
             x, y = x.to(self.rt.device, non_blocking=True), y.to(self.rt.device, non_blocking=True)
             last = micro == self.cfg.grad_accum_steps - 1
             with grad_sync_context(self.model, self.cfg.strategy, last):

@@ -1,0 +1,80 @@
+"""Stragglers named, during training: which rank holds the others back, and whether by its device or its input.
+
+In synchronous training every rank waits for the slowest at each collective, so step times are the same on every
+rank and name nobody. What differs is what a rank does alone. At each metrics line, every rank measures two things:
+- its device: a fixed matmul, timed with the device synchronised (the sanity check's compute check, repeated, so a
+  device that throttles in the middle of a run shows);
+- its input: the seconds it spent waiting for batches since the last line.
+One small all-gather brings both to rank 0. Rank 0 reports `StragglerRatio` (the slowest device's time over the
+median) and `DataWaitSeconds` (the longest input wait), with the slowest rank and its host as properties of the line.
+The `<prefix>-straggler` alarm watches the ratio. Not on the XLA device: there every new operation is a graph to
+compile (the no-recompilation check in tests/training/test_xla_path.py).
+
+Test-only fault injection: STRAGGLER_TEST_SLOW_RANK=R:MS makes rank R's device probe take MS milliseconds longer.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from efa_training.runtime.distributed import Runtime
+
+PROBE_SIZE = {"cuda": 4096, "cpu": 128}  # about a millisecond on a GPU, at every metrics line: above timing noise
+PROBE_MATMULS = 4
+
+
+class Stragglers:
+    """Every rank calls `measure` at the same steps (the metrics lines); rank 0 gets the figures."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.data_wait = 0.0  # seconds waiting for batches since the last measure; the trainer adds to it
+        self.hosts: list[str] = [""] * rt.world_size
+        hosts: list[object] = [None] * rt.world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        self.hosts = [str(host) for host in hosts]
+        n = PROBE_SIZE.get(rt.device_type, PROBE_SIZE["cpu"])
+        dtype = torch.bfloat16 if rt.device_type == "cuda" else torch.float32
+        self._a = torch.ones(n, n, device=rt.device, dtype=dtype)  # no random numbers: the run's RNG is untouched
+        self._delay = _test_delay_seconds(rt.rank)
+
+    @staticmethod
+    def enabled(rt: Runtime) -> bool:
+        return rt.device_type != "xla" and rt.world_size > 1
+
+    def measure(self) -> tuple[dict[str, float], dict[str, object]]:
+        """(metrics, properties) for rank 0's line; every rank must call it at the same step."""
+        probe = self._probe()
+        mine = torch.tensor([probe, self.data_wait], dtype=torch.float64, device=self.rt.device)
+        everyone = [torch.empty_like(mine) for _ in range(self.rt.world_size)]
+        dist.all_gather(everyone, mine)
+        self.data_wait = 0.0
+        probes, waits = [float(t[0]) for t in everyone], [float(t[1]) for t in everyone]
+        slowest = max(range(len(probes)), key=probes.__getitem__)
+        ratio = probes[slowest] / max(statistics.median(probes), 1e-9)
+        metrics = {"StragglerRatio": round(ratio, 3), "DataWaitSeconds": max(waits)}
+        return metrics, {"SlowestRank": slowest, "SlowestHost": self.hosts[slowest]}
+
+    def _probe(self) -> float:
+        self._sync()
+        start = time.perf_counter()
+        for _ in range(PROBE_MATMULS):
+            self._a @ self._a
+        self._sync()
+        time.sleep(self._delay)
+        return time.perf_counter() - start
+
+    def _sync(self) -> None:
+        if self.rt.device_type == "cuda":
+            torch.cuda.synchronize(self.rt.device)
+
+
+def _test_delay_seconds(rank: int) -> float:
+    slow, _, ms = os.environ.get("STRAGGLER_TEST_SLOW_RANK", "").partition(":")
+    return float(ms) / 1000 if slow == str(rank) and ms else 0.0
