@@ -26,9 +26,10 @@ DEFAULTS = {"lr": 0.01, "max_steps": 200, "checkpoint_every": 20, "tp": 2}
 
 
 def refuse(reason: str) -> NoReturn:
-    """Exit 2 (the input is wrong: not retried), with one line on stderr from global rank 0."""
-    if os.environ.get("RANK", "0") == "0":
-        print(f"train.py: {reason}", file=sys.stderr, flush=True)
+    """Exit 2 (the input is wrong: not retried), with the reason on stderr from every rank: torchrun stops the
+    others as soon as the first one exits, so a line from rank 0 alone was lost whenever another rank got there
+    first (seen once in CI under load)."""
+    print(f"train.py: {reason}", file=sys.stderr, flush=True)
     sys.exit(2)
 
 
