@@ -75,7 +75,10 @@ class PsJob:
         return int(found[-1])
 
     def steps_of(self, worker: int) -> list[dict]:
-        return [r for r in th.Run(0, self.out.read_text(), "").emf() if r.get("Worker") == worker]
+        # The job is still writing: its last line may be half there (seen once in CI), so only whole lines count.
+        text = self.out.read_text()
+        whole = text[: text.rfind("\n") + 1]
+        return [r for r in th.Run(0, whole, "").emf() if r.get("Worker") == worker]
 
     def wait_for(self, predicate, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
