@@ -34,6 +34,7 @@ from constructs.observability.dashboard import (
     STRAGGLER_METRIC,
     TRAINING_NAMESPACE,
 )
+from contracts.workload import HANG_TIMEOUT_DEFAULT
 
 GIB = 1024**3
 IDLE_PERIOD = cdk.Duration.minutes(5)
@@ -41,10 +42,9 @@ IDLE_PERIOD = cdk.Duration.minutes(5)
 # file system's free bytes (FSx for Lustre user guide, fs-metrics.html, storage capacity metrics).
 FSX_PERIOD = cdk.Duration.minutes(1)
 PIPELINE_PERIOD = cdk.Duration.minutes(5)
-# Twice the hang watchdog's default floor (contracts/workload.py HANG_TIMEOUT_DEFAULT, 30 minutes): by then the
-# watchdog has ended any attempt it still watches. A Trainium compile stage or a validation longer than this, on
-# accelerator hosts, raises it too.
-NO_PROGRESS_MINUTES = 60
+# Twice the hang watchdog's default floor (30 minutes): by then the watchdog has ended any attempt it still watches.
+# A Trainium compile stage or a validation longer than this, on accelerator hosts, raises it too.
+NO_PROGRESS_MINUTES = 2 * HANG_TIMEOUT_DEFAULT // 60
 PROGRESS_PERIOD = cdk.Duration.minutes(5)
 # A run's slowest device at 1.5 times the median's time, on average over each of 3 five-minute periods: one noisy
 # metrics line does not raise it, a device that stays slow does. The line names the rank and host (SlowestHost).
