@@ -26,6 +26,8 @@ DEFAULT_ENVIRONMENT = "dev"
 # A JSON object kept as its text, so the configuration stays a hashable value (workloads).
 JsonObject = NewType("JsonObject", str)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where workload image folders are found
+# A run waiting for capacity holds its run id and, on Batch, may hold launched hosts: a week at most.
+MAX_CAPACITY_WAIT_HOURS = 168
 # A guard against expensive typos (160 for 16 p5 nodes is ~$15,000 an hour); raise it on purpose.
 MAX_NODES = 64
 # The compute backends app.py can build (its COMPUTE_STACKS has one line per name; a test keeps them equal).
@@ -151,6 +153,10 @@ class EnvironmentConfig:
     batch_train_timeout_hours: int = 72
     batch_single_node_instance_type: str | None = None
     batch_single_node_spot: bool = True
+    # Capacity: how long a run waits for instances EC2 cannot supply (every backend; 0: fail at once), and how long
+    # one Batch multi-node submission waits before its queue cancels it (the hosts that did launch idle meanwhile).
+    capacity_wait_hours: int = 2
+    batch_capacity_wait_minutes: int = 20
     # SageMaker training jobs (compute=sagemaker): managed Spot for training (validation always runs on demand)
     # and where the jobs read the dataset.
     sagemaker_spot: bool = False
@@ -382,6 +388,21 @@ class EnvironmentConfig:
             f"an integer number of hours from 1 to {MAX_BATCH_TRAIN_TIMEOUT_HOURS} (Batch lets running jobs finish "
             f"for at most {BATCH_UPDATE_WAIT_MAX_MINUTES} minutes when a deploy updates their hosts)",
         )
+        from contracts.run import QUEUE_WAIT_MINUTES  # here, not at the top: contracts.run imports config.layout
+
+        _check(
+            self,
+            "capacity_wait_hours",
+            0 <= self.capacity_wait_hours <= MAX_CAPACITY_WAIT_HOURS,
+            f"an integer number of hours from 0 (fail at the first shortage) to {MAX_CAPACITY_WAIT_HOURS}",
+        )
+        _check(
+            self,
+            "batch_capacity_wait_minutes",
+            5 <= self.batch_capacity_wait_minutes <= QUEUE_WAIT_MINUTES,
+            f"an integer number of minutes from 5 to {QUEUE_WAIT_MINUTES} (the pipeline's stage timeouts allow each "
+            "submission that wait)",
+        )
         single = self.batch_single_node_instance_type
         _check(
             self,
@@ -455,6 +476,15 @@ class EnvironmentConfig:
             return parse_workloads(self.workloads, PROJECT_ROOT)
         except WorkloadError as error:
             raise ConfigError(f"environment '{self.name}': {error}") from None
+
+    @property
+    def capacity_retries(self) -> int:
+        """How often a pipeline stage asks again for capacity (contracts.run.capacity_retries): a Batch multi-node
+        submission waits batch_capacity_wait_minutes before its queue cancels it; SageMaker answers at once."""
+        from contracts.run import capacity_retries  # here, not at the top: contracts.run imports config.layout
+
+        wait = self.batch_capacity_wait_minutes if self.compute == "batch" else 0
+        return capacity_retries(self.capacity_wait_hours, wait)
 
     @property
     def instance(self) -> InstanceType:

@@ -372,6 +372,9 @@ def _show(value: object) -> str:
 # A job waiting for instance capacity is cancelled after this long (the Batch queues' job state time limit);
 # each Batch attempt of a stage may wait this long before it runs.
 QUEUE_WAIT_MINUTES = 60
+# No capacity for a job's instances is asked for again this often, for as long as the environment's
+# `capacity_wait_hours` allows, without counting as a failed attempt (constructs/pipeline/train_attempt.py NO_CAPACITY).
+CAPACITY_RETRY_MINUTES = 5
 # A job that ends itself (SageMaker's MaxWaitTimeInSeconds, a Kubernetes Job's activeDeadlineSeconds) does so this
 # long before its state's timeout: time to create the job before, and to upload its output after.
 JOB_END_MARGIN_SECONDS = 30 * 60
@@ -395,6 +398,13 @@ class Stage:
         itself: inside one attempt's share of the state's wait, so the job's own end (an attempt failure, retried)
         comes before the state's timeout (which is not)."""
         return self.attempt_seconds + QUEUE_WAIT_MINUTES * 60 - JOB_END_MARGIN_SECONDS
+
+
+def capacity_retries(wait_hours: int, submission_wait_minutes: int) -> int:
+    """How many times a stage asks again for capacity within `wait_hours`, when each submission waits up to
+    `submission_wait_minutes` for it before the backend gives up (a Batch queue's time limit; 0 where the backend
+    answers at once, as SageMaker's CapacityError does)."""
+    return math.ceil(wait_hours * 60 / (submission_wait_minutes + CAPACITY_RETRY_MINUTES))
 
 
 def stages(train_attempt_hours: int) -> dict[str, Stage]:

@@ -43,7 +43,8 @@ NEURON_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/
 SHARES = ("research", "production")
 # Runs started through the pipeline are the production path; hand-submitted jobs name their own share.
 PIPELINE_SHARE = "production"
-# How long a job may wait in RUNNABLE for instances EC2 cannot supply before it is cancelled.
+# How long a single-node job may wait in RUNNABLE for instances EC2 cannot supply before it is cancelled (a
+# multi-node job: the environment's batch_capacity_wait_minutes, since the hosts that did launch idle meanwhile).
 CAPACITY_WAIT_MINUTES = QUEUE_WAIT_MINUTES  # the pipeline's stage timeouts allow each attempt this wait
 # A validation waiting for Spot capacity gives up sooner: the pipeline then runs it on the on-demand queue.
 SPOT_CAPACITY_WAIT_MINUTES = 20
@@ -253,7 +254,10 @@ class BatchStack(cdk.Stack):
         stuck = [unsatisfiable, _cancel_after(CAPACITY_WAIT_MINUTES, NO_CAPACITY)]
         spot_stuck = [unsatisfiable, _cancel_after(SPOT_CAPACITY_WAIT_MINUTES, NO_CAPACITY)]
         self.queue_names: dict[str, str] = {}
-        self.multi_node_queue = self._queue("MultiNodeQueue", "multi-node", self.multi_node_environment, stuck)
+        multi_node_stuck = [unsatisfiable, _cancel_after(config.batch_capacity_wait_minutes, NO_CAPACITY)]
+        self.multi_node_queue = self._queue(
+            "MultiNodeQueue", "multi-node", self.multi_node_environment, multi_node_stuck
+        )
         self.single_node_queue = self._queue(
             "SingleNodeQueue",
             "single-node",

@@ -60,6 +60,7 @@ class PipelineStack(cdk.Stack):
             # SageMaker jobs reading their dataset from S3 mount no file system, where other runs' checkpoints are.
             initial_models=not (config.compute == "sagemaker" and config.sagemaker_data_source == "s3"),
             workloads=schemas(config.declared_workloads),
+            capacity_retries=config.capacity_retries,
         )
         compute.attach_pipeline(self, pipeline.state_machine)
         for objects, why in BUCKET_OBJECTS:

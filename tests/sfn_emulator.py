@@ -83,6 +83,10 @@ ACCOUNT = "123456789012"  # moto's default account
 ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/pipeline-test"
 JOB_KINDS = ("sanity", "train", "validate")
 PREPARED_DATASET = "datasets/wikitext/"  # every emulated bucket holds this dataset's manifest
+# A Batch job cancelled by its queue's time limit while it waited for instances: its StatusReason as the Batch user
+# guide gives it ("Jobs stuck in RUNNABLE due to capacity").
+BATCH_NO_CAPACITY = "no-capacity"
+BATCH_CAPACITY_CANCEL = "Canceled by JobStateTimeLimit action due to reason: CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY"
 # Transient error codes and their HTTP status, as the services return them.
 FAULT_STATUS = {
     "SlowDown": 503,
@@ -204,6 +208,8 @@ class _ClientProxy:
                 response = method(**request)
                 for job in response["jobs"]:
                     job.update(JobId=job["jobId"], JobName=job["jobName"], Status=job["status"])
+                    if "statusReason" in job:
+                        job["StatusReason"] = job["statusReason"]
                     # Step Functions' optimized Batch integration returns the job in PascalCase (its ResultSelector
                     # reads $.JobId); the failure Cause carries the attempts with their exit codes the same way.
                     job["Attempts"] = [
@@ -243,7 +249,8 @@ class Emulator:
 
     template: dict
     templates: dict[str, dict]
-    # kind -> outcome per submission: True/False, an exit code, or a backend emulator's named event (a string)
+    # kind -> outcome per submission: True/False, an exit code, BATCH_NO_CAPACITY, or a backend emulator's named
+    # event (a string)
     outcomes: dict[str, list[bool | int | str]] = field(default_factory=dict)
     verdict: dict | None = None  # written by a succeeding validate job
     submitted: list[dict] = field(default_factory=list)
@@ -403,6 +410,11 @@ class Emulator:
                 emulator.held[kind].wait(timeout=60)
             plan = emulator.outcomes.get(kind, [True])
             outcome = plan[min(index, len(plan) - 1)]
+            if outcome == BATCH_NO_CAPACITY:  # cancelled in RUNNABLE by its queue's time limit: it never started
+                job.attempts, job.latest_attempt = [], None
+                job.job_stopped_reason = BATCH_CAPACITY_CANCEL
+                job._mark_stopped(success=False)
+                return
             # True/False: succeeded/failed (exit code 1); an int: the main container's exit code (0 succeeds).
             success = outcome is True or (not isinstance(outcome, bool) and outcome == 0)
             job.exit_code = (0 if success else 1) if isinstance(outcome, bool) else int(outcome)

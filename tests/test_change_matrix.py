@@ -36,6 +36,7 @@ ROUTINE_CHANGES: dict[str, dict[str, object]] = {
     },
     "the node count": {"nodes": 4},
     "the training timeout": {"batch_train_timeout_hours": 48},
+    "the capacity waits": {"capacity_wait_hours": 6, "batch_capacity_wait_minutes": 30},
     "the instance type": {"instance_type": "p4d.24xlarge"},
 }
 

@@ -44,6 +44,11 @@ BAD_INPUTS = [
     ({"log_retention_days": "10"}, ["log_retention_days=10", "14"]),
     ({"account": "12345"}, ["account='12345'", "12 digits"]),
     ({"vpc_cidr": "192.168.0.0/16"}, ["vpc_cidr='192.168.0.0/16'", "10.0.0.0/16"]),
+    ({"capacity_wait_hours": "-1"}, ["capacity_wait_hours=-1", "from 0 (fail at the first shortage) to 168"]),
+    ({"capacity_wait_hours": "169"}, ["capacity_wait_hours=169", "to 168"]),
+    # A longer wait than the pipeline's stage timeouts allow each submission would end in States.Timeout.
+    ({"batch_capacity_wait_minutes": "61"}, ["batch_capacity_wait_minutes=61", "from 5 to 60"]),
+    ({"batch_capacity_wait_minutes": "4"}, ["batch_capacity_wait_minutes=4", "from 5 to 60"]),
     (
         {"eks_capacity_type": "capacity_block"},
         ["eks_capacity_reservation_id=None", "required when eks_capacity_type=capacity_block"],

@@ -16,6 +16,7 @@ from constructs.pipeline.training_pipeline import COMPILE_RETRIES, SANITY_RETRIE
 from contracts.eks.job_templates import indexed_job
 from contracts.job_environment import STOP_GRACE_SECONDS, WORKER_SHUTDOWN_SECONDS, job_environment
 from contracts.run import (
+    CAPACITY_RETRY_MINUTES,
     JOB_END_MARGIN_SECONDS,
     JOB_PARAMETERS,
     PHASES,
@@ -254,11 +255,12 @@ def test_retries_the_pipeline_doc_states_are_the_constructs():
         retry.max_delay.to_seconds(),
         retry.max_attempts,
     )
-    every, times = _find("pipeline.md", r"asked again every (\d+) minutes, (\d+) times")
-    assert int(times) == QUEUE_WAIT_MINUTES // int(every)
+    (every,) = _find("pipeline.md", r"is asked again every (\d+) minutes, apart from the attempts above")
+    assert int(every) == CAPACITY_RETRY_MINUTES
     (call_minutes,) = _find("pipeline.md", r"S3/SSM/SNS/Step Functions call (\d+) min")
     assert int(call_minutes) == CALL_TIMEOUT.to_minutes()
-    assert _find("pipeline.md", r"\*\*Sanity check\*\*: (one) Retry") == ("one",) and SANITY_RETRIES == 1
+    sanity = r"\*\*Sanity check\*\*: a one-branch Parallel like `Train` \(below\): (one) Retry of `TrainingAttempt"
+    assert _find("pipeline.md", sanity) == ("one",) and SANITY_RETRIES == 1
     assert (
         COMPILE_RETRIES == 1 and "one Retry of `TrainingAttemptFailed`" in (ROOT / "docs" / "pipeline.md").read_text()
     )

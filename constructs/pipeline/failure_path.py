@@ -60,16 +60,21 @@ class FailurePath:
             chain.next(publish)
             self.notify = chain
 
-    def record(self, state: str, error: str) -> sfn.Pass:
+    def record(self, state: str, error: str, record_id: str | None = None) -> sfn.Pass:
         """The Pass that names the failure of `state` (from `$.caught`); `.next(self.notify)` is up to the caller."""
         return sfn.Pass(
             self._scope,
-            f"On{state}Failure",
+            f"On{record_id or state}Failure",
             parameters={
                 "run.$": "$.run",
                 "failure": {"state": state, "error": error, "detail.$": "$.caught.Error", "cause.$": "$.caught.Cause"},
             },
         )
 
-    def catch(self, task: Catchable, state: str, error: str) -> None:
-        task.add_catch(self.record(state, error).next(self.notify), errors=["States.ALL"], result_path="$.caught")
+    def catch(
+        self, task: Catchable, state: str, error: str, errors: list[str] | None = None, record_id: str | None = None
+    ) -> None:
+        """`errors` (default: all) of `task` end the run as `error`; a Catch for some errors goes before the one
+        for all (ASL: the first Catcher that matches is used; States.ALL must be the last)."""
+        record = self.record(state, error, record_id)
+        task.add_catch(record.next(self.notify), errors=errors or ["States.ALL"], result_path="$.caught")

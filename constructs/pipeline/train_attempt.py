@@ -8,6 +8,8 @@ parallel jobs") and ends in a Fail state named after what happened. The Parallel
 (Step Functions developer guide, "Parallel workflow state": a branch's failure fails the Parallel state), so
 its Retry names only `TrainingAttemptFailed` and a refusal of the run itself (contracts.run.REFUSED_EXIT_CODES:
 bad input, divergence, a locked checkpoint folder) goes straight to the failure path as `TrainingRefused`.
+A Batch job that its queue cancelled while it waited for instances, or a SageMaker job that got none, fails as
+`TrainingCapacityUnavailable`: waited for, never counted as a failed attempt.
 A SageMaker training job has no exit code in its description: its FailureReason carries the first characters of
 /opt/ml/output/failure (SageMaker developer guide, "How Amazon SageMaker AI Provides Training Information"), where
 launch.py writes `contracts.run.FAILURE_REASON_MARKER` and the code.
@@ -26,6 +28,10 @@ NO_CAPACITY = "TrainingCapacityUnavailable"
 # CapacityError when a failed job's reason contains "CapacityError"; SageMaker Pipelines' retry policies name the
 # failure type SageMaker.CAPACITY_ERROR: "Configuring retry policies").
 CAPACITY_REASON = "*CapacityError*"
+# A Batch job its queue cancelled after waiting in RUNNABLE for instances EC2 could not supply: its StatusReason is
+# "Canceled by JobStateTimeLimit action due to reason: CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY" (Batch user guide,
+# "Jobs stuck in RUNNABLE due to capacity"), with no attempt or one from before the wait.
+BATCH_CAPACITY_REASON = "*JobStateTimeLimit*CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY*"
 
 
 def classified_training(
@@ -96,8 +102,18 @@ def classified_training(
     no_capacity = sfn.Fail(scope, f"{id_}NoCapacity", error=NO_CAPACITY, cause_path="$.caught.Cause")
     by_reason.when(sfn.Condition.string_matches(reason, CAPACITY_REASON), no_capacity)
     by_reason.otherwise(attempt_failed)
+    # A job cancelled while it waited for capacity ended for want of instances, whatever an earlier attempt did.
+    status_reason = "$.job.StatusReason"
     has_attempts = (
         sfn.Choice(scope, f"{id_}HasAttempts")
+        .when(
+            sfn.Condition.and_(
+                sfn.Condition.is_present(status_reason),
+                sfn.Condition.is_string(status_reason),
+                sfn.Condition.string_matches(status_reason, BATCH_CAPACITY_REASON),
+            ),
+            no_capacity,
+        )
         .when(sfn.Condition.is_present("$.job.Attempts[0]"), last_attempt.next(by_exit_code))
         .when(sfn.Condition.and_(sfn.Condition.is_present(reason), sfn.Condition.is_string(reason)), by_reason)
         .otherwise(attempt_failed)

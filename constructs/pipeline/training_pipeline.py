@@ -28,6 +28,7 @@ from constructs.pipeline.run_claim import RunClaim
 from constructs.pipeline.train_attempt import ATTEMPT_FAILED, NO_CAPACITY, classified_training
 from constructs.pipeline.verdict import VerdictBranch
 from contracts.run import (
+    CAPACITY_RETRY_MINUTES,
     JOB_PARAMETERS,
     JOB_VALUES,
     QUEUE_WAIT_MINUTES,
@@ -53,6 +54,8 @@ class TrainingRetry:
 
 
 SANITY_RETRIES = 1  # one more submission (fresh placement) after a failed sanity check
+# The run's error when no capacity came within the environment's capacity_wait_hours: not a failure of the run.
+CAPACITY_UNAVAILABLE = "CapacityUnavailable"
 COMPILE_RETRIES = 1  # one more compile job after a failed one that did not refuse the run (exit 2/4/5)
 
 
@@ -76,15 +79,18 @@ class TrainingPipeline(Construct):
         compiles_ahead: bool = False,
         initial_models: bool = True,
         workloads: WorkloadSchemas | None = None,
+        capacity_retries: int = QUEUE_WAIT_MINUTES // CAPACITY_RETRY_MINUTES,
     ) -> None:
-        """`compiles_ahead`: Trainium compiles every graph before it trains, in a Compile state of its own.
+        """`capacity_retries`: how many times a stage asks again for capacity that was not there, every
+        CAPACITY_RETRY_MINUTES (contracts.run.capacity_retries), before the run ends as CapacityUnavailable.
+        `compiles_ahead`: Trainium compiles every graph before it trains, in a Compile state of its own.
         `initial_models`: whether runs may start from an approved model (`init_from`; initial_model.py).
         `workloads`: the environment's declared workloads (their hyperparameters), which a run may name."""
         super().__init__(scope, id_)
         self._workloads = tuple(workloads or {})
         self.training_retry = training_retry or TrainingRetry()
         self._runner, self._train_attempt_hours = runner, train_attempt_hours
-        self._compiles_ahead = compiles_ahead
+        self._compiles_ahead, self._capacity_retries = compiles_ahead, capacity_retries
         stack = cdk.Stack.of(self)
         # A fixed name, so that the role may describe this state machine's executions (the holder of a run
         # being resumed) without naming the state machine itself, which would be a circular reference.
@@ -275,29 +281,52 @@ class TrainingPipeline(Construct):
             which.when(C.string_equals("$.run.workload", name), build(name, f"-{name}"))
         return which.otherwise(build(None, "")).afterwards()
 
-    def _sanity_check(self, retry_interval: cdk.Duration | None) -> sfn.IChainable:
-        """On the run's nodes; once more (fresh placement) if it fails."""
-        sanity = self._submit(
+    def _sanity_check(self, retry_interval: cdk.Duration | None) -> sfn.Parallel:
+        """On the run's nodes; once more (fresh placement) if it fails, not if it refused the run (exit 2); capacity
+        that is not there is waited for, as for training."""
+        sanity = classified_training(
+            self,
             "SanityCheck",
-            "sanity",
-            nodes="$.run.nodes",
+            self._submit(
+                "SanityCheckJob",
+                "sanity",
+                nodes="$.run.nodes",
+                result_path="$",
+                timeout=cdk.Duration.seconds(stages(self._train_attempt_hours)["sanity"].state_seconds()),
+            ),
             result_path="$.jobs.sanity",
-            timeout=cdk.Duration.seconds(stages(self._train_attempt_hours)["sanity"].state_seconds()),
+            rejected_errors=self._runner.rejected_errors,
+            job="sanity",
         )
-        sanity.add_retry(
-            errors=["States.TaskFailed"],
-            max_attempts=SANITY_RETRIES,
-            interval=retry_interval or cdk.Duration.minutes(1),
+        self._retry_classified(
+            sanity, attempts=SANITY_RETRIES, interval=retry_interval or cdk.Duration.minutes(1), backoff_rate=1
+        )
+        self._catch_classified(sanity, "SanityCheck", "SanityCheckFailed")
+        return sanity
+
+    def _retry_classified(self, state: sfn.Parallel, *, attempts: int, **options) -> None:
+        """A classified job state's Retries: never a rejected request; a failed attempt `attempts` times (`options`:
+        the interval, backoff); capacity that was not there every CAPACITY_RETRY_MINUTES, `capacity_retries` times,
+        apart from the attempts' own retries (each Retrier counts its own: ASL "Retrying after an error")."""
+        if self._runner.rejected_errors:
+            state.add_retry(errors=list(self._runner.rejected_errors), max_attempts=0)
+        state.add_retry(errors=[ATTEMPT_FAILED], max_attempts=attempts, **options)
+        state.add_retry(
+            errors=[NO_CAPACITY],
+            interval=cdk.Duration.minutes(CAPACITY_RETRY_MINUTES),
+            max_attempts=self._capacity_retries,
             backoff_rate=1,
         )
-        self._failures.catch(sanity, "SanityCheck", "SanityCheckFailed")
-        return sanity
+
+    def _catch_classified(self, state: sfn.Parallel, name: str, error: str) -> None:
+        """No capacity after every retry ends the run as CapacityUnavailable; anything else as `error`."""
+        self._failures.catch(state, name, CAPACITY_UNAVAILABLE, errors=[NO_CAPACITY], record_id=f"{name}NoCapacity")
+        self._failures.catch(state, name, error)
 
     def _compile(self) -> sfn.Parallel:
         """Trainium: neuron_parallel_compile fills the shared compile cache on the run's nodes before training
         (training_image/efa_training/runtime/launch/neuron_compile.py). Its own timeout; one retry of a failed attempt,
-        capacity waited for as
-        for training, a refused run (bad flags: exit 2) not retried."""
+        capacity waited for as for training, a refused run (bad flags: exit 2) not retried."""
         compile_ = classified_training(
             self,
             "Compile",
@@ -312,15 +341,8 @@ class TrainingPipeline(Construct):
             rejected_errors=self._runner.rejected_errors,
             job="compile",
         )
-        if self._runner.rejected_errors:
-            compile_.add_retry(errors=list(self._runner.rejected_errors), max_attempts=0)
-        compile_.add_retry(
-            errors=[ATTEMPT_FAILED], max_attempts=COMPILE_RETRIES, interval=cdk.Duration.minutes(2), backoff_rate=1
-        )
-        compile_.add_retry(
-            errors=[NO_CAPACITY], interval=cdk.Duration.minutes(5), max_attempts=QUEUE_WAIT_MINUTES // 5, backoff_rate=1
-        )
-        self._failures.catch(compile_, "Compile", "CompilationFailed")
+        self._retry_classified(compile_, attempts=COMPILE_RETRIES, interval=cdk.Duration.minutes(2), backoff_rate=1)
+        self._catch_classified(compile_, "Compile", "CompilationFailed")
         return compile_
 
     def _train(self) -> sfn.IChainable:
@@ -345,22 +367,15 @@ class TrainingPipeline(Construct):
             result_path="$.jobs.train",
             rejected_errors=runner.rejected_errors,
         )
-        if runner.rejected_errors:
-            train.add_retry(errors=list(runner.rejected_errors), max_attempts=0)
-        train.add_retry(
-            errors=[ATTEMPT_FAILED],
-            max_attempts=retry.max_attempts,
+        self._retry_classified(
+            train,
+            attempts=retry.max_attempts,
             interval=retry.interval,
             backoff_rate=retry.backoff_rate,
             max_delay=retry.max_delay,
             jitter_strategy=sfn.JitterType.FULL,
         )
-        # No capacity for the job's instances: asked again every 5 minutes for as long as any backend's job waits
-        # for capacity (contracts.run.QUEUE_WAIT_MINUTES), apart from the attempts' own retries.
-        train.add_retry(
-            errors=[NO_CAPACITY], interval=cdk.Duration.minutes(5), max_attempts=QUEUE_WAIT_MINUTES // 5, backoff_rate=1
-        )
-        self._failures.catch(train, f"Train{suffix}", "TrainingFailed")
+        self._catch_classified(train, f"Train{suffix}", "TrainingFailed")
         return train
 
     def _validate(self) -> sfn.IChainable:
@@ -385,8 +400,9 @@ class TrainingPipeline(Construct):
             sanity_submissions=0 if self._runner.sanity_in_training else 1 + SANITY_RETRIES,
             compile_submissions=1 + COMPILE_RETRIES if self._compiles_ahead else 0,
             train_submissions=1 + retry.max_attempts,
-            # the attempts' backoff, and the capacity waits (a job without instances fails within minutes)
-            train_backoff_seconds=retry.max_attempts * int(retry.max_delay.to_seconds()) + 2 * QUEUE_WAIT_MINUTES * 60,
+            # the attempts' backoff, and each stage's capacity waits (a submission waits at most QUEUE_WAIT_MINUTES)
+            train_backoff_seconds=retry.max_attempts * int(retry.max_delay.to_seconds())
+            + 3 * self._capacity_retries * (QUEUE_WAIT_MINUTES + CAPACITY_RETRY_MINUTES) * 60,
             calls_seconds=3600,
         )
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_model, messages, queue_of, states
-from tests.sfn_emulator import PREPARED_DATASET
+from tests.sfn_emulator import BATCH_NO_CAPACITY, PREPARED_DATASET
 
 # ---- the definition executed --------------------------------------------------------------------
 
@@ -82,6 +82,28 @@ def test_training_failing_with_another_exit_code_is_retried(emulator):
     emulator.outcomes = {"train": [1, 143, 6, 0]}
     assert emulator.run(RUN)["status"] == "SUCCEEDED"
     assert emulator.submitted_kinds() == ["sanity", "train", "train", "train", "train", "validate"]
+
+
+def test_a_job_its_queue_cancelled_for_capacity_is_waited_for_without_spending_an_attempt(emulator):
+    # Batch cancels a job that waited batch_capacity_wait_minutes in RUNNABLE for instances EC2 could not supply
+    # (Batch user guide, "Jobs stuck in RUNNABLE due to capacity"): asked again every 5 minutes, not backed off, and
+    # the 3 retries of failed attempts are all still there for the failures that follow.
+    emulator.verdict = ACCEPTED
+    emulator.outcomes = {"sanity": [BATCH_NO_CAPACITY, True], "train": [BATCH_NO_CAPACITY, False, False, False, True]}
+    result = emulator.run(RUN)
+    assert result["status"] == "SUCCEEDED", result
+    assert emulator.submitted_kinds() == ["sanity", "sanity"] + ["train"] * 5 + ["validate"]
+    assert emulator.retry_sleeps[:2] == [300, 300] and len(emulator.retry_sleeps) == 5
+
+
+def test_capacity_that_never_comes_ends_the_run_as_capacity_unavailable(emulator, synth):
+    # The dev environment waits capacity_wait_hours=2, each multi-node submission 20 minutes: 5 more asks.
+    emulator.outcomes = {"sanity": [BATCH_NO_CAPACITY]}
+    result = emulator.run(RUN)
+    assert result["status"] == "FAILED" and result.get("error") == "CapacityUnavailable"
+    assert emulator.submitted_kinds() == ["sanity"] * (1 + synth().config.capacity_retries) == ["sanity"] * 6
+    (alert,) = messages(emulator)
+    assert alert["state"] == "SanityCheck" and "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY" in alert["cause"]
 
 
 def test_training_failing_every_time_notifies_and_fails(emulator):

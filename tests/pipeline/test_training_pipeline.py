@@ -17,7 +17,7 @@ from constructs.compute.batch.job_runner import BatchJobRunner
 from constructs.compute.eks.job_runner import EksJobRunner
 from constructs.observability.alarms import MODEL_REJECTED_ERROR
 from constructs.pipeline.training_pipeline import TrainingPipeline, TrainingRetry
-from contracts.run import PHASES, QUEUE_WAIT_MINUTES, phases, stages, train_state_seconds
+from contracts.run import CAPACITY_RETRY_MINUTES, PHASES, QUEUE_WAIT_MINUTES, phases, stages, train_state_seconds
 from tests.pipeline.runs import definition, states
 
 
@@ -33,6 +33,7 @@ def _pipeline(
     on_demand_fallback: bool = True,
     max_nodes: int = 2,
     training_retry: TrainingRetry | None = None,
+    capacity_retries: int = QUEUE_WAIT_MINUTES // CAPACITY_RETRY_MINUTES,  # the construct's default
 ) -> Template:
     stack = cdk.Stack()
     runner = BatchJobRunner(
@@ -54,6 +55,7 @@ def _pipeline(
         removal_policy=cdk.RemovalPolicy.DESTROY,
         train_attempt_hours=train_attempt_hours,
         training_retry=training_retry,
+        capacity_retries=capacity_retries,
     )
     return Template.from_stack(stack)
 
@@ -68,7 +70,6 @@ def test_every_task_has_a_timeout_and_a_catch(pipeline):
     found = states(pipeline)
     task_states = {name: s for name, s in found.items() if s["Type"] == "Task"}
     assert {
-        "SanityCheck",
         "ReadVerdict",
         "CopyVerdictToModels",
         "PublishApprovedModel",
@@ -79,9 +80,13 @@ def test_every_task_has_a_timeout_and_a_catch(pipeline):
     for name, state in task_states.items():
         assert state.get("TimeoutSeconds"), name
         assert state.get("Catch"), name
-    # Validation (Spot, then on-demand) and training (its failure named by the exit code) are one state from the
-    # outside, caught like every task; the job states inside have their timeouts.
-    for block, timeout in (("Validate", "TimeoutSeconds"), ("Train", "TimeoutSecondsPath")):
+    # Validation (Spot, then on-demand), the sanity check and training (their failures named by the exit code) are
+    # one state from the outside, caught like every task; the job states inside have their timeouts.
+    for block, timeout in (
+        ("Validate", "TimeoutSeconds"),
+        ("SanityCheck", "TimeoutSeconds"),
+        ("Train", "TimeoutSecondsPath"),
+    ):
         assert found[block]["Type"] == "Parallel" and found[block]["Catch"], block
         (branch,) = found[block]["Branches"]
         jobs = [inner for inner in branch["States"].values() if inner["Type"] == "Task"]
@@ -124,7 +129,19 @@ def test_training_retry_has_exponential_backoff_with_full_jitter(pipeline):
     assert retry[0] == {"ErrorEquals": ["Batch.ClientException"], "MaxAttempts": 0}
     assert retry[1]["ErrorEquals"] == ["TrainingAttemptFailed"]
     assert retry[1]["JitterStrategy"] == "FULL" and retry[1]["BackoffRate"] == 2 and retry[1]["MaxAttempts"] == 3
-    assert states(pipeline)["SanityCheck"]["Retry"][0]["MaxAttempts"] == 1
+    sanity = states(pipeline)["SanityCheck"]["Retry"]
+    assert sanity[1]["ErrorEquals"] == ["TrainingAttemptFailed"] and sanity[1]["MaxAttempts"] == 1
+
+
+@pytest.mark.parametrize("stage", ["SanityCheck", "Train"])
+def test_no_capacity_is_asked_again_apart_from_the_attempts_and_ends_the_run_as_capacity_unavailable(pipeline, stage):
+    # Each Retrier counts its own retries (ASL "Retry"): waiting for capacity spends none of the attempts'.
+    found = states(pipeline)[stage]
+    (capacity,) = [r for r in found["Retry"] if r["ErrorEquals"] == ["TrainingCapacityUnavailable"]]
+    assert capacity["IntervalSeconds"] == 300 and capacity["BackoffRate"] == 1
+    first, last = found["Catch"][0], found["Catch"][-1]
+    assert first["ErrorEquals"] == ["TrainingCapacityUnavailable"] and last["ErrorEquals"] == ["States.ALL"]
+    assert states(pipeline)[first["Next"]]["Parameters"]["failure"]["error"] == "CapacityUnavailable"
 
 
 def test_every_aws_call_of_the_pipeline_retries_with_full_jitter(pipeline):
@@ -238,7 +255,8 @@ def test_on_eks_the_definition_names_no_batch_error():
 def test_states_wait_for_their_jobs_and_follow_the_training_timeout():
     template = _pipeline(train_attempt_hours=24, on_demand_fallback=False).to_json()
     found, table = states(template), stages(24)
-    assert found["SanityCheck"]["TimeoutSeconds"] == table["sanity"].state_seconds()
+    (sanity_branch,) = found["SanityCheck"]["Branches"]
+    assert sanity_branch["States"]["SanityCheckJob"]["TimeoutSeconds"] == table["sanity"].state_seconds()
     assert found["Validate"]["TimeoutSeconds"] == table["validate"].state_seconds()
     # Train: the run's max_attempts picks its timeout from the table (every Batch attempt plus queue wait).
     (train_branch,) = found["Train"]["Branches"]  # the job inside the block that names its failures
@@ -268,6 +286,14 @@ def test_a_job_without_instances_is_asked_again_for_the_queue_wait_not_as_a_fail
     (capacity,) = [r for r in states(pipeline)["Train"]["Retry"] if r["ErrorEquals"] == ["TrainingCapacityUnavailable"]]
     assert capacity["IntervalSeconds"] * capacity["MaxAttempts"] == QUEUE_WAIT_MINUTES * 60
     assert capacity.get("BackoffRate", 1) == 1
+
+
+def test_the_environments_capacity_wait_sets_how_often_capacity_is_asked_again():
+    # capacity_wait_hours=0: the first shortage ends the run (as CapacityUnavailable), no retry.
+    found = states(_pipeline(capacity_retries=0, on_demand_fallback=False).to_json())
+    for stage in ("SanityCheck", "Train"):
+        (capacity,) = [r for r in found[stage]["Retry"] if r["ErrorEquals"] == ["TrainingCapacityUnavailable"]]
+        assert capacity["MaxAttempts"] == 0, stage
 
 
 def test_the_initial_model_reads_are_limited_to_the_parameter_and_approval_records(pipeline):

@@ -7,7 +7,6 @@ import json
 
 import aws_cdk.aws_batch as batch
 import pytest
-from aws_cdk.assertions import Match
 
 from config import CATALOGUE, efa_instance_types
 from contracts.job_environment import STOP_GRACE_SECONDS
@@ -170,24 +169,28 @@ def test_queues_share_fairly_between_research_and_production():
     assert all(policy_id in json.dumps(q["SchedulingPolicyArn"]) for q in queues)
 
 
+def _capacity_wait(queue: dict) -> int:
+    (action,) = [
+        a for a in queue["JobStateTimeLimitActions"] if a["Reason"] == "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY"
+    ]
+    assert action["Action"] == "CANCEL" and action["State"] == "RUNNABLE"
+    return action["MaxTimeSeconds"]
+
+
 def test_jobs_starved_of_capacity_are_cancelled():
-    # Hosts launched for a multi-node job idle while the rest never comes: cancel, and let the pipeline retry.
-    compute = _environment(instance_type="g5.12xlarge")
-    compute.template(compute.compute()).has_resource_properties(
-        "AWS::Batch::JobQueue",
-        {
-            "JobStateTimeLimitActions": Match.array_with(
-                [
-                    {
-                        "Action": "CANCEL",
-                        "MaxTimeSeconds": CAPACITY_WAIT_MINUTES * 60,
-                        "Reason": "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY",
-                        "State": "RUNNABLE",
-                    }
-                ]
-            )
-        },
+    # Hosts launched for a multi-node job idle while the rest never comes: cancel after the environment's
+    # batch_capacity_wait_minutes (default 20), and let the pipeline ask again; a single-node job waits longer.
+    template = _batch()
+    assert _capacity_wait(_one(template, "AWS::Batch::JobQueue", "MultiNodeQueue")) == 20 * 60
+    assert (
+        _capacity_wait(_one(template, "AWS::Batch::JobQueue", "SingleNodeOnDemandQueue")) == CAPACITY_WAIT_MINUTES * 60
     )
+
+
+def test_the_multi_node_capacity_wait_is_the_environments():
+    # JobStateTimeLimitActions is not create-only (AWS::Batch::JobQueue's resource schema): a change updates the queue.
+    queue = _one(_template(batch_capacity_wait_minutes=45), "AWS::Batch::JobQueue", "MultiNodeQueue")
+    assert _capacity_wait(queue) == 45 * 60
 
 
 def test_job_role_is_limited_to_the_bucket_prefixes():
