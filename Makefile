@@ -20,7 +20,7 @@ HOURS       ?= 24
 
 DIAGRAM_ENV ?= prod
 
-.PHONY: synth test lint setup deploy destroy dataset local-run cost-report bench diagram diagram-tree clean
+.PHONY: synth test lint setup deploy destroy dataset local-run cost-report capacity bench diagram diagram-tree clean
 
 setup: $(VENV)/.test-deps $(XLA_VENV)/.deps $(SCAN_VENV)/.deps node_modules/.installed
 
@@ -94,6 +94,10 @@ endif
 
 cost-report: $(VENV)/.synth-deps
 	$(PY) -m tools.cost_report --all --hours $(HOURS)
+
+# Capacity Block or training-plan offerings that hold ENV's nodes for HOURS (needs AWS credentials; buys nothing).
+capacity: $(VENV)/.synth-deps
+	$(PY) -m tools.capacity --env $(ENV) --hours $(HOURS)
 
 bench: $(VENV)/.test-deps node_modules/.installed
 	$(PY) benchmarks/synth_ratio.py

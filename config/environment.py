@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NewType
 
+from config.capacity import CapacityReservation, ReservationError, parse_reservation
 from config.catalogue import CATALOGUE, Accelerator, InstanceType, efa_instance_types
 from config.layout import stack_prefix
 from config.regions import CHECKED as REGIONS_CHECKED
@@ -39,7 +40,7 @@ BATCH_UPDATE_WAIT_MAX_MINUTES = 7200
 MAX_BATCH_TRAIN_TIMEOUT_HOURS = BATCH_UPDATE_WAIT_MAX_MINUTES // 60
 FSX_DEPLOYMENT_TYPES = ("PERSISTENT_2", "SCRATCH_2")
 FSX_THROUGHPUTS_PER_TIB = (125, 250, 500, 1000)
-EKS_CAPACITY_TYPES = ("on_demand", "spot", "capacity_block")
+EKS_CAPACITY_TYPES = ("on_demand", "spot")  # a Capacity Block: capacity_reservation (config/capacity.py)
 # Where a SageMaker training job reads the run's dataset: the FSx file system (a file-system data source in the
 # training subnet) or the bucket (S3 fast file mode).
 SAGEMAKER_DATA_SOURCES = ("fsx", "s3")
@@ -133,8 +134,6 @@ class EnvironmentConfig:
     log_retention_days: int = 30
     ecr_keep_images: int = 10
     eks_capacity_type: str = "on_demand"
-    # The Capacity Block reservation the EKS accelerator nodes launch into (required with capacity_block).
-    eks_capacity_reservation_id: str | None = None
     eks_admin_role_arns: tuple[str, ...] = ()
     # Who may reach the EKS API server's public endpoint (CIDRs); none: anyone (authentication still applies).
     eks_public_access_cidrs: tuple[str, ...] = ()
@@ -163,6 +162,8 @@ class EnvironmentConfig:
     sagemaker_data_source: str = "fsx"
     # Trainium: the Neuron compiler's flags (NEURON_CC_FLAGS) for the compile job and training alike.
     neuron_cc_flags: str = DEFAULT_NEURON_CC_FLAGS
+    # Reserved capacity for the training nodes on any backend (config/capacity.py): {} for none.
+    capacity_reservation: JsonObject = JsonObject("{}")
     # Your own training code (docs/workloads.md): workload name -> declaration, checked here (contracts/workload.py).
     workloads: JsonObject = JsonObject("{}")
 
@@ -170,6 +171,7 @@ class EnvironmentConfig:
         """Every field checked when the app starts, in this order: the first problem is the one reported."""
         self._check_placement()
         self._check_compute()
+        self._check_capacity()
         self._check_storage()
         self._check_costs()
         self._check_eks()
@@ -224,19 +226,37 @@ class EnvironmentConfig:
             f"{self.instance_type} has no EFA, so collectives would crawl over TCP",
         )
         _check(self, "nodes", 1 <= self.nodes <= MAX_NODES, f"an integer from 1 to {MAX_NODES}")
-        # No Batch compute environment here takes a Capacity Block (issue: capacity and cost), so these never launch.
-        _check(
-            self,
-            "compute",
-            self.compute != "batch" or not self.instance.capacity_blocks_only,
-            f"eks (with eks_capacity_type=capacity_block) or sagemaker with {self.instance_type}: EC2 sells it "
-            "through Capacity Blocks for ML only, which the Batch backend does not use",
-        )
         _check(
             self,
             "vpc_cidr",
             (match := _CIDR16.fullmatch(self.vpc_cidr)) is not None and int(match.group(1)) <= 255,
             "a /16 inside 10.0.0.0/8 like 10.0.0.0/16",
+        )
+
+    def _check_capacity(self) -> None:
+        """The reservation (config/capacity.py), and what only a reservation can launch."""
+        reservation = self.reservation
+        # EC2 sells these through Capacity Blocks for ML only (catalogue, CAPACITY_BLOCKS_ONLY): on demand the jobs
+        # would wait for capacity that is never sold that way.
+        _check(
+            self,
+            "capacity_reservation",
+            self.compute == "sagemaker" or not self.instance.capacity_blocks_only
+            or (reservation is not None and reservation.capacity_block),
+            f'a Capacity Block ({{"kind": "capacity_block", "id": "cr-...", ...}}) with {self.instance_type}: EC2 '
+            "sells it through Capacity Blocks for ML only",
+        )  # fmt: skip
+        _check(
+            self,
+            "eks_capacity_type",
+            reservation is None or self.compute != "eks" or self.eks_capacity_type == "on_demand",
+            "on_demand with a capacity_reservation (reserved instances are not Spot)",
+        )
+        _check(
+            self,
+            "sagemaker_spot",
+            reservation is None or not self.sagemaker_spot,
+            "false with a training plan (its instances are reserved, not Spot)",
         )
 
     def _check_storage(self) -> None:
@@ -307,30 +327,15 @@ class EnvironmentConfig:
 
     def _check_eks(self) -> None:
         """EKS capacity and access, and the image tag."""
-        _check(self, "eks_capacity_type", self.eks_capacity_type in EKS_CAPACITY_TYPES, " or ".join(EKS_CAPACITY_TYPES))
-        _check(
-            self,
-            "eks_capacity_reservation_id",
-            self.eks_capacity_reservation_id is None
-            or bool(re.fullmatch(r"cr-[0-9a-f]{17}", self.eks_capacity_reservation_id)),
-            "a capacity reservation id like cr-0123456789abcdef0, or unset",
-        )
-        _check(
-            self,
-            "eks_capacity_reservation_id",
-            self.eks_capacity_type != "capacity_block" or self.eks_capacity_reservation_id is not None,
-            "the Capacity Block's reservation id (cr-...), required when eks_capacity_type=capacity_block",
-        )
-        # EC2 sells these through Capacity Blocks for ML only (catalogue, CAPACITY_BLOCKS_ONLY): on demand or on Spot
-        # the pods would stay Pending until the stage's timeout.
         _check(
             self,
             "eks_capacity_type",
-            self.compute != "eks"
-            or not self.instance.capacity_blocks_only
-            or self.eks_capacity_type == "capacity_block",
-            f"capacity_block with {self.instance_type} (EC2 sells it through Capacity Blocks for ML only)",
-        )
+            self.eks_capacity_type in EKS_CAPACITY_TYPES,
+            " or ".join(EKS_CAPACITY_TYPES) + (
+                ' (a Capacity Block is now capacity_reservation: {"kind": "capacity_block", "id": "cr-...", '
+                '"zone": ..., "instances": ...})' if self.eks_capacity_type == "capacity_block" else ""
+            ),
+        )  # fmt: skip
         _check_list(
             self,
             "eks_public_access_cidrs",
@@ -461,7 +466,7 @@ class EnvironmentConfig:
             self,
             "workloads",
             not declared or self.instance.accelerator is Accelerator.NVIDIA,
-            "no declared workload with a Trainium instance type: 0.3.0 runs your own training code on GPU "
+            "no declared workload with a Trainium instance type: this release runs your own training code on GPU "
             "instances (docs/workloads.md, 'Where it runs')",
             value=", ".join(w.name for w in declared),
         )
@@ -475,6 +480,20 @@ class EnvironmentConfig:
         try:
             return parse_workloads(self.workloads, PROJECT_ROOT)
         except WorkloadError as error:
+            raise ConfigError(f"environment '{self.name}': {error}") from None
+
+    @property
+    def reservation(self) -> CapacityReservation | None:
+        """The environment's reserved capacity, read from `capacity_reservation` (a mistake: ConfigError, one line)."""
+        try:
+            return parse_reservation(
+                self.capacity_reservation,
+                compute=self.compute,
+                region=self.region,
+                nodes=self.nodes,
+                availability_zone=self.availability_zone,
+            )
+        except ReservationError as error:
             raise ConfigError(f"environment '{self.name}': {error}") from None
 
     @property
@@ -509,6 +528,11 @@ class EnvironmentConfig:
 
 
 FIELD_NAMES = tuple(f.name for f in fields(EnvironmentConfig) if f.name != "name")
+# Fields an earlier release had, and where what they said lives now.
+MOVED_FIELDS = {
+    "eks_capacity_reservation_id": 'is now capacity_reservation: {"kind": "capacity_block", "id": "cr-...", '
+    '"zone": "<its zone>", "instances": <count>} (with availability_zone set to its zone), on any EC2 backend',
+}
 _TYPES = typing.get_type_hints(EnvironmentConfig)
 
 
@@ -605,6 +629,8 @@ def load_config(context: dict) -> EnvironmentConfig:
         raise ConfigError(f"cdk.json environment '{env}': expected an object of fields, not {environments[env]!r}")
     values = dict(environments[env])
     unknown = [key for key in values if key not in FIELD_NAMES]
+    if unknown and unknown[0] in MOVED_FIELDS:
+        raise ConfigError(f"cdk.json environment '{env}': {unknown[0]} {MOVED_FIELDS[unknown[0]]}")
     if unknown:
         raise ConfigError(
             f"cdk.json environment '{env}': unknown field {unknown[0]!r}; expected fields: {', '.join(FIELD_NAMES)}"
@@ -612,6 +638,8 @@ def load_config(context: dict) -> EnvironmentConfig:
     for key, raw in context.items():
         if key in ("environments", "env") or _CDK_KEYS.search(key) or key in _CDK_PLAIN_KEYS:
             continue
+        if key in MOVED_FIELDS:
+            raise ConfigError(f"-c {key}={raw}: {key} {MOVED_FIELDS[key]}")
         if key not in FIELD_NAMES:
             raise ConfigError(
                 f"-c {key}={raw}: unknown field {key!r}; expected env or one of: {', '.join(FIELD_NAMES)}"

@@ -173,7 +173,13 @@ class BatchStack(cdk.Stack):
             managed_policy_finding("CloudWatchAgentServerPolicy"),
             "The CloudWatch agent publishes nvidia_smi_* and efa_* host metrics (CWAgent) the dashboard reads",
         )
-        self.placement_group = ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
+        # Hosts launched into a reservation are placed where it is: a new cluster placement group is no part of it
+        # (EC2 user guide, "Launch instances into an existing Capacity Reservation"); otherwise one cluster group.
+        self.placement_group = (
+            None
+            if config.reservation is not None
+            else ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
+        )
 
         def template(id_: str, host: InstanceType, efa: bool) -> EfaLaunchTemplate:
             user_data = host_user_data(
@@ -193,6 +199,10 @@ class BatchStack(cdk.Stack):
                 user_data=user_data,
                 root_volume_gib=ROOT_VOLUME_GIB,
                 include_network_interfaces=efa,
+                # The multi-node hosts launch into the reservation (AWS HPC blog, "How to use Capacity Blocks for ML
+                # with AWS Batch": a launch template with the block's market type and target on the compute
+                # environment); validation runs on its own small type, outside it.
+                reservation=config.reservation if efa else None,
             )
 
         self.launch_templates = {

@@ -73,7 +73,7 @@ class EksStack(cdk.Stack):
             efa_security_group=network.efa_security_group,
             nodes=config.nodes,
             capacity_type=config.eks_capacity_type,
-            capacity_reservation_id=config.eks_capacity_reservation_id,
+            reservation=config.reservation,
         )
         self.nodegroup = accelerators.nodegroup
         self.launch_template = accelerators.launch_template

@@ -78,6 +78,7 @@ class SageMakerStack(cdk.Stack):
             file_system=file_system,
             neuron_cc_flags=config.neuron_cc_flags,
             workloads=images.for_runner(),
+            training_plan=config.reservation.training_plan if config.reservation else None,
         )
         self.accelerator_metrics = accelerator_metrics(
             "sagemaker",

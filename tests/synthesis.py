@@ -24,6 +24,7 @@ from aws_cdk.assertions import Template
 
 from app import build_app
 from config import CATALOGUE, EnvironmentConfig, efa_instance_types, load_config
+from config.environment import MAX_NODES
 
 ROOT = Path(__file__).resolve().parent.parent
 CDK_JSON_CONTEXT = json.loads((ROOT / "cdk.json").read_text())["context"]
@@ -62,17 +63,21 @@ def context(**overrides: object) -> dict:
     return {**CDK_JSON_CONTEXT, **{name: str(value) for name, value in overrides.items()}}
 
 
-# How a type sold only through Capacity Blocks for ML runs on EKS: in a block (the reservation id is a stand-in).
-CAPACITY_BLOCK = {"eks_capacity_type": "capacity_block", "eks_capacity_reservation_id": "cr-0123456789abcdef0"}
+# How a type sold only through Capacity Blocks for ML runs on Batch and EKS: in a block (the id is a stand-in) in the
+# dev environment's region, holding every node an environment may have.
+CAPACITY_BLOCK = {
+    "availability_zone": "us-east-1a",
+    "capacity_reservation": json.dumps(
+        {"kind": "capacity_block", "id": "cr-0123456789abcdef0", "zone": "us-east-1a", "instances": MAX_NODES}
+    ),
+}
 
 
 def instance_variant(compute: str, name: str) -> dict | None:
     """The overrides that run `name` on `compute`, or None where that backend cannot run it (config refuses it)."""
     if not CATALOGUE[name].capacity_blocks_only:
         return {"compute": compute, "instance_type": name}
-    if compute == "batch":
-        return None  # the Batch backend takes no Capacity Block
-    return {"compute": compute, "instance_type": name, **(CAPACITY_BLOCK if compute == "eks" else {})}
+    return {"compute": compute, "instance_type": name, **(CAPACITY_BLOCK if compute != "sagemaker" else {})}
 
 
 def app_variants() -> list[dict]:

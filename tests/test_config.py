@@ -49,11 +49,12 @@ BAD_INPUTS = [
     # A longer wait than the pipeline's stage timeouts allow each submission would end in States.Timeout.
     ({"batch_capacity_wait_minutes": "61"}, ["batch_capacity_wait_minutes=61", "from 5 to 60"]),
     ({"batch_capacity_wait_minutes": "4"}, ["batch_capacity_wait_minutes=4", "from 5 to 60"]),
+    # A Capacity Block moved from eks_capacity_type to capacity_reservation (0.4.0): the old words say where.
+    ({"eks_capacity_type": "capacity_block"}, ["eks_capacity_type='capacity_block'", "is now capacity_reservation"]),
     (
-        {"eks_capacity_type": "capacity_block"},
-        ["eks_capacity_reservation_id=None", "required when eks_capacity_type=capacity_block"],
+        {"eks_capacity_reservation_id": "cr-0123456789abcdef0"},
+        ["eks_capacity_reservation_id is now capacity_reservation"],
     ),
-    ({"eks_capacity_reservation_id": "cr-123"}, ["eks_capacity_reservation_id='cr-123'", "cr-0123456789abcdef0"]),
     # The Neuron compiler's flags reach the jobs' environment: no shell metacharacters, no stray words, no LNC (it
     # must match the runtime's: Neuron docs, "Logical NeuronCore configuration").
     ({"neuron_cc_flags": "-O1; rm -rf /"}, ["neuron_cc_flags='-O1; rm -rf /'", "neuronx-cc options"]),
@@ -81,7 +82,7 @@ BAD_INPUTS = [
     ),
     ({"compute": "eks", "batch_single_node_instance_type": "0"}, ["batch_single_node_instance_type='0'", "unset"]),
     ({"workloads": "[]"}, ["workloads='[]'", "a JSON object"]),
-    # Declared workloads run on GPU instances in 0.3.0 (docs/workloads.md, "Where it runs").
+    # Declared workloads run on GPU instances in this release (docs/workloads.md, "Where it runs").
     ({"instance_type": "trn1.32xlarge", "workloads": _DDP}, ["workloads='torch-ddp'", "Trainium"]),
     ({"workloads": '{"built-in": {}}'}, ["workloads.built-in: the name is not valid", "other than 'built-in'"]),
 ]
@@ -136,7 +137,7 @@ def test_default_environment_is_dev():
 
 
 def test_catalogue_instance_types_with_efa_are_all_accepted():
-    # On Batch, but the types EC2 sells through Capacity Blocks only: on EKS in a block (and on SageMaker, below).
+    # On Batch, in a Capacity Block for the types EC2 sells through Capacity Blocks only (and on SageMaker, below).
     assert efa_instance_types()
     for name in efa_instance_types():
         overrides = instance_variant("batch", name) or instance_variant("eks", name)
@@ -145,16 +146,111 @@ def test_catalogue_instance_types_with_efa_are_all_accepted():
 
 
 @pytest.mark.parametrize("name", [n for n in efa_instance_types() if CATALOGUE[n].capacity_blocks_only])
-def test_a_capacity_blocks_only_type_is_refused_on_demand_and_on_batch(name):
-    # EC2 sells p5e and trn2 through Capacity Blocks for ML only: on-demand or Spot pods would stay Pending until the
-    # stage's timeout, and the Batch backend takes no block. One line each, at synth.
-    for overrides, field in (
-        ({"compute": "eks", "eks_capacity_type": "on_demand"}, "eks_capacity_type='on_demand'"),
-        ({"compute": "eks", "eks_capacity_type": "spot"}, "eks_capacity_type='spot'"),
-        ({"compute": "batch"}, "compute='batch'"),
+def test_a_capacity_blocks_only_type_is_refused_outside_a_capacity_block(name):
+    # EC2 sells p5e and trn2 through Capacity Blocks for ML only: on demand, on Spot or in an On-Demand reservation the
+    # jobs would wait for capacity that is never sold that way. One line each, at synth.
+    on_demand = json.dumps({"kind": "on_demand", "id": RESERVATION_ID, "zone": "us-east-1a", "instances": 2})
+    for overrides in (
+        {"compute": "eks", "eks_capacity_type": "spot"},
+        {"compute": "batch"},
+        {"compute": "batch", "availability_zone": "us-east-1a", "capacity_reservation": on_demand},
     ):
-        with pytest.raises(ConfigError, match=f"{field} is not valid.*Capacity Blocks"):
+        with pytest.raises(ConfigError, match="capacity_reservation=.* is not valid.*Capacity Blocks for ML only"):
             load_config({**CDK_JSON_CONTEXT, "instance_type": name, **overrides})
+
+
+RESERVATION_ID = "cr-0123456789abcdef0"
+PLAN = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/p5-week"
+GROUP = "arn:aws:resource-groups:us-east-1:123456789012:group/p5-reservations"
+
+
+def _reserved(reservation: dict, **overrides: str):
+    context = {**CDK_JSON_CONTEXT, "availability_zone": "us-east-1a", **overrides}
+    return load_config({**context, "capacity_reservation": json.dumps(reservation)})
+
+
+@pytest.mark.parametrize(
+    ("compute", "reservation"),
+    [
+        ("batch", {"kind": "capacity_block", "id": RESERVATION_ID, "zone": "us-east-1a", "instances": 2}),
+        ("eks", {"kind": "on_demand", "resource_group": GROUP, "zone": "us-east-1a", "instances": 8}),
+        ("sagemaker", {"kind": "training_plan", "training_plan": PLAN, "instances": 2}),
+    ],
+)
+def test_a_reservation_each_backend_takes_is_read(compute, reservation):
+    found = _reserved(reservation, compute=compute).reservation
+    assert found is not None and found.kind == reservation["kind"] and found.instances == reservation["instances"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reservation", "expected"),
+    [
+        # SageMaker training jobs take a training plan, not an EC2 reservation; EC2 backends no plan.
+        (
+            {"compute": "sagemaker"},
+            {"kind": "capacity_block", "id": RESERVATION_ID, "zone": "us-east-1a", "instances": 2},
+            "capacity_reservation.kind='capacity_block' is not valid; expected training_plan with compute=sagemaker",
+        ),
+        (
+            {},
+            {"kind": "training_plan", "training_plan": PLAN, "instances": 2},
+            "capacity_reservation.kind='training_plan' is not valid; expected capacity_block or on_demand",
+        ),
+        # A reservation must hold every node of a run.
+        (
+            {"nodes": "4"},
+            {"kind": "capacity_block", "id": RESERVATION_ID, "zone": "us-east-1a", "instances": 2},
+            "capacity_reservation.instances=2 is not valid; expected .* at least nodes \\(4\\)",
+        ),
+        # Its zone must be the training subnet's, named by the environment: a reservation never moves the file system.
+        (
+            {},
+            {"kind": "capacity_block", "id": RESERVATION_ID, "zone": "us-east-1b", "instances": 2},
+            "capacity_reservation.zone='us-east-1b' is not valid; expected .* availability_zone .* \\(now us-east-1a",
+        ),
+        (
+            {},
+            {"kind": "capacity_block", "id": "cr-123", "zone": "us-east-1a", "instances": 2},
+            "capacity_reservation.id='cr-123' is not valid; expected a capacity reservation id like cr-0123",
+        ),
+        # A Capacity Block is bought by id; a group holds On-Demand reservations only.
+        (
+            {},
+            {"kind": "capacity_block", "resource_group": GROUP, "zone": "us-east-1a", "instances": 2},
+            "capacity_reservation.resource_group=.* is not valid; expected exactly one of id for a capacity_block",
+        ),
+        (
+            {},
+            {
+                "kind": "on_demand",
+                "resource_group": GROUP.replace("us-east-1", "us-west-2"),
+                "zone": "us-east-1a",
+                "instances": 2,
+            },
+            "resource_group=.* expected an On-Demand Capacity Reservation group's ARN in us-east-1",
+        ),
+        (
+            {"compute": "sagemaker"},
+            {"kind": "training_plan", "training_plan": PLAN, "instances": 2, "zone": "us-east-1a"},
+            "capacity_reservation.zone='us-east-1a' is not valid; expected no zone for a training plan",
+        ),
+        ({}, {"kind": "capacity_block", "ids": RESERVATION_ID}, "capacity_reservation.ids=.* no such field"),
+        (
+            {"compute": "sagemaker", "sagemaker_spot": "true"},
+            {"kind": "training_plan", "training_plan": PLAN, "instances": 2},
+            "sagemaker_spot=True is not valid; expected false with a training plan",
+        ),
+        (
+            {"compute": "eks", "eks_capacity_type": "spot"},
+            {"kind": "on_demand", "id": RESERVATION_ID, "zone": "us-east-1a", "instances": 2},
+            "eks_capacity_type='spot' is not valid; expected on_demand with a capacity_reservation",
+        ),
+    ],
+)
+def test_a_reservation_that_cannot_fit_is_refused_at_synth_in_one_line(overrides, reservation, expected):
+    with pytest.raises(ConfigError, match=expected) as refused:
+        _reserved(reservation, **overrides)
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize("name", efa_instance_types())

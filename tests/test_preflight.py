@@ -1,6 +1,7 @@
 """tools/preflight.py and `make destroy`: what a deploy or a destroy asks AWS first, each refusal one line."""
 
 import json
+import re
 
 import pytest
 from botocore.stub import Stubber
@@ -210,7 +211,7 @@ def test_a_zone_that_offers_the_type_passes(stubbed):
 
 def test_the_offering_is_checked_for_the_training_and_validation_types_on_batch_and_eks_only():
     from config import load_config
-    from tests.synthesis import CDK_JSON_CONTEXT
+    from tests.synthesis import CAPACITY_BLOCK, CDK_JSON_CONTEXT
 
     def checked(**context: str) -> tuple[list[str], list[str]]:
         config = load_config({**CDK_JSON_CONTEXT, **context})
@@ -219,6 +220,77 @@ def test_the_offering_is_checked_for_the_training_and_validation_types_on_batch_
     found, types = checked(instance_type="p5.48xlarge")
     assert found == types and types[0] != types[1]  # the training type and its single-node validation type
     assert checked(compute="sagemaker", instance_type="p5.48xlarge")[0] == []  # SageMaker's capacity, not EC2's
-    blocks = {"eks_capacity_type": "capacity_block", "eks_capacity_reservation_id": "cr-0123456789abcdef0"}
-    found, types = checked(compute="eks", instance_type="p5e.48xlarge", **blocks)
+    found, types = checked(compute="eks", instance_type="p5e.48xlarge", **CAPACITY_BLOCK)
     assert "p5e.48xlarge" not in found and found == types[1:]  # a Capacity Block's capacity is the block's
+
+
+# ---- the reserved capacity, against EC2's and SageMaker's record of it (make deploy) ---------------------------
+
+
+def _reserved_config(compute: str = "batch", **reservation):
+    from config import load_config
+    from tests.synthesis import CDK_JSON_CONTEXT
+
+    declared = {"kind": "capacity_block", "id": "cr-0123456789abcdef0", "zone": "us-east-1a", "instances": 2}
+    context = {**CDK_JSON_CONTEXT, "compute": compute, "instance_type": "p5.48xlarge"}
+    if compute != "sagemaker":
+        context["availability_zone"] = "us-east-1a"
+    return load_config({**context, "capacity_reservation": json.dumps({**declared, **reservation})})
+
+
+def _ec2_reservation(**changes) -> dict:
+    found = {"CapacityReservationId": "cr-0123456789abcdef0", "InstanceType": "p5.48xlarge",
+             "AvailabilityZone": "us-east-1a", "TotalInstanceCount": 2, "State": "scheduled",
+             "ReservationType": "capacity-block"}  # fmt: skip
+    return {"CapacityReservations": [{**found, **changes}]}
+
+
+def test_a_capacity_block_that_holds_the_run_passes(stubbed):
+    # Scheduled: bought for a window that has not begun; the jobs wait for it (README, "Reserved capacity").
+    stubbed("ec2").add_response("describe_capacity_reservations", _ec2_reservation())
+    preflight.check_reservation(_reserved_config())
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"InstanceType": "p4d.24xlarge"}, "type p4d.24xlarge, not p5.48xlarge"),
+        ({"AvailabilityZone": "us-east-1b"}, "zone us-east-1b, not us-east-1a"),
+        ({"TotalInstanceCount": 1}, "1 instances, fewer than nodes (2)"),
+        ({"State": "expired"}, "state expired"),
+        ({"ReservationType": "default"}, "an On-Demand reservation, declared capacity_block"),
+    ],
+)
+def test_a_reservation_that_cannot_take_the_run_stops_the_deploy_naming_why(stubbed, changes, named):
+    stubbed("ec2").add_response("describe_capacity_reservations", _ec2_reservation(**changes))
+    with pytest.raises(
+        preflight.PreflightError, match=f"capacity_reservation cr-0123456789abcdef0 .*{re.escape(named)}"
+    ):
+        preflight.check_reservation(_reserved_config())
+
+
+def test_a_reservation_ec2_does_not_know_stops_the_deploy(stubbed):
+    stubbed("ec2").add_client_error("describe_capacity_reservations", "InvalidCapacityReservationId.NotFound")
+    with pytest.raises(preflight.PreflightError, match="capacity_reservation.id=cr-0123456789abcdef0: EC2 does not"):
+        preflight.check_reservation(_reserved_config())
+
+
+def _plan(**changes) -> dict:
+    plan = {"TrainingPlanArn": PLAN, "TrainingPlanName": "p5-week", "Status": "Scheduled", "TotalInstanceCount": 2,
+            "TargetResources": ["training-job"],
+            "ReservedCapacitySummaries": [{"ReservedCapacityArn": PLAN + "/rc", "InstanceType": "ml.p5.48xlarge",
+                                           "TotalInstanceCount": 2, "Status": "Scheduled"}]}  # fmt: skip
+    return {**plan, **changes}
+
+
+PLAN = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/p5-week"
+
+
+def test_a_training_plan_is_checked_for_its_status_target_type_and_count(stubbed):
+    sagemaker = stubbed("sagemaker")
+    config = _reserved_config("sagemaker", kind="training_plan", id=None, zone=None, training_plan=PLAN)
+    sagemaker.add_response("describe_training_plan", _plan(), {"TrainingPlanName": "p5-week"})
+    preflight.check_reservation(config)
+    sagemaker.add_response("describe_training_plan", _plan(Status="Expired", TargetResources=["hyperpod-cluster"]))
+    with pytest.raises(preflight.PreflightError, match="training plan p5-week .*status Expired; no training-job"):
+        preflight.check_reservation(config)

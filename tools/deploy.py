@@ -163,6 +163,7 @@ def plan(
     context_args = _eks_admin_context(config, context_args)
     for instance_type in preflight.offering_checked(config):
         preflight.check_instance_offered(config.region, instance_type, config.availability_zone)
+    preflight.check_reservation(config)
     bootstrapped = preflight.bootstrap_version(config.region)
     if config.compute == "eks" and not preflight.stack_exists(config.region, f"{config.stack_prefix}-Eks"):
         # Only before the cluster exists: a running cluster past standard support must still take routine deploys.

@@ -4,6 +4,8 @@
 - the CDK bootstrap stack's version against the one the synthesized templates require;
 - the Kubernetes version (EKS backend): offered in the region and in standard support, with add-on defaults new
   enough for EFA;
+- the reserved capacity (`capacity_reservation`): it exists, holds the instance type in the zone with enough
+  instances, and has not ended;
 - a run in flight: a pipeline execution of the environment that is RUNNING, and the stacks a deploy would change
   under it (their synthesized templates against the deployed ones).
 """
@@ -149,6 +151,72 @@ def check_instance_offered(region: str, instance_type: str, zone: str | None) ->
             f"EC2 offers {instance_type} in {region} only in {', '.join(sorted(offered))}, not in {zone}: set "
             "availability_zone to one of those (or leave it unset for the first zone)"
         )
+
+
+# EC2 API reference, CapacityReservation.State: these never launch an instance again.
+RESERVATION_ENDED = ("expired", "cancelled", "failed", "payment-failed", "cancelling", "unsupported")
+TRAINING_PLAN_ENDED = ("Expired", "Failed")  # SageMaker API reference, DescribeTrainingPlan Status
+
+
+def check_reservation(config) -> None:
+    """The declared reservation against EC2's (DescribeCapacityReservations) or SageMaker's (DescribeTrainingPlan)
+    record of it. A reservation group is checked at synth only (its members are listed by AWS Resource Groups)."""
+    from botocore.exceptions import ClientError
+
+    reservation = config.reservation
+    if reservation is None or reservation.resource_group:
+        return
+    if reservation.training_plan:
+        _check_training_plan(config, reservation.training_plan)
+        return
+    try:
+        (found,) = client("ec2", config.region).describe_capacity_reservations(CapacityReservationIds=[reservation.id])[
+            "CapacityReservations"
+        ]
+    except ClientError as error:  # InvalidCapacityReservationId.NotFound or .Malformed
+        raise PreflightError(
+            f"capacity_reservation.id={reservation.id}: EC2 does not show it in {config.region} ({error})"
+        ) from None
+    problems = [
+        f"type {found['InstanceType']}, not {config.instance_type}" * (found["InstanceType"] != config.instance_type),
+        f"zone {found['AvailabilityZone']}, not {reservation.zone}" * (found["AvailabilityZone"] != reservation.zone),
+        f"{found['TotalInstanceCount']} instances, fewer than nodes ({config.nodes})"
+        * (found["TotalInstanceCount"] < config.nodes),
+        f"state {found['State']}" * (found["State"] in RESERVATION_ENDED),
+        "a Capacity Block, declared on_demand"
+        * (found.get("ReservationType") == "capacity-block" and not reservation.capacity_block),
+        "an On-Demand reservation, declared capacity_block"
+        * (found.get("ReservationType", "default") == "default" and reservation.capacity_block),
+    ]
+    _refuse_reservation(f"capacity_reservation {reservation.id}", [p for p in problems if p])
+
+
+def _check_training_plan(config, arn: str) -> None:
+    from botocore.exceptions import ClientError
+
+    name = arn.rsplit("/", 1)[-1]
+    try:
+        plan = client("sagemaker", config.region).describe_training_plan(TrainingPlanName=name)
+    except ClientError as error:  # ResourceNotFound
+        raise PreflightError(
+            f"capacity_reservation.training_plan={arn}: SageMaker does not show it ({error})"
+        ) from None
+    wanted = config.instance.sagemaker_instance_type
+    types = {c.get("InstanceType") for c in plan.get("ReservedCapacitySummaries", [])}
+    problems = [
+        f"status {plan['Status']}" * (plan["Status"] in TRAINING_PLAN_ENDED),
+        "no training-job target (it is for HyperPod clusters)"
+        * ("training-job" not in plan.get("TargetResources", [])),
+        f"instance types {', '.join(sorted(t for t in types if t))}, not {wanted}" * (wanted not in types),
+        f"{plan.get('TotalInstanceCount', 0)} instances, fewer than nodes ({config.nodes})"
+        * (plan.get("TotalInstanceCount", 0) < config.nodes),
+    ]
+    _refuse_reservation(f"training plan {name}", [p for p in problems if p])
+
+
+def _refuse_reservation(what: str, problems: list[str]) -> None:
+    if problems:
+        raise PreflightError(f"{what} cannot take this environment's training: {'; '.join(problems)}")
 
 
 def _semver(version: str) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ import aws_cdk.aws_ec2 as ec2
 import pytest
 
 from config import CATALOGUE, efa_instance_types
+from config.capacity import CapacityReservation
 from constructs.compute.eks.accelerator_nodegroup import EksAcceleratorNodegroup
 from contracts.eks.job_spec import ACCELERATOR_TAINT_KEY, HUGEPAGES_2MI_PAGES
 from tests.alone import bare_stack, template_of
@@ -17,10 +18,15 @@ from tests.compute.eks_parts import cluster, vpc
 INSTANCE_TYPES = efa_instance_types()
 NODES = 4
 RESERVATION = "cr-0123456789abcdef0"
+BLOCK = CapacityReservation(kind="capacity_block", instances=NODES, id=RESERVATION, zone="us-east-1a")
+GROUP_ARN = "arn:aws:resource-groups:us-east-1:123456789012:group/p5-reservations"
+ON_DEMAND_GROUP = CapacityReservation(kind="on_demand", instances=NODES, resource_group=GROUP_ARN, zone="us-east-1a")
 
 
 @functools.cache
-def _nodegroup(instance_type: str, capacity_type: str = "on_demand", reservation: str | None = None) -> dict:
+def _nodegroup(
+    instance_type: str, capacity_type: str = "on_demand", reservation: CapacityReservation | None = None
+) -> dict:
     stack = bare_stack()
     network = vpc(stack)
     subnet = ec2.PrivateSubnet(
@@ -35,7 +41,7 @@ def _nodegroup(instance_type: str, capacity_type: str = "on_demand", reservation
         efa_security_group=ec2.SecurityGroup(stack, "Efa", vpc=network),
         nodes=NODES,
         capacity_type=capacity_type,
-        capacity_reservation_id=reservation,
+        reservation=reservation,
     )
     return template_of(stack)
 
@@ -138,8 +144,8 @@ def test_spot_capacity():
 
 
 def test_capacity_block_targets_the_reservation():
-    # capacity_block targets the configured Capacity Block reservation in the accelerator launch template.
-    raw = _nodegroup("p5.48xlarge", "capacity_block", RESERVATION)
+    # A Capacity Block reservation: targeted in the accelerator launch template, the group's capacity type a block's.
+    raw = _nodegroup("p5.48xlarge", "on_demand", BLOCK)
     data = _launch_template(raw)
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
     assert data["CapacityReservationSpecification"] == {
@@ -156,9 +162,20 @@ def test_capacity_block_targets_the_reservation():
     assert not any(r["Type"] == "AWS::EC2::PlacementGroup" for r in raw["Resources"].values())
 
 
-def test_capacity_block_without_a_reservation_is_refused():
-    with pytest.raises(ValueError, match="capacity_reservation_id"):
-        _nodegroup("p5.48xlarge", "capacity_block")
+def test_an_on_demand_reservation_group_is_targeted_with_on_demand_capacity():
+    # EC2 user guide, "Capacity Reservation groups": a launch template may target a group's ARN instead of one id.
+    raw = _nodegroup("p5.48xlarge", "on_demand", ON_DEMAND_GROUP)
+    data = _launch_template(raw)
+    assert data["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationResourceGroupArn": GROUP_ARN}
+    }
+    assert "InstanceMarketOptions" not in data and _group(raw)["CapacityType"] == "ON_DEMAND"
+    assert not any(r["Type"] == "AWS::EC2::PlacementGroup" for r in raw["Resources"].values())
+
+
+def test_spot_with_a_reservation_is_refused():
+    with pytest.raises(ValueError, match="capacity_type='spot' with a reservation"):
+        _nodegroup("p5.48xlarge", "spot", BLOCK)
 
 
 @pytest.mark.parametrize("capacity_type", ["on_demand", "capacity_block"])
@@ -166,6 +183,6 @@ def test_the_node_group_is_never_force_updated(capacity_type):
     # A forced update replaces nodes ignoring pod disruption budgets (EKS user guide, "Update a managed node group"):
     # a launch-template change would end a running job. Desired size stays 0 in the template (the pipeline sizes
     # it), which is also what Capacity Blocks ask for before an update.
-    reservation = "cr-0123456789abcdef0" if capacity_type == "capacity_block" else None
-    group = _group(_nodegroup("p5.48xlarge", capacity_type, reservation))
+    reservation = BLOCK if capacity_type == "capacity_block" else None
+    group = _group(_nodegroup("p5.48xlarge", "on_demand", reservation))
     assert group["ForceUpdateEnabled"] is False and group["ScalingConfig"]["DesiredSize"] == 0

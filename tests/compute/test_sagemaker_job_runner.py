@@ -12,13 +12,19 @@ from config import CATALOGUE
 from constructs.compute.sagemaker.job_runner import SageMakerJobRunner
 from contracts.run import QUEUE_WAIT_MINUTES, stages, train_state_seconds
 from tests.alone import template_of
+from tests.request_validator import assert_valid
 
 TRAIN_PARAMETERS = {"run_id": "$.job.run_id", "dataset": "$.job.dataset", "max_steps": "$.job.max_steps"}
 VALIDATE_PARAMETERS = {"run_id": "$.job.run_id", "dataset": "$.job.dataset", "baseline": "$.job.baseline"}
 
 
 def _runner(
-    *, spot: bool = False, fsx: bool = True, instance: str = "p4d.24xlarge", neuron_cc_flags: str = ""
+    *,
+    spot: bool = False,
+    fsx: bool = True,
+    instance: str = "p4d.24xlarge",
+    neuron_cc_flags: str = "",
+    training_plan: str | None = None,
 ) -> tuple[cdk.Stack, SageMakerJobRunner]:
     stack = cdk.Stack()
     role = iam.Role(stack, "Execution", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
@@ -35,6 +41,7 @@ def _runner(
         spot=spot,
         file_system=("fs-1", "abcdefgh", "rev1") if fsx else None,
         neuron_cc_flags=neuron_cc_flags,
+        training_plan=training_plan,
     )
 
 
@@ -61,6 +68,29 @@ def test_training_runs_on_the_runs_instances_with_the_run_as_hyperparameters():
     assert request["ResourceConfig"]["InstanceCount.$"] == "$.run.nodes"
     assert request["HyperParameters"]["run_id.$"] == "$.job.run_id"
     assert request["HyperParameters"]["expected_nodes.$"] == "States.Format('{}', $.run.nodes)"
+
+
+# The members CreateTrainingJob requires besides ResourceConfig, so botocore's model judges the resource config.
+MINIMAL_TRAINING_JOB = {
+    "TrainingJobName": "run-train-1a2b3c4d",
+    "AlgorithmSpecification": {"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1",
+                               "TrainingInputMode": "File"},
+    "RoleArn": "arn:aws:iam::123456789012:role/Execution",
+    "OutputDataConfig": {"S3OutputPath": "s3://data-bucket/runs/"},
+    "StoppingCondition": {"MaxRuntimeInSeconds": 3600},
+}  # fmt: skip
+
+
+def test_training_runs_in_the_environments_training_plan_and_validation_outside_it():
+    # SageMaker API reference: CreateTrainingPlan ("Queue training jobs"), ResourceConfig.TrainingPlanArn; validation
+    # runs on its own small type, which the plan does not hold.
+    plan = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/p5-week"
+    resources = _request(training_plan=plan)["ResourceConfig"]
+    assert resources["TrainingPlanArn"] == plan
+    static = {k: v for k, v in resources.items() if not k.endswith(".$")} | {"InstanceCount": 2}
+    assert_valid("sagemaker", "CreateTrainingJob", {**MINIMAL_TRAINING_JOB, "ResourceConfig": static})
+    assert "TrainingPlanArn" not in _request("validate", training_plan=plan)["ResourceConfig"]
+    assert "TrainingPlanArn" not in _request()["ResourceConfig"]
 
 
 def test_the_image_runs_its_own_launcher_with_the_mode_first():

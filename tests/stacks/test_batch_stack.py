@@ -12,7 +12,7 @@ from config import CATALOGUE, efa_instance_types
 from contracts.job_environment import STOP_GRACE_SECONDS
 from stacks.batch_stack import CAPACITY_WAIT_MINUTES, NEURON_AMI_PARAMETER
 from tests.alone import StacksAlone
-from tests.synthesis import CDK_JSON_CONTEXT
+from tests.synthesis import CAPACITY_BLOCK, CDK_JSON_CONTEXT
 
 # The Batch backend takes no Capacity Block: types EC2 sells only through them are refused there (config).
 TYPES = [name for name in efa_instance_types() if not CATALOGUE[name].capacity_blocks_only]
@@ -185,6 +185,24 @@ def test_jobs_starved_of_capacity_are_cancelled():
     assert (
         _capacity_wait(_one(template, "AWS::Batch::JobQueue", "SingleNodeOnDemandQueue")) == CAPACITY_WAIT_MINUTES * 60
     )
+
+
+def test_multi_node_hosts_launch_into_the_environments_reservation_without_a_placement_group_of_their_own():
+    # AWS HPC blog, "How to use Capacity Blocks for ML with AWS Batch": the compute environment's launch template
+    # carries the block's market type and target; the reservation places its instances (EC2 user guide, "Launch
+    # instances into an existing Capacity Reservation"), so no cluster placement group is named.
+    template = _template(instance_type="p5e.48xlarge", **{k: str(v) for k, v in CAPACITY_BLOCK.items()})
+    multi = _one(template, "AWS::EC2::LaunchTemplate", "MultiNodeLaunchTemplate")["LaunchTemplateData"]
+    assert multi["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}
+    }
+    assert multi["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    single = _one(template, "AWS::EC2::LaunchTemplate", "SingleNodeLaunchTemplate")["LaunchTemplateData"]
+    assert "CapacityReservationSpecification" not in single  # validation runs on its own type, outside it
+    assert _resources(template, "AWS::EC2::PlacementGroup") == {}
+    environment = _one(template, "AWS::Batch::ComputeEnvironment", "MultiNodeEnvironment")
+    assert "PlacementGroup" not in environment["ComputeResources"]
+    assert environment["ComputeResources"]["InstanceTypes"] == ["p5e.48xlarge"]
 
 
 def test_the_multi_node_capacity_wait_is_the_environments():

@@ -11,6 +11,7 @@ from aws_cdk.assertions import Match
 
 from tests.alone import StacksAlone
 from tests.compute.eks_parts import manifests
+from tests.synthesis import CAPACITY_BLOCK
 
 # The module's stacks are built once, on one xdist worker.
 pytestmark = pytest.mark.xdist_group("eks-stack")
@@ -84,11 +85,7 @@ def test_capacity_type_and_admin_access_come_from_the_config():
 
 
 def test_capacity_block_reservation_comes_from_the_config():
-    raw = _compute(
-        instance_type="p5.48xlarge",
-        eks_capacity_type="capacity_block",
-        eks_capacity_reservation_id="cr-0123456789abcdef0",
-    )
+    raw = _compute(instance_type="p5.48xlarge", **CAPACITY_BLOCK)
     data = next(
         p["LaunchTemplateData"]
         for p in _resources(raw, "AWS::EC2::LaunchTemplate")

@@ -16,17 +16,14 @@ import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_eks_v2 as eks
 
 from config import Accelerator, InstanceType
+from config.capacity import CapacityReservation
 from constructs import Construct, IConstruct
 from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate
 from constructs.escape_hatch import cfn
 from constructs.nag import acknowledge, managed_policy_finding
 from contracts.eks.job_spec import ACCELERATOR_LABEL, ACCELERATOR_TAINT_KEY, HUGEPAGES_2MI_PAGES
 
-CAPACITY_TYPES = {
-    "on_demand": eks.CapacityType.ON_DEMAND,
-    "spot": eks.CapacityType.SPOT,
-    "capacity_block": eks.CapacityType.CAPACITY_BLOCK,
-}
+CAPACITY_TYPES = {"on_demand": eks.CapacityType.ON_DEMAND, "spot": eks.CapacityType.SPOT}
 # catalogue eks_ami_type (aws_eks_v2.NodegroupAmiType member) -> the CloudFormation AmiType value
 CFN_AMI_TYPES = {"AL2023_X86_64_NVIDIA": "AL2023_x86_64_NVIDIA", "AL2023_X86_64_NEURON": "AL2023_x86_64_NEURON"}
 ROOT_VOLUME_GIB = 500
@@ -57,16 +54,19 @@ class EksAcceleratorNodegroup(Construct):
         efa_security_group: ec2.ISecurityGroup,
         nodes: int,
         capacity_type: str,
-        capacity_reservation_id: str | None = None,
+        reservation: CapacityReservation | None = None,
     ) -> None:
+        """`capacity_type`: on_demand or spot; `reservation`: the EC2 reservation the nodes launch into (a Capacity
+        Block makes the group's capacity type CAPACITY_BLOCK)."""
         super().__init__(scope, id_)
-        capacity_block = capacity_type == "capacity_block"
-        # A Capacity Block's instances are placed where the reservation is: a launch into a reservation must match its
+        if reservation is not None and capacity_type != "on_demand":
+            raise ValueError(f"capacity_type={capacity_type!r} with a reservation; expected on_demand")
+        # A reservation's instances are placed where the reservation is: a launch into a reservation must match its
         # instance type, platform, zone and tenancy (EC2 user guide, "Launch instances into an existing Capacity
-        # Reservation"), and a new cluster placement group is no part of it. On demand and Spot: one cluster group.
+        # Reservation"), and a new cluster placement group is no part of it. Otherwise: one cluster group.
         self.placement_group = (
             None
-            if capacity_block
+            if reservation is not None
             else ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
         )
         user_data = ec2.MultipartUserData()
@@ -86,19 +86,12 @@ class EksAcceleratorNodegroup(Construct):
             # LaunchTemplateSpecification: no TerminateInstances); the node group replaces failed nodes itself.
             terminate_on_shutdown=False,
             placement_group=self.placement_group,
-        ).launch_template
-        template = cfn(self.launch_template)
-        if capacity_block:
             # Capacity Blocks (EKS user guide, "Create a managed node group with Capacity Blocks for ML"): the launch
             # template must carry the market type, the targeted reservation and the InstanceType, or EKS rejects
-            # the node group.
-            if not capacity_reservation_id:
-                raise ValueError("capacity_type=capacity_block needs capacity_reservation_id (the block's cr-...)")
-            template.add_property_override("LaunchTemplateData.InstanceMarketOptions.MarketType", "capacity-block")
-            template.add_property_override(
-                "LaunchTemplateData.CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId",
-                capacity_reservation_id,
-            )
+            # the node group; an On-Demand reservation is targeted the same way ("Use Capacity Reservations").
+            reservation=reservation,
+        ).launch_template
+        template = cfn(self.launch_template)
         # The one type in the launch template, never on the node group: InstanceTypes is create-only on
         # AWS::EKS::Nodegroup (its resource schema), so a new type named there would replace the node group, while
         # a new launch-template version updates it in place, recycling its nodes (EKS user guide, "Customize
@@ -108,7 +101,11 @@ class EksAcceleratorNodegroup(Construct):
         self.nodegroup = cluster.add_nodegroup_capacity(
             "Accelerator",
             instance_types=None,  # set on the L1 below
-            capacity_type=CAPACITY_TYPES[capacity_type],
+            capacity_type=(
+                eks.CapacityType.CAPACITY_BLOCK
+                if reservation is not None and reservation.capacity_block
+                else CAPACITY_TYPES[capacity_type]
+            ),
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=cast(str, self.launch_template.launch_template_id),
                 version=self.launch_template.latest_version_number,

@@ -110,8 +110,11 @@ class SageMakerJobRunner:
         file_system: tuple[str, str, str] | None = None,
         neuron_cc_flags: str = "",
         workloads: Mapping[str, tuple[str, str]] | None = None,
+        training_plan: str | None = None,
     ) -> None:
-        """`file_system`: (FSx file system id, mount name, revision) to read datasets from; None reads them from S3.
+        """`training_plan`: the ARN of the SageMaker training plan the training jobs run in (validation, on its own
+        small type, does not). `file_system`: (FSx file system id, mount name, revision) to read datasets from; None
+        reads them from S3.
         The revision (StorageStack.file_system_revision) is written into the jobs' environment. `workloads`: each
         declared workload's (image URI, declaration as JSON), which its train and validate jobs run."""
         self.workloads = dict(workloads or {})
@@ -119,7 +122,7 @@ class SageMakerJobRunner:
         self.subnet_id, self.security_group_id = subnet_id, security_group_id
         self.instance, self.validation_instance = instance, validation_instance
         self.environment, self.spot, self.file_system = environment, spot, file_system
-        self.neuron_cc_flags = neuron_cc_flags
+        self.neuron_cc_flags, self.training_plan = neuron_cc_flags, training_plan
         self._stages = stages(train_attempt_hours)
 
     def submit(
@@ -205,6 +208,9 @@ class SageMakerJobRunner:
                 "InstanceType": instance.sagemaker_instance_type,
                 **({"InstanceCount.$": nodes} if multi_node and nodes else {"InstanceCount": 1}),
                 "VolumeSizeInGB": VOLUME_GIB,
+                # A training job runs in a training plan's reserved instances when its ResourceConfig names the plan
+                # (SageMaker API reference: CreateTrainingPlan, "Queue training jobs"; ResourceConfig.TrainingPlanArn).
+                **({"TrainingPlanArn": self.training_plan} if training and self.training_plan else {}),
             },
             # The training subnet and the EFA group (all traffic to and from itself, Lustre to FSx).
             "VpcConfig": {"Subnets": [self.subnet_id], "SecurityGroupIds": [self.security_group_id]},

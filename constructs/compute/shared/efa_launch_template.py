@@ -14,6 +14,7 @@ managed node groups reject a SubnetId in the template.
 import aws_cdk.aws_ec2 as ec2
 
 from config import InstanceType
+from config.capacity import CapacityReservation
 from constructs import Construct
 from constructs.escape_hatch import cfn
 
@@ -55,6 +56,8 @@ class EfaLaunchTemplate(Construct):
     groups on the template instead: for single-node hosts that need the same host preparation only.
     `terminate_on_shutdown=False` and `placement_group` for EKS managed node groups: they refuse the shutdown
     behaviour, and nothing else places their nodes (Batch sets the group on its compute environment).
+    `reservation`: the EC2 reservation the hosts launch into (config/capacity.py): its target, and for a Capacity
+    Block the market type `capacity-block` (EC2 user guide, "Use Capacity Blocks": a launch into a block names both).
     `.launch_template` is the ec2.LaunchTemplate; `.network_interfaces` what was rendered (for tests).
     """
 
@@ -70,6 +73,7 @@ class EfaLaunchTemplate(Construct):
         include_network_interfaces: bool = True,
         terminate_on_shutdown: bool = True,
         placement_group: ec2.IPlacementGroup | None = None,
+        reservation: CapacityReservation | None = None,
     ) -> None:
         super().__init__(scope, id_)
         if not security_groups:
@@ -135,3 +139,16 @@ class EfaLaunchTemplate(Construct):
             cfn(self.launch_template).add_property_override(
                 "LaunchTemplateData.NetworkInterfaces", self.network_interfaces
             )
+        if reservation is not None:
+            self._reserve(reservation)
+
+    def _reserve(self, reservation: CapacityReservation) -> None:
+        """Escape hatch: the L2's capacityReservationSpecification takes a reservation id only, not a group's ARN,
+        and it has no market type; a targeted launch fails rather than run outside the reservation (EC2 user
+        guide, "Launch instances into an existing Capacity Reservation")."""
+        template = cfn(self.launch_template)
+        template.add_property_override(
+            "LaunchTemplateData.CapacityReservationSpecification", {"CapacityReservationTarget": reservation.target}
+        )
+        if reservation.capacity_block:
+            template.add_property_override("LaunchTemplateData.InstanceMarketOptions.MarketType", "capacity-block")
