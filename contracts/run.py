@@ -486,6 +486,9 @@ def execution_seconds(
 # /opt/ml/output/failure), launch.py writes one line starting with this marker and the code: "<marker>4: ...".
 # training_image/efa_training/runtime/errors.py holds the same text (tests keep them equal).
 FAILURE_REASON_MARKER = "efa-training exit code "
+# The training stopped itself, after a checkpoint, because its reservation ends (runtime/launch/stop_by.py): the run
+# ends ReservationEnded, resumable in the next window; neither a refusal nor an attempt failure (tests: equal).
+WINDOW_ENDED_EXIT_CODE = 7
 REFUSED_EXIT_CODES = {
     2: "a bad flag, dataset or checkpoint folder",
     4: "the loss diverged",

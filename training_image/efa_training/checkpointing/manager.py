@@ -75,6 +75,7 @@ class CheckpointManager:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.last_saved = -1  # the step of the newest checkpoint, -1 before there is one
         self.saves, self.save_seconds = 0, 0.0  # the training stall caused by saving, in this process
+        self.longest_save = 0.0  # seconds: what a stop before a deadline must leave room for (launch/stop_by.py)
 
     def resume(self) -> tuple[TrainerState, Path | None]:
         """The newest loadable checkpoint restored into model, optimizer, scheduler and RNGs, or a fresh state."""
@@ -93,6 +94,7 @@ class CheckpointManager:
         path = self.store.save(self.model, self.optimizer, self.scheduler, state, self.config_record, self.rt.mark_step)
         seconds = time.perf_counter() - started
         self.save_seconds += seconds
+        self.longest_save = max(self.longest_save, seconds)
         if self.schedule.measures_at(state.step, stopping, self.saves):
             self.schedule.every = young_daly_interval(seconds, step_times, self.mtbf_hours, self.rt)
         self.saves += 1

@@ -15,6 +15,9 @@ failure on new hosts:
   4    EXIT_DIVERGED: the loss or the gradient norm stopped being finite, or exploded; a failure
        of the run (its hyperparameters or data), not of the hosts: no retry
   5    EXIT_FOLDER_LOCKED: another live job writes to the same checkpoint folder; no retry
+  6    EXIT_HUNG: the launcher's watchdog ended a training that stopped making progress (retried)
+  7    EXIT_WINDOW_ENDED: the launcher stopped the training before its reservation ends (runtime/launch/stop_by.py),
+       after a checkpoint: resumable in the next window, not retried
   143  train.py stopped on SIGTERM/SIGINT after writing a checkpoint (the scheduler asked)
 
 On SageMaker, launch.py also writes the code and its meaning to the job's failure file (`failure_reason`), which
@@ -33,6 +36,7 @@ EXIT_DIVERGED = 4
 EXIT_FOLDER_LOCKED = 5
 EXIT_REPORT_NOT_WRITTEN = 3  # sanity_check.py: the checks passed, the report was not written
 EXIT_HUNG = 6  # runtime/launch/watchdog.py: no progress past the limit; the stacks are in the log (retried)
+EXIT_WINDOW_ENDED = 7  # runtime/launch/stop_by.py: stopped before the reservation ends, checkpoint saved
 EXIT_STOPPED = 143  # 128 + SIGTERM: train.py stopped cleanly on request (SIGINT too), after a final checkpoint
 
 FAILURE_REASON_MARKER = "efa-training exit code "
@@ -43,6 +47,7 @@ EXIT_MEANINGS = {
     EXIT_DIVERGED: "diverged: the loss or gradient norm stopped being finite, or exploded",
     EXIT_FOLDER_LOCKED: "checkpoint folder locked by another live job",
     EXIT_HUNG: "hung: no progress past the watchdog's limit (every worker's stacks are in the log)",
+    EXIT_WINDOW_ENDED: "the reservation's window ends: stopped after a checkpoint, resumable in the next window",
     EXIT_STOPPED: "stopped (143) on SIGTERM after writing a final checkpoint",
 }
 

@@ -36,6 +36,9 @@ UNITS = {
     "ProgressLines": "Count",
     # Stragglers (runtime/stragglers.py): the slowest rank's device probe over the median, the longest input wait
     "StragglerRatio": "None",
+    # The longest checkpoint save so far: the launcher stops a training this many times earlier before its
+    # reservation ends (runtime/launch/stop_by.py)
+    "CheckpointSaveSeconds": "Seconds",
     "DataWaitSeconds": "Seconds",
     # The parameter-server strategy's (workloads/ctr_ps/worker.py), one line per worker and step
     "SamplesPerSecond": "Count/Second",

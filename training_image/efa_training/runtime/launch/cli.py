@@ -55,7 +55,7 @@ import runpy
 import sys
 from dataclasses import asdict
 
-from efa_training.runtime.errors import EXIT_USAGE, UsageError, exit_with_usage_error
+from efa_training.runtime.errors import EXIT_USAGE, EXIT_WINDOW_ENDED, UsageError, exit_with_usage_error
 from efa_training.runtime.launch.command import Launch, prepare
 from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, PACKAGE_ROOT, SINGLE_MODES
 from efa_training.runtime.launch.neuron_compile import mark_compiled
@@ -86,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         exit_with_usage_error("launch.py", err)
     if launch.env.get("LAUNCH_DRY_RUN") == "1":
         return _dry_run(launch)
+    if launch.stop_by is not None and launch.stop_by.seconds_left() <= 0:
+        line = f"the reservation ends too soon to train and save ({launch.stop_by.summary()})"
+        print(f"launch.py: {line}", file=sys.stderr, flush=True)
+        if launch.ml_root is not None:
+            write_failure(launch.ml_root, EXIT_WINDOW_ENDED, mode, line)
+        return EXIT_WINDOW_ENDED
     if launch.already_compiled:
         print(f"launch.py: {launch.already_compiled}; nothing to compile", file=sys.stderr, flush=True)
         return 0
@@ -94,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     if launch.ml_root is None:
         if not launch.plan:
             os.execvpe(launch.command[0], launch.command, launch.env)  # one plain process: its exit code is the job's
-        return mark_compiled(launch, run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog))
+        return mark_compiled(
+            launch, run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
+        )
     return mark_compiled(launch, run_on_sagemaker(mode, launch))
 
 

@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from efa_training import workloads
@@ -34,6 +35,7 @@ from efa_training.runtime.launch.sagemaker import (
     read_json,
     sagemaker_hosts,
 )
+from efa_training.runtime.launch.stop_by import STOP_BY_VARIABLE, StopBy, margin_floor, parse_time, pop_stop_by
 from efa_training.runtime.launch.watchdog import Watchdog
 from efa_training.runtime.run_paths import flag_value
 from efa_training.runtime.user_workload import (
@@ -65,6 +67,7 @@ class Launch:
     # a declared workload's log lines -> its metrics (runtime/user_workload.py LogMetrics), on the main node
     on_line: Callable[[str], object] | None = None
     watchdog: Watchdog | None = None  # ends a training that stopped making progress (on the main node)
+    stop_by: StopBy | None = None  # stops the training before its reservation ends (every node)
 
 
 def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> Launch:
@@ -79,11 +82,33 @@ def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> La
         env.setdefault("NEURON_COMPILE_CACHE_URL", str(neuron_compile.cache_root(env)))
     elif mode == "compile":
         raise UsageError("mode", mode, "only Trainium (ACCELERATOR_KIND=neuron) compiles ahead of time", "train")
+    script_args = take_stop_by(script_args, env)
     if env.get(WORKLOAD_VARIABLE) and mode in ("train", "validate"):
-        return _prepare_workload(mode, script_args, env)
-    if not on_sagemaker(env):
-        return _prepare_scheduler(mode, script_args, env)
-    return _prepare_sagemaker(mode, script_args, env)
+        launch = _prepare_workload(mode, script_args, env)
+    elif not on_sagemaker(env):
+        launch = _prepare_scheduler(mode, script_args, env)
+    else:
+        launch = _prepare_sagemaker(mode, script_args, env)
+    return _stopping(mode, launch)
+
+
+def take_stop_by(args: list[str], env: dict) -> list[str]:
+    """The launcher's own `--stop-by` out of the script's flags, into the environment (STOP_BY, which the workload
+    reads too: docs/workloads.md); `none` clears it."""
+    rest, deadline = pop_stop_by(args)
+    if len(rest) != len(args):
+        env.pop(STOP_BY_VARIABLE, None)
+        if deadline is not None:
+            env[STOP_BY_VARIABLE] = datetime.fromtimestamp(deadline, UTC).isoformat()
+    return rest
+
+
+def _stopping(mode: str, launch: Launch) -> Launch:
+    """A training with a stop-by time: on every node, asked to stop before it (runtime/launch/stop_by.py)."""
+    if mode != "train" or launch.plan is None or not launch.env.get(STOP_BY_VARIABLE):
+        return launch
+    stop_by = StopBy(parse_time(launch.env[STOP_BY_VARIABLE]), floor=margin_floor(launch.env))
+    return replace(launch, stop_by=stop_by, on_line=stop_by.watch(launch.on_line) if launch.on_line else None)
 
 
 def python_path(env: Mapping[str, str]) -> str:
@@ -130,7 +155,8 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
     config, own = None, None
     if root is not None:
         hyperparameters = read_json(root / "input/config/hyperparameters.json", {})
-        script_args = [*script_args, *hyperparameter_flags(mode, hyperparameters, WORKLOAD_HYPERPARAMETERS)]
+        flags = hyperparameter_flags(mode, hyperparameters, WORKLOAD_HYPERPARAMETERS)
+        script_args = take_stop_by([*script_args, *flags], env)
     if mode == "validate":
         return Launch([sys.executable, "-m", USER_VALIDATE, *script_args], None, env, ml_root=root)
     if root is not None:
@@ -164,7 +190,8 @@ def _prepare_sagemaker(mode: str, script_args: list[str], env: dict) -> Launch:
     and the sanity check first where the job asks for it."""
     root = ml_root(env)
     config, own = _sagemaker_network(root, env, mode in DISTRIBUTED_MODES)
-    args = [*script_args, *hyperparameter_flags(mode, read_json(root / "input/config/hyperparameters.json", {}))]
+    flags = hyperparameter_flags(mode, read_json(root / "input/config/hyperparameters.json", {}))
+    args = take_stop_by([*script_args, *flags], env)
     cmd, plan = build_command(mode, args, env, own, config)
     if plan and parameter_servers(mode, args):
         env.update(workloads.supervisor_environment(plan))

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from efa_training.runtime import host_metrics
-from efa_training.runtime.errors import EXIT_HUNG, EXIT_STOPPED
+from efa_training.runtime.errors import EXIT_HUNG, EXIT_STOPPED, EXIT_WINDOW_ENDED
 from efa_training.runtime.exit_relay import EXIT_CODE_DIR, relayed_exit_code
 from efa_training.runtime.launch.sagemaker import write_failure
 
 if TYPE_CHECKING:
     from efa_training.runtime.launch.command import Launch
+    from efa_training.runtime.launch.stop_by import StopBy
     from efa_training.runtime.launch.watchdog import Watchdog
 
 _signals_received: list[int] = []
@@ -26,12 +27,17 @@ PASS_ON_SECONDS = 5.0
 
 
 def run_forwarding(
-    cmd: list[str], env: dict, on_line: Callable[[str], object] | None = None, watchdog: Watchdog | None = None
+    cmd: list[str],
+    env: dict,
+    on_line: Callable[[str], object] | None = None,
+    watchdog: Watchdog | None = None,
+    stop_by: StopBy | None = None,
 ) -> int:
     """`cmd` as a child with the scheduler's stop signals passed on (StopTrainingJob sends SIGTERM and waits 120 s:
     https://docs.aws.amazon.com/sagemaker/latest/dg/API_StopTrainingJob.html); its exit code, 128+N if killed.
     `on_line`: each line the child prints, after it is passed on to this process's stdout (a workload's metrics).
-    `watchdog`: ends the child's process tree when its progress stops (runtime/launch/watchdog.py)."""
+    `watchdog`: ends the child's process tree when its progress stops (runtime/launch/watchdog.py). `stop_by`: asks
+    the child to stop before the reservation ends (runtime/launch/stop_by.py)."""
     # Lines as text; a byte that is not UTF-8 is replaced rather than ending the launcher. Under a watchdog stderr
     # passes through it too: the workers' stacks arrive there when they hang.
     stdout = subprocess.PIPE if on_line else None
@@ -43,6 +49,8 @@ def run_forwarding(
         passing = threading.Thread(target=_pass_on, args=(proc.stderr, watchdog.stderr_line), daemon=True)
         passing.start()
         watchdog.guard(proc)
+    if stop_by is not None:
+        stop_by.guard(proc)
 
     def forward(signum: int, frame: object) -> None:
         _signals_received.append(signum)
@@ -71,15 +79,22 @@ def _pass_on(stream: TextIO, also: Callable[[str], None]) -> None:
 
 
 def run_torchrun(
-    cmd: list[str], env: dict, on_line: Callable[[str], object] | None = None, watchdog: Watchdog | None = None
+    cmd: list[str],
+    env: dict,
+    on_line: Callable[[str], object] | None = None,
+    watchdog: Watchdog | None = None,
+    stop_by: StopBy | None = None,
 ) -> int:
-    """torchrun as a child, with the scheduler's stop signals passed on, ending with the workers' own exit code, or
-    EXIT_HUNG where the watchdog ended a training that stopped making progress."""
+    """torchrun as a child, with the scheduler's stop signals passed on, ending with the workers' own exit code;
+    EXIT_HUNG where the watchdog ended a training that stopped making progress; EXIT_WINDOW_ENDED where the training
+    stopped cleanly because its reservation ends."""
     with tempfile.TemporaryDirectory(prefix="launch-exit-codes-") as folder:
-        code = run_forwarding(cmd, {**env, EXIT_CODE_DIR: folder}, on_line, watchdog)
+        code = run_forwarding(cmd, {**env, EXIT_CODE_DIR: folder}, on_line, watchdog, stop_by)
         if watchdog is not None and watchdog.hang is not None:
             return EXIT_HUNG
-        return relayed_exit_code(Path(folder), code, stop_requested=bool(_signals_received))
+        asked = stop_by is not None and stop_by.fired
+        code = relayed_exit_code(Path(folder), code, stop_requested=asked or bool(_signals_received))
+        return EXIT_WINDOW_ENDED if asked and code in (0, EXIT_STOPPED) else code
 
 
 def run_on_sagemaker(mode: str, launch: Launch) -> int:
@@ -96,7 +111,7 @@ def run_on_sagemaker(mode: str, launch: Launch) -> int:
     if code == 0:
         stage = mode
         if launch.plan:
-            code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog)
+            code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
         else:
             code = run_forwarding(launch.command, launch.env)
     if code != 0:

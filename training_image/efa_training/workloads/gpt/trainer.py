@@ -73,7 +73,8 @@ class StepMeter:
         self.throughput: list[float] = []  # tokens/s of the steps after the first
         self.loss = float("nan")
 
-    def record(self, step: int, result: StepResult, lr: float) -> None:
+    def record(self, step: int, result: StepResult, lr: float, longest_save: float = 0.0) -> None:
+        """`longest_save`: the longest checkpoint save so far (CheckpointSaveSeconds: the launcher's stop-by margin)."""
         self.loss = result.loss
         self.step_times.append(result.seconds)
         tps = self.tokens_per_step / result.seconds
@@ -84,6 +85,8 @@ class StepMeter:
         if step % self.log_every == 0 or step == self.max_steps or not finite:
             mfu = 100.0 * self.flops_per_token * tps / (self.peak * 1e12 * self.world_size) if self.peak else None
             flagged = {} if finite else {"NonFiniteLoss": 1.0}
+            if longest_save:
+                flagged["CheckpointSaveSeconds"] = longest_save
             extra, properties = self.stragglers.measure() if self.stragglers else ({}, {})
             self.metrics.step(step, result.loss, tps, result.seconds, mfu, properties, LearningRate=lr, **flagged,
                               **extra)  # fmt: skip
@@ -195,7 +198,9 @@ class Trainer:
         stopping = False
         while self.state.step < self.cfg.max_steps and not stopping:
             result = self.train_step()
-            self.meter.record(self.state.step, result, float(self.scheduler.get_last_lr()[0]))
+            self.meter.record(
+                self.state.step, result, float(self.scheduler.get_last_lr()[0]), self.checkpoints.longest_save
+            )
             # After the metrics line (the NonFiniteLoss alarm sees the step), before any save.
             self.guard.check(self.state.step, result.loss, result.grad_norm, self.checkpoints.last_saved)
             stopping = result.stop_requested
