@@ -226,7 +226,11 @@ JOB_VALUES = {
     # The resolved initial model's run id, or NO_INITIAL_MODEL (constructs/pipeline/initial_model.py sets it).
     "init_from": "$.run.init_run",
     "tolerance": _as_string("$.run.tolerance"),
+    # When the training must have stopped and saved: the end of the environment's reservation (ISO-8601 UTC), or
+    # STOP_BY_NONE (constructs/pipeline/reservation_end.py sets it; the launcher reads it: runtime/launch/stop_by.py).
+    "stop_by": "$.run.stop_by",
 }
+STOP_BY_NONE = "none"
 JOB_PARAMETERS = {
     "sanity": ("run_id",),
     "train": (
@@ -242,13 +246,14 @@ JOB_PARAMETERS = {
         "init_from",
         "ps_servers_per_node",
         "staleness",
+        "stop_by",
     ),
     "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
 }
 # A declared workload's jobs (docs/workloads.md): its hyperparameters travel whole, as JSON text, and the image's
 # launcher gives them to the code as HYPERPARAMETERS_FILE; its sanity job is the platform's own.
 WORKLOAD_JOB_VALUES = {
-    **{name: JOB_VALUES[name] for name in ("run_id", "dataset", "baseline", "tolerance")},
+    **{name: JOB_VALUES[name] for name in ("run_id", "dataset", "baseline", "tolerance", "stop_by")},
     "hyperparameters": "States.JsonToString($.run.hyperparameters)",
 }
 # The strictest backend's limit on that text: a SageMaker hyperparameter value holds at most 2,500 characters
@@ -260,7 +265,7 @@ WORKLOAD_HYPERPARAMETERS_RULE = (
 )
 WORKLOAD_JOB_PARAMETERS = {
     "sanity": JOB_PARAMETERS["sanity"],
-    "train": ("run_id", "dataset", "hyperparameters"),
+    "train": ("run_id", "dataset", "hyperparameters", "stop_by"),
     "validate": ("run_id", "dataset", "hyperparameters", "baseline", "tolerance"),
 }
 # Trainium's compile job runs a few steps of the same training

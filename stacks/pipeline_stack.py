@@ -11,6 +11,7 @@ from config import Accelerator, EnvironmentConfig
 from config.layout import DATASET_MANIFEST, DATASETS_PREFIX, MODELS_PREFIX, RUN_RECORD, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import ComputeBackend
+from constructs.pipeline.reservation_end import Reservation
 from constructs.pipeline.training_pipeline import TrainingPipeline
 from contracts.run import phases
 from contracts.workload import schemas
@@ -61,6 +62,7 @@ class PipelineStack(cdk.Stack):
             initial_models=not (config.compute == "sagemaker" and config.sagemaker_data_source == "s3"),
             workloads=schemas(config.declared_workloads),
             capacity_retries=config.capacity_retries,
+            reservation=_reservation(config),
         )
         compute.attach_pipeline(self, pipeline.state_machine)
         for objects, why in BUCKET_OBJECTS:
@@ -80,3 +82,12 @@ class PipelineStack(cdk.Stack):
         cdk.CfnOutput(self, "TrainingRetries", value=str(pipeline.training_retry.max_attempts))
         # The phases a run passes through on this backend: the CLI's progress counts them.
         cdk.CfnOutput(self, "Phases", value=",".join(phases(runner.sanity_in_training, compiles_ahead)))
+
+
+def _reservation(config: EnvironmentConfig) -> Reservation | None:
+    """The reservation whose end the pipeline reads as a run starts: a Capacity Block, an On-Demand reservation by
+    id, or a training plan (a reservation group has no one end)."""
+    found = config.reservation
+    if found is None or (found.id is None and found.training_plan is None):
+        return None
+    return Reservation(capacity_reservation_id=found.id, training_plan_arn=found.training_plan)

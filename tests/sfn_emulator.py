@@ -168,6 +168,16 @@ class _ClientProxy:
         method = getattr(self._client, name)
         service = self._client.meta.service_model.service_name
         fault = self._recorder.next_fault(f"{service}.{name}")
+        answer = self._recorder.answers.get(f"{service}.{name}")
+        if fault is None and answer is not None:  # an operation moto lacks: the request checked, a recorded answer
+
+            def answered(**request):
+                operation = self._client.meta.method_to_api_mapping[name]
+                shape = self._client.meta.service_model.operation_model(operation).input_shape
+                self._recorder.check_request(service, operation, _to_boto(request, shape) if shape else request)
+                return _json_safe(answer)
+
+            return answered
         if fault is not None:
             # "after:Code": the call takes effect, then its answer is lost (the caller sees Code and may retry).
             code, lost_reply = (fault[len("after:") :], True) if fault.startswith("after:") else (fault, False)
@@ -262,6 +272,9 @@ class Emulator:
     held: dict[str, threading.Event] = field(default_factory=dict)
     alerts: str = ""  # the URL of an SQS queue subscribed to the alerts topic (subscribe_queue)
     refused_requests: list[str] = field(default_factory=list)  # what the services would refuse, one problem a line
+    # "service.operation" -> the answer of an operation moto does not emulate (EC2 DescribeCapacityReservations,
+    # SageMaker DescribeTrainingPlan), in the shape of botocore's model
+    answers: dict[str, dict] = field(default_factory=dict)
 
     def _raw(self, service: str):
         """A plain moto client of `service` (the calls a lost reply lets through)."""
@@ -372,6 +385,7 @@ class Emulator:
         """Forget the previous execution's plan and records (the emulated resources stay)."""
         self.outcomes, self.verdict = {}, None
         self.faults.clear()
+        self.answers.clear()
         self.faulted.clear()
         self.refused_requests.clear()
         self.forget_executions()

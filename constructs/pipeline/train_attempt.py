@@ -18,12 +18,14 @@ launch.py writes `contracts.run.FAILURE_REASON_MARKER` and the code.
 import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
-from contracts.run import FAILURE_REASON_MARKER, REFUSED_EXIT_CODES
+from contracts.run import FAILURE_REASON_MARKER, REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE
 
 ATTEMPT_FAILED = "TrainingAttemptFailed"
 REFUSED = "TrainingRefused"
 # No instances to start the job on: waited for like a job waiting in a queue, not counted as a failed attempt.
 NO_CAPACITY = "TrainingCapacityUnavailable"
+# The training stopped itself, after a checkpoint, before its reservation ends (exit 7): resumable, not retried.
+WINDOW_ENDED = "TrainingWindowEnded"
 # SageMaker's FailureReason when it could not provision the instances (the SageMaker Python SDK raises its
 # CapacityError when a failed job's reason contains "CapacityError"; SageMaker Pipelines' retry policies name the
 # failure type SageMaker.CAPACITY_ERROR: "Configuring retry policies").
@@ -86,6 +88,15 @@ def classified_training(
             ),
             text,
         )
+    window_ended = sfn.Fail(scope, f"{id_}WindowEnded", error=WINDOW_ENDED, cause_path="$.caught.Cause")
+    by_exit_code.when(
+        sfn.Condition.and_(
+            sfn.Condition.is_present(code),
+            sfn.Condition.is_numeric(code),
+            sfn.Condition.number_equals(code, WINDOW_ENDED_EXIT_CODE),
+        ),
+        window_ended,
+    )
     by_exit_code.otherwise(attempt_failed)
     text.next(refused)
     reason = "$.job.FailureReason"
@@ -101,6 +112,9 @@ def classified_training(
         )
     no_capacity = sfn.Fail(scope, f"{id_}NoCapacity", error=NO_CAPACITY, cause_path="$.caught.Cause")
     by_reason.when(sfn.Condition.string_matches(reason, CAPACITY_REASON), no_capacity)
+    by_reason.when(
+        sfn.Condition.string_matches(reason, f"*{FAILURE_REASON_MARKER}{WINDOW_ENDED_EXIT_CODE}:*"), window_ended
+    )
     by_reason.otherwise(attempt_failed)
     # A job cancelled while it waited for capacity ended for want of instances, whatever an earlier attempt did.
     status_reason = "$.job.StatusReason"

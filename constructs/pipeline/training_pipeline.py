@@ -24,14 +24,16 @@ from constructs.pipeline.dataset_check import dataset_check
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.initial_model import InitialModel
 from constructs.pipeline.input_checks import INVALID, input_validation
+from constructs.pipeline.reservation_end import Reservation, reservation_end
 from constructs.pipeline.run_claim import RunClaim
-from constructs.pipeline.train_attempt import ATTEMPT_FAILED, NO_CAPACITY, classified_training
+from constructs.pipeline.train_attempt import ATTEMPT_FAILED, NO_CAPACITY, WINDOW_ENDED, classified_training
 from constructs.pipeline.verdict import VerdictBranch
 from contracts.run import (
     CAPACITY_RETRY_MINUTES,
     JOB_PARAMETERS,
     JOB_VALUES,
     QUEUE_WAIT_MINUTES,
+    STOP_BY_NONE,
     WORKLOAD_JOB_PARAMETERS,
     WORKLOAD_JOB_VALUES,
     WorkloadSchemas,
@@ -56,6 +58,8 @@ class TrainingRetry:
 SANITY_RETRIES = 1  # one more submission (fresh placement) after a failed sanity check
 # The run's error when no capacity came within the environment's capacity_wait_hours: not a failure of the run.
 CAPACITY_UNAVAILABLE = "CapacityUnavailable"
+# The run's error when its training stopped, after a checkpoint, because the reservation ends: resumable.
+RESERVATION_ENDED = "ReservationEnded"
 COMPILE_RETRIES = 1  # one more compile job after a failed one that did not refuse the run (exit 2/4/5)
 
 
@@ -80,8 +84,10 @@ class TrainingPipeline(Construct):
         initial_models: bool = True,
         workloads: WorkloadSchemas | None = None,
         capacity_retries: int = QUEUE_WAIT_MINUTES // CAPACITY_RETRY_MINUTES,
+        reservation: Reservation | None = None,
     ) -> None:
-        """`capacity_retries`: how many times a stage asks again for capacity that was not there, every
+        """`reservation`: the environment's reservation with an end, read as a run starts (reservation_end.py).
+        `capacity_retries`: how many times a stage asks again for capacity that was not there, every
         CAPACITY_RETRY_MINUTES (contracts.run.capacity_retries), before the run ends as CapacityUnavailable.
         `compiles_ahead`: Trainium compiles every graph before it trains, in a Compile state of its own.
         `initial_models`: whether runs may start from an approved model (`init_from`; initial_model.py).
@@ -91,6 +97,7 @@ class TrainingPipeline(Construct):
         self.training_retry = training_retry or TrainingRetry()
         self._runner, self._train_attempt_hours = runner, train_attempt_hours
         self._compiles_ahead, self._capacity_retries = compiles_ahead, capacity_retries
+        self._reservation = reservation
         stack = cdk.Stack.of(self)
         # A fixed name, so that the role may describe this state machine's executions (the holder of a run
         # being resumed) without naming the state machine itself, which would be a circular reference.
@@ -157,7 +164,12 @@ class TrainingPipeline(Construct):
         dataset_start, dataset_ready = dataset_check(self, bucket=bucket, failures=self._failures)
         self._exclusive(validated, then=dataset_start)
         dataset_ready.next(initial.start)
-        initial.chosen.next(claim.start)
+        if reservation is None:
+            initial.chosen.next(claim.start)
+        else:  # the reservation's end, before the claim: a window too short refuses the run with nothing spent
+            window, read = reservation_end(self, reservation, self._failures)
+            initial.chosen.next(window)
+            read.next(claim.start)
         prepared = self._sized(
             claim.claimed.next(self._prepare(bucket.bucket_name)), "ForTraining", {TRAINING: "$.run.nodes"}
         )
@@ -231,13 +243,17 @@ class TrainingPipeline(Construct):
         def run_key(prefix: str, key: str) -> str:
             return f"States.Format('{prefix}{{}}/{key}', $.run.run_id)"
 
+        job = {f"{name}.$": path for name, path in job_values.items()}
+        if self._reservation is None and "stop_by" in job_values:  # nothing reads an end: the job gets none
+            del job["stop_by.$"]
+            job["stop_by"] = STOP_BY_NONE
         return sfn.Pass(
             self,
             id_,
             parameters={
                 "run.$": "$.run",
                 # Job parameters are strings (Batch job Parameters, launcher flags on EKS).
-                "job": {f"{name}.$": path for name, path in job_values.items()},
+                "job": job,
                 "paths": {
                     "verdict_key.$": run_key(RUNS_PREFIX, "verdict.json"),
                     "verdict_source.$": run_key(f"{bucket_name}/{RUNS_PREFIX}", "verdict.json"),
@@ -319,8 +335,10 @@ class TrainingPipeline(Construct):
         )
 
     def _catch_classified(self, state: sfn.Parallel, name: str, error: str) -> None:
-        """No capacity after every retry ends the run as CapacityUnavailable; anything else as `error`."""
+        """No capacity after every retry ends the run as CapacityUnavailable; a training that stopped for its
+        reservation's end as ReservationEnded (resumable, not retried); anything else as `error`."""
         self._failures.catch(state, name, CAPACITY_UNAVAILABLE, errors=[NO_CAPACITY], record_id=f"{name}NoCapacity")
+        self._failures.catch(state, name, RESERVATION_ENDED, errors=[WINDOW_ENDED], record_id=f"{name}WindowEnded")
         self._failures.catch(state, name, error)
 
     def _compile(self) -> sfn.Parallel:
@@ -414,7 +432,8 @@ class TrainingPipeline(Construct):
             "AwsSolutions-IAM5[Resource::*]",
             "X-Ray (PutTraceSegments, PutTelemetryRecords, GetSampling*) and CloudWatch Logs delivery "
             "(logs:CreateLogDelivery ...) allow no resource-level permissions; nor do the job runners' "
-            "status polling (batch:DescribeJobs) and the SageMaker integration's sagemaker:ListTags",
+            "status polling (batch:DescribeJobs), the SageMaker integration's sagemaker:ListTags, and reading a "
+            "capacity reservation's end (ec2:DescribeCapacityReservations)",
         )
         stack = cdk.Stack.of(self)
 

@@ -107,6 +107,6 @@ def test_a_workloads_batch_jobs_run_its_image_with_its_declaration_and_flags():
         environment = {e["Name"]: e["Value"] for e in container["Environment"]}
         assert json.loads(environment["WORKLOAD"])["name"] == "ddp" and container["Image"] == ECR_URI
         assert container["Command"][container["Command"].index("--hyperparameters") + 1] == "Ref::hyperparameters"
-    assert set(train["Parameters"]) == {"run_id", "dataset", "hyperparameters", "nodes"}
+    assert set(train["Parameters"]) == {"run_id", "dataset", "hyperparameters", "stop_by", "nodes"}
     assert {"baseline", "tolerance"} <= set(validate["Parameters"])
     assert "--verdict-prefix" in _container(validate)["Command"]

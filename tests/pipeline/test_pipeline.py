@@ -32,6 +32,7 @@ def test_happy_path_records_the_approved_model(emulator):
         "init_from": "none",  # no init_from: from scratch
         "ps_servers_per_node": "1",  # the parameter-server settings' defaults (unused by ddp)
         "staleness": "4",
+        "stop_by": "none",  # the dev environment has no reservation with an end
         "nodes": "2",
     }
     assert float(train["parameters"]["lr"]) == 0.0006

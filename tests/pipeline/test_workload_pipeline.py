@@ -57,7 +57,7 @@ def test_a_declared_workload_trains_on_its_own_job_definitions_and_is_approved(e
     assert validate["jobDefinition"] == "efa-training-dev-torch-ddp-validate"
     # The hyperparameters travel whole, defaults merged, as the JSON the launcher writes to HYPERPARAMETERS_FILE.
     assert json.loads(train["parameters"]["hyperparameters"]) == {"lr": 0.1, "max_steps": 50, "checkpoint_every": 20}
-    assert set(train["parameters"]) == {"run_id", "dataset", "hyperparameters", "nodes"}
+    assert set(train["parameters"]) == {"run_id", "dataset", "hyperparameters", "stop_by", "nodes"}
     assert validate["parameters"]["baseline"] == "0.02" and validate["parameters"]["tolerance"] == "0.001"
     assert approval(emulator)["verdict"]["metric"] == "eval_loss"
 

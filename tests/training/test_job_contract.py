@@ -7,12 +7,14 @@ values a pipeline run sends, and parsed by train.py, validate.py and sanity_chec
 import argparse
 import json
 import re
+from datetime import UTC, datetime
 
 import pytest
 
 from config.layout import RUNS_PREFIX
 from efa_training import train, validate
 from efa_training.runtime import run_paths, storage
+from efa_training.runtime.launch.stop_by import pop_stop_by
 from efa_training.runtime.sanity import cli as sanity_check
 
 RUN = {
@@ -31,6 +33,7 @@ RUN = {
     "init_from": "run-6",  # the resolved initial model (the pipeline's $.run.init_run)
     "ps_servers_per_node": "2",
     "staleness": "3",
+    "stop_by": "2026-12-03T11:30:00Z",  # the reservation's end (the pipeline's $.run.stop_by)
 }
 PARSERS = {"sanity": sanity_check.parse_args, "train": train.parse_args, "validate": validate.parse_args}
 DATA_BUCKET = "data-bucket"
@@ -111,7 +114,10 @@ def commands(request, synth, monkeypatch):
     synthesized = synth(compute=request.param)
     found = _batch_commands(synthesized) if request.param == "batch" else _eks_commands(synthesized, monkeypatch)
     assert set(found) == set(PARSERS)
-    return {mode: PARSERS[mode](argv) for mode, argv in found.items()}
+    # launch.py takes its own --stop-by before the script parses the rest (runtime/launch/stop_by.py).
+    launcher = {mode: pop_stop_by(argv) for mode, argv in found.items()}
+    parsed = {mode: PARSERS[mode](argv) for mode, (argv, _) in launcher.items()}
+    return {**parsed, "stop_by": launcher["train"][1]}
 
 
 def test_training_reads_the_runs_dataset_and_checkpoints_from_fsx(commands):
@@ -119,6 +125,11 @@ def test_training_reads_the_runs_dataset_and_checkpoints_from_fsx(commands):
     args = commands["train"]
     assert run_paths.data_dir(args) == "/fsx/datasets/wikitext"
     assert run_paths.checkpoint_dir(args, "--checkpoint-dir") == "/fsx/checkpoints/run-7"
+
+
+def test_training_stops_before_the_runs_reservation_ends(commands):
+    # The end the pipeline read reaches the launcher of the train job, which stops and saves before it.
+    assert commands["stop_by"] == datetime(2026, 12, 3, 11, 30, tzinfo=UTC).timestamp()
 
 
 def test_training_gets_the_runs_hyperparameters(commands):

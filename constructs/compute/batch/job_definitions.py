@@ -26,7 +26,7 @@ from constructs.compute.backend import MULTI_NODE_JOBS
 from constructs.compute.batch.workload_jobs import workload_job_specs
 from constructs.nag import acknowledge
 from contracts.job_environment import job_environment, shared_memory_gib
-from contracts.run import NO_INITIAL_MODEL, stages
+from contracts.run import NO_INITIAL_MODEL, STOP_BY_NONE, stages
 from contracts.run import defaults as run_defaults
 from contracts.workload import Workload
 
@@ -129,12 +129,15 @@ def job_specs(
                 "Ref::ps_servers_per_node",
                 "--staleness",
                 "Ref::staleness",
+                "--stop-by",
+                "Ref::stop_by",
             ),
             defaults={
                 **common,
                 "dataset": "sample",
                 **{k: str(v) for k, v in hyper.items()},
                 "init_from": NO_INITIAL_MODEL,
+                "stop_by": STOP_BY_NONE,
             },
             **limits("train"),
         ),

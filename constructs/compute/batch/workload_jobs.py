@@ -23,7 +23,11 @@ def workload_job_specs(platform: Mapping[str, "JobSpec"]) -> dict[str, "JobSpec"
     verdicts = validate.flags[validate.flags.index("--verdict-prefix") :][:2]
     return {
         # `nodes` comes with every multi-node submission (BatchJobRunner), so it has its default here too.
-        "train": replace(train, flags=common, defaults={**defaults, "nodes": train.defaults["nodes"]}),
+        "train": replace(
+            train,
+            flags=(*common, "--stop-by", "Ref::stop_by"),
+            defaults={**defaults, "nodes": train.defaults["nodes"], "stop_by": train.defaults["stop_by"]},
+        ),
         "validate": replace(
             validate,
             flags=(*common, *gate, *verdicts),

@@ -34,6 +34,7 @@ SAGEMAKER_HYPERPARAMETERS = {
         "init_from",
         "ps_servers_per_node",
         "staleness",
+        "stop_by",
         "expected_nodes",
     ),
     "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
@@ -43,7 +44,7 @@ CHANNEL_HYPERPARAMETERS = ("dataset",)  # on SageMaker the `training` input chan
 # A declared workload's jobs (contracts/run.py WORKLOAD_JOB_PARAMETERS, plus train's expected_nodes): its
 # hyperparameters arrive whole, as JSON text, for user_workload.prepare_run.
 WORKLOAD_HYPERPARAMETERS = {
-    "train": ("run_id", "dataset", "hyperparameters", "expected_nodes"),
+    "train": ("run_id", "dataset", "hyperparameters", "stop_by", "expected_nodes"),
     "validate": ("run_id", "dataset", "hyperparameters", "baseline", "tolerance"),
 }
 

@@ -1,0 +1,76 @@
+"""A run inside a Capacity Block, executed in moto (tests/sfn_emulator.py): the pipeline reads the block's end as the
+run starts, refuses a run the window is too short for, hands the end to the train job as `stop_by`, and ends a
+training that stopped for the window as ReservationEnded without a retry (constructs/pipeline/reservation_end.py)."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.pipeline.runs import ACCEPTED, RUN, cleared, emulated_account, messages
+from tests.synthesis import CAPACITY_BLOCK
+
+BLOCK = "cr-0123456789abcdef0"
+
+
+@pytest.fixture(scope="module")
+def world(synth):
+    with emulated_account(synth(compute="batch", **CAPACITY_BLOCK)) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def emulator(world):
+    return cleared(world)
+
+
+def _block(ends: datetime | None) -> dict:
+    """DescribeCapacityReservations' answer for the block (EC2 API reference, CapacityReservation)."""
+    found = {"CapacityReservationId": BLOCK, "InstanceType": "g5.12xlarge", "AvailabilityZone": "us-east-1a",
+             "TotalInstanceCount": 64, "State": "active", "ReservationType": "capacity-block"}  # fmt: skip
+    return {"CapacityReservations": [{**found, **({"EndDate": ends} if ends else {})}]}
+
+
+def test_the_train_job_stops_by_the_blocks_end(emulator):
+    ends = datetime.now(UTC).replace(microsecond=0) + timedelta(days=2)
+    emulator.answers["ec2.describe_capacity_reservations"] = _block(ends)
+    emulator.verdict = ACCEPTED
+    result = emulator.run(RUN)
+    assert result["status"] == "SUCCEEDED", result
+    train = emulator.submitted[1]
+    assert datetime.fromisoformat(train["parameters"]["stop_by"]) == ends
+    assert emulator.refused_requests == []  # the DescribeCapacityReservations request, by botocore's model
+
+
+def test_a_reservation_without_an_end_gives_the_job_none(emulator):
+    emulator.answers["ec2.describe_capacity_reservations"] = _block(None)
+    emulator.verdict = ACCEPTED
+    assert emulator.run(RUN)["status"] == "SUCCEEDED"
+    assert emulator.submitted[1]["parameters"]["stop_by"] == "none"
+
+
+def test_a_window_too_short_for_one_checkpoint_is_refused_before_any_claim_or_job(emulator):
+    emulator.answers["ec2.describe_capacity_reservations"] = _block(datetime.now(UTC) + timedelta(minutes=10))
+    result = emulator.run(RUN)
+    assert result["status"] == "FAILED" and result.get("error") == "ReservationEndsTooSoon"
+    assert emulator.submitted == []
+    (alert,) = messages(emulator)
+    assert "too soon for one checkpoint (at least 30 minutes" in alert["cause"]
+    assert emulator.s3.list_objects_v2(Bucket=emulator.bucket, Prefix="runs/").get("KeyCount", 0) == 0
+
+
+def test_a_training_stopped_for_the_windows_end_is_resumable_and_not_retried(emulator):
+    # Exit 7 (runtime/launch/stop_by.py): saved, stopped; booting the nodes again would only meet the same end.
+    emulator.answers["ec2.describe_capacity_reservations"] = _block(datetime.now(UTC) + timedelta(days=1))
+    emulator.outcomes = {"train": [7]}
+    result = emulator.run(RUN)
+    assert result["status"] == "FAILED" and result.get("error") == "ReservationEnded"
+    assert emulator.submitted_kinds() == ["sanity", "train"] and emulator.retry_sleeps == []
+    (alert,) = messages(emulator)
+    assert alert["detail"] == "TrainingWindowEnded" and alert["state"] == "Train"
+
+
+def test_a_reservation_the_pipeline_cannot_read_refuses_the_run(emulator):
+    emulator.faults["ec2.describe_capacity_reservations"] = ["InvalidCapacityReservationId.NotFound"]
+    result = emulator.run(RUN)
+    assert result["status"] == "FAILED" and result.get("error") == "ReservationUnreadable"
+    assert emulator.submitted == []
