@@ -144,7 +144,8 @@ def test_live_prices_come_from_price_list_and_spot_history():
 
 
 def test_price_list_filters_name_the_instance_and_region():
-    # GetProducts asks for the environment's instance type in its region, Linux, shared tenancy.
+    # GetProducts asks for the environment's instance type in its region, Linux, shared tenancy, on demand (not the
+    # same type's Capacity Block or Spot product, which share every other attribute).
     config = _config(env="prod")
     pricing, stub = _stubbed("pricing", "us-east-1")
     stub.add_response(
@@ -162,6 +163,7 @@ def test_price_list_filters_name_the_instance_and_region():
                     ("tenancy", "Shared"),
                     ("preInstalledSw", "NA"),
                     ("capacitystatus", "Used"),
+                    ("marketoption", "OnDemand"),
                 )
             ],
         },
@@ -290,6 +292,10 @@ def test_an_estimated_sagemaker_price_says_it_is_one():
     e = cost_report.estimate(_config(env="dev", compute="sagemaker", instance_type="trn1.32xlarge"), 1, None)
     assert e.on_demand.usd_per_hour == pytest.approx(CATALOGUE["trn1.32xlarge"].on_demand_usd_per_hour * 1.15)
     assert e.on_demand.source.startswith("estimate:")
+    # An estimate is never printed to the cent: two significant figures, marked ~ (a recorded price keeps its cents).
+    shown = cost_report.render(e)
+    assert f"~${float(f'{e.on_demand.usd_per_hour:.2g}'):,.0f}/h" in shown
+    assert not re.search(r"\$[0-9,]+\.[0-9]{2}\b.*\[estimate", shown)
 
 
 def test_a_type_with_no_on_demand_price_is_priced_na_with_the_reason():

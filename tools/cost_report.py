@@ -54,6 +54,11 @@ class Price:
     usd_per_hour: float | None
     source: str  # where the number came from, or why there is none
 
+    @property
+    def estimated(self) -> bool:
+        """Derived, not read from a price list or the market: printed rounded, with a ~, never to the cent."""
+        return self.source.startswith("estimate") or SPOT_BEST_CASE in self.source or "an estimate" in self.source
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -100,7 +105,9 @@ def has_credentials(session) -> bool:
 
 
 def live_on_demand(pricing_client, config: EnvironmentConfig) -> float | None:
-    """Linux, shared-tenancy on-demand price of the instance type in the environment's region."""
+    """Linux, shared-tenancy on-demand price of the instance type in the environment's region. `marketoption`
+    OnDemand: the same type's Capacity Block and Spot products share every other attribute, and a Capacity Block's
+    hourly rate is not the on-demand price."""
     filters = {
         "instanceType": config.instance_type,
         "regionCode": config.region,
@@ -108,6 +115,7 @@ def live_on_demand(pricing_client, config: EnvironmentConfig) -> float | None:
         "tenancy": "Shared",
         "preInstalledSw": "NA",
         "capacitystatus": "Used",
+        "marketoption": "OnDemand",
     }
     response = pricing_client.get_products(
         ServiceCode="AmazonEC2",
@@ -260,15 +268,19 @@ def render(e: Estimate) -> str:
         f"{c.name} ({c.region}): {c.compute}, {c.nodes} x "
         f"{c.instance.sagemaker_instance_type if c.compute == 'sagemaker' else c.instance_type}, "
         f"FSx {c.fsx_deployment_type}{fsx_tier} {c.fsx_storage_gib} GiB, budget ${c.budget_monthly_usd:,.2f}/month",
-        f"  cluster on-demand : {c.nodes} x ${e.on_demand.usd_per_hour:,.4f}/h = ${e.cluster_usd_per_hour:,.2f}/h"
-        f"   [{e.on_demand.source}]"
+        f"  cluster on-demand : {c.nodes} x {_per_hour(e.on_demand)}/h = "
+        f"{_money(e.cluster_usd_per_hour, e.on_demand.estimated)}/h   [{e.on_demand.source}]"
         if e.on_demand.usd_per_hour is not None and e.cluster_usd_per_hour is not None
         else f"  cluster on-demand : {e.on_demand.source}",
         f"  FSx               : {c.fsx_storage_gib} GB x ${e.fsx_usd_per_gb_month:.3f}/GB-month = "
         f"${e.fsx_usd_per_month:,.2f}/month (${e.fsx_usd_per_hour:,.4f}/h)"
         + ("" if c.region == CATALOGUE_REGION else f"   [{listed_in(c, 'config/pricing.py')}]"),
         f"  {f'run of {e.hours:g} h':<18}: on-demand "
-        + _usd(e.run_usd(e.on_demand.usd_per_hour), f"n/a; the file system alone ${e.hours * e.fsx_usd_per_hour:,.2f}"),
+        + _usd(
+            e.run_usd(e.on_demand.usd_per_hour),
+            f"n/a; the file system alone ${e.hours * e.fsx_usd_per_hour:,.2f}",
+            e.on_demand.estimated,
+        ),
     ]
     spot_run = e.spot_run_usd
     if e.spot.usd_per_hour is None or spot_run is None:
@@ -276,14 +288,27 @@ def render(e: Estimate) -> str:
     else:
         bound = "at least " if SPOT_BEST_CASE in e.spot.source else ""
         lines.append(
-            f"                      Spot {bound}${spot_run:,.2f} ({c.nodes} x ${e.spot.usd_per_hour:,.4f}/h)"
-            f"   [{e.spot.source}]"
+            f"                      Spot {bound}{_money(spot_run, e.spot.estimated)} ({c.nodes} x "
+            f"{_per_hour(e.spot)}/h)   [{e.spot.source}]"
         )
     return "\n".join(lines)
 
 
-def _usd(value: float | None, otherwise: str) -> str:
-    return otherwise if value is None else f"${value:,.2f}"
+def _usd(value: float | None, otherwise: str, estimated: bool = False) -> str:
+    return otherwise if value is None else _money(value, estimated)
+
+
+def _money(value: float, estimated: bool) -> str:
+    """A price as read to the cent; an estimate to two significant figures, marked ~."""
+    if not estimated:
+        return f"${value:,.2f}"
+    rounded = float(f"{value:.2g}")
+    return f"~${rounded:,.0f}" if rounded >= 10 else f"~${rounded:g}"
+
+
+def _per_hour(price: Price) -> str:
+    assert price.usd_per_hour is not None
+    return _money(price.usd_per_hour, True) if price.estimated else f"${price.usd_per_hour:,.4f}"
 
 
 def _context(overrides: list[str]) -> dict:
