@@ -71,12 +71,13 @@ def test_a_new_training_image_redeploys_every_stack_that_runs_it(synth, backend)
 def test_adding_an_on_demand_reservation_replaces_nothing_that_runs(synth, backend):
     # A new launch-template version (its target), and the compute environment or node group updated in place: the
     # zone is availability_zone's before and after (config/capacity.py), so neither subnet nor file system moves.
+    # The pipeline's state machine is updated too: it now reads the reservation's end as a run starts.
     reservation = '{"kind": "on_demand", "id": "cr-0123456789abcdef0", "zone": "us-east-1a", "instances": 2}'
     before = synth(compute=backend, availability_zone="us-east-1a")
     after = synth(compute=backend, availability_zone="us-east-1a", capacity_reservation=reservation)
     change = redeploy(before.templates, after.templates, before.config.region)
     _assert_safe(change, after.templates)
-    assert {name.rsplit("-", 1)[1] for name in change.deployed} == {backend.capitalize()}
+    assert {name.rsplit("-", 1)[1] for name in change.deployed} == {backend.capitalize(), "Pipeline"}
 
 
 def test_a_new_image_tag_replaces_nothing_and_leaves_nothing_stale(synth):

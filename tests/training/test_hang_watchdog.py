@@ -248,7 +248,7 @@ def test_on_sagemaker_the_training_gets_the_metrics_reader_and_the_watchdog(tmp_
     watchdog = Watchdog(60.0)
     launch = command.Launch(["torchrun"], plan, {}, ml_root=tmp_path, on_line=print, watchdog=watchdog)
     assert process.run_on_sagemaker("train", launch) == 0
-    assert calls == [(["torchrun"], {}, print, watchdog)]
+    assert calls == [(["torchrun"], {}, print, watchdog, None)]  # no stop-by: no reservation's end
 
 
 # Whatever fails while the stacks are taken, torchrun is resumed and ended: a paused or running torchrun would hold the
