@@ -78,25 +78,17 @@ def classified_training(
         f"{id_}ExitText",
         parameters={"caught.$": "$.caught", "exit": {"code_text.$": f"States.Format('{{}}', {code})"}},
     )
+
+    def exited_with(exit_code: int) -> sfn.Condition:
+        return sfn.Condition.and_(
+            sfn.Condition.is_present(code), sfn.Condition.is_numeric(code), sfn.Condition.number_equals(code, exit_code)
+        )
+
     by_exit_code = sfn.Choice(scope, f"{id_}IsRunRefused")
     for exit_code in sorted(REFUSED_EXIT_CODES):
-        by_exit_code.when(
-            sfn.Condition.and_(
-                sfn.Condition.is_present(code),
-                sfn.Condition.is_numeric(code),
-                sfn.Condition.number_equals(code, exit_code),
-            ),
-            text,
-        )
+        by_exit_code.when(exited_with(exit_code), text)
     window_ended = sfn.Fail(scope, f"{id_}WindowEnded", error=WINDOW_ENDED, cause_path="$.caught.Cause")
-    by_exit_code.when(
-        sfn.Condition.and_(
-            sfn.Condition.is_present(code),
-            sfn.Condition.is_numeric(code),
-            sfn.Condition.number_equals(code, WINDOW_ENDED_EXIT_CODE),
-        ),
-        window_ended,
-    )
+    by_exit_code.when(exited_with(WINDOW_ENDED_EXIT_CODE), window_ended)
     by_exit_code.otherwise(attempt_failed)
     text.next(refused)
     reason = "$.job.FailureReason"
