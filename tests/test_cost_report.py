@@ -181,6 +181,21 @@ def test_cli_prints_every_environment_with_price_sources(capsys):
     assert "catalogue:" in out and "run of 5 h" in out and "Standing cost:" in out
 
 
+def test_a_runs_sanity_and_validation_jobs_are_priced_as_estimates():
+    # Batch: a sanity job on the run's nodes and a validation job on one small node, at assumed durations, printed
+    # as estimates; SageMaker: the sanity check is inside the training job (its hours), validation its own job.
+    config = _config(env="prod")
+    e = cost_report.estimate(config, 1, None)
+    jobs = e.other_jobs_usd()
+    node, single = config.instance.on_demand_usd_per_hour, config.single_node_instance.on_demand_usd_per_hour
+    assert jobs["sanity"] == pytest.approx(cost_report.SANITY_MINUTES / 60 * config.nodes * node)
+    assert jobs["validation"] == pytest.approx(cost_report.VALIDATION_MINUTES / 60 * single)
+    assert "10 min on the run's nodes), validation ~$" in cost_report.render(e)
+    sagemaker = cost_report.estimate(_config(env="prod", compute="sagemaker"), 1, None)
+    assert set(sagemaker.other_jobs_usd()) == {"validation"}
+    assert "the sanity check runs inside the training job" in cost_report.render(sagemaker)
+
+
 def test_cli_rejects_an_unknown_override(capsys):
     # A bad -c field exits 2 with the config's one-line message, not a traceback.
     assert cost_report.main(["--offline", "-c", "colour=blue"], templates=shared_templates) == 2
@@ -250,7 +265,7 @@ def test_sagemaker_spot_offline_is_awss_stated_best_case_and_says_so():
     assert e.on_demand.usd_per_hour is not None
     assert e.spot.usd_per_hour == pytest.approx(0.1 * e.on_demand.usd_per_hour)
     text = cost_report.render(e)
-    assert "Spot at least $" in text
+    assert "Spot at least ~$" in text  # a best case is an estimate: ~, never to the cent
     assert "[best case, up to 90% off: AWS's maximum saving, not a typical price (SageMaker developer guide" in text
 
 

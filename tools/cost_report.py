@@ -57,7 +57,14 @@ class Price:
     @property
     def estimated(self) -> bool:
         """Derived, not read from a price list or the market: printed rounded, with a ~, never to the cent."""
-        return self.source.startswith("estimate") or SPOT_BEST_CASE in self.source or "an estimate" in self.source
+        return "estimate:" in self.source or SPOT_BEST_CASE in self.source or "an estimate" in self.source
+
+
+# What a run spends besides its training, at assumed durations (the report says they are): the sanity check on the
+# run's nodes (a separate job on Batch and EKS; inside the training job on SageMaker, so in its hours), and the
+# validation job on one node of the catalogue's validation type.
+SANITY_MINUTES = 10
+VALIDATION_MINUTES = 30
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,18 @@ class Estimate:
     @property
     def fsx_usd_per_hour(self) -> float:
         return self.fsx_usd_per_month / HOURS_PER_MONTH
+
+    def other_jobs_usd(self) -> dict[str, float]:
+        """The run's sanity and validation jobs at the assumed durations (each left out where it has no price)."""
+        c, jobs = self.config, {}
+        node = self.on_demand.usd_per_hour
+        if c.compute != "sagemaker" and node is not None:
+            jobs["sanity"] = SANITY_MINUTES / 60 * c.nodes * node
+        single = c.single_node_instance
+        price = single.sagemaker_usd_per_hour if c.compute == "sagemaker" else single.on_demand_usd_per_hour
+        if price is not None:
+            jobs["validation"] = VALIDATION_MINUTES / 60 * price
+        return jobs
 
     def run_usd(self, node_usd_per_hour: float | None) -> float | None:
         """Compute for the run's hours plus the file system's share of those hours (None without a node price)."""
@@ -282,6 +301,7 @@ def render(e: Estimate) -> str:
             e.on_demand.estimated,
         ),
     ]
+    lines.append(_other_jobs_line(e))
     spot_run = e.spot_run_usd
     if e.spot.usd_per_hour is None or spot_run is None:
         lines.append(f"                      Spot {e.spot.source}")
@@ -292,6 +312,21 @@ def render(e: Estimate) -> str:
             f"{_per_hour(e.spot)}/h)   [{e.spot.source}]"
         )
     return "\n".join(lines)
+
+
+def _other_jobs_line(e: Estimate) -> str:
+    """The run's sanity and validation jobs: estimates (assumed durations), on demand."""
+    jobs = e.other_jobs_usd()
+    single = e.config.single_node_instance.name
+    parts = [
+        f"sanity {_money(jobs['sanity'], True)} ({SANITY_MINUTES} min on the run's nodes)" if "sanity" in jobs else "",
+        f"validation {_money(jobs['validation'], True)} ({VALIDATION_MINUTES} min on 1 x {single})"
+        if "validation" in jobs
+        else "",
+    ]
+    inside = "; the sanity check runs inside the training job" if e.config.compute == "sagemaker" else ""
+    shown = ", ".join(p for p in parts if p) or "n/a (no price for their types)"
+    return f"  the run's jobs    : {shown}, on demand, at assumed durations{inside}"
 
 
 def _usd(value: float | None, otherwise: str, estimated: bool = False) -> str:
