@@ -142,6 +142,7 @@ def test_the_dry_run_prints_the_plan_without_docker_credentials_or_aws(nothing_o
         "credentials": "would call STS GetCallerIdentity; any account",
         "bootstrap": f"would read the CDKToolkit stack's BootstrapVersion in us-east-1 (needs >= {required})",
         "EKS versions": "not checked (compute=batch)",
+        "capacity reservation": "none declared",
         "run in flight": "would compare EfaTraining-dev-Network, EfaTraining-dev-Storage, EfaTraining-dev-Batch",
         "alert subscriptions": "after the deploy, would list EfaTraining-dev-Alerts's topic subscriptions",
     }
@@ -165,6 +166,17 @@ def test_the_plan_names_each_backends_checks_and_what_a_pushed_image_skips():
     assert any(line.startswith("EKS versions: unless EfaTraining-dev-Eks exists") for line in lines)
     assert "run in flight: not checked (--allow-running)" in lines
     assert deploy_plan._image_lines(config, [])[0].startswith("images: none built (image_tag=v1")
+
+
+def test_the_plan_names_the_reservation_check():
+    # `make deploy` reads the declared reservation before it changes anything (tools/preflight.py check_reservation).
+    block = '{"kind": "capacity_block", "id": "cr-0123456789abcdef0", "zone": "us-east-1a", "instances": 2}'
+    context = ["-c", f"capacity_reservation={block}", "-c", "availability_zone=us-east-1a", "-c", "image_tag=v1"]
+    config = deploy._config("dev", None, context)
+    request = deploy_plan.Request("dev", config, allow_running=True, run_units=deploy.RUN_UNITS)
+    (line,) = [x for x in deploy_plan._check_lines(request, [], 6) if x.startswith("capacity reservation:")]
+    assert line.startswith("capacity reservation: would read cr-0123456789abcdef0 (DescribeCapacityReservations)")
+    assert "g5.12xlarge in us-east-1a, at least 2 instances, as a Capacity Block" in line
 
 
 def test_first_deploy_bootstraps_logs_in_and_deploys(aws, monkeypatch):

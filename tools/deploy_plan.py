@@ -153,6 +153,25 @@ def _offering_line(config: EnvironmentConfig) -> str:
     )
 
 
+def _reservation_line(config: EnvironmentConfig) -> str:
+    found = config.reservation
+    if found is None:
+        return "capacity reservation: none declared"
+    if found.resource_group:
+        return "capacity reservation: a reservation group, checked at synth only (its members are not listed)"
+    if found.training_plan:
+        return (
+            f"capacity reservation: would read training plan {found.training_plan.rsplit('/', 1)[-1]} "
+            "(DescribeTrainingPlan) and refuse unless it is scheduled or active, for training jobs, with "
+            f"{config.instance.sagemaker_instance_type} and at least {config.nodes} instances"
+        )
+    return (
+        f"capacity reservation: would read {found.id} (DescribeCapacityReservations) and refuse unless it holds "
+        f"{config.instance_type} in {found.zone}, at least {config.nodes} instances, as a "
+        f"{'Capacity Block' if found.capacity_block else 'On-Demand reservation'}, and has not ended"
+    )
+
+
 def _eks_versions_line(config: EnvironmentConfig) -> str:
     if config.compute != "eks":
         return f"EKS versions: not checked (compute={config.compute})"
@@ -185,6 +204,7 @@ def _check_lines(request: Request, stacks: list[str], required: int) -> list[str
         f"credentials: would call STS GetCallerIdentity; {account}",
         *_eks_admin_lines(config),
         _offering_line(config),
+        _reservation_line(config),
         f"bootstrap: would read the {preflight.BOOTSTRAP_STACK} stack's BootstrapVersion in {config.region} (needs "
         f">= {required}); where the stack is missing, `cdk bootstrap aws://{target}` runs first",
         _eks_versions_line(config),
