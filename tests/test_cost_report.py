@@ -177,7 +177,7 @@ def test_cli_prints_every_environment_with_price_sources(capsys):
     assert cost_report.main(["--offline", "--hours", "5"], templates=shared_templates) == 0
     out = capsys.readouterr().out
     for env in CDK_JSON_CONTEXT["environments"]:
-        assert out.count(f"{env} (") == 2  # its block, and its standing-cost table
+        assert out.count(f"{env} (") == 3  # its block, its standing-cost table, and its run's share of it
     assert "catalogue:" in out and "run of 5 h" in out and "Standing cost:" in out
 
 
@@ -194,6 +194,19 @@ def test_a_runs_sanity_and_validation_jobs_are_priced_as_estimates():
     sagemaker = cost_report.estimate(_config(env="prod", compute="sagemaker"), 1, None)
     assert set(sagemaker.other_jobs_usd()) == {"validation"}
     assert "the sanity check runs inside the training job" in cost_report.render(sagemaker)
+
+
+def test_a_run_carries_its_share_of_what_its_backend_keeps_running():
+    # EKS: the control plane and the rest of the standing lines, by the run's hours; the file system is not counted
+    # twice (the environment's block prices the run's FSx hours already).
+    from tools import standing_cost
+
+    config = _config(env="dev", compute="eks")
+    fsx = standing_cost.Line("FSx SCRATCH_2", 1200, "GB", standing_cost.StandingPrice(0.14, "month", "t", ""))
+    cluster = standing_cost.Line("EKS clusters", 1, "cluster", standing_cost.StandingPrice(0.10, "hour", "t", ""))
+    standings = [standing_cost.Standing("dev", "eks", "us-east-1", (fsx, cluster))]
+    (head, line) = cost_report.run_shares([config], standings, 24)
+    assert head.startswith("A 24 h run's share") and line == "  dev (eks): $2.40"
 
 
 def test_cli_rejects_an_unknown_override(capsys):

@@ -329,6 +329,20 @@ def _other_jobs_line(e: Estimate) -> str:
     return f"  the run's jobs    : {shown}, on demand, at assumed durations{inside}"
 
 
+def run_shares(configs: list[EnvironmentConfig], standings: list, hours: float) -> list[str]:
+    """Each environment's run's share of what its backend keeps running (the EKS control plane and system nodes, NAT,
+    endpoints, alarms...): the standing cost's hours, less the file system, which the run's block counts already."""
+    lines = [f"A {hours:g} h run's share of what stands (besides its file system):"]
+    for config in configs:
+        found = next((s for s in standings if (s.env, s.backend) == (config.name, config.compute)), None)
+        if found is None or found.refused:
+            continue
+        monthly = sum(line.usd_per_month or 0.0 for line in found.lines if not line.item.startswith("FSx"))
+        unpriced = " + unpriced" if found.unpriced else ""
+        lines.append(f"  {config.name} ({config.compute}): ${monthly * hours / HOURS_PER_MONTH:,.2f}{unpriced}")
+    return lines
+
+
 def _usd(value: float | None, otherwise: str, estimated: bool = False) -> str:
     return otherwise if value is None else _money(value, estimated)
 
@@ -413,6 +427,7 @@ def main(argv: list[str] | None = None, session=None, templates=None) -> int:
     print("\n\n".join(blocks))
     standings = standing_cost.standing(context, names, templates or standing_cost.synthesized_templates)
     print("\n" + standing_cost.report(standings))
+    print("\n" + "\n".join(run_shares(configs, standings, args.hours)))
     print("\n" + token_cost.report(configs, args.model, args.mfu, session, has_credentials(session)))
     if has_credentials(session):
         from stacks.observability_stack import COST_TAG_KEY  # the tag the budgets filter on (imports the CDK)
