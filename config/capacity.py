@@ -108,7 +108,7 @@ def _check_target(reservation: CapacityReservation, region: str) -> None:
     wanted = {"capacity_block": {"id"}, "on_demand": {"id", "resource_group"}, "training_plan": {"training_plan"}}
     allowed = wanted[reservation.kind]
     if len(given) != 1 or not given <= allowed:
-        field = next(iter(given - allowed), next(iter(sorted(allowed))))
+        field = min(given - allowed, default=min(allowed))  # sorted: the same field named on every run
         raise _bad(
             field,
             getattr(reservation, field),
