@@ -71,8 +71,8 @@ def parse_reservation(
     if not raw:
         return None
     unknown = next((key for key in raw if key not in FIELDS), None)
-    if unknown is not None:
-        raise _bad(unknown, raw[unknown], f"no such field; a reservation has only {', '.join(FIELDS)}")
+    if unknown is not None:  # named by repr: a key may hold any character (one line, whatever it is)
+        raise ReservationError(f"capacity_reservation has no field {unknown!r}; expected only {', '.join(FIELDS)}")
     kinds = KINDS[compute]
     if raw.get("kind") not in kinds:
         raise _bad("kind", raw.get("kind"), f"{' or '.join(kinds)} with compute={compute}")
