@@ -47,7 +47,10 @@ def reservation_end(scope: Construct, reservation: Reservation, failures: Failur
         "ReservationWindowLeft",
         outputs={
             "run": "{% $merge([$states.input.run, {'stop_by': $states.input.end}]) %}",
-            "seconds_left": "{% ($toMillis($states.input.end) - $toMillis($now())) / 1000 %}",
+            # The state's own entry time from the Context object (Step Functions developer guide, "Accessing
+            # execution data from the Context object"), not $now(): Step Functions' JSONata leaves out some functions.
+            "seconds_left": "{% ($toMillis($states.input.end) - $toMillis($states.context.State.EnteredTime))"
+            " / 1000 %}",
         },
     )
     too_soon = sfn.Pass(
