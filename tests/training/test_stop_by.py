@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from contracts.run import REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE
+from contracts.run import REFUSED_EXIT_CODES, STOP_BY_NONE, WINDOW_ENDED_EXIT_CODE
 from efa_training.runtime.errors import EXIT_WINDOW_ENDED, UsageError
-from efa_training.runtime.launch.stop_by import MARGIN_FLOOR_SECONDS, SAVE_FACTOR, StopBy, pop_stop_by
+from efa_training.runtime.launch.stop_by import MARGIN_FLOOR_SECONDS, NOT_SET, SAVE_FACTOR, StopBy, pop_stop_by
 from tests.training import training_helpers as th
 
 
@@ -39,6 +39,7 @@ def test_the_margin_is_the_floor_or_three_times_the_longest_save_reported():
 
 def test_a_window_that_ended_is_neither_a_refusal_nor_an_attempt_failure():
     assert EXIT_WINDOW_ENDED == WINDOW_ENDED_EXIT_CODE and EXIT_WINDOW_ENDED not in REFUSED_EXIT_CODES
+    assert NOT_SET == STOP_BY_NONE  # what the pipeline sends without a reservation's end, as the launcher reads it
 
 
 def _launch_train(data, ckpt, steps: int, *extra: str, **env: str) -> subprocess.CompletedProcess:
