@@ -1,6 +1,8 @@
 """The launcher (runtime/launch/) maps scheduler environments to torchrun arguments (pure function); exit_relay.py keeps
 the workers' own exit codes."""
 
+import gc
+
 import pytest
 
 from efa_training.runtime import exit_relay
@@ -218,6 +220,31 @@ def test_a_restart_after_a_final_code_ends_the_same_way_without_running_again(tm
     assert exit_info.value.code == 5 and (tmp_path / "restart1-rank1").read_text().startswith("5 ")
     (tmp_path / "restart0-rank1").write_text("1 10.0")  # a crash: the restart runs the script again
     assert exit_relay.previous_final_code() is None
+
+
+HOLDS_A_MODEL = """
+import sys
+class Model:  # stands for a DDP model: freeing it after destroy_process_group can deadlock gloo's teardown
+    def __del__(self):
+        open(sys.argv[1], "w").write("freed")
+def train(model):
+    {end}
+train(Model())
+"""
+
+
+@pytest.mark.parametrize(("end", "code"), [("raise SystemExit(4)", 4), ("raise RuntimeError('crash')", 1)])
+def test_the_relay_never_frees_what_the_failed_script_held(tmp_path, monkeypatch, capsys, end, code):
+    # The exception's traceback holds the script's frames; the relay keeps it until os._exit (exit_relay._run_script).
+    script, freed = tmp_path / "script.py", tmp_path / "freed"
+    script.write_text(HOLDS_A_MODEL.format(end=end))
+    monkeypatch.delenv(exit_relay.RELAYED, raising=False)
+    monkeypatch.setattr(exit_relay, "_KEPT", [])
+    monkeypatch.setattr(exit_relay.sys, "argv", [str(script), str(freed)])
+    assert exit_relay._run_script(str(script)) == code
+    gc.collect()
+    assert not freed.exists()
+    assert ("RuntimeError: crash" in capsys.readouterr().err) == (code == 1)
 
 
 def test_a_parameter_server_run_gets_the_supervisor_with_the_batch_nodes_layout():

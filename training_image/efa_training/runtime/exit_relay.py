@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from efa_training.runtime.errors import (
@@ -38,6 +39,7 @@ from efa_training.runtime.errors import (
 )
 
 EXIT_CODE_DIR = "LAUNCH_EXIT_CODE_DIR"
+_KEPT: list[BaseException] = []  # the script's exception, never freed: see _run_script
 FINAL = {EXIT_USAGE, EXIT_DIVERGED, EXIT_FOLDER_LOCKED}  # a restart would end the same way
 COMMAND = "--command"
 
@@ -115,20 +117,33 @@ def main() -> None:
         record(code)
         sys.exit(code)
     sys.argv = sys.argv[1:]
-    code = 1  # an exception escaping the script
+    code = _run_script(target)
+    record(code)
+    os.environ.pop(RELAYED)  # the relay itself leaves without finalization
+    exit_process(code)
+
+
+def _run_script(target: str) -> int:
+    """The script's exit code: its SystemExit's, 0 if it returns, 1 (its traceback printed) if an exception escapes.
+
+    The exception is kept until the process leaves (os._exit frees nothing): its traceback holds the script's frames
+    and with them its DDP model, whose Reducer, freed after the script destroyed its process group, would be the
+    group's last owner, and gloo's destructor joins its worker threads holding the GIL that a worker still needs
+    (a diverged run deadlocked so, 1 in about 15 here, until torchrun's SIGKILL or forever when every rank did)."""
     os.environ[RELAYED] = "1"  # the script raises its code for us (errors.exit_process)
     try:
         if target.endswith(".py"):
             runpy.run_path(target, run_name="__main__")
         else:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
-        code = 0
+        return 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        record(code)
-    os.environ.pop(RELAYED)  # the relay itself leaves without finalization
-    exit_process(code)  # not reached when another exception escapes: its traceback is printed and the code is 1
+        _KEPT.append(exc)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException as exc:  # noqa: BLE001 - printed as the interpreter would, and relayed as a crash
+        _KEPT.append(exc)
+        traceback.print_exc()
+        return 1
 
 
 if __name__ == "__main__":
