@@ -20,7 +20,7 @@ HOURS       ?= 24
 
 DIAGRAM_ENV ?= prod
 
-.PHONY: synth test lint setup deploy destroy dataset local-run cost-report capacity bench diagram diagram-tree clean
+.PHONY: synth test lint setup deploy destroy dataset local-run cost-report capacity quote bench diagram diagram-tree clean
 
 setup: $(VENV)/.test-deps $(XLA_VENV)/.deps $(SCAN_VENV)/.deps node_modules/.installed
 
@@ -98,6 +98,9 @@ cost-report: $(VENV)/.synth-deps
 # Capacity Block or training-plan offerings that hold ENV's nodes for HOURS (needs AWS credentials; buys nothing).
 capacity: $(VENV)/.synth-deps
 	$(PY) -m tools.capacity --env $(ENV) --hours $(HOURS)
+
+quote: $(VENV)/.synth-deps
+	$(PY) -m tools.pipeline_cli quote $(ENV) $(RUN)
 
 bench: $(VENV)/.test-deps node_modules/.installed
 	$(PY) benchmarks/synth_ratio.py

@@ -522,6 +522,12 @@ class EnvironmentConfig:
         return dict(tag.split("=", 1) for tag in self.tags)
 
     @property
+    def budget_name(self) -> str:
+        """The monthly budget's name. "-2": NotificationsWithSubscribers is create-only (AWS::Budgets::Budget resource
+        schema), and a changed notification needs a new name (the 100 % actual one)."""
+        return f"{self.stack_prefix}-monthly-2"
+
+    @property
     def stack_prefix(self) -> str:
         """Stack names carry the environment so dev and prod can share an account."""
         return stack_prefix(self.name)

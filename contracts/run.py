@@ -144,6 +144,12 @@ def fields(
         # API_RetryStrategy); SageMaker RetryStrategy.MaximumRetryAttempts = attempts - 1, at least 1.
         Field("max_attempts", "integer", 2, 1, 10),
         Field("resume", "boolean", False, rule="true or false: true resumes an earlier run with this run_id"),
+        Field(
+            "may_exceed_budget",
+            "boolean",
+            False,
+            rule="true or false: true runs even when the quote exceeds what is left of the monthly budget",
+        ),
         Field("hyperparameters", "object", {}, rule="an object with only the hyperparameters listed"),
         Field(
             "workload",
@@ -209,6 +215,13 @@ def defaults(
 # ---- what each job receives from a run: job parameter -> where the state machine reads its value. Values are
 # strings (Batch job Parameters, `Ref::name` in the job definitions; launcher flags on EKS); tests hold the Batch
 # job definitions' placeholders and the training image's flags to these names.
+def filled(run: dict, max_nodes: int, workloads: WorkloadSchemas | None = None) -> dict:
+    """A valid run with every default filled in, as the pipeline holds it after its input checks."""
+    base = defaults(max_nodes, workloads, run.get("workload", BUILT_IN_WORKLOAD))
+    given = run.get("hyperparameters", {})
+    return {**base, **run, "hyperparameters": {**base["hyperparameters"], **given}}  # type: ignore[dict-item]
+
+
 def _as_string(path: str) -> str:
     return f"States.Format('{{}}', {path})"
 

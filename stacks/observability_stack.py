@@ -105,10 +105,8 @@ class ObservabilityStack(cdk.Stack):
         return CostBudget(
             self,
             "Budget",
-            # NotificationsWithSubscribers is create-only (AWS::Budgets::Budget resource schema) and CloudFormation
-            # cannot replace a resource under the same custom name: a change to the notifications comes with a new
-            # name ("-2": the 100 % actual notification).
-            budget_name=f"{config.stack_prefix}-monthly-2",
+            # CloudFormation cannot replace a resource under the same custom name: config.budget_name says why "-2".
+            budget_name=config.budget_name,
             monthly_limit_usd=config.budget_monthly_usd,
             tag_key=COST_TAG_KEY,
             tag_value=config.name,

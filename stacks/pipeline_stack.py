@@ -13,6 +13,7 @@ from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.pipeline.reservation_end import Reservation
 from constructs.pipeline.training_pipeline import TrainingPipeline
+from contracts.quote import QuoteTerms
 from contracts.run import phases
 from contracts.workload import schemas
 from stacks.alerts_stack import AlertsStack
@@ -63,6 +64,7 @@ class PipelineStack(cdk.Stack):
             workloads=schemas(config.declared_workloads),
             capacity_retries=config.capacity_retries,
             reservation=_reservation(config),
+            quote=QuoteTerms.of(config),
         )
         compute.attach_pipeline(self, pipeline.state_machine)
         for objects, why in BUCKET_OBJECTS:

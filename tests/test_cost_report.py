@@ -11,6 +11,7 @@ from botocore.stub import ANY, Stubber
 
 from config import CATALOGUE, load_config
 from config.pricing import HOURS_PER_MONTH, fsx_usd_per_gb_month
+from contracts.quote import COMPILE_MINUTES
 from tests.synthesis import CAPACITY_BLOCK, CDK_JSON_CONTEXT
 from tests.test_standing_cost import shared_templates
 from tools import cost_report
@@ -194,6 +195,16 @@ def test_a_runs_sanity_and_validation_jobs_are_priced_as_estimates():
     sagemaker = cost_report.estimate(_config(env="prod", compute="sagemaker"), 1, None)
     assert set(sagemaker.other_jobs_usd()) == {"validation"}
     assert "the sanity check runs inside the training job" in cost_report.render(sagemaker)
+
+
+def test_a_trainium_run_also_pays_for_its_compile_job():
+    # The Compile state (contracts/run.py stages): a job of its own on the run's nodes, before training.
+    config = _config(env="prod", instance_type="trn1.32xlarge")
+    e = cost_report.estimate(config, 1, None)
+    node = config.instance.on_demand_usd_per_hour
+    assert node and e.other_jobs_usd()["compile"] == pytest.approx(COMPILE_MINUTES / 60 * config.nodes * node)
+    assert "60 min on the run's nodes, a shape's first run)" in cost_report.render(e)
+    assert "compile" not in cost_report.estimate(_config(env="prod"), 1, None).other_jobs_usd()
 
 
 def test_a_run_carries_its_share_of_what_its_backend_keeps_running():

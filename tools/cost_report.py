@@ -36,8 +36,10 @@ from config.catalogue import (
     SAGEMAKER_PRICE_SOURCE,
     SAGEMAKER_SPOT_MAX_SAVING,
     SAGEMAKER_SPOT_SOURCE,
+    Accelerator,
 )
 from config.pricing import FSX_PRICE_DATE, FSX_PRICE_SOURCE, HOURS_PER_MONTH, fsx_usd_per_gb_month
+from contracts.quote import COMPILE_MINUTES, SANITY_MINUTES, VALIDATION_MINUTES, about_usd
 from tools import standing_cost
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,13 +60,6 @@ class Price:
     def estimated(self) -> bool:
         """Derived, not read from a price list or the market: printed rounded, with a ~, never to the cent."""
         return "estimate:" in self.source or SPOT_BEST_CASE in self.source or "an estimate" in self.source
-
-
-# What a run spends besides its training, at assumed durations (the report says they are): the sanity check on the
-# run's nodes (a separate job on Batch and EKS; inside the training job on SageMaker, so in its hours), and the
-# validation job on one node of the catalogue's validation type.
-SANITY_MINUTES = 10
-VALIDATION_MINUTES = 30
 
 
 @dataclass(frozen=True)
@@ -90,11 +85,14 @@ class Estimate:
         return self.fsx_usd_per_month / HOURS_PER_MONTH
 
     def other_jobs_usd(self) -> dict[str, float]:
-        """The run's sanity and validation jobs at the assumed durations (each left out where it has no price)."""
+        """The run's sanity, compile (Trainium) and validation jobs at the assumed durations (each left out where it
+        has no price)."""
         c, jobs = self.config, {}
         node = self.on_demand.usd_per_hour
         if c.compute != "sagemaker" and node is not None:
             jobs["sanity"] = SANITY_MINUTES / 60 * c.nodes * node
+        if c.instance.accelerator is Accelerator.NEURON and node is not None:
+            jobs["compile"] = COMPILE_MINUTES / 60 * c.nodes * node
         single = c.single_node_instance
         price = single.sagemaker_usd_per_hour if c.compute == "sagemaker" else single.on_demand_usd_per_hour
         if price is not None:
@@ -315,11 +313,14 @@ def render(e: Estimate) -> str:
 
 
 def _other_jobs_line(e: Estimate) -> str:
-    """The run's sanity and validation jobs: estimates (assumed durations), on demand."""
+    """The run's sanity, compile and validation jobs: estimates (assumed durations), on demand."""
     jobs = e.other_jobs_usd()
     single = e.config.single_node_instance.name
     parts = [
         f"sanity {_money(jobs['sanity'], True)} ({SANITY_MINUTES} min on the run's nodes)" if "sanity" in jobs else "",
+        f"compile {_money(jobs['compile'], True)} ({COMPILE_MINUTES} min on the run's nodes, a shape's first run)"
+        if "compile" in jobs
+        else "",
         f"validation {_money(jobs['validation'], True)} ({VALIDATION_MINUTES} min on 1 x {single})"
         if "validation" in jobs
         else "",
@@ -349,10 +350,7 @@ def _usd(value: float | None, otherwise: str, estimated: bool = False) -> str:
 
 def _money(value: float, estimated: bool) -> str:
     """A price as read to the cent; an estimate to two significant figures, marked ~."""
-    if not estimated:
-        return f"${value:,.2f}"
-    rounded = float(f"{value:.2g}")
-    return f"~${rounded:,.0f}" if rounded >= 10 else f"~${rounded:g}"
+    return about_usd(value) if estimated else f"${value:,.2f}"
 
 
 def _per_hour(price: Price) -> str:

@@ -4,11 +4,13 @@
     .venv/bin/python -m tools.pipeline_cli watch dev gpt-tiny-001-20261121T083000
     .venv/bin/python -m tools.pipeline_cli list dev
     .venv/bin/python -m tools.pipeline_cli describe dev gpt-tiny-001-20261121T083000
+    .venv/bin/python -m tools.pipeline_cli quote dev examples/run.json
 
 The environment's region comes from cdk.json (or --region); the state machine from the output
 `StateMachineArn` of the stack `EfaTraining-<env>-Pipeline`; the runs table `list` reads (every claimed run id, with
 the execution holding it) from the output `RunsTableName` of `EfaTraining-<env>-Storage`. `start` validates the run
-file with the same rules as the state machine (the run contract, contracts/run.py) before starting anything. Exit codes:
+file with the same rules as the state machine (the run contract, contracts/run.py) and prints its quote
+(tools/quote.py), refusing a run the monthly budget cannot pay for, before starting anything. Exit codes:
 0 success (or a run that succeeded), 1 a run that failed, 2 a usage or environment error.
 """
 
@@ -247,9 +249,41 @@ def require_prepared(pipeline: Pipeline, dataset: str) -> None:
         ) from None
 
 
+def environment_config(env: str):
+    """The environment's configuration, from cdk.json as `cdk synth` reads it."""
+    from config import ConfigError, load_config
+
+    try:
+        return load_config({**json.loads((ROOT / "cdk.json").read_text())["context"], "env": env})
+    except ConfigError as error:
+        raise CliError(str(error)) from None
+
+
+def quoted(run: dict, env: str, session, out):
+    """The run's quote and budget printed (tools/quote.py); the run is refused if the budget cannot pay for it."""
+    from tools.quote import price
+
+    priced = price(run, environment_config(env), session)
+    print("\n".join(priced.lines()), file=out)
+    if priced.refusal:
+        raise CliError(priced.refusal)
+
+
+def cmd_quote(args, session, out) -> int:
+    config = environment_config(args.env)
+    run = load_run(args.run_file, config.nodes, workloads=declared_workloads(args.env))
+    if session is None:
+        import boto3
+
+        session = boto3.Session(region_name=region_of(args.env, args.region))
+    quoted(run, args.env, session, out)
+    return 0
+
+
 def cmd_start(args, pipeline: Pipeline, out) -> int:
     run = load_run(args.run_file, pipeline.max_nodes, pipeline.min_nodes, declared_workloads(pipeline.env))
     require_prepared(pipeline, run["dataset"])
+    quoted(run, pipeline.env, pipeline.session, out)  # before anything starts: the pipeline would refuse it too
     name = args.name or f"{run['run_id']}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     started = call(
         pipeline.sfn.start_execution, stateMachineArn=pipeline.state_machine_arn, name=name[:80], input=json.dumps(run)
@@ -407,7 +441,8 @@ def cmd_describe(args, pipeline: Pipeline, out) -> int:
         print(f"claim      {_claim(pipeline, run_id, arn)}", file=out)
     jobs, verdict = {}, None
     current = None
-    for event in pipeline.all_history(arn):
+    events = pipeline.all_history(arn)
+    for event in events:
         if "stateEnteredEventDetails" in event:
             current = event["stateEnteredEventDetails"]["name"]
         details = event.get("taskSucceededEventDetails") or event.get("taskSubmittedEventDetails")
@@ -429,6 +464,11 @@ def cmd_describe(args, pipeline: Pipeline, out) -> int:
         )
     else:
         print("verdict    none yet", file=out)
+    from tools.quote import quote_and_actual
+
+    nodes = run["nodes"] if isinstance(run.get("nodes"), int) else pipeline.max_nodes
+    for line in quote_and_actual(events, nodes, environment_config(pipeline.env)):
+        print(line, file=out)
     for state, job_id in jobs.items():
         print(
             f"job        {state:<12} {job_id}  {_console(pipeline.region, f'batch/home#jobs/detail/{job_id}')}",
@@ -518,6 +558,9 @@ def parser() -> argparse.ArgumentParser:
     list_.add_argument("env")
     list_.add_argument("--status", choices=sorted({*RESULT_CODES, "EXPIRED"}), help="only runs whose execution is")
     list_.add_argument("--max", type=int, default=20, help="at most this many runs (default 20)")
+    quote_ = add("quote", help="what a run file would cost, and whether the monthly budget pays for it")
+    quote_.add_argument("env")
+    quote_.add_argument("run_file")
     describe = add("describe", help="an execution's verdict, jobs and links")
     describe.add_argument("env")
     describe.add_argument("execution", help="execution name or ARN")
@@ -542,6 +585,8 @@ def main(argv: list[str] | None = None, *, session=None, out=None, err=None) -> 
             from config.environment import MAX_NODES
 
             load_run(args.run_file, max_nodes=MAX_NODES, workloads=declared_workloads(args.env))
+        if args.command == "quote":  # needs no deployed pipeline
+            return cmd_quote(args, session, out)
         pipeline = Pipeline(args.env, region_of(args.env, args.region), session=session)
         return COMMANDS[args.command](args, pipeline, out)
     except CliError as error:

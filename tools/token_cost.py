@@ -20,14 +20,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 from config import CATALOGUE, EnvironmentConfig, InstanceType
 from config.catalogue import CAPACITY_BLOCKS_ONLY, SAGEMAKER_SPOT_MAX_SAVING
 from config.layout import TRAINING_METRICS_NAMESPACE
+from contracts.quote import ASSUMED_MFU_PERCENT
 from tools.cost_report import ROOT
 
 sys.path.insert(0, str(ROOT / "training_image"))  # the training image's package, efa_training
 from efa_training.workloads.gpt.sizes import MODEL_SIZES, flops_per_token  # noqa: E402
 
-# A well-tuned large run: below the 46.2% MFU PaLM reports for its 540B training (Chowdhery et al. 2022, "PaLM",
-# table 3), which took years of tuning on TPU v4; override with --mfu, or let a measured figure replace it.
-DEFAULT_MFU_PERCENT = 40.0
+DEFAULT_MFU_PERCENT = ASSUMED_MFU_PERCENT  # the quote's assumption (contracts/quote.py); --mfu or a measured one
 DEFAULT_MODEL = "1.3b"
 MEASURED_DAYS = 14
 BILLION = 1e9

@@ -26,8 +26,10 @@ from constructs.pipeline.initial_model import InitialModel
 from constructs.pipeline.input_checks import INVALID, input_validation
 from constructs.pipeline.reservation_end import Reservation, reservation_end
 from constructs.pipeline.run_claim import RunClaim
+from constructs.pipeline.run_quote import run_quote
 from constructs.pipeline.train_attempt import ATTEMPT_FAILED, NO_CAPACITY, WINDOW_ENDED, classified_training
 from constructs.pipeline.verdict import VerdictBranch
+from contracts.quote import QuoteTerms
 from contracts.run import (
     CAPACITY_RETRY_MINUTES,
     JOB_PARAMETERS,
@@ -85,6 +87,7 @@ class TrainingPipeline(Construct):
         workloads: WorkloadSchemas | None = None,
         capacity_retries: int = QUEUE_WAIT_MINUTES // CAPACITY_RETRY_MINUTES,
         reservation: Reservation | None = None,
+        quote: QuoteTerms | None = None,
     ) -> None:
         """`reservation`: the environment's reservation with an end, read as a run starts (reservation_end.py).
         `capacity_retries`: how many times a stage asks again for capacity that was not there, every
@@ -164,11 +167,15 @@ class TrainingPipeline(Construct):
         dataset_start, dataset_ready = dataset_check(self, bucket=bucket, failures=self._failures)
         self._exclusive(validated, then=dataset_start)
         dataset_ready.next(initial.start)
+        chosen: sfn.INextable = initial.chosen
+        if quote is not None:  # the quote and the budget, before the claim: a refused run spends nothing
+            quoted, chosen = run_quote(self, quote, self._failures)
+            initial.chosen.next(quoted)
         if reservation is None:
-            initial.chosen.next(claim.start)
+            chosen.next(claim.start)
         else:  # the reservation's end, before the claim: a window too short refuses the run with nothing spent
             window, read = reservation_end(self, reservation, self._failures)
-            initial.chosen.next(window)
+            chosen.next(window)
             read.next(claim.start)
         prepared = self._sized(
             claim.claimed.next(self._prepare(bucket.bucket_name)), "ForTraining", {TRAINING: "$.run.nodes"}

@@ -10,7 +10,7 @@ from moto import mock_aws
 from moto.core.config import DefaultConfig
 
 from config.layout import RUN_HOLDER, RUN_INPUT, RUN_SINCE, RUNS_TABLE_KEY
-from tests.sfn_emulator import PREPARED_DATASET, REGION, Emulator
+from tests.sfn_emulator import ACCOUNT, PREPARED_DATASET, REGION, Emulator
 
 MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "batch": {"use_docker": False}}
 APPROVED_MODEL_PARAMETER = "/efa-training/dev/approved-model"
@@ -110,6 +110,13 @@ def emulated_account(synthesized, emulator_class: type[Emulator] = Emulator) -> 
     ):
         topic = next(v["Ref"] for v in emulator.physical.values() if v["type"] == "AWS::SNS::Topic")
         emulator.alerts = emulator.subscribe_queue(topic)
+        # The environment's monthly budget, as the Observability stack makes it (the pipeline reads it by name).
+        config = synthesized.config
+        boto3.client("budgets", region_name=REGION).create_budget(
+            AccountId=ACCOUNT,
+            Budget={"BudgetName": config.budget_name, "TimeUnit": "MONTHLY", "BudgetType": "COST",
+                    "BudgetLimit": {"Amount": f"{config.budget_monthly_usd:.2f}", "Unit": "USD"}},
+        )  # fmt: skip
         yield emulator
 
 

@@ -102,8 +102,11 @@ def test_start_and_watch_a_run_that_succeeds(deployed, tmp_path):
     )
     assert (code, err) == (0, ""), out
     lines = out.splitlines()
-    assert lines[0] == "started cli-ok"
-    states = [line.split()[-1] for line in lines[2:-1]]
+    # The quote first (tools/quote.py; moto has no MFU metrics and the budget as deployed, nothing spent).
+    assert lines[0].startswith("quote: ~$") and "MFU 40% assumed" in lines[0]
+    assert lines[1] == "budget: $2,000.00 left of $2,000.00 this month"  # dev's budget_monthly_usd (cdk.json)
+    assert lines[2] == "started cli-ok"
+    states = [line.split()[-1] for line in lines[4:-1]]
     # The run's phases (contracts.run.PHASES), then where it ended; progress counts every phase.
     assert states == [
         "ValidateInput",
@@ -127,6 +130,9 @@ def test_start_and_watch_a_run_that_succeeds(deployed, tmp_path):
     assert "#dashboards/dashboard/EfaTraining-dev-training" in out
     assert "logs       https://us-east-1.console.aws.amazon.com/cloudwatch/home?region=us-east-1#logsV2:" in out
     assert sum(line.startswith("job ") for line in out.splitlines()) == 3
+    # The pipeline's own quote (QuoteRun, at the assumed MFU) beside the job states' cost: seconds here.
+    assert f"quote      {lines[0].removeprefix('quote: ')}" in out
+    assert "actual     ~$" in out and "Train 0.00 h" in out
 
     code, out, _ = cli("list", "dev")
     assert code == 0 and any(line.startswith("cli-ok") and "SUCCEEDED" in line for line in out.splitlines())

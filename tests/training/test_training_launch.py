@@ -223,10 +223,9 @@ def test_a_restart_after_a_final_code_ends_the_same_way_without_running_again(tm
 
 
 HOLDS_A_MODEL = """
-import sys
 class Model:  # stands for a DDP model: freeing it after destroy_process_group can deadlock gloo's teardown
     def __del__(self):
-        open(sys.argv[1], "w").write("freed")
+        __import__("pathlib").Path({freed!r}).write_text("freed")
 def train(model):
     {end}
 train(Model())
@@ -237,10 +236,9 @@ train(Model())
 def test_the_relay_never_frees_what_the_failed_script_held(tmp_path, monkeypatch, capsys, end, code):
     # The exception's traceback holds the script's frames; the relay keeps it until os._exit (exit_relay._run_script).
     script, freed = tmp_path / "script.py", tmp_path / "freed"
-    script.write_text(HOLDS_A_MODEL.format(end=end))
+    script.write_text(HOLDS_A_MODEL.format(end=end, freed=str(freed)))
     monkeypatch.delenv(exit_relay.RELAYED, raising=False)
     monkeypatch.setattr(exit_relay, "_KEPT", [])
-    monkeypatch.setattr(exit_relay.sys, "argv", [str(script), str(freed)])
     assert exit_relay._run_script(str(script)) == code
     gc.collect()
     assert not freed.exists()

@@ -1,0 +1,116 @@
+"""The run's quote, and the month's budget asked whether it can pay for it, before the run claims its id.
+
+QuoteRun prices the run with contracts/quote.py's arithmetic at the assumed MFU (the CLI's `start` and `quote` use the
+MFU this environment's runs measured, where there is one) into `$.run.quote`, which the claim writes into the run's
+record (`runs/<run_id>/run.json`) beside the run. ReadBudget then reads the environment's AWS Budgets budget
+(DescribeBudget: its BudgetLimit and CalculatedSpend.ActualSpend, AWS Budgets API reference, "Budget"), and a run
+quoted above what is left, or any run once nothing is left, fails `OverBudget` with one line, unless it says
+`may_exceed_budget: true`. A budget that cannot be read (none in this Region, AccessDenied, the API down after the
+transient retries) does not stop the run: the quote records why, and the budget's own alerts still watch the month.
+The spend is as fresh as AWS Budgets' own ("AWS updates your budget status several times a day", AWS Budgets API
+reference): a run started just after another is held to a spend without it.
+"""
+
+import json
+
+import aws_cdk as cdk
+import aws_cdk.aws_stepfunctions as sfn
+import aws_cdk.aws_stepfunctions_tasks as tasks
+
+from constructs import Construct
+from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
+from constructs.pipeline.failure_path import FailurePath
+from contracts.quote import (
+    ASSUMED_MFU_PERCENT,
+    GRAD_ACCUM_STEPS,
+    SAMPLE_TFLOPS,
+    VALIDATION_MINUTES,
+    QuoteTerms,
+)
+from contracts.run import BUILT_IN_WORKLOAD
+
+C = sfn.Condition
+OVER_BUDGET = "OverBudget"
+
+
+def run_quote(scope: Construct, terms: QuoteTerms, failures: FailurePath) -> tuple[sfn.State, sfn.Pass]:
+    """(start, done): `start` takes {"run"}; a run the budget pays for (or that may exceed it) goes on at `done`."""
+    quoted = sfn.Pass.jsonata(scope, "QuoteRun", outputs={"run": _quoted_run(terms)})
+    read = tasks.CallAwsService(
+        scope,
+        "ReadBudget",
+        service="budgets",
+        action="describeBudget",
+        # Service Authorization Reference, Amazon Budget Service, "API operations": DescribeBudget is ViewBudget.
+        iam_action="budgets:ViewBudget",
+        iam_resources=[f"arn:{cdk.Aws.PARTITION}:budgets::{cdk.Aws.ACCOUNT_ID}:budget/{terms.budget_name}"],
+        parameters={"AccountId": cdk.Aws.ACCOUNT_ID, "BudgetName": terms.budget_name},
+        result_path="$.budget",  # whole: a new budget has no CalculatedSpend yet, and a path to it would fail
+        task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+    )
+    retry_transient(read)
+    unread = sfn.Pass.jsonata(
+        scope,
+        "BudgetNotRead",
+        outputs={
+            "run": "{% $merge([$states.input.run, {'quote': $merge([$states.input.run.quote, "
+            "{'budget': 'not read: ' & $states.input.caught.Error}])}]) %}"
+        },
+    )
+    read.add_catch(unread, errors=["States.ALL"], result_path="$.caught")
+    checked = sfn.Pass.jsonata(scope, "CompareQuoteWithBudget", outputs=_compared())
+    refused = sfn.Pass(
+        scope,
+        "OnOverBudget",
+        parameters={
+            "run.$": "$.run",
+            "failure": {"state": "ReadBudget", "error": OVER_BUDGET, "detail": OVER_BUDGET, "cause.$": "$.refusal"},
+        },
+    )
+    done = sfn.Pass(scope, "BudgetChecked", parameters={"run.$": "$.run"})
+    within = sfn.Choice(scope, "IsWithinBudget")
+    within.when(
+        C.and_(C.is_string("$.refusal"), C.boolean_equals("$.run.may_exceed_budget", False)),
+        refused.next(failures.notify),
+    ).otherwise(done)
+    unread.next(done)
+    quoted.next(read).next(checked).next(within)
+    return quoted, done
+
+
+def _quoted_run(terms: QuoteTerms) -> str:
+    """JSONata: the run with `quote` {usd, hours, basis}; usd and hours null where there is no estimate."""
+    none = "{'usd': null, 'hours': null, 'basis': %s}"
+    if terms.node_usd_per_hour is None or terms.validation_usd_per_hour is None:
+        return "{% $merge([$states.input.run, {'quote': " + none % json.dumps("no price known for the types") + "}]) %}"
+    basis = json.dumps(f"MFU {ASSUMED_MFU_PERCENT:g}% assumed, {terms.price_basis}")
+    return (
+        "{% ($r := $states.input.run; $p := $r.hyperparameters; "
+        f"$f := $lookup({json.dumps(SAMPLE_TFLOPS)}, $p.model); "
+        f"$h := $p.max_steps * $p.batch_size * {GRAD_ACCUM_STEPS} * $f "
+        f"/ ({terms.peak_tflops_per_accelerator} * {ASSUMED_MFU_PERCENT / 100}) / 3600; "
+        f"$merge([$r, {{'quote': ($r.workload = '{BUILT_IN_WORKLOAD}' and $exists($f)) ? "
+        f"{{'usd': $r.nodes * ($h + {terms.other_node_hours}) * {terms.node_usd_per_hour} "
+        f"+ {VALIDATION_MINUTES / 60} * {terms.validation_usd_per_hour}, 'hours': $h, 'basis': {basis}}} : "
+        + none % json.dumps("no FLOPs model for this workload")
+        + "}])) %}"
+    )
+
+
+def _compared() -> str:
+    """JSONata: the run with the budget in its quote, and `refusal`: contracts.quote.budget_refusal's line, or null."""
+    return (
+        "{% ($b := $states.input.budget.Budget; $r := $states.input.run; $q := $r.quote; "
+        "$l := $number($b.BudgetLimit.Amount); "
+        "$s := $exists($b.CalculatedSpend.ActualSpend.Amount) ? $number($b.CalculatedSpend.ActualSpend.Amount) : 0; "
+        "$left := $l - $s; "
+        "$spent := 'AWS Budgets: $' & $formatNumber($s, '#,##0.00') & ' of $' & $formatNumber($l, '#,##0.00') "
+        "& ' spent this month'; "
+        "{'run': $merge([$r, {'quote': $merge([$q, {'budget_limit_usd': $l, 'budget_spent_usd': $s}])}]), "
+        "'refusal': ($q.usd = null and $left <= 0) ? 'the monthly budget is spent (' & $spent "
+        "& '); set may_exceed_budget: true to run anyway' "
+        ": ($q.usd != null and $q.usd > ($left < 0 ? 0 : $left)) ? 'the run is quoted at ~$' "
+        "& $formatNumber($q.usd, '#,##0') "
+        "& ' but the monthly budget has $' & $formatNumber($left < 0 ? 0 : $left, '#,##0.00') & ' left (' & $spent "
+        "& '); lower max_steps or nodes, or set may_exceed_budget: true' : null}) %}"
+    )

@@ -1,0 +1,147 @@
+"""A run's quote before it starts: its training hours and what it will cost, one arithmetic for CLI and pipeline.
+
+For the built-in GPT workload (ddp or fsdp):
+    seconds per step = batch_size x grad_accum x FLOPs per sample / (peak FLOP/s per accelerator x MFU)
+    FLOPs per sample = training FLOPs per token x seq_len (training_image/efa_training/workloads/gpt/sizes.py)
+Tokens per step and throughput both grow with the world size, so the node count leaves the hours and stays in the cost
+(linear scaling assumed; communication is part of the MFU):
+    cost = hours x nodes x node price  +  the sanity check (SANITY_MINUTES on the run's nodes; Batch and EKS)
+                                       +  the compile job (COMPILE_MINUTES on the run's nodes; Trainium)
+                                       +  the validation job (VALIDATION_MINUTES on one node of the validation type)
+MFU is measured where this environment's earlier runs reported it (the EfaTraining MFU metric; the image measures it
+on CUDA), else ASSUMED_MFU_PERCENT, and the quote says which. Reserved capacity (a Capacity Block, an On-Demand
+Capacity Reservation, a training plan) is paid for whether a run uses it or not, so its node-hours add nothing.
+A run of another workload (declared, or the parameter servers) has no FLOPs model: no estimate, and the quote says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from config.catalogue import Accelerator
+from contracts.run import BUILT_IN_WORKLOAD, GPT_MODELS
+
+if TYPE_CHECKING:
+    from config import EnvironmentConfig
+
+# A well-tuned large run, below the 46.2% MFU PaLM reports for its 540B training (Chowdhery et al. 2022, "PaLM",
+# table 3), which took years of tuning on TPU v4. A measured figure replaces it.
+ASSUMED_MFU_PERCENT = 40.0
+# The run's other jobs, at assumed durations: the sanity check on the run's nodes (inside the training job on
+# SageMaker, so in its hours) and the validation job on one node of the catalogue's validation type.
+SANITY_MINUTES = 10
+VALIDATION_MINUTES = 30
+# Trainium's ahead-of-time compile job on the run's nodes (a trial run, then the Neuron compiler over every graph):
+# assumed for every run, though a shape compiled before is skipped, so a quote is an upper bound there.
+COMPILE_MINUTES = 60
+# Training FLOPs per sample (per token x seq_len) of each built-in GPT size, in TFLOP: sizes.py's flops_per_token x
+# seq_len, which tests/test_quote.py holds equal (the CDK app does not import the training image).
+SAMPLE_TFLOPS: dict[str, float] = {
+    "tiny": 5.25926e-05,
+    "mini": 0.000741409,
+    "125m": 0.640058,
+    "350m": 2.16865,
+    "760m": 10.2168,
+    "1.3b": 17.3333,
+    "2.7b": 35.0701,
+    "6.7b": 85.7991,
+    "13b": 164.98,
+}
+GRAD_ACCUM_STEPS = 1  # the pipeline's runs take train_config.py's default
+
+
+@dataclass(frozen=True)
+class QuoteTerms:
+    """What an environment's quote needs from its configuration: prices per hour (None: none known)."""
+
+    environment: str
+    peak_tflops_per_accelerator: float
+    node_usd_per_hour: float | None  # 0.0 on reserved capacity
+    validation_usd_per_hour: float | None
+    sanity_separate: bool  # a sanity job of its own (Batch, EKS), not inside the training job (SageMaker)
+    compiles_ahead: bool  # a compile job of its own before training (Trainium)
+    price_basis: str  # where node_usd_per_hour comes from, in words
+    budget_name: str
+
+    @property
+    def other_node_hours(self) -> float:
+        """Hours on the run's nodes besides training: the sanity and compile jobs, where they are jobs of their own."""
+        minutes = (SANITY_MINUTES if self.sanity_separate else 0) + (COMPILE_MINUTES if self.compiles_ahead else 0)
+        return minutes / 60
+
+    @classmethod
+    def of(cls, config: EnvironmentConfig) -> QuoteTerms:
+        sagemaker = config.compute == "sagemaker"
+        instance, single = config.instance, config.single_node_instance
+        node = instance.sagemaker_usd_per_hour if sagemaker else instance.on_demand_usd_per_hour
+        basis = "SageMaker on-demand" if sagemaker else "EC2 on-demand (Spot costs less)"
+        if config.reservation is not None:
+            node, basis = 0.0, "reserved capacity, paid for whether used or not"
+        return cls(
+            environment=config.name,
+            peak_tflops_per_accelerator=instance.peak_bf16_tflops_per_accelerator,
+            node_usd_per_hour=node,
+            validation_usd_per_hour=single.sagemaker_usd_per_hour if sagemaker else single.on_demand_usd_per_hour,
+            sanity_separate=not sagemaker,
+            compiles_ahead=instance.accelerator is Accelerator.NEURON,
+            price_basis=basis,
+            budget_name=config.budget_name,
+        )
+
+
+@dataclass(frozen=True)
+class Quote:
+    usd: float | None  # None: no estimate (basis says why)
+    hours: float | None
+    basis: str
+
+    def line(self) -> str:
+        if self.usd is None:
+            return f"quote: no estimate ({self.basis})"
+        return f"quote: {about_usd(self.usd)} for ~{_two_figures(self.hours or 0):g} h of training ({self.basis})"
+
+
+def _two_figures(value: float) -> float:
+    return float(f"{value:.2g}")
+
+
+def about_usd(value: float) -> str:
+    """An estimate in dollars: two significant figures, marked ~ (never to the cent)."""
+    rounded = _two_figures(value)
+    return f"~${rounded:,.0f}" if rounded >= 10 else f"~${rounded:g}"
+
+
+def seconds_per_step(model: str, batch_size: int, peak_tflops: float, mfu_percent: float) -> float:
+    return batch_size * GRAD_ACCUM_STEPS * SAMPLE_TFLOPS[model] / (peak_tflops * mfu_percent / 100)
+
+
+def quote(run: dict, terms: QuoteTerms, measured_mfu_percent: float | None = None) -> Quote:
+    """The quote of a validated run (defaults filled in)."""
+    params = run.get("hyperparameters", {})
+    if run.get("workload", BUILT_IN_WORKLOAD) != BUILT_IN_WORKLOAD or params.get("model") not in GPT_MODELS:
+        return Quote(None, None, "no FLOPs model for this workload")
+    if terms.node_usd_per_hour is None or terms.validation_usd_per_hour is None:
+        return Quote(None, None, "no price known for this environment's instance types")
+    mfu = measured_mfu_percent or ASSUMED_MFU_PERCENT
+    step = seconds_per_step(params["model"], params["batch_size"], terms.peak_tflops_per_accelerator, mfu)
+    hours = params["max_steps"] * step / 3600
+    node_hours = run["nodes"] * (hours + terms.other_node_hours)
+    usd = node_hours * terms.node_usd_per_hour + VALIDATION_MINUTES / 60 * terms.validation_usd_per_hour
+    measured = f"MFU {mfu:.3g}% measured" if measured_mfu_percent else f"MFU {mfu:g}% assumed"
+    return Quote(usd, hours, f"{measured}, {terms.price_basis}")
+
+
+def budget_refusal(q: Quote, limit_usd: float, actual_usd: float) -> str | None:
+    """Why a run is refused for the monthly budget (one line), or None. Without an estimate, only a spent budget.
+    The pipeline's CompareQuoteWithBudget state (constructs/pipeline/run_quote.py) writes the same line."""
+    left = limit_usd - actual_usd
+    spent = f"AWS Budgets: ${actual_usd:,.2f} of ${limit_usd:,.2f} spent this month"
+    if q.usd is None and left <= 0:
+        return f"the monthly budget is spent ({spent}); set may_exceed_budget: true to run anyway"
+    if q.usd is not None and q.usd > max(left, 0):  # a run that adds nothing (reserved) is never refused
+        return (
+            f"the run is quoted at ~${q.usd:,.0f} but the monthly budget has ${max(left, 0):,.2f} left ({spent}); "
+            "lower max_steps or nodes, or set may_exceed_budget: true"
+        )
+    return None

@@ -1,0 +1,140 @@
+"""contracts/quote.py: a run's quote from the model's FLOPs, the catalogue's peak and price; the budget's refusal."""
+
+import json
+import sys
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from config import load_config
+from contracts.quote import (
+    ASSUMED_MFU_PERCENT,
+    COMPILE_MINUTES,
+    SAMPLE_TFLOPS,
+    SANITY_MINUTES,
+    VALIDATION_MINUTES,
+    Quote,
+    QuoteTerms,
+    about_usd,
+    budget_refusal,
+    quote,
+)
+from contracts.run import GPT_MODELS, filled
+from tests.synthesis import CAPACITY_BLOCK, context
+from tools.quote import quote_and_actual
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training_image"))
+from efa_training.workloads.gpt.sizes import MODEL_SIZES, flops_per_token  # noqa: E402
+
+
+def _run(**hyperparameters: object) -> dict:
+    return filled({"nodes": 2, "hyperparameters": hyperparameters}, 2)
+
+
+@pytest.fixture(scope="module")
+def terms() -> QuoteTerms:
+    return QuoteTerms.of(load_config(context()))
+
+
+def test_flops_per_sample_are_the_training_images_own():
+    assert set(SAMPLE_TFLOPS) == set(GPT_MODELS) == set(MODEL_SIZES)
+    for model, size in MODEL_SIZES.items():
+        assert SAMPLE_TFLOPS[model] == pytest.approx(flops_per_token(size) * size.seq_len / 1e12, rel=1e-5)
+
+
+def test_a_quote_is_steps_times_the_step_time_at_the_mfu_on_the_runs_nodes(terms):
+    q = quote(_run(model="1.3b", max_steps=1000, batch_size=4), terms)
+    assert q.hours is not None
+    step = 4 * SAMPLE_TFLOPS["1.3b"] / (terms.peak_tflops_per_accelerator * ASSUMED_MFU_PERCENT / 100)
+    assert q.hours == pytest.approx(1000 * step / 3600)
+    assert terms.node_usd_per_hour and terms.validation_usd_per_hour
+    sanity = SANITY_MINUTES / 60
+    assert q.usd == pytest.approx(
+        2 * (q.hours + sanity) * terms.node_usd_per_hour + VALIDATION_MINUTES / 60 * terms.validation_usd_per_hour
+    )
+    assert q.basis.startswith(f"MFU {ASSUMED_MFU_PERCENT:g}% assumed")
+
+
+def test_a_measured_mfu_replaces_the_assumption(terms):
+    run = _run(model="125m", max_steps=5000)
+    assumed, measured = quote(run, terms), quote(run, terms, measured_mfu_percent=ASSUMED_MFU_PERCENT / 2)
+    assert assumed.hours is not None
+    assert measured.hours == pytest.approx(2 * assumed.hours)
+    assert measured.basis.startswith("MFU 20% measured")
+
+
+def test_a_workload_without_a_flops_model_has_no_estimate(terms):
+    assert quote({**_run(), "workload": "my-trainer"}, terms).usd is None
+    assert quote(_run(model="ctr-tiny", strategy="ps"), terms).basis == "no FLOPs model for this workload"
+
+
+def test_reserved_nodes_cost_the_run_nothing_more_than_its_validation():
+    reserved = QuoteTerms.of(load_config(context(**CAPACITY_BLOCK)))
+    assert reserved.node_usd_per_hour == 0.0 and "reserved capacity" in reserved.price_basis
+    q = quote(_run(model="1.3b", max_steps=1000), reserved)
+    assert q.usd == pytest.approx(VALIDATION_MINUTES / 60 * (reserved.validation_usd_per_hour or 0))
+
+
+def test_a_trainium_run_is_quoted_its_compile_job_on_its_nodes():
+    trainium = QuoteTerms.of(load_config(context(instance_type="trn1.32xlarge")))
+    assert trainium.compiles_ahead and trainium.node_usd_per_hour
+    q = quote(_run(model="1.3b", max_steps=1000), trainium)
+    assert q.usd is not None and q.hours is not None
+    others = 2 * (SANITY_MINUTES + COMPILE_MINUTES) / 60 * trainium.node_usd_per_hour
+    assert q.usd == pytest.approx(
+        2 * q.hours * trainium.node_usd_per_hour
+        + others
+        + VALIDATION_MINUTES / 60 * (trainium.validation_usd_per_hour or 0)
+    )
+
+
+def test_a_type_without_a_price_has_no_estimate(terms):
+    assert quote(_run(), replace(terms, node_usd_per_hour=None)).usd is None
+
+
+@pytest.mark.parametrize(
+    ("q", "limit", "spent", "refused"),
+    [
+        (Quote(120.0, 1.0, ""), 1000, 500, False),
+        (Quote(120.0, 1.0, ""), 1000, 900, True),  # $100 left
+        (Quote(None, None, ""), 1000, 999, False),
+        (Quote(None, None, ""), 1000, 1000, True),  # spent: nothing is left for a run of unknown cost
+        (Quote(0.0, 1.0, ""), 1000, 1200, False),  # reserved capacity adds nothing
+    ],
+)
+def test_the_budget_refuses_a_quote_above_what_is_left(q, limit, spent, refused):
+    line = budget_refusal(q, limit, spent)
+    assert (line is not None) == refused
+    if line:
+        assert "\n" not in line and line.endswith(("may_exceed_budget: true", "to run anyway"))
+
+
+def test_an_estimate_is_never_printed_to_the_cent():
+    assert (about_usd(1234.56), about_usd(7.891), about_usd(0.01234)) == ("~$1,200", "~$7.9", "~$0.012")
+
+
+def _history(*states: tuple[str, float]) -> list[dict]:
+    """An execution's history: each state entered, then left `hours` later (Step Functions GetExecutionHistory)."""
+    now, events = datetime(2026, 11, 27, tzinfo=UTC), []
+    quoted = {"run": {"quote": {"usd": 12.5, "hours": 1.0, "basis": "MFU 40% assumed, EC2 on-demand"}}}
+    events.append({"timestamp": now, "stateExitedEventDetails": {"name": "QuoteRun", "output": json.dumps(quoted)}})
+    for name, hours in states:
+        events.append({"timestamp": now, "stateEnteredEventDetails": {"name": name}})
+        now += timedelta(hours=hours)
+        events.append({"timestamp": now, "stateExitedEventDetails": {"name": name}})
+    return events
+
+
+def test_describe_sets_the_recorded_quote_beside_what_the_job_states_cost():
+    config = load_config(context())
+    terms = QuoteTerms.of(config)
+    assert terms.node_usd_per_hour and terms.validation_usd_per_hour
+    lines = quote_and_actual(_history(("SanityCheck", 0.25), ("Train-my-trainer", 2.0), ("Validate", 0.5)), 2, config)
+    usd = 2 * 2.25 * terms.node_usd_per_hour + 0.5 * terms.validation_usd_per_hour
+    assert lines == [
+        "quote      ~$12 for ~1 h of training (MFU 40% assumed, EC2 on-demand)",
+        f"actual     {about_usd(usd)} at most (SanityCheck 0.25 h, Train-my-trainer 2.00 h, Validate 0.50 h; "
+        f"2 x {config.instance_type}, waits included)",
+    ]

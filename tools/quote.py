@@ -1,0 +1,140 @@
+"""A run's quote before it starts, and whether the environment's monthly budget can pay for it.
+
+    make quote ENV=dev RUN=examples/run.json     (.venv/bin/python -m tools.pipeline_cli quote dev examples/run.json)
+
+The arithmetic is contracts/quote.py's, which the pipeline's QuoteRun state uses too. Here the MFU is the one this
+environment's runs measured (the EfaTraining MFU metric over the last 14 days, tools/token_cost.py) where there is one,
+else the assumption, and the quote says which; the budget is AWS Budgets' (DescribeBudget: BudgetLimit and
+CalculatedSpend.ActualSpend). `start` prints the same lines and refuses a run over budget with the pipeline's line,
+unless the run says `may_exceed_budget: true`. What cannot be read (no credentials, no budget, no metrics) is said in
+one line and leaves the quote at the assumption; it never stops a start, as the pipeline does not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from config import EnvironmentConfig
+from contracts.quote import Quote, QuoteTerms, about_usd, budget_refusal, quote
+from contracts.run import filled
+
+BUDGETS_REGION = "us-east-1"  # AWS Budgets' one endpoint, budgets.amazonaws.com (AWS General Reference)
+
+
+@dataclass(frozen=True)
+class Budget:
+    limit_usd: float
+    spent_usd: float
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A run's quote, the budget it was held to (None: not read, `notes` say why) and the refusal, if any."""
+
+    quote: Quote
+    budget: Budget | None
+    refusal: str | None
+    notes: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        lines = [self.quote.line()]
+        if self.budget is not None:
+            left = self.budget.limit_usd - self.budget.spent_usd
+            lines.append(f"budget: ${max(left, 0):,.2f} left of ${self.budget.limit_usd:,.2f} this month")
+        return lines + list(self.notes)
+
+
+def read_budget(session, account: str, name: str) -> Budget:
+    budgets = session.client("budgets", region_name=BUDGETS_REGION)
+    found = budgets.describe_budget(AccountId=account, BudgetName=name)["Budget"]
+    spent = found.get("CalculatedSpend", {}).get("ActualSpend", {}).get("Amount", "0")  # none yet on a new budget
+    return Budget(float(found["BudgetLimit"]["Amount"]), float(spent))
+
+
+def price(run: dict, config: EnvironmentConfig, session) -> Priced:
+    """The quote of a valid run (a run file as `load_run` read it) in `config`'s environment."""
+    from tools.token_cost import measured_mfu  # imports the training image's model sizes
+
+    notes: list[str] = []
+    terms = QuoteTerms.of(config)
+    mfu = None
+    try:
+        mfu = measured_mfu(session.client("cloudwatch", region_name=config.region), config.name)
+    except (BotoCoreError, ClientError) as error:
+        notes.append(f"measured MFU not read ({_first_line(error)}): the quote assumes one")
+    q = quote(filled(run, config.nodes), terms, mfu)
+    budget = None
+    try:
+        account = session.client("sts", region_name=config.region).get_caller_identity()["Account"]
+        budget = read_budget(session, account, terms.budget_name)
+    except (BotoCoreError, ClientError) as error:
+        notes.append(f"budget {terms.budget_name} not read ({_first_line(error)}): the run is not held to it here")
+    refusal = None
+    if budget is not None and not run.get("may_exceed_budget", False):
+        refusal = budget_refusal(q, budget.limit_usd, budget.spent_usd)
+    return Priced(q, budget, refusal, tuple(notes))
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+# The pipeline's job states (a declared workload's are `<state>-<workload>`): multi-node, then single-node.
+MULTI_NODE_STATES = ("SanityCheck", "Compile", "Train")
+SINGLE_NODE_STATES = ("Validate",)
+
+
+def state_seconds(events: list[dict]) -> dict[str, float]:
+    """Seconds from entering to leaving each job state in an execution's history, retries and their waits included."""
+    entered: dict[str, datetime] = {}
+    spent: dict[str, float] = {}
+    for event in events:
+        if name := event.get("stateEnteredEventDetails", {}).get("name"):
+            entered[name] = event["timestamp"]
+        name = event.get("stateExitedEventDetails", {}).get("name")
+        if name in entered and _kind(name):
+            since = entered.pop(name)
+            spent[name] = spent.get(name, 0.0) + (event["timestamp"] - since).total_seconds()
+    return spent
+
+
+def _kind(state: str) -> str | None:
+    for kind, names in (("multi", MULTI_NODE_STATES), ("single", SINGLE_NODE_STATES)):
+        if any(state == n or state.startswith(f"{n}-") for n in names):
+            return kind
+    return None
+
+
+def quote_and_actual(events: list[dict], nodes: int, config: EnvironmentConfig) -> list[str]:
+    """`describe`'s lines: the quote the pipeline recorded, and what the job states' durations cost at the quote's
+    prices (an upper bound: a state's time includes queue waits and retry backoffs, when not every node bills)."""
+    lines = []
+    for event in events:
+        details = event.get("stateExitedEventDetails", {})
+        if details.get("name") == "QuoteRun":
+            recorded = _json(details.get("output")).get("run", {}).get("quote", {})
+            q = Quote(recorded.get("usd"), recorded.get("hours"), str(recorded.get("basis", "")))
+            lines.append(f"quote      {q.line().removeprefix('quote: ')}")
+    terms = QuoteTerms.of(config)
+    spent = state_seconds(events)
+    if not spent or terms.node_usd_per_hour is None or terms.validation_usd_per_hour is None:
+        return lines
+    usd = sum(
+        seconds / 3600 * (nodes * terms.node_usd_per_hour if _kind(state) == "multi" else terms.validation_usd_per_hour)
+        for state, seconds in spent.items()
+    )
+    parts = ", ".join(f"{state} {seconds / 3600:.2f} h" for state, seconds in spent.items())
+    lines.append(f"actual     {about_usd(usd)} at most ({parts}; {nodes} x {config.instance_type}, waits included)")
+    return lines
+
+
+def _json(text: object) -> dict:
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
