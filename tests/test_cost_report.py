@@ -86,10 +86,17 @@ def test_batch_multi_node_never_offers_spot():
     assert e.spot.usd_per_hour is None and "multi-node" in e.spot.source
 
 
-def test_eks_spot_without_credentials_is_not_invented():
-    # Without credentials there is no Spot number at all, only "n/a (needs credentials)".
-    e = cost_report.estimate(_config(env="dev", compute="eks"), hours=1, session=None)
+def test_eks_spot_without_credentials_is_a_range_not_a_price():
+    # Without the price history no Spot price is invented: the run between AWS's largest saving (90%) and the
+    # on-demand price, the default ceiling (Batch API reference, ComputeResource bidPercentage: 100% of On-Demand).
+    e = cost_report.estimate(_config(env="dev", compute="eks"), hours=2, session=None)
     assert (e.spot.usd_per_hour, e.spot.source) == (None, cost_report.NEEDS_CREDENTIALS)
+    on_demand = e.run_usd(e.on_demand.usd_per_hour)
+    assert on_demand and e.spot_run_range_usd == pytest.approx((e.run_usd(e.on_demand.usd_per_hour * 0.1), on_demand))
+    (line,) = [line for line in cost_report.render(e).splitlines() if "Spot between ~$" in line]
+    assert "to the on-demand price, the default ceiling" in line
+    batch = cost_report.estimate(_config(env="dev", compute="batch"), hours=2, session=None)
+    assert batch.spot_run_range_usd is None  # multi-node jobs cannot run on Spot at all
 
 
 def test_live_prices_come_from_price_list_and_spot_history():

@@ -109,6 +109,18 @@ class Estimate:
     def spot_run_usd(self) -> float | None:
         return self.run_usd(self.spot.usd_per_hour)
 
+    @property
+    def spot_run_range_usd(self) -> tuple[float, float] | None:
+        """Without the region's Spot price history (no credentials), where Spot may run: the run between AWS's largest
+        Spot saving (up to 90%) and the on-demand price, the default ceiling (Batch API reference, ComputeResource
+        bidPercentage: "the default value is 100% of the On-Demand price"; EC2 Spot bills the current Spot price
+        under it). None where the price is known or Spot cannot run."""
+        node = self.on_demand.usd_per_hour
+        if self.spot.source != NEEDS_CREDENTIALS or node is None:
+            return None
+        low, high = self.run_usd(node * (1 - SAGEMAKER_SPOT_MAX_SAVING)), self.run_usd(node)
+        return None if low is None or high is None else (low, high)
+
 
 def spot_allowed(config: EnvironmentConfig) -> tuple[bool, str]:
     """Whether this backend and shape can run on Spot at all, and why not."""
@@ -300,8 +312,14 @@ def render(e: Estimate) -> str:
         ),
     ]
     lines.append(_other_jobs_line(e))
-    spot_run = e.spot_run_usd
-    if e.spot.usd_per_hour is None or spot_run is None:
+    spot_run, spot_range = e.spot_run_usd, e.spot_run_range_usd
+    if spot_range is not None:
+        lines.append(
+            f"                      Spot between {_money(spot_range[0], True)} and {_money(spot_range[1], True)} "
+            f"(AWS's largest saving, up to {SAGEMAKER_SPOT_MAX_SAVING:.0%}, to the on-demand price, the default "
+            "ceiling; the region's price history needs credentials)"
+        )
+    elif e.spot.usd_per_hour is None or spot_run is None:
         lines.append(f"                      Spot {e.spot.source}")
     else:
         bound = "at least " if SPOT_BEST_CASE in e.spot.source else ""
