@@ -91,8 +91,9 @@ def test_eks_spot_without_credentials_is_a_range_not_a_price():
     # on-demand price, the default ceiling (Batch API reference, ComputeResource bidPercentage: 100% of On-Demand).
     e = cost_report.estimate(_config(env="dev", compute="eks"), hours=2, session=None)
     assert (e.spot.usd_per_hour, e.spot.source) == (None, cost_report.NEEDS_CREDENTIALS)
-    on_demand = e.run_usd(e.on_demand.usd_per_hour)
-    assert on_demand and e.spot_run_range_usd == pytest.approx((e.run_usd(e.on_demand.usd_per_hour * 0.1), on_demand))
+    node = e.on_demand.usd_per_hour
+    assert node is not None
+    assert e.spot_run_range_usd == pytest.approx((e.run_usd(node * 0.1), e.run_usd(node)))
     (line,) = [line for line in cost_report.render(e).splitlines() if "Spot between ~$" in line]
     assert "to the on-demand price, the default ceiling" in line
     batch = cost_report.estimate(_config(env="dev", compute="batch"), hours=2, session=None)

@@ -1,12 +1,13 @@
 """The sanity check's checks, in the order they run: the plan from the flags and the job environment (validated before
-the process group exists), the accelerators, the collectives and their bandwidth, the EFA proof, and the group's
-verdict, agreed by every rank (cli.py runs them and writes the report)."""
+the process group exists), the accelerators and each node's deep health (health.py), the collectives and their
+bandwidth, the EFA proof, and the group's verdict, agreed by every rank (cli.py runs them and writes the report)."""
 
 from __future__ import annotations
 
 import argparse
 import glob
 import os
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from efa_training.runtime.distributed import KIND_TO_DEVICE, Runtime, resolve_device
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.run_paths import expected_nodes_error
-from efa_training.runtime.sanity import compute, efa_proof
+from efa_training.runtime.sanity import compute, efa_proof, health
 from efa_training.runtime.sanity.collectives import COLLECTIVES, measure
 
 DEFAULT_SIZES = {"cuda": "1M,16M,128M,1G,2G", "xla": "1M,16M,128M,1G,2G", "cpu": "64K,1M,4M"}
@@ -133,14 +134,29 @@ def _efa_checks(
     )
 
 
+def node_health(rt: Runtime, kind: str) -> tuple[list[dict], list[str]]:
+    """Every node's deep health report (health.py, run by its local rank 0) and the group's failure lines."""
+    own = None
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        own = health.check_node(kind).report(socket.gethostname())
+        for line in own["failures"]:
+            print(f"sanity_check: rank {rt.rank}: {line}", file=sys.stderr, flush=True)  # in this node's own log
+    everyone: list[dict | None] = [None] * rt.world_size
+    dist.all_gather_object(everyone, own)
+    nodes = [report for report in everyone if report]
+    return nodes, [line for report in nodes for line in report["failures"]]
+
+
 def run_checks(args: argparse.Namespace, rt: Runtime, plan: Plan, nccl_log: str = "") -> dict:
     accel = check_accelerators(plan.kind, plan.expected)
+    health_nodes, health_failures = node_health(rt, plan.kind)
     compute_report, compute_failures = compute.check(rt, plan.min_compute_of_median)
     results = [measure(op, size, rt, args.warmup, args.iters) for op in COLLECTIVES for size in plan.sizes]
     by_size = {r["size_bytes"]: r["busbw_gbps"] for r in results if r["op"] == "all_reduce"}
     measured = by_size[plan.gate_bytes]
     efa, devices_bad, transport = _efa_checks(args, rt, plan.efa_interfaces, nccl_log, plan.kind)
     failures = _agreed_failures(rt, plan, accel, results, efa, devices_bad, transport) + compute_failures
+    failures += health_failures
     nodes_problem = expected_nodes_error(args.expected_nodes)
     if nodes_problem:
         failures.append(f"nodes: {nodes_problem}")
@@ -158,6 +174,7 @@ def run_checks(args: argparse.Namespace, rt: Runtime, plan: Plan, nccl_log: str 
         "torch": torch.__version__,  # the PyTorch the image runs, beside what it proved
         "accelerators": accel,
         "compute": compute_report,
+        "health": health_nodes,
         "efa": efa,
         "threshold_busbw_gbps": args.min_busbw_gbps,
         "threshold_source": os.environ.get("BUSBW_SOURCE", "--min-busbw-gbps"),

@@ -6,7 +6,8 @@
 Exit 0 = pass, 1 = a check failed, 2 = bad usage, 3 = the checks passed but the report could not be written
 (S3 AccessDenied, unwritable path).
 
-1. The node has ACCELERATORS_PER_NODE devices of kind ACCELERATOR_KIND (gpu|neuron|cpu).
+1. The node has ACCELERATORS_PER_NODE devices of kind ACCELERATOR_KIND (gpu|neuron|cpu), and passes the deep health
+   checks its tools allow (health.py: ECC, row remapping, clocks, NVLink, Xids, DCGM diagnostics, Neuron ECC).
 2. all_reduce, all_gather and reduce_scatter over all ranks give exactly the expected values (collectives.py).
 3. Where EFA_INTERFACES > 0 (the job environment of every EFA job): the container sees that many EFA devices
    (uverbs and libfabric's efa provider; with EFA_COUNT_CONFIRMED=0, on SageMaker, at least one, the count found
