@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from efa_training.runtime.launch import process
 from efa_training.runtime.sanity import health
 from tests.training import training_helpers as th
 
@@ -144,3 +145,21 @@ def test_a_sick_gpu_fails_the_sanity_check_with_its_host_check_and_evidence(tmp_
     assert health_lines[0] == f"health: {node['host']}: {ecc}"
     assert health_lines[-1] == f"health: {node['host']}: nvlink on GPU 3: Link 3 is inactive"
     assert health_lines[0] in run.stderr  # the node's own log names it too
+
+
+def test_a_failed_training_attempt_names_this_nodes_health_in_its_log(monkeypatch, capsys):
+    # launch.py after torchrun: a crash (1) or a hang (6) may be the hardware's; the exit code stays the attempt's.
+    sick = health.Health([health.Finding("xid", "PCI 0000:2b:00", "Xid 79, GPU has fallen off the bus.")], [], [])
+    monkeypatch.setattr(health, "check_node", lambda kind: sick)
+    assert process.health_after_failure("train", 6, {"ACCELERATOR_KIND": "gpu"}, host="ip-10-0-0-7") == 6
+    assert capsys.readouterr().err == (
+        "launch.py: after the failed attempt (exit 6): health: ip-10-0-0-7: xid on PCI 0000:2b:00: Xid 79, GPU has "
+        "fallen off the bus.\n"
+    )
+
+
+@pytest.mark.parametrize("code", [0, 2, 4, 5, 7, 143])
+def test_an_attempt_that_ended_for_its_own_reasons_checks_no_host(monkeypatch, code):
+    monkeypatch.setattr(health, "check_node", lambda kind: pytest.fail("checked the hosts"))
+    assert process.health_after_failure("train", code, {}) == code
+    assert process.health_after_failure("sanity", 1, {}) == 1  # the sanity check runs them itself

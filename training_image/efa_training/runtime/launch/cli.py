@@ -59,7 +59,7 @@ from efa_training.runtime.errors import EXIT_USAGE, EXIT_WINDOW_ENDED, UsageErro
 from efa_training.runtime.launch.command import Launch, prepare
 from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, PACKAGE_ROOT, SINGLE_MODES
 from efa_training.runtime.launch.neuron_compile import mark_compiled
-from efa_training.runtime.launch.process import run_on_sagemaker, run_torchrun
+from efa_training.runtime.launch.process import health_after_failure, run_on_sagemaker, run_torchrun
 from efa_training.runtime.launch.sagemaker import ml_root, on_sagemaker, write_failure
 
 VERSION_FILE = PACKAGE_ROOT / "version.py"  # the platform's release, beside the package (the CLI reads it too)
@@ -100,9 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     if launch.ml_root is None:
         if not launch.plan:
             os.execvpe(launch.command[0], launch.command, launch.env)  # one plain process: its exit code is the job's
-        return mark_compiled(
-            launch, run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
-        )
+        code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
+        return mark_compiled(launch, health_after_failure(mode, code, launch.env))
     return mark_compiled(launch, run_on_sagemaker(mode, launch))
 
 

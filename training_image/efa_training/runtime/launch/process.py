@@ -4,6 +4,7 @@ the workers' own exit code; on SageMaker, the sanity check first and the failure
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -13,7 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from efa_training.runtime import host_metrics
-from efa_training.runtime.errors import EXIT_HUNG, EXIT_STOPPED, EXIT_WINDOW_ENDED
+from efa_training.runtime.errors import (
+    EXIT_DIVERGED,
+    EXIT_FOLDER_LOCKED,
+    EXIT_HUNG,
+    EXIT_STOPPED,
+    EXIT_USAGE,
+    EXIT_WINDOW_ENDED,
+)
 from efa_training.runtime.exit_relay import EXIT_CODE_DIR, relayed_exit_code
 from efa_training.runtime.launch.sagemaker import write_failure
 
@@ -97,6 +105,26 @@ def run_torchrun(
         return EXIT_WINDOW_ENDED if asked and code in (0, EXIT_STOPPED) else code
 
 
+# Exit codes that say nothing about the hosts: done, refused (usage, diverged, folder locked), stopped on request or
+# for the reservation's end. After any other failure of training, each node checks its own health.
+NOT_THE_HOSTS = frozenset({0, EXIT_USAGE, EXIT_DIVERGED, EXIT_FOLDER_LOCKED, EXIT_WINDOW_ENDED, EXIT_STOPPED})
+
+
+def health_after_failure(mode: str, code: int, env: dict, host: str | None = None) -> int:
+    """After a failed training attempt (a crash, a hang), this node's deep health checks (sanity/health.py), each
+    finding in the job's log, so that an attempt lost to a failing GPU names it; the exit code stays the attempt's."""
+    if mode != "train" or code in NOT_THE_HOSTS:
+        return code
+    from efa_training.runtime.sanity import health  # only after a failure
+
+    found = health.check_node(env.get("ACCELERATOR_KIND", "cpu"))
+    report = found.report(host or socket.gethostname())
+    lines = report["failures"] or [f"health: {report['host']}: no finding"]
+    for line in lines + [f"health: not run: {why}" for why in report["not_run"]]:
+        print(f"launch.py: after the failed attempt (exit {code}): {line}", file=sys.stderr, flush=True)
+    return code
+
+
 def run_on_sagemaker(mode: str, launch: Launch) -> int:
     """The job's processes as children (so the failure file can be written after them), sanity first if asked."""
     assert launch.ml_root is not None
@@ -112,6 +140,7 @@ def run_on_sagemaker(mode: str, launch: Launch) -> int:
         stage = mode
         if launch.plan:
             code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
+            health_after_failure(mode, code, launch.env)
         else:
             code = run_forwarding(launch.command, launch.env)
     if code != 0:
