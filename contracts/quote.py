@@ -99,11 +99,17 @@ class Quote:
     def line(self) -> str:
         if self.usd is None:
             return f"quote: no estimate ({self.basis})"
-        return f"quote: {about_usd(self.usd)} for ~{_two_figures(self.hours or 0):g} h of training ({self.basis})"
+        return f"quote: {about_usd(self.usd)} for {_duration(self.hours or 0)} of training ({self.basis})"
 
 
 def _two_figures(value: float) -> float:
     return float(f"{value:.2g}")
+
+
+def _duration(hours: float) -> str:
+    if hours >= 1:
+        return f"~{_two_figures(hours):g} h"
+    return f"~{_two_figures(hours * 60):g} min" if hours * 60 >= 1 else "under a minute"
 
 
 def about_usd(value: float) -> str:

@@ -111,6 +111,14 @@ def test_the_budget_refuses_a_quote_above_what_is_left(q, limit, spent, refused)
         assert "\n" not in line and line.endswith(("may_exceed_budget: true", "to run anyway"))
 
 
+def test_a_quotes_line_gives_the_training_time_in_hours_minutes_or_under_a_minute():
+    assert [Quote(1.0, h, "b").line() for h in (2.345, 0.69, 1e-6)] == [
+        "quote: ~$1 for ~2.3 h of training (b)",
+        "quote: ~$1 for ~41 min of training (b)",
+        "quote: ~$1 for under a minute of training (b)",
+    ]
+
+
 def test_an_estimate_is_never_printed_to_the_cent():
     assert (about_usd(1234.56), about_usd(7.891), about_usd(0.01234)) == ("~$1,200", "~$7.9", "~$0.012")
 
