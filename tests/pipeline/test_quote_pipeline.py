@@ -2,8 +2,10 @@
 contracts/quote.py's arithmetic, records the quote in the run's record, and refuses a run its budget cannot pay for
 before any claim or job, unless the run may exceed it (constructs/pipeline/run_quote.py)."""
 
+import contextlib
 import io
 import json
+from collections.abc import Iterator
 
 import boto3
 import pytest
@@ -100,15 +102,30 @@ def test_a_budget_the_pipeline_cannot_read_does_not_stop_the_run(emulator):
     assert emulator.refused_requests == []
 
 
-def _spend(emulator, spent: str) -> None:
-    """The month's actual spend so far, as AWS Budgets would report it (moto has no UpdateBudget; it keeps the
-    CalculatedSpend a CreateBudget gives)."""
+@contextlib.contextmanager
+def _spent(amount: str) -> Iterator[None]:
+    """The month's actual spend so far, as AWS Budgets would report it, then none again (moto has no UpdateBudget;
+    it keeps the CalculatedSpend a CreateBudget gives)."""
     budgets = boto3.client("budgets", region_name=REGION)
     name = load_config(context()).budget_name
-    budget = budgets.describe_budget(AccountId=ACCOUNT, BudgetName=name)["Budget"]
-    budget["CalculatedSpend"] = {"ActualSpend": {"Amount": spent, "Unit": "USD"}}
-    budgets.delete_budget(AccountId=ACCOUNT, BudgetName=name)
-    budgets.create_budget(AccountId=ACCOUNT, Budget=budget)
+
+    def spend(value: str) -> None:
+        budget = budgets.describe_budget(AccountId=ACCOUNT, BudgetName=name)["Budget"]
+        budget["CalculatedSpend"] = {"ActualSpend": {"Amount": value, "Unit": "USD"}}
+        budgets.delete_budget(AccountId=ACCOUNT, BudgetName=name)
+        budgets.create_budget(AccountId=ACCOUNT, Budget=budget)
+
+    spend(amount)
+    try:
+        yield
+    finally:
+        spend("0")
+
+
+def _run_file(tmp_path, name: str, run: dict) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(run))
+    return str(path)
 
 
 def _cli(emulator, *argv: str) -> tuple[int, str, str]:
@@ -118,29 +135,18 @@ def _cli(emulator, *argv: str) -> tuple[int, str, str]:
 
 
 def test_the_cli_quotes_a_run_file_and_the_budget_left(emulator, terms, tmp_path):
-    path = tmp_path / "run.json"
-    path.write_text(json.dumps(LARGE))
-    _spend(emulator, "250.00")
-    try:
-        code, out, err = _cli(emulator, "quote", "dev", str(path))
-    finally:
-        _spend(emulator, "0")
+    with _spent("250.00"):
+        code, out, err = _cli(emulator, "quote", "dev", _run_file(tmp_path, "run.json", LARGE))
     expected = quote(_validated(LARGE), terms)
     assert (code, err) == (0, "")
     assert out.splitlines() == [expected.line(), "budget: $1,750.00 left of $2,000.00 this month"]  # dev: $2,000
 
 
 def test_start_refuses_a_run_over_budget_in_one_line_and_starts_nothing(emulator, terms, tmp_path):
-    path = tmp_path / "run.json"
-    path.write_text(json.dumps(LARGE))
-    _spend(emulator, "1999.00")
-    try:
-        code, _, err = _cli(emulator, "start", "dev", str(path))
-        may = tmp_path / "may.json"
-        may.write_text(json.dumps({**LARGE, "may_exceed_budget": True}))
-        allowed, out, _ = _cli(emulator, "start", "dev", str(may), "--name", "may-exceed")
-    finally:
-        _spend(emulator, "0")
+    may = _run_file(tmp_path, "may.json", {**LARGE, "may_exceed_budget": True})
+    with _spent("1999.00"):
+        code, _, err = _cli(emulator, "start", "dev", _run_file(tmp_path, "run.json", LARGE))
+        allowed, out, _ = _cli(emulator, "start", "dev", may, "--name", "may-exceed")
     expected = quote(_validated(LARGE), terms)
     assert (code, err) == (2, f"error: {budget_refusal(expected, 2000, 1999)}\n")
     assert allowed == 0 and "started may-exceed" in out
