@@ -1,7 +1,7 @@
 """A run's quote before it starts: its training hours and what it will cost, one arithmetic for CLI and pipeline.
 
-For the built-in GPT workload (ddp or fsdp):
-    seconds per step = batch_size x grad_accum x FLOPs per sample / (peak FLOP/s per accelerator x MFU)
+For the built-in GPT workload (ddp or fsdp), with one worker per GPU or per NeuronCore:
+    seconds per step = batch_size x grad_accum x FLOPs per sample / (peak FLOP/s per worker x MFU)
     FLOPs per sample = training FLOPs per token x seq_len (training_image/efa_training/workloads/gpt/sizes.py)
 Tokens per step and throughput both grow with the world size, so the node count leaves the hours and stays in the cost
 (linear scaling assumed; communication is part of the MFU):
@@ -56,7 +56,7 @@ class QuoteTerms:
     """What an environment's quote needs from its configuration: prices per hour (None: none known)."""
 
     environment: str
-    peak_tflops_per_accelerator: float
+    peak_tflops_per_worker: float  # a GPU's, or one NeuronCore's share of its chip's (one worker per core)
     node_usd_per_hour: float | None  # 0.0 on reserved capacity
     validation_usd_per_hour: float | None
     sanity_separate: bool  # a sanity job of its own (Batch, EKS), not inside the training job (SageMaker)
@@ -80,7 +80,7 @@ class QuoteTerms:
             node, basis = 0.0, "reserved capacity, paid for whether used or not"
         return cls(
             environment=config.name,
-            peak_tflops_per_accelerator=instance.peak_bf16_tflops_per_accelerator,
+            peak_tflops_per_worker=instance.peak_bf16_tflops_per_accelerator / instance.cores_per_accelerator,
             node_usd_per_hour=node,
             validation_usd_per_hour=single.sagemaker_usd_per_hour if sagemaker else single.on_demand_usd_per_hour,
             sanity_separate=not sagemaker,
@@ -130,7 +130,7 @@ def quote(run: dict, terms: QuoteTerms, measured_mfu_percent: float | None = Non
     if terms.node_usd_per_hour is None or terms.validation_usd_per_hour is None:
         return Quote(None, None, "no price known for this environment's instance types")
     mfu = measured_mfu_percent or ASSUMED_MFU_PERCENT
-    step = seconds_per_step(params["model"], params["batch_size"], terms.peak_tflops_per_accelerator, mfu)
+    step = seconds_per_step(params["model"], params["batch_size"], terms.peak_tflops_per_worker, mfu)
     hours = params["max_steps"] * step / 3600
     node_hours = run["nodes"] * (hours + terms.other_node_hours)
     usd = node_hours * terms.node_usd_per_hour + VALIDATION_MINUTES / 60 * terms.validation_usd_per_hour
@@ -145,7 +145,7 @@ def budget_refusal(q: Quote, limit_usd: float, actual_usd: float) -> str | None:
     spent = f"AWS Budgets: ${actual_usd:,.2f} of ${limit_usd:,.2f} spent this month"
     if q.usd is None and left <= 0:
         return f"the monthly budget is spent ({spent}); set may_exceed_budget: true to run anyway"
-    if q.usd is not None and q.usd > max(left, 0):  # a run that adds nothing (reserved) is never refused
+    if q.usd is not None and q.usd > max(left, 0):  # a run quoted at nothing is never refused
         return (
             f"the run is quoted at ~${q.usd:,.0f} but the monthly budget has ${max(left, 0):,.2f} left ({spent}); "
             "lower max_steps or nodes, or set may_exceed_budget: true"

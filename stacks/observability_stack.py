@@ -98,8 +98,8 @@ class ObservabilityStack(cdk.Stack):
             cdk.Annotations.of(self).add_warning_v2(
                 "efa-training:budget-omitted",
                 f"no monthly budget: AWS::Budgets::Budget does not exist in {config.region}; create the budget "
-                f"(cost filter user:{COST_TAG_KEY}${config.name}) in the Billing console or from a stack in a "
-                "region that has the type, such as us-east-1",
+                f"{config.budget_name} (the name the pipeline reads; cost filter user:{COST_TAG_KEY}${config.name}) "
+                "in the Billing console or from a stack in a region that has the type, such as us-east-1",
             )
             return None
         return CostBudget(

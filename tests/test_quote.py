@@ -47,7 +47,7 @@ def test_flops_per_sample_are_the_training_images_own():
 def test_a_quote_is_steps_times_the_step_time_at_the_mfu_on_the_runs_nodes(terms):
     q = quote(_run(model="1.3b", max_steps=1000, batch_size=4), terms)
     assert q.hours is not None
-    step = 4 * SAMPLE_TFLOPS["1.3b"] / (terms.peak_tflops_per_accelerator * ASSUMED_MFU_PERCENT / 100)
+    step = 4 * SAMPLE_TFLOPS["1.3b"] / (terms.peak_tflops_per_worker * ASSUMED_MFU_PERCENT / 100)
     assert q.hours == pytest.approx(1000 * step / 3600)
     assert terms.node_usd_per_hour and terms.validation_usd_per_hour
     sanity = SANITY_MINUTES / 60
@@ -75,6 +75,17 @@ def test_reserved_nodes_cost_the_run_nothing_more_than_its_validation():
     assert reserved.node_usd_per_hour == 0.0 and "reserved capacity" in reserved.price_basis
     q = quote(_run(model="1.3b", max_steps=1000), reserved)
     assert q.usd == pytest.approx(VALIDATION_MINUTES / 60 * (reserved.validation_usd_per_hour or 0))
+
+
+def test_a_neuroncore_is_a_worker_and_gets_its_share_of_the_chips_peak():
+    # One worker per NeuronCore (trn1: 2 per chip), each with batch_size sequences: the peak per worker is half a
+    # chip's, so a step takes twice as long as per-chip arithmetic says; a GPU's worker is the GPU.
+    config = load_config(context(instance_type="trn1.32xlarge"))
+    trainium = QuoteTerms.of(config)
+    chip = config.instance.peak_bf16_tflops_per_accelerator
+    assert config.instance.cores_per_accelerator == 2 and trainium.peak_tflops_per_worker == chip / 2
+    hours = quote(_run(model="1.3b", max_steps=1000, batch_size=4), trainium).hours
+    assert hours == pytest.approx(1000 * 4 * SAMPLE_TFLOPS["1.3b"] / (chip / 2 * ASSUMED_MFU_PERCENT / 100) / 3600)
 
 
 def test_a_trainium_run_is_quoted_its_compile_job_on_its_nodes():
@@ -146,3 +157,24 @@ def test_describe_sets_the_recorded_quote_beside_what_the_job_states_cost():
         f"actual     {about_usd(usd)} at most (SanityCheck 0.25 h, Train-my-trainer 2.00 h, Validate 0.50 h; "
         f"2 x {config.instance_type}, waits included)",
     ]
+
+
+def _evaluate(expression: str, state_input: dict):
+    """A JSONata state's expression on `state_input`, with the engine the emulator uses (jsonata-python)."""
+    import jsonata
+
+    body = expression.removeprefix("{%").removesuffix("%}").replace("$states.input", "$")
+    return jsonata.Jsonata(body).evaluate(state_input)
+
+
+def test_the_pipelines_quote_is_the_clis_and_reads_nothing_of_a_declared_workload(terms):
+    from constructs.pipeline.run_quote import _quoted_run
+
+    run = _run(model="1.3b", max_steps=1000, batch_size=4)
+    expected = quote(run, terms)
+    got = _evaluate(_quoted_run(terms), {"run": run})["quote"]
+    assert got["usd"] == pytest.approx(expected.usd) and got["hours"] == pytest.approx(expected.hours)
+    # A declared workload's hyperparameters may be any JSON: a string max_steps would be a JSONata error (T2001) if
+    # multiplied, and an error in a Pass state ends the run.
+    declared = {**run, "workload": "mine", "hyperparameters": {"model": 7, "max_steps": "all", "batch_size": "x"}}
+    assert _evaluate(_quoted_run(terms), {"run": declared})["quote"]["usd"] is None

@@ -5,7 +5,7 @@ MFU this environment's runs measured, where there is one) into `$.run.quote`, wh
 record (`runs/<run_id>/run.json`) beside the run. ReadBudget then reads the environment's AWS Budgets budget
 (DescribeBudget: its BudgetLimit and CalculatedSpend.ActualSpend, AWS Budgets API reference, "Budget"), and a run
 quoted above what is left, or any run once nothing is left, fails `OverBudget` with one line, unless it says
-`may_exceed_budget: true`. A budget that cannot be read (none in this Region, AccessDenied, the API down after the
+`may_exceed_budget: true`. A budget that cannot be read (none of that name, AccessDenied, the API down after the
 transient retries) does not stop the run: the quote records why, and the budget's own alerts still watch the month.
 The spend is as fresh as AWS Budgets' own ("AWS updates your budget status several times a day", AWS Budgets API
 reference): a run started just after another is held to a spend without it.
@@ -31,6 +31,9 @@ from contracts.run import BUILT_IN_WORKLOAD
 
 C = sfn.Condition
 OVER_BUDGET = "OverBudget"
+# DescribeBudget's throttling and internal errors (AWS Budgets API reference, DescribeBudget "Errors"), named
+# ServiceName.ErrorName as Step Functions names an AWS SDK integration's errors.
+BUDGETS_TRANSIENT = ("Budgets.ThrottlingException", "Budgets.InternalErrorException", "States.Timeout")
 
 
 def run_quote(scope: Construct, terms: QuoteTerms, failures: FailurePath) -> tuple[sfn.State, sfn.Pass]:
@@ -48,7 +51,7 @@ def run_quote(scope: Construct, terms: QuoteTerms, failures: FailurePath) -> tup
         result_path="$.budget",  # whole: a new budget has no CalculatedSpend yet, and a path to it would fail
         task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
     )
-    retry_transient(read)
+    retry_transient(read, BUDGETS_TRANSIENT)
     unread = sfn.Pass.jsonata(
         scope,
         "BudgetNotRead",
@@ -82,18 +85,25 @@ def _quoted_run(terms: QuoteTerms) -> str:
     """JSONata: the run with `quote` {usd, hours, basis}; usd and hours null where there is no estimate."""
     none = "{'usd': null, 'hours': null, 'basis': %s}"
     if terms.node_usd_per_hour is None or terms.validation_usd_per_hour is None:
-        return "{% $merge([$states.input.run, {'quote': " + none % json.dumps("no price known for the types") + "}]) %}"
+        return (
+            "{% $merge([$states.input.run, {'quote': "
+            + none % json.dumps("no price known for this environment's instance types")
+            + "}]) %}"
+        )
     basis = json.dumps(f"MFU {ASSUMED_MFU_PERCENT:g}% assumed, {terms.price_basis}")
-    return (
-        "{% ($r := $states.input.run; $p := $r.hyperparameters; "
-        f"$f := $lookup({json.dumps(SAMPLE_TFLOPS)}, $p.model); "
-        f"$h := $p.max_steps * $p.batch_size * {GRAD_ACCUM_STEPS} * $f "
-        f"/ ({terms.peak_tflops_per_accelerator} * {ASSUMED_MFU_PERCENT / 100}) / 3600; "
-        f"$merge([$r, {{'quote': ($r.workload = '{BUILT_IN_WORKLOAD}' and $exists($f)) ? "
+    no_model = none % json.dumps("no FLOPs model for this workload")
+    # The built-in's hyperparameters are checked by then (a string model, integer steps and batch); a declared
+    # workload's may be any JSON, so nothing of them is evaluated: a JSONata error in a Pass would end the run.
+    priced = (
+        f"($f := $lookup({json.dumps(SAMPLE_TFLOPS)}, $r.hyperparameters.model); $exists($f) ? "
+        f"($h := $r.hyperparameters.max_steps * $r.hyperparameters.batch_size * {GRAD_ACCUM_STEPS} * $f "
+        f"/ ({terms.peak_tflops_per_worker} * {ASSUMED_MFU_PERCENT / 100}) / 3600; "
         f"{{'usd': $r.nodes * ($h + {terms.other_node_hours}) * {terms.node_usd_per_hour} "
-        f"+ {VALIDATION_MINUTES / 60} * {terms.validation_usd_per_hour}, 'hours': $h, 'basis': {basis}}} : "
-        + none % json.dumps("no FLOPs model for this workload")
-        + "}])) %}"
+        f"+ {VALIDATION_MINUTES / 60} * {terms.validation_usd_per_hour}, 'hours': $h, 'basis': {basis}}}) : {no_model})"
+    )
+    return (
+        f"{{% ($r := $states.input.run; $merge([$r, {{'quote': $r.workload = '{BUILT_IN_WORKLOAD}' ? {priced} "
+        f": {no_model}}}])) %}}"
     )
 
 

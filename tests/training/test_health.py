@@ -163,3 +163,29 @@ def test_an_attempt_that_ended_for_its_own_reasons_checks_no_host(monkeypatch, c
     monkeypatch.setattr(health, "check_node", lambda kind: pytest.fail("checked the hosts"))
     assert process.health_after_failure("train", code, {}) == code
     assert process.health_after_failure("sanity", 1, {}) == 1  # the sanity check runs them itself
+
+
+def test_a_check_that_breaks_is_named_not_raised(monkeypatch):
+    # A sick node's local rank 0 must not die while the other ranks wait for it in all_gather_object.
+    monkeypatch.setattr(health.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+
+    def run(argv: list[str]) -> tuple[int, str]:
+        raise RuntimeError("an answer of a shape not foreseen")
+
+    found = health.check_node("gpu", run, dcgm_level=1)
+    assert found.not_run == ["health checks stopped: RuntimeError('an answer of a shape not foreseen')"]
+
+
+def test_dcgm_output_with_a_line_after_its_json_is_still_read():
+    found = health.Health([], [], [])
+    health._dcgm((226, _text("dcgm-diag-fail.json") + "\nWarning: a line after the JSON\n"), found)
+    assert [f.check for f in found.findings] == ["dcgm"] and found.findings[0].device == "GPU 1"
+    health._dcgm((0, "no JSON at all"), found)
+    assert found.not_run == ["DCGM diagnostics: no JSON in its output: no JSON at all"]
+
+
+def test_an_xid_after_which_nvidia_asks_for_no_reset_does_not_fail_a_reused_node():
+    log = (
+        "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.\n"
+    )
+    assert health.parse_kernel_log(log) == []  # the pending remap itself is nvidia-smi's remapped_rows.pending

@@ -33,8 +33,10 @@ QUERY = ("index", "pci.bus_id", "ecc.errors.uncorrected.volatile.total", "clocks
 OPTIONAL_FIELDS = 2
 FELL_OFF_THE_BUS = 15  # nvidia-smi: "The GPU has fallen off the bus or has otherwise become inaccessible"
 # The Xids after which EKS's node monitoring agent reboots or replaces a node (EKS user guide, "Detect node health
-# issues": AcceleratedHardwareReady), less 13 and 31, which a faulty program causes (NVIDIA Xid catalog).
-NODE_XIDS = frozenset({48, 63, 64, 74, 79, 94, 95, 119, 120, 121, 140})
+# issues": AcceleratedHardwareReady), less 13 and 31, which a faulty program causes, and 63 and 94, after which the
+# NVIDIA Xid catalog asks for no reset (a row remap recorded; a contained error: restart the program): the kernel
+# log holds every Xid since the instance booted, and a reused instance must not fail for an earlier job's.
+NODE_XIDS = frozenset({48, 64, 74, 79, 95, 119, 120, 121, 140})
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+),(.*)")
 NEURON_HW_ERROR = re.compile(r"NEURON_HW_ERR=(SRAM_UNCORRECTABLE_ERROR|NC_UNCORRECTABLE_ERROR|HBM_UNCORRECTABLE_ERROR"
                              r"|DMA_ERROR)")  # fmt: skip
@@ -74,8 +76,18 @@ def run_command(argv: list[str], timeout: float = 1200) -> tuple[int, str]:
 
 
 def check_node(kind: str, run: Run = run_command, dcgm_level: int | None = None) -> Health:
-    """Every check this node's tools allow. `kind` (gpu, neuron, cpu) says which missing tool is worth naming."""
+    """Every check this node's tools allow. `kind` (gpu, neuron, cpu) says which missing tool is worth naming. A
+    check that breaks (an output of a shape not foreseen, a counter that cannot be read) is named as not run: it must
+    not end the sanity check on one node while the others wait for it, nor replace a failed attempt's exit code."""
     health = Health([], [], [])
+    try:
+        _check_node(kind, run, dcgm_level, health)
+    except Exception as error:  # noqa: BLE001 - reported, never raised: see above
+        health.not_run.append(f"health checks stopped: {error!r}"[:300])
+    return health
+
+
+def _check_node(kind: str, run: Run, dcgm_level: int | None, health: Health) -> None:
     if shutil.which("nvidia-smi"):
         _nvidia_smi(run, health)
         _nvlink(run(["nvidia-smi", "nvlink", "--status"])[1], health)
@@ -94,7 +106,6 @@ def check_node(kind: str, run: Run = run_command, dcgm_level: int | None = None)
             health.not_run.append(f"kernel log (Xid, NEURON_HW_ERR): dmesg exited {code}; reading it needs CAP_SYSLOG")
     if kind == "neuron":
         health.findings += neuron_counters(Path(os.environ.get("NEURON_SYSFS", NEURON_SYSFS)), health.not_run)
-    return health
 
 
 def _nvidia_smi(run: Run, health: Health) -> None:
@@ -103,7 +114,8 @@ def _nvidia_smi(run: Run, health: Health) -> None:
     if code == 2:  # a field this driver does not know: ask without the remapped rows
         fields = fields[:-OPTIONAL_FIELDS]
         code, out = run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"])
-        health.not_run.append("row remapping: this driver lists it only under --query-remapped-rows")
+        if code == 0:
+            health.not_run.append("row remapping: this driver lists it only under --query-remapped-rows")
     if code == FELL_OFF_THE_BUS:
         health.findings.append(Finding("gpu-lost", "a GPU", f"nvidia-smi exited 15: {out.strip()[:200]}"))
     elif code != 0:
@@ -178,10 +190,14 @@ def _dcgm(result: tuple[int, str], health: Health) -> None:
     if code == DCGM_NO_HOST_ENGINE:
         health.not_run.append("DCGM diagnostics: no DCGM host engine to connect to")
         return
-    try:
-        findings = parse_dcgm_diag(json.loads(out[out.find("{") :]))
+    try:  # the JSON object, then whatever dcgmi printed after it
+        if "{" not in out:
+            raise ValueError("no JSON object")
+        findings = parse_dcgm_diag(json.JSONDecoder().raw_decode(out[out.index("{") :])[0])
     except ValueError:
         findings = [Finding("dcgm", "the node", f"dcgmi diag exited {code}: {out.strip()[:200]}")] if code else []
+        if not code:
+            health.not_run.append(f"DCGM diagnostics: no JSON in its output: {out.strip()[:200]}")
     if code in DCGM_FAILED and not findings:
         findings = [Finding("dcgm", "the node", f"dcgmi diag: {DCGM_FAILED[code]}")]
     health.findings += findings
