@@ -12,6 +12,7 @@ from config import load_config
 from contracts.quote import (
     ASSUMED_MFU_PERCENT,
     COMPILE_MINUTES,
+    GRAD_ACCUM_STEPS,
     SAMPLE_TFLOPS,
     SANITY_MINUTES,
     VALIDATION_MINUTES,
@@ -36,6 +37,12 @@ def _run(**hyperparameters: object) -> dict:
 @pytest.fixture(scope="module")
 def terms() -> QuoteTerms:
     return QuoteTerms.of(load_config(context()))
+
+
+def test_the_pipelines_gradient_accumulation_is_the_trainers_default():
+    from efa_training.train_config import TrainConfig
+
+    assert TrainConfig.__dataclass_fields__["grad_accum_steps"].default == GRAD_ACCUM_STEPS
 
 
 def test_flops_per_sample_are_the_training_images_own():

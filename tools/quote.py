@@ -13,7 +13,6 @@ one line and leaves the quote at the assumption; it never stops a start, as the 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -22,6 +21,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from config import EnvironmentConfig
 from contracts.quote import Quote, QuoteTerms, about_usd, budget_refusal, quote
 from contracts.run import filled
+from tools.pipeline_cli import _json_object
 
 BUDGETS_REGION = "us-east-1"  # AWS Budgets' one endpoint, budgets.amazonaws.com (AWS General Reference)
 
@@ -122,7 +122,7 @@ def quote_and_actual(events: list[dict], nodes: int, config: EnvironmentConfig) 
     for event in events:
         details = event.get("stateExitedEventDetails", {})
         if details.get("name") == "QuoteRun":
-            recorded = _json(details.get("output")).get("run", {}).get("quote", {})
+            recorded = _json_object(details.get("output")).get("run", {}).get("quote", {})
             q = Quote(recorded.get("usd"), recorded.get("hours"), str(recorded.get("basis", "")))
             lines.append(f"quote      {q.line().removeprefix('quote: ')}")
     terms = QuoteTerms.of(config)
@@ -136,11 +136,3 @@ def quote_and_actual(events: list[dict], nodes: int, config: EnvironmentConfig) 
     parts = ", ".join(f"{state} {seconds / 3600:.2f} h" for state, seconds in spent.items())
     lines.append(f"actual     {about_usd(usd)} at most ({parts}; {nodes} x {config.instance_type}, waits included)")
     return lines
-
-
-def _json(text: object) -> dict:
-    try:
-        value = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}

@@ -189,3 +189,29 @@ def test_an_xid_after_which_nvidia_asks_for_no_reset_does_not_fail_a_reused_node
         "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.\n"
     )
     assert health.parse_kernel_log(log) == []  # the pending remap itself is nvidia-smi's remapped_rows.pending
+
+
+def test_an_nvidia_smi_that_never_answers_is_a_lost_gpu_not_a_wait(monkeypatch):
+    # A tool stuck on a lost GPU must not hold this node's rank 0 while the group waits for it (run_command's bound).
+    monkeypatch.setattr(health, "TOOL_SECONDS", 0.5)
+    fake = {"nvidia-smi": ["sleep", "5"]}
+    monkeypatch.setattr(health.subprocess, "run", _bounded_sleep(fake))
+    assert health.run_command(["nvidia-smi", "--query-gpu=index"]) == (
+        health.TIMED_OUT,
+        "nvidia-smi did not answer within 0.5 s",
+    )
+    monkeypatch.setattr(health.shutil, "which", lambda tool: "/usr/bin/nvidia-smi" if tool == "nvidia-smi" else None)
+    found = health.check_node("cpu", dcgm_level=0)
+    assert [f.check for f in found.findings] == ["gpu-lost"]
+
+
+def _bounded_sleep(fake: dict):
+    """subprocess.run with the argv replaced: the real timeout applies to a real process that sleeps."""
+    import subprocess
+
+    real = subprocess.run
+
+    def run(argv, **kwargs):
+        return real(fake.get(argv[0], argv), **kwargs)
+
+    return run

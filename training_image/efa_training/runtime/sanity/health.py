@@ -44,6 +44,11 @@ NEURON_SYSFS = "/sys/devices/virtual/neuron_device"
 NEURON_COUNTERS = ("mem_ecc_uncorrected", "sram_ecc_uncorrected")
 DCGM_FAILED = {226: "a test failed", 205: "a test failed and asks to isolate the GPU"}  # dcgmi's exit statuses
 DCGM_NO_HOST_ENGINE = 235
+TOOL_SECONDS = 60  # nvidia-smi and dmesg answer in seconds; one that does not is a finding (a GPU gone) or not run
+# Each DCGM level's bound: its documented length (1 seconds, 2 about two minutes, 3 about 15) with room; level 4 has
+# no documented length and gets what is left of the sanity stage's hour.
+DCGM_SECONDS = {"1": 300, "2": 600, "3": 1800, "4": 3000}
+TIMED_OUT = -2
 
 
 @dataclass(frozen=True)
@@ -67,10 +72,15 @@ class Health:
                 "not_run": self.not_run}  # fmt: skip
 
 
-def run_command(argv: list[str], timeout: float = 1200) -> tuple[int, str]:
+def run_command(argv: list[str]) -> tuple[int, str]:
+    """(exit code, output); TIMED_OUT past the command's bound, so that a tool stuck on a lost GPU cannot keep this
+    node's rank 0 from the group, which waits for it in all_gather_object."""
+    timeout = DCGM_SECONDS.get(argv[3], DCGM_SECONDS["4"]) if argv[:2] == ["dcgmi", "diag"] else TOOL_SECONDS
     try:
         done = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired) as error:
+    except subprocess.TimeoutExpired:
+        return TIMED_OUT, f"{argv[0]} did not answer within {timeout} s"
+    except OSError as error:
         return -1, str(error)
     return done.returncode, done.stdout + done.stderr
 
@@ -116,8 +126,8 @@ def _nvidia_smi(run: Run, health: Health) -> None:
         code, out = run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"])
         if code == 0:
             health.not_run.append("row remapping: this driver lists it only under --query-remapped-rows")
-    if code == FELL_OFF_THE_BUS:
-        health.findings.append(Finding("gpu-lost", "a GPU", f"nvidia-smi exited 15: {out.strip()[:200]}"))
+    if code in (FELL_OFF_THE_BUS, TIMED_OUT):
+        health.findings.append(Finding("gpu-lost", "a GPU", f"nvidia-smi exited {code}: {out.strip()[:200]}"))
     elif code != 0:
         health.not_run.append(f"nvidia-smi --query-gpu exited {code}: {out.strip()[:200]}")
     else:
