@@ -10,6 +10,18 @@ DATASET_MANIFEST = "dataset.json"
 CHECKPOINTS_PREFIX = "checkpoints/"
 MODELS_PREFIX = "models/"
 RUNS_PREFIX = "runs/"  # per-run reports: sanity check, verdicts, summaries
+# Hosts the training named bad (a failed health check, the rank that hung first), one object per host named by its
+# id (EC2 instance id, else Kubernetes node name, else host name), written by the container
+# (training_image/efa_training/runtime/bad_hosts.py; tests hold the two equal): runs/<run_id>/bad-hosts/pending/<id>.
+# The pipeline acts on each before its retry and moves it to runs/<run_id>/bad-hosts/<id> and the environment's list,
+# bad-hosts/<id> (constructs/pipeline/quarantine.py).
+BAD_HOSTS_PREFIX = "bad-hosts/"
+BAD_HOSTS_PENDING = "bad-hosts/pending/"
+# Where a Batch host writes its instance id (host_user_data.py) and where the job's container reads it: containers
+# cannot reach the instance metadata service (hop limit 1, ECS_AWSVPC_BLOCK_IMDS), so the host hands it over.
+HOST_IDENTITY_DIR = "/var/lib/efa-training"
+HOST_IDENTITY_MOUNT = "/etc/efa-training/host"
+INSTANCE_ID_FILE = f"{HOST_IDENTITY_MOUNT}/instance-id"
 RUN_RECORD = "run.json"  # runs/<run_id>/run.json: a readable copy of a run's claim, written once the claim holds
 # The runs table (constructs/storage/runs_table.py; the storage stack's output RUNS_TABLE_OUTPUT names it): the
 # pipeline claims a run id with a conditional write of its item (constructs/pipeline/run_claim.py). The item holds the

@@ -143,6 +143,7 @@ class BatchStack(cdk.Stack):
             share_identifier=PIPELINE_SHARE,
             single_node_on_demand_queue=self.queue_names.get("single_node_on_demand"),
             workload_definitions=workload_definitions,
+            environment=config.name,
         )
         self.accelerator_metrics = accelerator_metrics("batch", config.instance.accelerator, environment=config.name)
         self.job_queue_names = list(self.queue_names.values())

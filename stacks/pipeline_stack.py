@@ -8,7 +8,15 @@ finds the state machine by this stack's `StateMachineArn` output.
 import aws_cdk as cdk
 
 from config import Accelerator, EnvironmentConfig
-from config.layout import DATASET_MANIFEST, DATASETS_PREFIX, MODELS_PREFIX, RUN_RECORD, RUNS_PREFIX
+from config.layout import (
+    BAD_HOSTS_PENDING,
+    BAD_HOSTS_PREFIX,
+    DATASET_MANIFEST,
+    DATASETS_PREFIX,
+    MODELS_PREFIX,
+    RUN_RECORD,
+    RUNS_PREFIX,
+)
 from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.pipeline.reservation_end import Reservation
@@ -27,6 +35,9 @@ BUCKET_OBJECTS = (
     (f"{MODELS_PREFIX}*/approval.json", "reads the approval recorded for a run"),
     (f"{MODELS_PREFIX}*", "records an approved run's verdict and approval in models/<run_id>/"),
     (f"{DATASETS_PREFIX}*/{DATASET_MANIFEST}", "checks that the run's dataset is prepared before any instance starts"),
+    (f"{RUNS_PREFIX}*/{BAD_HOSTS_PENDING}*", "reads and clears the hosts a failed attempt named bad (quarantine.py)"),
+    (f"{RUNS_PREFIX}*/{BAD_HOSTS_PREFIX}*", "keeps the run's record of the hosts it took out"),
+    (f"{BAD_HOSTS_PREFIX}*", "keeps the environment's record of the hosts it took out, one object per host id"),
 )
 
 

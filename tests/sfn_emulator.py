@@ -275,6 +275,18 @@ class Emulator:
     # "service.operation" -> the answer of an operation moto does not emulate (EC2 DescribeCapacityReservations,
     # SageMaker DescribeTrainingPlan), in the shape of botocore's model
     answers: dict[str, dict] = field(default_factory=dict)
+    # kind -> per submission, the host ids its job names bad before it ends, as a training container does
+    # (training_image/efa_training/runtime/bad_hosts.py): runs/<run_id>/bad-hosts/pending/<id>
+    bad_hosts: dict[str, list[list[str]]] = field(default_factory=dict)
+
+    def record_bad_hosts(self, kind: str, submission: int, run_id: str) -> None:
+        named = self.bad_hosts.get(kind, [])
+        for host in named[submission] if submission < len(named) else []:
+            record = {"host_id": host, "why": "failed the health check after a failed attempt (exit 1)",
+                      "evidence": ["Xid 79 on GPU 3"], "run_id": run_id}  # fmt: skip
+            self.s3.put_object(
+                Bucket=self.bucket, Key=f"runs/{run_id}/bad-hosts/pending/{host}", Body=json.dumps(record).encode()
+            )
 
     def _raw(self, service: str):
         """A plain moto client of `service` (the calls a lost reply lets through)."""
@@ -383,7 +395,7 @@ class Emulator:
 
     def reset(self) -> None:
         """Forget the previous execution's plan and records (the emulated resources stay)."""
-        self.outcomes, self.verdict = {}, None
+        self.outcomes, self.verdict, self.bad_hosts = {}, None, {}
         self.faults.clear()
         self.answers.clear()
         self.faulted.clear()
@@ -424,6 +436,7 @@ class Emulator:
                 emulator.held[kind].wait(timeout=60)
             plan = emulator.outcomes.get(kind, [True])
             outcome = plan[min(index, len(plan) - 1)]
+            emulator.record_bad_hosts(kind, index, job.parameters.get("run_id", ""))
             if outcome == BATCH_NO_CAPACITY:  # cancelled in RUNNABLE by its queue's time limit: it never started
                 job.attempts, job.latest_attempt = [], None
                 job.job_stopped_reason = BATCH_CAPACITY_CANCEL

@@ -303,6 +303,11 @@ def _elapsed(seconds: float) -> str:
     return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+def _is_job(event: dict) -> bool:
+    """A job submission (`...sync`: Batch, EKS, SageMaker), not one of the calls around it (the quarantine's)."""
+    return str(event.get("taskScheduledEventDetails", {}).get("resource", "")).endswith(".sync")
+
+
 def _progress(done: int, total: int) -> str:
     return "[" + "#" * done + "-" * (total - done) + f"] {done}/{total}"
 
@@ -324,7 +329,7 @@ class _Progress:
         kind = event["type"]
         if kind.endswith("StateEntered"):
             self._entered(elapsed, kind, event["stateEnteredEventDetails"]["name"])
-        elif kind == "TaskScheduled" and self.task:
+        elif kind == "TaskScheduled" and self.task and _is_job(event):
             self.attempts[self.task] = self.attempts.get(self.task, 0) + 1
             if self.attempts[self.task] > 1:
                 self._print(elapsed, f"{self.task} attempt {self.attempts[self.task]}")

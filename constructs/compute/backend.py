@@ -114,8 +114,13 @@ class JobRunner(Protocol):
         """
         ...
 
+    def quarantine_host(self, scope: Construct, id_: str) -> sfn.Chain | None:
+        """States that keep one host out of the run's next attempt; their input's `host` is the id a bad-host record
+        names (constructs/pipeline/quarantine.py). None where every attempt gets fresh hosts anyway."""
+        ...
+
     def grant(self, principal: iam.IGrantable) -> None:
-        """Everything the states from `submit` need, on the state machine's role."""
+        """Everything the states from `submit` and `quarantine_host` need, on the state machine's role."""
         ...
 
 

@@ -18,6 +18,7 @@ launch.py writes `contracts.run.FAILURE_REASON_MARKER` and the code.
 import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
+from constructs.pipeline.quarantine import Quarantine
 from contracts.run import FAILURE_REASON_MARKER, REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE
 
 ATTEMPT_FAILED = "TrainingAttemptFailed"
@@ -43,12 +44,14 @@ def classified_training(
     result_path: str,
     rejected_errors: tuple[str, ...] = (),
     job: str = "training",
+    quarantine: Quarantine | None = None,
 ) -> sfn.Parallel:
     """`submission` (the backend's job state, result at `$`) wrapped so its failures carry their kind.
 
     `rejected_errors`: the backend's errors for a request it refuses outright (JobRunner.rejected_errors); they
     leave the block under their own names. The exit code is read from a Batch DescribeJobs entry or a SageMaker
-    DescribeTrainingJob FailureReason; a Cause of another shape is an attempt failure.
+    DescribeTrainingJob FailureReason; a Cause of another shape is an attempt failure. `quarantine`: first, hosts
+    the attempt named bad are taken out and the block fails as HostsQuarantined (constructs/pipeline/quarantine.py).
     """
     attempt_failed = sfn.Fail(scope, f"{id_}AttemptFailed", error=ATTEMPT_FAILED, cause_path="$.caught.Cause")
     refused = sfn.Fail(
@@ -138,7 +141,8 @@ def classified_training(
         ),
         parse.next(has_attempts),
     ).otherwise(attempt_failed)
-    submission.add_catch(is_json, errors=["States.TaskFailed"], result_path="$.caught")
+    classify = is_json if quarantine is None else quarantine.check(scope, id_, is_json)
+    submission.add_catch(classify, errors=["States.TaskFailed"], result_path="$.caught")
     parallel = sfn.Parallel(
         scope,
         id_,

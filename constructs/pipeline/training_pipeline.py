@@ -24,6 +24,7 @@ from constructs.pipeline.dataset_check import dataset_check
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.initial_model import InitialModel
 from constructs.pipeline.input_checks import INVALID, input_validation
+from constructs.pipeline.quarantine import HOSTS_QUARANTINED, QUARANTINE_RETRIES, Quarantine
 from constructs.pipeline.reservation_end import Reservation, reservation_end
 from constructs.pipeline.run_claim import RunClaim
 from constructs.pipeline.run_quote import run_quote
@@ -101,6 +102,8 @@ class TrainingPipeline(Construct):
         self._runner, self._train_attempt_hours = runner, train_attempt_hours
         self._compiles_ahead, self._capacity_retries = compiles_ahead, capacity_retries
         self._reservation = reservation
+        # Hosts a failed attempt named bad are taken out before the retry, which does not count (quarantine.py).
+        self._quarantine = Quarantine(bucket=bucket, runner=runner)
         stack = cdk.Stack.of(self)
         # A fixed name, so that the role may describe this state machine's executions (the holder of a run
         # being resumed) without naming the state machine itself, which would be a circular reference.
@@ -319,6 +322,7 @@ class TrainingPipeline(Construct):
             ),
             result_path="$.jobs.sanity",
             rejected_errors=self._runner.rejected_errors,
+            quarantine=self._quarantine,
             job="sanity",
         )
         self._retry_classified(
@@ -334,6 +338,7 @@ class TrainingPipeline(Construct):
         if self._runner.rejected_errors:
             state.add_retry(errors=list(self._runner.rejected_errors), max_attempts=0)
         state.add_retry(errors=[ATTEMPT_FAILED], max_attempts=attempts, **options)
+        state.add_retry(errors=[HOSTS_QUARANTINED], max_attempts=QUARANTINE_RETRIES, interval=cdk.Duration.seconds(30))
         state.add_retry(
             errors=[NO_CAPACITY],
             interval=cdk.Duration.minutes(CAPACITY_RETRY_MINUTES),
@@ -364,6 +369,7 @@ class TrainingPipeline(Construct):
             ),
             result_path="$.jobs.compile",
             rejected_errors=self._runner.rejected_errors,
+            quarantine=self._quarantine,
             job="compile",
         )
         self._retry_classified(compile_, attempts=COMPILE_RETRIES, interval=cdk.Duration.minutes(2), backoff_rate=1)
@@ -391,6 +397,7 @@ class TrainingPipeline(Construct):
             ),
             result_path="$.jobs.train",
             rejected_errors=runner.rejected_errors,
+            quarantine=self._quarantine,
         )
         self._retry_classified(
             train,
@@ -422,9 +429,10 @@ class TrainingPipeline(Construct):
         retry = self.training_retry
         return execution_seconds(
             self._train_attempt_hours,
-            sanity_submissions=0 if self._runner.sanity_in_training else 1 + SANITY_RETRIES,
-            compile_submissions=1 + COMPILE_RETRIES if self._compiles_ahead else 0,
-            train_submissions=1 + retry.max_attempts,
+            # each stage may also be submitted again after a quarantine (QUARANTINE_RETRIES, not counted as attempts)
+            sanity_submissions=0 if self._runner.sanity_in_training else 1 + SANITY_RETRIES + QUARANTINE_RETRIES,
+            compile_submissions=1 + COMPILE_RETRIES + QUARANTINE_RETRIES if self._compiles_ahead else 0,
+            train_submissions=1 + retry.max_attempts + QUARANTINE_RETRIES,
             # the attempts' backoff, and each stage's capacity waits (a submission waits at most QUEUE_WAIT_MINUTES)
             train_backoff_seconds=retry.max_attempts * int(retry.max_delay.to_seconds())
             + 3 * self._capacity_retries * (QUEUE_WAIT_MINUTES + CAPACITY_RETRY_MINUTES) * 60,

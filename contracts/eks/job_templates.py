@@ -5,7 +5,8 @@
   PET_MASTER_ADDR and PET_MASTER_PORT in every pod.
 - `job_templates`: one TrainJob per phase for people with kubectl (also stored in the cluster as a ConfigMap).
 - `indexed_job`: a batch/v1 Indexed Job for the pipeline, because Step Functions' eks:runJob.sync waits on
-  batch/v1 Jobs only. Its pods find rank 0 through the headless service WORKERS_SERVICE.
+  batch/v1 Jobs only. Its pods find rank 0 through the headless service WORKERS_SERVICE and learn their node's
+  name in NODE_NAME.
 
 The launcher reads MASTER_ADDR/MASTER_PORT/PET_NNODES/PET_NODE_RANK: both job kinds set them explicitly.
 """
@@ -19,6 +20,7 @@ from config import InstanceType
 RUNTIME_NAME = "efa-torch-distributed"
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
 WORKERS_SERVICE = "training-workers"
+NODE_NAME = "NODE_NAME"  # the pipeline's pods' node name (indexed_job)
 # Step Functions starts one Job per phase; a failed pod fails the Job (the pipeline decides about retries).
 _BACKOFF_LIMIT = 0
 
@@ -121,6 +123,10 @@ def indexed_job(
         {"name": "MASTER_ADDR", "value": f"$(JOB_NAME)-0.{WORKERS_SERVICE}"},
         {"name": "MASTER_PORT", "value": str(spec.MASTER_PORT)},
         rank_from_index,
+        # The node the pod runs on, from the downward API (Kubernetes docs, "Expose Pod Information to Containers
+        # Through Environment Variables": fieldRef spec.nodeName): a host the training names bad is recorded by
+        # this name (training_image/efa_training/runtime/bad_hosts.py), and the pipeline cordons that node.
+        {"name": NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
     pod = spec.pod_spec(
         instance, image=image, phase=phase, nodes=nodes, args=list(args), extra_env=launcher_env, site=site

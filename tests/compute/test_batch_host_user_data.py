@@ -18,6 +18,16 @@ def test_host_script_mounts_fsx_and_checks_accelerators():
     assert 'if [ "$GPUS" -ne 8 ]' in script and "-lt 32" in script
 
 
+def test_the_host_hands_its_instance_id_to_its_containers():
+    # Containers cannot reach the metadata service (hop limit 1): the host writes its id where the job definitions
+    # mount it read-only (config.layout HOST_IDENTITY_DIR), for a bad-host record the pipeline terminates.
+    script = "\n".join(
+        host_commands(instance=CATALOGUE["p5.48xlarge"], fsx_dns_name="d", fsx_mount_name="m", environment="dev")
+    )
+    assert "latest/meta-data/instance-id > /var/lib/efa-training/instance-id" in script
+    assert script.index("instance-id") < script.index("lustre-client")  # before any step that may power the host off
+
+
 def test_neuron_host_checks_neuron_devices():
     # Trainium hosts count /dev/neuron* and run neuron-ls instead of nvidia-smi.
     script = "\n".join(

@@ -86,11 +86,20 @@ def test_multi_node_jobs_map_every_efa_device_and_accelerator(name):
             assert [d for d in devices if "neuron" in d] == [f"/dev/neuron{i}" for i in range(it.accelerators)]
         assert container["Ulimits"] == [{"Name": "memlock", "SoftLimit": -1, "HardLimit": -1}]
         assert container["LinuxParameters"]["SharedMemorySize"] >= 16 * 1024
-        assert container["Volumes"] == [{"Name": "fsx", "Host": {"SourcePath": "/fsx"}}]
-        assert container["MountPoints"] == [{"ContainerPath": "/fsx", "SourceVolume": "fsx"}]
+        # /fsx, and the host's instance id read-only (a bad-host record names it: runtime/bad_hosts.py)
+        assert container["Volumes"] == [
+            {"Name": "fsx", "Host": {"SourcePath": "/fsx"}},
+            {"Name": "host-identity", "Host": {"SourcePath": "/var/lib/efa-training"}},
+        ]
+        assert container["MountPoints"] == [
+            {"ContainerPath": "/fsx", "SourceVolume": "fsx"},
+            {"ContainerPath": "/etc/efa-training/host", "ReadOnly": True, "SourceVolume": "host-identity"},
+        ]
         env = _environment(props)
         assert env["ACCELERATORS_PER_NODE"] == str(it.workers_per_node)
         assert env["EXPECTED_BUSBW_GBPS"] == f"{it.expected_busbw_gbps:g}" and env["FSX_MOUNT"] == "/fsx"
+        assert env["INSTANCE_ID_FILE"] == "/etc/efa-training/host/instance-id"
+        assert env["REPORT_PREFIX"].startswith("s3://") and env["REPORT_PREFIX"].endswith("/runs/")
         assert env["ACCELERATOR_KIND"] == ("gpu" if it.accelerator.value == "nvidia" else "neuron")
         assert dict(it.collective_env).items() <= env.items()
 

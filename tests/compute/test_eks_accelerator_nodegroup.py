@@ -1,6 +1,8 @@
 """EksAcceleratorNodegroup alone, on a cluster in a bare stack, for every catalogue EFA type (NVIDIA and Neuron):
-whole EFA nodes in one subnet and one placement group, tainted for training, scaling from 0."""
+whole EFA nodes in one subnet and one placement group, tainted for training, scaling from 0; and
+EksValidationNodegroup alone, for what the two share (node auto repair)."""
 
+import copy
 import functools
 import json
 import re
@@ -10,9 +12,10 @@ import pytest
 
 from config import CATALOGUE, efa_instance_types
 from config.capacity import CapacityReservation
-from constructs.compute.eks.accelerator_nodegroup import EksAcceleratorNodegroup
+from constructs.compute.eks.accelerator_nodegroup import EksAcceleratorNodegroup, EksValidationNodegroup
 from contracts.eks.job_spec import ACCELERATOR_TAINT_KEY, HUGEPAGES_2MI_PAGES
 from tests.alone import bare_stack, template_of
+from tests.change_matrix import redeploy
 from tests.compute.eks_parts import cluster, vpc
 
 INSTANCE_TYPES = efa_instance_types()
@@ -42,6 +45,24 @@ def _nodegroup(
         nodes=NODES,
         capacity_type=capacity_type,
         reservation=reservation,
+    )
+    return template_of(stack)
+
+
+@functools.cache
+def _validation_group(instance_type: str) -> dict:
+    stack = bare_stack()
+    network = vpc(stack)
+    subnet = ec2.PrivateSubnet(
+        stack, "TrainingSubnet", vpc_id=network.vpc_id, availability_zone="us-east-1a", cidr_block="10.0.224.0/19"
+    )
+    EksValidationNodegroup(
+        stack,
+        "Validation",
+        cluster=cluster(stack, network),
+        instance=CATALOGUE[instance_type],
+        subnet=subnet,
+        efa_security_group=ec2.SecurityGroup(stack, "Efa", vpc=network),
     )
     return template_of(stack)
 
@@ -186,3 +207,30 @@ def test_the_node_group_is_never_force_updated(capacity_type):
     reservation = BLOCK if capacity_type == "capacity_block" else None
     group = _group(_nodegroup("p5.48xlarge", "on_demand", reservation))
     assert group["ForceUpdateEnabled"] is False and group["ScalingConfig"]["DesiredSize"] == 0
+
+
+@pytest.mark.parametrize("instance_type", INSTANCE_TYPES)
+def test_training_nodes_are_auto_repaired(instance_type):
+    # EKS node auto repair reboots or replaces a node whose accelerators (AcceleratedHardwareReady, after 10 min) or
+    # kernel, network, storage or runtime (after 30 min) the node monitoring agent reports failing (EKS user guide,
+    # "Automatically repair nodes in EKS clusters", node-repair.html): the retry starts on a sound host.
+    assert _group(_nodegroup(instance_type))["NodeRepairConfig"] == {"Enabled": True}
+
+
+@pytest.mark.parametrize("instance_type", ["p5.4xlarge", "trn1.2xlarge"])
+def test_the_validation_node_is_auto_repaired_too(instance_type):
+    # The validation group holds one node at most: unrepaired, a failing node would serve every validation retry
+    # (EKS user guide, "Automatically repair nodes in EKS clusters").
+    assert _group(_validation_group(instance_type))["NodeRepairConfig"] == {"Enabled": True}
+
+
+def test_turning_auto_repair_on_updates_a_deployed_node_group_in_place():
+    # Day two: NodeRepairConfig is not create-only (AWS::EKS::Nodegroup resource schema, bundled with cfn-lint;
+    # CloudFormation docs, AWS::EKS::Nodegroup NodeRepairConfig: "Update requires: No interruption"), so a group
+    # deployed without it is updated, not replaced.
+    after = {"Eks": _nodegroup("p5.48xlarge")}
+    before = copy.deepcopy(after)
+    (group,) = [k for k, v in before["Eks"]["Resources"].items() if v["Type"] == "AWS::EKS::Nodegroup"]
+    del before["Eks"]["Resources"][group]["Properties"]["NodeRepairConfig"]
+    change = redeploy(before, after, "us-east-1")
+    assert change.deployed == {"Eks"} and ("Eks", group) not in change.replaced

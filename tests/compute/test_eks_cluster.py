@@ -13,7 +13,7 @@ import constructs.compute.eks.versions as versions
 from config import CATALOGUE
 from constructs.compute.eks.cluster import EksTrainingCluster
 from constructs.compute.eks.cluster_logs import CONTAINER_INSIGHTS
-from contracts.eks.job_spec import ACCELERATOR_TAINT_KEY
+from contracts.eks.job_spec import ACCELERATOR_TAINT_KEY, toleration
 from tests.alone import bare_stack
 from tests.change_matrix import redeploy
 from tests.compute.eks_parts import vpc
@@ -122,6 +122,24 @@ def test_observability_addon_runs_the_agents_emf_listener():
     ]
     collected = json.loads(addon["ConfigurationValues"])["agent"]["config"]["logs"]["metrics_collected"]
     assert collected["emf"] == {} and collected["kubernetes"]["enhanced_container_insights"] is True
+
+
+def test_the_node_monitoring_agent_is_installed():
+    # The agent reports AcceleratedHardwareReady, KernelReady, NetworkingReady, ... as node conditions, which node
+    # auto repair on the accelerator node groups acts on (EKS user guide, "Detect node health issues with the EKS
+    # node monitoring agent", node-health-nma.html; "Automatically repair nodes in EKS clusters", node-repair.html).
+    addons = {a["AddonName"]: a for a in _resources(_cluster(NVIDIA), "AWS::EKS::Addon")}
+    assert "eks-node-monitoring-agent" in addons
+
+
+def test_the_node_monitoring_agents_dcgm_server_tolerates_the_training_taint():
+    # The agent's dcgm-server DaemonSet tolerates no taint by default (the chart's dcgmAgent.tolerations), and
+    # without it on a GPU node the agent reports DCGMError; the add-on takes dcgmAgent.tolerations (EKS user guide,
+    # "Detect node health issues with the EKS node monitoring agent", Configure the node monitoring agent).
+    (addon,) = [
+        a for a in _resources(_cluster(NVIDIA), "AWS::EKS::Addon") if a["AddonName"] == "eks-node-monitoring-agent"
+    ]
+    assert json.loads(addon["ConfigurationValues"])["dcgmAgent"]["tolerations"] == [toleration()]
 
 
 @pytest.mark.parametrize("instance_type", [NVIDIA, NEURON])

@@ -10,7 +10,7 @@ import pytest
 
 from config import CATALOGUE
 from constructs.compute.eks.job_runner import EksJobRunner
-from contracts.eks.job_templates import indexed_job
+from contracts.eks.job_templates import NODE_NAME, indexed_job
 from contracts.run import stages
 from k8s import render
 from tests.synthesis import ROOT
@@ -68,6 +68,15 @@ def test_indexed_job_sets_launcher_rendezvous():
     assert env["MASTER_ADDR"]["value"] == "$(JOB_NAME)-0.training-workers"
     assert "job-completion-index" in env["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert env["ACCELERATORS_PER_NODE"]["value"] == str(P5.workers_per_node)
+
+
+# Every pipeline pod learns its node's name from the downward API (Kubernetes docs, "Expose Pod Information to
+# Containers Through Environment Variables": fieldRef spec.nodeName): a bad-host record names the node to cordon.
+@pytest.mark.parametrize("job", ["sanity", "train", "validate"])
+def test_every_pipeline_pod_knows_its_node_name(job):
+    manifest = runner().job_manifest(job=job, parameters={}, job_name="$.name", nodes="$.run.nodes")
+    env = {v["name"]: v for v in manifest["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env[NODE_NAME] == {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
 
 
 # k8s/render.py prints a TrainJob requesting every EFA interface of the chosen type.

@@ -46,13 +46,30 @@ class EksEmulator(Emulator):
     jobs: list[dict] = field(default_factory=list)  # every Job eks:runJob.sync was asked to run
     sizes_at_jobs: list[dict[str, int]] = field(default_factory=list)  # node group -> desired, per Job submitted
     resizes: list[tuple[str, int]] = field(default_factory=list)  # (node group, desired) per UpdateNodegroupConfig
+    # Kubernetes nodes by name, as the API server holds them; every eks:call (method, path, body) on them
+    nodes: dict[str, dict] = field(default_factory=dict)
+    node_calls: list[tuple[str, str, dict | None]] = field(default_factory=list)
     _cluster: str = ""
+
+    def node_call(self, request: dict) -> dict | None:
+        """eks:call's answer for GET or PUT /api/v1/nodes/<name> (Step Functions developer guide, "Call Amazon
+        EKS": the API server's reply in ResponseBody); None for an unknown node (the API server's 404)."""
+        method, path, body = request["Method"], request["Path"], request.get("RequestBody")
+        self.node_calls.append((method, path, body))
+        name = path.removeprefix("/api/v1/nodes/")
+        if name not in self.nodes:
+            return None
+        if method == "PUT":
+            self.nodes[name] = dict(body or {})
+        return {"ResponseBody": self.nodes[name], "StatusCode": 200}
 
     def reset(self) -> None:
         super().reset()
         self.jobs.clear()
         self.sizes_at_jobs.clear()
         self.resizes.clear()
+        self.nodes.clear()
+        self.node_calls.clear()
         for group in self.eks.list_nodegroups(clusterName=self._cluster)["nodegroups"]:  # as a deploy leaves them
             self.eks.update_nodegroup_config(
                 clusterName=self._cluster, nodegroupName=group, scalingConfig={"desiredSize": 0}
@@ -83,6 +100,22 @@ class EksEmulator(Emulator):
                 pass
 
             def _eval_service_task(self, env, resource_runtime_part, normalised_parameters, state_credentials):
+                if self.resource.api_action == "call":  # eks:call on a node: the pipeline's quarantine
+                    answer = emulator.node_call(normalised_parameters)
+                    if answer is None:  # the API server's 404: eks:call names its status
+                        raise FailureEventException(
+                            FailureEvent(
+                                env=env,
+                                error_name=CustomErrorName("EKS.404"),
+                                event_type=HistoryEventType.TaskFailed,
+                                event_details=cast(
+                                    EventDetails,
+                                    {"taskFailedEventDetails": TaskFailedEventDetails(error="EKS.404", cause="none")},
+                                ),
+                            )
+                        )
+                    env.stack.append(answer)
+                    return
                 # Not checked against an API model: eks:runJob's request is a Kubernetes batch/v1 Job manifest and the
                 # cluster's name, endpoint and CA (no botocore shape). The pipeline's other requests (S3, SSM, SNS)
                 # are checked by the emulator's client hook like on any backend.
@@ -107,6 +140,8 @@ class EksEmulator(Emulator):
                     - 1
                 )
                 outcome = plan[min(attempt, len(plan) - 1)]
+                if "--run-id" in args:  # hosts the job names bad before it ends, as a training container does
+                    emulator.record_bad_hosts(args[0], attempt, str(args[args.index("--run-id") + 1]))
                 if isinstance(outcome, str):  # the API server refused the request: eks:runJob names its status
                     raise FailureEventException(
                         FailureEvent(
@@ -392,3 +427,49 @@ def test_a_node_group_held_by_hand_is_left_up_until_its_hold_ends(emulator):
         run = emulator.sfn.start_execution(stateMachineArn=reconciler, name=f"hold-{left_up}")["executionArn"]
         assert emulator.wait(run)["status"] == "SUCCEEDED"
         assert emulator.node_sizes()["training"] == left_up
+
+
+def _node(emulator, name: str) -> str:
+    """A node of the accelerator node group, its instance in moto's EC2 with the launch template's tags."""
+    ec2 = boto3.client("ec2", region_name=REGION)
+    tags = [{"Key": "Project", "Value": "efa-training"}, {"Key": "Environment", "Value": "dev"}]
+    (instance,) = ec2.run_instances(
+        ImageId=ec2.describe_images()["Images"][0]["ImageId"], MinCount=1, MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )["Instances"]  # fmt: skip
+    taint = {"key": "efa-training/accelerator", "value": "true", "effect": "NoSchedule"}
+    emulator.nodes[name] = {
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "resourceVersion": "7"},
+        "spec": {"providerID": f"aws:///{REGION}a/{instance['InstanceId']}", "taints": [taint]},
+    }  # fmt: skip
+    return instance["InstanceId"]
+
+
+def test_a_node_the_training_named_bad_is_cordoned_tainted_and_replaced_before_the_retry(emulator):
+    # Cordoned (spec.unschedulable, what kubectl cordon sets) and tainted, its own taints kept; then its instance
+    # is terminated so that the node group's Auto Scaling group launches a fresh one for the retry.
+    emulator.verdict = ACCEPTED
+    name = "ip-10-0-1-17.ec2.internal"
+    instance = _node(emulator, name)
+    emulator.outcomes = {"train": [False, True]}
+    emulator.bad_hosts = {"train": [[name]]}
+    assert emulator.run(RUN)["status"] == "SUCCEEDED"
+    assert [(method, path) for method, path, _ in emulator.node_calls] == [
+        ("GET", f"/api/v1/nodes/{name}"), ("PUT", f"/api/v1/nodes/{name}")
+    ]  # fmt: skip
+    spec = emulator.nodes[name]["spec"]
+    assert spec["unschedulable"] is True and emulator.nodes[name]["metadata"]["resourceVersion"] == "7"
+    assert [t["key"] for t in spec["taints"]] == ["efa-training/accelerator", "efa-training/quarantined"]
+    (reservation,) = boto3.client("ec2", region_name=REGION).describe_instances(InstanceIds=[instance])["Reservations"]
+    assert reservation["Instances"][0]["State"]["Name"] in ("shutting-down", "terminated")
+    phases = [j["spec"]["template"]["spec"]["containers"][0]["args"][0] for j in emulator.jobs]
+    assert phases == ["sanity", "train", "train", "validate"]
+
+
+def test_a_node_already_gone_leaves_its_record_and_the_run_goes_on(emulator):
+    emulator.verdict = ACCEPTED
+    emulator.outcomes = {"train": [False, True]}
+    emulator.bad_hosts = {"train": [["ip-10-0-9-9.ec2.internal"]]}
+    assert emulator.run(RUN)["status"] == "SUCCEEDED"
+    kept = emulator.s3.list_objects_v2(Bucket=emulator.bucket, Prefix="bad-hosts/")["Contents"]
+    assert [o["Key"] for o in kept] == ["bad-hosts/ip-10-0-9-9.ec2.internal"]

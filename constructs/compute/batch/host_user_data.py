@@ -22,7 +22,7 @@ from pathlib import Path
 import aws_cdk.aws_ec2 as ec2
 
 from config import Accelerator, InstanceType
-from config.layout import FSX_MOUNT_PATH
+from config.layout import FSX_MOUNT_PATH, HOST_IDENTITY_DIR
 from constructs.observability.accelerator_metrics import CWAGENT, ENVIRONMENT_DIMENSION, batch_host_metrics_log_group
 
 # EC2 user guide, EFA: 5128 pages of 2 MiB for the libfabric EFA provider's registered buffers.
@@ -94,6 +94,11 @@ def host_commands(
         "trap 'echo \"efa-training host preparation failed at line $LINENO\"; shutdown -h now' ERR",
         "TOKEN=$(curl -sS -X PUT http://169.254.169.254/latest/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')",
         'AWS_REGION=$(curl -sS -H "X-aws-ec2-metadata-token: $TOKEN" http://169.254.169.254/latest/meta-data/placement/region)',
+        "# 0. this host's instance id for its containers, which cannot reach the metadata service: a bad-host record",
+        "#    names it, and the pipeline terminates it before the retry (constructs/pipeline/quarantine.py)",
+        f"mkdir -p {HOST_IDENTITY_DIR}",
+        'curl -sS -H "X-aws-ec2-metadata-token: $TOKEN" http://169.254.169.254/latest/meta-data/instance-id '
+        f"> {HOST_IDENTITY_DIR}/instance-id",
     ]
     if check_efa:
         lines += [

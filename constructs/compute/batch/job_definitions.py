@@ -20,7 +20,16 @@ import aws_cdk.aws_iam as iam
 import aws_cdk.aws_logs as logs
 
 from config import Accelerator, InstanceType
-from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, FSX_MOUNT_PATH, RUNS_PREFIX, batch_name
+from config.layout import (
+    CHECKPOINTS_PREFIX,
+    DATASETS_PREFIX,
+    FSX_MOUNT_PATH,
+    HOST_IDENTITY_DIR,
+    HOST_IDENTITY_MOUNT,
+    INSTANCE_ID_FILE,
+    RUNS_PREFIX,
+    batch_name,
+)
 from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS
 from constructs.compute.batch.workload_jobs import workload_job_specs
@@ -210,6 +219,7 @@ class BatchJobDefinitions(Construct):
         self.specs = job_specs(instance=instance, nodes=nodes, bucket_name=bucket_name, train_timeout=train_timeout)
         self._hosts, self._job_role, self._log_group = (instance, single_node_instance), job_role, log_group
         self._nodes = nodes
+        self._runs_uri = f"s3://{bucket_name}/{RUNS_PREFIX}"
         self.definitions: dict[str, batch.IJobDefinition] = {}
         self.names: dict[str, str] = {}
         for name, spec in self.specs.items():
@@ -308,7 +318,8 @@ class BatchJobDefinitions(Construct):
                 and k != "EFA_INTERFACES"
             }
             environment["ACCELERATORS_PER_NODE"] = str(accelerators * host.cores_per_accelerator)
-        environment.update(extra)
+        # Reports, verdicts and bad-host records go straight to S3 (runtime/storage.py, runtime/bad_hosts.py).
+        environment.update({"REPORT_PREFIX": self._runs_uri, "INSTANCE_ID_FILE": INSTANCE_ID_FILE, **extra})
         return batch.EcsEc2ContainerDefinition(
             self,
             id_,
@@ -323,6 +334,12 @@ class BatchJobDefinitions(Construct):
             linux_parameters=linux,
             # EFA registers (pins) large buffers: locked memory must be unlimited.
             ulimits=[batch.Ulimit(name=batch.UlimitName.MEMLOCK, soft_limit=-1, hard_limit=-1)],
-            volumes=[batch.EcsVolume.host(name="fsx", host_path=FSX_MOUNT_PATH, container_path=FSX_MOUNT_PATH)],
+            volumes=[
+                batch.EcsVolume.host(name="fsx", host_path=FSX_MOUNT_PATH, container_path=FSX_MOUNT_PATH),
+                # The host's instance id (host_user_data.py), named in a bad-host record the pipeline acts on.
+                batch.EcsVolume.host(
+                    name="host-identity", host_path=HOST_IDENTITY_DIR, container_path=HOST_IDENTITY_MOUNT, readonly=True
+                ),
+            ],
             logging=ecs.LogDriver.aws_logs(stream_prefix=spec.mode, log_group=self._log_group),
         )

@@ -9,6 +9,7 @@ import aws_cdk.aws_stepfunctions as sfn
 from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, JobKind, task_timeout
 from constructs.compute.batch.job_definitions import RETRY_RULES
+from constructs.compute.shared.bad_hosts import acknowledge_terminate, grant_terminate, terminate_instance
 from constructs.nag import acknowledge, acknowledge_iam
 
 
@@ -50,6 +51,7 @@ class BatchJobRunner:
         share_identifier: str | None = None,
         single_node_on_demand_queue: str | None = None,
         workload_definitions: Mapping[str, Mapping[str, str]] | None = None,
+        environment: str = "",
     ) -> None:
         """Queues and job definitions by their fixed names (config.layout.batch_name), never by a reference to the
         Batch stack: the pipeline's template then names what it submits to, a job definition's new revision needs
@@ -68,6 +70,14 @@ class BatchJobRunner:
         self.workload_definitions = {name: dict(jobs) for name, jobs in (workload_definitions or {}).items()}
         # Fair-share queues reject a SubmitJob without a share identifier.
         self.share_identifier = share_identifier
+        # The compute environments' instance tags (computeResources.tags: Project and Environment, app.py), which
+        # scope the hosts the pipeline may terminate to this environment's.
+        self.environment = environment
+
+    def quarantine_host(self, scope: Construct, id_: str) -> sfn.Chain:
+        """Terminate the bad host (`$.host`, its instance id): its compute environment launches a fresh one for the
+        next attempt."""
+        return sfn.Chain.start(terminate_instance(scope, id_, "$.host"))
 
     def _queue(self, job: JobKind) -> str:
         return self.multi_node_queue if job in MULTI_NODE_JOBS else self.single_node_queue
@@ -243,6 +253,7 @@ class BatchJobRunner:
                 "guide prescribes for every revision ('Restrict job submission')",
                 formats=("arn:*:batch:*:*:job-definition/*",),
             )
+            acknowledge_terminate(role, f"arn:{partition}:ec2:{region}:{account}")
             for definition in self._definition_names():
                 acknowledge(
                     role,
@@ -250,6 +261,7 @@ class BatchJobRunner:
                     "batch:SubmitJob by name runs the latest active revision, which a redeploy renews: every "
                     "revision of this one definition",
                 )
+        grant_terminate(principal, self.environment)  # a bad host, before the retry (quarantine_host)
         # The managed rule through which Step Functions learns that a Batch job ended.
         iam.Grant.add_to_principal(
             grantee=principal,

@@ -7,6 +7,9 @@ subnet and one cluster placement group, tainted for training.
 
 Validation: one node of the catalogue's validation type (one accelerator, no EFA interfaces, no huge pages), the
 way Batch and SageMaker validate; scales from 0 to 1. The pipeline sizes both groups (node_scaling.py).
+
+Both groups have EKS node auto repair on: a node the node monitoring agent (cluster.py's add-ons) reports unhealthy
+is rebooted or replaced.
 """
 
 from typing import cast
@@ -120,6 +123,12 @@ class EksAcceleratorNodegroup(Construct):
             # group's desired size stays 0 in the template (the pipeline sizes it at run time), which is also
             # what Capacity Blocks ask for before an update ("Create a managed node group with Capacity Blocks").
             force_update=False,
+            # Node auto repair: EKS reboots or replaces a node whose accelerators fail (AcceleratedHardwareReady,
+            # after 10 minutes) or whose kernel, network, storage or runtime fails (after 30 minutes), as the node
+            # monitoring agent add-on reports them (EKS user guide, "Automatically repair nodes in EKS clusters",
+            # node-repair.html); the next attempt then starts on a sound host. NodeRepairConfig updates the group in
+            # place (AWS::EKS::Nodegroup NodeRepairConfig, "Update requires: No interruption").
+            enable_node_auto_repair=True,
             labels={
                 **ACCELERATOR_LABEL,
                 "efa-training/instance-type": instance.name,
@@ -184,6 +193,9 @@ class EksValidationNodegroup(Construct):
             desired_size=0,
             max_size=VALIDATION_NODES,
             force_update=False,
+            # Repaired like the training nodes (EKS user guide, "Automatically repair nodes in EKS clusters"): the
+            # group holds one node at most, so a failing one would otherwise serve every retry of validation.
+            enable_node_auto_repair=True,
             labels={
                 **ACCELERATOR_LABEL,
                 "efa-training/instance-type": instance.name,

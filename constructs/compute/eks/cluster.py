@@ -1,10 +1,10 @@
 """An EKS cluster for training: managed node groups (not Auto Mode), control plane logs, pinned add-ons and charts,
 Kubernetes secrets envelope-encrypted with a key of its own.
 
-Add-ons where EKS offers one (VPC CNI, Pod Identity agent, FSx CSI driver, CloudWatch observability); Helm
-charts for the EFA and accelerator device plugins, and Kubeflow Trainer's when asked for
-(eks_kubeflow_trainer). A small on-demand system node group
-in the private subnets runs them; accelerator nodes are added separately (EksAcceleratorNodegroup).
+Add-ons where EKS offers one (VPC CNI, Pod Identity agent, FSx CSI driver, CloudWatch observability, node
+monitoring agent); Helm charts for the EFA and accelerator device plugins, and Kubeflow Trainer's when asked for
+(eks_kubeflow_trainer). A small on-demand system node group in the private subnets runs them; accelerator nodes are
+added separately (EksAcceleratorNodegroup).
 """
 
 import json
@@ -44,6 +44,15 @@ OBSERVABILITY_CONFIGURATION = {
         }
     }
 }
+# The node monitoring agent's configuration (its chart values; the add-on accepts the subset in its configuration
+# schema: EKS user guide, "Detect node health issues with the EKS node monitoring agent", Configure the node
+# monitoring agent). Its agent DaemonSet tolerates every taint by default (chart values.yaml, nodeAgent.tolerations
+# `operator: Exists`), but its DCGM host engine (dcgm-server, which it reads NVIDIA GPU health from) tolerates none
+# and would not run on the tainted accelerator nodes, where the agent would then report the condition DCGMError
+# ("Connection to the DCGM host process was lost or could not be established", same page): it gets the training
+# taint's toleration. The engine runs on NVIDIA instance types only (the chart's dcgmAgent.affinity).
+NODE_MONITORING_CONFIGURATION = {"dcgmAgent": {"tolerations": [toleration()]}}
+ADDON_CONFIGURATION: dict[str, dict] = {"eks-node-monitoring-agent": NODE_MONITORING_CONFIGURATION}
 # Where the observability add-on runs its CloudWatch agent (the add-on's namespace and service account).
 AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT = "amazon-cloudwatch", "cloudwatch-agent"
 _CONTROL_PLANE_LOGS = [
@@ -163,6 +172,7 @@ class EksTrainingCluster(Construct):
                     addon_name=name,
                     addon_version=version,
                     preserve_on_delete=False,
+                    configuration_values=ADDON_CONFIGURATION.get(name),
                 )
             # EKS installs self-managed vpc-cni at cluster creation; the managed add-on takes it over.
             cfn(addon).add_property_override("ResolveConflicts", "OVERWRITE")

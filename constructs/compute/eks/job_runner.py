@@ -15,6 +15,7 @@ The Kubernetes name is `<phase>-<uuid>` (run ids may hold capitals and '_', whic
 needs a fresh name); the pipeline's job name is kept in the annotation `efa-training/job-name`.
 """
 
+import json
 from collections.abc import Mapping
 from typing import cast
 
@@ -27,11 +28,15 @@ from config import InstanceType
 from constructs import Construct
 from constructs.compute.backend import task_timeout
 from constructs.compute.eks.node_scaling import EksNodeScaling, acknowledge_list_executions
+from constructs.compute.eks.training_workspace import QUARANTINE_GROUP
+from constructs.compute.shared.bad_hosts import acknowledge_terminate, grant_terminate, terminate_instance
 from contracts.eks.job_spec import NAMESPACE, Site
 from contracts.eks.job_templates import indexed_job
 from contracts.run import stages
 
 JOB_NAME_ANNOTATION = "efa-training/job-name"
+# The taint a quarantined node carries (no pod of the pipeline tolerates it).
+QUARANTINE_TAINT = "efa-training/quarantined"
 SINGLE_NODE_JOBS = frozenset({"validate"})
 
 
@@ -169,6 +174,56 @@ class EksJobRunner:
         }
         return sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
 
+    def quarantine_host(self, scope: Construct, id_: str) -> sfn.Chain:
+        """Cordon and taint the bad node (`$.host`, its name), then terminate its instance. Cordoned alone it would
+        hold one of the node group's `nodes` places and leave the retry's pods Pending (node auto repair replaces
+        only what the node monitoring agent flags: EKS user guide, "Automatically repair nodes in EKS clusters"); its
+        Auto Scaling group replaces a terminated instance, and the cordon keeps pods off it until it is gone.
+        The node is read, then written back whole (PUT with application/json, the Kubernetes API's plain update)
+        with spec.unschedulable set (what `kubectl cordon` sets) and QUARANTINE_TAINT added once, through Step
+        Functions' eks:call (Step Functions developer guide, "Call Amazon EKS"); its instance id is the last part of
+        spec.providerID (aws:///<zone>/<instance id>)."""
+        taint = {"key": QUARANTINE_TAINT, "value": "bad-host", "effect": "NoSchedule"}
+        kept = f"$filter($n.spec.taints, function($t) {{ $t.key != '{QUARANTINE_TAINT}' }})"
+        updated = (
+            "{% ($n := $states.input.node; $merge([$n, {'spec': $merge([$n.spec, {'unschedulable': true, "
+            f"'taints': $append($exists($n.spec.taints) ? {kept} : [], [{json.dumps(taint)}])}}])}}])) %}}"
+        )
+        node = "$states.result.ResponseBody"
+        read = self._call(
+            scope,
+            f"{id_}Read",
+            "GET",
+            Output=f"{{% $merge([$states.input, {{'node': {node}, "
+            f"'instance': $split({node}.spec.providerID, '/')[-1]}}]) %}}",
+        )
+        cordon = self._call(scope, f"{id_}Cordon", "PUT", RequestBody=updated, Output="{% $states.input %}")
+        return sfn.Chain.start(read).next(cordon).next(terminate_instance(scope, f"{id_}Terminate", "$.instance"))
+
+    def _call(self, scope: Construct, id_: str, method: str, **fields: str) -> sfn.CustomState:
+        """One eks:call on the node `$states.input.host`; `fields`: RequestBody (an argument) and Output."""
+        body = {"RequestBody": fields.pop("RequestBody")} if "RequestBody" in fields else {}
+        arguments = {
+            "ClusterName": self.cluster.cluster_name,
+            "CertificateAuthority": self.cluster.cluster_certificate_authority_data,
+            "Endpoint": self.cluster.cluster_endpoint,
+            "Method": method,
+            "Path": "{% '/api/v1/nodes/' & $states.input.host %}",
+            **body,
+        }
+        return sfn.CustomState(
+            scope,
+            id_,
+            state_json={
+                "Type": "Task",
+                "QueryLanguage": "JSONata",
+                "Resource": f"arn:{cdk.Stack.of(scope).partition}:states:::eks:call",
+                "Arguments": arguments,
+                "TimeoutSeconds": 120,
+                **fields,
+            },
+        )
+
     def grant(self, principal: iam.IGrantable) -> None:
         """Kubernetes access for the state machine's role: edit rights in the training namespace only."""
         iam.Grant.add_to_principal(
@@ -178,7 +233,7 @@ class EksJobRunner:
         if self.node_scaling is not None:
             acknowledge_list_executions(role)
         # In the principal's stack: the pipeline stack already depends on the EKS stack, not the reverse.
-        eks.AccessEntry(
+        access = eks.AccessEntry(
             cdk.Stack.of(role) if isinstance(role, Construct) else cdk.Stack.of(self.cluster),
             "EksJobRunnerAccess",
             cluster=self.cluster,
@@ -189,3 +244,14 @@ class EksJobRunner:
                 )
             ],
         )
+        # The group that may cordon nodes (training_workspace.node_quarantine_rbac). The L2 AccessEntry has no
+        # kubernetesGroups; KubernetesGroups is not create-only (AWS::EKS::AccessEntry schema): an update in place.
+        entry = cast(eks.CfnAccessEntry, access.node.default_child)
+        entry.kubernetes_groups = [QUARANTINE_GROUP]
+        grant_terminate(principal, self.site.environment)  # a bad node's instance (quarantine_host)
+        if isinstance(role, Construct):
+            stack = cdk.Stack.of(role)
+            shown = ["<AWS::Partition>", "<AWS::Region>", "<AWS::AccountId>"]
+            parts = [p if not cdk.Token.is_unresolved(p) else shown[i] for i, p in enumerate(
+                (stack.partition, stack.region, stack.account))]  # fmt: skip
+            acknowledge_terminate(role, f"arn:{parts[0]}:ec2:{parts[1]}:{parts[2]}")

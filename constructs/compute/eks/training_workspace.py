@@ -135,9 +135,31 @@ class EksTrainingWorkspace(Construct):
             if trainer_chart is None
             else [training_runtime(instance, image=image, nodes=nodes, site=self.site), templates]
         )
+        # The pipeline cordons and taints a node the training named bad (EksJobRunner.quarantine_host): nodes are
+        # cluster-scoped, beyond its namespace's edit rights, so this group may read and update nodes, nothing else.
+        cluster.add_manifest("NodeQuarantineAccess", *node_quarantine_rbac())
         runtime = cluster.add_manifest("TrainingRuntime", *manifests)
         if trainer_chart is not None:
             runtime.node.add_dependency(trainer_chart)
         runtime.node.add_dependency(namespace)
         cdk.CfnOutput(self, "RuntimeName", value=RUNTIME_NAME)
         cdk.CfnOutput(self, "FsxClaimName", value=self.fsx_claim)
+
+
+# The Kubernetes group of the pipeline's access entry (EksJobRunner.grant) that may cordon and taint nodes.
+QUARANTINE_GROUP = "efa-training:node-quarantine"
+QUARANTINE_ROLE = "efa-training-node-quarantine"
+
+
+def node_quarantine_rbac() -> list[dict]:
+    """A ClusterRole to get and update nodes, bound to QUARANTINE_GROUP (Kubernetes docs, "Using RBAC
+    Authorization"; an EKS access entry's kubernetesGroups name the groups its principal joins: EKS user guide,
+    "Create access entries")."""
+    meta = {"name": QUARANTINE_ROLE, "labels": {"app.kubernetes.io/part-of": "efa-training"}}
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta,
+         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "update"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": QUARANTINE_ROLE},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": QUARANTINE_GROUP}]},
+    ]  # fmt: skip

@@ -30,6 +30,11 @@ ADDONS: dict[str, str | None] = {
     # agent runs on the host network since aws-observability/helm-charts#82 (2024-08), so it reaches IMDS on
     # nodes whose hop limit is 1.
     "amazon-cloudwatch-observability": None,
+    # Reports node health as node conditions (AcceleratedHardwareReady, KernelReady, NetworkingReady, ...), which
+    # node auto repair on the accelerator node groups acts on (EKS user guide, "Detect node health issues with the
+    # EKS node monitoring agent", node-health-nma.html; "Automatically repair nodes in EKS clusters",
+    # node-repair.html). No IAM permissions ("AWS add-ons": eks-node-monitoring-agent).
+    "eks-node-monitoring-agent": None,
 }
 
 

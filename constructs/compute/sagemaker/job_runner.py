@@ -354,6 +354,11 @@ class SageMakerJobRunner:
         source = {"FileSystemId": file_system_id, "FileSystemType": "FSxLustre", "FileSystemAccessMode": access}
         return {"DataSource": {"FileSystemDataSource": {**source, **directory}}}
 
+    def quarantine_host(self, scope: Construct, id_: str) -> None:
+        """Nothing to take out: each training job, a retry included, runs on instances SageMaker provisions for it
+        (the record of a bad host is still kept and shown)."""
+        return None
+
     def grant(self, principal: iam.IGrantable) -> None:
         """Step Functions' documented policy for createTrainingJob.sync (training-job/*: names are made per
         submission), AddTags for the jobs' cost-allocation tags, and passing the jobs' role to SageMaker only."""

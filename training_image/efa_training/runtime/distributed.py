@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -149,3 +150,23 @@ def _restart_scoped_store(rank: int, world_size: int, timeout: timedelta) -> dis
 def destroy_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+# The hang watchdog's floor (runtime/launch/watchdog.py FLOOR_VARIABLE, DEFAULT_FLOOR_SECONDS).
+HANG_FLOOR_VARIABLE, HANG_FLOOR_DEFAULT_SECONDS = "HANG_TIMEOUT_SECONDS", 1800
+
+
+def lower_collective_timeout(rt: Runtime, env: Mapping[str, str], current_s: int = 1800) -> int | None:
+    """After warm-up (rendezvous, the first step's compilation and allocations), a collective that waits longer than
+    the hang watchdog's floor is a hang: the process group's timeout comes down to that floor, so NCCL's own watchdog
+    aborts it (and writes its Flight Recorder traces) no later than the launcher's watchdog would. torchtitan does
+    the same after its first step, through the same call (torchtitan/distributed/utils.py `set_pg_timeouts`,
+    `comm.train_timeout_seconds`). The new timeout in seconds, or None where nothing changed (no lower floor, XLA)."""
+    try:
+        floor = int(float(env.get(HANG_FLOOR_VARIABLE) or HANG_FLOOR_DEFAULT_SECONDS))
+    except ValueError:
+        return None
+    if rt.device_type == "xla" or not dist.is_initialized() or not 0 < floor < current_s:
+        return None
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=floor))
+    return floor

@@ -61,6 +61,7 @@ from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, PACKAGE_ROOT, S
 from efa_training.runtime.launch.neuron_compile import mark_compiled
 from efa_training.runtime.launch.process import health_after_failure, run_on_sagemaker, run_torchrun
 from efa_training.runtime.launch.sagemaker import ml_root, on_sagemaker, write_failure
+from efa_training.runtime.run_paths import flag_value
 
 VERSION_FILE = PACKAGE_ROOT / "version.py"  # the platform's release, beside the package (the CLI reads it too)
 
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         if not launch.plan:
             os.execvpe(launch.command[0], launch.command, launch.env)  # one plain process: its exit code is the job's
         code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
-        return mark_compiled(launch, health_after_failure(mode, code, launch.env))
+        checked = health_after_failure(mode, code, launch.env, run_id=flag_value(script_args, "--run-id"))
+        return mark_compiled(launch, checked)
     return mark_compiled(launch, run_on_sagemaker(mode, launch))
 
 

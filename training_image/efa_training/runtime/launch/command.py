@@ -137,7 +137,9 @@ def _watched(mode: str, launch: Launch, script_args: list[str]) -> Launch:
     if not launch.plan.is_main_node:
         return launch
     launch.env["PYTHONFAULTHANDLER"] = "1"  # a worker's stacks on SIGABRT: the watchdog's evidence of a hang
-    watchdog = Watchdog.from_env(launch.env, run=run)
+    watchdog = Watchdog.from_env(
+        launch.env, run=run, run_id=flag_value(script_args, "--run-id") or launch.env.get("RUN_ID")
+    )
     return replace(launch, on_line=watchdog.watch(is_metrics_line), watchdog=watchdog)
 
 
@@ -176,7 +178,7 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
         sanity = sanity_first_command(plan, script_args, env, config)
     if not plan.is_main_node:
         return Launch(train_command(workload, plan), plan, env, sanity, root)
-    watchdog = Watchdog.from_env(env, workload.hang_timeout_seconds, run)
+    watchdog = Watchdog.from_env(env, workload.hang_timeout_seconds, run, run_id)
     command = train_command(workload, plan)
     return Launch(command, plan, env, sanity, root, on_line=watchdog.watch(metrics.feed), watchdog=watchdog)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from efa_training.runtime import host_metrics
+from efa_training.runtime import bad_hosts, host_metrics
 from efa_training.runtime.errors import (
     EXIT_DIVERGED,
     EXIT_FOLDER_LOCKED,
@@ -24,6 +24,7 @@ from efa_training.runtime.errors import (
 )
 from efa_training.runtime.exit_relay import EXIT_CODE_DIR, relayed_exit_code
 from efa_training.runtime.launch.sagemaker import write_failure
+from efa_training.runtime.run_paths import flag_value
 
 if TYPE_CHECKING:
     from efa_training.runtime.launch.command import Launch
@@ -110,9 +111,11 @@ def run_torchrun(
 NOT_THE_HOSTS = frozenset({0, EXIT_USAGE, EXIT_DIVERGED, EXIT_FOLDER_LOCKED, EXIT_WINDOW_ENDED, EXIT_STOPPED})
 
 
-def health_after_failure(mode: str, code: int, env: dict, host: str | None = None) -> int:
+def health_after_failure(mode: str, code: int, env: dict, host: str | None = None, run_id: str | None = None) -> int:
     """After a failed training attempt (a crash, a hang), this node's deep health checks (sanity/health.py), each
-    finding in the job's log, so that an attempt lost to a failing GPU names it; the exit code stays the attempt's."""
+    finding in the job's log, so that an attempt lost to a failing GPU names it, and a node with findings recorded
+    for quarantine (bad_hosts.py) under `run_id` (the script's --run-id), else env RUN_ID; the exit code stays the
+    attempt's."""
     if mode != "train" or code in NOT_THE_HOSTS:
         return code
     from efa_training.runtime.sanity import health  # only after a failure
@@ -122,6 +125,9 @@ def health_after_failure(mode: str, code: int, env: dict, host: str | None = Non
     lines = report["failures"] or [f"health: {report['host']}: no finding"]
     for line in lines + [f"health: not run: {why}" for why in report["not_run"]]:
         print(f"launch.py: after the failed attempt (exit {code}): {line}", file=sys.stderr, flush=True)
+    if report["failures"]:
+        why = f"failed the health check after a failed attempt (exit {code})"
+        bad_hosts.record(env, run_id or env.get("RUN_ID"), why, report["failures"])
     return code
 
 
@@ -140,7 +146,7 @@ def run_on_sagemaker(mode: str, launch: Launch) -> int:
         stage = mode
         if launch.plan:
             code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
-            health_after_failure(mode, code, launch.env)
+            health_after_failure(mode, code, launch.env, run_id=flag_value(launch.command, "--run-id"))
         else:
             code = run_forwarding(launch.command, launch.env)
     if code != 0:

@@ -15,6 +15,7 @@ retries (the next attempt resumes from the last checkpoint).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from efa_training.runtime import bad_hosts
 from efa_training.runtime.exit_relay import COMMAND
 from efa_training.runtime.launch.hang_evidence import describe, environ, keep, stopped_first
 from efa_training.runtime.launch.modes import EXIT_RELAY
@@ -41,10 +43,17 @@ PIPE_QUIET_SECONDS = 0.5  # a dead worker's stacks have passed the launcher's st
 class Watchdog:
     """Fed each progress line (`watch` wraps a line handler that returns what it read); `guard(proc)` ends `proc`'s
     process tree when progress stops, keeping the evidence under `run` (hang_evidence.py). `hang` is the summary once
-    it did. The launcher passes the children's stderr through `stderr_line`, where the workers' stacks arrive."""
+    it did. The launcher passes the children's stderr through `stderr_line`, where the workers' stacks arrive.
+    `bad_host(why, evidence)` is told of the worker that stopped first: it ran on this node (bad_hosts.record)."""
 
-    def __init__(self, floor: float, clock: Callable[[], float] = time.monotonic, run: Path | None = None) -> None:
-        self.floor, self.clock, self.run = floor, clock, run
+    def __init__(
+        self,
+        floor: float,
+        clock: Callable[[], float] = time.monotonic,
+        run: Path | None = None,
+        bad_host: Callable[[str, list[str]], object] | None = None,
+    ) -> None:
+        self.floor, self.clock, self.run, self.bad_host = floor, clock, run, bad_host
         self.times: list[float] = []
         self.hang: dict | None = None
         self._lock = threading.Lock()
@@ -54,14 +63,19 @@ class Watchdog:
 
     @classmethod
     def from_env(
-        cls, env: Mapping[str, str], declared: float = DEFAULT_FLOOR_SECONDS, run: Path | None = None
+        cls,
+        env: Mapping[str, str],
+        declared: float = DEFAULT_FLOOR_SECONDS,
+        run: Path | None = None,
+        run_id: str | None = None,
     ) -> Watchdog:
-        """The floor the workload declared (`hang_timeout_seconds`), unless the job's HANG_TIMEOUT_SECONDS sets it."""
+        """The floor the workload declared (`hang_timeout_seconds`), unless the job's HANG_TIMEOUT_SECONDS sets it; the
+        host that hung first recorded under `run_id` for quarantine (nothing without it or REPORT_PREFIX)."""
         try:
             floor = float(env.get(FLOOR_VARIABLE) or declared)
         except ValueError:
             floor = declared
-        return cls(max(floor, 1.0), run=run)
+        return cls(max(floor, 1.0), run=run, bad_host=functools.partial(bad_hosts.record, env, run_id))
 
     def stderr_line(self, line: str) -> None:
         captured = self._captured
@@ -144,6 +158,10 @@ class Watchdog:
             hang["workers"] = [{key: w[key] for key in ("rank", "state", "host", "pid")} for w in found]
             folder = keep(self.run, hang, found)
             hang["evidence"] = str(folder) if folder else None
+            stopped = hang["stopped_first"]
+            if stopped is not None and self.bad_host is not None:  # a worker of torchrun's: on this node
+                evidence = [f"rank {stopped['rank']} pid {stopped['pid']}", f"evidence: {folder}"]
+                self.bad_host(f"hung first: {stopped['why']}", evidence)
         finally:  # the summary line whatever failed in gathering the evidence
             print(json.dumps({"hang": hang}, default=str), file=sys.stderr, flush=True)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from efa_training.runtime import bad_hosts
 from efa_training.runtime.distributed import KIND_TO_DEVICE, Runtime, resolve_device
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.run_paths import expected_nodes_error
@@ -134,13 +135,16 @@ def _efa_checks(
     )
 
 
-def node_health(rt: Runtime, kind: str) -> tuple[list[dict], list[str]]:
-    """Every node's deep health report (health.py, run by its local rank 0) and the group's failure lines."""
+def node_health(rt: Runtime, kind: str, run_id: str | None = None) -> tuple[list[dict], list[str]]:
+    """Every node's deep health report (health.py, run by its local rank 0) and the group's failure lines. A node
+    with failures records itself for quarantine (bad_hosts.py): only it knows its instance id or node name."""
     own = None
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         own = health.check_node(kind).report(socket.gethostname())
         for line in own["failures"]:
             print(f"sanity_check: rank {rt.rank}: {line}", file=sys.stderr, flush=True)  # in this node's own log
+        if own["failures"]:
+            bad_hosts.record(os.environ, run_id, "failed the health check before training", own["failures"])
     everyone: list[dict | None] = [None] * rt.world_size
     dist.all_gather_object(everyone, own)
     nodes = [report for report in everyone if report]
@@ -149,7 +153,7 @@ def node_health(rt: Runtime, kind: str) -> tuple[list[dict], list[str]]:
 
 def run_checks(args: argparse.Namespace, rt: Runtime, plan: Plan, nccl_log: str = "") -> dict:
     accel = check_accelerators(plan.kind, plan.expected)
-    health_nodes, health_failures = node_health(rt, plan.kind)
+    health_nodes, health_failures = node_health(rt, plan.kind, args.run_id)
     compute_report, compute_failures = compute.check(rt, plan.min_compute_of_median)
     results = [measure(op, size, rt, args.warmup, args.iters) for op in COLLECTIVES for size in plan.sizes]
     by_size = {r["size_bytes"]: r["busbw_gbps"] for r in results if r["op"] == "all_reduce"}

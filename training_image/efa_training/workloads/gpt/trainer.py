@@ -26,7 +26,7 @@ from efa_training.checkpointing.lock import take_folder
 from efa_training.checkpointing.manager import CheckpointManager
 from efa_training.checkpointing.state import TrainerState
 from efa_training.runtime.console import log
-from efa_training.runtime.distributed import Runtime
+from efa_training.runtime.distributed import Runtime, lower_collective_timeout
 from efa_training.runtime.divergence import DivergenceGuard
 from efa_training.runtime.errors import EXIT_STOPPED, UsageError
 from efa_training.runtime.metrics import MetricsLogger, peak_tflops
@@ -195,7 +195,7 @@ class Trainer:
     def fit(self) -> int:
         """Train to the last step, or until a stop is requested: 143 if stopped before the last step, else 0."""
         self.model.train()
-        stopping = False
+        stopping, started = False, self.state.step
         while self.state.step < self.cfg.max_steps and not stopping:
             result = self.train_step()
             self.meter.record(
@@ -204,6 +204,8 @@ class Trainer:
             # After the metrics line (the NonFiniteLoss alarm sees the step), before any save.
             self.guard.check(self.state.step, result.loss, result.grad_norm, self.checkpoints.last_saved)
             stopping = result.stop_requested
+            if self.state.step == started + 1:  # warmed up: a hang is now a collective this long
+                lower_collective_timeout(self.rt, os.environ)
             if stopping or self.state.step == self.cfg.max_steps:
                 # Before the final save, so the save's barrier stays the last collective before teardown
                 # (a collective right before destroy_process_group made gloo abort at exit, 3 runs in 8).
