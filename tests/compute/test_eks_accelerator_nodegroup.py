@@ -7,6 +7,7 @@ import functools
 import json
 import re
 
+import aws_cdk as cdk
 import aws_cdk.aws_ec2 as ec2
 import pytest
 
@@ -26,44 +27,42 @@ GROUP_ARN = "arn:aws:resource-groups:us-east-1:123456789012:group/p5-reservation
 ON_DEMAND_GROUP = CapacityReservation(kind="on_demand", instances=NODES, resource_group=GROUP_ARN, zone="us-east-1a")
 
 
-@functools.cache
-def _nodegroup(
-    instance_type: str, capacity_type: str = "on_demand", reservation: CapacityReservation | None = None
-) -> dict:
+def _group_stack() -> tuple[cdk.Stack, dict]:
+    """A bare stack with a cluster, a training subnet and the EFA security group: what a node group takes."""
     stack = bare_stack()
     network = vpc(stack)
     subnet = ec2.PrivateSubnet(
         stack, "TrainingSubnet", vpc_id=network.vpc_id, availability_zone="us-east-1a", cidr_block="10.0.224.0/19"
     )
+    common = {
+        "cluster": cluster(stack, network),
+        "subnet": subnet,
+        "efa_security_group": ec2.SecurityGroup(stack, "Efa", vpc=network),
+    }
+    return stack, common
+
+
+@functools.cache
+def _nodegroup(
+    instance_type: str, capacity_type: str = "on_demand", reservation: CapacityReservation | None = None
+) -> dict:
+    stack, common = _group_stack()
     EksAcceleratorNodegroup(
         stack,
         "Accelerators",
-        cluster=cluster(stack, network),
         instance=CATALOGUE[instance_type],
-        subnet=subnet,
-        efa_security_group=ec2.SecurityGroup(stack, "Efa", vpc=network),
         nodes=NODES,
         capacity_type=capacity_type,
         reservation=reservation,
+        **common,
     )
     return template_of(stack)
 
 
 @functools.cache
 def _validation_group(instance_type: str) -> dict:
-    stack = bare_stack()
-    network = vpc(stack)
-    subnet = ec2.PrivateSubnet(
-        stack, "TrainingSubnet", vpc_id=network.vpc_id, availability_zone="us-east-1a", cidr_block="10.0.224.0/19"
-    )
-    EksValidationNodegroup(
-        stack,
-        "Validation",
-        cluster=cluster(stack, network),
-        instance=CATALOGUE[instance_type],
-        subnet=subnet,
-        efa_security_group=ec2.SecurityGroup(stack, "Efa", vpc=network),
-    )
+    stack, common = _group_stack()
+    EksValidationNodegroup(stack, "Validation", instance=CATALOGUE[instance_type], **common)
     return template_of(stack)
 
 

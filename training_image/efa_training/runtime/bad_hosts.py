@@ -1,8 +1,8 @@
 """Hosts to quarantine: one record per host that failed a health check or hung first, for the pipeline to act on.
 
 After a failed sanity check or training attempt the pipeline lists `runs/<run_id>/bad-hosts/pending/`, terminates
-each named EC2 instance (Batch) or cordons each named Kubernetes node (EKS), and retries without counting the
-attempt (config/layout.py BAD_HOSTS_PENDING; the pipeline in constructs/pipeline/). The contract, kept exactly:
+each named EC2 instance (Batch) or cordons, taints and terminates each named Kubernetes node (EKS), and retries
+without counting the attempt (config/layout.py BAD_HOSTS_PENDING; constructs/pipeline/quarantine.py). The contract, kept exactly:
   where  `<REPORT_PREFIX><run_id>/bad-hosts/pending/<host_id>`, no extension: the pipeline takes the key's last
          segment as the host id. REPORT_PREFIX is `s3://<bucket>/runs/` on every backend (a folder in local runs).
   who    host_id: the EC2 instance id in the file INSTANCE_ID_FILE names (a Batch host writes it: containers cannot
