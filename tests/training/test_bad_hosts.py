@@ -123,7 +123,7 @@ HUNG = {"seconds_without_progress": 99.0, "limit_seconds": 60.0, "progress_lines
 
 def _end_with(monkeypatch: pytest.MonkeyPatch, watch: Watchdog, workers: list[dict]) -> dict:
     """The watchdog's end of a hung attempt, with the workers it found given (no processes: stop_tree replaced)."""
-    monkeypatch.setattr(watchdog, "stop_tree", lambda proc, watch: workers)
+    monkeypatch.setattr(watchdog, "stop_tree", lambda proc, watch, before_end=None: workers)
     hang = dict(HUNG)
     watch._end(None, hang)  # type: ignore[arg-type]
     return hang
@@ -134,11 +134,24 @@ def _worker(rank: int, pid: int, state: str) -> dict:
 
 
 def test_the_host_that_hung_first_is_told_with_its_rank_and_evidence(tmp_path, monkeypatch):
-    told: list[tuple[str, list[str]]] = []
-    watch = Watchdog(60.0, run=tmp_path / "run", bad_host=lambda why, evidence: told.append((why, evidence)))
+    # A worker of this node's (no identity of another node's): this host is recorded (bad_hosts.record's default).
+    told: list[tuple[str, list[str], object]] = []
+    watch = Watchdog(
+        60.0, run=tmp_path / "run", bad_host=lambda why, evidence, identity: told.append((why, evidence, identity))
+    )
     hang = _end_with(monkeypatch, watch, [_worker(0, 41, "S"), _worker(1, 42, "T")])
-    assert told == [(f"hung first: {hang['stopped_first']['why']}", ["rank 1 pid 42", f"evidence: {hang['evidence']}"])]
+    expected = (f"hung first: {hang['stopped_first']['why']}", ["rank 1 pid 42", f"evidence: {hang['evidence']}"], None)
+    assert told == [expected]
     assert "process state T" in told[0][0] and Path(hang["evidence"]).is_dir()
+
+
+def test_a_worker_of_another_node_that_hung_first_is_recorded_by_that_nodes_identity(tmp_path, monkeypatch):
+    # The stopped rank was on the node that answered the ask (its node-<N>.json carries its host's identity).
+    told: list[object] = []
+    watch = Watchdog(60.0, run=tmp_path / "run", bad_host=lambda why, evidence, identity: told.append(identity))
+    theirs = {**_worker(1, 42, "T"), "node": "1", "identity": {"host_id": "i-0123456789abcdef0"}}
+    _end_with(monkeypatch, watch, [_worker(0, 41, "S"), theirs])
+    assert told == [{"host_id": "i-0123456789abcdef0"}]
 
 
 def test_a_hang_that_singles_out_no_rank_tells_of_no_host(tmp_path, monkeypatch):
@@ -159,3 +172,40 @@ def test_the_launchers_watchdog_records_the_host_under_the_scripts_run_id(tmp_pa
     _end_with(monkeypatch, launch.watchdog, [_worker(0, 41, "T")])
     doc = json.loads((tmp_path / "runs/run-9/bad-hosts/pending/n-1").read_text())
     assert doc["why"].startswith("hung first: held stopped by the kernel") and doc["evidence"][0] == "rank 0 pid 41"
+
+
+def test_a_straggler_is_told_once_when_it_stayed_the_slowest_for_the_alarms_time():
+    from efa_training.runtime.stragglers import Persistent
+
+    now = [0.0]
+    persistent = Persistent(900, clock=lambda: now[0])
+    seen = []
+    for t, rank, ratio in [(0, 1, 1.6), (300, 1, 1.7), (899, 1, 1.6), (900, 1, 1.6), (1200, 1, 1.9)]:
+        now[0] = t
+        seen.append(persistent.observe(rank, ratio))
+    assert seen == [False, False, False, True, False]
+
+
+@pytest.mark.parametrize(
+    "interruption",
+    [(1, 1.2), (0, 1.8)],  # back under the ratio; another rank the slowest
+    ids=["back-under-the-ratio", "another-rank-slowest"],
+)
+def test_a_straggler_that_recovers_or_changes_starts_its_time_again(interruption):
+    from efa_training.runtime.stragglers import Persistent
+
+    now = [0.0]
+    persistent = Persistent(900, clock=lambda: now[0])
+    persistent.observe(1, 1.6)
+    now[0] = 600
+    persistent.observe(*interruption)
+    now[0] = 1000
+    assert persistent.observe(1, 1.6) is False  # its 900 s start again at 1000
+
+
+def test_the_straggler_persistence_is_the_alarms():
+    from constructs.observability.alarms import PROGRESS_PERIOD, STRAGGLER_PERIODS, STRAGGLER_RATIO
+    from efa_training.runtime import stragglers
+
+    assert stragglers.PERSIST_RATIO == STRAGGLER_RATIO
+    assert STRAGGLER_PERIODS * PROGRESS_PERIOD.to_seconds() == stragglers.PERSIST_SECONDS

@@ -14,6 +14,7 @@ from contracts.run import REFUSED_EXIT_CODES
 from contracts.workload import parse_workload
 from efa_training.runtime.errors import EXIT_HUNG
 from efa_training.runtime.launch.hang_evidence import stopped_first
+from efa_training.runtime.launch.rank_zero import RankZeroLines
 from efa_training.runtime.launch.watchdog import FACTOR, Watchdog
 from tests.training import training_helpers as th
 
@@ -156,6 +157,59 @@ def test_a_hung_rank_is_named_and_every_ranks_stacks_are_kept(tmp_path, hang, wh
     assert took < 60, took
 
 
+def _two_node_run(tmp_path: Path) -> list[subprocess.CompletedProcess]:
+    """The hanging script on two "nodes" (two launch.py, one process each, sharing the run's folder as FSx is shared):
+    rank 1, on node 1, stops itself at step 4."""
+    script = tmp_path / "train.py"
+    script.write_text(HANGING_SCRIPT)
+    declared = parse_workload(
+        "hangs",
+        {"image": {"uri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/hangs:v1"}, "train": [th.PYTHON, str(script)],
+         "validate": [th.PYTHON, str(script)], "metric": {"name": "loss", "direction": "lower"},
+         "metrics": {"loss": "loss=([0-9.]+)"}},
+        Path("."),
+    )  # fmt: skip
+    port, nodes = str(th.free_port()), []
+    for node in ("0", "1"):
+        folders = ["--data", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c"), "--run-dir", str(tmp_path / "run")]
+        env = th.env(WORKLOAD=declared.variable, ACCELERATORS_PER_NODE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                     PET_NNODES="2", PET_NODE_RANK=node, GLOO_SOCKET_IFNAME="lo", MAX_RESTARTS="0",
+                     HANG_TIMEOUT_SECONDS="3", HANG="stopped", NODE_NAME=f"n-{node}",
+                     REPORT_PREFIX=str(tmp_path / "runs"))  # fmt: skip
+        command = [th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train", "--run-id", "run-2", *folders]
+        # Files, not pipes: a node blocked on a full pipe while the other is read would hang the test.
+        out, err = (open(tmp_path / f"node{node}.{kind}", "w+") for kind in ("out", "err"))  # noqa: SIM115
+        nodes.append((subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True), out, err))
+    done = []
+    for proc, out, err in nodes:
+        code = proc.wait(timeout=120)
+        for stream in (out, err):
+            stream.seek(0)
+        done.append(subprocess.CompletedProcess(proc.args, code, out.read(), err.read()))
+        for stream in (out, err):
+            stream.close()
+    return done
+
+
+def test_on_two_nodes_the_rank_that_stopped_on_the_other_node_is_named_with_its_stacks(tmp_path):
+    # Rank 0 (whose progress lines start the watch) and rank 1 run on different nodes, on either (torchrun's c10d
+    # rendezvous orders nodes by address, then process id). The node that sees the progress finds the hang and asks
+    # the other for its stacks (hang/request.json); the other takes them into the attempt's folder with
+    # node-<N>.json, so rank 1 is named with its stacks, and its node's host is recorded bad (NODE_NAME n-<N>).
+    nodes = _two_node_run(tmp_path)
+    assert [n.returncode for n in nodes] == [EXIT_HUNG, EXIT_HUNG], [n.stderr[-2000:] for n in nodes]
+    (summary,) = [json.loads(line)["hang"] for n in nodes for line in n.stderr.splitlines()
+                  if line.startswith('{"hang"') and "stopped_first" in line]  # fmt: skip
+    assert summary["stopped_first"]["rank"] == 1 and "process state T" in summary["stopped_first"]["why"], summary
+    evidence = Path(summary["evidence"])
+    (answered,) = evidence.glob("node-*.json")  # the node that was asked: rank 1's
+    assert {"stacks-rank0.txt", "stacks-rank1.txt", "summary.json"} <= {f.name for f in evidence.iterdir()}
+    assert "in stopped_by_a_signal" in (evidence / "stacks-rank1.txt").read_text()
+    (recorded,) = (tmp_path / "runs/run-2/bad-hosts/pending").iterdir()
+    assert recorded.name == "n-" + answered.stem.removeprefix("node-")
+    assert json.loads(recorded.read_text())["why"].startswith("hung first")
+
+
 def _worker(worker_id: int, rank: int, state: str, stacks: str) -> dict:
     return {"rank": rank, "state": state, "host": "h", "pid": worker_id, "stacks": stacks}
 
@@ -199,8 +253,8 @@ def test_the_watched_workers_are_the_ranks_own_processes():
         root.kill()
 
 
-# The built-in trainer is watched the same way: its EMF lines are its progress, on the main node only.
-def test_the_built_in_trainer_is_watched_on_the_main_node_by_its_metrics_lines():
+# The built-in trainer is watched the same way: its EMF lines (rank 0's, on whichever node) are its progress.
+def test_the_built_in_trainer_is_watched_on_every_node_by_its_metrics_lines():
     from efa_training.runtime.launch import command
 
     env = th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT="29555", MAX_RESTARTS="0")
@@ -211,7 +265,8 @@ def test_the_built_in_trainer_is_watched_on_the_main_node_by_its_metrics_lines()
     assert len(main.watchdog.times) == 1
     worker = command.prepare("train", ["--data", "d"], {**env, "PET_NNODES": "2", "PET_NODE_RANK": "1",
                                                         "MASTER_ADDR": "10.0.0.5"})  # fmt: skip
-    assert worker.watchdog is None and worker.on_line is None
+    # Node 1 watches too (rank 0 may run there) and answers the node that finds a hang (its one peer).
+    assert worker.watchdog is not None and worker.watchdog.peers == 1 and worker.watchdog.node == "1"
     assert command.prepare("sanity", [], env).watchdog is None
 
 
@@ -266,3 +321,19 @@ def test_torchrun_is_ended_even_when_taking_the_stacks_fails(monkeypatch):
     with pytest.raises(RuntimeError):
         watchdog.stop_tree(torchrun, watch)
     assert torchrun.wait(timeout=5) is not None
+
+
+@pytest.mark.parametrize(("rank", "passed"), [("0", ["loss=1", "loss=2"]), ("1", [])])
+def test_a_workloads_lines_become_metrics_only_on_the_node_that_runs_rank_zero(rank, passed):
+    # Where torchrun put global rank 0 (RANK in a worker's environment); a line read before that was known waits.
+    seen: list[str] = []
+    lines = RankZeroLines(seen.append)
+    lines("loss=1")  # before the worker exists: held
+    worker = subprocess.Popen([th.PYTHON, "-c", "import time; time.sleep(30)"], env={**th.env(), "RANK": rank})
+    try:
+        lines.found.wait(timeout=5)
+        lines("loss=2")
+    finally:
+        worker.kill()
+        worker.wait()
+    assert seen == passed

@@ -3,6 +3,7 @@ fixed matmul on its device and its wait for batches, and rank 0's line carries t
 (`StragglerRatio`, which the <prefix>-straggler alarm watches), the longest input wait, and the slowest rank and its
 host. For real on 2 processes (gloo), one of them slowed."""
 
+import json
 import socket
 
 import pytest
@@ -17,9 +18,29 @@ SLOW_MS = 200  # rank 1's device probe takes 200 ms longer; a healthy probe on t
 SLOWED_RATIO = 1.5
 
 
-def test_a_slowed_rank_is_named_with_its_host_on_every_metrics_line(dataset, tmp_path):
+@pytest.fixture(scope="module")
+def slowed(dataset, tmp_path_factory):
+    """4 steps on 2 ranks, rank 1 slowed; a straggler is one from its second line on (persistence 0 s), recorded
+    under a local REPORT_PREFIX."""
+    tmp_path = tmp_path_factory.mktemp("slowed")
     run = th.torchrun("train.py", th.train_args(dataset, tmp_path / "ckpt", steps=4, every=4), nproc=2,
-                      STRAGGLER_TEST_SLOW_RANK=f"1:{SLOW_MS}")  # fmt: skip
+                      STRAGGLER_TEST_SLOW_RANK=f"1:{SLOW_MS}", STRAGGLER_PERSIST_SECONDS="0",
+                      REPORT_PREFIX=str(tmp_path / "runs"), RUN_ID="slowed-run")  # fmt: skip
+    return run, tmp_path / "runs"
+
+
+def test_a_rank_that_stays_a_straggler_is_recorded_as_a_bad_host(slowed):
+    # The host the pipeline takes out before the run's next attempt (runtime/bad_hosts.py), named once.
+    run, runs = slowed
+    assert run.returncode == 0, run.stderr[-3000:]
+    (found,) = (runs / "slowed-run/bad-hosts/pending").iterdir()
+    assert found.name == socket.gethostname()
+    recorded = json.loads(found.read_text())
+    assert recorded["why"].startswith("a straggler") and recorded["evidence"][0].startswith("rank 1 on ")
+
+
+def test_a_slowed_rank_is_named_with_its_host_on_every_metrics_line(slowed):
+    run, _ = slowed
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.emf() if "Loss" in line]
     assert len(lines) == 4, lines

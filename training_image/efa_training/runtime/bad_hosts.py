@@ -2,7 +2,8 @@
 
 After a failed sanity check or training attempt the pipeline lists `runs/<run_id>/bad-hosts/pending/`, terminates
 each named EC2 instance (Batch) or cordons, taints and terminates each named Kubernetes node (EKS), and retries
-without counting the attempt (config/layout.py BAD_HOSTS_PENDING; constructs/pipeline/quarantine.py). The contract, kept exactly:
+without counting the attempt (config/layout.py BAD_HOSTS_PENDING; constructs/pipeline/quarantine.py).
+The contract, kept exactly:
   where  `<REPORT_PREFIX><run_id>/bad-hosts/pending/<host_id>`, no extension: the pipeline takes the key's last
          segment as the host id. REPORT_PREFIX is `s3://<bucket>/runs/` on every backend (a folder in local runs).
   who    host_id: the EC2 instance id in the file INSTANCE_ID_FILE names (a Batch host writes it: containers cannot
@@ -52,13 +53,16 @@ def _instance_id(file: str) -> str | None:
     return text if INSTANCE_ID.fullmatch(text) else None
 
 
-def record(env: Mapping[str, str], run_id: str | None, why: str, evidence: Iterable[str]) -> str | None:
-    """This host's record under the run's pending bad hosts; where it was written, or None (a hand run, or lost)."""
+def record(
+    env: Mapping[str, str], run_id: str | None, why: str, evidence: Iterable[str], identity: dict | None = None
+) -> str | None:
+    """This host's record (or that of `identity`, another rank's host_identity) under the run's pending bad hosts;
+    where it was written, or None (a hand run, or lost)."""
     prefix = env.get(REPORT_PREFIX_VARIABLE, "")
     if not prefix or not run_id:
         return None
     try:
-        identity = host_identity(env)
+        identity = identity or host_identity(env)
         location = under_prefix(prefix, run_id, PENDING + identity["host_id"])
         recorded_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         doc = {**identity, "why": _one_line(why), "evidence": [_one_line(line) for line in evidence],

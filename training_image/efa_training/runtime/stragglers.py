@@ -10,21 +10,31 @@ median) and `DataWaitSeconds` (the longest input wait), with the slowest rank an
 The `<prefix>-straggler` alarm watches the ratio. Not on the XLA device: there every new operation is a graph to
 compile (the no-recompilation check in tests/training/test_xla_path.py).
 
-Test-only fault injection: STRAGGLER_TEST_SLOW_RANK=R:MS makes rank R's device probe take MS milliseconds longer.
+A rank that stays the slowest at PERSIST_RATIO x the median for PERSIST_SECONDS (what the alarm waits for) is
+recorded as a bad host (runtime/bad_hosts.py, once per rank and run): the run goes on, and the pipeline takes the
+host out before the run's next attempt, should there be one.
+
+Test-only fault injection: STRAGGLER_TEST_SLOW_RANK=R:MS makes rank R's device probe take MS milliseconds longer;
+STRAGGLER_PERSIST_SECONDS shortens the persistence.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+from efa_training.runtime import bad_hosts
 from efa_training.runtime.distributed import Runtime
 
+# The <prefix>-straggler alarm's threshold and how long it waits (constructs/observability/alarms.py STRAGGLER_RATIO,
+# STRAGGLER_PERIODS of 5 minutes; tests hold them equal).
+PERSIST_RATIO, PERSIST_SECONDS = 1.5, 15 * 60
+PERSIST_VARIABLE = "STRAGGLER_PERSIST_SECONDS"
 PROBE_SIZE = {"cuda": 4096, "cpu": 128}  # about a millisecond on a GPU, at every metrics line: above timing noise
 PROBE_MATMULS = 4
 
@@ -32,13 +42,14 @@ PROBE_MATMULS = 4
 class Stragglers:
     """Every rank calls `measure` at the same steps (the metrics lines); rank 0 gets the figures."""
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+    def __init__(self, rt: Runtime, run_id: str | None = None) -> None:
+        self.rt, self.run_id = rt, run_id
         self.data_wait = 0.0  # seconds waiting for batches since the last measure; the trainer adds to it
-        self.hosts: list[str] = [""] * rt.world_size
-        hosts: list[object] = [None] * rt.world_size
-        dist.all_gather_object(hosts, socket.gethostname())
-        self.hosts = [str(host) for host in hosts]
+        identities: list[object] = [None] * rt.world_size
+        dist.all_gather_object(identities, bad_hosts.host_identity(os.environ))
+        self.identities = [dict(i) if isinstance(i, dict) else {} for i in identities]
+        self.hosts = [str(i.get("hostname", "")) for i in self.identities]
+        self.persistent = Persistent(float(os.environ.get(PERSIST_VARIABLE) or PERSIST_SECONDS))
         n = PROBE_SIZE.get(rt.device_type, PROBE_SIZE["cpu"])
         dtype = torch.bfloat16 if rt.device_type == "cuda" else torch.float32
         self._a = torch.ones(n, n, device=rt.device, dtype=dtype)  # no random numbers: the run's RNG is untouched
@@ -59,6 +70,14 @@ class Stragglers:
         slowest = max(range(len(probes)), key=probes.__getitem__)
         ratio = probes[slowest] / max(statistics.median(probes), 1e-9)
         metrics = {"StragglerRatio": round(ratio, 3), "DataWaitSeconds": max(waits)}
+        if self.rt.is_main and self.persistent.observe(slowest, ratio):
+            bad_hosts.record(
+                os.environ,
+                self.run_id,
+                f"a straggler: its device probe took {ratio:.2f} x the median for {self.persistent.seconds:g} s",
+                [f"rank {slowest} on {self.hosts[slowest]}", "StragglerRatio on the run's metrics lines"],
+                identity=self.identities[slowest],
+            )
         return metrics, {"SlowestRank": slowest, "SlowestHost": self.hosts[slowest]}
 
     def _probe(self) -> float:
@@ -73,6 +92,27 @@ class Stragglers:
     def _sync(self) -> None:
         if self.rt.device_type == "cuda":
             torch.cuda.synchronize(self.rt.device)
+
+
+class Persistent:
+    """Whether the same rank has stayed the slowest at PERSIST_RATIO or more for `seconds`; each rank told once."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds, self.clock = seconds, clock
+        self.since: tuple[int, float] | None = None  # the rank slowest above the ratio, since when
+        self.told: set[int] = set()
+
+    def observe(self, slowest: int, ratio: float) -> bool:
+        now = self.clock()
+        if ratio < PERSIST_RATIO:
+            self.since = None
+            return False
+        if self.since is None or self.since[0] != slowest:
+            self.since = (slowest, now)
+        if now - self.since[1] < self.seconds or slowest in self.told:
+            return False
+        self.told.add(slowest)
+        return True
 
 
 def _test_delay_seconds(rank: int) -> float:

@@ -19,6 +19,7 @@ from efa_training.runtime.errors import UsageError
 from efa_training.runtime.launch import neuron_compile
 from efa_training.runtime.launch.hang_evidence import flight_recorder, run_folder
 from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, EXIT_RELAY, PACKAGE_ROOT, SINGLE_MODES
+from efa_training.runtime.launch.rank_zero import RankZeroLines
 from efa_training.runtime.launch.rendezvous import (
     DEFAULT_PORT,
     LaunchPlan,
@@ -128,19 +129,28 @@ def _prepare_scheduler(mode: str, script_args: list[str], env: dict) -> Launch:
 
 
 def _watched(mode: str, launch: Launch, script_args: list[str]) -> Launch:
-    """The built-in trainer's training on the main node under the hang watchdog: its EMF lines are its progress.
-    On every node NCCL's Flight Recorder dumps into the run's folder if a collective times out."""
+    """The built-in trainer's training under the hang watchdog, on every node: its EMF lines (rank 0's, wherever
+    rank 0 runs) are its progress. On every node NCCL's Flight Recorder dumps into the run's folder if a collective
+    times out."""
     if mode != "train" or launch.plan is None:
         return launch
     run = run_folder(launch.env, script_args)
     launch.env.update(flight_recorder(run))
-    if not launch.plan.is_main_node:
-        return launch
     launch.env["PYTHONFAULTHANDLER"] = "1"  # a worker's stacks on SIGABRT: the watchdog's evidence of a hang
-    watchdog = Watchdog.from_env(
-        launch.env, run=run, run_id=flag_value(script_args, "--run-id") or launch.env.get("RUN_ID")
-    )
+    run_id = flag_value(script_args, "--run-id") or launch.env.get("RUN_ID")
+    watchdog = _watchdog(launch.plan, launch.env, run, run_id)
     return replace(launch, on_line=watchdog.watch(is_metrics_line), watchdog=watchdog)
+
+
+def _watchdog(
+    plan: LaunchPlan, env: Mapping[str, str], run: Path | None, run_id: str | None, declared: float | None = None
+) -> Watchdog:
+    """This node's watchdog: it finds a hang where it sees progress, and gives its stacks when another node asks.
+    The other nodes share the run's folder on Batch and EKS (FSx); on SageMaker each instance has its own
+    (hang_evidence.run_folder), so there a node's evidence is its own."""
+    others = 0 if on_sagemaker(env) else int(str(plan.nnodes).split(":")[-1]) - 1
+    floor = {} if declared is None else {"declared": declared}
+    return Watchdog.from_env(env, run=run, run_id=run_id, peers=others, node=str(plan.node_rank), **floor)
 
 
 def is_metrics_line(line: str) -> bool:
@@ -171,16 +181,15 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
     env.update(flight_recorder(run))
     env["PYTHONFAULTHANDLER"] = "1"  # a worker's stacks on SIGABRT: the watchdog's evidence of a hang
     env.setdefault("PYTHONUNBUFFERED", "1")  # progress lines as they are printed (the images set it too)
-    # Read on the main node only: one metric line per step however many nodes print it; each is progress.
+    # Read where global rank 0 runs (rank_zero.py: not always the main node): one metric line per step however many
+    # nodes print it; each is progress.
     metrics = LogMetrics(workload, run_id, env.get("TRAINING_ENVIRONMENT", ""), emit=_print_flushed)
     sanity = None
     if root is not None and env.get("SANITY_BEFORE_TRAINING") == "1":
         sanity = sanity_first_command(plan, script_args, env, config)
-    if not plan.is_main_node:
-        return Launch(train_command(workload, plan), plan, env, sanity, root)
-    watchdog = Watchdog.from_env(env, workload.hang_timeout_seconds, run, run_id)
-    command = train_command(workload, plan)
-    return Launch(command, plan, env, sanity, root, on_line=watchdog.watch(metrics.feed), watchdog=watchdog)
+    watchdog = _watchdog(plan, env, run, run_id, workload.hang_timeout_seconds)
+    on_line = watchdog.watch(RankZeroLines(metrics.feed))
+    return Launch(train_command(workload, plan), plan, env, sanity, root, on_line=on_line, watchdog=watchdog)
 
 
 def _print_flushed(line: str) -> None:

@@ -9,6 +9,12 @@ the launcher's stderr, one worker at a time). From them it names the rank that s
   - else none: every rank waits in a collective, a fault of the network or the communication library, which NCCL's
     own Flight Recorder traces (FLIGHT_RECORDER, written on NCCL's collective timeout) show in detail.
 
+On several nodes the main node's watchdog, before it stops its own workers, asks the others for theirs: it writes
+`hang/request.json` naming the attempt's folder; each other node's launcher (a peer watchdog, polling the shared
+run folder) takes its workers' stacks into that folder with `node-<N>.json` describing them, and the main node waits
+for them (at most PEER_WAIT_SECONDS) before it names the rank that stopped first among all of them. Where the run's
+folder is not shared (SageMaker) only the main node's workers are in the evidence.
+
 Files: `summary.json` (the summary line's content), `stacks-rank<R>.txt` per worker, and NCCL's traces as
 `flight-recorder/rank_<R>` (PyTorch's Flight Recorder tutorial: TORCH_NCCL_TRACE_BUFFER_SIZE > 0 records the
 collectives, TORCH_NCCL_DUMP_ON_TIMEOUT=1 writes them on a timeout to TORCH_FR_DUMP_TEMP_FILE + rank;
@@ -28,6 +34,8 @@ from efa_training.runtime.launch.sagemaker import ml_root, on_sagemaker
 from efa_training.runtime.run_paths import flag_value
 
 HANG_FOLDER = "hang"
+REQUEST = "request.json"  # the main node's ask for the other nodes' stacks: {"folder": <the attempt's folder>}
+PEER_WAIT_SECONDS = 30.0  # how long the main node waits for the other nodes' stacks
 # A frame in torch.distributed (c10d's collectives, FSDP's and DTensor's calls into them), as faulthandler prints it.
 COLLECTIVE_FRAME = re.compile(r'File "[^"]*/torch/distributed/[^"]*", line \d+ in \w+')
 # The recorder's size in entries (the tutorial's example; each entry is one collective with its stack).
@@ -85,7 +93,7 @@ def describe(pid: int) -> dict:
         state = "gone"
     rank = env.get("RANK")
     return {"rank": int(rank) if rank and rank.isdigit() else None, "local_rank": env.get("LOCAL_RANK"),
-            "state": state, "pid": pid, "host": socket.gethostname()}  # fmt: skip
+            "node": env.get("GROUP_RANK"), "state": state, "pid": pid, "host": socket.gethostname()}  # fmt: skip
 
 
 def in_collective(stacks: str) -> bool:
@@ -105,20 +113,77 @@ def stopped_first(workers: list[dict]) -> dict | None:
 
 
 def _who(worker: dict) -> dict:
-    return {"rank": worker["rank"], "host": worker["host"], "pid": worker["pid"]}
+    return {"rank": worker["rank"], "node": worker.get("node"), "host": worker["host"], "pid": worker["pid"]}
 
 
-def keep(run: Path | None, summary: dict, workers: list[dict]) -> Path | None:
-    """The summary and each worker's stacks under the run's hang folder (per attempt: a timestamped folder)."""
-    if run is None:
+def attempt_folder(run: Path | None) -> Path | None:
+    """This attempt's evidence folder under the run's hang folder (timestamped); None where there is no run folder."""
+    return None if run is None else run / HANG_FOLDER / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def keep(
+    folder: Path | None,
+    summary: dict | None,
+    workers: list[dict],
+    node: str | None = None,
+    identity: dict | None = None,
+) -> Path | None:
+    """Each worker's stacks in `folder`, and the summary (main node) or `node-<node>.json` (another node: its workers
+    and its host's identity, runtime/bad_hosts.host_identity, so that the main node can name it bad)."""
+    if folder is None:
         return None
-    folder = run / HANG_FOLDER / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for worker in workers:
             name = f"stacks-rank{worker['rank'] if worker['rank'] is not None else 'pid' + str(worker['pid'])}.txt"
             (folder / name).write_text(worker.get("stacks", ""))
-        (folder / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+        described = [{key: value for key, value in w.items() if key != "stacks"} for w in workers]
+        node_file = {"identity": identity, "workers": described}
+        name, content = ("summary.json", summary) if summary is not None else (f"node-{node}.json", node_file)
+        (folder / name).write_text(json.dumps(content, indent=1, sort_keys=True, default=str))
     except OSError:
         return None  # evidence is worth keeping, never worth failing the ending of a hung attempt over
     return folder
+
+
+def ask_peers(run: Path | None, folder: Path | None) -> None:
+    """The main node's request to the other nodes: their stacks into `folder` (best effort)."""
+    if run is None or folder is None:
+        return
+    try:
+        (run / HANG_FOLDER).mkdir(parents=True, exist_ok=True)
+        (run / HANG_FOLDER / REQUEST).write_text(json.dumps({"folder": str(folder)}))
+    except OSError:
+        pass
+
+
+def asked(run: Path | None, since: float) -> Path | None:
+    """The folder the main node asked for stacks in, if it asked after `since` (epoch seconds)."""
+    request = None if run is None else run / HANG_FOLDER / REQUEST
+    try:
+        if request is None or request.stat().st_mtime < since:
+            return None
+        return Path(json.loads(request.read_text())["folder"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def peers_stacks(folder: Path | None, nodes: int, wait: float = PEER_WAIT_SECONDS) -> list[dict]:
+    """The other nodes' workers (their `node-<N>.json`, stacks read back), once `nodes` of them wrote or `wait` ran
+    out."""
+    if folder is None or nodes <= 0:
+        return []
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and len(list(folder.glob("node-*.json"))) < nodes:
+        time.sleep(0.2)
+    workers: list[dict] = []
+    for described in sorted(folder.glob("node-*.json")):
+        try:
+            node = json.loads(described.read_text())
+            for worker in node["workers"]:
+                stacks = folder / f"stacks-rank{worker['rank']}.txt"
+                text = stacks.read_text() if stacks.exists() else ""
+                workers.append({**worker, "stacks": text, "identity": node.get("identity")})
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return workers

@@ -1,7 +1,10 @@
 """Hang detection: a training that stops making progress ends its attempt within minutes, with evidence, instead of
 holding every accelerator until the job's timeout (a hung collective keeps a GPU at 100%: NVIDIA/nccl#968).
 
-Progress is a metrics line on the main node: a declared regex's match, or a line from runtime/report.py. Warm-up
+Progress is a metrics line: a declared regex's match, or a line from runtime/report.py. Every node's launcher runs
+a watchdog, and the one that sees progress (the node hosting global rank 0, whichever node torchrun's c10d
+rendezvous put it on: it orders nodes by address, not by node rank) is the one that finds a hang; it asks the other
+nodes for their workers' stacks through the shared run folder (hang_evidence.ask_peers), and they answer. Warm-up
 (rendezvous, compilation, data staging) takes as long as it takes: the watch starts after the first WARMUP_LINES
 lines. From then on the attempt is hung when no progress came for max(floor, FACTOR x the median interval between
 progress lines so far): the floor is the declaration's `hang_timeout_seconds` (default 1800: long enough for a slow
@@ -29,7 +32,16 @@ from pathlib import Path
 
 from efa_training.runtime import bad_hosts
 from efa_training.runtime.exit_relay import COMMAND
-from efa_training.runtime.launch.hang_evidence import describe, environ, keep, stopped_first
+from efa_training.runtime.launch.hang_evidence import (
+    ask_peers,
+    asked,
+    attempt_folder,
+    describe,
+    environ,
+    keep,
+    peers_stacks,
+    stopped_first,
+)
 from efa_training.runtime.launch.modes import EXIT_RELAY
 
 FLOOR_VARIABLE = "HANG_TIMEOUT_SECONDS"
@@ -51,9 +63,15 @@ class Watchdog:
         floor: float,
         clock: Callable[[], float] = time.monotonic,
         run: Path | None = None,
-        bad_host: Callable[[str, list[str]], object] | None = None,
+        bad_host: Callable[..., object] | None = None,
+        peers: int = 0,
+        node: str = "0",
+        identity: dict | None = None,
     ) -> None:
         self.floor, self.clock, self.run, self.bad_host = floor, clock, run, bad_host
+        # The other nodes sharing the run's folder: asked for their stacks by the node that finds a hang, and asking
+        # this one for its own when another finds it. `node` names this one; `identity` is its host's.
+        self.peers, self.node, self.identity, self.since = peers, node, identity, time.time()
         self.times: list[float] = []
         self.hang: dict | None = None
         self._lock = threading.Lock()
@@ -68,14 +86,19 @@ class Watchdog:
         declared: float = DEFAULT_FLOOR_SECONDS,
         run: Path | None = None,
         run_id: str | None = None,
+        peers: int = 0,
+        node: str = "0",
     ) -> Watchdog:
         """The floor the workload declared (`hang_timeout_seconds`), unless the job's HANG_TIMEOUT_SECONDS sets it; the
-        host that hung first recorded under `run_id` for quarantine (nothing without it or REPORT_PREFIX)."""
+        host that hung first recorded under `run_id` for quarantine (nothing without it or REPORT_PREFIX); `peers`:
+        the other nodes sharing the run's folder, whose stacks are asked for."""
         try:
             floor = float(env.get(FLOOR_VARIABLE) or declared)
         except ValueError:
             floor = declared
-        return cls(max(floor, 1.0), run=run, bad_host=functools.partial(bad_hosts.record, env, run_id))
+        record = functools.partial(bad_hosts.record, env, run_id)
+        identity = bad_hosts.host_identity(env)
+        return cls(max(floor, 1.0), run=run, bad_host=record, peers=peers, node=node, identity=identity)
 
     def stderr_line(self, line: str) -> None:
         captured = self._captured
@@ -143,6 +166,11 @@ class Watchdog:
                     self.hang = hang  # first: the launcher's exit code is EXIT_HUNG however this ends
                     self._end(proc, hang)
                     return
+                folder = asked(self.run, self.since) if self.peers else None
+                if folder is not None:  # another node found the training hung
+                    self.hang = {"asked_by": "another node's watchdog", "evidence": str(folder)}
+                    self._give_stacks(proc, self.hang)
+                    return
                 time.sleep(poll)
 
         self._thread = threading.Thread(target=run, name="hang-watchdog", daemon=True)
@@ -152,18 +180,39 @@ class Watchdog:
     def _end(self, proc: subprocess.Popen, hang: dict) -> None:
         print(f"launch.py: no progress for {hang['seconds_without_progress']} s (limit {hang['limit_seconds']} s): "
               "each worker's stacks follow, then the attempt ends", file=sys.stderr, flush=True)  # fmt: skip
+        folder = attempt_folder(self.run)
+        if self.peers:
+            ask_peers(self.run, folder)  # first: the other nodes take their stacks while this one takes its own
+        others: list[dict] = []
         try:
-            found = stop_tree(proc, self)
-            hang["stopped_first"] = stopped_first(found)
-            hang["workers"] = [{key: w[key] for key in ("rank", "state", "host", "pid")} for w in found]
-            folder = keep(self.run, hang, found)
-            hang["evidence"] = str(folder) if folder else None
-            stopped = hang["stopped_first"]
-            if stopped is not None and self.bad_host is not None:  # a worker of torchrun's: on this node
-                evidence = [f"rank {stopped['rank']} pid {stopped['pid']}", f"evidence: {folder}"]
-                self.bad_host(f"hung first: {stopped['why']}", evidence)
+            found = stop_tree(proc, self, before_end=lambda: others.extend(peers_stacks(folder, self.peers)))
+            everyone = found + others
+            hang["stopped_first"] = stopped_first(everyone)
+            hang["workers"] = [{key: w.get(key) for key in ("rank", "node", "state", "host", "pid")} for w in everyone]
+            kept = keep(folder, hang, found)
+            hang["evidence"] = str(kept) if kept else None
+            self._tell_bad_host(hang["stopped_first"], everyone, kept)
         finally:  # the summary line whatever failed in gathering the evidence
             print(json.dumps({"hang": hang}, default=str), file=sys.stderr, flush=True)
+
+    def _give_stacks(self, proc: subprocess.Popen, hang: dict) -> None:
+        """Asked by the node that found the hang: this node's workers' stacks into its folder, then torchrun ended."""
+        print(f"launch.py: node {self.node}: another node found the training hung: each worker's stacks follow, then "
+              "the attempt ends", file=sys.stderr, flush=True)  # fmt: skip
+        try:
+            found = stop_tree(proc, self)
+            hang["workers"] = [{key: w.get(key) for key in ("rank", "node", "state", "host", "pid")} for w in found]
+            keep(Path(hang["evidence"]), None, found, node=self.node, identity=self.identity)
+        finally:
+            print(json.dumps({"hang": hang}, default=str), file=sys.stderr, flush=True)
+
+    def _tell_bad_host(self, stopped: dict | None, everyone: list[dict], kept: Path | None) -> None:
+        """The host of the worker that stopped first, recorded bad: this node's, or another's by its identity."""
+        if stopped is None or self.bad_host is None:
+            return
+        worker = next((w for w in everyone if w["pid"] == stopped["pid"] and w.get("node") == stopped.get("node")), {})
+        evidence = [f"rank {stopped['rank']} pid {stopped['pid']}", f"evidence: {kept}"]
+        self.bad_host(f"hung first: {stopped['why']}", evidence, identity=worker.get("identity"))
 
     def join(self, timeout: float = 4 * STACK_DUMP_SECONDS) -> None:
         """Wait for a hang's evidence and summary to be written (the launcher exits after them)."""
@@ -213,7 +262,7 @@ def _relays_a_command(pid: int) -> bool:
     return EXIT_RELAY.encode() in argv and COMMAND.encode() in argv
 
 
-def stop_tree(proc: subprocess.Popen, watchdog: Watchdog) -> list[dict]:
+def stop_tree(proc: subprocess.Popen, watchdog: Watchdog, before_end: Callable[[], object] | None = None) -> list[dict]:
     """Each worker described and its stacks taken, one worker at a time so that they do not interleave, then torchrun
     stopped (SIGTERM, then SIGKILL). torchrun and the workers are paused meanwhile: torchrun would otherwise stop the
     other workers (SIGTERM, no stacks) as soon as the first one ends, and a worker would fail its collective.
@@ -228,6 +277,8 @@ def stop_tree(proc: subprocess.Popen, watchdog: Watchdog) -> list[dict]:
         for worker in described:
             worker["stacks"] = watchdog.stacks_of(worker["pid"])
             found.append(worker)
+        if before_end is not None:
+            before_end()  # the other nodes' stacks, while this node's store is still up
     finally:  # never leave torchrun or a worker paused, nor torchrun running: it would hold the job until its timeout
         for pid in [proc.pid, *(worker["pid"] for worker in described)]:
             _signal(pid, signal.SIGCONT)

@@ -63,7 +63,8 @@ class StepMeter:
 
     def __init__(self, cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime, start_step: int) -> None:
         self.metrics = MetricsLogger(cfg.run_id, enabled=rt.is_main)
-        self.stragglers = Stragglers(rt) if Stragglers.enabled(rt) else None  # measured by every rank per line
+        # measured by every rank at each metrics line
+        self.stragglers = Stragglers(rt, cfg.run_id) if Stragglers.enabled(rt) else None
         self.log_every, self.max_steps, self.world_size = cfg.log_every, cfg.max_steps, rt.world_size
         self.tokens_per_step = rt.world_size * cfg.micro_batch_size * cfg.grad_accum_steps * mcfg.seq_len
         self.peak = peak_tflops(torch.cuda.get_device_name(rt.device)) if rt.device_type == "cuda" else None

@@ -1,0 +1,71 @@
+"""Which node runs global rank 0: where a declared workload's log lines become metrics, once per step however many
+nodes print them. torchrun's c10d rendezvous orders nodes by address, then process id (torch's dynamic_rendezvous:
+ranks go to `sorted(participants)`), not by node rank: rank 0 is not always on the main node.
+
+A node knows by its processes: torchrun puts RANK in each worker's environment, readable in /proc while it runs
+(watchdog.environ). A short worker may be gone before its lines are read, so a thread looks from the launcher's start
+(every POLL_SECONDS) and lines wait until it is known; a node that never finds rank 0 never passes them on.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from efa_training.runtime.launch.hang_evidence import environ
+
+POLL_SECONDS = 0.05  # torchrun's workers carry RANK from their first instruction: found long before a line is read
+SLOW_POLL_SECONDS, SLOW_AFTER_SECONDS = 1.0, 120.0  # a node without rank 0 looks more rarely once training runs
+HELD_LINES = 10_000
+
+
+class RankZeroLines:
+    """`handler` for each line, on the node that runs rank 0 only; lines before that is known are held."""
+
+    def __init__(self, handler: Callable[[str], object], root: int | None = None) -> None:
+        self.handler, self.root = handler, root or os.getpid()
+        self.found = threading.Event()
+        self._held: collections.deque[str] = collections.deque(maxlen=HELD_LINES)
+        self._lock = threading.Lock()
+        threading.Thread(target=self._look, name="rank-zero", daemon=True).start()
+
+    def __call__(self, line: str) -> object:
+        with self._lock:
+            if not self.found.is_set():
+                self._held.append(line)
+                return None
+            held, self._held = list(self._held), collections.deque(maxlen=HELD_LINES)
+        for earlier in held:
+            self.handler(earlier)
+        return self.handler(line)
+
+    def _look(self) -> None:
+        started = time.monotonic()
+        while not self.found.is_set():
+            if any(environ(pid).get("RANK") == "0" for pid in _below(self.root)):
+                self.found.set()
+                return
+            slow = time.monotonic() - started > SLOW_AFTER_SECONDS
+            time.sleep(SLOW_POLL_SECONDS if slow else POLL_SECONDS)
+
+
+def _below(root: int) -> list[int]:
+    """Every process below `root` (Linux /proc)."""
+    parents: dict[int, list[int]] = {}
+    for stat in os.scandir("/proc"):
+        if stat.name.isdigit():
+            try:
+                with open(f"/proc/{stat.name}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(parent, []).append(int(stat.name))
+    found, pending = [], [root]
+    while pending:
+        children = parents.get(pending.pop(), [])
+        found += children
+        pending += children
+    return found
