@@ -30,6 +30,7 @@ from constructs import Construct
 from constructs.observability.accelerator_metrics import AcceleratorMetrics
 from constructs.observability.dashboard import (
     NON_FINITE_LOSS_METRIC,
+    NOT_TRAINING_METRIC,
     PROGRESS_METRIC,
     STRAGGLER_METRIC,
     TRAINING_NAMESPACE,
@@ -123,7 +124,8 @@ class TrainingAlarms(Construct):
         # is per host, whatever its accelerator count. No accelerator hosts running means no data, which is not
         # idleness: missing data does not breach.
         kind = "GPU" if accelerators.accelerator.value == "nvidia" else "NeuronCore"
-        self._add(
+        not_training = self._not_training(environment, alarm_prefix)
+        idle = self._add(
             "AcceleratorsIdle",
             cloudwatch.MathExpression(
                 expression=accelerators.insights_lowest_node(accelerators.utilization),
@@ -137,9 +139,24 @@ class TrainingAlarms(Construct):
             description=f"A node's {kind}s averaged under {idle_threshold_percent:g}% for {idle_minutes} minutes "
             "while it was up: a stalled job or node, or an instance left running without work.",
             name=f"{alarm_prefix}-accelerators-idle",
+            page=False,
         )
-
-        self._no_progress(accelerators, environment, alarm_prefix, kind)
+        # Pages only while no node says it is up but not training (a compile, a validation, a training's warm-up).
+        alert = cloudwatch.CompositeAlarm(
+            self,
+            "AcceleratorsIdleAlert",
+            composite_alarm_name=f"{alarm_prefix}-accelerators-idle-alert",
+            alarm_rule=cloudwatch.AlarmRule.all_of(
+                cloudwatch.AlarmRule.from_alarm(idle, cloudwatch.AlarmState.ALARM),
+                cloudwatch.AlarmRule.not_(cloudwatch.AlarmRule.from_alarm(not_training, cloudwatch.AlarmState.ALARM)),
+            ),
+            alarm_description=f"A node's {kind}s averaged under {idle_threshold_percent:g}% for {idle_minutes} "
+            "minutes while no node of the environment was in a stage without training (sanity check, compile, "
+            "validation, a training's warm-up): a stalled job or node, or an instance left running without work.",
+        )
+        alert.add_alarm_action(self._action)
+        self.alarms["AcceleratorsIdleAlert"] = alert
+        self._no_progress(accelerators, environment, alarm_prefix, kind, not_training)
         self._add(
             "Straggler",
             cloudwatch.MathExpression(
@@ -215,7 +232,31 @@ class TrainingAlarms(Construct):
             name=f"{prefix}-pipeline-broken",
         )
 
-    def _no_progress(self, accelerators: AcceleratorMetrics, environment: str, prefix: str, kind: str) -> None:
+    def _not_training(self, environment: str, prefix: str) -> cloudwatch.Alarm:
+        """Some node of the environment said, in the last 5 minutes, that it is up but not training (the training
+        image's launcher, launch/stage_heartbeat.py): the idle and NoProgress alarms hold their page meanwhile."""
+        return cloudwatch.Alarm(
+            self,
+            "NotTraining",
+            metric=cloudwatch.MathExpression(
+                expression=f"SELECT MAX({NOT_TRAINING_METRIC}) FROM SCHEMA({TRAINING_NAMESPACE}, Environment, RunId) "
+                f"WHERE Environment = '{environment}'",
+                label="nodes up but not training",
+                period=PROGRESS_PERIOD,
+                using_metrics={},
+            ),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description="Part of the idle and NoProgress alarms, paging nobody by itself: a node said it is up "
+            "but not training (sanity check, compile, validation, a training's warm-up).",
+            alarm_name=f"{prefix}-not-training",
+        )
+
+    def _no_progress(
+        self, accelerators: AcceleratorMetrics, environment: str, prefix: str, kind: str, not_training: cloudwatch.Alarm
+    ) -> None:
         progress = (
             f"SELECT SUM({PROGRESS_METRIC}) FROM SCHEMA({TRAINING_NAMESPACE}, Environment, RunId) "
             f"WHERE Environment = '{environment}'"
@@ -235,10 +276,11 @@ class TrainingAlarms(Construct):
             alarm_rule=cloudwatch.AlarmRule.all_of(
                 cloudwatch.AlarmRule.from_alarm(hosts_up, cloudwatch.AlarmState.ALARM),
                 cloudwatch.AlarmRule.from_alarm(silent, cloudwatch.AlarmState.ALARM),
+                cloudwatch.AlarmRule.not_(cloudwatch.AlarmRule.from_alarm(not_training, cloudwatch.AlarmState.ALARM)),
             ),
-            alarm_description=f"Accelerator hosts were up for {NO_PROGRESS_MINUTES} minutes and no run reported "
-            "progress: a hang the launcher's watchdog did not end (the main node or its launcher gone), or a stage "
-            "without progress lines (a long Trainium compile or validation).",
+            alarm_description=f"Accelerator hosts were up for {NO_PROGRESS_MINUTES} minutes, no run reported "
+            "progress, and no node said it was in a stage without training (a compile, a validation): a hang the "
+            "launcher's watchdog did not end (its node or its launcher gone).",
         )
         composite.add_alarm_action(self._action)
         self.alarms["NoProgress"] = composite
@@ -272,7 +314,8 @@ class TrainingAlarms(Construct):
         description: str,
         name: str,
         evaluation_periods: int = 1,
-    ) -> None:
+        page: bool = True,
+    ) -> cloudwatch.Alarm:
         alarm = cloudwatch.Alarm(
             self,
             id_,
@@ -285,5 +328,7 @@ class TrainingAlarms(Construct):
             alarm_description=description,
             alarm_name=name,
         )
-        alarm.add_alarm_action(self._action)
+        if page:
+            alarm.add_alarm_action(self._action)
         self.alarms[id_] = alarm
+        return alarm

@@ -44,6 +44,8 @@ STRAGGLER_GRAPHS = {
     "Longest wait for input between metrics lines (s) by run": "DataWaitSeconds",
 }
 PROGRESS_METRIC = "ProgressLines"  # 1 per progress line of any workload (training_image .../runtime/metrics.py)
+# 1 a minute from a node up but not training (training_image .../runtime/launch/stage_heartbeat.py; metrics.py)
+NOT_TRAINING_METRIC = "NotTraining"
 _FIVE_MINUTES = cdk.Duration.minutes(5)
 _WIDE, _HALF, _THIRD = 24, 12, 8
 

@@ -80,7 +80,15 @@ def _training_image(monkeypatch: pytest.MonkeyPatch) -> Producers:
     straggler = {"StragglerRatio": 1.0, "DataWaitSeconds": 0.0}
     metrics.MetricsLogger("run-1", True, stream=stream, environ={}).step(1, math.nan, 1.0, 1.0, None, {}, **straggler)
     step = _emf_series(json.loads(stream.getvalue()))
-    return {**step, **_emf_series(host_metrics.emf_record(ENVIRONMENT, "job/algo-1", 50.0, 0))}
+    # A node up but not training, as the launcher says it once a minute (runtime/launch/stage_heartbeat.py)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "training_image"))  # the image's root
+    from efa_training.runtime.launch.stage_heartbeat import StageHeartbeat
+
+    heartbeat = StageHeartbeat("compile", {}, "run-1")
+    heartbeat.metrics.stream = stream = io.StringIO()
+    assert heartbeat.beat()
+    stage = _emf_series(json.loads(stream.getvalue()))
+    return {**step, **stage, **_emf_series(host_metrics.emf_record(ENVIRONMENT, "job/algo-1", 50.0, 0))}
 
 
 def _pipeline_filters(template: Template) -> Producers:
@@ -163,7 +171,7 @@ def _unproduced(alarm: dict, producers: Producers) -> list[tuple]:
 # Each test below covers one alarm; a new alarm without its test fails here.
 def test_every_alarm_has_its_producer_test(batch_gpu):
     covered = {"p-accelerators-idle", "p-non-finite-loss", "p-fsx-free-capacity-low", "p-pipeline-broken",
-               "p-accelerator-hosts-up", "p-progress-silent", "p-straggler"}  # fmt: skip
+               "p-accelerator-hosts-up", "p-progress-silent", "p-straggler", "p-not-training"}  # fmt: skip
     assert set(alarms(batch_gpu)) == covered
 
 
@@ -223,3 +231,8 @@ def test_a_metric_nobody_emits_is_caught(producers):
     undocumented = {"Metrics": [{"Expression": 'SELECT AVG(NeuronCoreUtilization) FROM "/aws/sagemaker/TrainingJobs"'}]}
     wrong_set = {"Namespace": "AWS/FSx", "MetricName": "FreeDataStorageCapacity", "Dimensions": [{"Name": "Host"}]}
     assert _unproduced(undocumented, producers) and _unproduced(wrong_set, producers)
+
+
+# Not training: NotTraining, as the launcher's stage heartbeat sends it (Environment, RunId).
+def test_not_training_reads_what_the_launcher_emits(batch_gpu, producers):
+    assert not _unproduced(alarms(batch_gpu)["p-not-training"], producers)

@@ -59,14 +59,20 @@ def batch_alarms() -> Template:
 def test_every_alarm_notifies_the_topic(batch_alarms):
     # Each paging alarm's action is the topic the construct is given (the environment's alerts topic); NoProgress
     # pages through its composite, not its two halves.
+    # The idle alarm pages through its composite too (not while a node says it is up but not training).
     found = alarms(batch_alarms)
-    paging = {"p-accelerators-idle", "p-non-finite-loss", "p-fsx-free-capacity-low", "p-pipeline-broken", "p-straggler"}
-    assert set(found) == paging | {"p-accelerator-hosts-up", "p-progress-silent"}
+    paging = {"p-non-finite-loss", "p-fsx-free-capacity-low", "p-pipeline-broken", "p-straggler"}
+    parts = {"p-accelerators-idle", "p-accelerator-hosts-up", "p-progress-silent", "p-not-training"}
+    assert set(found) == paging | parts
     (topic,) = batch_alarms.find_resources("AWS::SNS::Topic")
-    (composite,) = batch_alarms.find_resources("AWS::CloudWatch::CompositeAlarm").values()
-    for name, props in [*((n, found[n]) for n in paging), ("p-no-progress", composite["Properties"])]:
+    composites = {
+        c["Properties"]["AlarmName"]: c["Properties"]
+        for c in batch_alarms.find_resources("AWS::CloudWatch::CompositeAlarm").values()
+    }
+    assert set(composites) == {"p-no-progress", "p-accelerators-idle-alert"}
+    for name, props in [*((n, found[n]) for n in paging), *composites.items()]:
         assert props["AlarmActions"] == [{"Ref": topic}], name
-    assert "AlarmActions" not in found["p-accelerator-hosts-up"] and "AlarmActions" not in found["p-progress-silent"]
+    assert all("AlarmActions" not in found[name] for name in parts)
 
 
 # NoProgress: accelerator hosts up (any utilisation value of this environment's nodes) AND no progress line of any
@@ -87,9 +93,33 @@ def test_no_progress_pages_when_hosts_are_up_and_no_run_reports_progress(batch_a
         1, "LessThanThreshold", "breaching")  # fmt: skip
     for alarm in (hosts, silent):
         assert alarm["EvaluationPeriods"] == alarm["DatapointsToAlarm"] == 12 and alarm["Metrics"][0]["Period"] == 300
-    (composite,) = batch_alarms.find_resources("AWS::CloudWatch::CompositeAlarm").values()
-    rule = json.dumps(composite["Properties"]["AlarmRule"])
-    assert rule.count("ALARM(") == 2 and " AND " in rule, rule
+    rule = json.dumps(_composite(batch_alarms, "p-no-progress")["AlarmRule"])
+    assert rule.count("ALARM(") == 3 and rule.count(" AND ") == 2, rule
+    assert "AlarmsNotTraining" in rule.split("NOT (ALARM(")[1], rule  # held while a node is not training
+
+
+def _composite(template: Template, name: str) -> dict:
+    (found,) = [
+        c["Properties"]
+        for c in template.find_resources("AWS::CloudWatch::CompositeAlarm").values()
+        if c["Properties"]["AlarmName"] == name
+    ]
+    return found
+
+
+# Not training: any node of this environment said so in the last 5 minutes (the launcher's NotTraining, once a minute
+# in a sanity check, compile, validation or a training's warm-up); the idle and NoProgress alarms do not page then, so
+# a Trainium compile of hours is not an idle node (training_image .../launch/stage_heartbeat.py).
+def test_idle_pages_only_while_no_node_says_it_is_not_training(batch_alarms):
+    stage = alarms(batch_alarms)["p-not-training"]
+    assert stage["Metrics"][0]["Expression"] == (
+        "SELECT MAX(NotTraining) FROM SCHEMA(EfaTraining, Environment, RunId) WHERE Environment = 'dev'"
+    )
+    assert (stage["Threshold"], stage["ComparisonOperator"], stage["TreatMissingData"]) == (
+        1, "GreaterThanOrEqualToThreshold", "notBreaching")  # fmt: skip
+    rule = json.dumps(_composite(batch_alarms, "p-accelerators-idle-alert")["AlarmRule"])
+    assert rule.count("ALARM(") == 2 and "AlarmsAcceleratorsIdle" in rule.split(" AND ")[0], rule
+    assert "AlarmsNotTraining" in rule.split("NOT (ALARM(")[1], rule
 
 
 def test_idle_accelerator_alarm_uses_the_threshold_and_duration():

@@ -251,7 +251,7 @@ if hyper.get("write", True):
 """
 
 
-def _validate(tmp_path: Path, hyperparameters: dict, baseline: str = "3.2") -> subprocess.CompletedProcess:
+def _validate(tmp_path: Path, hyperparameters: dict, baseline: str = "3.2", **env: str) -> subprocess.CompletedProcess:
     """`launch.py validate` with a declared workload whose evaluate script writes what `hyperparameters` say."""
     script = tmp_path / "evaluate.py"
     script.write_text(EVALUATE_SCRIPT)
@@ -261,11 +261,22 @@ def _validate(tmp_path: Path, hyperparameters: dict, baseline: str = "3.2") -> s
         [th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "validate", "--run-id", "run-1", *folders]
         + ["--hyperparameters", json.dumps(hyperparameters), "--baseline", baseline, "--tolerance", "0.001"]
         + ["--verdict", str(tmp_path / "verdict.json")],
-        env=th.env(WORKLOAD=json.dumps(declared.as_json())),
+        env=th.env(WORKLOAD=json.dumps(declared.as_json()), **env),
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+# In a deployed environment the validation runs as the launcher's child, the launcher saying meanwhile that its node
+# is up but not training (runtime/launch/stage_heartbeat.py: the idle alarm does not page during a validation); the
+# verdict and the exit code are the same as without it.
+def test_a_validation_in_a_deployed_environment_says_its_node_is_not_training(tmp_path):
+    done = _validate(tmp_path, {"eval_loss": "3.25"}, TRAINING_ENVIRONMENT="dev")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "verdict.json").read_text())["passed"] is False
+    (beat,) = [r for r in parse_emf_lines(done.stdout.splitlines()) if "NotTraining" in r]
+    assert (beat["NotTraining"], beat["Stage"], beat["Environment"]) == (1, "validate", "dev")
 
 
 # launch.py validate runs the declared command, then the gate, and writes the verdict where the pipeline reads it.

@@ -25,7 +25,10 @@ from urllib.parse import urlparse
 
 NAMESPACE = "EfaTraining"
 PROGRESS_METRIC = "ProgressLines"
+# A node that is up but not training (launch/stage_heartbeat.py): the idle alarm does not page while any node says so.
+NOT_TRAINING_METRIC = "NotTraining"
 UNITS = {
+    NOT_TRAINING_METRIC: "Count",
     "Loss": "None",
     "TokensPerSecond": "Count/Second",
     "StepTimeSeconds": "Seconds",

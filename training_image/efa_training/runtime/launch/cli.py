@@ -59,8 +59,9 @@ from efa_training.runtime.errors import EXIT_USAGE, EXIT_WINDOW_ENDED, UsageErro
 from efa_training.runtime.launch.command import Launch, prepare
 from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, PACKAGE_ROOT, SINGLE_MODES
 from efa_training.runtime.launch.neuron_compile import mark_compiled
-from efa_training.runtime.launch.process import health_after_failure, run_on_sagemaker, run_torchrun
+from efa_training.runtime.launch.process import health_after_failure, run_forwarding, run_on_sagemaker, run_torchrun
 from efa_training.runtime.launch.sagemaker import ml_root, on_sagemaker, write_failure
+from efa_training.runtime.launch.stage_heartbeat import StageHeartbeat
 from efa_training.runtime.run_paths import flag_value
 
 VERSION_FILE = PACKAGE_ROOT / "version.py"  # the platform's release, beside the package (the CLI reads it too)
@@ -98,13 +99,30 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if launch.plan:
         _announce(launch)
-    if launch.ml_root is None:
-        if not launch.plan:
-            os.execvpe(launch.command[0], launch.command, launch.env)  # one plain process: its exit code is the job's
-        code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
-        checked = health_after_failure(mode, code, launch.env, run_id=flag_value(script_args, "--run-id"))
-        return mark_compiled(launch, checked)
-    return mark_compiled(launch, run_on_sagemaker(mode, launch))
+    heartbeat = _heartbeat(mode, launch, script_args)
+    try:
+        if launch.ml_root is None:
+            if not launch.plan:
+                if heartbeat is None:  # one plain process: its exit code is the job's
+                    os.execvpe(launch.command[0], launch.command, launch.env)
+                return run_forwarding(launch.command, launch.env)  # a child, so that the heartbeat goes on beside it
+            code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
+            checked = health_after_failure(mode, code, launch.env, run_id=flag_value(script_args, "--run-id"))
+            return mark_compiled(launch, checked)
+        return mark_compiled(launch, run_on_sagemaker(mode, launch))
+    finally:
+        if heartbeat is not None:
+            heartbeat.stop()
+
+
+def _heartbeat(mode: str, launch: Launch, script_args: list[str]) -> StageHeartbeat | None:
+    """In a deployed environment, a node that is up but not training says so (stage_heartbeat.py); not for
+    preparing a dataset, which runs on no accelerator host."""
+    if not launch.env.get("TRAINING_ENVIRONMENT") or mode == "prepare-data":
+        return None
+    watchdog = launch.watchdog
+    run_id = flag_value(script_args, "--run-id") or launch.env.get("RUN_ID") or "unknown"
+    return StageHeartbeat(mode, launch.env, run_id, (lambda: bool(watchdog.times)) if watchdog else None).start()
 
 
 def _dry_run(launch: Launch) -> int:
