@@ -235,6 +235,22 @@ def test_describe_shows_the_claim_of_the_run(deployed, tmp_path):
     assert "claim      held by execution cli-resumed since 20" in out
 
 
+def test_describe_shows_the_hosts_the_run_took_out(deployed, tmp_path):
+    # A host the training named bad, taken out before the retry (constructs/pipeline/quarantine.py): its record under
+    # runs/<run_id>/bad-hosts/ (tools/bad_hosts.py), with why and the first evidence.
+    deployed.outcomes = {"train": [1, True]}
+    deployed.bad_hosts = {"train": [["i-0123456789abcdef0"]]}
+    code, _, _ = cli("start", "dev", run_file(tmp_path, run_id="cli-bad-host"), "--name", "cli-bad-host")
+    assert code == 0
+    deployed.wait(deployed.state_machine_arn.replace(":stateMachine:", ":execution:") + ":cli-bad-host")
+    code, out, _ = cli("describe", "dev", "cli-bad-host")
+    (line,) = [line for line in out.splitlines() if line.startswith("bad host")]
+    assert line == (
+        "bad host   i-0123456789abcdef0  taken out: failed the health check after a failed attempt (exit 1) "
+        "(Xid 79 on GPU 3)"
+    )
+
+
 def test_watch_a_failing_run_shows_attempts_and_exits_1(deployed, tmp_path):
     deployed.outcomes = {"train": [False]}
     code, out, _ = cli("start", "dev", run_file(tmp_path, run_id="cli-bad"), "--name", "cli-bad")
