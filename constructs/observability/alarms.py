@@ -142,20 +142,15 @@ class TrainingAlarms(Construct):
             page=False,
         )
         # Pages only while no node says it is up but not training (a compile, a validation, a training's warm-up).
-        alert = cloudwatch.CompositeAlarm(
-            self,
+        self._composite(
             "AcceleratorsIdleAlert",
-            composite_alarm_name=f"{alarm_prefix}-accelerators-idle-alert",
-            alarm_rule=cloudwatch.AlarmRule.all_of(
-                cloudwatch.AlarmRule.from_alarm(idle, cloudwatch.AlarmState.ALARM),
-                cloudwatch.AlarmRule.not_(cloudwatch.AlarmRule.from_alarm(not_training, cloudwatch.AlarmState.ALARM)),
-            ),
-            alarm_description=f"A node's {kind}s averaged under {idle_threshold_percent:g}% for {idle_minutes} "
-            "minutes while no node of the environment was in a stage without training (sanity check, compile, "
-            "validation, a training's warm-up): a stalled job or node, or an instance left running without work.",
+            f"{alarm_prefix}-accelerators-idle-alert",
+            [idle],
+            not_training,
+            f"A node's {kind}s averaged under {idle_threshold_percent:g}% for {idle_minutes} minutes while no node "
+            "of the environment was in a stage without training (sanity check, compile, validation, a training's "
+            "warm-up): a stalled job or node, or an instance left running without work.",
         )
-        alert.add_alarm_action(self._action)
-        self.alarms["AcceleratorsIdleAlert"] = alert
         self._no_progress(accelerators, environment, alarm_prefix, kind, not_training)
         self._add(
             "Straggler",
@@ -269,21 +264,30 @@ class TrainingAlarms(Construct):
             "ProgressSilent", progress, "progress lines of this environment's runs",
             name=f"{prefix}-progress-silent", above=False, missing=cloudwatch.TreatMissingData.BREACHING,
         )  # fmt: skip
-        composite = cloudwatch.CompositeAlarm(
-            self,
+        self._composite(
             "NoProgress",
-            composite_alarm_name=f"{prefix}-no-progress",
-            alarm_rule=cloudwatch.AlarmRule.all_of(
-                cloudwatch.AlarmRule.from_alarm(hosts_up, cloudwatch.AlarmState.ALARM),
-                cloudwatch.AlarmRule.from_alarm(silent, cloudwatch.AlarmState.ALARM),
-                cloudwatch.AlarmRule.not_(cloudwatch.AlarmRule.from_alarm(not_training, cloudwatch.AlarmState.ALARM)),
-            ),
-            alarm_description=f"Accelerator hosts were up for {NO_PROGRESS_MINUTES} minutes, no run reported "
-            "progress, and no node said it was in a stage without training (a compile, a validation): a hang the "
-            "launcher's watchdog did not end (its node or its launcher gone).",
+            f"{prefix}-no-progress",
+            [hosts_up, silent],
+            not_training,
+            f"Accelerator hosts were up for {NO_PROGRESS_MINUTES} minutes, no run reported progress, and no node "
+            "said it was in a stage without training (a compile, a validation): a hang the launcher's watchdog did "
+            "not end (its node or its launcher gone).",
+        )
+
+    def _composite(
+        self, id_: str, name: str, parts: list[cloudwatch.Alarm], held_by: cloudwatch.Alarm, description: str
+    ) -> None:
+        """A paging composite: every one of `parts` in ALARM, and `held_by` not (the parts page nobody)."""
+        state = cloudwatch.AlarmState.ALARM
+        rule = cloudwatch.AlarmRule.all_of(
+            *(cloudwatch.AlarmRule.from_alarm(part, state) for part in parts),
+            cloudwatch.AlarmRule.not_(cloudwatch.AlarmRule.from_alarm(held_by, state)),
+        )
+        composite = cloudwatch.CompositeAlarm(
+            self, id_, composite_alarm_name=name, alarm_rule=rule, alarm_description=description
         )
         composite.add_alarm_action(self._action)
-        self.alarms["NoProgress"] = composite
+        self.alarms[id_] = composite
 
     def _child(
         self, id_: str, query: str, label: str, *, name: str, above: bool, missing: cloudwatch.TreatMissingData
