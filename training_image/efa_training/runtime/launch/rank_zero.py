@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from efa_training.runtime.launch.hang_evidence import environ
+from efa_training.runtime.launch.watchdog import descendants
 
 POLL_SECONDS = 0.05  # torchrun's workers carry RANK from their first instruction: found long before a line is read
 SLOW_POLL_SECONDS, SLOW_AFTER_SECONDS = 1.0, 120.0  # a node without rank 0 looks more rarely once training runs
@@ -45,27 +46,8 @@ class RankZeroLines:
     def _look(self) -> None:
         started = time.monotonic()
         while not self.found.is_set():
-            if any(environ(pid).get("RANK") == "0" for pid in _below(self.root)):
+            if any(environ(pid).get("RANK") == "0" for pid in descendants(self.root)):
                 self.found.set()
                 return
             slow = time.monotonic() - started > SLOW_AFTER_SECONDS
             time.sleep(SLOW_POLL_SECONDS if slow else POLL_SECONDS)
-
-
-def _below(root: int) -> list[int]:
-    """Every process below `root` (Linux /proc)."""
-    parents: dict[int, list[int]] = {}
-    for stat in os.scandir("/proc"):
-        if stat.name.isdigit():
-            try:
-                with open(f"/proc/{stat.name}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(parent, []).append(int(stat.name))
-    found, pending = [], [root]
-    while pending:
-        children = parents.get(pending.pop(), [])
-        found += children
-        pending += children
-    return found

@@ -231,17 +231,24 @@ def _tree() -> dict[int, int]:
     return parents
 
 
-def workers(root: int) -> list[int]:
-    """The training processes below `root` (torchrun): each rank's own process, found by the RANK that torchrun puts
-    in its environment. Not its children (data loader workers share its RANK), not the exit relay that runs a
-    declared command (its child is the rank's process). Without any RANK (a process of its own): the leaves."""
-    parents = _tree()
+def descendants(root: int, parents: dict[int, int] | None = None) -> list[int]:
+    """Every process below `root` (`parents`: _tree()'s map, read afresh when not given)."""
+    parents = _tree() if parents is None else parents
     below, pending = [], [root]
     while pending:
         pid = pending.pop()
         children = [child for child, parent in parents.items() if parent == pid]
         below += children
         pending += children
+    return below
+
+
+def workers(root: int) -> list[int]:
+    """The training processes below `root` (torchrun): each rank's own process, found by the RANK that torchrun puts
+    in its environment. Not its children (data loader workers share its RANK), not the exit relay that runs a
+    declared command (its child is the rank's process). Without any RANK (a process of its own): the leaves."""
+    parents = _tree()
+    below = descendants(root, parents)
     ranks = {pid: environ(pid).get("RANK") for pid in below}
     relays = {pid for pid in below if _relays_a_command(pid)}
     found = [
