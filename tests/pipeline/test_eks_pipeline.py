@@ -473,3 +473,27 @@ def test_a_node_already_gone_leaves_its_record_and_the_run_goes_on(emulator):
     assert emulator.run(RUN)["status"] == "SUCCEEDED"
     kept = emulator.s3.list_objects_v2(Bucket=emulator.bucket, Prefix="bad-hosts/")["Contents"]
     assert [o["Key"] for o in kept] == ["bad-hosts/ip-10-0-9-9.ec2.internal"]
+
+
+def test_the_quarantines_node_calls_retry_throttling_and_server_errors(emulator):
+    # A throttled cordon would otherwise skip the node's termination too (the chain stops at the failed call).
+    definition = json.loads(emulator.definition)
+    calls = [
+        state
+        for branch in _all_states(definition)
+        for state in branch
+        if isinstance(state, dict) and str(state.get("Resource", "")).endswith("eks:call")
+    ]
+    assert calls and all("EKS.429" in state["Retry"][0]["ErrorEquals"] for state in calls)
+
+
+def _all_states(node):
+    """Every dict of states in a definition, nested branches and item processors included."""
+    if isinstance(node, dict):
+        if "States" in node:
+            yield list(node["States"].values())
+        for value in node.values():
+            yield from _all_states(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _all_states(value)

@@ -35,6 +35,8 @@ from contracts.eks.job_templates import indexed_job
 from contracts.run import stages
 
 JOB_NAME_ANNOTATION = "efa-training/job-name"
+# The API server's throttling and server errors, as eks:call names them ("EKS." + the HTTP status).
+TRANSIENT_CALL_ERRORS = ("EKS.429", "EKS.500", "EKS.502", "EKS.503", "EKS.504")
 # The taint a quarantined node carries (no pod of the pipeline tolerates it).
 QUARANTINE_TAINT = "efa-training/quarantined"
 SINGLE_NODE_JOBS = frozenset({"validate"})
@@ -220,6 +222,17 @@ class EksJobRunner:
                 "Resource": f"arn:{cdk.Stack.of(scope).partition}:states:::eks:call",
                 "Arguments": arguments,
                 "TimeoutSeconds": 120,
+                # eks:call names a failed call after the API server's HTTP status (as eks:runJob: rejected_errors):
+                # throttling and 5xx are retried; a 404 (the node gone) or 409 is left to quarantine.py's catch.
+                "Retry": [
+                    {
+                        "ErrorEquals": [*TRANSIENT_CALL_ERRORS, "States.Timeout"],
+                        "IntervalSeconds": 2,
+                        "MaxAttempts": 3,
+                        "BackoffRate": 2,
+                        "JitterStrategy": "FULL",
+                    }
+                ],  # fmt: skip
                 **fields,
             },
         )
