@@ -156,6 +156,7 @@ class EnvironmentConfig:
     # one Batch multi-node submission waits before its queue cancels it (the hosts that did launch idle meanwhile).
     capacity_wait_hours: int = 2
     batch_capacity_wait_minutes: int = 20
+    eks_node_wait_minutes: int = 20
     # SageMaker training jobs (compute=sagemaker): managed Spot for training (validation always runs on demand)
     # and where the jobs read the dataset.
     sagemaker_spot: bool = False
@@ -408,6 +409,13 @@ class EnvironmentConfig:
             f"an integer number of minutes from 5 to {QUEUE_WAIT_MINUTES} (the pipeline's stage timeouts allow each "
             "submission that wait)",
         )
+        _check(
+            self,
+            "eks_node_wait_minutes",
+            5 <= self.eks_node_wait_minutes <= QUEUE_WAIT_MINUTES,
+            f"an integer number of minutes from 5 to {QUEUE_WAIT_MINUTES} (the pipeline's stage timeouts allow each "
+            "submission that wait)",
+        )
         single = self.batch_single_node_instance_type
         _check(
             self,
@@ -499,10 +507,11 @@ class EnvironmentConfig:
     @property
     def capacity_retries(self) -> int:
         """How often a pipeline stage asks again for capacity (contracts.run.capacity_retries): a Batch multi-node
-        submission waits batch_capacity_wait_minutes before its queue cancels it; SageMaker answers at once."""
+        submission waits batch_capacity_wait_minutes before its queue cancels it, an EKS one eks_node_wait_minutes for
+        the training nodes (constructs/compute/eks/node_wait.py); SageMaker answers at once."""
         from contracts.run import capacity_retries  # here, not at the top: contracts.run imports config.layout
 
-        wait = self.batch_capacity_wait_minutes if self.compute == "batch" else 0
+        wait = {"batch": self.batch_capacity_wait_minutes, "eks": self.eks_node_wait_minutes}.get(self.compute, 0)
         return capacity_retries(self.capacity_wait_hours, wait)
 
     @property

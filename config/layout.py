@@ -22,6 +22,7 @@ BAD_HOSTS_PENDING = "bad-hosts/pending/"
 HOST_IDENTITY_DIR = "/var/lib/efa-training"
 HOST_IDENTITY_MOUNT = "/etc/efa-training/host"
 INSTANCE_ID_FILE = f"{HOST_IDENTITY_MOUNT}/instance-id"
+RUN_COST = "cost.json"  # runs/<run_id>/cost.json: the run's quote beside what its jobs cost, once validated
 RUN_RECORD = "run.json"  # runs/<run_id>/run.json: a readable copy of a run's claim, written once the claim holds
 # The runs table (constructs/storage/runs_table.py; the storage stack's output RUNS_TABLE_OUTPUT names it): the
 # pipeline claims a run id with a conditional write of its item (constructs/pipeline/run_claim.py). The item holds the
@@ -39,6 +40,8 @@ PROJECT = "efa-training"
 # The training image's EMF namespace (training_image/efa_training/runtime/metrics.py NAMESPACE; tests hold the two
 # equal).
 TRAINING_METRICS_NAMESPACE = "EfaTraining"
+# A validated run's quote and what its jobs cost at most, in USD (constructs/pipeline/run_cost.py; the dashboard)
+RUN_QUOTED_METRIC, RUN_ACTUAL_METRIC = "RunQuotedUsd", "RunActualUsd"
 
 
 def stack_prefix(environment: str) -> str:

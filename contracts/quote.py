@@ -8,9 +8,11 @@ Tokens per step and throughput both grow with the world size, so the node count 
     cost = hours x nodes x node price  +  the sanity check (SANITY_MINUTES on the run's nodes; Batch and EKS)
                                        +  the compile job (COMPILE_MINUTES on the run's nodes; Trainium)
                                        +  the validation job (VALIDATION_MINUTES on one node of the validation type)
-MFU is measured where this environment's earlier runs reported it (the EfaTraining MFU metric; the image measures it
-on CUDA), else ASSUMED_MFU_PERCENT, and the quote says which. Reserved capacity (a Capacity Block, an On-Demand
-Capacity Reservation, a training plan) is paid for whether a run uses it or not, so its node-hours add nothing.
+MFU is measured where this environment's earlier runs reported it (the EfaTraining MFU metric over MEASURED_DAYS,
+`measured_mfu_query`; the image measures it on CUDA), else ASSUMED_MFU_PERCENT, and the quote says which: the CLI and
+the pipeline's first states read the same figure, so the next run's quote learns from the last run's throughput.
+Reserved capacity (a Capacity Block, an On-Demand Capacity Reservation, a training plan) is paid for whether a run
+uses it or not, so its node-hours add nothing.
 A run of another workload (declared, or the parameter servers) has no FLOPs model: no estimate, and the quote says so.
 """
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from config.catalogue import Accelerator
+from config.layout import TRAINING_METRICS_NAMESPACE
 from contracts.run import BUILT_IN_WORKLOAD, GPT_MODELS
 
 if TYPE_CHECKING:
@@ -49,6 +52,16 @@ SAMPLE_TFLOPS: dict[str, float] = {
     "13b": 164.98,
 }
 GRAD_ACCUM_STEPS = 1  # the pipeline's runs take train_config.py's default
+MEASURED_DAYS = 14  # how far back a measured MFU is averaged
+
+
+def measured_mfu_query(environment: str) -> str:
+    """CloudWatch GetMetricData's expression for the environment's runs' MFU, hourly averages of every run (metric math
+    SEARCH: CloudWatch user guide, "Use search expressions in graphs"); the figure is the mean of what it returns."""
+    return (
+        f'SEARCH(\'{{{TRAINING_METRICS_NAMESPACE},Environment,RunId}} MetricName="MFU" '
+        f"Environment=\"{environment}\"', 'Average', 3600)"
+    )
 
 
 @dataclass(frozen=True)
@@ -134,7 +147,8 @@ def quote(run: dict, terms: QuoteTerms, measured_mfu_percent: float | None = Non
     hours = params["max_steps"] * step / 3600
     node_hours = run["nodes"] * (hours + terms.other_node_hours)
     usd = node_hours * terms.node_usd_per_hour + VALIDATION_MINUTES / 60 * terms.validation_usd_per_hour
-    measured = f"MFU {mfu:.3g}% measured" if measured_mfu_percent else f"MFU {mfu:g}% assumed"
+    # One decimal: the pipeline's QuoteRun writes the same words ($formatNumber(mfu, '0.0')).
+    measured = f"MFU {mfu:.1f}% measured" if measured_mfu_percent else f"MFU {mfu:g}% assumed"
     return Quote(usd, hours, f"{measured}, {terms.price_basis}")
 
 

@@ -92,6 +92,7 @@ class EksStack(cdk.Stack):
                 TRAINING: SizedGroup(self.nodegroup, config.nodes),
                 VALIDATION: SizedGroup(self.validation_nodegroup, VALIDATION_NODES),
             },
+            training_wait_minutes=config.eks_node_wait_minutes,
         )
         self.add_stack_dependency(storage)
         self.workspace = EksTrainingWorkspace(

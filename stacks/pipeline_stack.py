@@ -14,6 +14,7 @@ from config.layout import (
     DATASET_MANIFEST,
     DATASETS_PREFIX,
     MODELS_PREFIX,
+    RUN_COST,
     RUN_RECORD,
     RUNS_PREFIX,
 )
@@ -32,6 +33,7 @@ from stacks.storage_stack import StorageStack
 BUCKET_OBJECTS = (
     (f"{RUNS_PREFIX}*/verdict.json", "reads the verdict of the run being validated"),
     (f"{RUNS_PREFIX}*/{RUN_RECORD}", "writes a readable copy of the run's claim (the claim is the runs table's)"),
+    (f"{RUNS_PREFIX}*/{RUN_COST}", "records a validated run's quote beside what its jobs cost (run_cost.py)"),
     (f"{MODELS_PREFIX}*/approval.json", "reads the approval recorded for a run"),
     (f"{MODELS_PREFIX}*", "records an approved run's verdict and approval in models/<run_id>/"),
     (f"{DATASETS_PREFIX}*/{DATASET_MANIFEST}", "checks that the run's dataset is prepared before any instance starts"),

@@ -22,7 +22,8 @@
    ends and reuses that endpoint for the Retry attempt, which then reports States.Timeout at once.
    The interruption is cleared before each attempt (no task-token callback ever arrives here).
 5. Records instead of sleeping: moto's Retrier really calls time.sleep(interval) — minutes in the
-   real definition — so the retrier module's `time` is replaced by a recorder of the intervals.
+   real definition — so the retrier module's `time` is replaced by a recorder of the intervals; a Wait state's
+   seconds are recorded in `waits` the same way.
 6. Copies a state machine without its executions: moto deep-copies the state machine (and through it the
    whole backend) at every StartExecution, and an execution holds locks that cannot be copied. So runs can
    follow each other and overlap in one test; `forget_executions` still clears them between tests. Parsing
@@ -75,6 +76,7 @@ from botocore.response import StreamingBody
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
     StateTaskServiceCallback,
 )
+from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
 
 from tests.request_validator import check
 
@@ -100,7 +102,8 @@ FAULT_STATUS = {
     "ProvisionedThroughputExceededException": 400,
 }
 CAMEL_CASE_SERVICES = ("stepfunctions", "eks")
-ERROR_SERVICE_NAMES = {"s3": "S3", "ssm": "Ssm", "sns": "Sns", "sfn": "Sfn", "dynamodb": "DynamoDb", "eks": "Eks"}
+ERROR_SERVICE_NAMES = {"s3": "S3", "ssm": "Ssm", "sns": "Sns", "sfn": "Sfn", "dynamodb": "DynamoDb", "eks": "Eks",
+                       "cloudwatch": "CloudWatch", "autoscaling": "AutoScaling"}  # fmt: skip
 
 
 def _to_boto(value, shape):
@@ -168,7 +171,7 @@ class _ClientProxy:
         method = getattr(self._client, name)
         service = self._client.meta.service_model.service_name
         fault = self._recorder.next_fault(f"{service}.{name}")
-        answer = self._recorder.answers.get(f"{service}.{name}")
+        answer = self._recorder.next_answer(f"{service}.{name}")
         if fault is None and answer is not None:  # an operation moto lacks: the request checked, a recorded answer
 
             def answered(**request):
@@ -273,8 +276,10 @@ class Emulator:
     alerts: str = ""  # the URL of an SQS queue subscribed to the alerts topic (subscribe_queue)
     refused_requests: list[str] = field(default_factory=list)  # what the services would refuse, one problem a line
     # "service.operation" -> the answer of an operation moto does not emulate (EC2 DescribeCapacityReservations,
-    # SageMaker DescribeTrainingPlan), in the shape of botocore's model
-    answers: dict[str, dict] = field(default_factory=dict)
+    # SageMaker DescribeTrainingPlan), in the shape of botocore's model; a list: one answer per call, the last repeated
+    answers: dict[str, dict | list[dict]] = field(default_factory=dict)
+    waits: list[float] = field(default_factory=list)  # the seconds of each Wait state passed (recorded, not slept)
+    wait_for_real: bool = False  # a test's own state machine that must stay RUNNING a while (reset: False again)
     # kind -> per submission, the host ids its job names bad before it ends, as a training container does
     # (training_image/efa_training/runtime/bad_hosts.py): runs/<run_id>/bad-hosts/pending/<id>
     bad_hosts: dict[str, list[list[str]]] = field(default_factory=dict)
@@ -291,6 +296,13 @@ class Emulator:
     def _raw(self, service: str):
         """A plain moto client of `service` (the calls a lost reply lets through)."""
         return boto3.client(service, region_name=REGION)
+
+    def next_answer(self, call: str) -> dict | None:
+        """The recorded answer to `call`, if any (a list's next entry; its last entry answers every later call)."""
+        answer = self.answers.get(call)
+        if isinstance(answer, list):
+            return answer.pop(0) if len(answer) > 1 else answer[0]
+        return answer
 
     def next_fault(self, call: str) -> str | None:
         """The error code the next `call` fails with; None (or an entry None) lets it through."""
@@ -329,6 +341,14 @@ class Emulator:
         self._patch(sdk_service, "_SERVICE_ERROR_NAMES", ERROR_SERVICE_NAMES)
         self._patch(jsonata_bridge, "_eval_jsonata", lambda expression: jsonata.Jsonata(expression).evaluate(None))
         self._patch(retrier_decl, "time", types.SimpleNamespace(sleep=self.retry_sleeps.append))
+        slept = WaitFunction._wait_interval
+
+        def wait(function, env, wait_seconds):
+            if not self.wait_for_real:
+                return self.waits.append(wait_seconds)
+            return slept(function, env=env, wait_seconds=wait_seconds)
+
+        self._patch(WaitFunction, "_wait_interval", wait)
         self._patch(batch_simple.BatchSimpleBackend, "_mark_job_as_finished", self._finish_job())
         original_eval_sync = StateTaskServiceCallback._eval_sync
 
@@ -403,6 +423,8 @@ class Emulator:
         self.forget_executions()
         self.submitted.clear()
         self.retry_sleeps.clear()
+        self.waits.clear()
+        self.wait_for_real = False
         self._counts.clear()
 
     def __exit__(self, *exc) -> None:

@@ -2,12 +2,12 @@
 
     make quote ENV=dev RUN=examples/run.json     (.venv/bin/python -m tools.pipeline_cli quote dev examples/run.json)
 
-The arithmetic is contracts/quote.py's, which the pipeline's QuoteRun state uses too, at the same assumed MFU, so
-`start` refuses exactly what the pipeline would; beside it, the quote at the MFU this environment's runs measured (the
-EfaTraining MFU metric over the last 14 days, every model's runs together, tools/token_cost.py), where there is one,
-for the reader. The budget is AWS Budgets' (DescribeBudget: BudgetLimit and CalculatedSpend.ActualSpend). `start`
-prints the same lines and refuses a run over budget with the pipeline's line, unless the run says
-`may_exceed_budget: true`. What cannot be read (no credentials, no budget, no metrics) is said in
+The arithmetic is contracts/quote.py's, which the pipeline's QuoteRun state uses too, at the same MFU: the one this
+environment's runs measured (the EfaTraining MFU metric over the last 14 days, every model's runs together,
+contracts.quote.measured_mfu_query), else the assumed one, so `start` refuses exactly what the pipeline would; beside a
+measured quote, the one at the assumption, for the reader. The budget is AWS Budgets' (DescribeBudget: BudgetLimit and
+CalculatedSpend.ActualSpend). `start` prints the same lines and refuses a run over budget with the pipeline's line,
+unless the run says `may_exceed_budget: true`. What cannot be read (no credentials, no budget, no metrics) is said in
 one line and leaves the quote at the assumption; it never stops a start, as the pipeline does not.
 """
 
@@ -36,16 +36,16 @@ class Budget:
 class Priced:
     """A run's quote, the budget it was held to (None: not read, `notes` say why) and the refusal, if any."""
 
-    quote: Quote  # at the assumed MFU: the pipeline's own quote, which the budget is held to
-    measured: Quote | None  # at the MFU this environment's runs measured, where there is one
+    quote: Quote  # at the measured MFU, else the assumed one: the pipeline's own quote, which the budget is held to
+    assumed: Quote | None  # at the assumed MFU, where `quote` is at a measured one
     budget: Budget | None
     refusal: str | None
     notes: tuple[str, ...]
 
     def lines(self) -> list[str]:
         lines = [self.quote.line()]
-        if self.measured is not None:
-            lines.append(f"  at the measured MFU: {self.measured.line().removeprefix('quote: ')}")
+        if self.assumed is not None:
+            lines.append(f"  at the assumed MFU: {self.assumed.line().removeprefix('quote: ')}")
         if self.budget is not None:
             left = self.budget.limit_usd - self.budget.spent_usd
             lines.append(f"budget: ${max(left, 0):,.2f} left of ${self.budget.limit_usd:,.2f} this month")
@@ -71,8 +71,8 @@ def price(run: dict, config: EnvironmentConfig, session) -> Priced:
     except (BotoCoreError, ClientError) as error:
         notes.append(f"measured MFU not read ({_first_line(error)}): the quote assumes one")
     valid = filled(run, config.nodes)
-    q = quote(valid, terms)
-    measured = quote(valid, terms, mfu) if mfu else None
+    q = quote(valid, terms, mfu)  # at the measured MFU where there is one, as the pipeline's QuoteRun
+    assumed = quote(valid, terms) if mfu else None
     budget = None
     try:
         account = session.client("sts", region_name=config.region).get_caller_identity()["Account"]
@@ -82,7 +82,7 @@ def price(run: dict, config: EnvironmentConfig, session) -> Priced:
     refusal = None
     if budget is not None and not run.get("may_exceed_budget", False):
         refusal = budget_refusal(q, budget.limit_usd, budget.spent_usd)
-    return Priced(q, measured, budget, refusal, tuple(notes))
+    return Priced(q, assumed, budget, refusal, tuple(notes))
 
 
 def _first_line(error: Exception) -> str:

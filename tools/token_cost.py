@@ -19,8 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from config import CATALOGUE, EnvironmentConfig, InstanceType
 from config.catalogue import CAPACITY_BLOCKS_ONLY, SAGEMAKER_SPOT_MAX_SAVING
-from config.layout import TRAINING_METRICS_NAMESPACE
-from contracts.quote import ASSUMED_MFU_PERCENT
+from contracts.quote import ASSUMED_MFU_PERCENT, MEASURED_DAYS, measured_mfu_query
 from tools.cost_report import ROOT
 
 sys.path.insert(0, str(ROOT / "training_image"))  # the training image's package, efa_training
@@ -28,7 +27,6 @@ from efa_training.workloads.gpt.sizes import MODEL_SIZES, flops_per_token  # noq
 
 DEFAULT_MFU_PERCENT = ASSUMED_MFU_PERCENT  # the quote's assumption (contracts/quote.py); --mfu or a measured one
 DEFAULT_MODEL = "1.3b"
-MEASURED_DAYS = 14
 BILLION = 1e9
 
 
@@ -85,12 +83,8 @@ def live_spot_prices(ec2_client, names: list[str]) -> dict[str, float]:
 def measured_mfu(cloudwatch_client, environment: str) -> float | None:
     """The environment's runs' average reported MFU over the last MEASURED_DAYS days, or None if none reported."""
     end = datetime.now(UTC)
-    query = (
-        f'SEARCH(\'{{{TRAINING_METRICS_NAMESPACE},Environment,RunId}} MetricName="MFU" '
-        f"Environment=\"{environment}\"', 'Average', 3600)"
-    )
     response = cloudwatch_client.get_metric_data(
-        MetricDataQueries=[{"Id": "mfu", "Expression": query, "ReturnData": True}],
+        MetricDataQueries=[{"Id": "mfu", "Expression": measured_mfu_query(environment), "ReturnData": True}],
         StartTime=end - timedelta(days=MEASURED_DAYS),
         EndTime=end,
     )

@@ -57,6 +57,13 @@ class PipelineNodes(Protocol):
         """Every role to 0 unless more than `others` executions of `machine` run; (chain, state to catch on)."""
         ...
 
+    def wait_for_training(
+        self, scope: Construct, id_: str, *, errors: tuple[str, str]
+    ) -> tuple[sfn.State, sfn.INextable]:
+        """(first, ready): before a multi-node job, the run's TRAINING nodes in service (`ready` goes on to the
+        job), or a Fail with errors[0] where capacity was short, errors[1] where the nodes failed otherwise."""
+        ...
+
 
 class JobRunner(Protocol):
     """How the pipeline runs one job on a backend and waits for it."""

@@ -12,7 +12,7 @@ import aws_cdk.aws_cloudwatch as cloudwatch
 import aws_cdk.aws_stepfunctions as sfn
 
 from config import Accelerator
-from config.layout import TRAINING_METRICS_NAMESPACE
+from config.layout import RUN_ACTUAL_METRIC, RUN_QUOTED_METRIC, TRAINING_METRICS_NAMESPACE
 from constructs import Construct
 from constructs.escape_hatch import cfn
 from constructs.observability.accelerator_metrics import AcceleratorMetrics
@@ -99,6 +99,7 @@ class TrainingDashboard(Construct):
             )
         )
         self.dashboard.add_widgets(*self._parameter_server_widgets(environment))
+        self.dashboard.add_widgets(self._run_cost_widget(environment))
         self.dashboard.add_widgets(*self._fsx_widgets(file_system_id))
         row = []
         if job_state_namespace:
@@ -176,6 +177,19 @@ class TrainingDashboard(Construct):
             cloudwatch.GraphWidget(title=f"{titles[name]} by run", width=6, left=[training_search(name, environment)])
             for name in TRAINING_METRICS
         ]
+
+    @staticmethod
+    def _run_cost_widget(environment: str) -> cloudwatch.IWidget:
+        """A row per validated run and figure: its quote, and what its jobs cost at most (constructs/pipeline/
+        run_cost.py puts both once, as the run's validation ends), so the next quote can be held against them."""
+        return cloudwatch.TableWidget(
+            title="Run cost by run: quoted, and actual at most (USD)",
+            width=_WIDE,
+            metrics=[training_search(name, environment, "Maximum") for name in (RUN_QUOTED_METRIC, RUN_ACTUAL_METRIC)],
+            summary=cloudwatch.TableSummaryProps(
+                columns=[cloudwatch.TableSummaryColumn.MAXIMUM], hide_non_summary_columns=True
+            ),
+        )
 
     @staticmethod
     def _parameter_server_widgets(environment: str) -> list[cloudwatch.IWidget]:

@@ -1,8 +1,9 @@
 """The run's quote, and the month's budget asked whether it can pay for it, before the run claims its id.
 
-QuoteRun prices the run with contracts/quote.py's arithmetic at the assumed MFU (the CLI's `start` and `quote` use the
-MFU this environment's runs measured, where there is one) into `$.run.quote`, which the claim writes into the run's
-record (`runs/<run_id>/run.json`) beside the run. ReadBudget then reads the environment's AWS Budgets budget
+ReadMeasuredMfu asks CloudWatch for the MFU this environment's runs reported (contracts.quote.measured_mfu_query, the
+CLI's own query); QuoteRun prices the run with contracts/quote.py's arithmetic at that MFU, or at the assumed one where
+none was reported or it could not be read, into `$.run.quote`, which the claim writes into the run's record
+(`runs/<run_id>/run.json`) beside the run. ReadBudget then reads the environment's AWS Budgets budget
 (DescribeBudget: its BudgetLimit and CalculatedSpend.ActualSpend, AWS Budgets API reference, "Budget"), and a run
 quoted above what is left, or any run once nothing is left, fails `OverBudget` with one line, unless it says
 `may_exceed_budget: true`. A budget that cannot be read (none of that name, AccessDenied, the API down after the
@@ -23,9 +24,11 @@ from constructs.pipeline.failure_path import FailurePath
 from contracts.quote import (
     ASSUMED_MFU_PERCENT,
     GRAD_ACCUM_STEPS,
+    MEASURED_DAYS,
     SAMPLE_TFLOPS,
     VALIDATION_MINUTES,
     QuoteTerms,
+    measured_mfu_query,
 )
 from contracts.run import BUILT_IN_WORKLOAD
 
@@ -34,11 +37,19 @@ OVER_BUDGET = "OverBudget"
 # DescribeBudget's throttling and internal errors (AWS Budgets API reference, DescribeBudget "Errors"), named
 # ServiceName.ErrorName as Step Functions names an AWS SDK integration's errors.
 BUDGETS_TRANSIENT = ("Budgets.ThrottlingException", "Budgets.InternalErrorException", "States.Timeout")
+# GetMetricData's throttling and server errors (CloudWatch API reference, "Common Errors": Throttling and
+# InternalFailure have no modeled exception, so the SDK integration names them by the service's base exception).
+CLOUDWATCH_TRANSIENT = ("CloudWatch.CloudWatchException", "CloudWatch.InternalServiceFaultException", "States.Timeout")
 
 
 def run_quote(scope: Construct, terms: QuoteTerms, failures: FailurePath) -> tuple[sfn.State, sfn.Pass]:
     """(start, done): `start` takes {"run"}; a run the budget pays for (or that may exceed it) goes on at `done`."""
+    measured = _measured_mfu(scope, terms.environment)
     quoted = sfn.Pass.jsonata(scope, "QuoteRun", outputs={"run": _quoted_run(terms)})
+    measured.next(quoted)
+    measured.add_catch(  # an MFU that cannot be read never stops a run: the quote assumes one and says so
+        quoted, errors=["States.ALL"], outputs={"run": "{% $states.input.run %}", "mfu": None}
+    )
     read = tasks.CallAwsService(
         scope,
         "ReadBudget",
@@ -78,11 +89,36 @@ def run_quote(scope: Construct, terms: QuoteTerms, failures: FailurePath) -> tup
     ).otherwise(done)
     unread.next(done)
     quoted.next(read).next(checked).next(within)
-    return quoted, done
+    return measured, done
+
+
+def _measured_mfu(scope: Construct, environment: str) -> tasks.CallAwsService:
+    """{"run", "mfu"}: the mean of the environment's reported hourly MFU over MEASURED_DAYS, null where none."""
+    read = tasks.CallAwsService.jsonata(
+        scope,
+        "ReadMeasuredMfu",
+        service="cloudwatch",
+        action="getMetricData",
+        # Service Authorization Reference, Amazon CloudWatch: GetMetricData has no resource types.
+        iam_resources=["*"],
+        parameters={
+            "MetricDataQueries": [{"Id": "mfu", "Expression": measured_mfu_query(environment), "ReturnData": True}],
+            "StartTime": f"{{% $fromMillis($millis() - {MEASURED_DAYS * 86400 * 1000}) %}}",
+            "EndTime": "{% $now() %}",
+        },
+        outputs={
+            "run": "{% $states.input.run %}",
+            "mfu": "{% ($v := [$states.result.MetricDataResults.Values]; $count($v) > 0 ? $average($v) : null) %}",
+        },
+        task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+    )
+    retry_transient(read, CLOUDWATCH_TRANSIENT)
+    return read
 
 
 def _quoted_run(terms: QuoteTerms) -> str:
-    """JSONata: the run with `quote` {usd, hours, basis}; usd and hours null where there is no estimate."""
+    """JSONata: the run with `quote` {usd, hours, basis} at the measured MFU (`$states.input.mfu`) or the assumed
+    one; usd and hours null where there is no estimate. contracts.quote.quote's arithmetic and words."""
     none = "{'usd': null, 'hours': null, 'basis': %s}"
     if terms.node_usd_per_hour is None or terms.validation_usd_per_hour is None:
         return (
@@ -90,20 +126,23 @@ def _quoted_run(terms: QuoteTerms) -> str:
             + none % json.dumps("no price known for this environment's instance types")
             + "}]) %}"
         )
-    basis = json.dumps(f"MFU {ASSUMED_MFU_PERCENT:g}% assumed, {terms.price_basis}")
+    price = json.dumps(f", {terms.price_basis}")
+    basis = (
+        f"($m ? 'MFU ' & $formatNumber($m, '0.0') & '% measured' : 'MFU {ASSUMED_MFU_PERCENT:g}% assumed') & {price}"
+    )
     no_model = none % json.dumps("no FLOPs model for this workload")
     # The built-in's hyperparameters are checked by then (a string model, integer steps and batch); a declared
     # workload's may be any JSON, so nothing of them is evaluated: a JSONata error in a Pass would end the run.
     priced = (
         f"($f := $lookup({json.dumps(SAMPLE_TFLOPS)}, $r.hyperparameters.model); $exists($f) ? "
         f"($h := $r.hyperparameters.max_steps * $r.hyperparameters.batch_size * {GRAD_ACCUM_STEPS} * $f "
-        f"/ ({terms.peak_tflops_per_worker} * {ASSUMED_MFU_PERCENT / 100}) / 3600; "
+        f"/ ({terms.peak_tflops_per_worker} * ($m ? $m : {ASSUMED_MFU_PERCENT}) / 100) / 3600; "
         f"{{'usd': $r.nodes * ($h + {terms.other_node_hours}) * {terms.node_usd_per_hour} "
         f"+ {VALIDATION_MINUTES / 60} * {terms.validation_usd_per_hour}, 'hours': $h, 'basis': {basis}}}) : {no_model})"
     )
     return (
-        f"{{% ($r := $states.input.run; $merge([$r, {{'quote': $r.workload = '{BUILT_IN_WORKLOAD}' ? {priced} "
-        f": {no_model}}}])) %}}"
+        f"{{% ($r := $states.input.run; $m := $states.input.mfu; $merge([$r, {{'quote': "
+        f"$r.workload = '{BUILT_IN_WORKLOAD}' ? {priced} : {no_model}}}])) %}}"
     )
 
 

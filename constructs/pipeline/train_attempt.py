@@ -12,7 +12,9 @@ A Batch job that its queue cancelled while it waited for instances, or a SageMak
 `TrainingCapacityUnavailable`: waited for, never counted as a failed attempt.
 A SageMaker training job has no exit code in its description: its FailureReason carries the first characters of
 /opt/ml/output/failure (SageMaker developer guide, "How Amazon SageMaker AI Provides Training Information"), where
-launch.py writes `contracts.run.FAILURE_REASON_MARKER` and the code.
+launch.py writes `contracts.run.FAILURE_REASON_MARKER` and the code. An EKS Job's pods have theirs in the Job's Failed
+condition, where its pod failure policy puts a run-ending code (contracts/eks/job_templates.py POD_FAILURE_POLICY);
+the Cause is matched for that message (EKS_EXIT_CODE).
 """
 
 import aws_cdk.aws_stepfunctions as sfn
@@ -35,6 +37,10 @@ CAPACITY_REASON = "*CapacityError*"
 # "Canceled by JobStateTimeLimit action due to reason: CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY" (Batch user guide,
 # "Jobs stuck in RUNNABLE due to capacity"), with no attempt or one from before the wait.
 BATCH_CAPACITY_REASON = "*JobStateTimeLimit*CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY*"
+# An EKS Job failed by its pod failure policy's FailJob rule: the Job's Failed condition message, in the failed
+# eks:runJob.sync task's Cause (the Job as the API server returns it). Step Functions does not document the Cause of a
+# failed Job: where it lacks the Job's status, the failure stays an attempt failure, retried as before.
+EKS_EXIT_CODE = "*failed with exit code %d matching FailJob rule*"
 
 
 def classified_training(
@@ -45,6 +51,7 @@ def classified_training(
     rejected_errors: tuple[str, ...] = (),
     job: str = "training",
     quarantine: Quarantine | None = None,
+    before: tuple[sfn.State, sfn.INextable] | None = None,
 ) -> sfn.Parallel:
     """`submission` (the backend's job state, result at `$`) wrapped so its failures carry their kind.
 
@@ -52,6 +59,8 @@ def classified_training(
     leave the block under their own names. The exit code is read from a Batch DescribeJobs entry or a SageMaker
     DescribeTrainingJob FailureReason; a Cause of another shape is an attempt failure. `quarantine`: first, hosts
     the attempt named bad are taken out and the block fails as HostsQuarantined (constructs/pipeline/quarantine.py).
+    `before`: (first, ready) states run in the block before the submission (PipelineNodes.wait_for_training), whose
+    Fail states end the block under their own errors (NO_CAPACITY, ATTEMPT_FAILED).
     """
     attempt_failed = sfn.Fail(scope, f"{id_}AttemptFailed", error=ATTEMPT_FAILED, cause_path="$.caught.Cause")
     refused = sfn.Fail(
@@ -134,6 +143,15 @@ def classified_training(
     for index, error in enumerate(rejected_errors):
         rejected = sfn.Fail(scope, f"{id_}RequestRejected{index or ''}", error=error, cause_path="$.caught.Cause")
         is_json.when(sfn.Condition.string_equals("$.caught.Error", error), rejected)
+    # An EKS Job ended by a run-ending exit code (its Cause is matched before it is read as a Batch or SageMaker job).
+    for exit_code in sorted(REFUSED_EXIT_CODES):
+        named = sfn.Pass(
+            scope,
+            f"{id_}PodExitText{exit_code}",
+            parameters={"caught.$": "$.caught", "exit": {"code_text": str(exit_code)}},
+        )
+        is_json.when(sfn.Condition.string_matches("$.caught.Cause", EKS_EXIT_CODE % exit_code), named.next(refused))
+    is_json.when(sfn.Condition.string_matches("$.caught.Cause", EKS_EXIT_CODE % WINDOW_ENDED_EXIT_CODE), window_ended)
     # A Cause that is not a job description (another backend's failure) is an attempt failure, not a refusal.
     is_json = is_json.when(
         sfn.Condition.and_(
@@ -150,5 +168,10 @@ def classified_training(
         result_selector={"JobId.$": "$[0].JobId", "JobName.$": "$[0].JobName", "Status.$": "$[0].Status"},
         comment=f"one {job} submission; its failure is named by the job's exit code",
     )
-    parallel.branch(submission)
+    if before is None:
+        parallel.branch(submission)
+    else:
+        first, ready = before
+        ready.next(submission)
+        parallel.branch(first)
     return parallel

@@ -27,6 +27,7 @@ from constructs.pipeline.input_checks import INVALID, input_validation
 from constructs.pipeline.quarantine import HOSTS_QUARANTINED, QUARANTINE_RETRIES, Quarantine
 from constructs.pipeline.reservation_end import Reservation, reservation_end
 from constructs.pipeline.run_claim import RunClaim
+from constructs.pipeline.run_cost import run_cost, training_ended
 from constructs.pipeline.run_quote import run_quote
 from constructs.pipeline.train_attempt import ATTEMPT_FAILED, NO_CAPACITY, WINDOW_ENDED, classified_training
 from constructs.pipeline.verdict import VerdictBranch
@@ -186,8 +187,16 @@ class TrainingPipeline(Construct):
         # A backend whose training job checks its own hosts first gets no separate sanity job.
         checked = prepared if runner.sanity_in_training else prepared.next(self._sanity_check(sanity_retry_interval))
         compiled = checked.next(self._compile()) if compiles_ahead else checked
-        trained = self._sized(compiled.next(self._train()), "ForValidation", {TRAINING: 0, VALIDATION: 1})
-        self._sized(trained.next(self._validate()), "AfterValidation", {VALIDATION: 0}).next(verdict.start)
+        trained = self._sized(
+            compiled.next(self._train()).next(training_ended(self)), "ForValidation", {TRAINING: 0, VALIDATION: 1}
+        )
+        validated_model = self._sized(trained.next(self._validate()), "AfterValidation", {VALIDATION: 0})
+        if quote is None:
+            validated_model.next(verdict.start)
+        else:  # the quote beside what the jobs cost, in the run's record and on the dashboard
+            costed, recorded = run_cost(self, quote, bucket)
+            validated_model.next(costed)
+            recorded.next(verdict.start)
 
         # Under /aws/vendedlogs/: log delivery for a group outside it adds to the account's one CloudWatch Logs
         # resource policy, which has a size limit (Step Functions developer guide, "Avoiding CloudWatch Logs resource
@@ -262,6 +271,7 @@ class TrainingPipeline(Construct):
             id_,
             parameters={
                 "run.$": "$.run",
+                "clock": {"prepared": {"at.$": "$$.State.EnteredTime"}},  # the run's nodes from here (run_cost.py)
                 # Job parameters are strings (Batch job Parameters, launcher flags on EKS).
                 "job": job,
                 "paths": {
@@ -324,12 +334,20 @@ class TrainingPipeline(Construct):
             rejected_errors=self._runner.rejected_errors,
             quarantine=self._quarantine,
             job="sanity",
+            before=self._training_nodes("SanityCheck"),
         )
         self._retry_classified(
             sanity, attempts=SANITY_RETRIES, interval=retry_interval or cdk.Duration.minutes(1), backoff_rate=1
         )
         self._catch_classified(sanity, "SanityCheck", "SanityCheckFailed")
         return sanity
+
+    def _training_nodes(self, id_: str) -> tuple[sfn.State, sfn.INextable] | None:
+        """Where the pipeline sizes the nodes itself (EKS), a multi-node job first waits for the training nodes: a
+        shortage is waited for as capacity, not spent as an attempt at the Job's deadline."""
+        if self._nodes is None:
+            return None
+        return self._nodes.wait_for_training(self, id_, errors=(NO_CAPACITY, ATTEMPT_FAILED))
 
     def _retry_classified(self, state: sfn.Parallel, *, attempts: int, **options) -> None:
         """A classified job state's Retries: never a rejected request; a failed attempt `attempts` times (`options`:
@@ -371,6 +389,7 @@ class TrainingPipeline(Construct):
             rejected_errors=self._runner.rejected_errors,
             quarantine=self._quarantine,
             job="compile",
+            before=self._training_nodes("Compile"),
         )
         self._retry_classified(compile_, attempts=COMPILE_RETRIES, interval=cdk.Duration.minutes(2), backoff_rate=1)
         self._catch_classified(compile_, "Compile", "CompilationFailed")
@@ -398,6 +417,7 @@ class TrainingPipeline(Construct):
             result_path="$.jobs.train",
             rejected_errors=runner.rejected_errors,
             quarantine=self._quarantine,
+            before=self._training_nodes(f"Train{suffix}"),
         )
         self._retry_classified(
             train,
@@ -447,8 +467,10 @@ class TrainingPipeline(Construct):
             "AwsSolutions-IAM5[Resource::*]",
             "X-Ray (PutTraceSegments, PutTelemetryRecords, GetSampling*) and CloudWatch Logs delivery "
             "(logs:CreateLogDelivery ...) allow no resource-level permissions; nor do the job runners' "
-            "status polling (batch:DescribeJobs), the SageMaker integration's sagemaker:ListTags, and reading a "
-            "capacity reservation's end (ec2:DescribeCapacityReservations)",
+            "status polling (batch:DescribeJobs), the SageMaker integration's sagemaker:ListTags, reading a "
+            "capacity reservation's end (ec2:DescribeCapacityReservations), the runs' measured MFU "
+            "(cloudwatch:GetMetricData), each run's cost (cloudwatch:PutMetricData) and, on EKS, the training nodes' "
+            "Auto Scaling group (autoscaling:DescribeAutoScalingGroups, DescribeScalingActivities)",
         )
         stack = cdk.Stack.of(self)
 

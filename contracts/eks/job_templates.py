@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import contracts.eks.job_spec as spec
 from config import InstanceType
+from contracts.run import REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE
 
 RUNTIME_NAME = "efa-torch-distributed"
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
@@ -23,6 +24,15 @@ WORKERS_SERVICE = "training-workers"
 NODE_NAME = "NODE_NAME"  # the pipeline's pods' node name (indexed_job)
 # Step Functions starts one Job per phase; a failed pod fails the Job (the pipeline decides about retries).
 _BACKOFF_LIMIT = 0
+# The exit codes that end a run, not an attempt (contracts.run): a pod that exits with one fails its Job through the
+# pod failure policy's FailJob rule, whose Failed condition names the code: "Container <name> for pod <ns>/<pod>
+# failed with exit code <code> matching FailJob rule at index 0" (Kubernetes docs, "Handling retriable and
+# non-retriable pod failures with Pod failure policy"; GA in 1.31; the message is the Job controller's,
+# pkg/controller/job/pod_failure_policy.go). The pipeline reads the code from it (train_attempt.EKS_EXIT_CODE).
+RUN_ENDING_EXIT_CODES = sorted({*REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE})
+POD_FAILURE_POLICY = {
+    "rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": RUN_ENDING_EXIT_CODES}}]
+}
 
 
 def training_runtime(instance: InstanceType, *, image: str, nodes: int, site: spec.Site = spec.Site()) -> dict:
@@ -141,6 +151,7 @@ def indexed_job(
             "completions": nodes,
             "parallelism": nodes,
             "backoffLimit": _BACKOFF_LIMIT,
+            "podFailurePolicy": copy.deepcopy(POD_FAILURE_POLICY),  # needs the pods' restartPolicy Never
             "ttlSecondsAfterFinished": 3600,
             "template": {
                 "metadata": {"labels": {"efa-training/workers": WORKERS_SERVICE, "efa-training/phase": phase}},

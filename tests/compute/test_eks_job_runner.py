@@ -11,7 +11,7 @@ import pytest
 from config import CATALOGUE
 from constructs.compute.eks.job_runner import EksJobRunner
 from contracts.eks.job_templates import NODE_NAME, indexed_job
-from contracts.run import stages
+from contracts.run import REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE, stages
 from k8s import render
 from tests.synthesis import ROOT
 
@@ -137,3 +137,15 @@ def test_a_job_ends_itself_after_one_attempts_time(job):
     manifest = runner().job_manifest(job=job, parameters={}, job_name="$.n", nodes="$.run.nodes")
     deadline = manifest["spec"]["activeDeadlineSeconds"]
     assert deadline == stage.deadline_seconds and stage.attempt_seconds < deadline < stage.state_seconds(1)
+
+
+@pytest.mark.parametrize("job", ["sanity", "train", "validate"])
+def test_a_run_ending_exit_code_fails_the_job_with_a_message_naming_it(job):
+    # The pod failure policy's FailJob rule (Kubernetes docs, "Handling retriable and non-retriable pod failures with
+    # Pod failure policy") puts the code in the Job's Failed condition, where the pipeline reads it
+    # (constructs/pipeline/train_attempt.py EKS_EXIT_CODE): every refusal's code and the reservation's end, no other.
+    manifest = runner().job_manifest(job=job, parameters={}, job_name="$.n", nodes="$.run.nodes")
+    (rule,) = manifest["spec"]["podFailurePolicy"]["rules"]
+    assert rule == {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2, 4, 5, 7]}}
+    assert sorted({*REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE}) == [2, 4, 5, 7]
+    assert manifest["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # the policy requires it

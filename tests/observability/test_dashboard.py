@@ -1,6 +1,8 @@
 """TrainingDashboard alone, in a bare stack: the backend's accelerator and EFA series (never the other accelerator's),
 the training metrics over run ids, FSx, the pipeline's outcomes and, on Batch, its job states."""
 
+import json
+
 import aws_cdk as cdk
 import aws_cdk.aws_logs as logs
 import aws_cdk.aws_sns as sns
@@ -115,6 +117,20 @@ def test_dashboard_searches_every_training_metric_over_run_ids():
             f'SEARCH(\'{{EfaTraining,Environment,RunId}} Environment=\\\\\\"dev\\\\\\" '
             f'MetricName=\\\\\\"{metric}\\\\\\"\''
         ) in found, metric
+
+
+def test_the_dashboard_lists_each_runs_quote_beside_its_actual_cost():
+    # The figures the pipeline puts as a run's validation ends (constructs/pipeline/run_cost.py), a row per run.
+    (dashboard,) = (
+        _dashboard(_metrics("batch", Accelerator.NVIDIA)).find_resources("AWS::CloudWatch::Dashboard").values()
+    )
+    joined = dashboard["Properties"]["DashboardBody"]["Fn::Join"][1]
+    widgets = json.loads("".join(part if isinstance(part, str) else "X" for part in joined))["widgets"]
+    (table,) = [w for w in widgets if w["properties"].get("title", "").startswith("Run cost by run")]
+    assert table["properties"]["view"] == "table" and table["properties"]["table"]["summaryColumns"] == ["MAX"]
+    searched = json.dumps(table["properties"]["metrics"])
+    for metric in ("RunQuotedUsd", "RunActualUsd"):
+        assert f'Environment=\\"dev\\" MetricName=\\"{metric}\\"' in searched, metric
 
 
 # The straggler graphs: the slowest device over the median and the longest input wait, by run, as the image names them.

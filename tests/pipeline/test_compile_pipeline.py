@@ -76,14 +76,14 @@ def test_a_compile_that_keeps_failing_stops_the_run_before_training(emulator):
     assert alert["error"] == "CompilationFailed" and alert["state"] == "Compile"
 
 
-def test_a_compile_that_refuses_the_run_is_not_retried_where_the_exit_code_is_reported(emulator):
-    # Exit 2 (a bad flag, e.g. the compiler's) fails the same way on any hosts: Batch and SageMaker report it and the
-    # pipeline stops at once. eks:runJob.sync reports only that the Job failed, not its pods' exit codes, so on EKS
-    # the refusal is an attempt failure and is tried once more before the run stops the same way.
+def test_a_compile_that_refuses_the_run_is_not_retried(emulator):
+    # Exit 2 (a bad flag, e.g. the compiler's) fails the same way on any hosts: Batch and SageMaker report it, and on
+    # EKS the Job's pod failure policy names it in the Job's Failed condition; the pipeline stops at once.
     emulator.outcomes = {"compile": [2]}
     result = emulator.run({**RUN, "run_id": "compile-refused"})
     assert result["status"] == "FAILED" and result.get("error") == "CompilationFailed", result
-    assert emulator.job_kinds(emulator).count("compile") == (2 if emulator.backend == "eks" else 1)
+    assert "exited with 2" in result["cause"]
+    assert emulator.job_kinds(emulator).count("compile") == 1
 
 
 def test_the_compile_state_waits_no_longer_than_its_stage(emulator):

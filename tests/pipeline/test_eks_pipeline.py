@@ -30,15 +30,68 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 )
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
+from config import load_config
 from constructs.compute.eks.node_scaling import HOLD_TAG
+from contracts.eks.job_templates import RUN_ENDING_EXIT_CODES
 from tests.pipeline.runs import ACCEPTED, RUN, approval, cleared, emulated_account, messages
 from tests.sfn_emulator import ACCOUNT, REGION, ROLE_ARN, Emulator
+from tests.synthesis import context
 
 # With the DDP example declared as a workload: the built-in runs below, a declared one in its own test.
 DDP = json.loads((Path(__file__).resolve().parents[2] / "examples/torch_ddp/workload.json").read_text())
 EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge", "workloads": json.dumps({"torch-ddp": DDP})}
 # Both tests on one xdist worker: the emulated account (an EKS app loaded into moto) is set up once.
 pytestmark = pytest.mark.xdist_group("eks-pipeline")
+
+
+def auto_scaling_group(in_service: int, pending: int = 0) -> dict:
+    """DescribeAutoScalingGroups' answer for the training node group's group (EC2 Auto Scaling API reference)."""
+    instances = [
+        {"InstanceId": f"i-{index:017x}", "AvailabilityZone": "us-east-1a", "LifecycleState": state,
+         "HealthStatus": "Healthy", "ProtectedFromScaleIn": False}
+        for index, state in enumerate(["InService"] * in_service + ["Pending"] * pending)
+    ]  # fmt: skip
+    return {"AutoScalingGroups": [{
+        "AutoScalingGroupName": "eks-training-1", "MinSize": 0, "MaxSize": 4, "DesiredCapacity": in_service + pending,
+        "DefaultCooldown": 300, "AvailabilityZones": ["us-east-1a"], "HealthCheckType": "EC2",
+        "CreatedTime": "2026-11-27T08:00:00Z", "Instances": instances,
+    }]}  # fmt: skip
+
+
+def failed_launches(message: str) -> dict:
+    """DescribeScalingActivities' answer, newest first: a failed launch with EC2's message, after an older success."""
+    activity = {"AutoScalingGroupName": "eks-training-1", "Cause": "a user request update of the desired capacity",
+                "StartTime": "2026-11-27T08:05:00Z", "Progress": 100}  # fmt: skip
+    return {"Activities": [
+        {**activity, "ActivityId": "a-2", "StatusCode": "Failed", "StatusMessage": message},
+        {**activity, "ActivityId": "a-1", "StatusCode": "Successful"},
+    ]}  # fmt: skip
+
+
+# EC2's words for a launch refused for capacity (EC2 Auto Scaling user guide, "Troubleshoot: EC2 instance launch
+# failures", Insufficient capacity), as a scaling activity's StatusMessage carries them.
+NO_P4D = (
+    "We currently do not have sufficient p4d.24xlarge capacity in the Availability Zone you requested (us-east-1a). "
+    "Our system will be working on provisioning additional capacity. Launching EC2 instance failed."
+)
+
+
+def failed_job(job: dict, outcome: bool | int) -> str:
+    """A failed Job as the API server returns it (the task's Cause: assumed, Step Functions does not document it):
+    an exit code its pod failure policy names fails it with the Job controller's message (contracts/eks/
+    job_templates.py POD_FAILURE_POLICY); any other failure reaches the backoff limit (0)."""
+    code = 1 if outcome is False else int(outcome)
+    name = job["metadata"]["name"]
+    if code in RUN_ENDING_EXIT_CODES:
+        reason = "PodFailurePolicy"
+        message = (
+            f"Container node for pod efa-training/{name}-0-x7k2p failed with exit code {code} "
+            "matching FailJob rule at index 0"
+        )
+    else:
+        reason, message = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+    condition = {"type": "Failed", "status": "True", "reason": reason, "message": message}
+    return json.dumps({**job, "status": {"failed": 1, "conditions": [condition]}})
 
 
 @dataclass
@@ -65,6 +118,9 @@ class EksEmulator(Emulator):
 
     def reset(self) -> None:
         super().reset()
+        # The training node group's instances, all in service as a run starts its jobs (constructs/compute/eks/
+        # node_wait.py reads them before each multi-node job); a test that wants a shortage answers otherwise.
+        self.answers["autoscaling.describe_auto_scaling_groups"] = auto_scaling_group(in_service=4)
         self.jobs.clear()
         self.sizes_at_jobs.clear()
         self.resizes.clear()
@@ -168,7 +224,7 @@ class EksEmulator(Emulator):
                                 EventDetails,
                                 {
                                     "taskFailedEventDetails": TaskFailedEventDetails(
-                                        error="States.TaskFailed", cause=f"Job {job['metadata']['name']} failed"
+                                        error="States.TaskFailed", cause=failed_job(job, outcome)
                                     )
                                 },
                             ),
@@ -309,6 +365,66 @@ def test_failing_training_is_retried_then_fails_the_run(emulator):
     phases = [job["spec"]["template"]["spec"]["containers"][0]["args"][0] for job in emulator.jobs]
     assert phases[0] == "sanity" and phases.count("train") == 1 + emulator.template_retries("Train")
     assert [m["outcome"] for m in messages(emulator)] == ["FAILED"]
+
+
+# A pod that exits with a refusal's code (2: bad input) fails its Job through the pod failure policy, whose message
+# names the code: the run ends TrainingRefused at the first attempt, as on Batch, instead of booting every node again.
+def test_a_training_that_refuses_the_run_is_not_retried_on_eks(emulator):
+    emulator.outcomes = {"train": [2]}
+    result = emulator.run({**RUN, "run_id": "gpt-tiny-refused"})
+    assert result["status"] == "FAILED" and result["error"] == "TrainingFailed", result
+    assert "exited with 2: the run itself failed" in result["cause"]
+    assert _phases(emulator) == ["sanity", "train"]
+
+
+# Exit 7: the training saved and stopped before its reservation ends; resumable, not retried (ReservationEnded).
+def test_a_training_stopped_for_its_reservations_end_ends_the_run_resumable_on_eks(emulator):
+    emulator.outcomes = {"train": [7]}
+    result = emulator.run({**RUN, "run_id": "gpt-tiny-window"})
+    assert result["status"] == "FAILED" and result["error"] == "ReservationEnded", result
+    assert _phases(emulator) == ["sanity", "train"]
+    assert emulator.node_sizes()["training"] == 0  # released like any ending
+
+
+# Before each multi-node job, the training nodes: a run waits while they come up (a Wait per poll, not a Job at its
+# deadline), then submits; here two polls find 1 of 2 nodes in service, the third both.
+def test_the_pipeline_waits_for_the_training_nodes_before_a_multi_node_job(emulator):
+    emulator.answers["autoscaling.describe_auto_scaling_groups"] = [
+        auto_scaling_group(in_service=0, pending=2), auto_scaling_group(in_service=1, pending=1),
+        auto_scaling_group(in_service=2),
+    ]  # fmt: skip
+    emulator.verdict = ACCEPTED
+    assert emulator.run({**RUN, "run_id": "gpt-tiny-nodes"})["status"] == "SUCCEEDED"
+    assert emulator.waits == [60, 60]  # then sanity, and training on nodes already up
+    assert _phases(emulator) == ["sanity", "train", "validate"]
+    assert emulator.refused_requests == []  # DescribeNodegroup, DescribeAutoScalingGroups checked by botocore's models
+
+
+# Nodes EC2 cannot launch for capacity: no Job is submitted; the stage asks again every CAPACITY_RETRY_MINUTES without
+# spending an attempt, then the run ends CapacityUnavailable with EC2's words, and its nodes are released.
+def test_training_nodes_ec2_cannot_launch_end_the_run_capacity_unavailable(emulator):
+    emulator.answers["autoscaling.describe_auto_scaling_groups"] = auto_scaling_group(in_service=1, pending=1)
+    emulator.answers["autoscaling.describe_scaling_activities"] = failed_launches(NO_P4D)
+    result = emulator.run({**RUN, "run_id": "gpt-tiny-short"})
+    assert result["status"] == "FAILED" and result["error"] == "CapacityUnavailable", result
+    assert (
+        "not in service after 20 minutes (1 of 2)" in result["cause"] and "sufficient p4d.24xlarge" in result["cause"]
+    )
+    assert emulator.jobs == []
+    retries = load_config(context(**EKS_VARIANT)).capacity_retries
+    assert len(emulator.waits) == 20 * (1 + retries) and emulator.retry_sleeps.count(300) == retries
+    assert emulator.node_sizes()["training"] == 0
+
+
+# Nodes that fail for another reason (here a launch template the type cannot use) fail the attempt with the message.
+def test_training_nodes_that_fail_otherwise_fail_the_attempt_with_its_message(emulator):
+    emulator.answers["autoscaling.describe_auto_scaling_groups"] = auto_scaling_group(in_service=0)
+    emulator.answers["autoscaling.describe_scaling_activities"] = failed_launches(
+        "The requested configuration is currently not supported. Launching EC2 instance failed."
+    )
+    result = emulator.run({**RUN, "run_id": "gpt-tiny-broken"})
+    assert result["status"] == "FAILED" and result["error"] == "SanityCheckFailed", result
+    assert "currently not supported" in result["cause"] and emulator.jobs == []
 
 
 # A request the API server refuses (here 403: the state machine's role has no access entry) ends the run at once,

@@ -147,6 +147,7 @@ def test_resume_is_refused_while_the_run_is_running(emulator):
         roleArn="arn:aws:iam::123456789012:role/x",
         definition=json.dumps({"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 30, "End": True}}}),
     )
+    emulator.wait_for_real = True  # the holder's Wait keeps it RUNNING (the emulator records Waits otherwise)
     running = emulator.sfn.start_execution(stateMachineArn=waiting["stateMachineArn"], name="holder")["executionArn"]
     hold_run(emulator, RUN, running)
     try:

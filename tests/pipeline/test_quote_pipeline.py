@@ -1,11 +1,13 @@
 """The run's quote and the monthly budget, executed in moto (tests/sfn_emulator.py): the pipeline prices the run with
-contracts/quote.py's arithmetic, records the quote in the run's record, and refuses a run its budget cannot pay for
-before any claim or job, unless the run may exceed it (constructs/pipeline/run_quote.py)."""
+contracts/quote.py's arithmetic at the MFU the environment's runs measured (else the assumed one), records the quote in
+the run's record, and refuses a run its budget cannot pay for before any claim or job, unless the run may exceed it
+(constructs/pipeline/run_quote.py); once validated, the run's quote beside what its jobs cost (run_cost.py)."""
 
 import contextlib
 import io
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import boto3
 import pytest
@@ -152,3 +154,88 @@ def test_start_refuses_a_run_over_budget_in_one_line_and_starts_nothing(emulator
     assert allowed == 0 and "started may-exceed" in out
     (started,) = emulator.sfn.list_executions(stateMachineArn=emulator.state_machine_arn)["executions"]
     assert started["name"] == "may-exceed"
+
+
+def _reported_mfu(*hourly: float) -> dict:
+    """GetMetricData's answer to the SEARCH of the environment's MFU (CloudWatch API reference, MetricDataResult):
+    one result per run's metric, hourly averages."""
+    return {"MetricDataResults": [
+        {"Id": "mfu", "Label": "MFU", "StatusCode": "Complete", "Values": [value], "Timestamps": ["2026-11-26T10:00Z"]}
+        for value in hourly
+    ], "Messages": []}  # fmt: skip
+
+
+def test_the_pipeline_quotes_at_the_mfu_this_environments_runs_measured(emulator, terms):
+    emulator.answers["cloudwatch.get_metric_data"] = _reported_mfu(30.0, 36.6)
+    emulator.answers["budgets.describe_budget"] = _budget("100000", "0")
+    emulator.verdict = ACCEPTED
+    run = {**LARGE, "run_id": "gpt-measured-001"}
+    assert emulator.run(run)["status"] == "SUCCEEDED"
+    recorded, expected = _recorded_quote(emulator, run["run_id"]), quote(_validated(run), terms, 33.3)
+    assert (
+        recorded["usd"] == pytest.approx(expected.usd, rel=1e-9) and expected.usd != quote(_validated(LARGE), terms).usd
+    )
+    assert recorded["basis"] == expected.basis and recorded["basis"].startswith("MFU 33.3% measured")
+    assert emulator.refused_requests == []  # the GetMetricData request checked by botocore's model
+
+
+def test_an_mfu_the_pipeline_cannot_read_leaves_the_quote_at_the_assumption(emulator, terms):
+    emulator.faults["cloudwatch.get_metric_data"] = ["AccessDenied"] * 6  # the first call and its five retries
+    emulator.answers["budgets.describe_budget"] = _budget("100000", "0")
+    emulator.verdict = ACCEPTED
+    run = {**LARGE, "run_id": "gpt-unmeasured-001"}
+    assert emulator.run(run)["status"] == "SUCCEEDED"
+    assert _recorded_quote(emulator, run["run_id"])["basis"] == quote(_validated(LARGE), terms).basis
+
+
+def test_a_validated_run_records_its_quote_beside_what_its_jobs_cost(emulator, terms):
+    emulator.answers["budgets.describe_budget"] = _budget("100000", "0")
+    emulator.verdict = ACCEPTED
+    run = {**LARGE, "run_id": "gpt-costed-001"}
+    assert emulator.run(run)["status"] == "SUCCEEDED"
+    key = f"runs/{run['run_id']}/cost.json"
+    cost = json.loads(emulator.s3.get_object(Bucket=emulator.bucket, Key=key)["Body"].read())
+    assert cost["quoted_usd"] == pytest.approx(quote(_validated(run), terms).usd, rel=1e-9)
+    assert 0 <= cost["training_hours"] < 0.1 and 0 <= cost["validation_hours"] < 0.1  # seconds in the emulator
+    assert cost["actual_usd"] == pytest.approx(
+        2 * cost["training_hours"] * terms.node_usd_per_hour + cost["validation_hours"] * terms.validation_usd_per_hour
+    )
+    assert cost["basis"].startswith("at most") and cost["quote_basis"] == quote(_validated(run), terms).basis
+    # The same two figures as metrics, per run (the dashboard's "Run cost" table; constructs/pipeline/run_cost.py).
+    cloudwatch = boto3.client("cloudwatch", region_name=REGION)
+    dimensions = [{"Name": "Environment", "Value": "dev"}, {"Name": "RunId", "Value": run["run_id"]}]
+    for name, value in (("RunQuotedUsd", cost["quoted_usd"]), ("RunActualUsd", cost["actual_usd"])):
+        (point,) = cloudwatch.get_metric_statistics(
+            Namespace="EfaTraining", MetricName=name, Dimensions=dimensions, Statistics=["Maximum"], Period=60,
+            StartTime=datetime.now(UTC) - timedelta(hours=1), EndTime=datetime.now(UTC) + timedelta(minutes=5),
+        )["Datapoints"]  # fmt: skip
+        assert point["Maximum"] == pytest.approx(value, rel=1e-9), name
+    assert emulator.refused_requests == []
+
+
+def test_a_cost_that_cannot_be_recorded_never_fails_the_run(emulator):
+    emulator.answers["budgets.describe_budget"] = _budget("100000", "0")
+    emulator.faults["s3.put_object"] = [None] + ["AccessDenied"] * 6  # the run's record, then its cost past the retries
+    emulator.faults["cloudwatch.put_metric_data"] = ["InternalServiceError"] * 6  # CloudWatch down past the retries
+    emulator.verdict = ACCEPTED
+    run = {**LARGE, "run_id": "gpt-uncosted-001"}
+    assert emulator.run(run)["status"] == "SUCCEEDED"
+    assert emulator.faulted.count("cloudwatch.put_metric_data:InternalServiceError") == 6
+    assert emulator.faulted.count("s3.put_object:AccessDenied") == 6
+    listed = emulator.s3.list_objects_v2(Bucket=emulator.bucket, Prefix=f"runs/{run['run_id']}/")
+    assert "cost.json" not in {item["Key"].rsplit("/", 1)[1] for item in listed.get("Contents", [])}
+
+
+def test_the_cli_quotes_at_the_measured_mfu_as_the_pipeline_does(emulator, terms, tmp_path, monkeypatch):
+    # The CLI's own read of the metric is tools/token_cost.measured_mfu (tests/test_token_cost.py, stubbed CloudWatch:
+    # moto has no SEARCH); given the same figure, the CLI and the pipeline record and refuse the same quote.
+    monkeypatch.setattr("tools.token_cost.measured_mfu", lambda client, environment: 33.3)
+    with _spent("250.00"):
+        code, out, err = _cli(emulator, "quote", "dev", _run_file(tmp_path, "run.json", LARGE))
+    measured, assumed = quote(_validated(LARGE), terms, 33.3), quote(_validated(LARGE), terms)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        measured.line(),
+        f"  at the assumed MFU: {assumed.line().removeprefix('quote: ')}",
+        "budget: $1,750.00 left of $2,000.00 this month",
+    ]

@@ -26,6 +26,8 @@ import aws_cdk.aws_stepfunctions as sfn
 import aws_cdk.aws_stepfunctions_tasks as tasks
 
 from constructs import Construct, IConstruct
+from constructs.compute.backend import TRAINING
+from constructs.compute.eks.node_wait import training_nodes_wait
 from constructs.nag import acknowledge, acknowledge_iam, acknowledge_log_group_encryption
 
 C = sfn.Condition
@@ -71,8 +73,21 @@ def _retry_transient(task: tasks.CallAwsService, errors: tuple[str, ...] = TRANS
 class EksNodeScaling:
     """The pipeline's node-group states (implements constructs.compute.backend.PipelineNodes)."""
 
-    def __init__(self, *, cluster_name: str, groups: dict[str, SizedGroup]) -> None:
-        self._cluster, self._groups = cluster_name, groups
+    def __init__(self, *, cluster_name: str, groups: dict[str, SizedGroup], training_wait_minutes: int = 20) -> None:
+        self._cluster, self._groups, self._training_wait = cluster_name, groups, training_wait_minutes
+
+    def wait_for_training(
+        self, scope: Construct, id_: str, *, errors: tuple[str, str]
+    ) -> tuple[sfn.State, sfn.INextable]:
+        """The training nodes in service before a multi-node job (node_wait.py), `training_wait_minutes` at most."""
+        return training_nodes_wait(
+            scope,
+            id_,
+            cluster_name=self._cluster,
+            nodegroup=self._groups[TRAINING].nodegroup,
+            minutes=self._training_wait,
+            errors=errors,
+        )
 
     def _running(self, scope: Construct, id_: str, machine: str, machine_arn: str, result_path: str):
         """ListExecutions RUNNING of the pipeline; eventually consistent, most recent first (Step Functions API

@@ -1,0 +1,117 @@
+"""Before a multi-node job on EKS: the run's training nodes in service, or the submission ends saying why.
+
+A Job's pods wait Pending while no node fits them, and EC2 Auto Scaling retries a launch refused for capacity until
+an instance comes (AWS re:Post, "EKS insufficient capacity errors": neither it nor the scheduler gives up), so a run
+EC2 cannot serve would spend its attempts at the Job's activeDeadlineSeconds. Instead, before each multi-node job the
+pipeline reads the training node group's Auto Scaling group (EKS API reference, DescribeNodegroup:
+resources.autoScalingGroups) once a minute, until as many of its instances are InService as the run has nodes
+(EC2 Auto Scaling API reference, DescribeAutoScalingGroups: Instance.LifecycleState). After `minutes` without them,
+the group's latest failed launch (DescribeScalingActivities, newest first: StatusCode Failed, StatusMessage) says
+why: EC2's "We currently do not have sufficient <type> capacity" (EC2 Auto Scaling user guide, "Troubleshoot: EC2
+instance launch failures", Insufficient capacity) ends the submission as `no_capacity`, which the pipeline asks again
+without spending an attempt, as on Batch; anything else, or no failure at all, as `failed` with that message.
+"""
+
+import aws_cdk as cdk
+import aws_cdk.aws_eks_v2 as eks
+import aws_cdk.aws_stepfunctions as sfn
+import aws_cdk.aws_stepfunctions_tasks as tasks
+
+from constructs import Construct
+
+POLL = cdk.Duration.minutes(1)
+KEEP = "{% $states.input %}"  # every state hands its input on: the job's submission reads it next
+# A launch refused for capacity, as EC2 words it in the activity's StatusMessage (any case).
+CAPACITY_MESSAGE = "/sufficient.*capacity/i"
+# DescribeNodegroup's throttling and 5xx (constructs/compute/eks/node_scaling.py TRANSIENT); Auto Scaling's throttling
+# has no modeled exception (its base one) and ResourceContention is its modeled busy answer (API reference).
+TRANSIENT = (
+    "Eks.ServerException",
+    "Eks.ServiceUnavailableException",
+    "Eks.EksException",
+    "AutoScaling.AutoScalingException",
+    "AutoScaling.ResourceContentionException",
+    "States.Timeout",
+)
+
+
+def training_nodes_wait(
+    scope: Construct, id_: str, *, cluster_name: str, nodegroup: eks.Nodegroup, minutes: int, errors: tuple[str, str]
+) -> tuple[sfn.State, sfn.INextable]:
+    """(first, ready): states named `<id_>...`; `ready` goes on to the submission; `errors`: (no capacity, failed)."""
+    group = _call(
+        scope,
+        f"{id_}ReadTrainingNodeGroup",
+        "eks",
+        "describeNodegroup",
+        {"ClusterName": cluster_name, "NodegroupName": nodegroup.nodegroup_name},
+        [nodegroup.nodegroup_arn],
+        {"group": "{% $states.result.Nodegroup.Resources.AutoScalingGroups[0].Name %}", "polls": 0},
+    )
+    count = _call(
+        scope,
+        f"{id_}CountTrainingNodes",
+        "autoscaling",
+        "describeAutoScalingGroups",
+        {"AutoScalingGroupNames": ["{% $group %}"]},
+        ["*"],  # Service Authorization Reference, EC2 Auto Scaling: Describe* have no resource types
+        {"in_service": "{% $count($states.result.AutoScalingGroups[0].Instances[LifecycleState = 'InService']) %}"},
+    )
+    launches = _call(
+        scope,
+        f"{id_}ReadLaunchFailures",
+        "autoscaling",
+        "describeScalingActivities",
+        {"AutoScalingGroupName": "{% $group %}", "MaxRecords": 20},
+        ["*"],
+        {
+            "failure": "{% ($f := $states.result.Activities[StatusCode = 'Failed'][0]; $exists($f) ? "
+            "$f.StatusMessage : 'no failed launch reported') %}"
+        },  # fmt: skip
+    )
+    ready = sfn.Pass(scope, f"{id_}TrainingNodesInService")
+    wait = sfn.Wait.jsonata(scope, f"{id_}WaitForTrainingNodes", time=sfn.WaitTime.duration(POLL),
+                            assign={"polls": "{% $polls + 1 %}"})  # fmt: skip
+    no_capacity, failed = errors
+    line = (
+        f"{{% 'the training nodes were not in service after {minutes} minutes (' & $string($in_service) & ' of ' "
+        "& $string($states.input.run.nodes) & '); latest failed launch in the node group: ' & $failure %}"
+    )
+    why = (
+        sfn.Choice.jsonata(scope, f"{id_}IsCapacityShort")
+        .when(
+            sfn.Condition.jsonata(f"{{% $contains($failure, {CAPACITY_MESSAGE}) %}}"),
+            sfn.Fail.jsonata(scope, f"{id_}TrainingNodesUnavailable", error=no_capacity, cause=line),
+        )
+        .otherwise(sfn.Fail.jsonata(scope, f"{id_}TrainingNodesFailed", error=failed, cause=line))
+    )
+    up = sfn.Choice.jsonata(scope, f"{id_}AreTrainingNodesUp")
+    up.when(sfn.Condition.jsonata("{% $in_service >= $states.input.run.nodes %}"), ready)
+    up.when(sfn.Condition.jsonata(f"{{% $polls >= {minutes} %}}"), launches.next(why))
+    up.otherwise(wait.next(count))
+    group.next(count).next(up)
+    return group, ready
+
+
+def _call(
+    scope: Construct, id_: str, service: str, action: str, arguments: dict, resources: list[str], assign: dict
+) -> tasks.CallAwsService:
+    task = tasks.CallAwsService.jsonata(
+        scope,
+        id_,
+        service=service,
+        action=action,
+        parameters=arguments,
+        iam_resources=resources,
+        assign=assign,
+        outputs=KEEP,
+        task_timeout=sfn.Timeout.duration(cdk.Duration.minutes(2)),
+    )
+    task.add_retry(
+        errors=list(TRANSIENT),
+        interval=cdk.Duration.seconds(2),
+        backoff_rate=2,
+        max_attempts=5,
+        jitter_strategy=sfn.JitterType.FULL,
+    )
+    return task
