@@ -103,7 +103,8 @@ FAULT_STATUS = {
 }
 CAMEL_CASE_SERVICES = ("stepfunctions", "eks")
 ERROR_SERVICE_NAMES = {"s3": "S3", "ssm": "Ssm", "sns": "Sns", "sfn": "Sfn", "dynamodb": "DynamoDb", "eks": "Eks",
-                       "cloudwatch": "CloudWatch", "autoscaling": "AutoScaling"}  # fmt: skip
+                       "cloudwatch": "CloudWatch", "autoscaling": "AutoScaling",
+                       "sagemaker": "SageMaker"}  # fmt: skip
 
 
 def _to_boto(value, shape):

@@ -35,7 +35,7 @@ from config.layout import (
     stack_name,
 )
 from contracts import run as schema
-from tools import bad_hosts
+from tools import bad_hosts, model_registry
 
 # Every AWS client: bounded waits and a few retries, so an endpoint that accepts and never answers costs about
 # 3 attempts x 8 s of reading (5 s to connect) before one line says so, well within a minute (botocore "Config":
@@ -474,6 +474,8 @@ def cmd_describe(args, pipeline: Pipeline, out) -> int:
 
     nodes = run["nodes"] if isinstance(run.get("nodes"), int) else pipeline.max_nodes
     for line in quote_and_actual(events, nodes, environment_config(pipeline.env)):
+        print(line, file=out)
+    for line in model_registry.lines(events):
         print(line, file=out)
     if run_id and re.fullmatch(schema.RUN_ID_PATTERN, run_id) and pipeline.bucket:
         for line in bad_hosts.lines(pipeline._client("s3"), pipeline.bucket, run_id):

@@ -24,6 +24,7 @@ from constructs.pipeline.dataset_check import dataset_check
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.initial_model import InitialModel
 from constructs.pipeline.input_checks import INVALID, input_validation
+from constructs.pipeline.model_registry import acknowledge_registry
 from constructs.pipeline.quarantine import HOSTS_QUARANTINED, QUARANTINE_RETRIES, Quarantine
 from constructs.pipeline.reservation_end import Reservation, reservation_end
 from constructs.pipeline.run_claim import RunClaim
@@ -98,6 +99,7 @@ class TrainingPipeline(Construct):
         `initial_models`: whether runs may start from an approved model (`init_from`; initial_model.py).
         `workloads`: the environment's declared workloads (their hyperparameters), which a run may name."""
         super().__init__(scope, id_)
+        self._environment = environment
         self._workloads = tuple(workloads or {})
         self.training_retry = training_retry or TrainingRetry()
         self._runner, self._train_attempt_hours = runner, train_attempt_hours
@@ -470,8 +472,10 @@ class TrainingPipeline(Construct):
             "status polling (batch:DescribeJobs), the SageMaker integration's sagemaker:ListTags, reading a "
             "capacity reservation's end (ec2:DescribeCapacityReservations), the runs' measured MFU "
             "(cloudwatch:GetMetricData), each run's cost (cloudwatch:PutMetricData) and, on EKS, the training nodes' "
-            "Auto Scaling group (autoscaling:DescribeAutoScalingGroups, DescribeScalingActivities)",
+            "Auto Scaling group (autoscaling:DescribeAutoScalingGroups, DescribeScalingActivities), and finding the "
+            "model registry's group (sagemaker:ListModelPackageGroups)",
         )
+        acknowledge_registry(self.state_machine.role, self._environment)
         stack = cdk.Stack.of(self)
 
         def shown(value: str, pseudo: str) -> str:

@@ -2,7 +2,8 @@
 
 Approval is recorded once per run (`models/<run_id>/approval.json`, If-None-Match: *): a retried step or a resumed
 run that finds it recorded publishes the recorded one, so the SSM parameter never names a different approval.
-Once the model is approved and recorded, a notification that still fails does not turn the run into a failure.
+Once the model is approved and recorded, a notification that still fails does not turn the run into a failure, nor
+does a model registry that cannot be reached (constructs/pipeline/model_registry.py).
 """
 
 import aws_cdk as cdk
@@ -16,6 +17,7 @@ from config.layout import MODELS_PREFIX, RUNS_PREFIX
 from constructs import Construct
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, NOTIFICATION_ERRORS, retry_transient
 from constructs.pipeline.failure_path import FailurePath
+from constructs.pipeline.model_registry import register_approved
 from constructs.pipeline.run_claim import PRECONDITION_FAILED
 
 C = sfn.Condition
@@ -73,7 +75,8 @@ class VerdictBranch:
         )
 
     def _approve(self) -> sfn.IChainable:
-        """Copy the verdict to models/, record the approval once, publish it in SSM, notify, succeed."""
+        """Copy the verdict to models/, record the approval once, publish it in SSM, register it (model_registry.py),
+        notify, succeed."""
         scope, failures = self._scope, self._failures
         copy_verdict = self._s3_call(
             "CopyVerdictToModels",
@@ -113,18 +116,16 @@ class VerdictBranch:
                 "model": J.string_at("$.paths.model_uri"),
                 "verdict": J.object_at("$.verdict.report"),
                 "parameter": self._parameter,
+                "registry": J.object_at("$.registry"),
             },
         )
         notify_approved.add_catch(
             sfn.Pass(scope, "ApprovedButNotNotified").next(succeeded), result_path="$.notification_error"
         )
-        return (
-            copy_verdict.next(describe_model)
-            .next(record_approval)
-            .next(publish_model)
-            .next(notify_approved)
-            .next(succeeded)
-        )
+        register, registered = register_approved(scope, self._environment)
+        publish_model.next(register)
+        registered.next(notify_approved).next(succeeded)
+        return copy_verdict.next(describe_model).next(record_approval).next(publish_model)
 
     def _record_approval(self, *, then: sfn.IChainable) -> tasks.CallAwsService:
         """PutObject If-None-Match: *; on 412 the recorded approval is read back and published instead."""

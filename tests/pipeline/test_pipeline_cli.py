@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -133,6 +134,8 @@ def test_start_and_watch_a_run_that_succeeds(deployed, tmp_path):
     # The pipeline's own quote (QuoteRun, at the assumed MFU) beside the job states' cost: seconds here.
     assert f"quote      {lines[0].removeprefix('quote: ')}" in out
     assert "actual     ~$" in out and "Train 0.00 h" in out
+    # Where the approved model is in the registry (constructs/pipeline/model_registry.py; tools/model_registry.py).
+    assert re.search(r"^registry   efa-training-dev-built-in version \d+ \(Approved\): arn:aws:sagemaker:", out, re.M)
 
     code, out, _ = cli("list", "dev")
     assert code == 0 and any(line.startswith("cli-ok") and "SUCCEEDED" in line for line in out.splitlines())
