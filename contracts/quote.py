@@ -18,6 +18,7 @@ A run of another workload (declared, or the parameter servers) has no FLOPs mode
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,12 +57,20 @@ MEASURED_DAYS = 14  # how far back a measured MFU is averaged
 
 
 def measured_mfu_query(environment: str) -> str:
-    """CloudWatch GetMetricData's expression for the environment's runs' MFU, hourly averages of every run (metric math
-    SEARCH: CloudWatch user guide, "Use search expressions in graphs"); the figure is the mean of what it returns."""
+    """CloudWatch GetMetricData's expression for the environment's runs' MFU: each hour's average over the runs that
+    reported in it, one series (metric math AVG over a SEARCH: CloudWatch user guide, "Use search expressions in
+    graphs", "Metric math syntax and functions"), so the answer stays small however many runs there were (a Step
+    Functions state's result is at most 256 KiB); the figure is the mean of its values."""
     return (
-        f'SEARCH(\'{{{TRAINING_METRICS_NAMESPACE},Environment,RunId}} MetricName="MFU" '
-        f"Environment=\"{environment}\"', 'Average', 3600)"
+        f'AVG(SEARCH(\'{{{TRAINING_METRICS_NAMESPACE},Environment,RunId}} MetricName="MFU" '
+        f"Environment=\"{environment}\"', 'Average', 3600))"
     )
+
+
+def mfu_words(mfu_percent: float) -> str:
+    """A measured MFU in whole tenths, rounded half up on the tenths (the pipeline's QuoteRun writes the same:
+    $floor(m * 10 + 0.5) / 10), so the CLI and the pipeline never differ at a halfway value."""
+    return f"MFU {math.floor(mfu_percent * 10 + 0.5) / 10:.1f}% measured"
 
 
 @dataclass(frozen=True)
@@ -147,8 +156,7 @@ def quote(run: dict, terms: QuoteTerms, measured_mfu_percent: float | None = Non
     hours = params["max_steps"] * step / 3600
     node_hours = run["nodes"] * (hours + terms.other_node_hours)
     usd = node_hours * terms.node_usd_per_hour + VALIDATION_MINUTES / 60 * terms.validation_usd_per_hour
-    # One decimal: the pipeline's QuoteRun writes the same words ($formatNumber(mfu, '0.0')).
-    measured = f"MFU {mfu:.1f}% measured" if measured_mfu_percent else f"MFU {mfu:g}% assumed"
+    measured = mfu_words(mfu) if measured_mfu_percent else f"MFU {mfu:g}% assumed"
     return Quote(usd, hours, f"{measured}, {terms.price_basis}")
 
 

@@ -35,7 +35,9 @@
 7. Evaluates JSONata states with jsonata-python (a port of jsonata-java; moto's own bridge needs a JVM), and
    names AWS SDK integration errors as Step Functions does, `ServiceName.ErrorName` in PascalCase
    (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html: "S3.NoSuchKeyException";
-   moto 5.2.1 knows the casing of DynamoDb and Sfn only and would say "s3.NoSuchKeyException"). Its optimized
+   moto 5.2.1 knows the casing of DynamoDb and Sfn only and would say "s3.NoSuchKeyException"); a modeled error whose
+   shape ends in Fault (CloudWatch's InternalServiceFault) is named after the Java SDK's class, `...Exception`, as
+   Step Functions names it ("CloudWatch.InternalServiceException"), not moto's "...FaultException". Its optimized
    DynamoDB integration already names errors `DynamoDB.<code>` ("DynamoDB.ConditionalCheckFailedException"), the
    prefix Step Functions documents for it (https://docs.aws.amazon.com/step-functions/latest/dg/connect-ddb.html,
    "Exception prefix differences"): nothing to rename there; its client gets the proxy like the others.
@@ -340,6 +342,12 @@ class Emulator:
         self._patch(sns_service, "boto_client_for", proxy)
         self._patch(ddb_service, "boto_client_for", proxy)
         self._patch(sdk_service, "_SERVICE_ERROR_NAMES", ERROR_SERVICE_NAMES)
+        named = sdk_service.StateTaskServiceAwsSdk._normalise_exception_name
+
+        def java_named(service: str, ex: Exception) -> str:  # a modeled `...Fault` shape: the Java SDK's `...Exception`
+            return re.sub(r"Fault(Exception)?$", "Exception", named(service, ex))
+
+        self._patch(sdk_service.StateTaskServiceAwsSdk, "_normalise_exception_name", staticmethod(java_named))
         self._patch(jsonata_bridge, "_eval_jsonata", lambda expression: jsonata.Jsonata(expression).evaluate(None))
         self._patch(retrier_decl, "time", types.SimpleNamespace(sleep=self.retry_sleeps.append))
         slept = WaitFunction._wait_interval

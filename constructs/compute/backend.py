@@ -57,6 +57,11 @@ class PipelineNodes(Protocol):
         """Every role to 0 unless more than `others` executions of `machine` run; (chain, state to catch on)."""
         ...
 
+    @property
+    def training_wait_seconds(self) -> int:
+        """The longest `wait_for_training` waits before one multi-node submission."""
+        ...
+
     def wait_for_training(
         self, scope: Construct, id_: str, *, errors: tuple[str, str]
     ) -> tuple[sfn.State, sfn.INextable]:

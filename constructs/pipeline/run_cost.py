@@ -2,8 +2,9 @@
 
 After validation, CostOfRun prices the time the run's jobs took at the quote's prices (contracts/quote.py's
 QuoteTerms): the run's nodes from the run's preparation to the end of training (the sanity check, compile, training
-and every retry and wait between them) and one validation node after it. That is an upper bound, as the CLI's
-`describe` says too (tools/quote.py): waits in a queue or for nodes are counted though not every node bills then.
+and every retry and wait between them) and one validation node after it. Waits in a queue or for nodes count though
+not every node bills then, as in the CLI's `describe` (tools/quote.py); what it leaves out: a resumed run's earlier
+executions (each execution records its own), and on EKS the minutes a node group takes to scale down after a stage.
 WriteRunCost records both in `runs/<run_id>/cost.json`; PublishRunCost puts them in CloudWatch (config.layout's
 RUN_QUOTED_METRIC and RUN_ACTUAL_METRIC, dimensions Environment and RunId), which the dashboard lists per run. Neither
 can fail the run: a failed write or metric is logged in the execution's history, and the verdict goes on.
@@ -82,8 +83,8 @@ def _cost(terms: QuoteTerms) -> str:
     else:
         actual = f"$states.input.run.nodes * $t * {terms.node_usd_per_hour} + $v * {terms.validation_usd_per_hour}"
     basis = json.dumps(
-        f"at most: the run's nodes from its preparation to the end of training, one validation node after, "
-        f"waits included; {terms.price_basis}"
+        "this execution's jobs: the run's nodes from its preparation to the end of training, one validation node "
+        f"after, waits included; {terms.price_basis}"
     )
     return (
         f"($t := {training}; $v := {validation}; {{'quoted_usd': $states.input.run.quote.usd, 'actual_usd': {actual}, "

@@ -37,9 +37,9 @@ OVER_BUDGET = "OverBudget"
 # DescribeBudget's throttling and internal errors (AWS Budgets API reference, DescribeBudget "Errors"), named
 # ServiceName.ErrorName as Step Functions names an AWS SDK integration's errors.
 BUDGETS_TRANSIENT = ("Budgets.ThrottlingException", "Budgets.InternalErrorException", "States.Timeout")
-# GetMetricData's throttling and server errors (CloudWatch API reference, "Common Errors": Throttling and
-# InternalFailure have no modeled exception, so the SDK integration names them by the service's base exception).
-CLOUDWATCH_TRANSIENT = ("CloudWatch.CloudWatchException", "CloudWatch.InternalServiceFaultException", "States.Timeout")
+# CloudWatch's throttling (no modeled exception: the service's base one) and 5xx (the InternalServiceFault shape,
+# which Step Functions names after the Java SDK's class, InternalServiceException: "AWS SDK integrations", errors).
+CLOUDWATCH_TRANSIENT = ("CloudWatch.CloudWatchException", "CloudWatch.InternalServiceException", "States.Timeout")
 
 
 def run_quote(scope: Construct, terms: QuoteTerms, failures: FailurePath) -> tuple[sfn.State, sfn.Pass]:
@@ -128,7 +128,8 @@ def _quoted_run(terms: QuoteTerms) -> str:
         )
     price = json.dumps(f", {terms.price_basis}")
     basis = (
-        f"($m ? 'MFU ' & $formatNumber($m, '0.0') & '% measured' : 'MFU {ASSUMED_MFU_PERCENT:g}% assumed') & {price}"
+        "($m ? 'MFU ' & $formatNumber($floor($m * 10 + 0.5) / 10, '0.0') & '% measured' "
+        f": 'MFU {ASSUMED_MFU_PERCENT:g}% assumed') & {price}"
     )
     no_model = none % json.dumps("no FLOPs model for this workload")
     # The built-in's hyperparameters are checked by then (a string model, integer steps and batch); a declared

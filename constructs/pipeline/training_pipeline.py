@@ -449,16 +449,21 @@ class TrainingPipeline(Construct):
     def _execution_seconds(self) -> int:
         """Every stage at its longest (the Train state's at the most attempts a run may ask for)."""
         retry = self.training_retry
+        # each stage may also be submitted again after a quarantine (QUARANTINE_RETRIES, not counted as attempts)
+        sanity = 0 if self._runner.sanity_in_training else 1 + SANITY_RETRIES + QUARANTINE_RETRIES
+        compile_ = 1 + COMPILE_RETRIES + QUARANTINE_RETRIES if self._compiles_ahead else 0
+        train = 1 + retry.max_attempts + QUARANTINE_RETRIES
+        # where the pipeline waits for the training nodes before each submission (EKS: node_wait.py)
+        node_waits = (self._nodes.training_wait_seconds if self._nodes else 0) * (sanity + compile_ + train)
         return execution_seconds(
             self._train_attempt_hours,
-            # each stage may also be submitted again after a quarantine (QUARANTINE_RETRIES, not counted as attempts)
-            sanity_submissions=0 if self._runner.sanity_in_training else 1 + SANITY_RETRIES + QUARANTINE_RETRIES,
-            compile_submissions=1 + COMPILE_RETRIES + QUARANTINE_RETRIES if self._compiles_ahead else 0,
-            train_submissions=1 + retry.max_attempts + QUARANTINE_RETRIES,
+            sanity_submissions=sanity,
+            compile_submissions=compile_,
+            train_submissions=train,
             # the attempts' backoff, and each stage's capacity waits (a submission waits at most QUEUE_WAIT_MINUTES)
             train_backoff_seconds=retry.max_attempts * int(retry.max_delay.to_seconds())
             + 3 * self._capacity_retries * (QUEUE_WAIT_MINUTES + CAPACITY_RETRY_MINUTES) * 60,
-            calls_seconds=3600,
+            calls_seconds=3600 + node_waits,
         )
 
     def _acknowledge(self) -> None:

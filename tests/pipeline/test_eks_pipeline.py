@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import cast
 
@@ -58,13 +59,15 @@ def auto_scaling_group(in_service: int, pending: int = 0) -> dict:
     }]}  # fmt: skip
 
 
-def failed_launches(message: str) -> dict:
-    """DescribeScalingActivities' answer, newest first: a failed launch with EC2's message, after an older success."""
+def failed_launches(message: str, minutes_from_now: int = 5) -> dict:
+    """DescribeScalingActivities' answer, newest first: a failed launch with EC2's message (started this many minutes
+    from now: after the wait began, or, negative, before it), after an older success."""
+    started = (datetime.now(UTC) + timedelta(minutes=minutes_from_now)).strftime("%Y-%m-%dT%H:%M:%SZ")
     activity = {"AutoScalingGroupName": "eks-training-1", "Cause": "a user request update of the desired capacity",
-                "StartTime": "2026-11-27T08:05:00Z", "Progress": 100}  # fmt: skip
+                "StartTime": started, "Progress": 100}  # fmt: skip
     return {"Activities": [
         {**activity, "ActivityId": "a-2", "StatusCode": "Failed", "StatusMessage": message},
-        {**activity, "ActivityId": "a-1", "StatusCode": "Successful"},
+        {**activity, "ActivityId": "a-1", "StatusCode": "Successful", "StartTime": "2026-01-05T08:05:00Z"},
     ]}  # fmt: skip
 
 
@@ -425,6 +428,24 @@ def test_training_nodes_that_fail_otherwise_fail_the_attempt_with_its_message(em
     result = emulator.run({**RUN, "run_id": "gpt-tiny-broken"})
     assert result["status"] == "FAILED" and result["error"] == "SanityCheckFailed", result
     assert "currently not supported" in result["cause"] and emulator.jobs == []
+
+
+# A capacity failure from before this wait (an earlier run's) says nothing of this one: the attempt fails as nodes
+# not in service with no failed launch since the wait began, not as a shortage waited for hours.
+def test_an_older_launch_failure_does_not_decide_this_wait(emulator):
+    emulator.answers["autoscaling.describe_auto_scaling_groups"] = auto_scaling_group(in_service=0, pending=2)
+    emulator.answers["autoscaling.describe_scaling_activities"] = failed_launches(NO_P4D, minutes_from_now=-60)
+    result = emulator.run({**RUN, "run_id": "gpt-tiny-stale"})
+    assert result["status"] == "FAILED" and result["error"] == "SanityCheckFailed", result
+    assert "no failed launch reported since the wait began" in result["cause"]
+
+
+# The wait only advises: Auto Scaling's reads denied (an SCP, say) submit the job as before the wait existed.
+def test_a_node_wait_that_cannot_read_the_group_submits_the_job(emulator):
+    emulator.faults["autoscaling.describe_auto_scaling_groups"] = ["AccessDenied"] * 20
+    emulator.verdict = ACCEPTED
+    assert emulator.run({**RUN, "run_id": "gpt-tiny-unread"})["status"] == "SUCCEEDED"
+    assert _phases(emulator) == ["sanity", "train", "validate"] and emulator.waits == []
 
 
 # A request the API server refuses (here 403: the state machine's role has no access entry) ends the run at once,

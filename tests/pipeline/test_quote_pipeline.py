@@ -157,21 +157,21 @@ def test_start_refuses_a_run_over_budget_in_one_line_and_starts_nothing(emulator
 
 
 def _reported_mfu(*hourly: float) -> dict:
-    """GetMetricData's answer to the SEARCH of the environment's MFU (CloudWatch API reference, MetricDataResult):
-    one result per run's metric, hourly averages."""
+    """GetMetricData's answer to contracts.quote.measured_mfu_query (CloudWatch API reference, MetricDataResult): one
+    series, AVG over the runs' SEARCH, a value per hour."""
+    stamps = [f"2026-11-26T{hour:02d}:00:00Z" for hour in range(len(hourly))]
     return {"MetricDataResults": [
-        {"Id": "mfu", "Label": "MFU", "StatusCode": "Complete", "Values": [value], "Timestamps": ["2026-11-26T10:00Z"]}
-        for value in hourly
+        {"Id": "mfu", "Label": "mfu", "StatusCode": "Complete", "Values": list(hourly), "Timestamps": stamps}
     ], "Messages": []}  # fmt: skip
 
 
 def test_the_pipeline_quotes_at_the_mfu_this_environments_runs_measured(emulator, terms):
-    emulator.answers["cloudwatch.get_metric_data"] = _reported_mfu(30.0, 36.6)
+    emulator.answers["cloudwatch.get_metric_data"] = _reported_mfu(30.0, 36.5)  # a mean of 33.25: halfway
     emulator.answers["budgets.describe_budget"] = _budget("100000", "0")
     emulator.verdict = ACCEPTED
     run = {**LARGE, "run_id": "gpt-measured-001"}
     assert emulator.run(run)["status"] == "SUCCEEDED"
-    recorded, expected = _recorded_quote(emulator, run["run_id"]), quote(_validated(run), terms, 33.3)
+    recorded, expected = _recorded_quote(emulator, run["run_id"]), quote(_validated(run), terms, 33.25)
     assert (
         recorded["usd"] == pytest.approx(expected.usd, rel=1e-9) and expected.usd != quote(_validated(LARGE), terms).usd
     )
@@ -200,7 +200,9 @@ def test_a_validated_run_records_its_quote_beside_what_its_jobs_cost(emulator, t
     assert cost["actual_usd"] == pytest.approx(
         2 * cost["training_hours"] * terms.node_usd_per_hour + cost["validation_hours"] * terms.validation_usd_per_hour
     )
-    assert cost["basis"].startswith("at most") and cost["quote_basis"] == quote(_validated(run), terms).basis
+    assert (
+        cost["basis"].startswith("this execution's jobs") and cost["quote_basis"] == quote(_validated(run), terms).basis
+    )
     # The same two figures as metrics, per run (the dashboard's "Run cost" table; constructs/pipeline/run_cost.py).
     cloudwatch = boto3.client("cloudwatch", region_name=REGION)
     dimensions = [{"Name": "Environment", "Value": "dev"}, {"Name": "RunId", "Value": run["run_id"]}]
@@ -228,14 +230,21 @@ def test_a_cost_that_cannot_be_recorded_never_fails_the_run(emulator):
 
 def test_the_cli_quotes_at_the_measured_mfu_as_the_pipeline_does(emulator, terms, tmp_path, monkeypatch):
     # The CLI's own read of the metric is tools/token_cost.measured_mfu (tests/test_token_cost.py, stubbed CloudWatch:
-    # moto has no SEARCH); given the same figure, the CLI and the pipeline record and refuse the same quote.
-    monkeypatch.setattr("tools.token_cost.measured_mfu", lambda client, environment: 33.3)
+    # moto has no SEARCH); given the same figure (a halfway one), the CLI prints the quote the pipeline records.
+    monkeypatch.setattr("tools.token_cost.measured_mfu", lambda client, environment: 33.25)
     with _spent("250.00"):
         code, out, err = _cli(emulator, "quote", "dev", _run_file(tmp_path, "run.json", LARGE))
-    measured, assumed = quote(_validated(LARGE), terms, 33.3), quote(_validated(LARGE), terms)
+    emulator.answers["cloudwatch.get_metric_data"] = _reported_mfu(33.25)
+    emulator.answers["budgets.describe_budget"] = _budget("100000", "0")
+    emulator.verdict = ACCEPTED
+    run = {**LARGE, "run_id": "gpt-cli-measured-001"}
+    assert emulator.run(run)["status"] == "SUCCEEDED"
+    recorded = _recorded_quote(emulator, run["run_id"])
+    pipeline_line = Quote(recorded["usd"], recorded["hours"], recorded["basis"]).line()
     assert (code, err) == (0, "")
     assert out.splitlines() == [
-        measured.line(),
-        f"  at the assumed MFU: {assumed.line().removeprefix('quote: ')}",
+        pipeline_line,
+        f"  at the assumed MFU: {quote(_validated(LARGE), terms).line().removeprefix('quote: ')}",
         "budget: $1,750.00 left of $2,000.00 this month",
     ]
+    assert "MFU 33.3% measured" in pipeline_line

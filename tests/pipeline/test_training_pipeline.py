@@ -5,7 +5,9 @@ import json
 
 import aws_cdk as cdk
 import aws_cdk.aws_dynamodb as dynamodb
+import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_eks_v2 as eks
+import aws_cdk.aws_iam as iam
 import aws_cdk.aws_logs as logs
 import aws_cdk.aws_s3 as s3
 import aws_cdk.aws_sns as sns
@@ -13,8 +15,10 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 from config import CATALOGUE
+from constructs.compute.backend import TRAINING, VALIDATION
 from constructs.compute.batch.job_runner import BatchJobRunner
 from constructs.compute.eks.job_runner import EksJobRunner
+from constructs.compute.eks.node_scaling import EksNodeScaling, SizedGroup
 from constructs.observability.alarms import MODEL_REJECTED_ERROR
 from constructs.pipeline.training_pipeline import TrainingPipeline, TrainingRetry
 from contracts.run import CAPACITY_RETRY_MINUTES, PHASES, QUEUE_WAIT_MINUTES, phases, stages, train_state_seconds
@@ -320,3 +324,43 @@ def test_execution_logs_go_to_a_vended_logs_group_of_this_stack():
     (group,) = _pipeline().find_resources("AWS::Logs::LogGroup").values()
     name = json.dumps(group["Properties"]["LogGroupName"])
     assert "/aws/vendedlogs/states/" in name and "AWS::StackId" in name
+
+
+def _eks_pipeline_timeout(node_wait_minutes: int) -> int:
+    """The state machine's TimeoutSeconds on EKS, where the pipeline sizes the node groups and waits for them."""
+    stack = cdk.Stack()
+    vpc = ec2.Vpc.from_vpc_attributes(
+        stack, "Vpc", vpc_id="vpc-1", availability_zones=["us-east-1a"], private_subnet_ids=["subnet-1"]
+    )
+    cluster = eks.Cluster.from_cluster_attributes(
+        stack, "Cluster", cluster_name="training", vpc=vpc, cluster_endpoint="https://e",
+        cluster_certificate_authority_data="ca",
+    )  # fmt: skip
+    role = iam.Role(stack, "NodeRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"))
+    groups = {
+        name: SizedGroup(eks.Nodegroup(stack, name, cluster=cluster, node_role=role, min_size=0, desired_size=0), size)
+        for name, size in ((TRAINING, 2), (VALIDATION, 1))
+    }
+    scaling = EksNodeScaling(cluster_name="training", groups=groups, training_wait_minutes=node_wait_minutes)
+    TrainingPipeline(
+        stack,
+        "Pipeline",
+        environment="test",
+        max_nodes=2,
+        bucket=s3.Bucket(stack, "Data"),
+        runs_table=_runs_table(stack),
+        topic=sns.Topic(stack, "Alerts"),
+        runner=EksJobRunner(
+            cluster=cluster, instance=CATALOGUE["p4d.24xlarge"], image="image:tag", max_nodes=2, node_scaling=scaling
+        ),
+        log_retention=logs.RetentionDays.TWO_WEEKS,
+        removal_policy=cdk.RemovalPolicy.DESTROY,
+    )
+    return definition(Template.from_stack(stack).to_json())["TimeoutSeconds"]
+
+
+def test_the_execution_outlasts_every_wait_for_the_training_nodes():
+    # On EKS each sanity and training submission may first wait eks_node_wait_minutes for its nodes
+    # (constructs/compute/eks/node_wait.py): the execution's timeout grows by that much per submission.
+    submissions = (1 + 1 + 2) + (1 + TrainingRetry().max_attempts + 2)  # sanity, train: retries and quarantines
+    assert _eks_pipeline_timeout(60) - _eks_pipeline_timeout(5) == 55 * 60 * submissions

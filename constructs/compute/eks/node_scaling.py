@@ -76,6 +76,10 @@ class EksNodeScaling:
     def __init__(self, *, cluster_name: str, groups: dict[str, SizedGroup], training_wait_minutes: int = 20) -> None:
         self._cluster, self._groups, self._training_wait = cluster_name, groups, training_wait_minutes
 
+    @property
+    def training_wait_seconds(self) -> int:
+        return self._training_wait * 60
+
     def wait_for_training(
         self, scope: Construct, id_: str, *, errors: tuple[str, str]
     ) -> tuple[sfn.State, sfn.INextable]:

@@ -6,10 +6,13 @@ EC2 cannot serve would spend its attempts at the Job's activeDeadlineSeconds. In
 pipeline reads the training node group's Auto Scaling group (EKS API reference, DescribeNodegroup:
 resources.autoScalingGroups) once a minute, until as many of its instances are InService as the run has nodes
 (EC2 Auto Scaling API reference, DescribeAutoScalingGroups: Instance.LifecycleState). After `minutes` without them,
-the group's latest failed launch (DescribeScalingActivities, newest first: StatusCode Failed, StatusMessage) says
-why: EC2's "We currently do not have sufficient <type> capacity" (EC2 Auto Scaling user guide, "Troubleshoot: EC2
-instance launch failures", Insufficient capacity) ends the submission as `no_capacity`, which the pipeline asks again
+the group's latest failed launch since the wait began (DescribeScalingActivities, newest first: StatusCode Failed,
+StartTime, StatusMessage; an older run's failure says nothing of this one) says why: EC2's "We currently do not have
+sufficient <type> capacity" (EC2 Auto Scaling user guide, "Troubleshoot: EC2 instance launch failures", Insufficient
+capacity) ends the submission as `no_capacity`, which the pipeline asks again
 without spending an attempt, as on Batch; anything else, or no failure at all, as `failed` with that message.
+The wait only advises: a read that fails after its retries (throttling, an SCP denying Describe*) lets the job be
+submitted as before the wait existed, where the pods wait Pending until the Job's deadline.
 """
 
 import aws_cdk as cdk
@@ -24,7 +27,8 @@ KEEP = "{% $states.input %}"  # every state hands its input on: the job's submis
 # A launch refused for capacity, as EC2 words it in the activity's StatusMessage (any case).
 CAPACITY_MESSAGE = "/sufficient.*capacity/i"
 # DescribeNodegroup's throttling and 5xx (constructs/compute/eks/node_scaling.py TRANSIENT); Auto Scaling's throttling
-# has no modeled exception (its base one) and ResourceContention is its modeled busy answer (API reference).
+# has no modeled exception (its base one) and ResourceContentionFault is its modeled busy answer (API reference), which
+# Step Functions names after the Java SDK's class, ResourceContentionException.
 TRANSIENT = (
     "Eks.ServerException",
     "Eks.ServiceUnavailableException",
@@ -46,7 +50,11 @@ def training_nodes_wait(
         "describeNodegroup",
         {"ClusterName": cluster_name, "NodegroupName": nodegroup.nodegroup_name},
         [nodegroup.nodegroup_arn],
-        {"group": "{% $states.result.Nodegroup.Resources.AutoScalingGroups[0].Name %}", "polls": 0},
+        {
+            "group": "{% $states.result.Nodegroup.Resources.AutoScalingGroups[0].Name %}",
+            "polls": 0,
+            "started": "{% $toMillis($states.context.State.EnteredTime) %}",
+        },
     )
     count = _call(
         scope,
@@ -65,8 +73,8 @@ def training_nodes_wait(
         {"AutoScalingGroupName": "{% $group %}", "MaxRecords": 20},
         ["*"],
         {
-            "failure": "{% ($f := $states.result.Activities[StatusCode = 'Failed'][0]; $exists($f) ? "
-            "$f.StatusMessage : 'no failed launch reported') %}"
+            "failure": "{% ($f := $states.result.Activities[StatusCode = 'Failed' and $toMillis(StartTime) >= "
+            "$started][0]; $exists($f) ? $f.StatusMessage : 'no failed launch reported since the wait began') %}"
         },  # fmt: skip
     )
     ready = sfn.Pass(scope, f"{id_}TrainingNodesInService")
@@ -89,6 +97,8 @@ def training_nodes_wait(
     up.when(sfn.Condition.jsonata("{% $in_service >= $states.input.run.nodes %}"), ready)
     up.when(sfn.Condition.jsonata(f"{{% $polls >= {minutes} %}}"), launches.next(why))
     up.otherwise(wait.next(count))
+    for read in (group, count, launches):  # a read that cannot be made: submit as if there were no wait
+        read.add_catch(ready, errors=["States.ALL"], outputs=KEEP)
     group.next(count).next(up)
     return group, ready
 
