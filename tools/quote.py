@@ -21,7 +21,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from config import EnvironmentConfig
 from contracts.quote import Quote, QuoteTerms, about_usd, budget_refusal, quote
 from contracts.run import filled
-from tools.pipeline_cli import _json_object
+from tools.pipeline_session import _json_object
 
 BUDGETS_REGION = "us-east-1"  # AWS Budgets' one endpoint, budgets.amazonaws.com (AWS General Reference)
 

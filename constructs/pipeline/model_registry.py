@@ -18,7 +18,7 @@ import aws_cdk.aws_stepfunctions as sfn
 import aws_cdk.aws_stepfunctions_tasks as tasks
 
 from constructs import Construct, IConstruct
-from constructs.nag import acknowledge
+from constructs.nag import acknowledge, shown_arn
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
 
 J = sfn.JsonPath
@@ -125,19 +125,11 @@ def register_approved(scope: Construct, environment: str) -> tuple[sfn.State, sf
 
 def acknowledge_registry(role: IConstruct, environment: str) -> None:
     """cdk-nag: the environment's groups and their versions, whose names are chosen by the runs' workloads."""
-    stack = cdk.Stack.of(role)
-
-    def shown(value: str, pseudo: str) -> str:
-        return f"<AWS::{pseudo}>" if cdk.Token.is_unresolved(value) else value
-
-    arn = (
-        f"arn:{shown(stack.partition, 'Partition')}:sagemaker:{shown(stack.region, 'Region')}:"
-        f"{shown(stack.account, 'AccountId')}"
-    )
     for resource in ("model-package-group", "model-package"):
+        arn = shown_arn(cdk.Stack.of(role), "sagemaker", f"{resource}/{GROUP_PREFIX}{environment}-*")
         acknowledge(
             role,
-            f"AwsSolutions-IAM5[Resource::{arn}:{resource}/{GROUP_PREFIX}{environment}-*]",
+            f"AwsSolutions-IAM5[Resource::{arn}]",
             "The pipeline registers approved models in a model package group per workload of this environment, "
             "created at the first approval, and each version's name is SageMaker's (<group>/<version>)",
         )

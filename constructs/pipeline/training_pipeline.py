@@ -19,7 +19,7 @@ import aws_cdk.aws_stepfunctions as sfn
 from config.layout import CHECKPOINTS_PREFIX, MODELS_PREFIX, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import TRAINING, VALIDATION, JobKind, JobRunner
-from constructs.nag import acknowledge, acknowledge_iam, acknowledge_log_group_encryption
+from constructs.nag import acknowledge, acknowledge_iam, acknowledge_log_group_encryption, shown_arn
 from constructs.pipeline.dataset_check import dataset_check
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.initial_model import InitialModel
@@ -481,15 +481,7 @@ class TrainingPipeline(Construct):
             "model registry's group (sagemaker:ListModelPackageGroups)",
         )
         acknowledge_registry(self.state_machine.role, self._environment)
-        stack = cdk.Stack.of(self)
-
-        def shown(value: str, pseudo: str) -> str:
-            return f"<AWS::{pseudo}>" if cdk.Token.is_unresolved(value) else value
-
-        executions = (
-            f"arn:{shown(stack.partition, 'Partition')}:states:{shown(stack.region, 'Region')}:"
-            f"{shown(stack.account, 'AccountId')}:execution:{self.state_machine_name}:*"
-        )
+        executions = shown_arn(cdk.Stack.of(self), "states", f"execution:{self.state_machine_name}:*")
         acknowledge(
             self.state_machine.role,
             f"AwsSolutions-IAM5[Resource::{executions}]",

@@ -427,8 +427,8 @@ def test_an_endpoint_that_never_answers_costs_at_most_a_minute():
 # takes seconds; the real waits are bounded by the test above.
 SHORT_WAITS = (
     "import sys; from botocore.config import Config; import tools.pipeline_cli as cli; "
-    "real = cli.client_config; "
-    "cli.client_config = lambda: real().merge(Config(connect_timeout=0.5, read_timeout=0.5)); "
+    "import tools.pipeline_session as session; real = session.client_config; "
+    "session.client_config = lambda: real().merge(Config(connect_timeout=0.5, read_timeout=0.5)); "
     "sys.exit(cli.main(sys.argv[1:]))"
 )
 

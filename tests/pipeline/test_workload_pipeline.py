@@ -153,9 +153,9 @@ def test_the_cli_refuses_a_workload_the_environment_does_not_declare(tmp_path, c
 
 
 def test_the_cli_checks_a_declared_workloads_hyperparameters(tmp_path, capsys, monkeypatch):
-    from tools import pipeline_cli
+    from tools import pipeline_cli, pipeline_session
 
-    monkeypatch.setattr(pipeline_cli, "_environment", lambda env: {"region": "us-east-1", "workloads": DECLARED})
+    monkeypatch.setattr(pipeline_session, "_environment", lambda env: {"region": "us-east-1", "workloads": DECLARED})
     path = tmp_path / "run.json"
     path.write_text(json.dumps({**RUN, "hyperparameters": {"lr": 2}}))
     assert pipeline_cli.main(["start", "dev", str(path)]) == 2

@@ -10,7 +10,7 @@ from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, JobKind, task_timeout
 from constructs.compute.batch.job_definitions import RETRY_RULES
 from constructs.compute.shared.bad_hosts import acknowledge_terminate, grant_terminate, terminate_instance
-from constructs.nag import acknowledge, acknowledge_iam
+from constructs.nag import acknowledge, acknowledge_iam, shown_arn
 
 
 def _host_loss_rules() -> list[dict]:
@@ -235,13 +235,9 @@ class BatchJobRunner:
         )
         role = getattr(principal, "role", None)  # a state machine's role carries the finding
         if isinstance(role, Construct):
-            account = "<AWS::AccountId>" if cdk.Token.is_unresolved(scope.account) else scope.account
-            region = "<AWS::Region>" if cdk.Token.is_unresolved(scope.region) else scope.region
-            partition = "<AWS::Partition>" if cdk.Token.is_unresolved(scope.partition) else scope.partition
-            arn = f"arn:{partition}:batch:{region}:{account}"
             acknowledge(
                 role,
-                f"AwsSolutions-IAM5[Resource::{arn}:job/*]",
+                f"AwsSolutions-IAM5[Resource::{shown_arn(scope, 'batch', 'job/*')}]",
                 "batch:TerminateJob (stopping the job when its state times out or the execution is "
                 "stopped) can only name job/*: job ids exist only once the job is submitted",
             )
@@ -253,11 +249,11 @@ class BatchJobRunner:
                 "guide prescribes for every revision ('Restrict job submission')",
                 formats=("arn:*:batch:*:*:job-definition/*",),
             )
-            acknowledge_terminate(role, f"arn:{partition}:ec2:{region}:{account}")
+            acknowledge_terminate(role)
             for definition in self._definition_names():
                 acknowledge(
                     role,
-                    f"AwsSolutions-IAM5[Resource::{arn}:job-definition/{definition}:*]",
+                    f"AwsSolutions-IAM5[Resource::{shown_arn(scope, 'batch', f'job-definition/{definition}:*')}]",
                     "batch:SubmitJob by name runs the latest active revision, which a redeploy renews: every "
                     "revision of this one definition",
                 )

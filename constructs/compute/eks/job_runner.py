@@ -263,8 +263,4 @@ class EksJobRunner:
         entry.kubernetes_groups = [QUARANTINE_GROUP]
         grant_terminate(principal, self.site.environment)  # a bad node's instance (quarantine_host)
         if isinstance(role, Construct):
-            stack = cdk.Stack.of(role)
-            shown = ["<AWS::Partition>", "<AWS::Region>", "<AWS::AccountId>"]
-            parts = [p if not cdk.Token.is_unresolved(p) else shown[i] for i, p in enumerate(
-                (stack.partition, stack.region, stack.account))]  # fmt: skip
-            acknowledge_terminate(role, f"arn:{parts[0]}:ec2:{parts[1]}:{parts[2]}")
+            acknowledge_terminate(role)

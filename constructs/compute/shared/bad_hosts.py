@@ -13,7 +13,7 @@ import aws_cdk.aws_stepfunctions as sfn
 
 from config.layout import PROJECT
 from constructs import Construct
-from constructs.nag import acknowledge
+from constructs.nag import acknowledge, shown_arn
 
 
 def terminate_instance(scope: Construct, id_: str, instance_id: str) -> sfn.CustomState:
@@ -58,11 +58,11 @@ def grant_terminate(principal: iam.IGrantable, environment: str) -> None:
     )
 
 
-def acknowledge_terminate(role: Construct, arn_prefix: str) -> None:
-    """cdk-nag: the instance wildcard of grant_terminate (`arn_prefix`: arn:<partition>:ec2:<region>:<account>)."""
+def acknowledge_terminate(role: Construct) -> None:
+    """cdk-nag: the instance wildcard of grant_terminate on `role`."""
     acknowledge(
         role,
-        f"AwsSolutions-IAM5[Resource::{arn_prefix}:instance/*]",
+        f"AwsSolutions-IAM5[Resource::{shown_arn(cdk.Stack.of(role), 'ec2', 'instance/*')}]",
         "ec2:TerminateInstances of a host a failed attempt named bad: instance ids exist only once the hosts are "
         "launched, and the statement's conditions hold it to this environment's tagged hosts",
     )
