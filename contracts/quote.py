@@ -56,21 +56,25 @@ GRAD_ACCUM_STEPS = 1  # the pipeline's runs take train_config.py's default
 MEASURED_DAYS = 14  # how far back a measured MFU is averaged
 
 
-def measured_mfu_query(environment: str) -> str:
-    """CloudWatch GetMetricData's expression for the environment's runs' MFU: each hour's average over the runs that
+def measured_mfu_query(environment: str, model: str | None = None) -> str:
+    """CloudWatch GetMetricData's expression for the MFU this environment's runs reported (of one model size, where
+    `model` is given: the image puts MFU by Environment and Model too): each hour's average over the runs that
     reported in it, one series (metric math AVG over a SEARCH: CloudWatch user guide, "Use search expressions in
     graphs", "Metric math syntax and functions"), so the answer stays small however many runs there were (a Step
     Functions state's result is at most 256 KiB); the figure is the mean of its values."""
+    dimensions, only = ("Environment,Model", f' Model="{model}"') if model else ("Environment,RunId", "")
     return (
-        f'AVG(SEARCH(\'{{{TRAINING_METRICS_NAMESPACE},Environment,RunId}} MetricName="MFU" '
-        f"Environment=\"{environment}\"', 'Average', 3600))"
+        f'AVG(SEARCH(\'{{{TRAINING_METRICS_NAMESPACE},{dimensions}}} MetricName="MFU" '
+        f"Environment=\"{environment}\"{only}', 'Average', 3600))"
     )
 
 
-def mfu_words(mfu_percent: float) -> str:
+def mfu_words(mfu_percent: float, model: str | None = None) -> str:
     """A measured MFU in whole tenths, rounded half up on the tenths (the pipeline's QuoteRun writes the same:
-    $floor(m * 10 + 0.5) / 10), so the CLI and the pipeline never differ at a halfway value."""
-    return f"MFU {math.floor(mfu_percent * 10 + 0.5) / 10:.1f}% measured"
+    $floor(m * 10 + 0.5) / 10), so the CLI and the pipeline never differ at a halfway value; `model`: measured on
+    that model size's runs, not on every run of the environment."""
+    measured = f"MFU {math.floor(mfu_percent * 10 + 0.5) / 10:.1f}% measured"
+    return f"{measured} on {model} runs" if model else measured
 
 
 @dataclass(frozen=True)
@@ -144,8 +148,11 @@ def seconds_per_step(model: str, batch_size: int, peak_tflops: float, mfu_percen
     return batch_size * GRAD_ACCUM_STEPS * SAMPLE_TFLOPS[model] / (peak_tflops * mfu_percent / 100)
 
 
-def quote(run: dict, terms: QuoteTerms, measured_mfu_percent: float | None = None) -> Quote:
-    """The quote of a validated run (defaults filled in)."""
+def quote(
+    run: dict, terms: QuoteTerms, measured_mfu_percent: float | None = None, measured_on_model: bool = False
+) -> Quote:
+    """The quote of a validated run (defaults filled in); `measured_on_model`: the measured MFU is that of the runs of
+    the run's own model size (else of every run of the environment)."""
     params = run.get("hyperparameters", {})
     if run.get("workload", BUILT_IN_WORKLOAD) != BUILT_IN_WORKLOAD or params.get("model") not in GPT_MODELS:
         return Quote(None, None, "no FLOPs model for this workload")
@@ -156,8 +163,16 @@ def quote(run: dict, terms: QuoteTerms, measured_mfu_percent: float | None = Non
     hours = params["max_steps"] * step / 3600
     node_hours = run["nodes"] * (hours + terms.other_node_hours)
     usd = node_hours * terms.node_usd_per_hour + VALIDATION_MINUTES / 60 * terms.validation_usd_per_hour
-    measured = mfu_words(mfu) if measured_mfu_percent else f"MFU {mfu:g}% assumed"
+    on = params["model"] if measured_on_model else None
+    measured = mfu_words(mfu, on) if measured_mfu_percent else f"MFU {mfu:g}% assumed"
     return Quote(usd, hours, f"{measured}, {terms.price_basis}")
+
+
+def priced_model(run: dict) -> str | None:
+    """The built-in GPT size a validated run trains, whose own measured MFU its quote prefers; None for any other."""
+    model = run.get("hyperparameters", {}).get("model")
+    built_in = run.get("workload", BUILT_IN_WORKLOAD) == BUILT_IN_WORKLOAD
+    return model if built_in and isinstance(model, str) and model in GPT_MODELS else None
 
 
 def budget_refusal(q: Quote, limit_usd: float, actual_usd: float) -> str | None:

@@ -7,6 +7,7 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from config import CATALOGUE, load_config
+from contracts.quote import measured_mfu_query
 from contracts.run import GPT_MODELS
 from tests.synthesis import CDK_JSON_CONTEXT
 from tests.test_cost_report import _Session  # a boto3-like session with fake credentials and stubbed clients
@@ -65,7 +66,7 @@ def test_a_measured_mfu_prices_the_environments_type_at_that_figure():
         )
         cw_stub.add_response(
             "get_metric_data",
-            {"MetricDataResults": [{"Id": "mfu", "Values": [30.0, 34.0], "StatusCode": "Complete"}]},
+            {"MetricDataResults": [{"Id": "env", "Values": [30.0, 34.0], "StatusCode": "Complete"}]},
             {"MetricDataQueries": ANY, "StartTime": ANY, "EndTime": ANY},
         )
         text = token_cost.report([config], "1.3b", 40.0, _Session({"ec2": ec2, "cloudwatch": cloudwatch}), True)
@@ -85,3 +86,28 @@ def test_the_cli_prints_the_table_for_the_model_asked(capsys):
     args = ["--offline", "--env", "dev", "--model", "13b", "--mfu", "35"]
     assert cost_report.main(args, templates=shared_templates) == 0
     assert "model 13b" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("results", "expected"),
+    [
+        ([{"Id": "env", "Values": [20.0]}, {"Id": "model", "Values": [30.0, 34.0]}], (32.0, True)),
+        ([{"Id": "env", "Values": [20.0, 22.0]}, {"Id": "model", "Values": []}], (21.0, False)),
+        ([{"Id": "env", "Values": []}, {"Id": "model", "Values": []}], (None, False)),
+    ],
+    ids=["the-models-own", "every-run", "none"],
+)
+def test_a_quote_prefers_the_mfu_of_its_own_model_size(results, expected):
+    # One GetMetricData call with both queries (contracts.quote.measured_mfu_query), as the pipeline asks them.
+    cloudwatch = boto3.client("cloudwatch", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    queries = [
+        {"Id": "env", "Expression": measured_mfu_query("dev"), "ReturnData": True},
+        {"Id": "model", "Expression": measured_mfu_query("dev", "1.3b"), "ReturnData": True},
+    ]
+    with Stubber(cloudwatch) as stub:
+        stub.add_response(
+            "get_metric_data",
+            {"MetricDataResults": [{**r, "StatusCode": "Complete"} for r in results]},
+            {"MetricDataQueries": queries, "StartTime": ANY, "EndTime": ANY},
+        )
+        assert token_cost.measured_mfus(cloudwatch, "dev", "1.3b") == expected

@@ -19,7 +19,7 @@ from datetime import datetime
 from botocore.exceptions import BotoCoreError, ClientError
 
 from config import EnvironmentConfig
-from contracts.quote import Quote, QuoteTerms, about_usd, budget_refusal, quote
+from contracts.quote import Quote, QuoteTerms, about_usd, budget_refusal, priced_model, quote
 from contracts.run import filled
 from tools.pipeline_session import _json_object
 
@@ -61,17 +61,18 @@ def read_budget(session, account: str, name: str) -> Budget:
 
 def price(run: dict, config: EnvironmentConfig, session) -> Priced:
     """The quote of a valid run (a run file as `load_run` read it) in `config`'s environment."""
-    from tools.token_cost import measured_mfu  # imports the training image's model sizes
+    from tools.token_cost import measured_mfus  # imports the training image's model sizes
 
     notes: list[str] = []
     terms = QuoteTerms.of(config)
-    mfu = None
+    valid = filled(run, config.nodes)
+    mfu, on_model = None, False
     try:
-        mfu = measured_mfu(session.client("cloudwatch", region_name=config.region), config.name)
+        cloudwatch = session.client("cloudwatch", region_name=config.region)
+        mfu, on_model = measured_mfus(cloudwatch, config.name, priced_model(valid))
     except (BotoCoreError, ClientError) as error:
         notes.append(f"measured MFU not read ({_first_line(error)}): the quote assumes one")
-    valid = filled(run, config.nodes)
-    q = quote(valid, terms, mfu)  # at the measured MFU where there is one, as the pipeline's QuoteRun
+    q = quote(valid, terms, mfu, on_model)  # at the measured MFU where there is one, as the pipeline's QuoteRun
     assumed = quote(valid, terms) if mfu else None
     budget = None
     try:

@@ -82,14 +82,29 @@ def live_spot_prices(ec2_client, names: list[str]) -> dict[str, float]:
 
 def measured_mfu(cloudwatch_client, environment: str) -> float | None:
     """The environment's runs' average reported MFU over the last MEASURED_DAYS days, or None if none reported."""
+    return measured_mfus(cloudwatch_client, environment, None)[0]
+
+
+def measured_mfus(cloudwatch_client, environment: str, model: str | None) -> tuple[float | None, bool]:
+    """(MFU, whether it is `model`'s): the mean MFU the environment's runs of `model` reported over the last
+    MEASURED_DAYS days, else that of all its runs, else None; one GetMetricData call, as the pipeline's
+    ReadMeasuredMfu asks (contracts.quote.measured_mfu_query)."""
     end = datetime.now(UTC)
+    queries = {
+        "env": measured_mfu_query(environment),
+        **({"model": measured_mfu_query(environment, model)} if model else {}),
+    }
     response = cloudwatch_client.get_metric_data(
-        MetricDataQueries=[{"Id": "mfu", "Expression": measured_mfu_query(environment), "ReturnData": True}],
+        MetricDataQueries=[{"Id": key, "Expression": query, "ReturnData": True} for key, query in queries.items()],
         StartTime=end - timedelta(days=MEASURED_DAYS),
         EndTime=end,
     )
-    values = [v for result in response.get("MetricDataResults", []) for v in result.get("Values", [])]
-    return sum(values) / len(values) if values else None
+    found = {key: [v for r in response.get("MetricDataResults", []) if r.get("Id") == key for v in r.get("Values", [])]
+             for key in queries}  # fmt: skip
+    for key in ("model", "env"):
+        if found.get(key):
+            return sum(found[key]) / len(found[key]), key == "model"
+    return None, False
 
 
 def _usd(value: float | None) -> str:

@@ -30,7 +30,7 @@ from contracts.quote import (
     QuoteTerms,
     measured_mfu_query,
 )
-from contracts.run import BUILT_IN_WORKLOAD
+from contracts.run import BUILT_IN_WORKLOAD, GPT_MODELS
 
 C = sfn.Condition
 OVER_BUDGET = "OverBudget"
@@ -48,7 +48,7 @@ def run_quote(scope: Construct, terms: QuoteTerms, failures: FailurePath) -> tup
     quoted = sfn.Pass.jsonata(scope, "QuoteRun", outputs={"run": _quoted_run(terms)})
     measured.next(quoted)
     measured.add_catch(  # an MFU that cannot be read never stops a run: the quote assumes one and says so
-        quoted, errors=["States.ALL"], outputs={"run": "{% $states.input.run %}", "mfu": None}
+        quoted, errors=["States.ALL"], outputs={"run": "{% $states.input.run %}", "mfu": None, "mfu_model": False}
     )
     read = tasks.CallAwsService(
         scope,
@@ -102,18 +102,34 @@ def _measured_mfu(scope: Construct, environment: str) -> tasks.CallAwsService:
         # Service Authorization Reference, Amazon CloudWatch: GetMetricData has no resource types.
         iam_resources=["*"],
         parameters={
-            "MetricDataQueries": [{"Id": "mfu", "Expression": measured_mfu_query(environment), "ReturnData": True}],
+            "MetricDataQueries": _mfu_queries(environment),
             "StartTime": f"{{% $fromMillis($millis() - {MEASURED_DAYS * 86400 * 1000}) %}}",
             "EndTime": "{% $now() %}",
         },
-        outputs={
-            "run": "{% $states.input.run %}",
-            "mfu": "{% ($v := [$states.result.MetricDataResults.Values]; $count($v) > 0 ? $average($v) : null) %}",
-        },
+        # the run's own model size's MFU where its runs reported one, else every run's (tools/token_cost.py alike)
+        outputs=(
+            "{% ($v := function($id) { [$states.result.MetricDataResults[Id = $id].Values] }; "
+            "$m := $v('model'); $e := $v('env'); "
+            "{'run': $states.input.run, 'mfu_model': $count($m) > 0, "
+            "'mfu': $count($m) > 0 ? $average($m) : $count($e) > 0 ? $average($e) : null}) %}"
+        ),
         task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
     )
     retry_transient(read, CLOUDWATCH_TRANSIENT)
     return read
+
+
+def _mfu_queries(environment: str) -> str:
+    """JSONata: GetMetricData's queries, every run's MFU ("env") and, for a built-in GPT run, its model size's
+    ("model"; contracts.quote.priced_model: a known size only, so no run's input reaches the expression)."""
+    query = {"Id": "env", "Expression": measured_mfu_query(environment), "ReturnData": True}
+    before, after = measured_mfu_query(environment, "\0").split("\0")
+    of_model = f"{{'Id': 'model', 'Expression': {json.dumps(before)} & $p & {json.dumps(after)}, 'ReturnData': true}}"
+    return (
+        f"{{% ($r := $states.input.run; $p := $r.hyperparameters.model; "
+        f"$known := $r.workload = '{BUILT_IN_WORKLOAD}' and $type($p) = 'string' and $p in {json.dumps(GPT_MODELS)}; "
+        f"$append([{json.dumps(query)}], $known ? [{of_model}] : [])) %}}"
+    )
 
 
 def _quoted_run(terms: QuoteTerms) -> str:
@@ -129,6 +145,7 @@ def _quoted_run(terms: QuoteTerms) -> str:
     price = json.dumps(f", {terms.price_basis}")
     basis = (
         "($m ? 'MFU ' & $formatNumber($floor($m * 10 + 0.5) / 10, '0.0') & '% measured' "
+        "& ($states.input.mfu_model ? ' on ' & $r.hyperparameters.model & ' runs' : '') "
         f": 'MFU {ASSUMED_MFU_PERCENT:g}% assumed') & {price}"
     )
     no_model = none % json.dumps("no FLOPs model for this workload")

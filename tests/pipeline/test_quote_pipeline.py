@@ -13,7 +13,7 @@ import boto3
 import pytest
 
 from config import load_config
-from contracts.quote import Quote, QuoteTerms, budget_refusal, quote
+from contracts.quote import Quote, QuoteTerms, budget_refusal, measured_mfu_query, quote
 from contracts.run import filled
 from tests.pipeline.runs import ACCEPTED, RUN, messages
 from tests.pipeline.test_pipeline_cli import Deployed
@@ -156,17 +156,28 @@ def test_start_refuses_a_run_over_budget_in_one_line_and_starts_nothing(emulator
     assert started["name"] == "may-exceed"
 
 
-def _reported_mfu(*hourly: float) -> dict:
-    """GetMetricData's answer to contracts.quote.measured_mfu_query (CloudWatch API reference, MetricDataResult): one
-    series, AVG over the runs' SEARCH, a value per hour."""
-    stamps = [f"2026-11-26T{hour:02d}:00:00Z" for hour in range(len(hourly))]
-    return {"MetricDataResults": [
-        {"Id": "mfu", "Label": "mfu", "StatusCode": "Complete", "Values": list(hourly), "Timestamps": stamps}
-    ], "Messages": []}  # fmt: skip
+def _reported_mfu(env: tuple[float, ...] = (), model: tuple[float, ...] = ()) -> dict:
+    """GetMetricData's answer to ReadMeasuredMfu's queries (contracts.quote.measured_mfu_query; CloudWatch API
+    reference, MetricDataResult): per query id, one series (AVG over the runs' SEARCH), a value per hour."""
+
+    def series(key: str, values: tuple[float, ...]) -> dict:
+        stamps = [f"2026-11-26T{hour:02d}:00:00Z" for hour in range(len(values))]
+        return {"Id": key, "Label": key, "StatusCode": "Complete", "Values": list(values), "Timestamps": stamps}
+
+    return {"MetricDataResults": [series("env", env), series("model", model)], "Messages": []}
+
+
+def _queries(emulator, execution_arn: str) -> list[dict]:
+    """The MetricDataQueries ReadMeasuredMfu sent (its TaskScheduled event's parameters)."""
+    for event in emulator.history(execution_arn):
+        details = event.get("taskScheduledEventDetails")
+        if details and details["resource"] == "getMetricData":
+            return json.loads(details["parameters"])["MetricDataQueries"]
+    raise AssertionError("no GetMetricData call")
 
 
 def test_the_pipeline_quotes_at_the_mfu_this_environments_runs_measured(emulator, terms):
-    emulator.answers["cloudwatch.get_metric_data"] = _reported_mfu(30.0, 36.5)  # a mean of 33.25: halfway
+    emulator.answers["cloudwatch.get_metric_data"] = _reported_mfu(env=(30.0, 36.5))  # a mean of 33.25: halfway
     emulator.answers["budgets.describe_budget"] = _budget("100000", "0")
     emulator.verdict = ACCEPTED
     run = {**LARGE, "run_id": "gpt-measured-001"}
@@ -231,10 +242,10 @@ def test_a_cost_that_cannot_be_recorded_never_fails_the_run(emulator):
 def test_the_cli_quotes_at_the_measured_mfu_as_the_pipeline_does(emulator, terms, tmp_path, monkeypatch):
     # The CLI's own read of the metric is tools/token_cost.measured_mfu (tests/test_token_cost.py, stubbed CloudWatch:
     # moto has no SEARCH); given the same figure (a halfway one), the CLI prints the quote the pipeline records.
-    monkeypatch.setattr("tools.token_cost.measured_mfu", lambda client, environment: 33.25)
+    monkeypatch.setattr("tools.token_cost.measured_mfus", lambda client, environment, model: (33.25, True))
     with _spent("250.00"):
         code, out, err = _cli(emulator, "quote", "dev", _run_file(tmp_path, "run.json", LARGE))
-    emulator.answers["cloudwatch.get_metric_data"] = _reported_mfu(33.25)
+    emulator.answers["cloudwatch.get_metric_data"] = _reported_mfu(env=(20.0,), model=(33.25,))
     emulator.answers["budgets.describe_budget"] = _budget("100000", "0")
     emulator.verdict = ACCEPTED
     run = {**LARGE, "run_id": "gpt-cli-measured-001"}
@@ -247,4 +258,21 @@ def test_the_cli_quotes_at_the_measured_mfu_as_the_pipeline_does(emulator, terms
         f"  at the assumed MFU: {quote(_validated(LARGE), terms).line().removeprefix('quote: ')}",
         "budget: $1,750.00 left of $2,000.00 this month",
     ]
-    assert "MFU 33.3% measured" in pipeline_line
+    assert "MFU 33.3% measured on 1.3b runs" in pipeline_line
+
+
+def test_the_pipeline_prefers_the_mfu_of_the_runs_own_model_size(emulator, terms):
+    # The image puts MFU by Environment and Model too (training_image .../runtime/metrics.py): a 1.3b run is quoted
+    # at what 1.3b runs reached here, not at every model's average, and says so.
+    emulator.answers["cloudwatch.get_metric_data"] = _reported_mfu(env=(20.0,), model=(30.0, 36.5))
+    emulator.answers["budgets.describe_budget"] = _budget("100000", "0")
+    emulator.verdict = ACCEPTED
+    run = {**LARGE, "run_id": "gpt-model-mfu-001"}
+    result = emulator.run(run)
+    assert result["status"] == "SUCCEEDED"
+    recorded, expected = _recorded_quote(emulator, run["run_id"]), quote(_validated(run), terms, 33.25, True)
+    assert recorded["usd"] == pytest.approx(expected.usd, rel=1e-9)
+    assert recorded["basis"] == expected.basis and recorded["basis"].startswith("MFU 33.3% measured on 1.3b runs")
+    queries = {q["Id"]: q["Expression"] for q in _queries(emulator, result["executionArn"])}
+    assert queries == {"env": measured_mfu_query("dev"), "model": measured_mfu_query("dev", "1.3b")}
+    assert emulator.refused_requests == []

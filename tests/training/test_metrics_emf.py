@@ -212,3 +212,24 @@ def test_emf_record_carries_the_environment_dimension_when_the_job_names_one():
     assert rec["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["Environment", "RunId"]]
     assert (rec["Environment"], rec["RunId"]) == ("prod", "run-1")
     assert metrics.emf_record("run-1", 5, {"Loss": 1.0})["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["RunId"]]
+
+
+# A deployed run's MFU once more by Environment and Model, in a second directive of the same line: what the next quote
+# of that model size reads (contracts/quote.py measured_mfu_query); the other metrics stay by Environment and RunId.
+def test_a_deployed_runs_mfu_is_also_put_by_model():
+    values = {"Loss": 2.5, "MFU": 41.0, "TokensPerSecond": 100.0}
+    record = metrics.emf_record("run-1", 7, values, timestamp_ms=0, environment="prod", model="1.3b")
+    assert emf_problems(json.dumps(record)) == []
+    by_run, by_model = record["_aws"]["CloudWatchMetrics"]
+    assert by_run["Dimensions"] == [["Environment", "RunId"]] and len(by_run["Metrics"]) == 3
+    assert by_model == {"Namespace": "EfaTraining", "Dimensions": [["Environment", "Model"]],
+                        "Metrics": [{"Name": "MFU", "Unit": "Percent"}]}  # fmt: skip
+    assert record["Model"] == "1.3b"
+
+
+@pytest.mark.parametrize(
+    ("values", "environment"), [({"Loss": 2.5}, "prod"), ({"Loss": 2.5, "MFU": 41.0}, None)], ids=["no-mfu", "by-hand"]
+)
+def test_no_mfu_or_no_environment_puts_nothing_by_model(values, environment):
+    record = metrics.emf_record("run-1", 7, values, timestamp_ms=0, environment=environment, model="1.3b")
+    assert len(record["_aws"]["CloudWatchMetrics"]) == 1 and "Model" not in record

@@ -9,7 +9,9 @@ listens for EMF on TCP 25888, CloudWatch_Embedded_Metric_Format_Generation_Cloud
 AWS_EMF_LOG_GROUP_NAME, and each line is also sent there unchanged, with `_aws.LogGroupName` naming the log
 group the agent writes it to. Names are a contract with the dashboards: Loss, TokensPerSecond,
 StepTimeSeconds, MFU, NonFiniteLoss in namespace EfaTraining with dimensions Environment and RunId (Environment
-from TRAINING_ENVIRONMENT, which every job of a deployed environment gets; RunId alone for hand runs).
+from TRAINING_ENVIRONMENT, which every job of a deployed environment gets; RunId alone for hand runs). A deployed
+run that names its model also puts MFU by Environment and Model (a second directive of the same line), which the
+next run's quote reads for its own model size (contracts/quote.py measured_mfu_query).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def emf_record(
     timestamp_ms: int | None = None,
     log_group: str | None = None,
     environment: str | None = None,
+    model: str | None = None,
 ) -> dict:
     """One EMF document: metrics declared under _aws, values and dimensions at top level.
 
@@ -96,21 +99,32 @@ def emf_record(
     not JSON), so one diverged value never makes the whole line, and every other metric on it, invalid."""
     values = {k: v for k, v in values.items() if not isinstance(v, float) or math.isfinite(v)}
     names = [n for n in values if n in UNITS]
-    metadata = {
-        "Timestamp": timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
-        "CloudWatchMetrics": [
+    directives: list[dict] = [
+        {
+            "Namespace": NAMESPACE,
+            "Dimensions": [["Environment", "RunId"] if environment else ["RunId"]],
+            "Metrics": [{"Name": n, "Unit": UNITS[n]} for n in names],
+        }
+    ]
+    by_model = bool(environment and model and "MFU" in names)
+    if by_model:  # MFU once more, by Environment and Model: what a quote of the same model size reads
+        directives.append(
             {
                 "Namespace": NAMESPACE,
-                "Dimensions": [["Environment", "RunId"] if environment else ["RunId"]],
-                "Metrics": [{"Name": n, "Unit": UNITS[n]} for n in names],
+                "Dimensions": [["Environment", "Model"]],
+                "Metrics": [{"Name": "MFU", "Unit": "Percent"}],
             }
-        ],
+        )
+    metadata: dict[str, object] = {
+        "Timestamp": timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
+        "CloudWatchMetrics": directives,
     }
     if log_group:
         metadata["LogGroupName"] = log_group  # read by the CloudWatch agent, not by CloudWatch Logs
     return {
         "_aws": metadata,
         **({"Environment": environment} if environment else {}),
+        **({"Model": model} if by_model else {}),
         "RunId": run_id,
         "Step": step,  # a property, not a dimension: one metric stream per run, not per step
         **values,
@@ -151,8 +165,11 @@ class AgentSink:
 
 
 class MetricsLogger:
-    def __init__(self, run_id: str, enabled: bool, stream: TextIO = sys.stdout, environ=os.environ) -> None:
-        self.run_id, self.enabled, self.stream = run_id, enabled, stream
+    def __init__(
+        self, run_id: str, enabled: bool, stream: TextIO = sys.stdout, environ=os.environ, model: str | None = None
+    ) -> None:
+        """`model`: the model size the run trains, whose MFU is also put by Environment and Model (emf_record)."""
+        self.run_id, self.enabled, self.stream, self.model = run_id, enabled, stream, model
         endpoint = environ.get("AWS_EMF_AGENT_ENDPOINT")
         self.agent = AgentSink(endpoint) if enabled and endpoint else None
         self.log_group = environ.get("AWS_EMF_LOG_GROUP_NAME") if self.agent else None
@@ -191,6 +208,7 @@ class MetricsLogger:
             values,
             log_group=self.log_group,
             environment=os.environ.get("TRAINING_ENVIRONMENT") or None,
+            model=self.model,
         )
         line = json.dumps({**document, **properties}, allow_nan=False)
         self.stream.write(line + "\n")

@@ -62,7 +62,7 @@ class StepMeter:
     """Per-step metrics lines (rank 0) and the figures of the run's summary."""
 
     def __init__(self, cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime, start_step: int) -> None:
-        self.metrics = MetricsLogger(cfg.run_id, enabled=rt.is_main)
+        self.metrics = MetricsLogger(cfg.run_id, enabled=rt.is_main, model=cfg.model)
         # measured by every rank at each metrics line
         self.stragglers = Stragglers(rt, cfg.run_id) if Stragglers.enabled(rt) else None
         self.log_every, self.max_steps, self.world_size = cfg.log_every, cfg.max_steps, rt.world_size
