@@ -229,16 +229,25 @@ def test_the_state_machine_may_submit_only_to_its_queues_and_job_definitions():
     assert len(submit["Resource"]) == 6
 
 
-def test_on_eks_the_definition_names_no_batch_error():
-    # The generic pipeline names no backend's errors: EksJobRunner.rejected_errors is empty, so nothing refers to Batch.
+def _eks_pipeline(node_wait_minutes: int | None = None) -> Template:
+    """TrainingPipeline on an EksJobRunner; with `node_wait_minutes`, the node groups sized by the pipeline, which
+    waits for the training nodes that long before each multi-node job (EksNodeScaling)."""
     stack = cdk.Stack()
-    cluster = eks.Cluster.from_cluster_attributes(
-        stack,
-        "Cluster",
-        cluster_name="training",
-        cluster_endpoint="https://example",
-        cluster_certificate_authority_data="ca",
+    vpc = ec2.Vpc.from_vpc_attributes(
+        stack, "Vpc", vpc_id="vpc-1", availability_zones=["us-east-1a"], private_subnet_ids=["subnet-1"]
     )
+    cluster = eks.Cluster.from_cluster_attributes(
+        stack, "Cluster", cluster_name="training", vpc=vpc, cluster_endpoint="https://e",
+        cluster_certificate_authority_data="ca",
+    )  # fmt: skip
+    scaling = None
+    if node_wait_minutes is not None:
+        role = iam.Role(stack, "NodeRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"))
+        groups = {
+            name: SizedGroup(eks.Nodegroup(stack, name, cluster=cluster, node_role=role, min_size=0), size)
+            for name, size in ((TRAINING, 2), (VALIDATION, 1))
+        }
+        scaling = EksNodeScaling(cluster_name="training", groups=groups, training_wait_minutes=node_wait_minutes)
     TrainingPipeline(
         stack,
         "Pipeline",
@@ -247,11 +256,19 @@ def test_on_eks_the_definition_names_no_batch_error():
         bucket=s3.Bucket(stack, "Data"),
         runs_table=_runs_table(stack),
         topic=sns.Topic(stack, "Alerts"),
-        runner=EksJobRunner(cluster=cluster, instance=CATALOGUE["p4d.24xlarge"], image="image:tag", max_nodes=2),
+        runner=EksJobRunner(
+            cluster=cluster, instance=CATALOGUE["p4d.24xlarge"], image="image:tag", max_nodes=2, node_scaling=scaling
+        ),
         log_retention=logs.RetentionDays.TWO_WEEKS,
         removal_policy=cdk.RemovalPolicy.DESTROY,
     )
-    machine = json.dumps(Template.from_stack(stack).find_resources("AWS::StepFunctions::StateMachine"))
+    return Template.from_stack(stack)
+
+
+def test_on_eks_the_definition_names_no_batch_error():
+    # The generic pipeline names no backend's errors: EksJobRunner.rejected_errors is empty, so nothing refers to Batch.
+    template = _eks_pipeline()
+    machine = json.dumps(template.find_resources("AWS::StepFunctions::StateMachine"))
     assert "eks:runJob.sync" in machine and "Batch." not in machine
 
 
@@ -326,41 +343,9 @@ def test_execution_logs_go_to_a_vended_logs_group_of_this_stack():
     assert "/aws/vendedlogs/states/" in name and "AWS::StackId" in name
 
 
-def _eks_pipeline_timeout(node_wait_minutes: int) -> int:
-    """The state machine's TimeoutSeconds on EKS, where the pipeline sizes the node groups and waits for them."""
-    stack = cdk.Stack()
-    vpc = ec2.Vpc.from_vpc_attributes(
-        stack, "Vpc", vpc_id="vpc-1", availability_zones=["us-east-1a"], private_subnet_ids=["subnet-1"]
-    )
-    cluster = eks.Cluster.from_cluster_attributes(
-        stack, "Cluster", cluster_name="training", vpc=vpc, cluster_endpoint="https://e",
-        cluster_certificate_authority_data="ca",
-    )  # fmt: skip
-    role = iam.Role(stack, "NodeRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"))
-    groups = {
-        name: SizedGroup(eks.Nodegroup(stack, name, cluster=cluster, node_role=role, min_size=0, desired_size=0), size)
-        for name, size in ((TRAINING, 2), (VALIDATION, 1))
-    }
-    scaling = EksNodeScaling(cluster_name="training", groups=groups, training_wait_minutes=node_wait_minutes)
-    TrainingPipeline(
-        stack,
-        "Pipeline",
-        environment="test",
-        max_nodes=2,
-        bucket=s3.Bucket(stack, "Data"),
-        runs_table=_runs_table(stack),
-        topic=sns.Topic(stack, "Alerts"),
-        runner=EksJobRunner(
-            cluster=cluster, instance=CATALOGUE["p4d.24xlarge"], image="image:tag", max_nodes=2, node_scaling=scaling
-        ),
-        log_retention=logs.RetentionDays.TWO_WEEKS,
-        removal_policy=cdk.RemovalPolicy.DESTROY,
-    )
-    return definition(Template.from_stack(stack).to_json())["TimeoutSeconds"]
-
-
 def test_the_execution_outlasts_every_wait_for_the_training_nodes():
     # On EKS each sanity and training submission may first wait eks_node_wait_minutes for its nodes
     # (constructs/compute/eks/node_wait.py): the execution's timeout grows by that much per submission.
     submissions = (1 + 1 + 2) + (1 + TrainingRetry().max_attempts + 2)  # sanity, train: retries and quarantines
-    assert _eks_pipeline_timeout(60) - _eks_pipeline_timeout(5) == 55 * 60 * submissions
+    timeout = {minutes: definition(_eks_pipeline(minutes).to_json())["TimeoutSeconds"] for minutes in (5, 60)}
+    assert timeout[60] - timeout[5] == 55 * 60 * submissions
