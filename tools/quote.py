@@ -3,12 +3,13 @@
     make quote ENV=dev RUN=examples/run.json     (.venv/bin/python -m tools.pipeline_cli quote dev examples/run.json)
 
 The arithmetic is contracts/quote.py's, which the pipeline's QuoteRun state uses too, at the same MFU: the one this
-environment's runs measured (the EfaTraining MFU metric over the last 14 days, every model's runs together,
-contracts.quote.measured_mfu_query), else the assumed one, so `start` refuses exactly what the pipeline would; beside a
-measured quote, the one at the assumption, for the reader. The budget is AWS Budgets' (DescribeBudget: BudgetLimit and
-CalculatedSpend.ActualSpend). `start` prints the same lines and refuses a run over budget with the pipeline's line,
-unless the run says `may_exceed_budget: true`. What cannot be read (no credentials, no budget, no metrics) is said in
-one line and leaves the quote at the assumption; it never stops a start, as the pipeline does not.
+environment's runs measured (the EfaTraining MFU metric over the last 14 days: the runs of the run's own model size,
+else every run, contracts.quote.measured_mfu_query), else the assumed one, so `start` refuses exactly what the
+pipeline would; beside a measured quote, the one at the assumption, for the reader. The budget is AWS Budgets'
+(DescribeBudget: BudgetLimit and CalculatedSpend.ActualSpend). `start` prints the same lines and refuses a run over
+budget with the pipeline's line, unless the run says `may_exceed_budget: true`. What cannot be read (no credentials,
+no budget, no metrics) is said in one line and leaves the quote at the assumption; it never stops a start, as the
+pipeline does not.
 """
 
 from __future__ import annotations
