@@ -154,6 +154,8 @@ def test_start_refuses_a_run_over_budget_in_one_line_and_starts_nothing(emulator
     assert allowed == 0 and "started may-exceed" in out
     (started,) = emulator.sfn.list_executions(stateMachineArn=emulator.state_machine_arn)["executions"]
     assert started["name"] == "may-exceed"
+    # Its end, before the next test: a run still going would take that test's injected faults (one per call).
+    emulator.wait(started["executionArn"])
 
 
 def _reported_mfu(env: tuple[float, ...] = (), model: tuple[float, ...] = ()) -> dict:
