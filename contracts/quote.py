@@ -1,8 +1,9 @@
 """A run's quote before it starts: its training hours and what it will cost, one arithmetic for CLI and pipeline.
 
-For the built-in GPT workload (ddp or fsdp), with one worker per GPU or per NeuronCore:
-    seconds per step = batch_size x grad_accum x FLOPs per sample / (peak FLOP/s per worker x MFU)
-    FLOPs per sample = training FLOPs per token x seq_len (training_image/efa_training/workloads/gpt/sizes.py)
+For a workload that declares a cost model (contracts/workload_cost.py; the built-in GPT trainer's: training FLOPs per
+token x seq_len of each size, training_image/efa_training/workloads/gpt/sizes.py), with one worker per GPU or per
+NeuronCore:
+    seconds per step = batch_size x FLOPs per sample / (peak FLOP/s per worker x MFU)
 Tokens per step and throughput both grow with the world size, so the node count leaves the hours and stays in the cost
 (linear scaling assumed; communication is part of the MFU):
     cost = hours x nodes x node price  +  the sanity check (SANITY_MINUTES on the run's nodes; Batch and EKS)
@@ -13,7 +14,7 @@ MFU is measured where this environment's earlier runs reported it (the EfaTraini
 the pipeline's first states read the same figure, so the next run's quote learns from the last run's throughput.
 Reserved capacity (a Capacity Block, an On-Demand Capacity Reservation, a training plan) is paid for whether a run
 uses it or not, so its node-hours add nothing.
-A run of another workload (declared, or the parameter servers) has no FLOPs model: no estimate, and the quote says so.
+A run of a workload without a cost model (the parameter servers, most declared ones) has no estimate, and says so.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from config.catalogue import Accelerator
 from config.layout import TRAINING_METRICS_NAMESPACE
-from contracts.run import BUILT_IN_WORKLOAD, GPT_MODELS
+from contracts.run import DEFAULT_WORKLOAD, WorkloadSchemas, known_workloads
 
 if TYPE_CHECKING:
     from config import EnvironmentConfig
@@ -39,20 +40,6 @@ VALIDATION_MINUTES = 30
 # Trainium's ahead-of-time compile job on the run's nodes (a trial run, then the Neuron compiler over every graph):
 # assumed for every run, though a shape compiled before is skipped, so a quote is an upper bound there.
 COMPILE_MINUTES = 60
-# Training FLOPs per sample (per token x seq_len) of each built-in GPT size, in TFLOP: sizes.py's flops_per_token x
-# seq_len, which tests/test_quote.py holds equal (the CDK app does not import the training image).
-SAMPLE_TFLOPS: dict[str, float] = {
-    "tiny": 5.25926e-05,
-    "mini": 0.000741409,
-    "125m": 0.640058,
-    "350m": 2.16865,
-    "760m": 10.2168,
-    "1.3b": 17.3333,
-    "2.7b": 35.0701,
-    "6.7b": 85.7991,
-    "13b": 164.98,
-}
-GRAD_ACCUM_STEPS = 1  # the pipeline's runs take train_config.py's default
 MEASURED_DAYS = 14  # how far back a measured MFU is averaged
 
 
@@ -144,35 +131,39 @@ def about_usd(value: float) -> str:
     return f"~${rounded:,.0f}" if rounded >= 10 else f"~${rounded:g}"
 
 
-def seconds_per_step(model: str, batch_size: int, peak_tflops: float, mfu_percent: float) -> float:
-    return batch_size * GRAD_ACCUM_STEPS * SAMPLE_TFLOPS[model] / (peak_tflops * mfu_percent / 100)
-
-
 def quote(
-    run: dict, terms: QuoteTerms, measured_mfu_percent: float | None = None, measured_on_model: bool = False
+    run: dict,
+    terms: QuoteTerms,
+    measured_mfu_percent: float | None = None,
+    measured_on_model: bool = False,
+    workloads: WorkloadSchemas | None = None,
 ) -> Quote:
-    """The quote of a validated run (defaults filled in); `measured_on_model`: the measured MFU is that of the runs of
-    the run's own model size (else of every run of the environment)."""
+    """The quote of a validated run (defaults filled in) by its workload's cost model (`workloads`: an environment's
+    declared ones; the built-in ones always); `measured_on_model`: the measured MFU is that of the runs of the run's
+    own model size (else of every run of the environment)."""
     params = run.get("hyperparameters", {})
-    if run.get("workload", BUILT_IN_WORKLOAD) != BUILT_IN_WORKLOAD or params.get("model") not in GPT_MODELS:
+    schema = known_workloads(workloads).get(run.get("workload", DEFAULT_WORKLOAD))
+    cost = schema.cost if schema else None
+    tflops = cost.sample_tflops(params) if cost else None
+    if cost is None or tflops is None:
         return Quote(None, None, "no FLOPs model for this workload")
     if terms.node_usd_per_hour is None or terms.validation_usd_per_hour is None:
         return Quote(None, None, "no price known for this environment's instance types")
     mfu = measured_mfu_percent or ASSUMED_MFU_PERCENT
-    step = seconds_per_step(params["model"], params["batch_size"], terms.peak_tflops_per_worker, mfu)
-    hours = params["max_steps"] * step / 3600
+    step = params[cost.batch_size] * tflops / (terms.peak_tflops_per_worker * mfu / 100)
+    hours = params[cost.steps] * step / 3600
     node_hours = run["nodes"] * (hours + terms.other_node_hours)
     usd = node_hours * terms.node_usd_per_hour + VALIDATION_MINUTES / 60 * terms.validation_usd_per_hour
-    on = params["model"] if measured_on_model else None
+    on = cost.size(params) if measured_on_model else None
     measured = mfu_words(mfu, on) if measured_mfu_percent else f"MFU {mfu:g}% assumed"
     return Quote(usd, hours, f"{measured}, {terms.price_basis}")
 
 
-def priced_model(run: dict) -> str | None:
-    """The built-in GPT size a validated run trains, whose own measured MFU its quote prefers; None for any other."""
-    model = run.get("hyperparameters", {}).get("model")
-    built_in = run.get("workload", BUILT_IN_WORKLOAD) == BUILT_IN_WORKLOAD
-    return model if built_in and isinstance(model, str) and model in GPT_MODELS else None
+def priced_model(run: dict, workloads: WorkloadSchemas | None = None) -> str | None:
+    """The model size a validated run trains, by its workload's cost model (the value of its `by` hyperparameter),
+    whose own measured MFU its quote prefers; None where the cost model has no sizes."""
+    schema = known_workloads(workloads).get(run.get("workload", DEFAULT_WORKLOAD))
+    return schema.cost.size(run.get("hyperparameters", {})) if schema and schema.cost else None
 
 
 def budget_refusal(q: Quote, limit_usd: float, actual_usd: float) -> str | None:

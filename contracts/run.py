@@ -10,8 +10,12 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from config.layout import DATASETS_PREFIX
+
+if TYPE_CHECKING:
+    from contracts.workload_cost import CostModel
 
 REQUIRED = object()  # the default of a field the input must give
 # The default of a field that may be left out and has no value then: the state machine keeps this marker (a string
@@ -52,25 +56,12 @@ INIT_FROM_RULE = (
 # What the train job receives when the run starts from scratch (a Batch job parameter cannot be an empty string).
 NO_INITIAL_MODEL = "none"
 
-# What the training image knows (training_image/efa_training/: workloads/gpt/sizes.py MODEL_SIZES,
-# workloads/ctr_ps/model.py CTR_SIZES, train_config.py STRATEGIES; tests hold them equal). The GPT models train with
-# all-reduce (ddp, fsdp), the sparse click-through
-# models on parameter servers (ps).
-GPT_MODELS = ("tiny", "mini", "125m", "350m", "760m", "1.3b", "2.7b", "6.7b", "13b")
-CTR_MODELS = ("ctr-tiny", "ctr-small", "ctr-large")
-MODELS = GPT_MODELS + CTR_MODELS
-STRATEGIES = ("ddp", "fsdp", "ps")
-MODELS_OF_STRATEGY = {"ddp": GPT_MODELS, "fsdp": GPT_MODELS, "ps": CTR_MODELS}
-MODEL_STRATEGY_RULE = (
-    f"hyperparameters.model fits hyperparameters.strategy: ddp and fsdp train {', '.join(GPT_MODELS)}; "
-    f"ps trains {', '.join(CTR_MODELS)}"
-)
-UNBOUNDED_STALENESS = -1  # train_config.py UNBOUNDED
-# The platform's own trainer (the GPT and click-through models above, chosen by hyperparameters.model): what a run
-# that names no `workload` trains. A declared workload (contracts/workload.py) is any other name.
-BUILT_IN_WORKLOAD = "built-in"
-# A declared workload's hyperparameter fields by its name (contracts.workload.Workload.hyperparameters).
-WorkloadSchemas = Mapping[str, tuple["Field", ...]]
+# What a run trains: a workload, each declared with its hyperparameters' schema (contracts/workload.py): the
+# platform's own trainers beside their code (training_image/efa_training/workloads/<name>/workload.json), and an
+# environment's own (cdk.json `workloads`). A run that names none trains this one, the built-in language model.
+DEFAULT_WORKLOAD = "gpt"
+# The backend's own attempts per training submission: Batch SubmitJob RetryStrategy.attempts (1-10, API_RetryStrategy).
+MAX_ATTEMPTS = 10
 
 
 @dataclass(frozen=True)
@@ -109,17 +100,39 @@ class Field:
         return f"{kind} {low} to {_num(self.maximum)}" if self.maximum is not None else f"{kind} {low}"
 
 
+@dataclass(frozen=True)
+class WorkloadSchema:
+    """What the contract knows of a workload: its hyperparameters (dotted names: hyperparameters.<name>), whether it is
+    one of the platform's own trainers (run by the platform's jobs; the only ones a run may start from an approved
+    model with `init_from`), and its cost model."""
+
+    hyperparameters: tuple[Field, ...]
+    built_in: bool = False
+    cost: "CostModel | None" = None
+
+
+# Each workload's schema by its name (contracts.workload.schemas: the built-in ones and an environment's own).
+WorkloadSchemas = Mapping[str, WorkloadSchema]
+
+
+def known_workloads(workloads: WorkloadSchemas | None = None) -> dict[str, WorkloadSchema]:
+    """The built-in workloads' schemas and `workloads` (an environment's declared ones)."""
+    from contracts.workload import schemas  # the declarations import this module's fields
+
+    return {**schemas(()), **(workloads or {})}
+
+
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
 
 
 def fields(
-    max_nodes: int, min_nodes: int = 1, workloads: WorkloadSchemas | None = None, workload: str = BUILT_IN_WORKLOAD
+    max_nodes: int, min_nodes: int = 1, workloads: WorkloadSchemas | None = None, workload: str = DEFAULT_WORKLOAD
 ) -> tuple[Field, ...]:
-    """Every field with its rule, hyperparameters those of `workload` (one of `workloads`, or the built-in's).
+    """Every field with its rule, hyperparameters those of `workload` (a built-in one or one of `workloads`).
     `nodes` defaults to the environment's maximum; a backend whose multi-node jobs have a fixed size (Batch) takes
     exactly that many (min_nodes == max_nodes)."""
-    workloads = workloads or {}
+    known = known_workloads(workloads)
     nodes_rule = (
         f"exactly {max_nodes}: this backend's multi-node job definitions fix the node count"
         if min_nodes == max_nodes
@@ -142,7 +155,7 @@ def fields(
         Field("tolerance", "number", 0.001, 0.0, 1.0),  # 0.1%: the seeds accept a model within 0.1% of the baseline
         # The backend's own attempts per training submission: Batch SubmitJob RetryStrategy.attempts (1-10,
         # API_RetryStrategy); SageMaker RetryStrategy.MaximumRetryAttempts = attempts - 1, at least 1.
-        Field("max_attempts", "integer", 2, 1, 10),
+        Field("max_attempts", "integer", 2, 1, MAX_ATTEMPTS),
         Field("resume", "boolean", False, rule="true or false: true resumes an earlier run with this run_id"),
         Field(
             "may_exceed_budget",
@@ -154,44 +167,11 @@ def fields(
         Field(
             "workload",
             "string",
-            BUILT_IN_WORKLOAD,
-            choices=(BUILT_IN_WORKLOAD, *workloads),
-            rule=f"{BUILT_IN_WORKLOAD!r} (the platform's trainer) or a workload this environment declares"
-            + (f" ({', '.join(workloads)})" if workloads else " (it declares none)"),
+            DEFAULT_WORKLOAD,
+            choices=tuple(known),
+            rule=f"one of {', '.join(known)} (the platform's trainers and this environment's own)",
         ),
-    ) + (workloads[workload] if workload in workloads else _built_in_hyperparameters())
-
-
-def _built_in_hyperparameters() -> tuple[Field, ...]:
-    return (
-        # Defaults match training_image/efa_training/train_config.py's TrainConfig, so a run may omit any of them.
-        Field("hyperparameters.model", "string", "tiny", choices=MODELS),
-        Field("hyperparameters.max_steps", "integer", 1000, 1, 10_000_000),
-        # 0: the image derives the interval (Young/Daly) from the measured save and step times.
-        Field(
-            "hyperparameters.checkpoint_every",
-            "integer",
-            0,
-            0,
-            10_000_000,
-            rule="0 (the training image picks the interval: Young/Daly) or a number of steps up to 10000000",
-        ),
-        Field("hyperparameters.seed", "integer", 1337, 0, 2**32 - 1),  # numpy's seed range
-        Field("hyperparameters.strategy", "string", "ddp", choices=STRATEGIES),
-        Field("hyperparameters.lr", "number", 3e-4, 0, 1, exclusive_minimum=True),
-        Field("hyperparameters.batch_size", "integer", 8, 1, 4096),  # micro-batch per worker
-        # The parameter-server strategy's own settings (training_image/efa_training/workloads/ctr_ps/); the other
-        # strategies ignore them.
-        Field("hyperparameters.ps_servers_per_node", "integer", 1, 1, 64),
-        Field(
-            "hyperparameters.staleness",
-            "integer",
-            4,
-            UNBOUNDED_STALENESS,
-            1_000_000,
-            rule=f"an integer from 0 (synchronous) to 1000000, or {UNBOUNDED_STALENESS} (asynchronous, unbounded)",
-        ),
-    )
+    ) + (known[workload].hyperparameters if workload in known else ())
 
 
 def top_level(all_fields: tuple[Field, ...]) -> tuple[Field, ...]:
@@ -203,7 +183,7 @@ def hyperparameters(all_fields: tuple[Field, ...]) -> tuple[Field, ...]:
 
 
 def defaults(
-    max_nodes: int, workloads: WorkloadSchemas | None = None, workload: str = BUILT_IN_WORKLOAD
+    max_nodes: int, workloads: WorkloadSchemas | None = None, workload: str = DEFAULT_WORKLOAD
 ) -> dict[str, object]:
     """The run's defaults, hyperparameters included (required fields left out)."""
     table = fields(max_nodes, workloads=workloads, workload=workload)
@@ -217,7 +197,7 @@ def defaults(
 # job definitions' placeholders and the training image's flags to these names.
 def filled(run: dict, max_nodes: int, workloads: WorkloadSchemas | None = None) -> dict:
     """A valid run with every default filled in, as the pipeline holds it after its input checks."""
-    base = defaults(max_nodes, workloads, run.get("workload", BUILT_IN_WORKLOAD))
+    base = defaults(max_nodes, workloads, run.get("workload", DEFAULT_WORKLOAD))
     given = run.get("hyperparameters", {})
     return {**base, **run, "hyperparameters": {**base["hyperparameters"], **given}}  # type: ignore[dict-item]
 
@@ -226,15 +206,13 @@ def _as_string(path: str) -> str:
     return f"States.Format('{{}}', {path})"
 
 
+# Every workload's jobs take the same values: its hyperparameters travel whole, as JSON text. A declared workload's
+# launcher gives them to its code as HYPERPARAMETERS_FILE (docs/workloads.md); the platform's own trainers take them
+# as flags (training_image/efa_training/runtime/launch/hyperparameters.py).
 JOB_VALUES = {
     "run_id": "$.run.run_id",
     "dataset": "$.run.dataset",
-    "model": "$.run.hyperparameters.model",
-    "strategy": "$.run.hyperparameters.strategy",
-    **{
-        name: _as_string(f"$.run.hyperparameters.{name}")
-        for name in ("max_steps", "checkpoint_every", "seed", "lr", "batch_size", "ps_servers_per_node", "staleness")
-    },
+    "hyperparameters": "States.JsonToString($.run.hyperparameters)",
     "baseline": _as_string("$.run.baseline"),
     # The resolved initial model's run id, or NO_INITIAL_MODEL (constructs/pipeline/initial_model.py sets it).
     "init_from": "$.run.init_run",
@@ -246,40 +224,20 @@ JOB_VALUES = {
 STOP_BY_NONE = "none"
 JOB_PARAMETERS = {
     "sanity": ("run_id",),
-    "train": (
-        "run_id",
-        "dataset",
-        "model",
-        "strategy",
-        "max_steps",
-        "checkpoint_every",
-        "seed",
-        "lr",
-        "batch_size",
-        "init_from",
-        "ps_servers_per_node",
-        "staleness",
-        "stop_by",
-    ),
-    "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
-}
-# A declared workload's jobs (docs/workloads.md): its hyperparameters travel whole, as JSON text, and the image's
-# launcher gives them to the code as HYPERPARAMETERS_FILE; its sanity job is the platform's own.
-WORKLOAD_JOB_VALUES = {
-    **{name: JOB_VALUES[name] for name in ("run_id", "dataset", "baseline", "tolerance", "stop_by")},
-    "hyperparameters": "States.JsonToString($.run.hyperparameters)",
+    "train": ("run_id", "dataset", "hyperparameters", "init_from", "stop_by"),
+    "validate": ("run_id", "dataset", "hyperparameters", "baseline", "tolerance"),
 }
 # The strictest backend's limit on that text: a SageMaker hyperparameter value holds at most 2,500 characters
 # (botocore's SageMaker model, HyperParameterValue: max 2500; API_CreateTrainingJob HyperParameters).
-WORKLOAD_HYPERPARAMETERS_MAX_CHARACTERS = 2500
-WORKLOAD_HYPERPARAMETERS_RULE = (
-    f"hyperparameters (defaults merged) of at most {WORKLOAD_HYPERPARAMETERS_MAX_CHARACTERS} characters as compact "
+HYPERPARAMETERS_MAX_CHARACTERS = 2500
+HYPERPARAMETERS_RULE = (
+    f"hyperparameters (defaults merged) of at most {HYPERPARAMETERS_MAX_CHARACTERS} characters as compact "
     "JSON: they reach the job as one value, and a SageMaker hyperparameter holds no more"
 )
+# A declared workload's jobs: the same, less the initial model, which only the platform's own trainers take.
 WORKLOAD_JOB_PARAMETERS = {
-    "sanity": JOB_PARAMETERS["sanity"],
-    "train": ("run_id", "dataset", "hyperparameters", "stop_by"),
-    "validate": ("run_id", "dataset", "hyperparameters", "baseline", "tolerance"),
+    **JOB_PARAMETERS,
+    "train": tuple(name for name in JOB_PARAMETERS["train"] if name != "init_from"),
 }
 # Trainium's compile job runs a few steps of the same training
 # (training_image/efa_training/runtime/launch/neuron_compile.py), so it takes the
@@ -296,15 +254,17 @@ def validate_run(
     are those of the workload it names (`workloads`: the environment's declared ones)."""
     if not isinstance(run, dict):
         return [f"the run must be a JSON object, not {_json_type(run)}"]
-    workloads = workloads or {}
-    workload = run.get("workload", BUILT_IN_WORKLOAD)
-    if workload != BUILT_IN_WORKLOAD and (not isinstance(workload, str) or workload not in workloads):
+    known = known_workloads(workloads)
+    workload = run.get("workload", DEFAULT_WORKLOAD)
+    if not isinstance(workload, str) or workload not in known:
         # Its hyperparameters cannot be judged: the workload that declares them is unknown.
-        return [check_value(next(f for f in fields(max_nodes, workloads=workloads) if f.name == "workload"), workload)
+        return [check_value(next(f for f in fields(max_nodes, workloads=known) if f.name == "workload"), workload)
                 or ""]  # fmt: skip
-    table = fields(max_nodes, min_nodes, workloads, workload)
-    known = {f.name for f in top_level(table)}
-    problems = [f"unknown field {key!r}; expected only {', '.join(sorted(known))}" for key in run if key not in known]
+    table = fields(max_nodes, min_nodes, known, workload)
+    allowed = {f.name for f in top_level(table)}
+    problems = [
+        f"unknown field {key!r}; expected only {', '.join(sorted(allowed))}" for key in run if key not in allowed
+    ]
     hyper = run.get("hyperparameters", {})
     if not isinstance(hyper, dict):
         problems.append(f"hyperparameters={_show(hyper)} is not valid; expected an object")
@@ -317,20 +277,14 @@ def validate_run(
         if f.kind != "object":
             problem = _field_problem(f, hyper if f.name.startswith("hyperparameters.") else run)
             problems += [problem] if problem else []
-    if workload != BUILT_IN_WORKLOAD:
-        merged = {f.key: f.default for f in hyperparameters(table) if not f.required} | hyper
-        if len(json.dumps(merged, separators=(",", ":"))) > WORKLOAD_HYPERPARAMETERS_MAX_CHARACTERS:
-            problems.append(f"hyperparameters is not valid; expected {WORKLOAD_HYPERPARAMETERS_RULE}")
-        if run.get("init_from"):
-            problems.append(
-                f"init_from={_show(run['init_from'])} is not valid for workload {workload!r}; expected empty: a "
-                "declared workload starts from its own code (the platform gives it no initial model yet)"
-            )
-        return problems
-    strategy, model = hyper.get("strategy", "ddp"), hyper.get("model", "tiny")
-    if strategy in MODELS_OF_STRATEGY and model in MODELS and model not in MODELS_OF_STRATEGY[strategy]:
+    merged = {f.key: f.default for f in hyperparameters(table) if not f.required} | hyper
+    # judged once every value is (a huge integer has no JSON text to measure)
+    if not problems and len(json.dumps(merged, separators=(",", ":"))) > HYPERPARAMETERS_MAX_CHARACTERS:
+        problems.append(f"hyperparameters is not valid; expected {HYPERPARAMETERS_RULE}")
+    if run.get("init_from") and not known[workload].built_in:
         problems.append(
-            f"hyperparameters.model={_show(model)} does not fit strategy {strategy!r}; expected {MODEL_STRATEGY_RULE}"
+            f"init_from={_show(run['init_from'])} is not valid for workload {workload!r}; expected empty: a "
+            "declared workload starts from its own code (the platform gives it no initial model yet)"
         )
     return problems
 
@@ -461,7 +415,6 @@ def phases(sanity_in_training: bool, compiles_ahead: bool = False) -> tuple[str,
     return tuple(p for p in PHASES if p not in left_out and (compiles_ahead or p != "Compile"))
 
 
-MAX_ATTEMPTS = int(next(f.maximum or 0 for f in fields(1) if f.name == "max_attempts"))
 # Step Functions Standard workflows run for at most one year (Step Functions quotas).
 MAX_EXECUTION_SECONDS = 365 * 24 * 3600
 

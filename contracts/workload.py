@@ -14,6 +14,7 @@ field, the value and what is allowed, at synth.
                              "hyperparameters": {"lr": {"type": "number", "default": 0.001, "minimum": 0}}}}
 """
 
+import functools
 import json
 import math
 import re
@@ -21,12 +22,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.run import BUILT_IN_WORKLOAD, REQUIRED, Field, WorkloadSchemas, check_value
+from contracts.run import DEFAULT_WORKLOAD, REQUIRED, Field, WorkloadSchema, WorkloadSchemas, check_value
+from contracts.workload_cost import CostModel, parse_cost
 
 # Launch modes: the platform's torchrun on every node (its rendezvous; the command is the script and its
 # arguments); the workload's own per-node launcher (`accelerate launch`, `deepspeed`), run once per node with the
 # same environment; or one process per node (RANK = node rank, WORLD_SIZE = nodes).
 LAUNCHES = ("torchrun", "per-node", "one-process")
+# The platform's own trainers (the GPT and click-through models) are declared the same way, beside their code
+# (training_image/efa_training/workloads/<name>/workload.json), on the platform's image ("image": "platform") and run by
+# its launcher itself ("launch": "platform": the hyperparameters become the trainer's flags); only they may say so.
+PLATFORM = "platform"
+BUILT_IN_ROOT = Path(__file__).resolve().parents[1] / "training_image" / "efa_training" / "workloads"
 DIRECTIONS = ("lower", "higher")  # which way the validation metric is better
 HYPERPARAMETER_TYPES = ("string", "integer", "number", "boolean")
 # The Dockerfile of a workload built from a folder starts from the platform's image, which carries the launcher,
@@ -38,7 +45,17 @@ HYPERPARAMETER_NAME_PATTERN = r"[a-z_][a-z0-9_]{0,63}"
 METRIC_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_.:-]{0,63}"
 IMAGE_URI_PATTERN = r"[a-z0-9.-]+(?::[0-9]+)?/[a-z0-9._/-]+(?::[A-Za-z0-9_.-]{1,128}|@sha256:[0-9a-f]{64})"
 MAX_COMMAND_ITEMS, MAX_HYPERPARAMETERS, MAX_METRICS = 64, 100, 40
-FIELDS = ("image", "launch", "train", "validate", "metric", "metrics", "hyperparameters", "hang_timeout_seconds")
+FIELDS = (
+    "image",
+    "launch",
+    "train",
+    "validate",
+    "metric",
+    "metrics",
+    "hyperparameters",
+    "hang_timeout_seconds",
+    "cost",
+)
 # The hang watchdog's floor (training_image/efa_training/runtime/launch/watchdog.py): a training with no progress line
 # for this long (or 10 times its usual interval, if longer) is ended. Long enough for the slowest checkpoint save.
 HANG_TIMEOUT_DEFAULT, HANG_TIMEOUT_RANGE = 1800, (60, 7 * 24 * 3600)
@@ -61,6 +78,12 @@ class Workload:
     metrics: Mapping[str, str]  # metric name -> regex with one group, matched on every log line
     hyperparameters: tuple[Field, ...]  # dotted names: hyperparameters.<name>
     hang_timeout_seconds: int = HANG_TIMEOUT_DEFAULT
+    cost: CostModel | None = None  # what a run's quote prices (contracts/quote.py); None: no estimate
+
+    @property
+    def platform(self) -> bool:
+        """One of the platform's own trainers: its image, run by its launcher with the hyperparameters as flags."""
+        return self.launch == PLATFORM
 
     @property
     def variable(self) -> str:
@@ -94,16 +117,28 @@ def parse_workloads(raw: object, root: Path) -> tuple[Workload, ...]:
 
 
 def schemas(workloads: tuple[Workload, ...]) -> WorkloadSchemas:
-    """Each workload's hyperparameter fields by its name: what the run contract checks a run's against."""
-    return {w.name: w.hyperparameters for w in workloads}
+    """Each workload's schema by its name (its hyperparameter fields, whether it takes an initial model, its cost
+    model): what the run contract checks a run's against and the quote prices. The built-in ones always come too."""
+    return {w.name: WorkloadSchema(w.hyperparameters, w.platform, w.cost) for w in (*built_in_workloads(), *workloads)}
 
 
-def parse_workload(name: object, raw: object, root: Path) -> Workload:
-    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name) or name == BUILT_IN_WORKLOAD:
+@functools.cache
+def built_in_workloads() -> tuple[Workload, ...]:
+    """The platform's own trainers, read from their declarations (named after their folder, '_' as '-'), the default
+    workload first."""
+    found = {path.parent.name.replace("_", "-"): path for path in BUILT_IN_ROOT.glob("*/workload.json")}
+    names = sorted(found, key=lambda name: (name != DEFAULT_WORKLOAD, name))
+    return tuple(parse_workload(n, json.loads(found[n].read_text()), BUILT_IN_ROOT, built_in=True) for n in names)
+
+
+def parse_workload(name: object, raw: object, root: Path, built_in: bool = False) -> Workload:
+    """One declaration, checked; `built_in`: one of the platform's own (training_image/.../workload.json)."""
+    taken = () if built_in else tuple(w.name for w in built_in_workloads())
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name) or name in taken:
         raise WorkloadError(
             f"workloads.{name}: the name is not valid; expected 1-24 lower-case letters, digits and '-', "
-            f"starting with a letter and ending with a letter or digit, other than {BUILT_IN_WORKLOAD!r} (the "
-            "platform's own trainer)"
+            f"starting with a letter and ending with a letter or digit, other than {' and '.join(taken)} (the "
+            "platform's own trainers)"
         )
     where = _Where(name)
     if not isinstance(raw, dict):
@@ -111,7 +146,8 @@ def parse_workload(name: object, raw: object, root: Path) -> Workload:
     for key in raw:
         if key not in FIELDS:
             raise where.bad(key, raw[key], f"no such field; a declaration has only {', '.join(FIELDS)}")
-    directory, uri = _image(where, raw.get("image"), root)
+    directory, uri = _image(where, raw.get("image"), root, built_in)
+    hyperparameters = _schema(where, raw.get("hyperparameters", {}))
     metric = raw.get("metric")
     if not isinstance(metric, dict) or set(metric) != {"name", "direction"}:
         raise where.bad("metric", metric, 'an object {"name": <metric>, "direction": "lower" or "higher"}')
@@ -119,14 +155,15 @@ def parse_workload(name: object, raw: object, root: Path) -> Workload:
         name=name,
         image_directory=directory,
         image_uri=uri,
-        launch=where.choice("launch", raw.get("launch", "torchrun"), LAUNCHES),
+        launch=where.choice("launch", raw.get("launch", "torchrun"), (*LAUNCHES, *([PLATFORM] if built_in else []))),
         train=_command(where, "train", raw.get("train")),
         validate=_command(where, "validate", raw.get("validate")),
         metric=where.matching("metric.name", metric["name"], METRIC_NAME_PATTERN, "a metric name"),
         direction=where.choice("metric.direction", metric["direction"], DIRECTIONS),
         metrics=_regexes(where, raw.get("metrics", {})),
-        hyperparameters=_schema(where, raw.get("hyperparameters", {})),
+        hyperparameters=hyperparameters,
         hang_timeout_seconds=_hang_timeout(where, raw.get("hang_timeout_seconds", HANG_TIMEOUT_DEFAULT)),
+        cost=parse_cost(where.bad, raw.get("cost"), hyperparameters),
     )
 
 
@@ -156,8 +193,11 @@ class _Where:
         return value
 
 
-def _image(where: _Where, raw: object, root: Path) -> tuple[str | None, str | None]:
-    """Exactly one of {"directory": ...} (built on the platform's image) or {"uri": ...} (documented, unchecked)."""
+def _image(where: _Where, raw: object, root: Path, built_in: bool) -> tuple[str | None, str | None]:
+    """Exactly one of {"directory": ...} (built on the platform's image) or {"uri": ...} (documented, unchecked);
+    for a built-in trainer, "platform" (neither)."""
+    if built_in and raw == PLATFORM:
+        return None, None
     allowed = '{"directory": <folder with a Dockerfile>} or {"uri": <image URI>}'
     if not isinstance(raw, dict) or len(raw) != 1 or not set(raw) <= {"directory", "uri"}:
         raise where.bad("image", raw, allowed)
@@ -225,7 +265,7 @@ def _schema(where: _Where, raw: object) -> tuple[Field, ...]:
 def _hyperparameter(where: _Where, name: object, spec: object) -> Field:
     field = f"hyperparameters.{name}"
     where.matching(field, name, HYPERPARAMETER_NAME_PATTERN, "a name of lower-case letters, digits and '_'")
-    keys = {"type", "default", "minimum", "maximum", "choices"}
+    keys = {"type", "default", "minimum", "maximum", "exclusive_minimum", "choices", "rule"}
     if not isinstance(spec, dict) or not set(spec) <= keys or spec.get("type") not in HYPERPARAMETER_TYPES:
         raise where.bad(
             field,
@@ -242,7 +282,14 @@ def _hyperparameter(where: _Where, name: object, spec: object) -> Field:
     choices = spec.get("choices", ())
     if choices and (spec["type"] != "string" or not all(isinstance(c, str) for c in choices)):
         raise where.bad(field, spec, "choices (a list of strings) only on string hyperparameters")
-    declared = Field(field, spec["type"], spec.get("default", REQUIRED), low, high, choices=tuple(choices))
+    exclusive, rule = spec.get("exclusive_minimum", False), spec.get("rule", "")
+    if not isinstance(exclusive, bool) or (exclusive and low is None):
+        raise where.bad(field, spec, "exclusive_minimum true or false, true only with a minimum")
+    if not isinstance(rule, str) or len(rule) > 200:
+        raise where.bad(field, spec, "a rule: what is allowed, in words, at most 200 characters")
+    declared = Field(
+        field, spec["type"], spec.get("default", REQUIRED), low, high, exclusive, tuple(choices), rule=rule
+    )
     # A default is held to what a run may give (the run contract's own check of one value).
     if not declared.required and check_value(declared, declared.default):
         raise where.bad(f"{field}.default", declared.default, declared.allowed())

@@ -84,7 +84,7 @@ BAD_INPUTS = [
     ({"workloads": "[]"}, ["workloads='[]'", "a JSON object"]),
     # Declared workloads run on GPU instances in this release (docs/workloads.md, "Where it runs").
     ({"instance_type": "trn1.32xlarge", "workloads": _DDP}, ["workloads='torch-ddp'", "Trainium"]),
-    ({"workloads": '{"built-in": {}}'}, ["workloads.built-in: the name is not valid", "other than 'built-in'"]),
+    ({"workloads": '{"gpt": {}}'}, ["workloads.gpt: the name is not valid", "other than gpt and ctr-ps"]),
 ]
 
 

@@ -12,8 +12,6 @@ from config import load_config
 from contracts.quote import (
     ASSUMED_MFU_PERCENT,
     COMPILE_MINUTES,
-    GRAD_ACCUM_STEPS,
-    SAMPLE_TFLOPS,
     SANITY_MINUTES,
     VALIDATION_MINUTES,
     Quote,
@@ -22,12 +20,18 @@ from contracts.quote import (
     budget_refusal,
     quote,
 )
-from contracts.run import GPT_MODELS, filled
+from contracts.run import WorkloadSchema, filled
+from contracts.workload import built_in_workloads
+from contracts.workload_cost import CostModel
 from tests.synthesis import CAPACITY_BLOCK, context
 from tools.quote import quote_and_actual
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training_image"))
 from efa_training.workloads.gpt.sizes import MODEL_SIZES, flops_per_token  # noqa: E402
+
+GPT = next(w for w in built_in_workloads() if w.name == "gpt")
+assert GPT.cost is not None and GPT.cost.values is not None
+SAMPLE_TFLOPS = GPT.cost.values  # the built-in GPT trainer's declared cost model
 
 
 def _run(**hyperparameters: object) -> dict:
@@ -39,14 +43,22 @@ def terms() -> QuoteTerms:
     return QuoteTerms.of(load_config(context()))
 
 
-def test_the_pipelines_gradient_accumulation_is_the_trainers_default():
+def test_a_gpt_step_takes_batch_size_samples_per_worker_as_the_trainer_does_by_default():
+    # The declared cost model counts batch_size samples per worker and step: the trainer's micro-batch times its
+    # gradient accumulation, which the pipeline's runs leave at 1.
     from efa_training.train_config import TrainConfig
 
-    assert TrainConfig.__dataclass_fields__["grad_accum_steps"].default == GRAD_ACCUM_STEPS
+    assert TrainConfig.__dataclass_fields__["grad_accum_steps"].default == 1
+    assert GPT.cost is not None and (GPT.cost.steps, GPT.cost.batch_size, GPT.cost.by) == (
+        "max_steps",
+        "batch_size",
+        "model",
+    )
 
 
 def test_flops_per_sample_are_the_training_images_own():
-    assert set(SAMPLE_TFLOPS) == set(GPT_MODELS) == set(MODEL_SIZES)
+    sizes = next(f for f in GPT.hyperparameters if f.key == "model").choices
+    assert set(SAMPLE_TFLOPS) == set(sizes) == set(MODEL_SIZES)
     for model, size in MODEL_SIZES.items():
         assert SAMPLE_TFLOPS[model] == pytest.approx(flops_per_token(size) * size.seq_len / 1e12, rel=1e-5)
 
@@ -74,7 +86,8 @@ def test_a_measured_mfu_replaces_the_assumption(terms):
 
 def test_a_workload_without_a_flops_model_has_no_estimate(terms):
     assert quote({**_run(), "workload": "my-trainer"}, terms).usd is None
-    assert quote(_run(model="ctr-tiny", strategy="ps"), terms).basis == "no FLOPs model for this workload"
+    ctr = filled({"nodes": 2, "workload": "ctr-ps"}, 2)
+    assert quote(ctr, terms).basis == "no FLOPs model for this workload"
 
 
 def test_reserved_nodes_cost_the_run_nothing_more_than_its_validation():
@@ -179,9 +192,34 @@ def test_the_pipelines_quote_is_the_clis_and_reads_nothing_of_a_declared_workloa
 
     run = _run(model="1.3b", max_steps=1000, batch_size=4)
     expected = quote(run, terms)
-    got = _evaluate(_quoted_run(terms), {"run": run})["quote"]
+    got = _evaluate(_quoted_run(terms, _costs()), {"run": run})["quote"]
     assert got["usd"] == pytest.approx(expected.usd) and got["hours"] == pytest.approx(expected.hours)
     # A declared workload's hyperparameters may be any JSON: a string max_steps would be a JSONata error (T2001) if
     # multiplied, and an error in a Pass state ends the run.
     declared = {**run, "workload": "mine", "hyperparameters": {"model": 7, "max_steps": "all", "batch_size": "x"}}
-    assert _evaluate(_quoted_run(terms), {"run": declared})["quote"]["usd"] is None
+    assert _evaluate(_quoted_run(terms, _costs()), {"run": declared})["quote"]["usd"] is None
+
+
+def _costs(workloads: dict | None = None) -> str:
+    """The cost models the pipeline's QuoteRun reads (run_quote.run_quote's table), as JSON."""
+    from contracts.run import known_workloads
+
+    return json.dumps({n: s.cost.as_json() for n, s in known_workloads(workloads).items() if s.cost})
+
+
+# A declared workload that states its cost: one number of TFLOPs per sample, or one per size.
+FLAT = WorkloadSchema((), cost=CostModel("epochs_steps", "per_worker", tflops=2.0))
+
+
+def test_a_declared_workload_with_a_cost_model_is_quoted_by_it(terms):
+    run = {"nodes": 2, "workload": "mine", "hyperparameters": {"epochs_steps": 500, "per_worker": 3}}
+    q = quote(run, terms, workloads={"mine": FLAT})
+    assert q.hours == pytest.approx(500 * 3 * 2.0 / (terms.peak_tflops_per_worker * ASSUMED_MFU_PERCENT / 100) / 3600)
+
+
+def test_the_pipeline_quotes_a_declared_workload_as_the_cli_does(terms):
+    from constructs.pipeline.run_quote import _quoted_run
+
+    run = {"nodes": 2, "workload": "mine", "hyperparameters": {"epochs_steps": 500, "per_worker": 3}}
+    got = _evaluate(_quoted_run(terms, _costs({"mine": FLAT})), {"run": run})["quote"]
+    assert got["usd"] == pytest.approx(quote(run, terms, workloads={"mine": FLAT}).usd)

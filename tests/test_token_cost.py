@@ -8,7 +8,7 @@ from botocore.stub import ANY, Stubber
 
 from config import CATALOGUE, load_config
 from contracts.quote import measured_mfu_query
-from contracts.run import GPT_MODELS
+from contracts.workload import built_in_workloads
 from tests.synthesis import CDK_JSON_CONTEXT
 from tests.test_cost_report import _Session  # a boto3-like session with fake credentials and stubbed clients
 from tests.test_standing_cost import shared_templates
@@ -32,8 +32,10 @@ def test_halving_the_mfu_doubles_the_price():
     assert full.ec2_usd is not None and half.ec2_usd == pytest.approx(2 * full.ec2_usd)
 
 
-def test_the_model_sizes_are_the_run_contracts():
-    assert tuple(token_cost.MODEL_SIZES) == GPT_MODELS  # the sparse models are priced per sample, not per token
+def test_the_model_sizes_are_the_gpt_workloads_declared_ones():
+    # the GPT trainer's declared sizes; the sparse models are priced per sample, not per token
+    gpt = next(w for w in built_in_workloads() if w.name == "gpt")
+    assert tuple(token_cost.MODEL_SIZES) == next(f.choices for f in gpt.hyperparameters if f.key == "model")
 
 
 def test_the_table_prices_every_training_type_and_invents_no_spot_price_offline():

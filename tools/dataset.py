@@ -28,10 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "training_image"))  # the training image's package, efa_training
 
 EXAMPLE = json.loads((ROOT / "examples" / "run.json").read_text())
-# The first model of each format: what examples/run.json trains, or the smallest click-through model.
-FIRST_HYPERPARAMETERS = {
-    "text": EXAMPLE["hyperparameters"],
-    "criteo": {"model": "ctr-tiny", "strategy": "ps", "max_steps": 1000, "batch_size": 512, "lr": 0.02},
+# The first run of each format: what examples/run.json trains (workload gpt), or the smallest click-through model
+# (workload ctr-ps).
+FIRST_RUN = {
+    "text": {"hyperparameters": EXAMPLE["hyperparameters"]},
+    "criteo": {
+        "workload": "ctr-ps",
+        "hyperparameters": {"model": "ctr-tiny", "strategy": "ps", "max_steps": 1000, "batch_size": 512, "lr": 0.02},
+    },
 }
 
 
@@ -63,7 +67,7 @@ def upload(pipeline: Pipeline, folder: Path, prefix: str) -> str:
 
 def run_file(name: str, fmt: str) -> dict:
     run = {**EXAMPLE, "run_id": f"{name}-001", "dataset": f"{DATASETS_PREFIX}{name}/"}
-    return {**run, "hyperparameters": FIRST_HYPERPARAMETERS[fmt]}
+    return {**run, **FIRST_RUN[fmt]}
 
 
 def main(argv: list[str] | None = None, *, session=None) -> int:
@@ -94,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("name", help=f"the dataset's folder: {DATASETS_PREFIX}<name>/ in the data bucket")
     p.add_argument("--input", nargs="*", default=[], help="text files or folders (criteo: click-log files)")
     p.add_argument("--synthetic", action="store_true", help="a small generated English-like corpus instead")
-    p.add_argument("--format", choices=sorted(FIRST_HYPERPARAMETERS), default="text")
+    p.add_argument("--format", choices=sorted(FIRST_RUN), default="text")
     p.add_argument("--region", help="AWS region (default: the environment's region in cdk.json)")
     p.add_argument("--dry-run", action="store_true", help="prepare and print the run file; upload nothing")
     return p

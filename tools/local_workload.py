@@ -20,12 +20,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from contracts.run import BUILT_IN_WORKLOAD, validate_run
-from contracts.workload import Workload, WorkloadError, parse_workload, parse_workloads, schemas
+from contracts.run import validate_run
+from contracts.workload import Workload, WorkloadError, built_in_workloads, parse_workload, parse_workloads, schemas
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "training_image"))  # the image's package and its local runner, as `make local-run` runs
 
+import local_run  # noqa: E402
 from efa_training.runtime.metrics import PROGRESS_METRIC, parse_emf_lines  # noqa: E402
 from local_run import free_port, run_stage  # noqa: E402
 
@@ -86,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=2, help="processes (default %(default)s)")
     args = parser.parse_args(argv)
     try:
-        if args.workload == BUILT_IN_WORKLOAD:
-            raise LocalRunError("the built-in trainer runs with `make local-run` (LOCAL_MODEL=...), not WORKLOAD")
+        built_in = {w.name: w for w in built_in_workloads()}
+        if args.workload in built_in:
+            return _built_in(built_in[args.workload], args)
         workload = declared(args.workload, args.env)
         if workload.image_directory is None:
             raise LocalRunError(f"{workload.name}: its image is a URI; a local run needs its folder (image.directory)")
@@ -98,6 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     report = run_stages(workload, hyper, Path(args.out).resolve(), args.nproc)
     print(json.dumps(report, indent=2), flush=True)
     return 0 if report["sanity"]["passed"] and report["approved"] else 1
+
+
+def _built_in(workload: Workload, args: argparse.Namespace) -> int:
+    """A built-in trainer's stages (training_image/local_run.py: its own data, a baseline from an early checkpoint),
+    at the checked hyperparameters' model size, and their max_steps where given."""
+    hyper = checked_hyperparameters(workload, args.hyperparameters)  # a JSON object by now
+    given = json.loads(args.hyperparameters)
+    steps = ["--steps", str(hyper["max_steps"])] if isinstance(given, dict) and "max_steps" in given else []
+    return local_run.main(["--out", args.out, "--nproc", str(args.nproc), "--model", str(hyper["model"]), *steps])
 
 
 def run_stages(workload: Workload, hyper: dict, out: Path, nproc: int) -> dict:

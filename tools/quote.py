@@ -22,6 +22,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from config import EnvironmentConfig
 from contracts.quote import Quote, QuoteTerms, about_usd, budget_refusal, priced_model, quote
 from contracts.run import filled
+from contracts.workload import schemas
 from tools.pipeline_session import _json_object
 
 BUDGETS_REGION = "us-east-1"  # AWS Budgets' one endpoint, budgets.amazonaws.com (AWS General Reference)
@@ -66,15 +67,16 @@ def price(run: dict, config: EnvironmentConfig, session) -> Priced:
 
     notes: list[str] = []
     terms = QuoteTerms.of(config)
-    valid = filled(run, config.nodes)
+    workloads = schemas(config.declared_workloads)
+    valid = filled(run, config.nodes, workloads)
     mfu, on_model = None, False
     try:
         cloudwatch = session.client("cloudwatch", region_name=config.region)
-        mfu, on_model = measured_mfus(cloudwatch, config.name, priced_model(valid))
+        mfu, on_model = measured_mfus(cloudwatch, config.name, priced_model(valid, workloads))
     except (BotoCoreError, ClientError) as error:
         notes.append(f"measured MFU not read ({_first_line(error)}): the quote assumes one")
-    q = quote(valid, terms, mfu, on_model)  # at the measured MFU where there is one, as the pipeline's QuoteRun
-    assumed = quote(valid, terms) if mfu else None
+    q = quote(valid, terms, mfu, on_model, workloads)  # at the measured MFU where there is one, as QuoteRun
+    assumed = quote(valid, terms, workloads=workloads) if mfu else None
     budget = None
     try:
         account = session.client("sts", region_name=config.region).get_caller_identity()["Account"]

@@ -89,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default="tiny",
-        help="tiny (a GPT on a text corpus, DDP) or ctr-tiny (a click-through model on generated Criteo logs, "
-        "parameter servers: 2 servers and --nproc workers) (default tiny)",
+        help="a GPT size (tiny, mini, ...: on a text corpus, DDP) or a ctr-* size (a click-through model on "
+        "generated Criteo logs, parameter servers: 2 servers and --nproc workers) (default tiny)",
     )
     return p
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         train = run_sparse_stages(out, local_env(args.nproc), args.steps, args.model)
         report = summarize_sparse(out, train.stdout, t_start)
     else:
-        train = run_stages(out, local_env(args.nproc), args.steps)
+        train = run_stages(out, local_env(args.nproc), args.steps, args.model)
         report = summarize(out, train.stdout, t_start)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2), flush=True)
@@ -130,7 +130,7 @@ def local_env(nproc: int) -> dict:
     return env
 
 
-def run_stages(out: Path, env: dict, steps: int) -> subprocess.CompletedProcess:
+def run_stages(out: Path, env: dict, steps: int, model: str = "tiny") -> subprocess.CompletedProcess:
     """prepare-data, sanity, train, a baseline from an early checkpoint, validation; the training stage's output."""
     ckpt, data = out / "checkpoints", out / "data"
     every = max(1, steps // 3)
@@ -139,7 +139,7 @@ def run_stages(out: Path, env: dict, steps: int) -> subprocess.CompletedProcess:
     run_stage("prepare_data", [*prepare, "--val-fraction", "0.1"], out, env)
     run_stage("sanity", ["sanity", "--sizes", "64K,1M", "--report", str(out / "sanity.json")], out, env)
     where = ["--data", str(data), "--checkpoint-dir", str(ckpt)]
-    flags = ["--max-steps", str(steps), "--checkpoint-every", str(every), "--model", "tiny", "--lr", "3e-3"]
+    flags = ["--max-steps", str(steps), "--checkpoint-every", str(every), "--model", model, "--lr", "3e-3"]
     train, _ = run_stage("train", ["train", *where, *flags, "--warmup-steps", "20", "--seed", "1"], out, env)
     for stale in ("baseline.json", "verdict.json"):
         (out / stale).unlink(missing_ok=True)

@@ -21,17 +21,16 @@ import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
 from contracts.run import (
-    BUILT_IN_WORKLOAD,
-    MODEL_STRATEGY_RULE,
-    MODELS_OF_STRATEGY,
+    DEFAULT_WORKLOAD,
+    HYPERPARAMETERS_MAX_CHARACTERS,
+    HYPERPARAMETERS_RULE,
     NOT_GIVEN,
-    WORKLOAD_HYPERPARAMETERS_MAX_CHARACTERS,
-    WORKLOAD_HYPERPARAMETERS_RULE,
     Field,
     WorkloadSchemas,
     defaults,
     fields,
     hyperparameters,
+    known_workloads,
     top_level,
 )
 
@@ -70,30 +69,30 @@ def _matches_whole(path: str, pattern: str | None, max_length: int | None, empty
 def input_validation(
     scope: Construct, *, max_nodes: int, min_nodes: int = 1, workloads: WorkloadSchemas | None = None
 ) -> tuple[sfn.IChainable, sfn.Pass]:
-    """The validation states: (first state, the Pass reached by valid input, holding `$.run`). Each declared
-    workload gets the same checks with its own hyperparameters, in states named `<state>-<workload>`."""
+    """The validation states: (first state, the Pass reached by valid input, holding `$.run`). Every workload
+    (the built-in ones and the environment's) gets the same checks with its own hyperparameters, in states named
+    `<state>-<workload>`; the default workload's are named `<state>`."""
     read = sfn.Pass(scope, "ReadInput", parameters={"input.$": "$", "shape.$": "States.JsonToString($)"})
     valid = sfn.Pass(scope, "InputValid", parameters={"run.$": "$.run"})
+    known = known_workloads(workloads)
     chains = {
-        name: _InputStates(scope, max_nodes=max_nodes, min_nodes=min_nodes, workloads=workloads, workload=name)
-        for name in (BUILT_IN_WORKLOAD, *(workloads or {}))
+        name: _InputStates(scope, max_nodes=max_nodes, min_nodes=min_nodes, workloads=known, workload=name)
+        for name in known
     }
     for states in chains.values():
         states.check_fields(then=states.check_values(valid))
-    built_in = chains.pop(BUILT_IN_WORKLOAD)
-    start: sfn.IChainable = built_in.start
-    if chains:
-        # The run's `workload` picks whose hyperparameters apply; anything else is refused by the built-in
-        # checks' rule for `workload` (its choices name every declared workload).
-        which = sfn.Choice(scope, "WhichWorkload")
-        for name, states in chains.items():
-            path = "$.input.workload"
-            which.when(C.and_(C.is_present(path), C.is_string(path), C.string_equals(path, name)), states.start)
-        start = which.otherwise(built_in.start)
-    not_object = built_in.fail(
+    default = chains.pop(DEFAULT_WORKLOAD)
+    # The run's `workload` picks whose hyperparameters apply; a run that names none, or a workload nobody declares,
+    # goes to the default workload's checks, whose rule for `workload` refuses an unknown one (its choices name all).
+    which = sfn.Choice(scope, "WhichWorkload")
+    for name, states in chains.items():
+        path = "$.input.workload"
+        which.when(C.and_(C.is_present(path), C.is_string(path), C.string_equals(path, name)), states.start)
+    start = which.otherwise(default.start)
+    not_object = default.fail(
         "input",
         "NotObject",
-        f"the input must be a JSON object with the fields {', '.join(f.name for f in built_in.top)}",
+        f"the input must be a JSON object with the fields {', '.join(f.name for f in default.top)}",
     )
     read.next(_is_object(scope, "IsObject", not_object, start))
     return read, valid
@@ -106,7 +105,8 @@ class _InputStates:
         self, scope: Construct, *, max_nodes: int, min_nodes: int, workloads: WorkloadSchemas | None, workload: str
     ) -> None:
         self.scope, self.workload = scope, workload
-        self.suffix = "" if workload == BUILT_IN_WORKLOAD else f"-{workload}"
+        self.built_in = known_workloads(workloads)[workload].built_in
+        self.suffix = "" if workload == DEFAULT_WORKLOAD else f"-{workload}"
         self.table = fields(max_nodes, min_nodes, workloads, workload)
         self.top, self.hyper = top_level(self.table), hyperparameters(self.table)
         self.run_defaults = defaults(max_nodes, workloads, workload)
@@ -227,7 +227,7 @@ class _InputStates:
             ),
             self.invalid(init_from, "Self"),
         )
-        if self.workload != BUILT_IN_WORKLOAD:
+        if not self.built_in:
             # contracts.run.validate_run says the same.
             check.when(
                 C.not_(C.string_equals("$.run.init_from", "")),
@@ -237,15 +237,6 @@ class _InputStates:
                     f"init_from is not valid for workload {self.workload!r}; expected empty: a declared workload "
                     "starts from its own code (the platform gives it no initial model yet)",
                 ),
-            )
-            check.otherwise(then)
-            return
-        # A model trains with its own kind of strategy (contracts.run.validate_run says the same).
-        mismatch = self.fail("hyperparameters.model", "ForStrategy", f"{MODEL_STRATEGY_RULE}")
-        for strategy, models in MODELS_OF_STRATEGY.items():
-            model_fits = C.or_(*(C.string_equals("$.run.hyperparameters.model", m) for m in models))
-            check.when(
-                C.and_(C.string_equals("$.run.hyperparameters.strategy", strategy), C.not_(model_fits)), mismatch
             )
         check.otherwise(then)
 
@@ -277,12 +268,8 @@ class _InputStates:
                     f.name: _matches_whole(f"$states.input.run.{f.name}", f.pattern, f.max_length, f.default == "")
                     for f in patterned
                 },
-                # A declared workload's hyperparameters travel as one JSON text (contracts.run.validate_run).
-                **(
-                    {"hyperparameters_length": "{% $length($string($states.input.run.hyperparameters)) %}"}
-                    if self.workload != BUILT_IN_WORKLOAD
-                    else {}
-                ),
+                # The hyperparameters travel as one JSON text (contracts.run.validate_run).
+                "hyperparameters_length": "{% $length($string($states.input.run.hyperparameters)) %}",
             },
         )
         values = sfn.Choice(scope, self.id("ValidateValues"))
@@ -292,9 +279,8 @@ class _InputStates:
             )
         for f in patterned:
             values.when(C.not_(C.boolean_equals(f"$.patterns.{f.name}", True)), self.invalid(f, "Pattern"))
-        if self.workload != BUILT_IN_WORKLOAD:
-            too_long = C.number_greater_than("$.hyperparameters_length", WORKLOAD_HYPERPARAMETERS_MAX_CHARACTERS)
-            values.when(too_long, self.fail("hyperparameters", "Length", WORKLOAD_HYPERPARAMETERS_RULE))
+        too_long = C.number_greater_than("$.hyperparameters_length", HYPERPARAMETERS_MAX_CHARACTERS)
+        values.when(too_long, self.fail("hyperparameters", "Length", HYPERPARAMETERS_RULE))
         values.otherwise(valid)
         measure.next(match).next(values)
         return measure

@@ -21,16 +21,8 @@ import aws_cdk.aws_stepfunctions_tasks as tasks
 from constructs import Construct
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
 from constructs.pipeline.failure_path import FailurePath
-from contracts.quote import (
-    ASSUMED_MFU_PERCENT,
-    GRAD_ACCUM_STEPS,
-    MEASURED_DAYS,
-    SAMPLE_TFLOPS,
-    VALIDATION_MINUTES,
-    QuoteTerms,
-    measured_mfu_query,
-)
-from contracts.run import BUILT_IN_WORKLOAD, GPT_MODELS
+from contracts.quote import ASSUMED_MFU_PERCENT, MEASURED_DAYS, VALIDATION_MINUTES, QuoteTerms, measured_mfu_query
+from contracts.run import WorkloadSchemas, known_workloads
 
 C = sfn.Condition
 OVER_BUDGET = "OverBudget"
@@ -42,10 +34,14 @@ BUDGETS_TRANSIENT = ("Budgets.ThrottlingException", "Budgets.InternalErrorExcept
 CLOUDWATCH_TRANSIENT = ("CloudWatch.CloudWatchException", "CloudWatch.InternalServiceException", "States.Timeout")
 
 
-def run_quote(scope: Construct, terms: QuoteTerms, failures: FailurePath) -> tuple[sfn.State, sfn.Pass]:
-    """(start, done): `start` takes {"run"}; a run the budget pays for (or that may exceed it) goes on at `done`."""
-    measured = _measured_mfu(scope, terms.environment)
-    quoted = sfn.Pass.jsonata(scope, "QuoteRun", outputs={"run": _quoted_run(terms)})
+def run_quote(
+    scope: Construct, terms: QuoteTerms, failures: FailurePath, workloads: WorkloadSchemas | None = None
+) -> tuple[sfn.State, sfn.Pass]:
+    """(start, done): `start` takes {"run"}; a run the budget pays for (or that may exceed it) goes on at `done`.
+    `workloads`: the environment's declared ones (the built-in ones always), whose cost models price a run."""
+    costs = json.dumps({name: s.cost.as_json() for name, s in known_workloads(workloads).items() if s.cost})
+    measured = _measured_mfu(scope, terms.environment, costs)
+    quoted = sfn.Pass.jsonata(scope, "QuoteRun", outputs={"run": _quoted_run(terms, costs)})
     measured.next(quoted)
     measured.add_catch(  # an MFU that cannot be read never stops a run: the quote assumes one and says so
         quoted, errors=["States.ALL"], outputs={"run": "{% $states.input.run %}", "mfu": None, "mfu_model": False}
@@ -92,7 +88,7 @@ def run_quote(scope: Construct, terms: QuoteTerms, failures: FailurePath) -> tup
     return measured, done
 
 
-def _measured_mfu(scope: Construct, environment: str) -> tasks.CallAwsService:
+def _measured_mfu(scope: Construct, environment: str, costs: str) -> tasks.CallAwsService:
     """{"run", "mfu"}: the mean of the environment's reported hourly MFU over MEASURED_DAYS, null where none."""
     read = tasks.CallAwsService.jsonata(
         scope,
@@ -102,7 +98,7 @@ def _measured_mfu(scope: Construct, environment: str) -> tasks.CallAwsService:
         # Service Authorization Reference, Amazon CloudWatch: GetMetricData has no resource types.
         iam_resources=["*"],
         parameters={
-            "MetricDataQueries": _mfu_queries(environment),
+            "MetricDataQueries": _mfu_queries(environment, costs),
             "StartTime": f"{{% $fromMillis($millis() - {MEASURED_DAYS * 86400 * 1000}) %}}",
             "EndTime": "{% $now() %}",
         },
@@ -119,20 +115,28 @@ def _measured_mfu(scope: Construct, environment: str) -> tasks.CallAwsService:
     return read
 
 
-def _mfu_queries(environment: str) -> str:
-    """JSONata: GetMetricData's queries, every run's MFU ("env") and, for a built-in GPT run, its model size's
-    ("model"; contracts.quote.priced_model: a known size only, so no run's input reaches the expression)."""
+# JSONata: `$c` the run's workload's cost model (contracts/workload_cost.py CostModel.as_json) from `costs`, `$p` its
+# model size: the run's value of the hyperparameter that picks the FLOPs, where there is one (a checked choice by now).
+_COST_OF_RUN = (
+    "$r := $states.input.run; $c := $lookup({costs}, $r.workload); $t := $c.tflops_per_sample; "
+    "$p := $type($t) = 'object' ? $lookup($r.hyperparameters, $t.by) : null; "
+    "$sized := $type($p) = 'string' and $p in $keys($t.values); "
+)
+
+
+def _mfu_queries(environment: str, costs: str) -> str:
+    """JSONata: GetMetricData's queries, every run's MFU ("env") and, for a run of a model size (its workload's cost
+    model picks its FLOPs by one), that size's ("model"; contracts.quote.priced_model: a declared choice only, so
+    nothing else of a run's input reaches the expression)."""
     query = {"Id": "env", "Expression": measured_mfu_query(environment), "ReturnData": True}
     before, after = measured_mfu_query(environment, "\0").split("\0")
     of_model = f"{{'Id': 'model', 'Expression': {json.dumps(before)} & $p & {json.dumps(after)}, 'ReturnData': true}}"
     return (
-        f"{{% ($r := $states.input.run; $p := $r.hyperparameters.model; "
-        f"$known := $r.workload = '{BUILT_IN_WORKLOAD}' and $type($p) = 'string' and $p in {json.dumps(GPT_MODELS)}; "
-        f"$append([{json.dumps(query)}], $known ? [{of_model}] : [])) %}}"
+        "{% (" + _COST_OF_RUN.format(costs=costs) + f"$append([{json.dumps(query)}], $sized ? [{of_model}] : [])) %}}"
     )
 
 
-def _quoted_run(terms: QuoteTerms) -> str:
+def _quoted_run(terms: QuoteTerms, costs: str) -> str:
     """JSONata: the run with `quote` {usd, hours, basis} at the measured MFU (`$states.input.mfu`) or the assumed
     one; usd and hours null where there is no estimate. contracts.quote.quote's arithmetic and words."""
     none = "{'usd': null, 'hours': null, 'basis': %s}"
@@ -145,22 +149,22 @@ def _quoted_run(terms: QuoteTerms) -> str:
     price = json.dumps(f", {terms.price_basis}")
     basis = (
         "($m ? 'MFU ' & $formatNumber($floor($m * 10 + 0.5) / 10, '0.0') & '% measured' "
-        "& ($states.input.mfu_model ? ' on ' & $r.hyperparameters.model & ' runs' : '') "
+        "& ($states.input.mfu_model ? ' on ' & $p & ' runs' : '') "
         f": 'MFU {ASSUMED_MFU_PERCENT:g}% assumed') & {price}"
     )
     no_model = none % json.dumps("no FLOPs model for this workload")
-    # The built-in's hyperparameters are checked by then (a string model, integer steps and batch); a declared
-    # workload's may be any JSON, so nothing of them is evaluated: a JSONata error in a Pass would end the run.
+    # Only a workload with a cost model is priced: its steps and batch size are integer hyperparameters its
+    # declaration names, checked by then (a JSONata error in a Pass would end the run); no other value is evaluated.
     priced = (
-        f"($f := $lookup({json.dumps(SAMPLE_TFLOPS)}, $r.hyperparameters.model); $exists($f) ? "
-        f"($h := $r.hyperparameters.max_steps * $r.hyperparameters.batch_size * {GRAD_ACCUM_STEPS} * $f "
+        "($f := $type($t) = 'number' ? $t : $sized ? $lookup($t.values, $p) : null; $f != null ? "
+        "($h := $lookup($r.hyperparameters, $c.steps) * $lookup($r.hyperparameters, $c.batch_size) * $f "
         f"/ ({terms.peak_tflops_per_worker} * ($m ? $m : {ASSUMED_MFU_PERCENT}) / 100) / 3600; "
         f"{{'usd': $r.nodes * ($h + {terms.other_node_hours}) * {terms.node_usd_per_hour} "
         f"+ {VALIDATION_MINUTES / 60} * {terms.validation_usd_per_hour}, 'hours': $h, 'basis': {basis}}}) : {no_model})"
     )
     return (
-        f"{{% ($r := $states.input.run; $m := $states.input.mfu; $merge([$r, {{'quote': "
-        f"$r.workload = '{BUILT_IN_WORKLOAD}' ? {priced} : {no_model}}}])) %}}"
+        "{% (" + _COST_OF_RUN.format(costs=costs) + "$m := $states.input.mfu; "
+        f"$merge([$r, {{'quote': $exists($c) ? {priced} : {no_model}}}])) %}}"
     )
 
 

@@ -40,9 +40,9 @@ from contracts.run import (
     QUEUE_WAIT_MINUTES,
     STOP_BY_NONE,
     WORKLOAD_JOB_PARAMETERS,
-    WORKLOAD_JOB_VALUES,
     WorkloadSchemas,
     execution_seconds,
+    known_workloads,
     stages,
     train_state_seconds,
 )
@@ -97,10 +97,11 @@ class TrainingPipeline(Construct):
         CAPACITY_RETRY_MINUTES (contracts.run.capacity_retries), before the run ends as CapacityUnavailable.
         `compiles_ahead`: Trainium compiles every graph before it trains, in a Compile state of its own.
         `initial_models`: whether runs may start from an approved model (`init_from`; initial_model.py).
-        `workloads`: the environment's declared workloads (their hyperparameters), which a run may name."""
+        `workloads`: the environment's declared workloads (their schemas), which a run may name besides the built-in
+        ones; each declared one has jobs of its own (its image), the built-in ones the platform's."""
         super().__init__(scope, id_)
         self._environment = environment
-        self._workloads = tuple(workloads or {})
+        self._workloads = tuple(name for name, schema in known_workloads(workloads).items() if not schema.built_in)
         self.training_retry = training_retry or TrainingRetry()
         self._runner, self._train_attempt_hours = runner, train_attempt_hours
         self._compiles_ahead, self._capacity_retries = compiles_ahead, capacity_retries
@@ -175,7 +176,7 @@ class TrainingPipeline(Construct):
         dataset_ready.next(initial.start)
         chosen: sfn.INextable = initial.chosen
         if quote is not None:  # the quote and the budget, before the claim: a refused run spends nothing
-            quoted, chosen = run_quote(self, quote, self._failures)
+            quoted, chosen = run_quote(self, quote, self._failures, workloads)
             initial.chosen.next(quoted)
         if reservation is None:
             chosen.next(claim.start)
@@ -249,16 +250,8 @@ class TrainingPipeline(Construct):
 
     def _prepare(self, bucket_name: str) -> sfn.IChainable:
         """PrepareRun: the jobs' string parameters, the run's S3 keys and the Train state's timeout, from the
-        validated run; with declared workloads, one such state per workload (its own job values) after a Choice."""
-        if not self._workloads:
-            return self._prepare_state("PrepareRun", JOB_VALUES, bucket_name)
-        which = sfn.Choice(self, "PrepareWorkload")
-        for name in self._workloads:
-            which.when(
-                C.string_equals("$.run.workload", name),
-                self._prepare_state(f"PrepareRun-{name}", WORKLOAD_JOB_VALUES, bucket_name),
-            )
-        return which.otherwise(self._prepare_state("PrepareRun", JOB_VALUES, bucket_name)).afterwards()
+        validated run (every workload's jobs take the same values: contracts.run.JOB_VALUES)."""
+        return self._prepare_state("PrepareRun", JOB_VALUES, bucket_name)
 
     def _prepare_state(self, id_: str, job_values: dict[str, str], bucket_name: str) -> sfn.Pass:
         def run_key(prefix: str, key: str) -> str:
@@ -309,8 +302,9 @@ class TrainingPipeline(Construct):
         )
 
     def _per_workload(self, id_: str, build: Callable[[str | None, str], sfn.State]) -> sfn.IChainable:
-        """`build(workload, suffix)`: the stage's state for the built-in trainer (None, ""), and where workloads are
-        declared one more per workload (its name, "-<name>") behind a Choice on the run's `workload`. Each is retried
+        """`build(workload, suffix)`: the stage's state for the platform's own trainers (None, ""), and where
+        workloads are declared one more per workload (its name, "-<name>") behind a Choice on the run's `workload`.
+        Each is retried
         and caught on its own, so no job's failure has to cross a Parallel state's boundary to reach them."""
         if not self._workloads:
             return build(None, "")

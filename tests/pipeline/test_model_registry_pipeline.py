@@ -8,7 +8,7 @@ import boto3
 from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, messages
 from tests.sfn_emulator import REGION
 
-GROUP = "efa-training-dev-built-in"  # the dev environment's group for the platform's own trainer
+GROUP = "efa-training-dev-gpt"  # the dev environment's group for the platform's default workload
 
 
 def _versions(run_id: str) -> list[dict]:

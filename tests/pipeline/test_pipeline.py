@@ -18,24 +18,25 @@ def test_happy_path_records_the_approved_model(emulator):
     assert result["status"] == "SUCCEEDED", result
     assert emulator.submitted_kinds() == ["sanity", "train", "validate"]
     train = emulator.submitted[1]
-    # Per-run values reach Batch as string job Parameters (multi-node jobs take no container overrides).
+    # Per-run values reach Batch as string job Parameters (multi-node jobs take no container overrides); the
+    # hyperparameters, defaults merged, as one JSON text, which the launcher turns into the trainer's flags.
+    hyperparameters = json.loads(train["parameters"].pop("hyperparameters"))
     assert train["parameters"] == {
         "run_id": "gpt-tiny-001",
         "dataset": "datasets/wikitext/",
-        "model": "tiny",
-        "strategy": "ddp",
-        "max_steps": "500",
-        "checkpoint_every": "0",
-        "seed": "1337",
-        "lr": train["parameters"]["lr"],
-        "batch_size": "8",
         "init_from": "none",  # no init_from: from scratch
-        "ps_servers_per_node": "1",  # the parameter-server settings' defaults (unused by ddp)
-        "staleness": "4",
         "stop_by": "none",  # the dev environment has no reservation with an end
         "nodes": "2",
     }
-    assert float(train["parameters"]["lr"]) == 0.0006
+    assert hyperparameters == {
+        "model": "tiny",
+        "max_steps": 500,
+        "checkpoint_every": 0,
+        "seed": 1337,
+        "strategy": "ddp",
+        "lr": 0.0006,
+        "batch_size": 8,
+    }
     assert train["retryStrategy"]["attempts"] == 2 and train["retryStrategy"]["evaluateOnExit"][-1]["action"] == "EXIT"
     model = approval(emulator)
     assert model["run_id"] == "gpt-tiny-001" and model["model"].endswith("/models/gpt-tiny-001/")
@@ -149,12 +150,14 @@ def test_sanity_failing_once_is_retried(emulator):
 
 def test_a_parameter_server_run_reaches_the_train_job_with_its_settings(emulator):
     emulator.verdict = ACCEPTED
-    run = _hyper(strategy="ps", model="ctr-tiny", staleness=-1, ps_servers_per_node=2, lr=0.02)
+    run = {**_ctr(staleness=-1, ps_servers_per_node=2, lr=0.02)}
     result = emulator.run(run)
     assert result["status"] == "SUCCEEDED", result
-    parameters = emulator.submitted[1]["parameters"]
+    parameters = json.loads(emulator.submitted[1]["parameters"]["hyperparameters"])
     assert (parameters["strategy"], parameters["model"]) == ("ps", "ctr-tiny")
-    assert (parameters["staleness"], parameters["ps_servers_per_node"]) == ("-1", "2")
+    assert (parameters["staleness"], parameters["ps_servers_per_node"]) == (-1, 2)
+    # the platform's own jobs, as for the default workload
+    assert emulator.submitted[1]["jobDefinition"] == "efa-training-dev-train"
 
 
 def _with(**changes) -> dict:
@@ -165,6 +168,11 @@ def _with(**changes) -> dict:
 
 def _hyper(**changes) -> dict:
     return {**RUN, "hyperparameters": {**RUN["hyperparameters"], **changes}}
+
+
+def _ctr(**changes) -> dict:
+    """A run of the built-in parameter-server workload."""
+    return {**RUN, "workload": "ctr-ps", "hyperparameters": {**RUN["hyperparameters"], **changes}}
 
 
 DROP = object()
@@ -248,14 +256,16 @@ MALFORMED = [
     ("model a number", _hyper(model=125), "model is not valid"),
     ("unknown strategy", _hyper(strategy="zero3"), "strategy is not valid"),
     ("strategy null", _hyper(strategy=None), "strategy is not valid"),
-    # the sparse models train on parameter servers, the GPT models with all-reduce (contracts.run.MODELS_OF_STRATEGY)
-    ("ps with a GPT model", _hyper(strategy="ps", model="tiny"), "model fits hyperparameters.strategy"),
-    ("ddp with a sparse model", _hyper(strategy="ddp", model="ctr-tiny"), "model fits hyperparameters.strategy"),
-    ("fsdp with a sparse model", _hyper(strategy="fsdp", model="ctr-large"), "model fits hyperparameters.strategy"),
-    ("staleness below -1", _hyper(strategy="ps", model="ctr-tiny", staleness=-2), "staleness is not valid"),
-    ("staleness 1.5", _hyper(strategy="ps", model="ctr-tiny", staleness=1.5), "staleness is not valid"),
-    ("ps_servers_per_node zero", _hyper(ps_servers_per_node=0), "ps_servers_per_node is not valid"),
-    ("ps_servers_per_node 65", _hyper(ps_servers_per_node=65), "ps_servers_per_node is not valid"),
+    # the sparse models are the ctr-ps workload's, on parameter servers; the GPT models gpt's, with all-reduce
+    ("ps for the gpt workload", _hyper(strategy="ps"), "workload ctr-ps"),
+    ("a sparse model for gpt", _hyper(model="ctr-tiny"), "workload ctr-ps"),
+    ("a GPT model for ctr-ps", _ctr(model="tiny"), "model is not valid"),
+    ("ddp for ctr-ps", _ctr(strategy="ddp"), "strategy is not valid"),
+    ("staleness below -1", _ctr(staleness=-2), "staleness is not valid"),
+    ("staleness 1.5", _ctr(staleness=1.5), "staleness is not valid"),
+    ("ps_servers_per_node zero", _ctr(ps_servers_per_node=0), "ps_servers_per_node is not valid"),
+    ("ps_servers_per_node 65", _ctr(ps_servers_per_node=65), "ps_servers_per_node is not valid"),
+    ("ps_servers_per_node for gpt", _hyper(ps_servers_per_node=2), "unknown field"),
     # baseline, tolerance, attempts, resume
     ("baseline null", _with(baseline=None), "baseline is not valid"),
     ("baseline a string", _with(baseline="3.2"), "baseline is not valid"),
@@ -304,7 +314,8 @@ def test_defaults_fill_in_what_the_run_omits(emulator):
     assert emulator.run(minimal)["status"] == "SUCCEEDED"
     sanity, train, validate = emulator.submitted
     assert sanity["parameters"] == {"run_id": "minimal", "nodes": "2"}  # nodes: the environment's maximum
-    assert train["parameters"]["max_steps"] == "1000" and validate["parameters"]["tolerance"] == "0.001"
+    assert json.loads(train["parameters"]["hyperparameters"])["max_steps"] == 1000
+    assert validate["parameters"]["tolerance"] == "0.001"
     assert "nodes" not in validate["parameters"]  # single-node
 
 

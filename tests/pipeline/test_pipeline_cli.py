@@ -135,7 +135,7 @@ def test_start_and_watch_a_run_that_succeeds(deployed, tmp_path):
     assert f"quote      {lines[0].removeprefix('quote: ')}" in out
     assert "actual     ~$" in out and "Train 0.00 h" in out
     # Where the approved model is in the registry (constructs/pipeline/model_registry.py; tools/model_registry.py).
-    assert re.search(r"^registry   efa-training-dev-built-in version \d+ \(Approved\): arn:aws:sagemaker:", out, re.M)
+    assert re.search(r"^registry   efa-training-dev-gpt version \d+ \(Approved\): arn:aws:sagemaker:", out, re.M)
 
     code, out, _ = cli("list", "dev")
     assert code == 0 and any(line.startswith("cli-ok") and "SUCCEEDED" in line for line in out.splitlines())
@@ -339,7 +339,7 @@ def test_missing_credentials(monkeypatch, tmp_path):
         (json.dumps({**RUN, "hyperparameters": {"model": "gpt5"}}).encode(), "model='gpt5' is not valid"),
         (
             json.dumps({**RUN, "hyperparameters": {"model": "ctr-tiny"}}).encode(),
-            "model='ctr-tiny' does not fit strategy 'ddp'",
+            "model='ctr-tiny' is not valid; expected one of tiny",
         ),
         (json.dumps([RUN]).encode(), "the run must be a JSON object, not an array"),
         (b"null", "the run must be a JSON object, not null"),

@@ -81,7 +81,7 @@ def test_a_run_that_may_exceed_the_budget_runs(emulator):
 
 
 def test_a_run_without_an_estimate_is_refused_only_once_the_budget_is_spent(emulator):
-    ps = {**RUN, "run_id": "ctr-001", "hyperparameters": {"model": "ctr-tiny", "strategy": "ps"}}
+    ps = {**RUN, "run_id": "ctr-001", "workload": "ctr-ps", "hyperparameters": {"model": "ctr-tiny", "strategy": "ps"}}
     assert quote(_validated(ps), QuoteTerms.of(load_config(context()))) == Quote(
         None, None, "no FLOPs model for this workload"
     )

@@ -1,7 +1,7 @@
 """A declared workload through the emulated pipeline on Batch (docs/workloads.md): the run names `workload`, the first
 state checks its hyperparameters against the workload's own schema, and its train and validate jobs are the
 workload's job definitions (its image, WORKLOAD in their environment) with the hyperparameters as JSON; the sanity
-check, retries, the gate and approval are the platform's, as for the built-in trainer."""
+check, retries, the gate and approval are the platform's, as for the built-in trainers."""
 
 import json
 from pathlib import Path
@@ -79,7 +79,7 @@ def test_a_declared_workload_exiting_2_is_not_retried(emulator):
     assert emulator.submitted_kinds() == ["sanity", "train"] and approved_model(emulator) is None
 
 
-def test_a_run_without_workload_still_trains_the_built_in_model(emulator):
+def test_a_run_without_workload_trains_the_default_built_in_workload(emulator):
     emulator.verdict = ACCEPTED
     run = {**RUN, "run_id": "gpt-001", "hyperparameters": {"max_steps": 10}, "baseline": 3.2}
     del run["workload"]
@@ -89,7 +89,7 @@ def test_a_run_without_workload_still_trains_the_built_in_model(emulator):
         "efa-training-dev-train",
         "efa-training-dev-validate",
     ]
-    assert emulator.submitted[1]["parameters"]["model"] == "tiny"
+    assert json.loads(emulator.submitted[1]["parameters"]["hyperparameters"])["model"] == "tiny"
 
 
 def test_a_rejected_model_of_a_declared_workload_is_not_approved(emulator):
@@ -148,8 +148,8 @@ def test_the_cli_refuses_a_workload_the_environment_does_not_declare(tmp_path, c
     path.write_text(json.dumps(RUN))
     assert main(["start", "dev", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith("workload='torch-ddp' is not valid; expected 'built-in' (the platform's trainer) or a workload "
-                        "this environment declares (it declares none)")  # fmt: skip
+    assert err.endswith("workload='torch-ddp' is not valid; expected one of gpt, ctr-ps (the platform's trainers and "
+                        "this environment's own)")  # fmt: skip
 
 
 def test_the_cli_checks_a_declared_workloads_hyperparameters(tmp_path, capsys, monkeypatch):

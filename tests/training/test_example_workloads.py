@@ -103,6 +103,24 @@ def test_make_local_run_refuses_a_hyperparameter_outside_the_schema_in_one_line(
     assert not (tmp_path / "sanity.json").exists()
 
 
+# `make local-run WORKLOAD=gpt` (or ctr-ps): a built-in trainer's stages (training_image/local_run.py) at the checked
+# hyperparameters' model size; a hyperparameter outside its declaration is refused before anything runs.
+def test_make_local_run_takes_a_built_in_workload_to_its_own_local_run(tmp_path, monkeypatch, capsys):
+    from tools import local_workload
+
+    calls: list[list[str]] = []
+
+    def local_run(argv: list[str]) -> int:
+        calls.append(argv)
+        return 0
+
+    monkeypatch.setattr(local_workload.local_run, "main", local_run)
+    assert local_workload.main(["ctr-ps", "--out", str(tmp_path), "--hyperparameters", '{"max_steps": 40}']) == 0
+    assert calls == [["--out", str(tmp_path), "--nproc", "2", "--model", "ctr-tiny", "--steps", "40"]]
+    assert local_workload.main(["gpt", "--out", str(tmp_path), "--hyperparameters", '{"strategy": "ps"}']) == 2
+    assert "hyperparameters.strategy='ps' is not valid" in capsys.readouterr().err and len(calls) == 1
+
+
 # Stopped on SIGTERM (Batch and EKS send it before the kill, SageMaker on StopTrainingJob): the launcher passes it on,
 # every rank stops at the same step, rank 0 saves, and the job ends as stopped (143: an attempt failure, retried and
 # resumed), though the script itself exits 0. Signalled once a step line shows the script's handler is in place.

@@ -14,25 +14,21 @@ import pytest
 from config.layout import RUNS_PREFIX
 from efa_training import train, validate
 from efa_training.runtime import run_paths, storage
+from efa_training.runtime.launch.hyperparameters import as_flags
 from efa_training.runtime.launch.stop_by import pop_stop_by
 from efa_training.runtime.sanity import cli as sanity_check
 
+HYPERPARAMETERS = {"model": "tiny", "max_steps": 500, "checkpoint_every": 100, "seed": 1, "strategy": "fsdp",
+                   "lr": 0.0006, "batch_size": 4}  # fmt: skip
 RUN = {
     "run_id": "run-7",
     "dataset": "datasets/wikitext/",
-    "model": "tiny",
-    "strategy": "fsdp",
-    "max_steps": "500",
-    "checkpoint_every": "100",
-    "seed": "1",
-    "lr": "0.0006",
-    "batch_size": "4",
+    # the run's hyperparameters as one JSON text (States.JsonToString in PrepareRun)
+    "hyperparameters": json.dumps(HYPERPARAMETERS, separators=(",", ":")),
     "baseline": "3.2",
     "tolerance": "0.001",
     "nodes": "2",
     "init_from": "run-6",  # the resolved initial model (the pipeline's $.run.init_run)
-    "ps_servers_per_node": "2",
-    "staleness": "3",
     "stop_by": "2026-12-03T11:30:00Z",  # the reservation's end (the pipeline's $.run.stop_by)
 }
 PARSERS = {"sanity": sanity_check.parse_args, "train": train.parse_args, "validate": validate.parse_args}
@@ -114,9 +110,10 @@ def commands(request, synth, monkeypatch):
     synthesized = synth(compute=request.param)
     found = _batch_commands(synthesized) if request.param == "batch" else _eks_commands(synthesized, monkeypatch)
     assert set(found) == set(PARSERS)
-    # launch.py takes its own --stop-by before the script parses the rest (runtime/launch/stop_by.py).
+    # launch.py takes its own --stop-by before the script parses the rest (runtime/launch/stop_by.py), and turns the
+    # hyperparameters into the trainer's flags (runtime/launch/hyperparameters.py).
     launcher = {mode: pop_stop_by(argv) for mode, argv in found.items()}
-    parsed = {mode: PARSERS[mode](argv) for mode, (argv, _) in launcher.items()}
+    parsed = {mode: PARSERS[mode](as_flags(mode, argv)) for mode, (argv, _) in launcher.items()}
     return {**parsed, "stop_by": launcher["train"][1]}
 
 
@@ -136,6 +133,7 @@ def test_training_gets_the_runs_hyperparameters(commands):
     # What the pipeline's input says reaches train.py unchanged.
     args = commands["train"]
     assert (args.max_steps, args.checkpoint_every, args.seed, args.strategy, args.lr) == (500, 100, 1, "fsdp", 0.0006)
+    assert (args.model, args.micro_batch_size) == ("tiny", 4)
 
 
 def test_training_starts_from_the_initial_models_folder_next_to_its_own(commands):

@@ -6,38 +6,61 @@ from typing import Any
 import pytest
 
 from contracts.run import (
-    CTR_MODELS,
-    GPT_MODELS,
-    MODELS,
     QUEUE_WAIT_MINUTES,
-    STRATEGIES,
-    UNBOUNDED_STALENESS,
     execution_seconds,
-    hyperparameters,
     stages,
     train_state_seconds,
     validate_run,
 )
 from contracts.run import fields as contract_fields
+from contracts.workload import built_in_workloads
 
 # The TrainConfig field each contract hyperparameter sets (--batch-size is the micro-batch per worker).
 IMAGE_FIELD = {"batch_size": "micro_batch_size"}
-HYPERPARAMETERS = {f.key: f for f in hyperparameters(contract_fields(max_nodes=2))}
+BUILT_IN = {w.name: w for w in built_in_workloads()}
+# Every built-in trainer's hyperparameters (training_image/efa_training/workloads/<name>/workload.json), by name: the
+# ones both declare are the same train.py flag, with the same rule.
+HYPERPARAMETERS = {f.key: f for w in BUILT_IN.values() for f in w.hyperparameters}
 
 
-def test_models_and_strategies_are_the_training_images_own():
-    from efa_training.train_config import STRATEGIES as IMAGE_STRATEGIES
+def _choices(workload: str, key: str) -> tuple[str, ...]:
+    return next(f.choices for f in BUILT_IN[workload].hyperparameters if f.key == key)
+
+
+def test_the_built_in_declarations_models_are_the_training_images_sizes():
     from efa_training.workloads.ctr_ps.model import CTR_SIZES
     from efa_training.workloads.gpt.model import MODEL_SIZES
 
-    assert (tuple(MODEL_SIZES), tuple(CTR_SIZES)) == (GPT_MODELS, CTR_MODELS)
-    assert set(MODELS) == set(GPT_MODELS) | set(CTR_MODELS) and STRATEGIES == IMAGE_STRATEGIES
+    assert _choices("gpt", "model") == tuple(MODEL_SIZES) and _choices("ctr-ps", "model") == tuple(CTR_SIZES)
+
+
+def test_each_built_in_declaration_trains_with_its_own_workloads_strategies():
+    # The image picks its trainer by --strategy (workloads.workload_for): each declaration's strategies pick it.
+    from efa_training import workloads
+    from efa_training.train_config import STRATEGIES
+
+    for name in BUILT_IN:
+        assert {workloads.workload_for(s) for s in _choices(name, "strategy")} == {name}
+    assert {s for name in BUILT_IN for s in _choices(name, "strategy")} == set(STRATEGIES)
+
+
+def test_the_built_in_declarations_are_run_by_the_platform_on_its_image():
+    for workload in BUILT_IN.values():
+        assert workload.platform and workload.image_directory is workload.image_uri is None
+
+
+def test_both_built_in_declarations_give_a_shared_hyperparameter_the_same_rule():
+    shared = {f.key for f in BUILT_IN["gpt"].hyperparameters} & {f.key for f in BUILT_IN["ctr-ps"].hyperparameters}
+    by_key = {w: {f.key: f for f in BUILT_IN[w].hyperparameters} for w in BUILT_IN}
+    assert shared >= {"max_steps", "seed", "lr", "batch_size", "checkpoint_every"}
+    for key in shared - {"model", "strategy"}:
+        assert by_key["gpt"][key] == by_key["ctr-ps"][key]
 
 
 def test_the_unbounded_staleness_is_the_training_images():
     from efa_training.train_config import UNBOUNDED
 
-    assert UNBOUNDED == UNBOUNDED_STALENESS
+    assert HYPERPARAMETERS["staleness"].minimum == UNBOUNDED
 
 
 def test_every_hyperparameter_is_a_training_config_field():
@@ -46,13 +69,22 @@ def test_every_hyperparameter_is_a_training_config_field():
     assert {IMAGE_FIELD.get(key, key) for key in HYPERPARAMETERS} <= {f.name for f in fields(TrainConfig)}
 
 
-@pytest.mark.parametrize("key", sorted(set(HYPERPARAMETERS) - {"max_steps"}))
+@pytest.mark.parametrize("key", sorted(set(HYPERPARAMETERS) - {"max_steps", "model", "strategy"}))
 def test_hyperparameter_default_is_the_training_configs(key):
     # The image cannot import contracts/ (its build context is training_image/): the two defaults are held equal.
     from efa_training.train_config import TrainConfig
 
     image = {f.name: f.default for f in fields(TrainConfig)}
     assert HYPERPARAMETERS[key].default == image[IMAGE_FIELD.get(key, key)]
+
+
+def test_the_default_workloads_model_and_strategy_are_the_training_configs():
+    from contracts.run import DEFAULT_WORKLOAD
+    from efa_training.train_config import TrainConfig
+
+    image = {f.name: f.default for f in fields(TrainConfig)}
+    declared = {f.key: f.default for f in BUILT_IN[DEFAULT_WORKLOAD].hyperparameters}
+    assert (declared["model"], declared["strategy"]) == (image["model"], image["strategy"])
 
 
 def test_max_steps_has_no_image_default_and_the_contracts_is_accepted():

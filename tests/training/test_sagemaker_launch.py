@@ -85,23 +85,22 @@ def test_node_local_checkpoints_on_several_hosts_turn_in_place_restarts_off():
 
 
 def test_hyperparameters_become_flags_after_the_static_ones_and_dataset_is_dropped():
-    hyper = {"run_id": "run-7", "dataset": "datasets/wikitext/", "max_steps": "30", "batch_size": "8"}
+    hyper = {"run_id": "run-7", "dataset": "datasets/wikitext/", "hyperparameters": '{"max_steps":30}'}
     assert sagemaker.hyperparameter_flags("train", hyper) == [
         "--run-id",
         "run-7",
-        "--max-steps",
-        "30",
-        "--batch-size",
-        "8",
+        "--hyperparameters",
+        '{"max_steps":30}',
     ]
 
 
 @pytest.mark.parametrize(
     ("mode", "hyper", "problem"),
     [
-        ("train", {"max_steps": 30}, "not a string"),
+        ("train", {"hyperparameters": {"max_steps": 30}}, "not a string"),
         ("train", {"baseline": "3.1"}, "unknown to train"),
-        ("validate", {"max_steps": "30"}, "unknown to validate"),
+        ("train", {"max_steps": "30"}, "unknown to train"),  # a run's hyperparameters come as one JSON text
+        ("validate", {"stop_by": "none"}, "unknown to validate"),
         ("train", ["max_steps", "30"], "not a JSON object"),
     ],
 )
@@ -137,9 +136,10 @@ def _ml_root(tmp_path, config, hyperparameters=None):
 
 def test_a_sagemaker_container_gets_its_flags_interfaces_and_a_sanity_check_first(tmp_path):
     config = {"current_host": "localhost", "hosts": ["localhost"], "network_interface_name": "lo"}
-    env = {**_ml_root(tmp_path, config, {"max_steps": "30", "run_id": "run-7"}), "SANITY_BEFORE_TRAINING": "1"}
+    given = {"hyperparameters": '{"max_steps": 30}', "run_id": "run-7"}
+    env = {**_ml_root(tmp_path, config, given), "SANITY_BEFORE_TRAINING": "1"}
     prepared = command.prepare("train", ["--data", "/opt/ml/input/data/training"], env)
-    assert prepared.command[-6:] == ["--data", "/opt/ml/input/data/training", "--max-steps", "30", "--run-id", "run-7"]
+    assert prepared.command[-6:] == ["--data", "/opt/ml/input/data/training", "--run-id", "run-7", "--max-steps", "30"]
     assert prepared.env["NCCL_SOCKET_IFNAME"] == "=lo" and prepared.env["GLOO_SOCKET_IFNAME"] == "lo"
     assert prepared.plan is not None and prepared.plan.local_addr == "127.0.0.1"
     sanity = prepared.sanity_first or []

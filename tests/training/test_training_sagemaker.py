@@ -28,16 +28,12 @@ pytestmark = pytest.mark.slow  # real torchrun processes
 
 HOSTS = ["127.0.0.1", "localhost"]  # two names of this machine: one instance each
 DELAY = "0.05"  # seconds per micro-batch (slow_train.py), so SIGTERM lands between two checkpoints
+RUN_HYPERPARAMETERS = {"model": "tiny", "strategy": "ddp", "max_steps": th.TRAIN_STEPS,
+                       "checkpoint_every": th.CHECKPOINT_EVERY, "seed": 7, "lr": 3e-3, "batch_size": 8}  # fmt: skip
 HYPERPARAMETERS = {  # what the pipeline passes (contracts/run.py JOB_PARAMETERS["train"] + expected_nodes)
     "run_id": "sm-run",
     "dataset": "datasets/synthetic/",  # dropped: the training channel is --data
-    "model": "tiny",
-    "strategy": "ddp",
-    "max_steps": str(th.TRAIN_STEPS),
-    "checkpoint_every": str(th.CHECKPOINT_EVERY),
-    "seed": "7",
-    "lr": "3e-3",
-    "batch_size": "8",
+    "hyperparameters": json.dumps(RUN_HYPERPARAMETERS),  # one JSON text, which launch.py turns into train.py's flags
     "expected_nodes": "2",
 }
 

@@ -83,7 +83,6 @@ def job_specs(
     runs_uri = f"s3://{bucket_name}/{RUNS_PREFIX}"
     stage = stages(int(train_timeout.to_hours()))
     run: dict[str, Any] = run_defaults(nodes)  # the run contract's defaults: what a run that omits a field gets
-    hyper = run["hyperparameters"]
 
     def limits(name: str) -> dict:
         return {"timeout": cdk.Duration.seconds(stage[name].attempt_seconds), "attempts": stage[name].attempts}
@@ -116,35 +115,20 @@ def job_specs(
                 CHECKPOINTS_ROOT,
                 "--run-id",
                 "Ref::run_id",
-                "--max-steps",
-                "Ref::max_steps",
-                "--checkpoint-every",
-                "Ref::checkpoint_every",
-                "--seed",
-                "Ref::seed",
-                "--strategy",
-                "Ref::strategy",
-                "--model",
-                "Ref::model",
-                "--lr",
-                "Ref::lr",
-                "--batch-size",
-                "Ref::batch_size",
+                # the run's hyperparameters as JSON text, which the launcher turns into the trainer's flags
+                "--hyperparameters",
+                "Ref::hyperparameters",
                 "--expected-nodes",
                 "Ref::nodes",
                 "--init-from",
                 "Ref::init_from",
-                "--ps-servers-per-node",
-                "Ref::ps_servers_per_node",
-                "--staleness",
-                "Ref::staleness",
                 "--stop-by",
                 "Ref::stop_by",
             ),
             defaults={
                 **common,
                 "dataset": "sample",
-                **{k: str(v) for k, v in hyper.items()},
+                "hyperparameters": "{}",  # none given: the trainer's own defaults
                 "init_from": NO_INITIAL_MODEL,
                 "stop_by": STOP_BY_NONE,
             },
@@ -161,8 +145,8 @@ def job_specs(
                 DATASETS_ROOT,
                 "--dataset",
                 "Ref::dataset",
-                "--model",
-                "Ref::model",
+                "--hyperparameters",
+                "Ref::hyperparameters",
                 "--baseline",
                 "Ref::baseline",
                 "--tolerance",
@@ -173,7 +157,7 @@ def job_specs(
             defaults={
                 "run_id": "manual",
                 "dataset": "sample",
-                "model": hyper["model"],
+                "hyperparameters": "{}",
                 "baseline": "none",
                 "tolerance": str(run["tolerance"]),
             },

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from efa_training import workloads
 from efa_training.runtime.errors import UsageError
-from efa_training.runtime.launch import neuron_compile
+from efa_training.runtime.launch import hyperparameters, neuron_compile
 from efa_training.runtime.launch.hang_evidence import flight_recorder, run_folder
 from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, EXIT_RELAY, PACKAGE_ROOT, SINGLE_MODES
 from efa_training.runtime.launch.rank_zero import RankZeroLines
@@ -121,6 +121,7 @@ def python_path(env: Mapping[str, str]) -> str:
 
 def _prepare_scheduler(mode: str, script_args: list[str], env: dict) -> Launch:
     """AWS Batch, Kubernetes or a local node: everything comes from the environment."""
+    script_args = hyperparameters.as_flags(mode, script_args)
     own = own_ipv4(env) if mode in DISTRIBUTED_MODES else None
     cmd, plan = build_command(mode, script_args, env, own)
     if plan and parameter_servers(mode, script_args):
@@ -166,8 +167,8 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
     root = ml_root(env) if on_sagemaker(env) else None
     config, own = None, None
     if root is not None:
-        hyperparameters = read_json(root / "input/config/hyperparameters.json", {})
-        flags = hyperparameter_flags(mode, hyperparameters, WORKLOAD_HYPERPARAMETERS)
+        given = read_json(root / "input/config/hyperparameters.json", {})
+        flags = hyperparameter_flags(mode, given, WORKLOAD_HYPERPARAMETERS)
         script_args = take_stop_by([*script_args, *flags], env)
     if mode == "validate":
         return Launch([sys.executable, "-m", USER_VALIDATE, *script_args], None, env, ml_root=root)
@@ -202,7 +203,7 @@ def _prepare_sagemaker(mode: str, script_args: list[str], env: dict) -> Launch:
     root = ml_root(env)
     config, own = _sagemaker_network(root, env, mode in DISTRIBUTED_MODES)
     flags = hyperparameter_flags(mode, read_json(root / "input/config/hyperparameters.json", {}))
-    args = take_stop_by([*script_args, *flags], env)
+    args = hyperparameters.as_flags(mode, take_stop_by([*script_args, *flags], env))
     cmd, plan = build_command(mode, args, env, own, config)
     if plan and parameter_servers(mode, args):
         env.update(workloads.supervisor_environment(plan))

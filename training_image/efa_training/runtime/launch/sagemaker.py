@@ -21,28 +21,14 @@ DEFAULT_ML_ROOT = "/opt/ml"
 # cannot import contracts/: tests/training/test_run_contract.py holds them equal).
 SAGEMAKER_HYPERPARAMETERS = {
     "sanity": ("run_id",),
-    "train": (
-        "run_id",
-        "dataset",
-        "model",
-        "strategy",
-        "max_steps",
-        "checkpoint_every",
-        "seed",
-        "lr",
-        "batch_size",
-        "init_from",
-        "ps_servers_per_node",
-        "staleness",
-        "stop_by",
-        "expected_nodes",
-    ),
-    "validate": ("run_id", "dataset", "model", "baseline", "tolerance"),
+    "train": ("run_id", "dataset", "hyperparameters", "init_from", "stop_by", "expected_nodes"),
+    "validate": ("run_id", "dataset", "hyperparameters", "baseline", "tolerance"),
 }
 SAGEMAKER_HYPERPARAMETERS["compile"] = SAGEMAKER_HYPERPARAMETERS["train"]  # the trial run takes the run's flags
 CHANNEL_HYPERPARAMETERS = ("dataset",)  # on SageMaker the `training` input channel: the --data flag wins
-# A declared workload's jobs (contracts/run.py WORKLOAD_JOB_PARAMETERS, plus train's expected_nodes): its
-# hyperparameters arrive whole, as JSON text, for user_workload.prepare_run.
+# A declared workload's jobs (contracts/run.py WORKLOAD_JOB_PARAMETERS, plus train's expected_nodes): the same, less
+# the initial model; the hyperparameters (JSON text) go to user_workload.prepare_run, a built-in trainer's to
+# hyperparameters.as_flags.
 WORKLOAD_HYPERPARAMETERS = {
     "train": ("run_id", "dataset", "hyperparameters", "stop_by", "expected_nodes"),
     "validate": ("run_id", "dataset", "hyperparameters", "baseline", "tolerance"),

@@ -1,0 +1,86 @@
+"""A workload's cost model: what a run's quote needs to turn its hyperparameters into training hours.
+
+A declaration may say (`cost`) which hyperparameter counts the optimizer steps, which the samples each worker takes
+per step, and the training TFLOPs of one sample, either one number or one per value of a string hyperparameter with
+choices (the built-in GPT trainer's per model size). contracts/quote.py then prices a run as
+    seconds per step = batch_size x TFLOPs per sample / (peak TFLOP/s per worker x MFU)
+and the quote's measured MFU may be that of earlier runs of the same value (the image's MFU metric by `Model`).
+A workload that declares none is run unquoted: the quote says there is no FLOPs model for it.
+
+    "cost": {"steps": "max_steps", "batch_size": "batch_size",
+             "tflops_per_sample": {"by": "model", "values": {"small": 0.64, "large": 2.17}}}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from contracts.run import Field
+
+KEYS = ("steps", "batch_size", "tflops_per_sample")
+SHAPE = (
+    '{"steps": <integer hyperparameter>, "batch_size": <integer hyperparameter>, "tflops_per_sample": <number> or '
+    '{"by": <string hyperparameter with choices>, "values": {<choice>: <number>, ...}}}'
+)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    steps: str  # the hyperparameter that counts optimizer steps
+    batch_size: str  # the hyperparameter of samples per worker per step
+    tflops: float | None = None  # training TFLOPs of one sample, where it is one number
+    by: str | None = None  # else the string hyperparameter whose value picks it from `values`
+    values: Mapping[str, float] | None = None
+
+    def sample_tflops(self, hyperparameters: Mapping[str, object]) -> float | None:
+        if self.by is None:
+            return self.tflops
+        value = hyperparameters.get(self.by)
+        return self.values.get(value) if self.values is not None and isinstance(value, str) else None
+
+    def size(self, hyperparameters: Mapping[str, object]) -> str | None:
+        """The run's value of `by` (one of its declared choices), whose own measured MFU the quote prefers."""
+        value = hyperparameters.get(self.by) if self.by else None
+        return value if isinstance(value, str) and self.values is not None and value in self.values else None
+
+    def as_json(self) -> dict:
+        """What the pipeline's QuoteRun state reads (constructs/pipeline/run_quote.py)."""
+        per_sample = {"by": self.by, "values": dict(self.values or {})} if self.by else self.tflops
+        return {"steps": self.steps, "batch_size": self.batch_size, "tflops_per_sample": per_sample}
+
+
+def parse_cost(
+    bad: Callable[[str, object, str], Exception], raw: object, fields: tuple[Field, ...]
+) -> CostModel | None:
+    """The declaration's `cost`, checked against its hyperparameters; `bad(field, value, allowed)` makes the error."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != set(KEYS):
+        raise bad("cost", raw, SHAPE)
+    kinds = {f.key: f for f in fields}
+    for key in ("steps", "batch_size"):
+        named = kinds.get(raw[key]) if isinstance(raw[key], str) else None
+        if named is None or named.kind != "integer":
+            raise bad(f"cost.{key}", raw[key], "the name of one of its integer hyperparameters")
+    per_sample = raw["tflops_per_sample"]
+    if not isinstance(per_sample, dict):
+        if not _positive(per_sample):
+            raise bad("cost.tflops_per_sample", per_sample, "a positive finite number, or " + SHAPE)
+        return CostModel(raw["steps"], raw["batch_size"], tflops=float(per_sample))
+    by, values = per_sample.get("by"), per_sample.get("values")
+    picked = kinds.get(by) if isinstance(by, str) else None
+    if set(per_sample) != {"by", "values"} or picked is None or not picked.choices:
+        raise bad("cost.tflops_per_sample.by", by, "the name of one of its string hyperparameters with choices")
+    if not isinstance(values, dict) or set(values) != set(picked.choices) or not all(map(_positive, values.values())):
+        raise bad(
+            "cost.tflops_per_sample.values", values, f"a positive finite number for each of {', '.join(picked.choices)}"
+        )
+    return CostModel(raw["steps"], raw["batch_size"], by=by, values={k: float(v) for k, v in values.items()})
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
