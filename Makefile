@@ -8,6 +8,9 @@ PY        := $(VENV)/bin/python
 XLA_VENV  := .venv-xla
 # checkov, the IaC scanner gate (tools/gates.py): its pins conflict with .venv's (requirements-scan.txt says which).
 SCAN_VENV := .venv-scan
+# MLflow's server and web UI (`make tracking-ui`, tests/test_tracking_ui.py); the image and the tests need the client only.
+TRACKING_VENV := .venv-tracking
+TRACKING_PORT ?= 5000
 NODE_BIN  := $(CURDIR)/node_modules/.bin
 # The pinned Node 22 and CDK CLI come first, so nothing falls back to a global CLI or an end-of-life Node.
 export PATH := $(NODE_BIN):$(PATH)
@@ -20,9 +23,9 @@ HOURS       ?= 24
 
 DIAGRAM_ENV ?= prod
 
-.PHONY: synth test lint setup deploy destroy dataset local-run cost-report capacity quote bench diagram diagram-tree clean
+.PHONY: synth test lint setup deploy destroy dataset local-run tracking-ui cost-report capacity quote bench diagram diagram-tree clean
 
-setup: $(VENV)/.test-deps $(XLA_VENV)/.deps $(SCAN_VENV)/.deps node_modules/.installed
+setup: $(VENV)/.test-deps $(XLA_VENV)/.deps $(SCAN_VENV)/.deps $(TRACKING_VENV)/.deps node_modules/.installed
 
 $(VENV)/.synth-deps: requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -43,6 +46,11 @@ $(SCAN_VENV)/.deps: requirements-scan.txt
 	$(SCAN_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-scan.txt
 	touch $@
 
+$(TRACKING_VENV)/.deps: requirements-tracking.txt
+	test -x $(TRACKING_VENV)/bin/python || python3 -m venv $(TRACKING_VENV)
+	$(TRACKING_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-tracking.txt
+	touch $@
+
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
@@ -51,7 +59,7 @@ synth: $(VENV)/.synth-deps node_modules/.installed
 	cdk synth --quiet $(CDK_ARGS)
 	$(PY) -m tools.synth_summary cdk.out
 
-test: $(VENV)/.test-deps $(XLA_VENV)/.deps $(SCAN_VENV)/.deps node_modules/.installed lint
+test: $(VENV)/.test-deps $(XLA_VENV)/.deps $(SCAN_VENV)/.deps $(TRACKING_VENV)/.deps node_modules/.installed lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The gates a newcomer gets for free (pyproject.toml configures them): lint, format, types, over the whole tree.
@@ -91,6 +99,11 @@ ifdef WORKLOAD
 else
 	$(PY) training_image/local_run.py --out local-run --model $(LOCAL_MODEL)
 endif
+
+# MLflow's own web UI over the last local run's store (make local-run writes local-run/mlflow.db): every run, its
+# parameters and metrics by step, and the verdict, at http://localhost:$(TRACKING_PORT).
+tracking-ui: $(TRACKING_VENV)/.deps
+	$(TRACKING_VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/local-run/mlflow.db --port $(TRACKING_PORT)
 
 cost-report: $(VENV)/.synth-deps
 	$(PY) -m tools.cost_report --all --hours $(HOURS)

@@ -95,6 +95,9 @@ _DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 # neuronx-cc options (Neuron Compiler CLI reference): separated by single spaces, each option and value made of ASCII
 # letters, digits and - _ . , = / (nothing a shell or the job's environment would read differently).
 _NEURON_CC_FLAGS = re.compile(r"-[A-Za-z0-9_.,=/-]*( [A-Za-z0-9_.,=/-]+){0,63}", re.ASCII)
+# An MLflow tracking server the jobs reach over HTTP(S), without credentials in the URL (they would sit in every
+# job definition in plain text): scheme, host, optional port and path.
+_TRACKING_URI = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?", re.ASCII)
 # The seeds' compiler flags: a transformer, optimisation level 1, matrix multiplications auto-cast to bf16 (Neuron
 # Compiler CLI reference: --model-type, -O/--optlevel, --auto-cast, --auto-cast-type).
 DEFAULT_NEURON_CC_FLAGS = "--model-type=transformer -O1 --auto-cast=matmult --auto-cast-type=bf16"
@@ -167,6 +170,8 @@ class EnvironmentConfig:
     capacity_reservation: JsonObject = JsonObject("{}")
     # Your own training code (docs/workloads.md): workload name -> declaration, checked here (contracts/workload.py).
     workloads: JsonObject = JsonObject("{}")
+    # MLflow tracking for every run (training_image/efa_training/runtime/tracking.py): a server's URL, "" for none.
+    tracking_uri: str = ""
 
     def __post_init__(self) -> None:
         """Every field checked when the app starts, in this order: the first problem is the one reported."""
@@ -179,6 +184,14 @@ class EnvironmentConfig:
         self._check_alarms_and_jobs()
         self._check_sagemaker()
         self._check_workloads()
+        _check(
+            self,
+            "tracking_uri",
+            not self.tracking_uri
+            or (len(self.tracking_uri) <= 512 and bool(_TRACKING_URI.fullmatch(self.tracking_uri))),
+            "empty (no tracking) or an MLflow tracking server's http(s) URL the training subnets reach, like "
+            "https://mlflow.example.internal:5000 (no user or password in it; at most 512 characters)",
+        )
         _check(
             self,
             "neuron_cc_flags",

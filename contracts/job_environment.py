@@ -48,12 +48,14 @@ def _efa_count(instance: InstanceType, backend: str) -> dict[str, str]:
 
 
 def job_environment(
-    instance: InstanceType, *, backend: str, environment: str = "", neuron_cc_flags: str = ""
+    instance: InstanceType, *, backend: str, environment: str = "", neuron_cc_flags: str = "", tracking_uri: str = ""
 ) -> dict[str, str]:
     """The catalogue's collective (NCCL/libfabric or Neuron) settings plus what launch.py and the checks read.
     `neuron_cc_flags`: the environment's Neuron compiler flags, the same for every job (a compile job fills the cache
-    only for the flags training then uses)."""
+    only for the flags training then uses). `tracking_uri`: the environment's MLflow server, where rank 0's launcher
+    and the validation track the run (MLflow reads MLFLOW_TRACKING_URI)."""
     return {
+        **({"MLFLOW_TRACKING_URI": tracking_uri} if tracking_uri else {}),
         # The Environment dimension of the training metrics (training_image/efa_training/runtime/metrics.py): alarms and
         # the
         # dashboard of one environment see its runs only.

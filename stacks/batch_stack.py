@@ -121,6 +121,7 @@ class BatchStack(cdk.Stack):
             train_timeout=cdk.Duration.hours(config.batch_train_timeout_hours),
             environment=config.name,
             neuron_cc_flags=config.neuron_cc_flags,
+            tracking_uri=config.tracking_uri,
         )
         self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
         # Each declared workload's train and validate definitions, on its own image (docs/workloads.md).

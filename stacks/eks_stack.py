@@ -110,6 +110,7 @@ class EksStack(cdk.Stack):
             fsx_revision=storage.file_system_revision,
             environment=config.name,
             neuron_cc_flags=config.neuron_cc_flags,
+            tracking_uri=config.tracking_uri,
         )
         # The pipeline (PipelineStack) runs its jobs through this.
         # Each declared workload's image (its pods pull it with the nodes' ECR read-only policy).

@@ -77,6 +77,7 @@ class SageMakerStack(cdk.Stack):
             spot=config.sagemaker_spot,
             file_system=file_system,
             neuron_cc_flags=config.neuron_cc_flags,
+            tracking_uri=config.tracking_uri,
             workloads=images.for_runner(),
             training_plan=config.reservation.training_plan if config.reservation else None,
         )

@@ -59,6 +59,8 @@ BAD_INPUTS = [
     # must match the runtime's: Neuron docs, "Logical NeuronCore configuration").
     ({"neuron_cc_flags": "-O1; rm -rf /"}, ["neuron_cc_flags='-O1; rm -rf /'", "neuronx-cc options"]),
     ({"neuron_cc_flags": "transformer"}, ["neuron_cc_flags='transformer'", "starting with '-'"]),
+    ({"tracking_uri": "https://user:secret@mlflow.internal"}, ["tracking_uri=", "no user or password"]),
+    ({"tracking_uri": "mlflow.internal:5000"}, ["tracking_uri='mlflow.internal:5000'", "http(s) URL"]),
     ({"neuron_cc_flags": ""}, ["neuron_cc_flags=''", "neuronx-cc options"]),
     ({"neuron_cc_flags": "-O1  --model-type=transformer"}, ["neuron_cc_flags='-O1  --model-type=transformer'"]),
     ({"neuron_cc_flags": "--logical-nc-config=1"}, ["neuron_cc_flags='--logical-nc-config=1'", "LOGICAL_NC"]),

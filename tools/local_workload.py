@@ -68,8 +68,9 @@ def checked_hyperparameters(workload: Workload, given: str) -> dict:
     return {**{f.key: f.default for f in workload.hyperparameters if not f.required}, **(hyper or {})}
 
 
-def stage_env(workload: Workload | None, nproc: int) -> dict:
+def stage_env(workload: Workload | None, nproc: int, out: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_BATCH_", "PET_", "SAGEMAKER_"))}
+    env.setdefault("MLFLOW_TRACKING_URI", local_run.tracking_uri(out))  # the run in a local MLflow store
     env.update(ACCELERATOR_KIND="cpu", ACCELERATORS_PER_NODE=str(nproc), MASTER_PORT=str(free_port()), RUN_ID=RUN_ID)
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MAX_RESTARTS="0")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` in your commands
@@ -115,14 +116,14 @@ def run_stages(workload: Workload, hyper: dict, out: Path, nproc: int) -> dict:
     """sanity, train, validate (baseline: the run's own value, as on an environment's first run), approve."""
     fresh(out)
     sanity = ["sanity", "--sizes", "64K,1M", "--report", str(out / "sanity.json")]
-    stage("sanity", sanity, out, stage_env(None, nproc), cwd=ROOT)
+    stage("sanity", sanity, out, stage_env(None, nproc, out), cwd=ROOT)
     folders = ["--data", str(out / "data"), "--checkpoint-dir", str(out / "checkpoints"), "--run-dir", str(out / "run")]
     common = ["--run-id", RUN_ID, "--hyperparameters", json.dumps(hyper), *folders]
     code_folder = ROOT / str(workload.image_directory)
     (out / "data").mkdir()
-    train = stage("train", ["train", *common], out, stage_env(workload, nproc), cwd=code_folder)
+    train = stage("train", ["train", *common], out, stage_env(workload, nproc, out), cwd=code_folder)
     validate = ["validate", *common, "--baseline", "none", "--verdict", str(out / "verdict.json")]
-    stage("validate", validate, out, stage_env(workload, 1), cwd=code_folder)
+    stage("validate", validate, out, stage_env(workload, 1, out), cwd=code_folder)
     verdict = json.loads((out / "verdict.json").read_text())
     if verdict["passed"]:  # what the pipeline's RecordApproval writes, here beside the run
         approval = {
@@ -166,7 +167,7 @@ def _metrics(stdout: str) -> dict[str, list[float]]:
 def fresh(out: Path) -> None:
     for owned in ("data", "checkpoints", "run"):
         shutil.rmtree(out / owned, ignore_errors=True)
-    for stale in ("verdict.json", "approval.json", "sanity.json", "report.json"):
+    for stale in ("verdict.json", "approval.json", "sanity.json", "report.json", "mlflow.db"):
         (out / stale).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -92,6 +92,9 @@ def cmd_describe(args, pipeline: Pipeline, out) -> int:
         print(line, file=out)
     for line in model_registry.lines(events):
         print(line, file=out)
+    tracking_uri = environment_config(pipeline.env).tracking_uri
+    if tracking_uri and run_id:  # the run's MLflow run: named by the run id in the environment's experiment
+        print(f"tracking   MLflow {tracking_uri}: experiment {pipeline.env!r}, run {run_id!r}", file=out)
     if run_id and re.fullmatch(schema.RUN_ID_PATTERN, run_id) and pipeline.bucket:
         for line in bad_hosts.lines(pipeline._client("s3"), pipeline.bucket, run_id):
             print(line, file=out)

@@ -101,23 +101,30 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not out.is_dir():
         print(f"local_run.py: error: --out={args.out!r}: is a file; allowed: a directory", file=sys.stderr)
         return 2
+    (out / "mlflow.db").unlink(missing_ok=True)  # the run's own MLflow store, as its checkpoints are
     for owned in ("corpus", "data", "checkpoints"):
         shutil.rmtree(out / owned, ignore_errors=True)  # a fresh run, not a resume of the last one
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     if args.model.startswith("ctr-"):
-        train = run_sparse_stages(out, local_env(args.nproc), args.steps, args.model)
+        train = run_sparse_stages(out, local_env(args.nproc, out), args.steps, args.model)
         report = summarize_sparse(out, train.stdout, t_start)
     else:
-        train = run_stages(out, local_env(args.nproc), args.steps, args.model)
+        train = run_stages(out, local_env(args.nproc, out), args.steps, args.model)
         report = summarize(out, train.stdout, t_start)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2), flush=True)
     return 0 if report["sanity"]["passed"] and report["validate"]["passed"] else 1
 
 
-def local_env(nproc: int) -> dict:
+def tracking_uri(out: Path) -> str:
+    """A local run's MLflow store: SQLite beside its output (MLflow's default backend; `make tracking-ui` opens it)."""
+    return f"sqlite:///{out / 'mlflow.db'}"
+
+
+def local_env(nproc: int, out: Path | None = None) -> dict:
     env = {
+        **({"MLFLOW_TRACKING_URI": tracking_uri(out)} if out is not None else {}),
         **os.environ,
         "ACCELERATOR_KIND": "cpu",
         "ACCELERATORS_PER_NODE": str(nproc),

@@ -25,6 +25,7 @@ class Site:
     environment: str = ""
     fsx_claim: str = FSX_CLAIM
     neuron_cc_flags: str = ""  # the environment's Neuron compiler flags (config neuron_cc_flags)
+    tracking_uri: str = ""  # the environment's MLflow tracking server (config tracking_uri)
 
 
 def fsx_claim_name(revision: str | None) -> str:
@@ -79,7 +80,13 @@ def resources(instance: InstanceType) -> dict:
 def environment(instance: InstanceType, *, nodes: int, site: Site = Site()) -> list[dict]:
     """What launch.py reads besides the launcher's own MASTER_ADDR/MASTER_PORT/PET_NNODES/PET_NODE_RANK."""
     env = {
-        **job_environment(instance, backend="eks", environment=site.environment, neuron_cc_flags=site.neuron_cc_flags),
+        **job_environment(
+            instance,
+            backend="eks",
+            environment=site.environment,
+            neuron_cc_flags=site.neuron_cc_flags,
+            tracking_uri=site.tracking_uri,
+        ),
         "PET_NNODES": str(nodes),
         "AWS_EMF_AGENT_ENDPOINT": EMF_AGENT_ENDPOINT,
         "AWS_EMF_LOG_GROUP_NAME": EMF_LOG_GROUP,

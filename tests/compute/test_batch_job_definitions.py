@@ -23,7 +23,9 @@ FLAGS = "--model-type=transformer -O1"
 
 
 @functools.cache
-def _definitions(name: str, single_node: str | None = None, train_hours: int = 72) -> dict[str, dict]:
+def _definitions(
+    name: str, single_node: str | None = None, train_hours: int = 72, tracking_uri: str = ""
+) -> dict[str, dict]:
     """Job name ("sanity", "train", "validate") -> its AWS::Batch::JobDefinition properties."""
     stack = cdk.Stack()
     instance = CATALOGUE[name]
@@ -40,6 +42,7 @@ def _definitions(name: str, single_node: str | None = None, train_hours: int = 7
         train_timeout=cdk.Duration.hours(train_hours),
         environment="dev",
         neuron_cc_flags=FLAGS,
+        tracking_uri=tracking_uri,
     )
     resources = template_of(stack)["Resources"]
     return {

@@ -25,6 +25,7 @@ def _runner(
     instance: str = "p4d.24xlarge",
     neuron_cc_flags: str = "",
     training_plan: str | None = None,
+    tracking_uri: str = "",
 ) -> tuple[cdk.Stack, SageMakerJobRunner]:
     stack = cdk.Stack()
     role = iam.Role(stack, "Execution", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
@@ -42,6 +43,7 @@ def _runner(
         file_system=("fs-1", "abcdefgh", "rev1") if fsx else None,
         neuron_cc_flags=neuron_cc_flags,
         training_plan=training_plan,
+        tracking_uri=tracking_uri,
     )
 
 

@@ -238,6 +238,22 @@ def test_describe_shows_the_claim_of_the_run(deployed, tmp_path):
     assert "claim      held by execution cli-resumed since 20" in out
 
 
+def test_describe_names_the_runs_mlflow_run_where_tracking_is_on(deployed, tmp_path, monkeypatch):
+    import dataclasses
+
+    from tools import pipeline_describe
+
+    deployed.outcomes = {"train": [False]}
+    cli("start", "dev", run_file(tmp_path, run_id="cli-tracked"), "--name", "cli-tracked", "--watch", "--interval", "0")
+    config = pipeline_describe.environment_config("dev")
+    assert config.tracking_uri == ""  # off in dev: no line
+    assert "tracking " not in cli("describe", "dev", "cli-tracked")[1]
+    tracked = dataclasses.replace(config, tracking_uri="https://mlflow.example.internal")
+    monkeypatch.setattr(pipeline_describe, "environment_config", lambda env: tracked)
+    _, out, _ = cli("describe", "dev", "cli-tracked")
+    assert "tracking   MLflow https://mlflow.example.internal: experiment 'dev', run 'cli-tracked'" in out
+
+
 def test_describe_shows_the_hosts_the_run_took_out(deployed, tmp_path):
     # A host the training named bad, taken out before the retry (constructs/pipeline/quarantine.py): its record under
     # runs/<run_id>/bad-hosts/ (tools/bad_hosts.py), with why and the first evidence.

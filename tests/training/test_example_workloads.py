@@ -92,6 +92,16 @@ def test_make_local_run_takes_a_declared_workload_through_every_stage(tmp_path):
     assert report["sanity"]["passed"] and report["train"]["loss"]["count"] == 2
     assert report["validate"]["metric"] == "eval_loss" and report["approved"] is True
     assert json.loads((tmp_path / "approval.json").read_text())["run_id"] == local_workload.RUN_ID
+    # ... and the run in a local MLflow store beside them: its loss by step, its parameters, the verdict.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("local")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == local_workload.RUN_ID and run.data.params["workload"] == "torch-ddp"
+    assert len(client.get_metric_history(run.info.run_id, "loss")) == 2 and run.data.params["max_steps"] == "20"
+    assert run.data.metrics["verdict_passed"] == 1.0
 
 
 def test_make_local_run_refuses_a_hyperparameter_outside_the_schema_in_one_line(tmp_path, capsys):

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from efa_training import workloads
+from efa_training.runtime import tracking
 from efa_training.runtime.console import log
 from efa_training.runtime.distributed import resolve_device
 from efa_training.runtime.errors import UsageError, exit_with_usage_error
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"validate.py: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return EXIT_ERROR
     print(json.dumps({"verdict": result}, allow_nan=False), flush=True)
+    tracking.record_verdict(os.environ, args.run_id or os.environ.get("RUN_ID", "local"), result)
     return 0
 
 

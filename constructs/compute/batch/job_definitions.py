@@ -191,9 +191,11 @@ class BatchJobDefinitions(Construct):
         train_timeout: cdk.Duration,
         environment: str = "",
         neuron_cc_flags: str = "",
+        tracking_uri: str = "",
     ) -> None:
         super().__init__(scope, id_)
         self.environment, self.neuron_cc_flags = environment, neuron_cc_flags
+        self.tracking_uri = tracking_uri
         self.execution_role = iam.Role(
             self,
             "ExecutionRole",
@@ -291,7 +293,11 @@ class BatchJobDefinitions(Construct):
                 )
             )
         environment = job_environment(
-            host, backend="batch", environment=self.environment, neuron_cc_flags=self.neuron_cc_flags
+            host,
+            backend="batch",
+            environment=self.environment,
+            neuron_cc_flags=self.neuron_cc_flags,
+            tracking_uri=self.tracking_uri,
         )
         if not efa:
             # One process on one accelerator: no collectives, no EFA, no bootstrap interface.

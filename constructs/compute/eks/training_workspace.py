@@ -36,6 +36,7 @@ class EksTrainingWorkspace(Construct):
         fsx_revision: str = "",
         environment: str = "",
         neuron_cc_flags: str = "",
+        tracking_uri: str = "",
     ) -> None:
         super().__init__(scope, id_)
         namespace = cluster.add_manifest(
@@ -56,7 +57,12 @@ class EksTrainingWorkspace(Construct):
         # Volume and claim are named by the file system's revision: a replaced file system gets new ones (their
         # CSI attributes and volumeName are immutable), and every job below names the new claim.
         self.fsx_claim = spec.fsx_claim_name(fsx_revision)
-        self.site = spec.Site(environment=environment, fsx_claim=self.fsx_claim, neuron_cc_flags=neuron_cc_flags)
+        self.site = spec.Site(
+            environment=environment,
+            fsx_claim=self.fsx_claim,
+            neuron_cc_flags=neuron_cc_flags,
+            tracking_uri=tracking_uri,
+        )
         fsx_volume = f"{FSX_VOLUME}-{fsx_revision}" if fsx_revision else FSX_VOLUME
         capacity = f"{storage_gib}Gi"
         volume = cluster.add_manifest(

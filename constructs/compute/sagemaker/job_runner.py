@@ -109,6 +109,7 @@ class SageMakerJobRunner:
         spot: bool,
         file_system: tuple[str, str, str] | None = None,
         neuron_cc_flags: str = "",
+        tracking_uri: str = "",
         workloads: Mapping[str, tuple[str, str]] | None = None,
         training_plan: str | None = None,
     ) -> None:
@@ -123,6 +124,7 @@ class SageMakerJobRunner:
         self.instance, self.validation_instance = instance, validation_instance
         self.environment, self.spot, self.file_system = environment, spot, file_system
         self.neuron_cc_flags, self.training_plan = neuron_cc_flags, training_plan
+        self.tracking_uri = tracking_uri
         self._stages = stages(train_attempt_hours)
 
     def submit(
@@ -285,7 +287,11 @@ class SageMakerJobRunner:
     def _environment(self, job: JobKind, instance: InstanceType, run_id: str) -> dict:
         return {
             **job_environment(
-                instance, backend="sagemaker", environment=self.environment, neuron_cc_flags=self.neuron_cc_flags
+                instance,
+                backend="sagemaker",
+                environment=self.environment,
+                neuron_cc_flags=self.neuron_cc_flags,
+                tracking_uri=self.tracking_uri,
             ),
             "RUN_ID.$": run_id,
             "REPORT_PREFIX": self._runs_uri,

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from efa_training.runtime import tracking
 from efa_training.runtime.errors import UsageError, exit_with_usage_error
 from efa_training.runtime.run_paths import flag_value
 from efa_training.runtime.storage import under_prefix, write_json
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if verdict_at:
         write_json(verdict_at, result)
     print(json.dumps({"verdict": result}, allow_nan=False), flush=True)
+    tracking.record_verdict(os.environ, run_id, result)
     return 0
 
 

@@ -101,18 +101,26 @@ def main(argv: list[str] | None = None) -> int:
         _announce(launch)
     heartbeat = _heartbeat(mode, launch, script_args)
     try:
-        if launch.ml_root is None:
-            if not launch.plan:
-                if heartbeat is None:  # one plain process: its exit code is the job's
-                    os.execvpe(launch.command[0], launch.command, launch.env)
-                return run_forwarding(launch.command, launch.env)  # a child, so that the heartbeat goes on beside it
-            code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
-            checked = health_after_failure(mode, code, launch.env, run_id=flag_value(script_args, "--run-id"))
-            return mark_compiled(launch, checked)
-        return mark_compiled(launch, run_on_sagemaker(mode, launch))
+        code = _run(mode, launch, script_args, heartbeat is None)
     finally:
         if heartbeat is not None:
             heartbeat.stop()
+    if launch.tracker is not None:  # what is queued for MLflow, waited for a bounded time
+        launch.tracker.close("FINISHED" if code == 0 else "FAILED")
+    return code
+
+
+def _run(mode: str, launch: Launch, script_args: list[str], may_exec: bool) -> int:
+    """The mode's command to its end; its exit code. One plain process with nothing beside it replaces this one."""
+    if launch.ml_root is None:
+        if not launch.plan:
+            if may_exec:  # one plain process: its exit code is the job's
+                os.execvpe(launch.command[0], launch.command, launch.env)
+            return run_forwarding(launch.command, launch.env)  # a child, so that the heartbeat goes on beside it
+        code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
+        checked = health_after_failure(mode, code, launch.env, run_id=flag_value(script_args, "--run-id"))
+        return mark_compiled(launch, checked)
+    return mark_compiled(launch, run_on_sagemaker(mode, launch))
 
 
 def _heartbeat(mode: str, launch: Launch, script_args: list[str]) -> StageHeartbeat | None:

@@ -7,18 +7,16 @@ process; on Trainium, the compile job's neuron_parallel_compile around a short t
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 from efa_training import workloads
 from efa_training.runtime.errors import UsageError
-from efa_training.runtime.launch import hyperparameters, neuron_compile
+from efa_training.runtime.launch import hyperparameters, neuron_compile, tracked
 from efa_training.runtime.launch.hang_evidence import flight_recorder, run_folder
-from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, EXIT_RELAY, PACKAGE_ROOT, SINGLE_MODES
+from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, EXIT_RELAY, SINGLE_MODES, python_path
 from efa_training.runtime.launch.rank_zero import RankZeroLines
 from efa_training.runtime.launch.rendezvous import (
     DEFAULT_PORT,
@@ -36,9 +34,10 @@ from efa_training.runtime.launch.sagemaker import (
     read_json,
     sagemaker_hosts,
 )
-from efa_training.runtime.launch.stop_by import STOP_BY_VARIABLE, StopBy, margin_floor, parse_time, pop_stop_by
+from efa_training.runtime.launch.stop_by import STOP_BY_VARIABLE, StopBy, margin_floor, parse_time, take_stop_by
 from efa_training.runtime.launch.watchdog import Watchdog
 from efa_training.runtime.run_paths import flag_value
+from efa_training.runtime.tracking import Tracker
 from efa_training.runtime.user_workload import (
     WORKLOAD_VARIABLE,
     LogMetrics,
@@ -69,6 +68,7 @@ class Launch:
     on_line: Callable[[str], object] | None = None
     watchdog: Watchdog | None = None  # ends a training that stopped making progress (on the main node)
     stop_by: StopBy | None = None  # stops the training before its reservation ends (every node)
+    tracker: Tracker | None = None  # the run's MLflow tracking, fed the metric lines (runtime/tracking.py)
 
 
 def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> Launch:
@@ -93,17 +93,6 @@ def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> La
     return _stopping(mode, launch)
 
 
-def take_stop_by(args: list[str], env: dict) -> list[str]:
-    """The launcher's own `--stop-by` out of the script's flags, into the environment (STOP_BY, which the workload
-    reads too: docs/workloads.md); `none` clears it."""
-    rest, deadline = pop_stop_by(args)
-    if len(rest) != len(args):
-        env.pop(STOP_BY_VARIABLE, None)
-        if deadline is not None:
-            env[STOP_BY_VARIABLE] = datetime.fromtimestamp(deadline, UTC).isoformat()
-    return rest
-
-
 def _stopping(mode: str, launch: Launch) -> Launch:
     """A training with a stop-by time: on every node, asked to stop before it (runtime/launch/stop_by.py)."""
     if mode != "train" or launch.plan is None or not launch.env.get(STOP_BY_VARIABLE):
@@ -112,27 +101,20 @@ def _stopping(mode: str, launch: Launch) -> Launch:
     return replace(launch, stop_by=stop_by, on_line=stop_by.watch(launch.on_line) if launch.on_line else None)
 
 
-def python_path(env: Mapping[str, str]) -> str:
-    """The children's PYTHONPATH: the package's folder first, so `python -m efa_training...` finds it wherever the
-    job's working directory is."""
-    others = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(PACKAGE_ROOT)]
-    return os.pathsep.join([str(PACKAGE_ROOT), *others])
-
-
 def _prepare_scheduler(mode: str, script_args: list[str], env: dict) -> Launch:
     """AWS Batch, Kubernetes or a local node: everything comes from the environment."""
-    script_args = hyperparameters.as_flags(mode, script_args)
+    given, script_args = hyperparameters.given(script_args), hyperparameters.as_flags(mode, script_args)
     own = own_ipv4(env) if mode in DISTRIBUTED_MODES else None
     cmd, plan = build_command(mode, script_args, env, own)
     if plan and parameter_servers(mode, script_args):
         env.update(workloads.supervisor_environment(plan))
-    return _watched(mode, ahead_of_time(mode, Launch(cmd, plan, env), script_args), script_args)
+    return _watched(mode, ahead_of_time(mode, Launch(cmd, plan, env), script_args), script_args, given)
 
 
-def _watched(mode: str, launch: Launch, script_args: list[str]) -> Launch:
+def _watched(mode: str, launch: Launch, script_args: list[str], given: dict) -> Launch:
     """The built-in trainer's training under the hang watchdog, on every node: its EMF lines (rank 0's, wherever
-    rank 0 runs) are its progress. On every node NCCL's Flight Recorder dumps into the run's folder if a collective
-    times out."""
+    rank 0 runs) are its progress, and its tracking's metrics (`given`: the run's hyperparameters). On every node
+    NCCL's Flight Recorder dumps into the run's folder if a collective times out."""
     if mode != "train" or launch.plan is None:
         return launch
     run = run_folder(launch.env, script_args)
@@ -140,7 +122,11 @@ def _watched(mode: str, launch: Launch, script_args: list[str]) -> Launch:
     launch.env["PYTHONFAULTHANDLER"] = "1"  # a worker's stacks on SIGABRT: the watchdog's evidence of a hang
     run_id = flag_value(script_args, "--run-id") or launch.env.get("RUN_ID")
     watchdog = _watchdog(launch.plan, launch.env, run, run_id)
-    return replace(launch, on_line=watchdog.watch(is_metrics_line), watchdog=watchdog)
+    workload = workloads.workload_for(flag_value(script_args, "--strategy"))
+    track = tracked.tracker(launch.env, run_id or "local", workload, given)
+    return replace(
+        launch, on_line=watchdog.watch(tracked.feeding(track, is_metrics_line)), watchdog=watchdog, tracker=track
+    )
 
 
 def _watchdog(
@@ -184,13 +170,16 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
     env.setdefault("PYTHONUNBUFFERED", "1")  # progress lines as they are printed (the images set it too)
     # Read where global rank 0 runs (rank_zero.py: not always the main node): one metric line per step however many
     # nodes print it; each is progress.
-    metrics = LogMetrics(workload, run_id, env.get("TRAINING_ENVIRONMENT", ""), emit=_print_flushed)
+    track = tracked.tracker(env, run_id, workload.name, hyperparameters.given(script_args))
+    emit = tracked.feeding(track, _print_flushed)
+    metrics = LogMetrics(workload, run_id, env.get("TRAINING_ENVIRONMENT", ""), emit=emit)
     sanity = None
     if root is not None and env.get("SANITY_BEFORE_TRAINING") == "1":
         sanity = sanity_first_command(plan, script_args, env, config)
     watchdog = _watchdog(plan, env, run, run_id, workload.hang_timeout_seconds)
     on_line = watchdog.watch(RankZeroLines(metrics.feed))
-    return Launch(train_command(workload, plan), plan, env, sanity, root, on_line=on_line, watchdog=watchdog)
+    command = train_command(workload, plan)
+    return Launch(command, plan, env, sanity, root, on_line=on_line, watchdog=watchdog, tracker=track)
 
 
 def _print_flushed(line: str) -> None:
@@ -203,14 +192,15 @@ def _prepare_sagemaker(mode: str, script_args: list[str], env: dict) -> Launch:
     root = ml_root(env)
     config, own = _sagemaker_network(root, env, mode in DISTRIBUTED_MODES)
     flags = hyperparameter_flags(mode, read_json(root / "input/config/hyperparameters.json", {}))
-    args = hyperparameters.as_flags(mode, take_stop_by([*script_args, *flags], env))
+    args = take_stop_by([*script_args, *flags], env)
+    given, args = hyperparameters.given(args), hyperparameters.as_flags(mode, args)
     cmd, plan = build_command(mode, args, env, own, config)
     if plan and parameter_servers(mode, args):
         env.update(workloads.supervisor_environment(plan))
     sanity = None
     if plan and mode == "train" and env.get("SANITY_BEFORE_TRAINING") == "1":
         sanity = sanity_first_command(plan, args, env, config)
-    return _watched(mode, ahead_of_time(mode, Launch(cmd, plan, env, sanity, root), args), args)
+    return _watched(mode, ahead_of_time(mode, Launch(cmd, plan, env, sanity, root), args), args, given)
 
 
 def _sagemaker_network(root: Path, env: dict, distributed: bool) -> tuple[dict, str | None]:

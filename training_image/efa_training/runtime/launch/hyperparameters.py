@@ -40,6 +40,16 @@ def as_flags(mode: str, args: list[str]) -> list[str]:
     return [*rest, *flags]
 
 
+def given(args: list[str]) -> dict:
+    """The hyperparameters `--hyperparameters` gives (an empty object where none, or not an object)."""
+    text = _without(args)[1]
+    try:
+        found = json.loads(text) if text is not None else {}
+    except ValueError:
+        found = {}
+    return found if isinstance(found, dict) else {}
+
+
 def _without(args: list[str]) -> tuple[list[str], str | None]:
     """The arguments without the flag (`--hyperparameters VALUE` or `--hyperparameters=VALUE`), and its value."""
     for i, arg in enumerate(args):

@@ -7,6 +7,8 @@ runs an entry point of the package as `python -m`, with the package's folder fir
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 DISTRIBUTED_MODES = {
@@ -19,3 +21,10 @@ EXIT_RELAY = "efa_training.runtime.exit_relay"
 # The folder that holds the package (/opt/training in the image, training_image/ here): the children's PYTHONPATH,
 # and where the release's version.py is.
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+
+
+def python_path(env: Mapping[str, str]) -> str:
+    """The children's PYTHONPATH: the package's folder first, so `python -m efa_training...` finds it wherever the
+    job's working directory is."""
+    others = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(PACKAGE_ROOT)]
+    return os.pathsep.join([str(PACKAGE_ROOT), *others])

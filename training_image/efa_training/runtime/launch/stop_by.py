@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.report import PREFIX as REPORT_PREFIX
@@ -121,3 +121,14 @@ def _reported(line: str) -> dict:
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
+
+
+def take_stop_by(args: list[str], env: dict) -> list[str]:
+    """The launcher's own `--stop-by` out of the script's flags, into the environment (STOP_BY, which the workload
+    reads too: docs/workloads.md); `none` clears it."""
+    rest, deadline = pop_stop_by(args)
+    if len(rest) != len(args):
+        env.pop(STOP_BY_VARIABLE, None)
+        if deadline is not None:
+            env[STOP_BY_VARIABLE] = datetime.fromtimestamp(deadline, UTC).isoformat()
+    return rest

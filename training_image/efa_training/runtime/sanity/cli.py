@@ -27,6 +27,7 @@ import json
 import os
 import sys
 
+from efa_training.runtime import tracking
 from efa_training.runtime.distributed import DEVICES, destroy_distributed, init_distributed
 from efa_training.runtime.errors import EXIT_REPORT_NOT_WRITTEN, UsageError, exit_with_usage_error
 from efa_training.runtime.sanity import efa_proof
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         exit_with_usage_error(PROG, err)
     report_written = write_reports(args, report) if rt.is_main else True
+    if rt.is_main and args.run_id:
+        tracking.record_sanity(os.environ, args.run_id, report)  # where tracking is on: the run's MLflow run
     if not report["passed"]:
         return EXIT_FAILED  # a bad node group outranks a lost report
     return 0 if report_written else EXIT_REPORT_NOT_WRITTEN

@@ -1,0 +1,109 @@
+"""Every run an MLflow run (runtime/tracking.py): the training's metric lines and the verdict land in the run named by
+the run id, in the environment's experiment, in a real MLflow store (SQLite, MLflow's default backend: "Backend
+Stores", mlflow.org); a tracking server that is down never blocks the training and is reported once."""
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from efa_training.runtime import tracking
+from efa_training.runtime.launch import tracked
+from efa_training.runtime.metrics import emf_record
+
+mlflow_tracking = pytest.importorskip("mlflow.tracking")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    """One SQLite store for the module: MLflow migrates a new database's schema once, which takes seconds."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def _line(step: int, **values: float) -> str:
+    return json.dumps(emf_record("r", step, values, environment="dev"))
+
+
+def _run(store: str, experiment: str, name: str):
+    client = mlflow_tracking.MlflowClient(tracking_uri=store)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None
+    (run,) = client.search_runs([found.experiment_id], filter_string=f"attributes.run_name = '{name}'")
+    return client, run
+
+
+def test_a_metric_line_is_its_step_and_finite_values():
+    assert tracking.metrics_of(_line(7, Loss=2.5, MFU=31.0)) == (7, {"Loss": 2.5, "MFU": 31.0})
+    assert tracking.metrics_of(_line(8, Loss=float("nan"))) == (8, {})  # left out of the line, as for CloudWatch
+    assert tracking.metrics_of("step 9 loss=2.1") is None and tracking.metrics_of('{"_aws": 1') is None
+
+
+def test_the_training_lines_become_the_runs_metrics_with_its_parameters(store):
+    env = {"MLFLOW_TRACKING_URI": store, "TRAINING_ENVIRONMENT": "dev", "AWS_BATCH_JOB_ID": "j"}
+    tracker = tracked.tracker(env, "gpt-001", "gpt", {"model": "1.3b", "lr": 0.0003})
+    assert tracker is not None
+    for step in (1, 2, 3):
+        tracker.feed(_line(step, Loss=4.0 - step, TokensPerSecond=1000.0 * step))
+    tracker.feed("a line that is not a metric")
+    tracker.close()
+    client, run = _run(store, "dev", "gpt-001")
+    history = client.get_metric_history(run.info.run_id, "Loss")
+    assert [(m.step, m.value) for m in history] == [(1, 3.0), (2, 2.0), (3, 1.0)]
+    params = run.data.params
+    assert (params["model"], params["lr"], params["workload"], params["backend"]) == ("1.3b", "0.0003", "gpt", "batch")
+    assert run.info.status == "FINISHED"
+
+
+def test_a_retried_attempt_and_the_validation_add_to_the_same_run(store):
+    env = {"MLFLOW_TRACKING_URI": store, "TRAINING_ENVIRONMENT": "dev"}
+    for attempt, status in ((1, "FAILED"), (2, "FINISHED")):
+        tracker = tracking.Tracker.from_env(env, "retried-001", {"seed": 1})
+        assert tracker is not None
+        tracker.feed(_line(attempt, Loss=1.0 / attempt))
+        tracker.close(status)
+    tracking.record_sanity(
+        env, "retried-001", {"passed": True, "measured_busbw_gbps": 310.5, "threshold_busbw_gbps": 80}
+    )
+    tracking.record_verdict(env, "retried-001", {"value": 0.5, "baseline": 0.51, "passed": True, "step": 2})
+    client, run = _run(store, "dev", "retried-001")  # one run, not one per attempt or stage
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "Loss")] == [1.0, 0.5]
+    assert run.data.metrics["verdict_value"] == 0.5 and run.data.metrics["verdict_passed"] == 1.0
+    assert (run.data.metrics["sanity_passed"], run.data.metrics["sanity_measured_busbw_gbps"]) == (1.0, 310.5)
+
+
+def test_no_uri_no_tracking():
+    assert tracked.tracker({}, "r", "gpt", {}) is None
+    tracking.record_verdict({}, "r", {"passed": True})  # nothing to do, nothing raised
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_server_that_is_down_drops_what_does_not_fit_and_says_so_once(monkeypatch, capsys):
+    monkeypatch.setattr(tracking, "QUEUE_LINES", 5)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the client's own retries, not the tracker's
+    tracker = tracking.Tracker(f"http://127.0.0.1:{_closed_port()}", "dev", "down-001", {})
+    for step in range(50):  # never waits for the server: what does not fit in the queue is dropped and counted
+        tracker.feed(_line(step, Loss=1.0))
+    tracker.close(timeout=3.0)  # bounded, whatever the server does
+    assert 0 < tracker.dropped <= 50 - 5
+    err = capsys.readouterr().err
+    assert err.count("failed (") == 1 and "training goes on" in err
+
+
+def test_local_runs_track_to_a_store_beside_their_output(tmp_path):
+    from tools import local_workload
+
+    env = local_workload.stage_env(None, 1, tmp_path)
+    assert env["MLFLOW_TRACKING_URI"] == f"sqlite:///{Path(tmp_path) / 'mlflow.db'}"
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.gpu", "Dockerfile.neuron"])
+def test_the_images_install_the_mlflow_client_the_tests_run(dockerfile):
+    image = Path(__file__).resolve().parents[2] / "training_image"
+    (pin,) = [line for line in (image / "requirements.txt").read_text().splitlines() if line.startswith("mlflow")]
+    assert f"pip install --no-cache-dir {pin}\n" in (image / dockerfile).read_text()

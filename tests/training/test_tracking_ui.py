@@ -1,0 +1,103 @@
+"""`make tracking-ui`: MLflow's own server and web UI (.venv-tracking, requirements-tracking.txt) over a store the
+platform's tracker wrote, as after `make local-run`: the page is served, the API it reads lists the run with its
+metrics, and in a real headless browser (Chromium through Selenium, where installed) the page shows the run."""
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from efa_training.runtime import tracking
+
+ROOT = Path(__file__).resolve().parents[2]
+MLFLOW = ROOT / ".venv-tracking" / "bin" / "mlflow"
+RUN = "ui-001"
+
+pytestmark = [
+    pytest.mark.slow,  # a real server process
+    pytest.mark.skipif(not MLFLOW.exists(), reason="make setup creates .venv-tracking (MLflow's server and UI)"),
+]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory) -> Iterator[str]:
+    """The UI's address, over a store holding one tracked run (the launcher's tracker wrote it)."""
+    store = f"sqlite:///{tmp_path_factory.mktemp('ui') / 'mlflow.db'}"
+    tracker = tracking.Tracker(store, "local", RUN, {"model": "tiny", "workload": "gpt"})
+    for step in (1, 2, 3):
+        tracker.add(step, {"Loss": 3.0 - step / 2})
+    tracker.close()
+    port = _port()
+    # The Makefile's command (tracking-ui), on a free port.
+    server = subprocess.Popen(
+        [str(MLFLOW), "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    address = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):  # the server's first start migrates nothing (the tracker did) but imports a lot
+            try:
+                urllib.request.urlopen(f"{address}/health", timeout=1)
+                break
+            except OSError:
+                assert server.poll() is None, "mlflow ui exited"
+                time.sleep(0.5)
+        yield address
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_the_make_target_opens_the_local_runs_store():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "$(TRACKING_VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/local-run/mlflow.db" in makefile
+
+
+def test_the_ui_is_served_and_its_api_lists_the_run_with_its_metrics(ui):
+    page = urllib.request.urlopen(f"{ui}/", timeout=10).read().decode()
+    assert "<html" in page.lower() and "static-files" in page  # MLflow's single-page app
+    request = urllib.request.Request(
+        f"{ui}/api/2.0/mlflow/runs/search",
+        data=json.dumps({"experiment_ids": ["1"], "filter": f"attributes.run_name = '{RUN}'"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    (run,) = json.loads(urllib.request.urlopen(request, timeout=10).read())["runs"]
+    assert {m["key"]: m["value"] for m in run["data"]["metrics"]} == {"Loss": 1.5}  # the last step's value
+    assert {p["key"]: p["value"] for p in run["data"]["params"]}["workload"] == "gpt"
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_chromium() is None or shutil.which("chromedriver") is None, reason="no Chromium and chromedriver")
+def test_a_headless_browser_shows_the_run_in_the_experiments_page(ui):
+    from selenium import webdriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = _chromium() or ""
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    service = webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
+    browser = webdriver.Chrome(options=options, service=service)
+    try:
+        browser.get(f"{ui}/#/experiments/1/runs")  # the training runs (MLflow 3 opens on its GenAI overview)
+        # The page is rendered by the app's JavaScript from the API above: the run's name appears once it has run.
+        WebDriverWait(browser, 60).until(lambda b: RUN in b.find_element("tag name", "body").text)
+        assert "local" in browser.find_element("tag name", "body").text  # the experiment: the environment's name
+    finally:
+        browser.quit()
