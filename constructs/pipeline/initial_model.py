@@ -1,8 +1,9 @@
 """Incremental training: which model a run starts from, resolved before the run is claimed or any job submitted.
 
-`init_from` (contracts/run.py): empty, from scratch; "approved", the environment's last approved model (the SSM
-parameter VerdictBranch publishes); or a run id, that run's approval record (models/<run_id>/approval.json, written
-once when it was approved). The block adds to `$.run`:
+`init_from` (contracts/run.py): empty, from scratch; "approved", the newest version of the run's workload in the
+SageMaker Model Registry (status Approved, group efa-training-<env>-<workload>: model_registry.py registers each
+approved run there), whose run id then names the record read; or a run id, that run's approval record
+(models/<run_id>/approval.json, written once when it was approved). The block adds to `$.run`:
   init_run: the initial model's run id, or contracts.run.NO_INITIAL_MODEL (the train job's --init-from),
   baseline: where the run gave none, the initial model's own verdict value; from scratch, "none" where no model was
   ever approved (the environment's first run: its own metric becomes the baseline), else the run is refused.
@@ -20,6 +21,7 @@ from constructs import Construct
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.input_checks import INVALID, MISSING
+from constructs.pipeline.model_registry import GROUP_PREFIX, SAGEMAKER_TRANSIENT, group_name
 from contracts.run import INIT_FROM_APPROVED, NO_INITIAL_MODEL
 
 C, J = sfn.Condition, sfn.JsonPath
@@ -35,13 +37,13 @@ class InitialModel:
         scope: Construct,
         *,
         bucket: s3.IBucket,
-        approved_model_parameter: str,
         failures: FailurePath,
+        environment: str,
         supported: bool = True,
     ) -> None:
         """`supported`: whether this backend's jobs can read another run's checkpoints (SageMaker with its dataset
         in S3 cannot: the checkpoints of other runs are on the file system only)."""
-        self._scope, self._failures = scope, failures
+        self._scope, self._failures, self._environment = scope, failures, environment
         self.chosen = sfn.Pass(scope, "InitialModelChosen")
         scratch = sfn.Pass.jsonata(
             scope,
@@ -52,9 +54,7 @@ class InitialModel:
         # From scratch with no baseline: only the environment's first run (no model approved yet).
         no_baseline = C.and_(C.is_string("$.run.baseline"), C.string_equals("$.run.baseline", MISSING))
         from_scratch = (
-            sfn.Choice(scope, "IsBaselineGiven")
-            .when(no_baseline, self._baseline_of_approved(approved_model_parameter))
-            .otherwise(scratch)
+            sfn.Choice(scope, "IsBaselineGiven").when(no_baseline, self._baseline_of_approved()).otherwise(scratch)
         )
         choose = sfn.Choice(scope, "ChooseInitialModel").when(C.string_equals("$.run.init_from", ""), from_scratch)
         if not supported:
@@ -68,30 +68,110 @@ class InitialModel:
                     "data from S3 and cannot reach other runs' checkpoints (set sagemaker_data_source=fsx)",
                 ),
             )
-        choose.when(
-            C.string_equals("$.run.init_from", INIT_FROM_APPROVED), self._approved(approved_model_parameter, use)
-        )
-        choose.otherwise(self._named(bucket, use))
+        named = self._named(bucket, use)
+        choose.when(C.string_equals("$.run.init_from", INIT_FROM_APPROVED), self._approved(named))
+        choose.otherwise(named)
         scratch.next(self.chosen)
         self.start = choose
 
-    def _approved(self, parameter: str, then: sfn.IChainable) -> tasks.CallAwsService:
-        """The environment's last approved model: SSM GetParameter. After the retries any failure is
-        NoApprovedModel; the alert's detail names the SDK error (Ssm.ParameterNotFoundException: API_GetParameter)."""
-        return self._read(
-            "GetApprovedModel",
-            ("ssm", "getParameter", "ssm:GetParameter", [self._parameter_arn(parameter)]),
-            {"Name": parameter},
-            "$.Parameter.Value",
-            NO_APPROVED_MODEL,
-            then,
+    def _approved(self, named: sfn.IChainable) -> tasks.CallAwsService:
+        """The newest approved version of the run's workload in the registry (ListModelPackages, newest first), whose
+        run id (its CustomerMetadataProperties, DescribeModelPackage) names the approval record `named` reads. None
+        there: NoApprovedModel, before anything starts; a registry that cannot be read after its retries alike."""
+        scope, stack = self._scope, cdk.Stack.of(self._scope)
+        listed = self._list_approved("FindApprovedVersion")
+        packages = stack.format_arn(
+            service="sagemaker", resource="model-package", resource_name=f"{GROUP_PREFIX}{self._environment}-*"
+        )
+        described = tasks.CallAwsService(
+            scope,
+            "DescribeApprovedVersion",
+            service="sagemaker",
+            action="describeModelPackage",
+            parameters={"ModelPackageName.$": "$.registry_lookup.arn"},
+            iam_action="sagemaker:DescribeModelPackage",
+            iam_resources=[packages],
+            result_selector={"init_from.$": "$.CustomerMetadataProperties.run_id"},
+            result_path="$.registry_lookup",
+            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+        )
+        for call in (listed, described):
+            retry_transient(call, SAGEMAKER_TRANSIENT)
+            self._failures.catch(call, call.node.id, NO_APPROVED_MODEL)
+        none = self._no_approved_version()
+        newest = sfn.Pass.jsonata(  # one value: a JSONPath index would be a list in some evaluators
+            scope,
+            "TakeNewestVersion",
+            outputs={
+                "run": "{% $states.input.run %}",
+                "registry_lookup": {"arn": "{% $states.input.registry_lookup.versions[0].ModelPackageArn %}"},
+            },
+        )
+        newest.next(described)
+        listed.next(
+            sfn.Choice(scope, "IsAnyVersionApproved")
+            .when(C.is_present("$.registry_lookup.versions[0]"), newest)
+            .otherwise(none)
+        )
+        take = sfn.Pass.jsonata(
+            scope,
+            "NameApprovedRun",
+            outputs={
+                "run": "{% $merge([$states.input.run, {'init_from': $states.input.registry_lookup.init_from}]) %}"
+            },
+        )
+        described.next(take)
+        take.next(named)
+        return listed
+
+    def _list_approved(self, id_: str) -> tasks.CallAwsService:
+        """ListModelPackages: the newest approved version of the run's workload, in `$.registry_lookup.versions`
+        (an empty list where none is, or no group: the name is a filter, API_ListModelPackages)."""
+        return tasks.CallAwsService(
+            self._scope,
+            id_,
+            service="sagemaker",
+            action="listModelPackages",
+            iam_action="sagemaker:ListModelPackages",
+            parameters={
+                "ModelPackageGroupName.$": group_name(self._environment),
+                "ModelApprovalStatus": "Approved",
+                # the default lists unversioned packages only (API_ListModelPackages, ModelPackageType)
+                "ModelPackageType": "Versioned",
+                "SortBy": "CreationTime",
+                "SortOrder": "Descending",
+                "MaxResults": 1,
+            },
+            iam_resources=["*"],  # Service Authorization Reference, SageMaker: List* have no resource types
+            result_selector={"versions.$": "$.ModelPackageSummaryList"},
+            result_path="$.registry_lookup",
+            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
 
-    def _baseline_of_approved(self, parameter: str) -> tasks.CallAwsService:
-        """A run from scratch that gave no baseline is the environment's first model or nothing: where none was ever
-        approved (its SSM parameter is absent: Ssm.ParameterNotFoundException, API_GetParameter), validation with
-        `--baseline none` makes the run's own metric the baseline (approved only when finite: validate.py); where one
-        was, the run is refused, since an approved model's metric on its own data is no bar for this run's data."""
+    def _no_approved_version(self) -> sfn.Pass:
+        """No approved version of the run's workload in the registry: the run fails as NoApprovedModel."""
+        none = sfn.Pass(
+            self._scope,
+            "OnNoApprovedVersion",
+            parameters={
+                "run.$": "$.run",
+                "failure": {
+                    "state": "FindApprovedVersion",
+                    "error": NO_APPROVED_MODEL,
+                    "detail": "NoApprovedVersion",
+                    "cause.$": f"States.Format('no approved version in the model package group {{}}', "
+                    f"{group_name(self._environment)})",
+                },
+            },
+        )
+        none.next(self._failures.notify)
+        return none
+
+    def _baseline_of_approved(self) -> tasks.CallAwsService:
+        """A run from scratch that gave no baseline is its workload's first model or nothing: where none was ever
+        approved (no approved version in the registry), validation with `--baseline none` makes the run's own metric
+        the baseline (approved only when finite: validate.py); where one was, the run is refused, since an approved
+        model's metric on its own data is no bar for this run's data."""
         scope = self._scope
         first = sfn.Pass.jsonata(
             scope,
@@ -101,30 +181,23 @@ class InitialModel:
             },
         )
         first.next(self.chosen)
-        get = tasks.CallAwsService(
+        listed = self._list_approved("FindApprovedModel")
+        retry_transient(listed, SAGEMAKER_TRANSIENT)
+        self._failures.catch(listed, "FindApprovedModel", NO_APPROVED_MODEL)
+        required = sfn.Fail(
             scope,
-            "FindApprovedModel",
-            service="ssm",
-            action="getParameter",
-            parameters={"Name": parameter},
-            iam_resources=[self._parameter_arn(parameter)],
-            iam_action="ssm:GetParameter",
-            result_path=J.DISCARD,
-            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+            "BaselineRequired",
+            error=INVALID,
+            cause="baseline is missing; expected a number: this workload has an approved model in this environment, "
+            "so only its first run may leave the baseline out (or give init_from to start from, and be held to, "
+            "that model)",
         )
-        retry_transient(get)
-        get.add_catch(first, errors=["Ssm.ParameterNotFoundException"], result_path=J.DISCARD)
-        self._failures.catch(get, "FindApprovedModel", NO_APPROVED_MODEL)
-        get.next(
-            sfn.Fail(
-                scope,
-                "BaselineRequired",
-                error=INVALID,
-                cause="baseline is missing; expected a number: this environment has an approved model, so only its "
-                "first run may leave the baseline out (or give init_from to start from, and be held to, that model)",
-            )
+        listed.next(
+            sfn.Choice(scope, "IsFirstModel")
+            .when(C.is_present("$.registry_lookup.versions[0]"), required)
+            .otherwise(first)
         )
-        return get
+        return listed
 
     def _named(self, bucket: s3.IBucket, then: sfn.IChainable) -> tasks.CallAwsService:
         """A named run's approval record: S3 GetObject. After the retries any failure is ModelNotApproved
@@ -196,11 +269,6 @@ class InitialModel:
                 use,
             )
             .otherwise(unreadable)
-        )
-
-    def _parameter_arn(self, parameter: str) -> str:
-        return cdk.Stack.of(self._scope).format_arn(
-            service="ssm", resource="parameter", resource_name=parameter.lstrip("/")
         )
 
     def _unreadable(self, state: str, detail: str) -> sfn.Pass:

@@ -166,8 +166,8 @@ class TrainingPipeline(Construct):
         initial = InitialModel(
             self,
             bucket=bucket,
-            approved_model_parameter=self.approved_model_parameter,
             failures=self._failures,
+            environment=environment,
             supported=initial_models,
         )
         # The dataset is checked first of all: a typo costs no claim and no instance.

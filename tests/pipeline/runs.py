@@ -120,6 +120,14 @@ def emulated_account(synthesized, emulator_class: type[Emulator] = Emulator) -> 
         yield emulator
 
 
+def _clear_registry() -> None:
+    """No model package groups or versions: moto's SageMaker as new (a test's approvals are its own)."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+
+    sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].reset()
+
+
 def cleared(world):
     """The shared emulator as new: no job plan, no recorded jobs or sleeps, no approval, no messages, no claimed
     runs, no objects but the prepared dataset."""
@@ -127,6 +135,7 @@ def cleared(world):
     world.sqs.purge_queue(QueueUrl=world.alerts)
     with contextlib.suppress(world.ssm.exceptions.ParameterNotFound):
         world.ssm.delete_parameter(Name=APPROVED_MODEL_PARAMETER)
+    _clear_registry()
     for listed in world.s3.list_objects_v2(Bucket=world.bucket).get("Contents", []):
         world.s3.delete_object(Bucket=world.bucket, Key=listed["Key"])
     table = boto3.client("dynamodb", region_name=REGION)

@@ -1,13 +1,17 @@
 """Incremental training in the emulated pipeline (dev, Batch): a run that starts from an approved model.
 
-The initial model is resolved before the run id is claimed (constructs/pipeline/initial_model.py): the environment's
-last approved model from its SSM parameter, or a named run's approval record in S3; the train job gets its run id
-as `init_from`, and the validation baseline defaults to its verdict value.
+The initial model is resolved before the run id is claimed (constructs/pipeline/initial_model.py): the newest
+approved version of the run's workload in the SageMaker Model Registry (moto's, every request checked by botocore's
+model), or a named run's approval record in S3; the train job gets its run id as `init_from`, and the validation
+baseline defaults to its verdict value.
 """
 
 import json
 
-from tests.pipeline.runs import ACCEPTED, APPROVED_MODEL_PARAMETER, RUN, messages, states
+import boto3
+
+from tests.pipeline.runs import ACCEPTED, RUN, messages, states
+from tests.sfn_emulator import REGION
 
 PREVIOUS: dict = {
     "run_id": "gpt-tiny-000",
@@ -20,12 +24,23 @@ PREVIOUS: dict = {
 INCREMENTAL = {key: value for key, value in RUN.items() if key != "baseline"}
 
 
-def _approve_previous(emulator, *, published: bool = True) -> None:
+def _approve_previous(emulator, *, published: bool = True, workload: str = "gpt") -> None:
+    """PREVIOUS approved: its record in S3 and, `published`, a version in its workload's registry group, as the
+    pipeline's RecordApproval and RegisterApprovedModel leave them."""
     emulator.s3.put_object(
         Bucket=emulator.bucket, Key=f"models/{PREVIOUS['run_id']}/approval.json", Body=json.dumps(PREVIOUS).encode()
     )
     if published:
-        emulator.ssm.put_parameter(Name=APPROVED_MODEL_PARAMETER, Value=json.dumps(PREVIOUS), Type="String")
+        registry = boto3.client("sagemaker", region_name=REGION)
+        group = f"efa-training-dev-{workload}"
+        registry.create_model_package_group(ModelPackageGroupName=group)
+        for run_id in ("gpt-tiny-older", PREVIOUS["run_id"]):  # the newest approved version is the one taken
+            registry.create_model_package(
+                ModelPackageGroupName=group,
+                ModelApprovalStatus="Approved",
+                SourceUri=f"s3://{emulator.bucket}/models/{run_id}/",
+                CustomerMetadataProperties={"run_id": run_id},
+            )
 
 
 def _claimed(emulator, run_id: str) -> bool:
@@ -64,7 +79,25 @@ def test_no_approved_model_fails_before_the_run_is_claimed_or_any_job_starts(emu
     assert result["status"] == "FAILED" and result.get("error") == "NoApprovedModel", result
     assert emulator.submitted == [] and not _claimed(emulator, "incr-4")
     (alert,) = messages(emulator)
-    assert alert["error"] == "NoApprovedModel" and alert["detail"] == "Ssm.ParameterNotFoundException"
+    assert alert["error"] == "NoApprovedModel" and alert["detail"] == "NoApprovedVersion"
+    assert "efa-training-dev-gpt" in alert["cause"]
+
+
+def test_an_approved_model_of_another_workload_is_not_taken(emulator):
+    # The registry keeps a group per workload: a click-through run never starts from a GPT model.
+    _approve_previous(emulator)
+    run = {**INCREMENTAL, "run_id": "incr-ctr", "workload": "ctr-ps", "init_from": "approved", "hyperparameters": {}}
+    result = emulator.run(run)
+    assert result["status"] == "FAILED" and result.get("error") == "NoApprovedModel", result
+    assert "efa-training-dev-ctr-ps" in messages(emulator)[0]["cause"] and emulator.submitted == []
+
+
+def test_a_registry_that_cannot_be_read_fails_the_run_before_anything_starts(emulator):
+    _approve_previous(emulator)
+    emulator.faults["sagemaker.list_model_packages"] = ["ThrottlingException"] * 10  # past the retries
+    result = emulator.run({**INCREMENTAL, "run_id": "incr-9", "init_from": "approved"})
+    assert result["status"] == "FAILED" and result.get("error") == "NoApprovedModel", result
+    assert emulator.submitted == [] and not _claimed(emulator, "incr-9")
 
 
 def test_a_run_that_was_never_approved_cannot_be_started_from(emulator):
@@ -80,7 +113,7 @@ def test_a_run_cannot_start_from_itself(emulator):
 
 
 def test_a_first_run_without_a_baseline_makes_its_own_metric_the_baseline(emulator):
-    # No model was ever approved here (the SSM parameter is absent): validation gets `none`, so the run's own metric
+    # No model of its workload was ever approved here (none in the registry): validation gets `none`, so its own metric
     # becomes the baseline (validate.py writes runs/<id>/baseline.json; a diverged run is never approved).
     emulator.verdict = ACCEPTED
     result = emulator.run({**INCREMENTAL, "run_id": "first-1"})

@@ -320,16 +320,18 @@ def test_the_environments_capacity_wait_sets_how_often_capacity_is_asked_again()
         assert capacity["MaxAttempts"] == 0, stage
 
 
-def test_the_initial_model_reads_are_limited_to_the_parameter_and_approval_records(pipeline):
-    # init_from: GetParameter on this environment's approved-model parameter, GetObject on models/*/approval.json.
+def test_the_initial_model_reads_are_limited_to_the_environments_registry_and_approval_records(pipeline):
+    # init_from: DescribeModelPackage on this environment's model package groups' versions (the run id of the newest
+    # approved one), GetObject on models/*/approval.json; the SSM parameter is no longer read.
     statements = [
         s
         for r in pipeline["Resources"].values()
         if r["Type"] == "AWS::IAM::Policy"
         for s in r["Properties"]["PolicyDocument"]["Statement"]
     ]
-    (get_parameter,) = [s for s in statements if s["Action"] == "ssm:GetParameter"]
-    assert json.dumps(get_parameter["Resource"]).endswith(':parameter/efa-training/test/approved-model"]]}')
+    (describe,) = [s for s in statements if s["Action"] == "sagemaker:DescribeModelPackage"]
+    assert json.dumps(describe["Resource"]).endswith(':model-package/efa-training-test-*"]]}')
+    assert not [s for s in statements if s["Action"] == "ssm:GetParameter"]
     reads = [s for s in statements if s["Action"] == "s3:GetObject"]
     assert any(json.dumps(s["Resource"]).endswith('/models/*/approval.json"]]}') for s in reads), reads
 
