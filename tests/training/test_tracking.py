@@ -53,6 +53,7 @@ def test_the_training_lines_become_the_runs_metrics_with_its_parameters(store):
     params = run.data.params
     assert (params["model"], params["lr"], params["workload"], params["backend"]) == ("1.3b", "0.0003", "gpt", "batch")
     assert run.info.status == "FINISHED"
+    assert run.data.tags["efa_training.train.batch_job"] == "j"  # the job whose log stream holds the training's logs
 
 
 def test_a_retried_attempt_and_the_validation_add_to_the_same_run(store):
@@ -62,14 +63,15 @@ def test_a_retried_attempt_and_the_validation_add_to_the_same_run(store):
         assert tracker is not None
         tracker.feed(_line(attempt, Loss=1.0 / attempt))
         tracker.close(status)
-    tracking.record_sanity(
-        env, "retried-001", {"passed": True, "measured_busbw_gbps": 310.5, "threshold_busbw_gbps": 80}
-    )
+    sanity_job = {**env, "TRAINING_JOB_NAME": "retried-001-sanity-x"}  # the job whose logs hold the check's
+    report = {"passed": True, "measured_busbw_gbps": 310.5, "threshold_busbw_gbps": 80}
+    tracking.record_sanity(sanity_job, "retried-001", report)
     tracking.record_verdict(env, "retried-001", {"value": 0.5, "baseline": 0.51, "passed": True, "step": 2})
     client, run = _run(store, "dev", "retried-001")  # one run, not one per attempt or stage
     assert [m.value for m in client.get_metric_history(run.info.run_id, "Loss")] == [1.0, 0.5]
     assert run.data.metrics["verdict_value"] == 0.5 and run.data.metrics["verdict_passed"] == 1.0
     assert (run.data.metrics["sanity_passed"], run.data.metrics["sanity_measured_busbw_gbps"]) == (1.0, 310.5)
+    assert run.data.tags["efa_training.sanity.sagemaker_job"] == "retried-001-sanity-x"
 
 
 def test_no_uri_no_tracking():

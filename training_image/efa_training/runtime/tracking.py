@@ -57,9 +57,17 @@ def metrics_of(line: str) -> tuple[int, dict[str, float]] | None:
 class Tracker:
     """One run's MLflow writer (see the module's docstring); `feed` never blocks."""
 
-    def __init__(self, uri: str, experiment: str, run_name: str, params: Mapping[str, object]) -> None:
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        run_name: str,
+        params: Mapping[str, object],
+        tags: Mapping[str, str] | None = None,
+    ) -> None:
         self.uri, self.experiment, self.run_name = uri, experiment, run_name
         self.params = {k: str(v)[:6000] for k, v in params.items()}  # MLflow's limit on a param value
+        self.tags = dict(tags or {})  # set on the run when it is found: the stage's job, where its logs are
         self.lines: queue.Queue[tuple[int, dict[str, float], int]] = queue.Queue(QUEUE_LINES)
         self.dropped = 0
         self.failing = False
@@ -69,9 +77,14 @@ class Tracker:
         self._run_id: str | None = None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], run_id: str, params: Mapping[str, object]) -> Tracker | None:
+    def from_env(
+        cls, env: Mapping[str, str], run_id: str, params: Mapping[str, object], stage: str = "train"
+    ) -> Tracker | None:
+        """The run's tracker where MLFLOW_TRACKING_URI is set, tagged with the job this `stage` runs in."""
         uri = env.get(URI_VARIABLE, "").strip()
-        return cls(uri, env.get("TRAINING_ENVIRONMENT") or "local", run_id, params) if uri else None
+        if not uri:
+            return None
+        return cls(uri, env.get("TRAINING_ENVIRONMENT") or "local", run_id, params, job_tags(env, stage))
 
     def feed(self, line: str) -> None:
         """A line of the training's output: its metrics are queued."""
@@ -127,6 +140,8 @@ class Tracker:
 
         if self._run_id is None:
             self._run_id = run_of(self._connect(), self.experiment, self.run_name, self.params)
+            for key, value in self.tags.items():
+                self._connect().set_tag(self._run_id, key, value)
         metrics = [Metric(name, value, at, step) for step, values, at in pending for name, value in values.items()]
         for start in range(0, len(metrics), BATCH_METRICS):
             self._connect().log_batch(self._run_id, metrics=metrics[start : start + BATCH_METRICS])
@@ -175,10 +190,23 @@ def run_of(client, experiment: str, run_name: str, params: Mapping[str, str]) ->
     return run_id
 
 
-def record(env: Mapping[str, str], run_id: str, step: int, values: Mapping[str, float]) -> None:
+def job_tags(env: Mapping[str, str], stage: str) -> dict[str, str]:
+    """The job a stage runs in, whose logs are named after it: Batch's job id (its log stream), SageMaker's training
+    job name (its log group's streams), a Kubernetes pod's name (HOSTNAME)."""
+    for variable, kind in (
+        ("AWS_BATCH_JOB_ID", "batch_job"),
+        ("TRAINING_JOB_NAME", "sagemaker_job"),
+        ("HOSTNAME", "pod"),
+    ):
+        if env.get(variable) and (kind != "pod" or env.get("KUBERNETES_SERVICE_HOST")):
+            return {f"efa_training.{stage}.{kind}": env[variable]}
+    return {}
+
+
+def record(env: Mapping[str, str], run_id: str, step: int, values: Mapping[str, float], stage: str) -> None:
     """Values of a stage that is not the training (the sanity check, the validation) into the run's MLflow run, where
     tracking is on. Waited for at most CLOSE_SECONDS; a failure is one line, never the job's."""
-    tracker = Tracker.from_env(env, run_id, {})
+    tracker = Tracker.from_env(env, run_id, {}, stage)
     if tracker is not None and values:
         tracker.add(step, {k: float(v) for k, v in values.items() if math.isfinite(v)})
         tracker.close()
@@ -192,12 +220,8 @@ def record_verdict(env: Mapping[str, str], run_id: str, verdict: Mapping[str, ob
         if k in ("value", "baseline", "relative_delta", "tolerance") and isinstance(v, (int, float))
     }
     step = verdict.get("step")
-    record(
-        env,
-        run_id,
-        step if isinstance(step, int) else 0,
-        {**values, "verdict_passed": float(bool(verdict.get("passed")))},
-    )
+    passed = float(bool(verdict.get("passed")))
+    record(env, run_id, step if isinstance(step, int) else 0, {**values, "verdict_passed": passed}, "validate")
 
 
 def record_sanity(env: Mapping[str, str], run_id: str, report: Mapping[str, object]) -> None:
@@ -207,4 +231,4 @@ def record_sanity(env: Mapping[str, str], run_id: str, report: Mapping[str, obje
         for k, v in report.items()
         if k in ("measured_busbw_gbps", "threshold_busbw_gbps") and isinstance(v, (int, float))
     }
-    record(env, run_id, 0, {**values, "sanity_passed": float(bool(report.get("passed")))})
+    record(env, run_id, 0, {**values, "sanity_passed": float(bool(report.get("passed")))}, "sanity")
