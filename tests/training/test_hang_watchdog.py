@@ -337,3 +337,23 @@ def test_a_workloads_lines_become_metrics_only_on_the_node_that_runs_rank_zero(r
         worker.kill()
         worker.wait()
     assert seen == passed
+
+
+def test_lines_held_until_rank_zero_is_found_pass_on_then_without_another_line():
+    # A short script may print its last line before its worker is seen: the held lines must not wait for a next one.
+    seen: list[str] = []
+    lines = RankZeroLines(seen.append)
+    lines("loss=1")
+    worker = subprocess.Popen([th.PYTHON, "-c", "import time; time.sleep(30)"], env={**th.env(), "RANK": "0"})
+    try:
+        assert lines.found.wait(timeout=5)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert seen == ["loss=1"]
+
+
+def test_a_jobs_only_node_runs_rank_zero_and_holds_nothing():
+    seen: list[str] = []
+    RankZeroLines(seen.append, root=1, only_node=True)("loss=1")  # no worker to find: one node has rank 0
+    assert seen == ["loss=1"]

@@ -195,8 +195,10 @@ def test_without_a_baseline_the_value_becomes_it(tmp_path):
 USER_SCRIPT = """
 import json, os, sys
 hyper = json.load(open(os.environ["HYPERPARAMETERS_FILE"]))
-print(f"rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']} run={os.environ['RUN_ID']} lr={hyper['lr']} "
-      f"ckpt={os.path.isdir(os.environ['CHECKPOINT_DIR'])} loss=1.5", flush=True)
+# One write per line: the two workers share one pipe, and unbuffered print writes the text and its newline apart.
+sys.stdout.write(f"rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']} run={os.environ['RUN_ID']} "
+                 f"lr={hyper['lr']} ckpt={os.path.isdir(os.environ['CHECKPOINT_DIR'])} loss=1.5\\n")
+sys.stdout.flush()
 sys.exit(2 if hyper.get("refuse") else 0)
 """
 

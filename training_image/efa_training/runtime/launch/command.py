@@ -177,7 +177,7 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
     if root is not None and env.get("SANITY_BEFORE_TRAINING") == "1":
         sanity = sanity_first_command(plan, script_args, env, config)
     watchdog = _watchdog(plan, env, run, run_id, workload.hang_timeout_seconds)
-    on_line = watchdog.watch(RankZeroLines(metrics.feed))
+    on_line = watchdog.watch(RankZeroLines(metrics.feed, only_node=plan.nnodes == "1"))
     command = train_command(workload, plan)
     return Launch(command, plan, env, sanity, root, on_line=on_line, watchdog=watchdog, tracker=track)
 

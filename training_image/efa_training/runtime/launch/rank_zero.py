@@ -4,7 +4,8 @@ ranks go to `sorted(participants)`), not by node rank: rank 0 is not always on t
 
 A node knows by its processes: torchrun puts RANK in each worker's environment, readable in /proc while it runs
 (watchdog.environ). A short worker may be gone before its lines are read, so a thread looks from the launcher's start
-(every POLL_SECONDS) and lines wait until it is known; a node that never finds rank 0 never passes them on.
+(every POLL_SECONDS) and lines wait until it is known, then pass on at once, in order; a node that never finds rank 0
+never passes them on. A job of one node runs rank 0 by definition: nothing waits there.
 """
 
 from __future__ import annotations
@@ -26,28 +27,37 @@ HELD_LINES = 10_000
 class RankZeroLines:
     """`handler` for each line, on the node that runs rank 0 only; lines before that is known are held."""
 
-    def __init__(self, handler: Callable[[str], object], root: int | None = None) -> None:
+    def __init__(self, handler: Callable[[str], object], root: int | None = None, only_node: bool = False) -> None:
+        """`only_node`: the job's one node, which runs rank 0 whatever its processes show."""
         self.handler, self.root = handler, root or os.getpid()
         self.found = threading.Event()
         self._held: collections.deque[str] = collections.deque(maxlen=HELD_LINES)
-        self._lock = threading.Lock()
-        threading.Thread(target=self._look, name="rank-zero", daemon=True).start()
+        self._lock = threading.Lock()  # held while a line is handled: lines pass on in the order they were read
+        if only_node:
+            self.found.set()
+        else:
+            threading.Thread(target=self._look, name="rank-zero", daemon=True).start()
 
     def __call__(self, line: str) -> object:
         with self._lock:
             if not self.found.is_set():
                 self._held.append(line)
                 return None
+            return self.handler(line)
+
+    def _release(self) -> None:
+        """Rank 0 is here: the lines held so far pass on now, not at the next line (there may be none)."""
+        with self._lock:
+            self.found.set()
             held, self._held = list(self._held), collections.deque(maxlen=HELD_LINES)
-        for earlier in held:
-            self.handler(earlier)
-        return self.handler(line)
+            for line in held:
+                self.handler(line)
 
     def _look(self) -> None:
         started = time.monotonic()
         while not self.found.is_set():
             if any(environ(pid).get("RANK") == "0" for pid in descendants(self.root)):
-                self.found.set()
+                self._release()
                 return
             slow = time.monotonic() - started > SLOW_AFTER_SECONDS
             time.sleep(SLOW_POLL_SECONDS if slow else POLL_SECONDS)
