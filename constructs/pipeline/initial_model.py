@@ -91,8 +91,9 @@ class InitialModel:
             parameters={"ModelPackageName.$": "$.registry_lookup.arn"},
             iam_action="sagemaker:DescribeModelPackage",
             iam_resources=[packages],
-            result_selector={"init_from.$": "$.CustomerMetadataProperties.run_id"},
-            result_path="$.registry_lookup",
+            # The whole answer, not a selector: a version without the run id (registered by hand) would make a
+            # ResultSelector path fail with States.Runtime, which no Catch takes (Step Functions, "Error names").
+            result_path="$.registry_lookup.described",
             task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
         for call in (listed, described):
@@ -117,12 +118,37 @@ class InitialModel:
             scope,
             "NameApprovedRun",
             outputs={
-                "run": "{% $merge([$states.input.run, {'init_from': $states.input.registry_lookup.init_from}]) %}"
+                "run": "{% $merge([$states.input.run, "
+                "{'init_from': $states.input.registry_lookup.described.CustomerMetadataProperties.run_id}]) %}"
             },
         )
-        described.next(take)
+        run_id = "$.registry_lookup.described.CustomerMetadataProperties.run_id"
+        described.next(
+            sfn.Choice(scope, "IsVersionOfARun")
+            .when(C.and_(C.is_present(run_id), C.is_string(run_id)), take)
+            .otherwise(self._unnamed_version())
+        )
         take.next(named)
         return listed
+
+    def _unnamed_version(self) -> sfn.Pass:
+        """An approved version that names no run (registered by other means): the run fails as ModelNotApproved."""
+        unnamed = sfn.Pass(
+            self._scope,
+            "OnApprovedVersionUnnamed",
+            parameters={
+                "run.$": "$.run",
+                "failure": {
+                    "state": "DescribeApprovedVersion",
+                    "error": MODEL_NOT_APPROVED,
+                    "detail": "ApprovedVersionUnnamed",
+                    "cause.$": "States.Format('the newest approved version {} names no run_id in its metadata', "
+                    "$.registry_lookup.arn)",
+                },
+            },
+        )
+        unnamed.next(self._failures.notify)
+        return unnamed
 
     def _list_approved(self, id_: str) -> tasks.CallAwsService:
         """ListModelPackages: the newest approved version of the run's workload, in `$.registry_lookup.versions`

@@ -142,3 +142,17 @@ def test_sagemaker_reading_datasets_from_s3_refuses_initial_models(synth):
     # Its jobs mount no file system, where other runs' checkpoints are: the first states refuse init_from.
     definition = states(synth(compute="sagemaker", sagemaker_data_source="s3").raw("pipeline"))
     assert definition["InitialModelUnsupported"]["Error"] == "InvalidInput"
+
+
+def test_an_approved_version_that_names_no_run_fails_the_run_before_any_job(emulator):
+    # A version registered by other means (no run_id in its metadata): refused and notified, never a runtime error
+    # that no Catch takes.
+    registry = boto3.client("sagemaker", region_name=REGION)
+    registry.create_model_package_group(ModelPackageGroupName="efa-training-dev-gpt")
+    registry.create_model_package(
+        ModelPackageGroupName="efa-training-dev-gpt", ModelApprovalStatus="Approved", SourceUri="s3://elsewhere/m/"
+    )
+    result = emulator.run({**INCREMENTAL, "run_id": "incr-10", "init_from": "approved"})
+    assert result["status"] == "FAILED" and result.get("error") == "ModelNotApproved", result
+    (alert,) = messages(emulator)
+    assert alert["detail"] == "ApprovedVersionUnnamed" and emulator.submitted == []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from efa_training.runtime import tracking
-from efa_training.runtime.launch import tracked
+from efa_training.runtime.launch import command, rendezvous, tracked
 from efa_training.runtime.metrics import emf_record
 
 mlflow_tracking = pytest.importorskip("mlflow.tracking")
@@ -19,6 +19,17 @@ mlflow_tracking = pytest.importorskip("mlflow.tracking")
 def store(tmp_path_factory) -> str:
     """One SQLite store for the module: MLflow migrates a new database's schema once, which takes seconds."""
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+BATCH = {  # a Batch node's environment (runtime/launch/cli.py lists what it becomes)
+    "ACCELERATORS_PER_NODE": "8",
+    "AWS_BATCH_JOB_NUM_NODES": "2",
+    "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0",
+    "AWS_BATCH_JOB_NODE_INDEX": "0",
+    "AWS_BATCH_JOB_ID": "0f1e2d#0",
+    "AWS_BATCH_JOB_ATTEMPT": "1",
+    "GLOO_SOCKET_IFNAME": "lo",
+}
 
 
 def _line(step: int, **values: float) -> str:
@@ -40,8 +51,9 @@ def test_a_metric_line_is_its_step_and_finite_values():
 
 
 def test_the_training_lines_become_the_runs_metrics_with_its_parameters(store):
-    env = {"MLFLOW_TRACKING_URI": store, "TRAINING_ENVIRONMENT": "dev", "AWS_BATCH_JOB_ID": "j"}
-    tracker = tracked.tracker(env, "gpt-001", "gpt", {"model": "1.3b", "lr": 0.0003})
+    env = {"MLFLOW_TRACKING_URI": store, "TRAINING_ENVIRONMENT": "dev", **BATCH}
+    plan = rendezvous.plan_launch("train", env)
+    tracker = tracked.tracker(env, plan, "gpt-001", "gpt", {"model": "1.3b", "lr": 0.0003})
     assert tracker is not None
     for step in (1, 2, 3):
         tracker.feed(_line(step, Loss=4.0 - step, TokensPerSecond=1000.0 * step))
@@ -51,9 +63,17 @@ def test_the_training_lines_become_the_runs_metrics_with_its_parameters(store):
     history = client.get_metric_history(run.info.run_id, "Loss")
     assert [(m.step, m.value) for m in history] == [(1, 3.0), (2, 2.0), (3, 1.0)]
     params = run.data.params
-    assert (params["model"], params["lr"], params["workload"], params["backend"]) == ("1.3b", "0.0003", "gpt", "batch")
+    assert (params["model"], params["lr"], params["workload"], params["scheduler"]) == (
+        "1.3b",
+        "0.0003",
+        "gpt",
+        "aws-batch",
+    )
+    assert (params["nodes"], params["accelerators_per_node"]) == ("2", "8")
     assert run.info.status == "FINISHED"
-    assert run.data.tags["efa_training.train.batch_job"] == "j"  # the job whose log stream holds the training's logs
+    assert (
+        run.data.tags["efa_training.train.batch_job"] == "0f1e2d#0"
+    )  # the job whose log stream holds the training's logs
 
 
 def test_a_retried_attempt_and_the_validation_add_to_the_same_run(store):
@@ -75,7 +95,7 @@ def test_a_retried_attempt_and_the_validation_add_to_the_same_run(store):
 
 
 def test_no_uri_no_tracking():
-    assert tracked.tracker({}, "r", "gpt", {}) is None
+    assert tracked.tracker({}, rendezvous.plan_launch("train", BATCH), "r", "gpt", {}) is None
     tracking.record_verdict({}, "r", {"passed": True})  # nothing to do, nothing raised
 
 
@@ -104,8 +124,31 @@ def test_local_runs_track_to_a_store_beside_their_output(tmp_path):
     assert env["MLFLOW_TRACKING_URI"] == f"sqlite:///{Path(tmp_path) / 'mlflow.db'}"
 
 
+def test_the_ui_is_the_same_mlflow_release_as_the_client():
+    root = Path(__file__).resolve().parents[2]
+    (client,) = [ln for ln in (root / "training_image" / "requirements.txt").read_text().splitlines() if "mlflow" in ln]
+    (server,) = [ln for ln in (root / "requirements-tracking.txt").read_text().splitlines() if ln.startswith("mlflow")]
+    assert client.split("==")[1] == server.split("==")[1]
+
+
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.gpu", "Dockerfile.neuron"])
 def test_the_images_install_the_mlflow_client_the_tests_run(dockerfile):
     image = Path(__file__).resolve().parents[2] / "training_image"
     (pin,) = [line for line in (image / "requirements.txt").read_text().splitlines() if line.startswith("mlflow")]
     assert f"pip install --no-cache-dir {pin}\n" in (image / dockerfile).read_text()
+
+
+def test_the_built_in_trainers_launch_feeds_its_metric_lines_to_the_tracker(monkeypatch):
+    # launch.py train for a built-in workload: its EMF lines (what rank 0 prints) reach the tracker, which has the
+    # run's hyperparameters as given; other lines do not.
+    fed: list[tuple[int, dict]] = []
+    monkeypatch.setattr(tracking.Tracker, "add", lambda self, step, values: fed.append((step, values)))
+    env = {**BATCH, "MLFLOW_TRACKING_URI": "http://127.0.0.1:1"}
+    given = json.dumps({"model": "mini", "strategy": "fsdp"})
+    prepared = command.prepare("train", ["--run-id", "r7", "--hyperparameters", given], env)
+    assert prepared.tracker is not None and prepared.tracker.params["model"] == "mini"
+    assert prepared.on_line is not None
+    prepared.on_line(_line(4, Loss=2.0))
+    prepared.on_line("step 5 of something else")
+    assert fed == [(4, {"Loss": 2.0})]
+    assert prepared.tracker.params["workload"] == "gpt" and prepared.tracker.run_name == "r7"

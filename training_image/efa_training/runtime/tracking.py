@@ -192,7 +192,10 @@ def run_of(client, experiment: str, run_name: str, params: Mapping[str, str]) ->
 
 def job_tags(env: Mapping[str, str], stage: str) -> dict[str, str]:
     """The job a stage runs in, whose logs are named after it: Batch's job id (its log stream), SageMaker's training
-    job name (its log group's streams), a Kubernetes pod's name (HOSTNAME)."""
+    job name (its log group's streams), a Kubernetes pod's name (HOSTNAME). Batch user guide, "Compute environment
+    variables": AWS_BATCH_JOB_ID; SageMaker developer guide, "How Amazon SageMaker AI provides training information":
+    TRAINING_JOB_NAME; Kubernetes docs, "Container Environment": "The hostname of a Container is the name of the Pod"
+    (KUBERNETES_SERVICE_HOST: every pod of a cluster with a default service, "Service" environment variables)."""
     for variable, kind in (
         ("AWS_BATCH_JOB_ID", "batch_job"),
         ("TRAINING_JOB_NAME", "sagemaker_job"),

@@ -57,14 +57,12 @@ from dataclasses import asdict
 
 from efa_training.runtime.errors import EXIT_USAGE, EXIT_WINDOW_ENDED, UsageError, exit_with_usage_error
 from efa_training.runtime.launch.command import Launch, prepare
-from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, PACKAGE_ROOT, SINGLE_MODES
+from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, SINGLE_MODES, VERSION_FILE
 from efa_training.runtime.launch.neuron_compile import mark_compiled
 from efa_training.runtime.launch.process import health_after_failure, run_forwarding, run_on_sagemaker, run_torchrun
 from efa_training.runtime.launch.sagemaker import ml_root, on_sagemaker, write_failure
 from efa_training.runtime.launch.stage_heartbeat import StageHeartbeat
 from efa_training.runtime.run_paths import flag_value
-
-VERSION_FILE = PACKAGE_ROOT / "version.py"  # the platform's release, beside the package (the CLI reads it too)
 
 
 def main(argv: list[str] | None = None) -> int:

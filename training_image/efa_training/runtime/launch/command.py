@@ -123,7 +123,7 @@ def _watched(mode: str, launch: Launch, script_args: list[str], given: dict) -> 
     run_id = flag_value(script_args, "--run-id") or launch.env.get("RUN_ID")
     watchdog = _watchdog(launch.plan, launch.env, run, run_id)
     workload = workloads.workload_for(flag_value(script_args, "--strategy"))
-    track = tracked.tracker(launch.env, run_id or "local", workload, given)
+    track = tracked.tracker(launch.env, launch.plan, run_id or "local", workload, given)
     return replace(
         launch, on_line=watchdog.watch(tracked.feeding(track, is_metrics_line)), watchdog=watchdog, tracker=track
     )
@@ -170,7 +170,7 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
     env.setdefault("PYTHONUNBUFFERED", "1")  # progress lines as they are printed (the images set it too)
     # Read where global rank 0 runs (rank_zero.py: not always the main node): one metric line per step however many
     # nodes print it; each is progress.
-    track = tracked.tracker(env, run_id, workload.name, hyperparameters.given(script_args))
+    track = tracked.tracker(env, plan, run_id, workload.name, hyperparameters.given(script_args))
     emit = tracked.feeding(track, _print_flushed)
     metrics = LogMetrics(workload, run_id, env.get("TRAINING_ENVIRONMENT", ""), emit=emit)
     sanity = None

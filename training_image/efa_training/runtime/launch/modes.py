@@ -21,6 +21,7 @@ EXIT_RELAY = "efa_training.runtime.exit_relay"
 # The folder that holds the package (/opt/training in the image, training_image/ here): the children's PYTHONPATH,
 # and where the release's version.py is.
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+VERSION_FILE = PACKAGE_ROOT / "version.py"  # the platform's release, beside the package (the CLI reads it too)
 
 
 def python_path(env: Mapping[str, str]) -> str:

@@ -30,8 +30,7 @@ CHANNEL_HYPERPARAMETERS = ("dataset",)  # on SageMaker the `training` input chan
 # the initial model; the hyperparameters (JSON text) go to user_workload.prepare_run, a built-in trainer's to
 # hyperparameters.as_flags.
 WORKLOAD_HYPERPARAMETERS = {
-    "train": ("run_id", "dataset", "hyperparameters", "stop_by", "expected_nodes"),
-    "validate": ("run_id", "dataset", "hyperparameters", "baseline", "tolerance"),
+    job: tuple(name for name in SAGEMAKER_HYPERPARAMETERS[job] if name != "init_from") for job in ("train", "validate")
 }
 
 

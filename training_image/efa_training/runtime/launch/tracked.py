@@ -9,36 +9,30 @@ import runpy
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from efa_training.runtime.launch.modes import PACKAGE_ROOT
+from efa_training.runtime.launch.modes import VERSION_FILE
+from efa_training.runtime.launch.rendezvous import LaunchPlan
 from efa_training.runtime.tracking import Tracker
 
-VERSION_FILE = PACKAGE_ROOT / "version.py"
 T = TypeVar("T")
 
 
-def tracker(env: Mapping[str, str], run_id: str, workload: str, given: Mapping[str, object]) -> Tracker | None:
+def tracker(
+    env: Mapping[str, str], plan: LaunchPlan, run_id: str, workload: str, given: Mapping[str, object]
+) -> Tracker | None:
     """The run's tracker (None where tracking is off), with what the run is as its parameters: the hyperparameters
-    as given, the workload, where and on how many nodes it runs, and the platform's release."""
+    as given, the workload, where (the plan's scheduler) and on how many nodes it runs, and the platform's release."""
     if not env.get("MLFLOW_TRACKING_URI"):
         return None
     params = {
         **{name: value if isinstance(value, str) else json.dumps(value) for name, value in given.items()},
         "workload": workload,
-        "backend": backend(env),
-        "nodes": env.get("AWS_BATCH_JOB_NUM_NODES") or env.get("PET_NNODES") or env.get("NNODES") or "1",
-        "accelerators_per_node": env.get("ACCELERATORS_PER_NODE", ""),
+        "scheduler": plan.scheduler,
+        "nodes": plan.nnodes,
+        "accelerators_per_node": plan.nproc_per_node,
         "accelerator_kind": env.get("ACCELERATOR_KIND", ""),
         "platform_release": runpy.run_path(str(VERSION_FILE))["VERSION"],
     }
     return Tracker.from_env(env, run_id, params)
-
-
-def backend(env: Mapping[str, str]) -> str:
-    if "AWS_BATCH_JOB_ID" in env:
-        return "batch"
-    if "PET_NNODES" in env or "KUBERNETES_SERVICE_HOST" in env:
-        return "eks"
-    return "sagemaker" if "TRAINING_JOB_NAME" in env else "local"
 
 
 def feeding(track: Tracker | None, handler: Callable[[str], T]) -> Callable[[str], T]:
