@@ -97,6 +97,8 @@ _DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _NEURON_CC_FLAGS = re.compile(r"-[A-Za-z0-9_.,=/-]*( [A-Za-z0-9_.,=/-]+){0,63}", re.ASCII)
 # An MLflow tracking server the jobs reach over HTTP(S), without credentials in the URL (they would sit in every
 # job definition in plain text): scheme, host, optional port and path.
+# CreateMlflowTrackingServer's TrackingServerSize (SageMaker API reference: Small, Medium, Large), "" for none.
+TRACKING_SERVER_SIZES = {"": "", "small": "Small", "medium": "Medium", "large": "Large"}
 _TRACKING_URI = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?", re.ASCII)
 # The seeds' compiler flags: a transformer, optimisation level 1, matrix multiplications auto-cast to bf16 (Neuron
 # Compiler CLI reference: --model-type, -O/--optlevel, --auto-cast, --auto-cast-type).
@@ -170,8 +172,10 @@ class EnvironmentConfig:
     capacity_reservation: JsonObject = JsonObject("{}")
     # Your own training code (docs/workloads.md): workload name -> declaration, checked here (contracts/workload.py).
     workloads: JsonObject = JsonObject("{}")
-    # MLflow tracking for every run (training_image/efa_training/runtime/tracking.py): a server's URL, "" for none.
+    # MLflow tracking for every run (training_image/efa_training/runtime/tracking.py): a server's URL, "" for none;
+    # or a SageMaker managed MLflow tracking server the storage stack creates, by size (constructs/storage/tracking.py).
     tracking_uri: str = ""
+    tracking_server: str = ""
 
     def __post_init__(self) -> None:
         """Every field checked when the app starts, in this order: the first problem is the one reported."""
@@ -191,6 +195,13 @@ class EnvironmentConfig:
             or (len(self.tracking_uri) <= 512 and bool(_TRACKING_URI.fullmatch(self.tracking_uri))),
             "empty (no tracking) or an MLflow tracking server's http(s) URL the training subnets reach, like "
             "https://mlflow.example.internal:5000 (no user or password in it; at most 512 characters)",
+        )
+        _check(
+            self,
+            "tracking_server",
+            self.tracking_server in TRACKING_SERVER_SIZES and not (self.tracking_server and self.tracking_uri),
+            "empty (no managed server) or small, medium or large: a SageMaker managed MLflow tracking server of that "
+            "size (billed by the hour while it exists), and then no tracking_uri (the jobs track to one server)",
         )
         _check(
             self,

@@ -65,3 +65,9 @@ def batch_name(environment: str, unit: str) -> str:
 
 def dashboard_name(environment: str) -> str:
     return f"{stack_prefix(environment)}-training"
+
+
+def tracking_server_name(environment: str) -> str:
+    """The environment's SageMaker managed MLflow tracking server (config tracking_server): `efa-training-<env>`, which
+    TrackingServerName's pattern, [a-zA-Z0-9](-*[a-zA-Z0-9]){0,255} (CreateMlflowTrackingServer), takes."""
+    return f"{PROJECT}-{environment}"

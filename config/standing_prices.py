@@ -83,3 +83,9 @@ BUDGET_BEYOND_TWO_USD_PER_DAY = 0.02
 # FSx for Lustre GB-month: config/pricing.py records us-east-1 only, and no other Region's price was found.
 FSX_PRICED_REGIONS = frozenset({"us-east-1"})
 FSX_SOURCE = f"{FSX_PRICE_SOURCE}, {FSX_PRICE_DATE}"
+
+# SageMaker managed MLflow tracking server-hour (config tracking_server): no price recorded for the shipped Regions. The
+# one figure found is a third party's reading for Small in eu-west-2, not a price of ours (londonaicentre/FLIP#745).
+TRACKING_SERVER_PRICE_NOTE = (
+    "SageMaker pricing, MLflow section, by size; a third party read $0.642/hour for Small in eu-west-2 (FLIP#745)"
+)

@@ -29,6 +29,7 @@ from constructs.compute.shared.workload_images import WorkloadImages
 from constructs.escape_hatch import cfn
 from constructs.nag import acknowledge, acknowledge_log_group_encryption, managed_policy_finding
 from constructs.observability.accelerator_metrics import accelerator_metrics
+from constructs.storage.tracking import grant_tracking, tracking_uri
 from contracts.job_environment import STOP_GRACE_SECONDS
 from contracts.run import QUEUE_WAIT_MINUTES
 from stacks.network_stack import NetworkStack
@@ -107,6 +108,7 @@ class BatchStack(cdk.Stack):
             description="Training containers: read datasets, write checkpoints, models, reports",
         )
         storage.data_access.grant_training(self.job_role, "Batch training jobs")
+        grant_tracking(self.job_role, config)
         self.log_group.grant_write(self.job_role)
         self.jobs = BatchJobDefinitions(
             self,
@@ -121,7 +123,7 @@ class BatchStack(cdk.Stack):
             train_timeout=cdk.Duration.hours(config.batch_train_timeout_hours),
             environment=config.name,
             neuron_cc_flags=config.neuron_cc_flags,
-            tracking_uri=config.tracking_uri,
+            tracking_uri=tracking_uri(self, config),
         )
         self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
         # Each declared workload's train and validate definitions, on its own image (docs/workloads.md).

@@ -11,7 +11,7 @@ import aws_cdk as cdk
 import aws_cdk.aws_stepfunctions as sfn
 
 from config import EnvironmentConfig
-from config.layout import RUNS_PREFIX
+from config.layout import MODELS_PREFIX, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import TRAINING, VALIDATION, ComputeBackend
 from constructs.compute.eks.accelerator_nodegroup import (
@@ -25,6 +25,7 @@ from constructs.compute.eks.node_scaling import EksNodeReconciler, EksNodeScalin
 from constructs.compute.eks.training_workspace import EksTrainingWorkspace
 from constructs.compute.shared.workload_images import WorkloadImages
 from constructs.observability.accelerator_metrics import accelerator_metrics
+from constructs.storage.tracking import grant_tracking, tracking_uri
 from stacks.network_stack import NetworkStack
 from stacks.policies import data_removal_policy, log_retention
 from stacks.registry_stack import RegistryStack, platform_image_tag
@@ -110,8 +111,9 @@ class EksStack(cdk.Stack):
             fsx_revision=storage.file_system_revision,
             environment=config.name,
             neuron_cc_flags=config.neuron_cc_flags,
-            tracking_uri=config.tracking_uri,
+            tracking_uri=tracking_uri(self, config),
         )
+        grant_tracking(self.workspace.role, config)
         # The pipeline (PipelineStack) runs its jobs through this.
         # Each declared workload's image (its pods pull it with the nodes' ECR read-only policy).
         images = WorkloadImages(
@@ -128,6 +130,7 @@ class EksStack(cdk.Stack):
             validation_instance=config.single_node_instance,
             node_scaling=self.node_scaling,
             runs_uri=f"s3://{storage.bucket.bucket_name}/{RUNS_PREFIX}",
+            models_uri=f"s3://{storage.bucket.bucket_name}/{MODELS_PREFIX}",
             site=self.workspace.site,
             train_attempt_hours=config.batch_train_timeout_hours,
             workloads=images.for_runner(),

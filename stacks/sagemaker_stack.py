@@ -21,6 +21,7 @@ from constructs.compute.sagemaker.execution_role import TRAINING_LOG_GROUP, Sage
 from constructs.compute.sagemaker.job_runner import SageMakerJobRunner
 from constructs.compute.shared.workload_images import WorkloadImages
 from constructs.observability.accelerator_metrics import accelerator_metrics
+from constructs.storage.tracking import grant_tracking, tracking_uri
 from stacks.network_stack import NetworkStack
 from stacks.registry_stack import RegistryStack, platform_image_tag
 from stacks.storage_stack import StorageStack
@@ -46,6 +47,7 @@ class SageMakerStack(cdk.Stack):
             self, "Execution", data_access=storage.data_access, file_system=fsx
         ).role
         registry.image_repository.grant_pull(self.execution_role)
+        grant_tracking(self.execution_role, config)
         # Each declared workload's image, pulled by the jobs' role (docs/workloads.md).
         images = WorkloadImages(
             self,
@@ -77,7 +79,7 @@ class SageMakerStack(cdk.Stack):
             spot=config.sagemaker_spot,
             file_system=file_system,
             neuron_cc_flags=config.neuron_cc_flags,
-            tracking_uri=config.tracking_uri,
+            tracking_uri=tracking_uri(self, config),
             workloads=images.for_runner(),
             training_plan=config.reservation.training_plan if config.reservation else None,
         )

@@ -10,6 +10,7 @@ from config.layout import FSX_MOUNT_PATH, RUNS_TABLE_OUTPUT
 from constructs import Construct
 from constructs.storage.data_bucket_access import DataBucketAccess
 from constructs.storage.runs_table import RunsTable
+from constructs.storage.tracking import TrackingServer
 from constructs.storage.training_storage import TrainingStorage
 from stacks.network_stack import NetworkStack
 from stacks.policies import data_removal_policy
@@ -65,6 +66,17 @@ class StorageStack(cdk.Stack):
         self.data_access = DataBucketAccess(self, self.bucket)
         # The pipeline's claims of run ids (constructs/pipeline/run_claim.py), kept with the data.
         self.runs_table = RunsTable(self, "Runs", removal_policy=data_removal_policy(config)).table
+        # The runs' MLflow server, where config tracking_server asks for one (constructs/storage/tracking.py).
+        if config.tracking_server:
+            tracking = TrackingServer(
+                self,
+                "Tracking",
+                environment=config.name,
+                bucket=self.bucket,
+                size=config.tracking_server,
+                removal_policy=data_removal_policy(config),
+            )
+            cdk.CfnOutput(self, "TrackingServerArn", value=tracking.server.attr_tracking_server_arn)
         cdk.CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
         cdk.CfnOutput(self, RUNS_TABLE_OUTPUT, value=self.runs_table.table_name)  # `pipeline_cli list` reads it
         cdk.CfnOutput(self, "FileSystemId", value=self.file_system.file_system_id)

@@ -81,12 +81,15 @@ def instance_variant(compute: str, name: str) -> dict | None:
 
 
 def app_variants() -> list[dict]:
-    """What CI synthesizes: every environment on every backend, and every EFA instance type on every backend that
-    can run it."""
+    """What CI synthesizes: every environment on every backend, every EFA instance type on every backend that can run
+    it, and the managed MLflow tracking server (off in the shipped environments) on every backend."""
     per_type = [instance_variant(compute, name) for compute in BACKENDS for name in efa_instance_types()]
-    return [{"env": env, "compute": compute} for env in ENVIRONMENTS for compute in BACKENDS] + [
-        variant for variant in per_type if variant is not None
-    ]
+    tracked = [{"env": "dev", "compute": compute, "tracking_server": "small"} for compute in BACKENDS]
+    return (
+        [{"env": env, "compute": compute} for env in ENVIRONMENTS for compute in BACKENDS]
+        + [variant for variant in per_type if variant is not None]
+        + tracked
+    )
 
 
 def variant_id(variant: dict) -> str:

@@ -80,6 +80,26 @@ def test_adding_an_on_demand_reservation_replaces_nothing_that_runs(synth, backe
     assert {name.rsplit("-", 1)[1] for name in change.deployed} == {backend.capitalize(), "Pipeline"}
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_turning_on_the_managed_tracking_server_replaces_nothing_that_runs(synth, backend):
+    # config tracking_server: the server and its role in the storage stack; the jobs' environment and role in place.
+    before, after = synth(compute=backend), synth(env="dev", compute=backend, tracking_server="small")
+    change = redeploy(before.templates, after.templates, before.config.region)
+    _assert_safe(change, after.templates)
+    assert any(name.endswith("-Storage") for name in change.deployed)
+
+
+def test_resizing_the_managed_tracking_server_keeps_it_and_its_runs(synth):
+    # AWS::SageMaker::MlflowTrackingServer: TrackingServerSize "Update requires: No interruption"; the name, its one
+    # create-only property, is the environment's (CloudFormation template reference).
+    before = synth(env="dev", compute="batch", tracking_server="small")
+    after = synth(env="dev", compute="batch", tracking_server="medium")
+    change = redeploy(before.templates, after.templates, before.config.region)
+    _assert_safe(change, after.templates)
+    assert change.replaced_of_type(after.templates, ("AWS::SageMaker::MlflowTrackingServer",)) == []
+    assert {name.rsplit("-", 1)[1] for name in change.deployed} == {"Storage"}
+
+
 def test_a_new_image_tag_replaces_nothing_and_leaves_nothing_stale(synth):
     before, after = synth(compute="batch", image_tag="v1"), synth(compute="batch", image_tag="v2")
     change = redeploy(before.templates, after.templates, before.config.region)

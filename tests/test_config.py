@@ -61,6 +61,12 @@ BAD_INPUTS = [
     ({"neuron_cc_flags": "transformer"}, ["neuron_cc_flags='transformer'", "starting with '-'"]),
     ({"tracking_uri": "https://user:secret@mlflow.internal"}, ["tracking_uri=", "no user or password"]),
     ({"tracking_uri": "mlflow.internal:5000"}, ["tracking_uri='mlflow.internal:5000'", "http(s) URL"]),
+    # CreateMlflowTrackingServer's sizes, lower-cased; one server or one URL, not both.
+    ({"tracking_server": "Small"}, ["tracking_server='Small'", "small, medium or large"]),
+    (
+        {"tracking_server": "small", "tracking_uri": "https://mlflow.internal"},
+        ["tracking_server='small'", "then no tracking_uri"],
+    ),
     ({"neuron_cc_flags": ""}, ["neuron_cc_flags=''", "neuronx-cc options"]),
     ({"neuron_cc_flags": "-O1  --model-type=transformer"}, ["neuron_cc_flags='-O1  --model-type=transformer'"]),
     ({"neuron_cc_flags": "--logical-nc-config=1"}, ["neuron_cc_flags='--logical-nc-config=1'", "LOGICAL_NC"]),

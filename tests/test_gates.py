@@ -21,7 +21,10 @@ from tools.gates import cfn_lint, checkov, open_findings
 VARIANTS = app_variants()
 # Every environment on every backend. The instance-type variants add no resource type to these (their templates
 # differ in values: types, counts, charts), and checkov's start-up (about 4 s) is paid once for all of them.
-SCANNED = [variant for variant in VARIANTS if set(variant) == {"env", "compute"}]
+# The managed tracking server adds a resource type: its variants are scanned too.
+SCANNED = [
+    variant for variant in VARIANTS if set(variant) in ({"env", "compute"}, {"env", "compute", "tracking_server"})
+]
 
 
 def lint_errors(templates: list[Path], region: str) -> list[str]:

@@ -159,3 +159,14 @@ def test_scheduled_state_machines_bill_their_transitions():
 def test_the_eks_reconciler_is_in_the_standing_cost():
     assert _line(_standing("dev", "eks"), "scheduled state transitions").quantity > 0
     assert not any(line.item.startswith("scheduled") for line in _standing("dev", "batch").lines)
+
+
+def test_a_managed_tracking_server_is_a_standing_line_unpriced_where_no_price_is_recorded():
+    # config tracking_server: a SageMaker managed MLflow server bills by the hour while it exists (off by default).
+    app = synthesize(env="dev", compute="batch", tracking_server="small")
+    lines = standing_cost.standing_lines(list(app.templates.values()), "us-east-1")
+    (line,) = [ln for ln in lines if ln.item == "MLflow tracking servers"]
+    assert line.quantity == len(app.template("storage").find_resources("AWS::SageMaker::MlflowTrackingServer")) == 1
+    assert line.price is None and line.unpriced.startswith("unpriced: SageMaker pricing, MLflow")
+    shipped = standing_cost.standing_lines(list(synthesize(env="dev", compute="batch").templates.values()), "us-east-1")
+    assert "MLflow tracking servers" not in [ln.item for ln in shipped]

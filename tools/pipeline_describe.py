@@ -13,6 +13,7 @@ from config.layout import (
     RUNS_TABLE_OUTPUT,
     dashboard_name,
     stack_name,
+    tracking_server_name,
 )
 from contracts import run as schema
 from tools import bad_hosts, model_registry
@@ -92,9 +93,8 @@ def cmd_describe(args, pipeline: Pipeline, out) -> int:
         print(line, file=out)
     for line in model_registry.lines(events):
         print(line, file=out)
-    tracking_uri = environment_config(pipeline.env).tracking_uri
-    if tracking_uri and run_id:  # the run's MLflow run: named by the run id in the environment's experiment
-        print(f"tracking   MLflow {tracking_uri}: experiment {pipeline.env!r}, run {run_id!r}", file=out)
+    for line in _tracking_lines(environment_config(pipeline.env), run_id):
+        print(line, file=out)
     if run_id and re.fullmatch(schema.RUN_ID_PATTERN, run_id) and pipeline.bucket:
         for line in bad_hosts.lines(pipeline._client("s3"), pipeline.bucket, run_id):
             print(line, file=out)
@@ -117,6 +117,22 @@ def _jobs_and_verdict(events: list[dict]) -> tuple[dict, object]:
             body = _json_object(event["taskSucceededEventDetails"].get("output")).get("Body")
             verdict = _json_object(body) if isinstance(body, str) else body
     return jobs, verdict
+
+
+def _tracking_lines(config, run_id: str | None) -> list[str]:
+    """The run's MLflow run (named by the run id in the environment's experiment), where tracking is on; for the
+    managed server, how to open its UI (CreatePresignedMlflowTrackingServerUrl, a short-lived signed link)."""
+    if not run_id or not (config.tracking_uri or config.tracking_server):
+        return []
+    server = tracking_server_name(config.name)
+    where = config.tracking_uri or f"SageMaker managed server {server}"
+    lines = [f"tracking   MLflow {where}: experiment {config.name!r}, run {run_id!r}"]
+    if config.tracking_server:
+        lines.append(
+            "           open: aws sagemaker create-presigned-mlflow-tracking-server-url "
+            f"--tracking-server-name {server}"
+        )
+    return lines
 
 
 def _verdict_line(verdict: object) -> str:

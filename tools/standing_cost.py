@@ -32,6 +32,7 @@ from config.standing_prices import (
     NAT_GATEWAY,
     PUBLIC_IPV4,
     SFN_STATE_TRANSITION,
+    TRACKING_SERVER_PRICE_NOTE,
     StandingPrice,
 )
 
@@ -159,6 +160,14 @@ def standing_lines(templates: Templates, region: str) -> list[Line]:
         _priced("EKS clusters", count("AWS::EKS::Cluster"), "cluster", EKS_CLUSTER, region),
         *_node_group_lines(templates, region),
         Line("Batch minimum vCPUs", min_vcpus, "vCPU", None, "unpriced: instances Batch keeps running"),
+        # Config tracking_server (constructs/storage/tracking.py): billed by the hour while it exists, by size.
+        Line(
+            "MLflow tracking servers",
+            count("AWS::SageMaker::MlflowTrackingServer"),
+            "server",
+            None,
+            f"unpriced: {TRACKING_SERVER_PRICE_NOTE}",
+        ),
         _priced("KMS keys", count("AWS::KMS::Key"), "key", KMS_KEY, region),
         _priced(
             "CloudWatch dashboards", count("AWS::CloudWatch::Dashboard"), "dashboard", CLOUDWATCH_DASHBOARD, region

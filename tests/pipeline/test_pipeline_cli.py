@@ -252,6 +252,11 @@ def test_describe_names_the_runs_mlflow_run_where_tracking_is_on(deployed, tmp_p
     monkeypatch.setattr(pipeline_describe, "environment_config", lambda env: tracked)
     _, out, _ = cli("describe", "dev", "cli-tracked")
     assert "tracking   MLflow https://mlflow.example.internal: experiment 'dev', run 'cli-tracked'" in out
+    managed = dataclasses.replace(config, tracking_server="small")  # config tracking_server: the managed one
+    monkeypatch.setattr(pipeline_describe, "environment_config", lambda env: managed)
+    _, out, _ = cli("describe", "dev", "cli-tracked")
+    assert "tracking   MLflow SageMaker managed server efa-training-dev: experiment 'dev', run 'cli-tracked'" in out
+    assert "create-presigned-mlflow-tracking-server-url --tracking-server-name efa-training-dev" in out
 
 
 def test_describe_shows_the_hosts_the_run_took_out(deployed, tmp_path):

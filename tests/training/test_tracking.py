@@ -126,7 +126,8 @@ def test_local_runs_track_to_a_store_beside_their_output(tmp_path):
 
 def test_the_ui_is_the_same_mlflow_release_as_the_client():
     root = Path(__file__).resolve().parents[2]
-    (client,) = [ln for ln in (root / "training_image" / "requirements.txt").read_text().splitlines() if "mlflow" in ln]
+    pins = (root / "training_image" / "requirements.txt").read_text().splitlines()
+    (client,) = [ln for ln in pins if ln.startswith("mlflow-skinny==")]
     (server,) = [ln for ln in (root / "requirements-tracking.txt").read_text().splitlines() if ln.startswith("mlflow")]
     assert client.split("==")[1] == server.split("==")[1]
 
@@ -134,8 +135,11 @@ def test_the_ui_is_the_same_mlflow_release_as_the_client():
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.gpu", "Dockerfile.neuron"])
 def test_the_images_install_the_mlflow_client_the_tests_run(dockerfile):
     image = Path(__file__).resolve().parents[2] / "training_image"
-    (pin,) = [line for line in (image / "requirements.txt").read_text().splitlines() if line.startswith("mlflow")]
-    assert f"pip install --no-cache-dir {pin}\n" in (image / dockerfile).read_text()
+    # The client and its plugin for a SageMaker managed server's ARN (constructs/storage/tracking.py), at the same pins.
+    pins = [
+        ln for ln in (image / "requirements.txt").read_text().splitlines() if ln.startswith(("mlflow", "sagemaker-"))
+    ]
+    assert len(pins) == 2 and f"pip install --no-cache-dir {' '.join(pins)}\n" in (image / dockerfile).read_text()
 
 
 def test_the_built_in_trainers_launch_feeds_its_metric_lines_to_the_tracker(monkeypatch):
@@ -152,3 +156,36 @@ def test_the_built_in_trainers_launch_feeds_its_metric_lines_to_the_tracker(monk
     prepared.on_line("step 5 of something else")
     assert fed == [(4, {"Loss": 2.0})]
     assert prepared.tracker.params["workload"] == "gpt" and prepared.tracker.run_name == "r7"
+
+
+EXECUTION = "arn:aws:states:us-east-1:123456789012:execution:efa-training-dev-pipeline:rec-001-20261127T170000Z"
+
+
+def _recorded_run(store: str, tmp_path: Path, record: str, experiment: str = "rec"):
+    """A tracked training whose REPORT_PREFIX holds the pipeline's run.json (WriteRunRecord) as `record`."""
+    (tmp_path / "rec-001").mkdir(exist_ok=True)
+    (tmp_path / "rec-001" / "run.json").write_text(record)
+    env = {"MLFLOW_TRACKING_URI": store, "TRAINING_ENVIRONMENT": experiment, "REPORT_PREFIX": f"{tmp_path}/"}
+    track = tracked.tracker(env, rendezvous.plan_launch("train", BATCH), "rec-001", "gpt", {})
+    assert track is not None
+    track.feed(_line(1, Loss=2.0))
+    track.close()
+    return _run(store, experiment, "rec-001")[1]
+
+
+def test_the_run_is_tagged_with_its_execution_and_its_quote_from_the_pipelines_record(store, tmp_path):
+    # docs/pipeline.md: runs/<run_id>/run.json is {"run", "execution", "since"}, the run holding its quote.
+    record = {"run": {"run_id": "rec-001", "quote": {"usd": 412.5, "hours": 3.75, "basis": "MFU 40% assumed"}},
+              "execution": EXECUTION, "since": "2026-11-27T17:00:00Z"}  # fmt: skip
+    run = _recorded_run(store, tmp_path, json.dumps(record))
+    assert run.data.tags["efa_training.execution"] == EXECUTION
+    console = run.data.tags["efa_training.execution_console"]
+    assert console.startswith("https://us-east-1.console.aws.amazon.com/states/home?region=us-east-1#/v2/executions/")
+    assert run.data.tags["efa_training.cost"] == f"{tmp_path}/rec-001/cost.json"  # the actual, after validation
+    assert (run.data.metrics["quote_usd"], run.data.metrics["quote_hours"]) == (412.5, 3.75)
+
+
+def test_an_unreadable_record_costs_one_line_and_the_run_is_still_tracked(store, tmp_path, capsys):
+    run = _recorded_run(store, tmp_path, "{not json", experiment="unreadable")
+    assert run.data.metrics["Loss"] == 2.0 and "efa_training.execution" not in run.data.tags
+    assert capsys.readouterr().err.count("the run's context not tracked (JSONDecodeError") == 1

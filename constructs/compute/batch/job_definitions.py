@@ -27,6 +27,7 @@ from config.layout import (
     HOST_IDENTITY_DIR,
     HOST_IDENTITY_MOUNT,
     INSTANCE_ID_FILE,
+    MODELS_PREFIX,
     RUNS_PREFIX,
     batch_name,
 )
@@ -206,6 +207,7 @@ class BatchJobDefinitions(Construct):
         self._hosts, self._job_role, self._log_group = (instance, single_node_instance), job_role, log_group
         self._nodes = nodes
         self._runs_uri = f"s3://{bucket_name}/{RUNS_PREFIX}"
+        self._models_uri = f"s3://{bucket_name}/{MODELS_PREFIX}"  # an approved model's place (MLflow's source)
         self.definitions: dict[str, batch.IJobDefinition] = {}
         self.names: dict[str, str] = {}
         for name, spec in self.specs.items():
@@ -309,7 +311,14 @@ class BatchJobDefinitions(Construct):
             }
             environment["ACCELERATORS_PER_NODE"] = str(accelerators * host.cores_per_accelerator)
         # Reports, verdicts and bad-host records go straight to S3 (runtime/storage.py, runtime/bad_hosts.py).
-        environment.update({"REPORT_PREFIX": self._runs_uri, "INSTANCE_ID_FILE": INSTANCE_ID_FILE, **extra})
+        environment.update(
+            {
+                "REPORT_PREFIX": self._runs_uri,
+                "MODELS_PREFIX": self._models_uri,
+                "INSTANCE_ID_FILE": INSTANCE_ID_FILE,
+                **extra,
+            }
+        )
         return batch.EcsEc2ContainerDefinition(
             self,
             id_,

@@ -70,6 +70,7 @@ class EksJobRunner:
         validation_instance: InstanceType | None = None,
         node_scaling: EksNodeScaling | None = None,
         runs_uri: str | None = None,
+        models_uri: str | None = None,
         site: Site = Site(),
         train_attempt_hours: int = 72,
         workloads: Mapping[str, tuple[str, str]] | None = None,
@@ -86,6 +87,7 @@ class EksJobRunner:
         # s3://<bucket>/runs/: the sanity report and the verdict go straight to S3, where the pipeline reads
         # the verdict (FSx's export to S3 is asynchronous, so /fsx/runs/ could still be empty there).
         self.runs_uri = runs_uri
+        self.models_uri = models_uri  # s3://<bucket>/models/: what an approval registers (MODELS_PREFIX)
         self.instance = instance
         self.image = image
         self.max_nodes = max_nodes
@@ -130,6 +132,8 @@ class EksJobRunner:
                 {"name": "REPORT_PREFIX", "value": self.runs_uri},
                 {"name": "VERDICT_PREFIX", "value": self.runs_uri},
             ]
+        if self.models_uri:
+            container["env"].append({"name": "MODELS_PREFIX", "value": self.models_uri})
         for variable in container["env"]:
             if variable["name"] == "PET_NNODES":
                 if count is not None:

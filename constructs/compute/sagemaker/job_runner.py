@@ -18,7 +18,7 @@ import aws_cdk.aws_iam as iam
 import aws_cdk.aws_stepfunctions as sfn
 
 from config import Accelerator, InstanceType
-from config.layout import CHECKPOINTS_PREFIX, NEURON_CACHE_PREFIX, PROJECT, RUNS_PREFIX
+from config.layout import CHECKPOINTS_PREFIX, MODELS_PREFIX, NEURON_CACHE_PREFIX, PROJECT, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, JobKind, task_timeout
 from constructs.nag import acknowledge, shown_arn
@@ -296,6 +296,8 @@ class SageMakerJobRunner:
             "RUN_ID.$": run_id,
             "REPORT_PREFIX": self._runs_uri,
             "VERDICT_PREFIX": self._runs_uri,
+            # Where an approved model is recorded (the validation registers it in MLflow under this location).
+            "MODELS_PREFIX": f"s3://{self.bucket_name}/{MODELS_PREFIX}",
             # Each instance has its own /opt/ml/checkpoints; SageMaker uploads every instance's files to the one
             # CheckpointConfig prefix (launch.py and checkpoint.py finalise each node's own files).
             **({} if self.checkpoints_on_fsx else {"CHECKPOINT_NODE_LOCAL": "1"}),

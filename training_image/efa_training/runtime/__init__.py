@@ -12,6 +12,8 @@
   divergence.py    a non-finite or exploding loss stops the run; diverged.json refuses a repeat
   signals.py       StopFlag: SIGTERM/SIGINT as a request for a final checkpoint
   exit_relay.py    runs an entry point as a torchrun worker and records its exit code for the launcher
+  tracking.py      every run an MLflow run, where MLFLOW_TRACKING_URI points; never slows training
+  registered_model.py  a model that passed validation, in MLflow's registry
   launch/          the launcher (launch.py MODE): scheduler environment to processes
   sanity/          the sanity check: accelerators, exact collectives, bandwidth, the EFA proof
 

@@ -20,7 +20,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 URI_VARIABLE = "MLFLOW_TRACKING_URI"
@@ -64,8 +64,12 @@ class Tracker:
         run_name: str,
         params: Mapping[str, object],
         tags: Mapping[str, str] | None = None,
+        context: Callable[[], tuple[Mapping[str, str], Mapping[str, float]]] | None = None,
     ) -> None:
+        """`context`: more tags and step-0 metrics, read once in the background thread when the run is found (the
+        pipeline's record of the run: its execution and quote, runtime/launch/tracked.py); its failure is one line."""
         self.uri, self.experiment, self.run_name = uri, experiment, run_name
+        self.context = context
         self.params = {k: str(v)[:6000] for k, v in params.items()}  # MLflow's limit on a param value
         self.tags = dict(tags or {})  # set on the run when it is found: the stage's job, where its logs are
         self.lines: queue.Queue[tuple[int, dict[str, float], int]] = queue.Queue(QUEUE_LINES)
@@ -142,9 +146,24 @@ class Tracker:
             self._run_id = run_of(self._connect(), self.experiment, self.run_name, self.params)
             for key, value in self.tags.items():
                 self._connect().set_tag(self._run_id, key, value)
+            self._add_context()
         metrics = [Metric(name, value, at, step) for step, values, at in pending for name, value in values.items()]
         for start in range(0, len(metrics), BATCH_METRICS):
             self._connect().log_batch(self._run_id, metrics=metrics[start : start + BATCH_METRICS])
+
+    def _add_context(self) -> None:
+        from mlflow.entities import Metric
+
+        try:
+            tags, values = self.context() if self.context is not None else ({}, {})
+        except Exception as error:  # the record is unreadable: the run is tracked without it
+            _say(f"the run's context not tracked ({type(error).__name__}: {str(error)[:200]})")
+            return
+        for key, value in tags.items():
+            self._connect().set_tag(self._run_id, key, value)
+        now = int(time.time() * 1000)
+        if values:
+            self._connect().log_batch(self._run_id, metrics=[Metric(k, v, now, 0) for k, v in values.items()])
 
     def _connect(self):
         if self._client is None:
@@ -225,6 +244,9 @@ def record_verdict(env: Mapping[str, str], run_id: str, verdict: Mapping[str, ob
     step = verdict.get("step")
     passed = float(bool(verdict.get("passed")))
     record(env, run_id, step if isinstance(step, int) else 0, {**values, "verdict_passed": passed}, "validate")
+    from efa_training.runtime.registered_model import register  # it builds on this module
+
+    register(env, run_id, verdict)  # a passing model in MLflow's registry too
 
 
 def record_sanity(env: Mapping[str, str], run_id: str, report: Mapping[str, object]) -> None:

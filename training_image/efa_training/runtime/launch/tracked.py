@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from efa_training.runtime.launch.modes import VERSION_FILE
 from efa_training.runtime.launch.rendezvous import LaunchPlan
+from efa_training.runtime.storage import read_json, under_prefix
 from efa_training.runtime.tracking import Tracker
 
 T = TypeVar("T")
@@ -32,7 +33,29 @@ def tracker(
         "accelerator_kind": env.get("ACCELERATOR_KIND", ""),
         "platform_release": runpy.run_path(str(VERSION_FILE))["VERSION"],
     }
-    return Tracker.from_env(env, run_id, params)
+    track = Tracker.from_env(env, run_id, params)
+    if track is not None and env.get("REPORT_PREFIX"):
+        track.context = lambda: run_record(env["REPORT_PREFIX"], run_id)
+    return track
+
+
+def run_record(report_prefix: str, run_id: str) -> tuple[dict[str, str], dict[str, float]]:
+    """Tags and metrics from the pipeline's record of the run (`<REPORT_PREFIX><run_id>/run.json`, WriteRunRecord,
+    docs/pipeline.md: {"run", "execution", "since"}, the run holding its quote): the Step Functions execution that runs
+    it and its console page, where the run's cost will be (`cost.json`, written after validation), and the quote as
+    `quote_usd` and `quote_hours`. A run started by hand has no record: nothing is added."""
+    record = read_json(under_prefix(report_prefix, run_id, "run.json")) or {}
+    tags = {"efa_training.cost": under_prefix(report_prefix, run_id, "cost.json")} if record else {}
+    execution = record.get("execution")
+    if isinstance(execution, str) and execution.startswith("arn:"):
+        region = execution.split(":")[3]
+        tags["efa_training.execution"] = execution
+        tags["efa_training.execution_console"] = (  # the Step Functions console's execution page
+            f"https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{execution}"
+        )
+    quote = (record.get("run") or {}).get("quote") or {}
+    values = {f"quote_{k}": float(v) for k, v in quote.items() if k in ("usd", "hours") and isinstance(v, (int, float))}
+    return tags, values
 
 
 def feeding(track: Tracker | None, handler: Callable[[str], T]) -> Callable[[str], T]:
