@@ -103,6 +103,9 @@ class InstanceType:
     published_busbw_gbps: float | None
     busbw_source: str
     peak_bf16_tflops_per_accelerator: float  # for MFU
+    # Memory of one GPU or Trainium chip, GB, as EC2's accelerated computing specifications list it (the instance's
+    # accelerator memory over its accelerators): what the training image's memory estimate is held to.
+    accelerator_memory_gb: float
     collective_env: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     # Workers per accelerator, one process each: Trainium 2 NeuronCores per chip; Trainium2 4 logical NeuronCores
     # per chip at the default LNC=2 (Neuron docs, "Best practices for training": "64 ranks per instance").
@@ -132,6 +135,11 @@ class InstanceType:
     def workers_per_node(self) -> int:
         """torchrun's --nproc-per-node: one process per GPU or per NeuronCore."""
         return self.accelerators * self.cores_per_accelerator
+
+    @property
+    def memory_gb_per_worker(self) -> float:
+        """One worker's share of its accelerator's memory: a GPU's, or a Trainium chip's over its NeuronCores."""
+        return self.accelerator_memory_gb / self.cores_per_accelerator
 
     @property
     def has_efa(self) -> bool:
@@ -224,6 +232,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 published_busbw_gbps=78.3,
                 busbw_source=f"p4de's figure (same 4 x 100 Gbps EFA and NVSwitch): {_NCCL_TESTS_README} (2 x p4de)",
                 peak_bf16_tflops_per_accelerator=A100_BF16_TFLOPS,
+                accelerator_memory_gb=40,
                 collective_env=_env(_NCCL_OVER_EFA),
                 validation_instance_type="p5.4xlarge",
             ),
@@ -242,6 +251,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 published_busbw_gbps=78.3,
                 busbw_source=f"{_NCCL_TESTS_README} (2 x p4de.24xlarge: 78.33 GB/s at 2147483648 bytes)",
                 peak_bf16_tflops_per_accelerator=A100_BF16_TFLOPS,
+                accelerator_memory_gb=80,
                 collective_env=_env(_NCCL_OVER_EFA),
                 validation_instance_type="p5.4xlarge",
             ),
@@ -260,6 +270,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 published_busbw_gbps=443.7,
                 busbw_source=f"{_NCCL_TESTS_README} (2 x p5.48xlarge: 443.72 GB/s at 2147483648 bytes)",
                 peak_bf16_tflops_per_accelerator=HOPPER_BF16_TFLOPS,
+                accelerator_memory_gb=80,
                 collective_env=_env(_NCCL_OVER_EFA),
                 validation_instance_type="p5.4xlarge",
             ),
@@ -281,6 +292,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 published_busbw_gbps=443.7,
                 busbw_source=f"p5's figure (same 32 x 100 Gbps EFA and NVLink 4): {_NCCL_TESTS_README} (2 x p5)",
                 peak_bf16_tflops_per_accelerator=HOPPER_BF16_TFLOPS,
+                accelerator_memory_gb=141,
                 collective_env=_env(_NCCL_OVER_EFA),
                 validation_instance_type="p5.4xlarge",
             ),
@@ -301,6 +313,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 published_busbw_gbps=None,
                 busbw_source="no published two-node figure found; half the 3200 Gbps EFA line rate",
                 peak_bf16_tflops_per_accelerator=HOPPER_BF16_TFLOPS,
+                accelerator_memory_gb=141,
                 collective_env=_env(_NCCL_OVER_EFA),
                 validation_instance_type="p5.4xlarge",
             ),
@@ -321,6 +334,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 published_busbw_gbps=None,
                 busbw_source="no published two-node figure found; half the 3200 Gbps EFA line rate",
                 peak_bf16_tflops_per_accelerator=B200_BF16_TFLOPS,
+                accelerator_memory_gb=179,
                 collective_env=_env(_NCCL_OVER_EFA),
                 validation_instance_type="p5.4xlarge",
             ),
@@ -339,6 +353,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 published_busbw_gbps=None,
                 busbw_source="no published two-node figure found; half the 800 Gbps EFA line rate",
                 peak_bf16_tflops_per_accelerator=TRAINIUM_BF16_TFLOPS,
+                accelerator_memory_gb=32,
                 collective_env=_env(_NEURON_OVER_EFA),
                 cores_per_accelerator=2,
                 validation_instance_type="trn1.2xlarge",
@@ -358,6 +373,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 published_busbw_gbps=None,
                 busbw_source="no published two-node figure found; half the 1600 Gbps EFA line rate",
                 peak_bf16_tflops_per_accelerator=TRAINIUM_BF16_TFLOPS,
+                accelerator_memory_gb=32,
                 collective_env=_env(_NEURON_OVER_EFA),
                 cores_per_accelerator=2,
                 validation_instance_type="trn1.2xlarge",
@@ -383,6 +399,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 published_busbw_gbps=None,
                 busbw_source="no published two-node figure found; half the 3200 Gbps EFA line rate",
                 peak_bf16_tflops_per_accelerator=TRAINIUM2_BF16_TFLOPS,
+                accelerator_memory_gb=96,
                 collective_env=_env(_NEURON_OVER_EFA),
                 cores_per_accelerator=4,
                 validation_instance_type="trn1.2xlarge",
@@ -404,6 +421,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 # which is why the sanity check also proves the transport from NCCL's own log.
                 busbw_source="no published two-node figure found; half the 40 Gbps network rate (low-cost trials only)",
                 peak_bf16_tflops_per_accelerator=A10G_BF16_TFLOPS,
+                accelerator_memory_gb=24,
                 collective_env=_env(_NCCL_OVER_EFA_NO_RDMA),
                 validation_instance_type="g5.xlarge",
             ),
@@ -423,6 +441,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 published_busbw_gbps=None,
                 busbw_source="no EFA",
                 peak_bf16_tflops_per_accelerator=A10G_BF16_TFLOPS,
+                accelerator_memory_gb=24,
                 single_node_only=True,
             ),
             # No EC2 type has one A100, H200 or B200, so those models validate on one H100 80 GB (it loads what they
@@ -441,6 +460,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 published_busbw_gbps=None,
                 busbw_source="single-node only",
                 peak_bf16_tflops_per_accelerator=HOPPER_BF16_TFLOPS,
+                accelerator_memory_gb=80,
                 single_node_only=True,
             ),
             InstanceType(
@@ -457,6 +477,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 published_busbw_gbps=None,
                 busbw_source="single-node only",
                 peak_bf16_tflops_per_accelerator=TRAINIUM_BF16_TFLOPS,
+                accelerator_memory_gb=32,
                 cores_per_accelerator=2,
                 single_node_only=True,
             ),

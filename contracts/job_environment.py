@@ -82,6 +82,8 @@ def job_environment(
         **_efa_count(instance, backend),
         # MFU's denominator comes from the catalogue, not from the image's own table of device names.
         "PEAK_TFLOPS_PER_ACCELERATOR": f"{instance.peak_bf16_tflops_per_accelerator:g}",
+        # What the built-in trainer's memory estimate is held to before it starts (workloads/gpt/preflight.py).
+        "ACCELERATOR_MEMORY_GB": f"{instance.memory_gb_per_worker:g}",
         "FSX_MOUNT": FSX_MOUNT_PATH,
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(WORKER_SHUTDOWN_SECONDS),
     }

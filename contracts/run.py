@@ -79,6 +79,11 @@ class Field:
     pattern: str | None = None
     max_length: int | None = None
     rule: str = ""  # what is allowed, in words
+    # A declared hyperparameter's relations to the others (contracts/workload.py "requires", "divides"): a value
+    # other than the default needs each named one to be one of its values; the value divides the number the named
+    # string hyperparameter's value maps to. Judged once every value is valid alone (relation_problem).
+    requires: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    divides: tuple[str, tuple[tuple[str, int], ...]] | None = None
 
     @property
     def key(self) -> str:
@@ -278,6 +283,8 @@ def validate_run(
             problem = _field_problem(f, hyper if f.name.startswith("hyperparameters.") else run)
             problems += [problem] if problem else []
     merged = {f.key: f.default for f in hyperparameters(table) if not f.required} | hyper
+    if not problems:  # relations, once every value is valid alone
+        problems += [p for f in hyperparameters(table) if (p := relation_problem(f, merged))]
     # judged once every value is (a huge integer has no JSON text to measure)
     if not problems and len(json.dumps(merged, separators=(",", ":"))) > HYPERPARAMETERS_MAX_CHARACTERS:
         problems.append(f"hyperparameters is not valid; expected {HYPERPARAMETERS_RULE}")
@@ -287,6 +294,22 @@ def validate_run(
             "declared workload starts from its own code (the platform gives it no initial model yet)"
         )
     return problems
+
+
+def relation_problem(f: Field, values: Mapping[str, object]) -> str | None:
+    """The problem of hyperparameter `f`'s value with those it relates to (`requires`, `divides`), or None."""
+    value = values.get(f.key)
+    for other, allowed in f.requires:
+        if value != f.default and values.get(other) not in allowed:
+            return (
+                f"{f.name}={_show(value)} is not valid with {other}={_show(values.get(other))}; expected {f.allowed()}"
+            )
+    if f.divides is not None:
+        by, table = f.divides
+        number = dict(table).get(str(values.get(by)))
+        if number is not None and isinstance(value, int) and value > 0 and number % value:
+            return f"{f.name}={_show(value)} is not valid with {by}={_show(values.get(by))}; expected {f.allowed()}"
+    return None
 
 
 def _field_problem(f: Field, source: dict) -> str | None:

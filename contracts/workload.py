@@ -19,7 +19,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from contracts.run import DEFAULT_WORKLOAD, REQUIRED, Field, WorkloadSchema, WorkloadSchemas, check_value
@@ -259,13 +259,14 @@ def _regexes(where: _Where, raw: object) -> dict[str, str]:
 def _schema(where: _Where, raw: object) -> tuple[Field, ...]:
     if not isinstance(raw, dict) or len(raw) > MAX_HYPERPARAMETERS:
         raise where.bad("hyperparameters", raw, f"an object of at most {MAX_HYPERPARAMETERS} name -> declaration")
-    return tuple(_hyperparameter(where, name, spec) for name, spec in raw.items())
+    declared = tuple(_hyperparameter(where, name, spec) for name, spec in raw.items())
+    return tuple(_related(where, f, raw[f.key], {g.key: g for g in declared}) for f in declared)
 
 
 def _hyperparameter(where: _Where, name: object, spec: object) -> Field:
     field = f"hyperparameters.{name}"
     where.matching(field, name, HYPERPARAMETER_NAME_PATTERN, "a name of lower-case letters, digits and '_'")
-    keys = {"type", "default", "minimum", "maximum", "exclusive_minimum", "choices", "rule"}
+    keys = {"type", "default", "minimum", "maximum", "exclusive_minimum", "choices", "rule", "requires", "divides"}
     if not isinstance(spec, dict) or not set(spec) <= keys or spec.get("type") not in HYPERPARAMETER_TYPES:
         raise where.bad(
             field,
@@ -294,6 +295,40 @@ def _hyperparameter(where: _Where, name: object, spec: object) -> Field:
     if not declared.required and check_value(declared, declared.default):
         raise where.bad(f"{field}.default", declared.default, declared.allowed())
     return declared
+
+
+def _related(where: _Where, f: Field, spec: dict, fields: dict[str, Field]) -> Field:
+    """`f` with its relations: "requires" {"other": [its values]} (a value other than the default needs the other to
+    be one of them) and, on an integer, "divides" {"by": "other", "values": {each of other's choices: an integer}}
+    (the value divides the one the other's value maps to). Both name string hyperparameters with choices."""
+    field, requires, divides = f"hyperparameters.{f.key}", spec.get("requires", {}), spec.get("divides")
+    good_requires = isinstance(requires, dict) and all(
+        other in fields and fields[other].choices and isinstance(values, list) and values
+        and set(values) <= set(fields[other].choices) and other != f.key
+        for other, values in requires.items()
+    )  # fmt: skip
+    if not good_requires:
+        raise where.bad(
+            f"{field}.requires", requires, "an object: another string hyperparameter -> some of its choices"
+        )
+    related = replace(f, requires=tuple((other, tuple(values)) for other, values in requires.items()))
+    if divides is None:
+        return related
+    by = divides.get("by") if isinstance(divides, dict) else None
+    table = divides.get("values") if isinstance(divides, dict) else None
+    good_divides = (
+        f.kind == "integer" and (f.minimum or 0) >= 1 and by in fields and by != f.key and isinstance(table, dict)
+        and set(table) == set(fields[by].choices)
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in table.values())
+    )  # fmt: skip
+    if not good_divides or not isinstance(by, str) or not isinstance(table, dict):
+        raise where.bad(
+            f"{field}.divides",
+            divides,
+            '{"by": a string hyperparameter, "values": {each of its choices: a positive integer}}, on an integer '
+            "hyperparameter whose minimum is at least 1",
+        )
+    return replace(related, divides=(by, tuple(table.items())))
 
 
 def _finite(value: object) -> bool:

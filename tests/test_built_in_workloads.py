@@ -4,7 +4,7 @@ cost model. Only the built-in declarations may be run by the platform on its own
 
 import pytest
 
-from contracts.run import check_value, validate_run
+from contracts.run import check_value, relation_problem, validate_run
 from contracts.workload import BUILT_IN_ROOT, built_in_workloads, parse_workload
 from tests.test_workload_declaration import _declaration, _refusal, root  # noqa: F401 (a fixture)
 
@@ -107,3 +107,37 @@ def test_a_rule_in_words_names_every_choice_it_stands_for():
     for workload in built_in_workloads():
         for field in workload.hyperparameters:
             assert all(choice in field.rule for choice in field.choices if field.rule), field.name
+
+
+MODE = {"type": "string", "default": "a", "choices": ["a", "b"]}
+DEGREE = {"type": "integer", "default": 1, "minimum": 1, "maximum": 8}
+
+
+def _related(degree: dict) -> dict:
+    return _declaration(hyperparameters={"size": SIZE, "mode": MODE, "degree": degree})
+
+
+def test_relations_between_hyperparameters_are_read_and_judged(root):  # noqa: F811
+    # "requires": a value other than the default needs mode b; "divides": the value divides the size's number.
+    degree = {**DEGREE, "requires": {"mode": ["b"]}, "divides": {"by": "size", "values": {"s": 2, "l": 6}}}
+    (field,) = [f for f in parse_workload("my-llm", _related(degree), root).hyperparameters if f.key == "degree"]
+    assert (relation_problem(field, {"degree": 2, "mode": "a", "size": "s"}) or "").endswith("an integer from 1 to 8")
+    assert "with size='s'" in (relation_problem(field, {"degree": 3, "mode": "b", "size": "s"}) or "")
+    assert relation_problem(field, {"degree": 3, "mode": "b", "size": "l"}) is None
+    assert relation_problem(field, {"degree": 1, "mode": "a", "size": "s"}) is None  # the default needs nothing
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "allowed"),
+    [
+        ({"requires": {"nope": ["b"]}}, "degree.requires", "another string hyperparameter"),
+        ({"requires": {"mode": ["c"]}}, "degree.requires", "some of its choices"),
+        ({"divides": {"by": "size", "values": {"s": 2}}}, "degree.divides", "each of its choices"),
+        ({"divides": {"by": "mode", "values": {"a": 0, "b": 2}}}, "degree.divides", "a positive integer"),
+        ({"minimum": 0, "divides": {"by": "size", "values": {"s": 2, "l": 6}}}, "degree.divides", "at least 1"),
+    ],
+)
+def test_a_relation_that_cannot_be_judged_is_refused_in_one_line(root, extra, field, allowed):  # noqa: F811
+    with pytest.raises(ValueError) as refused:
+        parse_workload("my-llm", _related({**DEGREE, **extra}), root)
+    assert str(refused.value).startswith(f"workloads.my-llm.hyperparameters.{field}=") and allowed in str(refused.value)

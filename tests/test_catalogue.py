@@ -80,6 +80,17 @@ def test_sagemaker_estimates_follow_the_ec2_price(name):
     assert it.sagemaker_usd_per_hour == pytest.approx(it.on_demand_usd_per_hour * 1.15, abs=1e-4)
 
 
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def test_each_accelerators_memory_is_the_one_its_model_names(name):
+    # GPUs: the memory in the model's name (NVIDIA's figure, as EC2 lists it). Trainium: EC2's accelerator memory
+    # over the chips, 512 GB over 16 on trn1 and trn1n, 1.5 TB over 16 on trn2 (EC2 accelerated computing specs).
+    it = CATALOGUE[name]
+    if it.accelerator is Accelerator.NVIDIA:
+        assert f" {it.accelerator_memory_gb:g} GB" in it.accelerator_model
+    else:
+        assert it.accelerator_memory_gb == (96 if it.accelerator_model.startswith("Trainium2") else 32)
+
+
 def test_readme_catalogue_table_is_the_catalogues():
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"<!-- catalogue-table:start -->\n(.*?)\n<!-- catalogue-table:end -->", readme, re.S)

@@ -105,11 +105,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _built_in(workload: Workload, args: argparse.Namespace) -> int:
     """A built-in trainer's stages (training_image/local_run.py: its own data, a baseline from an early checkpoint),
-    at the checked hyperparameters' model size, and their max_steps where given."""
+    at the checked hyperparameters' model size and layout (the GPT's strategy and tensor-parallel degree), and their
+    max_steps where given."""
     hyper = checked_hyperparameters(workload, args.hyperparameters)  # a JSON object by now
     given = json.loads(args.hyperparameters)
     steps = ["--steps", str(hyper["max_steps"])] if isinstance(given, dict) and "max_steps" in given else []
-    return local_run.main(["--out", args.out, "--nproc", str(args.nproc), "--model", str(hyper["model"]), *steps])
+    layout = (
+        ["--strategy", str(hyper["strategy"]), "--tensor-parallel", str(hyper["tensor_parallel"])]
+        if "tensor_parallel" in hyper
+        else []
+    )
+    model = ["--model", str(hyper["model"])]
+    return local_run.main(["--out", args.out, "--nproc", str(args.nproc), *model, *layout, *steps])
 
 
 def run_stages(workload: Workload, hyper: dict, out: Path, nproc: int) -> dict:

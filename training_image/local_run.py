@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="a GPT size (tiny, mini, ...: on a text corpus, DDP) or a ctr-* size (a click-through model on "
         "generated Criteo logs, parameter servers: 2 servers and --nproc workers) (default tiny)",
     )
+    p.add_argument("--strategy", default="ddp", help="a GPT's: ddp or fsdp (default ddp)")
+    p.add_argument("--tensor-parallel", type=int, default=1, help="a GPT's, with fsdp: the degree (default 1)")
     return p
 
 
@@ -110,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         train = run_sparse_stages(out, local_env(args.nproc, out), args.steps, args.model)
         report = summarize_sparse(out, train.stdout, t_start)
     else:
-        train = run_stages(out, local_env(args.nproc, out), args.steps, args.model)
+        layout = ["--strategy", args.strategy, "--tensor-parallel", str(args.tensor_parallel)]
+        train = run_stages(out, local_env(args.nproc, out), args.steps, args.model, layout)
         report = summarize(out, train.stdout, t_start)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2), flush=True)
@@ -137,8 +140,11 @@ def local_env(nproc: int, out: Path | None = None) -> dict:
     return env
 
 
-def run_stages(out: Path, env: dict, steps: int, model: str = "tiny") -> subprocess.CompletedProcess:
-    """prepare-data, sanity, train, a baseline from an early checkpoint, validation; the training stage's output."""
+def run_stages(
+    out: Path, env: dict, steps: int, model: str = "tiny", layout: list[str] | None = None
+) -> subprocess.CompletedProcess:
+    """prepare-data, sanity, train, a baseline from an early checkpoint, validation; the training stage's output.
+    `layout`: train.py's --strategy and --tensor-parallel flags (DDP by default)."""
     ckpt, data = out / "checkpoints", out / "data"
     every = max(1, steps // 3)
     write_corpus(out / "corpus", documents=8, sentences=600)
@@ -146,7 +152,17 @@ def run_stages(out: Path, env: dict, steps: int, model: str = "tiny") -> subproc
     run_stage("prepare_data", [*prepare, "--val-fraction", "0.1"], out, env)
     run_stage("sanity", ["sanity", "--sizes", "64K,1M", "--report", str(out / "sanity.json")], out, env)
     where = ["--data", str(data), "--checkpoint-dir", str(ckpt)]
-    flags = ["--max-steps", str(steps), "--checkpoint-every", str(every), "--model", model, "--lr", "3e-3"]
+    flags = [
+        "--max-steps",
+        str(steps),
+        "--checkpoint-every",
+        str(every),
+        "--model",
+        model,
+        "--lr",
+        "3e-3",
+        *(layout or []),
+    ]
     train, _ = run_stage("train", ["train", *where, *flags, "--warmup-steps", "20", "--seed", "1"], out, env)
     for stale in ("baseline.json", "verdict.json"):
         (out / stale).unlink(missing_ok=True)

@@ -16,6 +16,7 @@ is allowed:
 """
 
 import dataclasses
+import json
 
 import aws_cdk.aws_stepfunctions as sfn
 
@@ -246,6 +247,7 @@ class _InputStates:
         scope = self.scope
         integers = [f for f in self.table if f.kind == "integer"]
         patterned = [f for f in self.table if f.pattern]
+        related = [f for f in self.table if f.requires or f.divides]
         measure = sfn.Pass(
             scope,
             self.id("MeasureIntegers"),
@@ -268,6 +270,7 @@ class _InputStates:
                     f.name: _matches_whole(f"$states.input.run.{f.name}", f.pattern, f.max_length, f.default == "")
                     for f in patterned
                 },
+                "relations": {f.key: _relation(f) for f in related},
                 # The hyperparameters travel as one JSON text (contracts.run.validate_run).
                 "hyperparameters_length": "{% $length($string($states.input.run.hyperparameters)) %}",
             },
@@ -279,11 +282,28 @@ class _InputStates:
             )
         for f in patterned:
             values.when(C.not_(C.boolean_equals(f"$.patterns.{f.name}", True)), self.invalid(f, "Pattern"))
+        for f in related:  # contracts.run.relation_problem says the same
+            values.when(C.not_(C.boolean_equals(f"$.relations.{f.key}", True)), self.invalid(f, "Relation"))
         too_long = C.number_greater_than("$.hyperparameters_length", HYPERPARAMETERS_MAX_CHARACTERS)
         values.when(too_long, self.fail("hyperparameters", "Length", HYPERPARAMETERS_RULE))
         values.otherwise(valid)
         measure.next(match).next(values)
         return measure
+
+
+def _relation(f: Field) -> str:
+    """JSONata: hyperparameter `f` agrees with those it relates to (contracts.run.relation_problem), over the
+    hyperparameters with their defaults merged. `$lookup` of a valid choice always finds its number (the declaration's
+    table holds every choice)."""
+    h = "$states.input.run.hyperparameters"
+    parts = [
+        f"({h}.{f.key} = {json.dumps(f.default)} or {h}.{other} in {json.dumps(list(allowed))})"
+        for other, allowed in f.requires
+    ]
+    if f.divides is not None:
+        by, table = f.divides
+        parts.append(f"($lookup({json.dumps(dict(table))}, {h}.{by}) % {h}.{f.key} = 0)")
+    return "{% " + " and ".join(parts) + " %}"
 
 
 class _Guarded:

@@ -157,6 +157,17 @@ def test_jobs_take_mfu_peak_from_the_catalogue(name):
         assert {"Name": "PEAK_TFLOPS_PER_ACCELERATOR", "Value": peak} in _container(props)["Environment"]
 
 
+@pytest.mark.parametrize("name", TYPES)
+def test_jobs_take_each_workers_memory_from_the_catalogue(name):
+    # The built-in trainer's memory estimate is held to this (workloads/gpt/preflight.py): a GPU's, or a NeuronCore's
+    # share of its chip's.
+    training = CATALOGUE[name]
+    for props in _definitions(name).values():
+        host = training if "NodeProperties" in props else CATALOGUE[training.validation_instance_type]
+        memory = f"{host.accelerator_memory_gb / host.cores_per_accelerator:g}"
+        assert {"Name": "ACCELERATOR_MEMORY_GB", "Value": memory} in _container(props)["Environment"]
+
+
 def test_torchrun_waits_for_workers_within_the_stop_grace():
     # torchrun must stop waiting for its workers' checkpoint before the container is killed.
     for props in _definitions("g5.12xlarge").values():

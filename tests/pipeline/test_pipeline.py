@@ -36,6 +36,7 @@ def test_happy_path_records_the_approved_model(emulator):
         "strategy": "ddp",
         "lr": 0.0006,
         "batch_size": 8,
+        "tensor_parallel": 1,
     }
     assert train["retryStrategy"]["attempts"] == 2 and train["retryStrategy"]["evaluateOnExit"][-1]["action"] == "EXIT"
     model = approval(emulator)
@@ -176,6 +177,9 @@ def _ctr(**changes) -> dict:
 
 
 DROP = object()
+# The tensor-parallel degree's rule, in both refusals (the state machine's and the CLI's): its relations to strategy and
+# model (training_image/efa_training/workloads/gpt/workload.json "requires" and "divides").
+RELATED = "with strategy fsdp only, a divisor of the model's heads"
 # Patterns and lengths are checked by a JSONata state inside the JSONPath state machine ("Transforming data with
 # JSONata in Step Functions": https://docs.aws.amazon.com/step-functions/latest/dg/transforming-data.html).
 # (what is wrong, the execution input, a fragment of the refusal's cause: the field it names)
@@ -266,6 +270,10 @@ MALFORMED = [
     ("ps_servers_per_node zero", _ctr(ps_servers_per_node=0), "ps_servers_per_node is not valid"),
     ("ps_servers_per_node 65", _ctr(ps_servers_per_node=65), "ps_servers_per_node is not valid"),
     ("ps_servers_per_node for gpt", _hyper(ps_servers_per_node=2), "unknown field"),
+    # relations between hyperparameters (a declaration's requires and divides: contracts/workload.py)
+    ("tensor_parallel with ddp", _hyper(tensor_parallel=2), RELATED),
+    ("tensor_parallel not dividing the heads", _hyper(strategy="fsdp", tensor_parallel=8), RELATED),
+    ("tensor_parallel 3 for 4 heads", _hyper(strategy="fsdp", tensor_parallel=3), RELATED),
     # baseline, tolerance, attempts, resume
     ("baseline null", _with(baseline=None), "baseline is not valid"),
     ("baseline a string", _with(baseline="3.2"), "baseline is not valid"),
@@ -306,6 +314,14 @@ def test_the_cli_contract_refuses_the_same_inputs(execution_input, cause):
         or "unknown" in problem
         for problem in problems
     ), problems
+
+
+def test_a_tensor_parallel_run_its_relations_allow_passes_the_first_state(emulator):
+    # tensor_parallel 2 with strategy fsdp and the tiny model's 4 heads: the relations hold, the run trains with them.
+    emulator.verdict = ACCEPTED
+    assert emulator.run(_hyper(strategy="fsdp", tensor_parallel=2))["status"] == "SUCCEEDED"
+    train = json.loads(emulator.submitted[1]["parameters"]["hyperparameters"])
+    assert (train["strategy"], train["tensor_parallel"]) == ("fsdp", 2)
 
 
 def test_defaults_fill_in_what_the_run_omits(emulator):

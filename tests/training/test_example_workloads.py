@@ -129,6 +129,11 @@ def test_make_local_run_takes_a_built_in_workload_to_its_own_local_run(tmp_path,
     assert calls == [["--out", str(tmp_path), "--nproc", "2", "--model", "ctr-tiny", "--steps", "40"]]
     assert local_workload.main(["gpt", "--out", str(tmp_path), "--hyperparameters", '{"strategy": "ps"}']) == 2
     assert "hyperparameters.strategy='ps' is not valid" in capsys.readouterr().err and len(calls) == 1
+    # The GPT's layout reaches its local run: `make local-run WORKLOAD=gpt HYPERPARAMETERS='{"strategy": "fsdp",
+    # "tensor_parallel": 2}'` trains with tensor parallelism over the 2 processes.
+    layout = '{"strategy": "fsdp", "tensor_parallel": 2}'
+    assert local_workload.main(["gpt", "--out", str(tmp_path), "--hyperparameters", layout]) == 0
+    assert calls[-1][-4:] == ["--strategy", "fsdp", "--tensor-parallel", "2"]
 
 
 # Stopped on SIGTERM (Batch and EKS send it before the kill, SageMaker on StopTrainingJob): the launcher passes it on,

@@ -105,7 +105,15 @@ def test_the_contracts_limits_are_values_the_training_config_accepts(key):
     limits = [f.maximum] + ([] if f.exclusive_minimum else [f.minimum])
     for value in limits:
         assert value is not None
-        given: dict[str, Any] = {IMAGE_FIELD.get(key, key): int(value) if f.kind == "integer" else value}
+        limit = int(value) if f.kind == "integer" else value
+        # With the companions its relations need (a declaration's requires and divides), as a run would give them.
+        hyper: dict[str, Any] = {key: limit, **{other: allowed[0] for other, allowed in f.requires}}
+        if f.divides is not None:
+            hyper[f.divides[0]] = next(choice for choice, n in f.divides[1] if n % limit == 0)
+        workload = next(name for name, w in BUILT_IN.items() if key in {g.key for g in w.hyperparameters})
+        run = {"run_id": "r1", "dataset": "datasets/d/", "workload": workload, "hyperparameters": hyper}
+        assert validate_run(run, max_nodes=2) == []  # the state machine lets it through
+        given = {IMAGE_FIELD.get(k, k): v for k, v in hyper.items()}
         TrainConfig(data="d", checkpoint_dir="c", **{"max_steps": 1, **given})  # raises UsageError if not
 
 
@@ -238,3 +246,12 @@ def test_the_image_and_the_pipeline_name_from_scratch_alike():
         == NO_INITIAL_MODEL
         == train_config.TrainConfig.__dataclass_fields__["init_from"].default
     )
+
+
+def test_the_gpt_tensor_parallel_degree_divides_each_sizes_heads():
+    # The declaration's table (what the CLI and the first state judge) is the training image's own (sizes.py).
+    from efa_training.workloads.gpt.sizes import MODEL_SIZES
+
+    degree = next(f for f in BUILT_IN["gpt"].hyperparameters if f.key == "tensor_parallel")
+    assert degree.divides is not None and dict(degree.divides[1]) == {n: c.n_head for n, c in MODEL_SIZES.items()}
+    assert degree.requires == (("strategy", ("fsdp",)),)

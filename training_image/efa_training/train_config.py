@@ -34,6 +34,7 @@ COUNTS = (
     "grad_accum_steps",
     "log_every",
     "ps_servers_per_node",
+    "tensor_parallel",
 )  # each at least 1
 # Every float must be finite (argparse accepts nan and inf) and in range: (low, high, whether low itself is allowed).
 FLOAT_RANGES = {
@@ -85,6 +86,11 @@ class TrainConfig:
         "tiny", help=f"model size: {', '.join(MODEL_SIZES)}; with --strategy ps: {', '.join(CTR_SIZES)}"
     )
     seq_len: int = setting(0, help="context length; 0 uses the model size's default")
+    tensor_parallel: int = setting(
+        1,
+        help="tensor-parallel degree (--strategy fsdp): each block split over this many consecutive ranks, one node's "
+        "accelerators or a divisor of them, FSDP2 over the rest (workloads/gpt/parallel.py); 1: none",
+    )
     micro_batch_size: int = setting(8, aliases=("--batch-size",), help="sequences per process per micro-step")
     grad_accum_steps: int = setting(
         1, help="micro-steps per optimizer step; gradients are synchronised on the last only"
@@ -129,6 +135,7 @@ class TrainConfig:
         self._check_counts()
         self._check_names()
         self._check_seq_len()
+        self._check_layout()
         self._check_floats()
         ckpt = Path(self.checkpoint_dir)
         if ckpt.exists() and not ckpt.is_dir():
@@ -162,6 +169,23 @@ class TrainConfig:
             )
         if self.device not in DEVICES:
             raise UsageError("--device", self.device, "unknown device", ", ".join(DEVICES))
+
+    def _check_layout(self) -> None:
+        """What --tensor-parallel needs of the run alone (the world size and the node's accelerators: preflight.py)."""
+        if self.tensor_parallel == 1:
+            return
+        if self.strategy != "fsdp":
+            raise UsageError(
+                "--tensor-parallel", self.tensor_parallel, f"needs --strategy fsdp, not {self.strategy}", "1 with ddp"
+            )
+        heads = self.model_config().n_head
+        if heads % self.tensor_parallel:
+            raise UsageError(
+                "--tensor-parallel",
+                self.tensor_parallel,
+                f"does not divide the {heads} heads of model {self.model}",
+                "a divisor of the heads: " + ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0),
+            )
 
     def _check_seq_len(self) -> None:
         if self.strategy == "ps":

@@ -1,4 +1,5 @@
-"""The model as the run trains it: wrapped for DDP, sharded with FSDP2, or plain on XLA; its optimizer and schedule.
+"""The model as the run trains it: wrapped for DDP, sharded with FSDP2 (and split by tensor parallelism), or plain on
+XLA; its optimizer and schedule, and the replicas' checksums.
 
 model.py is the network alone (what validate.py loads); this module adds what training puts around it.
 """
@@ -13,13 +14,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from efa_training.runtime.distributed import Runtime
-from efa_training.workloads.gpt.model import GPT, ModelConfig
+from efa_training.workloads.gpt.model import GPT, ModelConfig, count_params
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from efa_training.train_config import TrainConfig
+
+# A model of at most this many parameters is built whole on every rank, seeded alike, then sharded: its initial
+# weights are the single-process run's in every layout (at 1.3b, 5.2 GB of fp32 per process, host memory every
+# training type has). A larger one is built on the meta device and initialised shard by shard: a 13B model never
+# exists in full on one process (52 GB of host memory per rank in fp32).
+WHOLE_MAX_PARAMETERS = 1_500_000_000
 
 
 def seed_everything(seed: int) -> None:
@@ -28,10 +38,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime) -> torch.nn.Module:
+def build_model(cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime, mesh: DeviceMesh | None = None) -> torch.nn.Module:
+    """`mesh`: the (dp, tp) mesh of a tensor-parallel run (parallel.py), None otherwise."""
     seed_everything(cfg.seed)  # identical initial weights on every rank
     if cfg.strategy == "fsdp":
-        return _fully_sharded(cfg, mcfg, rt)
+        return _fully_sharded(cfg, mcfg, rt, mesh)
     model: Any = GPT(mcfg).to(rt.device)
     if cfg.compile:
         model = torch.compile(model)
@@ -41,13 +52,20 @@ def build_model(cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime) -> torch.nn.Mo
     return DDP(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
 
 
-def _fully_sharded(cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime) -> torch.nn.Module:
+def _fully_sharded(cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime, mesh: DeviceMesh | None) -> torch.nn.Module:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    # Build on the meta device and initialise after sharding: a 13B model never exists in full
-    # on one process (it would need 52 GB of host memory per rank in fp32).
-    with torch.device("meta"):
-        model = GPT(mcfg)
+    from efa_training.workloads.gpt.parallel import apply_tensor_parallel
+
+    whole = count_params(mcfg) <= WHOLE_MAX_PARAMETERS
+    if whole:
+        model = GPT(mcfg).to(rt.device)
+    else:
+        with torch.device("meta"):
+            model = GPT(mcfg)
+    if mesh is not None:
+        apply_tensor_parallel(model.blocks, mesh)
+    shards = mesh["dp"] if mesh is not None else None  # FSDP2 over dp; None: every rank
     # bf16 compute with fp32 gradient reduction on accelerators; fp32 throughout on CPU.
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -57,8 +75,10 @@ def _fully_sharded(cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime) -> torch.nn
     for block in model.blocks:
         if cfg.compile:
             block.compile()
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)  # root holds embeddings/head (tied weights stay together)
+        fully_shard(block, mesh=shards, mp_policy=mp)
+    fully_shard(model, mesh=shards, mp_policy=mp)  # root holds embeddings/head (tied weights stay together)
+    if whole:
+        return model
     model.to_empty(device=rt.device)
     # On CUDA, DTensor's RNG tracker takes rank 0's state and offsets it per shard. On CPU it
     # has no tracker and each rank draws its shard from its own generator: seeding by rank
@@ -108,3 +128,21 @@ def grad_sync_context(
     if isinstance(model, DDP) and not last_micro_step:
         return model.no_sync()
     return contextlib.nullcontext()
+
+
+def replica_checksums(model: torch.nn.Module, strategy: str, rt: Runtime) -> list[float] | None:
+    """Every rank's checksum of its parameters (gathered; rank 0 reports them in the summary).
+
+    With replicated parameters (DDP, XLA) they must be equal: a difference means gradients were
+    not all-reduced (or were reduced differently) and the replicas have drifted apart. FSDP ranks
+    hold different shards, so there is nothing to compare (None).
+    """
+    if strategy == "fsdp":
+        return None
+    sums = torch.zeros(rt.world_size, dtype=torch.float64, device=rt.device)
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            values = p.detach().double()
+            sums[rt.rank] += (i + 1) * values.sum() + values.square().sum()  # weighted by tensor: swaps show
+    dist.all_reduce(sums)  # each rank fills its own slot: a gather built from the per-step collective
+    return sums.tolist()

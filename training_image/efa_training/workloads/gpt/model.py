@@ -20,20 +20,47 @@ __all__ = ["GPT", "MODEL_SIZES", "ModelConfig", "count_params", "flops_per_token
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention. The query, key and value projections are three layers, so tensor
+    parallelism (parallel.py) splits each by heads; releases up to 0.8.0 had one fused `qkv` layer, whose weights
+    `split_fused_qkv` turns into these on load (a saved model, a validation, an initial model)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.n_head = cfg.n_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.head_dim = cfg.d_model // cfg.n_head
+        self.q = nn.Linear(cfg.d_model, cfg.d_model)
+        self.k = nn.Linear(cfg.d_model, cfg.d_model)
+        self.v = nn.Linear(cfg.d_model, cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
+        self.register_load_state_dict_pre_hook(split_fused_qkv)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        b, t, _ = x.shape
+        # -1 heads: all of them, or this rank's share under tensor parallelism (its slice of q, k and v).
+        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in (self.q(x), self.k(x), self.v(x)))
         # SDPA picks flash/memory-efficient kernels on GPU and a deterministic math path on CPU.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+def split_fused_qkv(module: nn.Module, state_dict: dict, prefix: str, *_: object) -> None:
+    """A state dict of a release up to 0.8.0 (one `qkv` layer, rows q then k then v) as this module's three."""
+    for kind in ("weight", "bias"):
+        fused = state_dict.pop(f"{prefix}qkv.{kind}", None)
+        if fused is not None:
+            for name, part in zip("qkv", fused.chunk(3, dim=0), strict=True):
+                state_dict[f"{prefix}{name}.{kind}"] = part
+
+
+def fused_qkv(state: dict) -> dict:
+    """`state` with each attention's q, k and v entries as one `qkv` entry: the keys a checkpoint of a release up to
+    0.8.0 holds, to load it into (DCP loads by key), before `split_fused_qkv` turns it back on load."""
+    fused = dict(state)
+    for key in [k for k in state if k.endswith("attn.q.weight") or k.endswith("attn.q.bias")]:
+        head, kind = key.rsplit("q.", 1)  # "blocks.0.attn.", "weight"
+        parts = [fused.pop(f"{head}{name}.{kind}") for name in "qkv"]
+        fused[f"{head}qkv.{kind}"] = torch.cat(parts, dim=0)
+    return fused
 
 
 class Block(nn.Module):

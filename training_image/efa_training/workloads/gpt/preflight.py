@@ -6,16 +6,21 @@ folder. Every rank runs the same checks on the same inputs, so all ranks reach t
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from efa_training.checkpointing.format import step_dirs
 from efa_training.checkpointing.reuse import check_reusable
 from efa_training.runtime.divergence import check_not_diverged
 from efa_training.runtime.errors import UsageError
 from efa_training.runtime.preflight import check_platform, probe_writable
 from efa_training.workloads.gpt.data import list_shards, max_token_id, open_shard
-from efa_training.workloads.gpt.sizes import ModelConfig
+from efa_training.workloads.gpt.saved_model import fused_attention
+from efa_training.workloads.gpt.sizes import ModelConfig, memory_gb
 
 if TYPE_CHECKING:
     from efa_training.train_config import TrainConfig
@@ -23,11 +28,75 @@ if TYPE_CHECKING:
 
 def check_before_start(cfg: TrainConfig, expected_nodes: int | None) -> None:
     check_platform(expected_nodes, cfg.device)
+    check_layout(cfg.tensor_parallel, os.environ)
+    check_memory(cfg, os.environ)
     check_data(Path(cfg.data), cfg.model_config())
     check_not_diverged(cfg)
     # A wrong or unwritable --checkpoint-dir fails in one line, not at the first save.
     check_reusable(Path(cfg.checkpoint_dir), cfg.strategy, cfg.model, asdict(cfg.model_config()))
+    check_not_fused(Path(cfg.checkpoint_dir))
     probe_writable(Path(cfg.checkpoint_dir))
+
+
+def check_layout(tensor_parallel: int, env: Mapping[str, str]) -> None:
+    """A tensor-parallel group is consecutive ranks and must stay inside a node (its collectives run on every layer:
+    NVLink, not EFA), so the degree divides the node's workers (torchrun's LOCAL_WORLD_SIZE), hence the world."""
+    per_node = int(env.get("LOCAL_WORLD_SIZE") or 1)
+    if tensor_parallel > 1 and per_node % tensor_parallel:
+        divisors = ", ".join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)
+        raise UsageError(
+            "--tensor-parallel",
+            tensor_parallel,
+            f"does not divide a node's {per_node} workers (a tensor-parallel group stays inside one node)",
+            f"one of {divisors}",
+        )
+
+
+def check_memory(cfg: TrainConfig, env: Mapping[str, str]) -> None:
+    """A run whose estimated peak memory (sizes.memory_gb) exceeds its GPUs' (ACCELERATOR_MEMORY_GB, the catalogue's)
+    is refused, naming a layout and micro-batch that fit on the same workers. GPUs only: on Trainium the Neuron
+    compiler plans memory itself."""
+    limit = float(env.get("ACCELERATOR_MEMORY_GB") or 0)
+    if not limit or env.get("ACCELERATOR_KIND") != "gpu" or cfg.strategy == "ps":
+        return
+    world, per_node, mcfg = int(env.get("WORLD_SIZE") or 1), int(env.get("LOCAL_WORLD_SIZE") or 1), cfg.model_config()
+    need = memory_gb(
+        mcfg, micro_batch=cfg.micro_batch_size, world=world, tensor_parallel=cfg.tensor_parallel, strategy=cfg.strategy
+    )
+    if need <= limit:
+        return
+    layouts = [t for t in range(1, per_node + 1) if per_node % t == 0 and mcfg.n_head % t == 0]
+    batches = [b for b in range(cfg.micro_batch_size, 0, -1)]
+    fitting = [
+        (b, t, gb)
+        for b in batches
+        for t in layouts
+        if (gb := memory_gb(mcfg, micro_batch=b, world=world, tensor_parallel=t, strategy="fsdp")) <= limit
+    ]
+    raise UsageError(
+        "--model",
+        cfg.model,
+        f"needs about {need:.0f} GB per GPU with --strategy {cfg.strategy}, --tensor-parallel {cfg.tensor_parallel} "
+        f"and --micro-batch-size {cfg.micro_batch_size} on {world} workers, more than their {limit:g} GB",
+        f"--strategy fsdp --tensor-parallel {fitting[0][1]} --micro-batch-size {fitting[0][0]} (about "
+        f"{fitting[0][2]:.0f} GB)"
+        if fitting
+        else f"more nodes: no layout of {world} workers fits it",
+    )
+
+
+def check_not_fused(checkpoint_dir: Path) -> None:
+    """Resuming a run whose checkpoints a release up to 0.8.0 wrote is refused: their attention had one fused qkv
+    layer, whose optimizer state has no place in this model's three. They still validate and seed a new run."""
+    for step in step_dirs(checkpoint_dir) if checkpoint_dir.is_dir() else []:
+        meta_file = step / "meta.json"
+        if meta_file.is_file() and fused_attention(json.loads(meta_file.read_text())):
+            raise UsageError(
+                "--checkpoint-dir",
+                str(checkpoint_dir),
+                f"holds {step.name}, written by release 0.8.0 or earlier (one fused qkv layer)",
+                "finish that run with its release's image, or start a new run from it with --init-from",
+            )
 
 
 def check_data(data_dir: Path, mcfg: ModelConfig) -> None:

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from efa_training.checkpointing.format import CheckpointDamaged, step_dirs, verify
 from efa_training.runtime.console import log
 from efa_training.runtime.errors import UsageError
-from efa_training.workloads.gpt.model import GPT, ModelConfig
+from efa_training.workloads.gpt.model import GPT, ModelConfig, fused_qkv
 
 
 def load_model(ckpt_dir: Path) -> tuple[GPT, dict]:
@@ -26,13 +26,20 @@ def load_model(ckpt_dir: Path) -> tuple[GPT, dict]:
     else:
         import torch.distributed.checkpoint as dcp
 
-        state = model.state_dict()
-        # Single process reads the FSDP shards back into full tensors (DCP reshards on load).
+        # DCP loads by key: a checkpoint of a release up to 0.8.0 holds each attention's fused qkv layer.
+        state = fused_qkv(model.state_dict()) if fused_attention(meta) else model.state_dict()
+        # Single process reads the shards of any layout (FSDP, tensor-parallel) back into full tensors.
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
             dcp.load({"model": state}, checkpoint_id=str(ckpt_dir), no_dist=True)
-    model.load_state_dict(state)
+    model.load_state_dict(state)  # a fused qkv is split on load (model.split_fused_qkv)
     return model, meta
+
+
+def fused_attention(meta: dict) -> bool:
+    """Whether a checkpoint was written by a release up to 0.8.0, whose attention had one fused qkv layer: its
+    training settings lack --tensor-parallel, which 0.9.0 added with the split."""
+    return "tensor_parallel" not in meta.get("config", {}).get("train", {})
 
 
 def find_and_load(checkpoint: Path, flag: str = "--checkpoint") -> tuple[GPT, dict, Path]:

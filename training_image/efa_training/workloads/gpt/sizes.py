@@ -41,6 +41,9 @@ MODEL_SIZES: dict[str, ModelConfig] = {
     "2.7b": ModelConfig(n_layer=32, n_head=32, d_model=2560, seq_len=2048),
     "6.7b": ModelConfig(n_layer=32, n_head=32, d_model=4096, seq_len=2048),
     "13b": ModelConfig(n_layer=40, n_head=40, d_model=5120, seq_len=2048),
+    # The sizes tensor parallelism is for (parallel.py): heads of 128 features, in multiples of 8 (a node's GPUs).
+    "30b": ModelConfig(n_layer=48, n_head=56, d_model=7168, seq_len=2048),
+    "70b": ModelConfig(n_layer=88, n_head=64, d_model=8192, seq_len=2048),
 }
 
 
@@ -66,3 +69,30 @@ def flops_per_token(cfg: ModelConfig) -> float:
     """Training FLOPs per token: 6N for the matmuls plus attention (PaLM appendix B)."""
     n = count_params(cfg) - cfg.seq_len * cfg.d_model  # position embeddings cost no matmul FLOPs
     return 6.0 * n + 12.0 * cfg.n_layer * cfg.d_model * cfg.seq_len
+
+
+# ---- memory: what one accelerator holds at its peak, estimated, so a run that cannot fit is refused at its start
+# Per parameter, the training state: FSDP2 keeps fp32 weights, fp32 gradients and AdamW's two fp32 moments sharded
+# (16 bytes, over every rank); DDP keeps them whole, with its gradient buckets (a copy of the gradients: 20 bytes).
+STATE_BYTES = {"fsdp": 16, "ddp": 20}
+RESERVED_GB = 4.0  # the CUDA context, NCCL's buffers and the allocator's fragmentation: a margin, not a measure
+
+
+def memory_gb(cfg: ModelConfig, *, micro_batch: int, world: int, tensor_parallel: int = 1, strategy: str) -> float:
+    """Estimated peak memory of one accelerator, GB: the training state (STATE_BYTES; with tensor parallelism the
+    blocks' split over tp, the embeddings' and norms' not), FSDP2's gathered bf16 weights (a block, the one it
+    prefetches and one block's gradients, and the root's embeddings), the activations that backward keeps (bf16,
+    no recomputation, no sequence parallelism: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models", eq. 2: s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes per layer), the fp32 logits, and RESERVED_GB."""
+    d, layers, s, t = cfg.d_model, cfg.n_layer, cfg.seq_len, tensor_parallel
+    block = 12 * d * d + 13 * d
+    other = count_params(cfg) - layers * block
+    if strategy == "fsdp":
+        replicas = world // t
+        state = STATE_BYTES["fsdp"] * (layers * block / t + other) / replicas
+        gathered = 2 * (3 * block / t + other)
+    else:
+        state, gathered = STATE_BYTES["ddp"] * count_params(cfg), 0.0
+    activations = layers * s * micro_batch * d * (10 + 24 / t + 5 * cfg.n_head * s / (d * t))
+    logits = 3 * micro_batch * s * cfg.vocab_size * 4  # fp32: the logits, their softmax and its gradient
+    return (state + gathered + activations + logits) / 1e9 + RESERVED_GB

@@ -13,7 +13,7 @@ import importlib
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +38,7 @@ from efa_training.workloads.gpt.builders import (
     build_optimizer,
     build_scheduler,
     grad_sync_context,
+    replica_checksums,
     seed_everything,
 )
 from efa_training.workloads.gpt.data import BatchSpec, SequenceBatches, TokenStream
@@ -45,6 +46,8 @@ from efa_training.workloads.gpt.model import ModelConfig, flops_per_token
 from efa_training.workloads.gpt.saved_model import find_and_load
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from efa_training.train_config import TrainConfig
 
 
@@ -61,12 +64,13 @@ class StepResult:
 class StepMeter:
     """Per-step metrics lines (rank 0) and the figures of the run's summary."""
 
-    def __init__(self, cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime, start_step: int) -> None:
+    def __init__(self, cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime, start_step: int, replicas: int) -> None:
+        """`replicas`: the data-parallel degree (the world size over the tensor-parallel degree)."""
         self.metrics = MetricsLogger(cfg.run_id, enabled=rt.is_main, model=cfg.model)
         # measured by every rank at each metrics line
         self.stragglers = Stragglers(rt, cfg.run_id) if Stragglers.enabled(rt) else None
         self.log_every, self.max_steps, self.world_size = cfg.log_every, cfg.max_steps, rt.world_size
-        self.tokens_per_step = rt.world_size * cfg.micro_batch_size * cfg.grad_accum_steps * mcfg.seq_len
+        self.tokens_per_step = replicas * cfg.micro_batch_size * cfg.grad_accum_steps * mcfg.seq_len
         self.peak = peak_tflops(torch.cuda.get_device_name(rt.device)) if rt.device_type == "cuda" else None
         self.flops_per_token = flops_per_token(mcfg)
         self.start_step, self.started = start_step, time.perf_counter()
@@ -104,22 +108,39 @@ class Trainer:
     """One rank's training run: built from the config, resumed from the newest good checkpoint, then `fit`."""
 
     def __init__(self, cfg: TrainConfig, rt: Runtime) -> None:
+        if rt.device_type == "xla" and cfg.tensor_parallel > 1:
+            raise UsageError(
+                "--tensor-parallel",
+                cfg.tensor_parallel,
+                "not supported on the xla device (Neuron's tensor parallelism is neuronx-distributed's, not used here)",
+                "1",
+            )
         if rt.device_type == "xla" and cfg.strategy == "fsdp":
             raise UsageError("--strategy", "fsdp", "FSDP2 is not supported on the xla device", "ddp")
         # torch.use_deterministic_algorithms is not called: it imports inductor (+1 s per process), and the CPU
         # kernels used here are deterministic already (the resume test checks it bit for bit).
         self.cfg, self.rt, self.mcfg = cfg, rt, cfg.model_config()
         self.stop = StopFlag()
-        self.model = build_model(cfg, self.mcfg, rt)
+        self.mesh: DeviceMesh | None = None
+        self.clip: Callable[[list[torch.nn.Parameter], float], torch.Tensor] = torch.nn.utils.clip_grad_norm_
+        if cfg.tensor_parallel > 1:  # imported here: DTensor's parallel styles cost every other run nothing
+            from efa_training.workloads.gpt import parallel
+
+            self.mesh, self.clip = parallel.device_mesh(rt, cfg.tensor_parallel), parallel.clip_grad_norm
+        # Each data-parallel replica's rank and count: the ranks of one tensor-parallel group read the same batches.
+        self.replica, self.replicas = (
+            (self.mesh["dp"].get_local_rank(), self.mesh["dp"].size()) if self.mesh else (rt.rank, rt.world_size)
+        )
+        self.model = build_model(cfg, self.mcfg, rt, self.mesh)
         self.optimizer = build_optimizer(self.model, cfg, rt)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         seed_everything(cfg.seed + rt.rank)  # per-rank streams (dropout); replaced by the checkpoint's on resume
         self.checkpoints = self._open_checkpoints()
         self.state = self._start()
         self.batches = self._batches(self.state)
-        self.meter = StepMeter(cfg, self.mcfg, rt, self.state.step)
+        self.meter = StepMeter(cfg, self.mcfg, rt, self.state.step, self.replicas)
         self.guard = DivergenceGuard(cfg, rt.is_main)
-        self.samples_per_step = rt.world_size * cfg.micro_batch_size * cfg.grad_accum_steps
+        self.samples_per_step = self.replicas * cfg.micro_batch_size * cfg.grad_accum_steps
         self.checksums: list[float] | None = None
 
     def _open_checkpoints(self) -> CheckpointManager:
@@ -183,7 +204,7 @@ class Trainer:
         return path
 
     def _batches(self, state: TrainerState) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        spec = BatchSpec(self.mcfg.seq_len, self.cfg.micro_batch_size, self.rt.rank, self.rt.world_size, self.cfg.seed)
+        spec = BatchSpec(self.mcfg.seq_len, self.cfg.micro_batch_size, self.replica, self.replicas, self.cfg.seed)
         batches = SequenceBatches(
             TokenStream(Path(self.cfg.data), "train"), spec, samples_consumed=state.samples_consumed
         )
@@ -223,7 +244,7 @@ class Trainer:
             self.rt.xm.reduce_gradients(self.optimizer)  # the one gradient all-reduce, after the last micro-step
         # The global norm (all-reduced gradients, or FSDP's sharded norm): the same on every rank. With
         # --grad-clip 0 an infinite bound measures without clipping.
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip or math.inf)
+        grad_norm = self.clip(list(self.model.parameters()), self.cfg.grad_clip or math.inf)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -291,21 +312,3 @@ class Trainer:
                 "replica_checksums": self.checksums,
             }
         )
-
-
-def replica_checksums(model: torch.nn.Module, strategy: str, rt: Runtime) -> list[float] | None:
-    """Every rank's checksum of its parameters (gathered; rank 0 reports them in the summary).
-
-    With replicated parameters (DDP, XLA) they must be equal: a difference means gradients were
-    not all-reduced (or were reduced differently) and the replicas have drifted apart. FSDP ranks
-    hold different shards, so there is nothing to compare (None).
-    """
-    if strategy == "fsdp":
-        return None
-    sums = torch.zeros(rt.world_size, dtype=torch.float64, device=rt.device)
-    with torch.no_grad():
-        for i, p in enumerate(model.parameters()):
-            values = p.detach().double()
-            sums[rt.rank] += (i + 1) * values.sum() + values.square().sum()  # weighted by tensor: swaps show
-    dist.all_reduce(sums)  # each rank fills its own slot: a gather built from the per-step collective
-    return sums.tolist()

@@ -1,0 +1,209 @@
+"""Tensor parallelism for the built-in GPT (workloads/gpt/parallel.py) on CPU with real processes (gloo): a run split
+over 2 ranks matches the single-process run, a 2-D run (dp 2 x tp 2, 4 processes) matches FSDP over the same 2
+replicas, a checkpoint resumes in another layout (2-D to FSDP alone, and back) where the same run would have gone, a
+damaged newest checkpoint in the 2-D layout falls back to the one before and retrains bit for bit; and what a layout
+refuses before any process group, in one line."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from efa_training.runtime.errors import UsageError
+from efa_training.train_config import TrainConfig
+from efa_training.workloads.gpt import preflight, saved_model
+from efa_training.workloads.gpt.model import GPT, ModelConfig
+from efa_training.workloads.gpt.sizes import MODEL_SIZES, memory_gb
+from tests.training import training_helpers as th
+
+STEPS, EVERY, MORE = 6, 3, 9
+# A state dict of release 0.8.0's GPT (a 1-layer model, one fused qkv layer) and its logits for a fixed input.
+FIXTURE = Path(__file__).parent / "gpt_fixtures" / "gpt-tiny-0.8.0.pt"
+# Losses of the same run in two layouts: the arithmetic differs only in the order of the sums (a row-parallel layer
+# adds its ranks' partial products), so they agree to float32 rounding, not bit for bit.
+REL = 1e-5
+
+
+def _train(dataset: Path, ckpt: Path, nproc: int, *flags: str, steps: int = STEPS) -> th.Run:
+    args = [*th.train_args(dataset, ckpt, steps=steps, every=EVERY, strategy="fsdp"), *flags]
+    run = th.torchrun("train.py", args, nproc=nproc)
+    assert run.returncode == 0, run.stderr[-3000:]
+    run.checkpoint_dir = ckpt
+    return run
+
+
+def _layout(name: str, nproc: int, *flags: str):
+    @pytest.fixture(scope="module")
+    def fixture(dataset, tmp_path_factory) -> th.Run:
+        return th.shared(tmp_path_factory, f"tp-{name}", lambda root: _train(dataset, root / "ckpt", nproc, *flags))
+
+    return fixture
+
+
+single = _layout("single", 1)  # one process: FSDP over one rank, the reference arithmetic
+tp2 = _layout("tp2", 2, "--tensor-parallel", "2")  # dp 1 x tp 2
+dp2 = _layout("dp2", 2)  # FSDP over 2 replicas
+grid = _layout("grid", 4, "--tensor-parallel", "2")  # dp 2 x tp 2
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) > 0 and all(abs(x - y) <= REL * abs(y) for x, y in zip(a, b, strict=True))
+
+
+pytestmark = pytest.mark.slow  # real torchrun processes
+
+
+def test_a_tensor_parallel_run_matches_the_single_process_run(single, tp2):
+    assert len(single.losses()) == STEPS and _close(tp2.losses(), single.losses()), (tp2.losses(), single.losses())
+    assert "world=2" in tp2.stderr
+
+
+def test_a_2d_run_matches_fsdp_over_the_same_replicas(grid, dp2):
+    # Both read the same 2 streams of batches (a tensor-parallel group reads its replica's), so only tp differs.
+    assert _close(grid.losses(), dp2.losses()), (grid.losses(), dp2.losses())
+    assert grid.summary()["mean_tokens_per_second"] > 0
+
+
+def _resumed(run: th.Run, into: Path, nproc: int, dataset: Path, *flags: str) -> th.Run:
+    assert run.checkpoint_dir is not None
+    shutil.copytree(run.checkpoint_dir, into)
+    return _train(dataset, into, nproc, *flags, steps=MORE)
+
+
+@pytest.fixture(scope="module")
+def dp2_resumed(dp2, dataset, tmp_path_factory) -> th.Run:
+    """The FSDP run continued to step 9 in its own layout: where a resume in another layout must arrive."""
+    return th.shared(tmp_path_factory, "tp-dp2-resumed", lambda root: _resumed(dp2, root / "ckpt", 2, dataset))
+
+
+def test_a_2d_checkpoint_resumes_in_fsdp_alone(grid, dp2_resumed, dataset, tmp_path):
+    # DCP reshards on load: the 2-D shards of step 6 become the FSDP shards of 2 processes.
+    run = _resumed(grid, tmp_path / "ckpt", 2, dataset)
+    assert "resumed from" in run.stderr and "step_000000006" in run.stderr
+    assert len(run.losses()) == MORE - STEPS and _close(run.losses(), dp2_resumed.losses())
+
+
+def test_an_fsdp_checkpoint_resumes_in_2d(dp2, dp2_resumed, dataset, tmp_path):
+    run = _resumed(dp2, tmp_path / "ckpt", 4, dataset, "--tensor-parallel", "2")
+    assert "resumed from" in run.stderr
+    assert len(run.losses()) == MORE - STEPS and _close(run.losses(), dp2_resumed.losses())
+
+
+def test_a_damaged_2d_checkpoint_falls_back_and_retrains_bit_for_bit(grid, dataset, tmp_path):
+    # The newest checkpoint's shard damaged: set aside, step 3 resumed in the same layout, steps 4-6 trained again
+    # with exactly the uninterrupted run's losses (the same arithmetic in the same order).
+    ckpt = tmp_path / "ckpt"
+    assert grid.checkpoint_dir is not None
+    shutil.copytree(grid.checkpoint_dir, ckpt)
+    shard = sorted((ckpt / "step_000000006").glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    run = _train(dataset, ckpt, 4, "--tensor-parallel", "2")
+    assert "step_000000003" in run.stderr and list(ckpt.glob(".damaged-step_000000006*"))
+    assert run.losses() == grid.losses()[EVERY:]
+
+
+def test_validation_reads_a_2d_checkpoint_into_a_plain_model(grid):
+    model, meta, path = saved_model.find_and_load(grid.checkpoint_dir)
+    assert path.name == "step_000000006" and meta["config"]["train"]["tensor_parallel"] == 2
+    assert isinstance(model, GPT) and not any(hasattr(p, "device_mesh") for p in model.parameters())
+
+
+# ---- what a layout refuses, and the checkpoints of release 0.8.0 -------------------------------------------------
+
+
+def test_a_release_080_model_loads_with_its_fused_qkv_split():
+    # A state dict of release 0.8.0's GPT (one fused qkv layer), saved with its logits for a fixed input.
+    saved = torch.load(FIXTURE, weights_only=True)
+    assert any(k.endswith("attn.qkv.weight") for k in saved["state"])
+    model = GPT(ModelConfig(**saved["config"])).eval()
+    model.load_state_dict(saved["state"])
+    with torch.no_grad():
+        assert torch.equal(model(saved["input"]), saved["logits"])
+
+
+def test_a_release_080_fsdp_checkpoint_validates_through_its_fused_keys(tmp_path):
+    # 0.8.0's FSDP wrote DCP shards under the fused keys; validation (and init_from) reads them into today's model.
+    import json
+
+    import torch.distributed.checkpoint as dcp
+
+    from efa_training.checkpointing.format import file_record
+
+    saved = torch.load(FIXTURE, weights_only=True)
+    step = tmp_path / "step_000000010"
+    dcp.save({"model": saved["state"]}, checkpoint_id=str(step), no_dist=True)
+    for name in ("extra.pt", "rng_rank0.pt"):
+        torch.save({}, step / name)
+    files = {p.name: file_record(p) for p in step.iterdir()}
+    config = {"train": {"model": "custom", "strategy": "fsdp"}, "model": saved["config"]}  # no tensor_parallel yet
+    meta = {"step": 10, "format": "dcp", "world_size": 1, "config": config, "files": files}
+    (step / "meta.json").write_text(json.dumps(meta))
+    model, _ = saved_model.load_model(step)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(saved["input"]), saved["logits"])
+
+
+def test_resuming_a_release_080_run_is_refused_in_one_line(tmp_path):
+    (tmp_path / "step_000000010").mkdir()
+    (tmp_path / "step_000000010" / "meta.json").write_text('{"config": {"train": {"model": "tiny"}, "model": {}}}')
+    with pytest.raises(UsageError, match="written by release 0.8.0 or earlier .* --init-from"):
+        preflight.check_not_fused(tmp_path)
+
+
+def _config(tmp_path, **values) -> TrainConfig:
+    return TrainConfig(data=str(tmp_path), checkpoint_dir=str(tmp_path / "c"), max_steps=1, **values)
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        ({"tensor_parallel": 2}, "needs --strategy fsdp, not ddp"),
+        ({"tensor_parallel": 3, "strategy": "fsdp"}, "does not divide the 4 heads of model tiny"),
+    ],
+)
+def test_a_layout_the_model_cannot_take_is_refused(tmp_path, values, words):
+    with pytest.raises(UsageError, match=words):
+        _config(tmp_path, **values)
+
+
+def test_a_tensor_parallel_group_must_stay_inside_a_node():
+    with pytest.raises(UsageError, match="does not divide a node's 6 workers .* one of 1, 2, 3, 6"):
+        preflight.check_layout(4, {"LOCAL_WORLD_SIZE": "6"})
+    preflight.check_layout(2, {"LOCAL_WORLD_SIZE": "8"})  # two groups per node
+
+
+GPUS = {"ACCELERATOR_KIND": "gpu", "ACCELERATOR_MEMORY_GB": "80", "LOCAL_WORLD_SIZE": "8"}  # p5.48xlarge's H100s
+
+
+def test_a_model_that_cannot_fit_is_refused_naming_a_layout_that_does(tmp_path):
+    # 70b on 8 nodes of 8 H100s: FSDP alone would hold ~170 GB of activations per GPU; the refusal names the smallest
+    # tensor-parallel degree whose estimate fits (sizes.memory_gb), with the run's micro-batch.
+    need = {
+        t: memory_gb(MODEL_SIZES["70b"], micro_batch=1, world=64, tensor_parallel=t, strategy="fsdp")
+        for t in (1, 2, 4, 8)
+    }
+    smallest = min(t for t, gb in need.items() if gb <= 80)
+    assert need[1] > 80 and smallest > 1
+    cfg = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=1)
+    with pytest.raises(UsageError, match=rf"more than their 80 GB.*--tensor-parallel {smallest} --micro-batch-size 1"):
+        preflight.check_memory(cfg, {**GPUS, "WORLD_SIZE": "64"})
+    with pytest.raises(UsageError, match="more nodes: no layout of 16 workers fits it"):
+        preflight.check_memory(cfg, {**GPUS, "WORLD_SIZE": "16"})
+    fits = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=1, tensor_parallel=smallest)
+    preflight.check_memory(fits, {**GPUS, "WORLD_SIZE": "64"})  # no error
+    preflight.check_memory(cfg, {"WORLD_SIZE": "64"})  # CPU (no memory given): not judged
+
+
+def test_trainium_refuses_tensor_parallelism_in_one_line(tmp_path):
+    # The XLA path trains with DDP semantics (xm.reduce_gradients); Neuron's tensor parallelism is
+    # neuronx-distributed's, not wired here.
+    from types import SimpleNamespace
+
+    from efa_training.workloads.gpt.trainer import Trainer
+
+    cfg = _config(tmp_path, strategy="fsdp", tensor_parallel=2)
+    with pytest.raises(UsageError, match="--tensor-parallel=2: not supported on the xla device"):
+        Trainer(cfg, SimpleNamespace(device_type="xla"))  # type: ignore[arg-type]
