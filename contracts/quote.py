@@ -3,7 +3,8 @@
 For a workload that declares a cost model (contracts/workload_cost.py; the built-in GPT trainer's: training FLOPs per
 token x seq_len of each size, training_image/efa_training/workloads/gpt/sizes.py), with one worker per GPU or per
 NeuronCore:
-    seconds per step = batch_size x FLOPs per sample / (peak FLOP/s per worker x MFU)
+    seconds per step = batch_size x FLOPs per sample / (split x peak FLOP/s per worker x MFU)
+(split: how many workers share one sample's work, the tensor-parallel degree, where the cost model names it)
 Tokens per step and throughput both grow with the world size, so the node count leaves the hours and stays in the cost
 (linear scaling assumed; communication is part of the MFU):
     cost = hours x nodes x node price  +  the sanity check (SANITY_MINUTES on the run's nodes; Batch and EKS)
@@ -150,7 +151,7 @@ def quote(
     if terms.node_usd_per_hour is None or terms.validation_usd_per_hour is None:
         return Quote(None, None, "no price known for this environment's instance types")
     mfu = measured_mfu_percent or ASSUMED_MFU_PERCENT
-    step = params[cost.batch_size] * tflops / (terms.peak_tflops_per_worker * mfu / 100)
+    step = params[cost.batch_size] * tflops / (cost.split(params) * terms.peak_tflops_per_worker * mfu / 100)
     hours = params[cost.steps] * step / 3600
     node_hours = run["nodes"] * (hours + terms.other_node_hours)
     usd = node_hours * terms.node_usd_per_hour + VALIDATION_MINUTES / 60 * terms.validation_usd_per_hour

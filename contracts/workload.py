@@ -300,8 +300,11 @@ def _hyperparameter(where: _Where, name: object, spec: object) -> Field:
 def _related(where: _Where, f: Field, spec: dict, fields: dict[str, Field]) -> Field:
     """`f` with its relations: "requires" {"other": [its values]} (a value other than the default needs the other to
     be one of them) and, on an integer, "divides" {"by": "other", "values": {each of other's choices: an integer}}
-    (the value divides the one the other's value maps to). Both name string hyperparameters with choices."""
+    (the value divides the one the other's value maps to, and so does the default). Both name string hyperparameters
+    with choices, and a relation needs a default (what every run may leave out)."""
     field, requires, divides = f"hyperparameters.{f.key}", spec.get("requires", {}), spec.get("divides")
+    if (requires or divides is not None) and f.required:
+        raise where.bad(f"{field}.default", None, "a default, for a hyperparameter with requires or divides")
     good_requires = isinstance(requires, dict) and all(
         other in fields and fields[other].choices and isinstance(values, list) and values
         and set(values) <= set(fields[other].choices) and other != f.key
@@ -318,17 +321,21 @@ def _related(where: _Where, f: Field, spec: dict, fields: dict[str, Field]) -> F
     table = divides.get("values") if isinstance(divides, dict) else None
     good_divides = (
         f.kind == "integer" and (f.minimum or 0) >= 1 and by in fields and by != f.key and isinstance(table, dict)
-        and set(table) == set(fields[by].choices)
-        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in table.values())
+        and fields[by].kind == "string" and fields[by].choices and set(table) == set(fields[by].choices)
+        and isinstance(f.default, int) and all(_positive_multiple(n, f.default) for n in table.values())
     )  # fmt: skip
     if not good_divides or not isinstance(by, str) or not isinstance(table, dict):
         raise where.bad(
             f"{field}.divides",
             divides,
-            '{"by": a string hyperparameter, "values": {each of its choices: a positive integer}}, on an integer '
-            "hyperparameter whose minimum is at least 1",
+            '{"by": a string hyperparameter with choices, "values": {each of its choices: a positive integer the '
+            "default divides}}, on an integer hyperparameter whose minimum is at least 1",
         )
     return replace(related, divides=(by, tuple(table.items())))
+
+
+def _positive_multiple(n: object, of: int) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 1 and n % of == 0
 
 
 def _finite(value: object) -> bool:

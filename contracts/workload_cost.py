@@ -2,13 +2,16 @@
 
 A declaration may say (`cost`) which hyperparameter counts the optimizer steps, which the samples each worker takes
 per step, and the training TFLOPs of one sample, either one number or one per value of a string hyperparameter with
-choices (the built-in GPT trainer's per model size). contracts/quote.py then prices a run as
-    seconds per step = batch_size x TFLOPs per sample / (peak TFLOP/s per worker x MFU)
+choices (the built-in GPT trainer's per model size), and optionally (`split_by`) the integer hyperparameter over how
+many workers one sample's work is split (a tensor-parallel degree: each of them computes 1/N of it, and the batch is
+taken once per group of N). contracts/quote.py then prices a run as
+    seconds per step = batch_size x TFLOPs per sample / (split x peak TFLOP/s per worker x MFU)
 and the quote's measured MFU may be that of earlier runs of the same value (the image's MFU metric by `Model`).
 A workload that declares none is run unquoted: the quote says there is no FLOPs model for it.
 
     "cost": {"steps": "max_steps", "batch_size": "batch_size",
-             "tflops_per_sample": {"by": "model", "values": {"small": 0.64, "large": 2.17}}}
+             "tflops_per_sample": {"by": "model", "values": {"small": 0.64, "large": 2.17}},
+             "split_by": "tensor_parallel"}
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ if TYPE_CHECKING:
     from contracts.run import Field
 
 KEYS = ("steps", "batch_size", "tflops_per_sample")
+OPTIONAL_KEYS = ("split_by",)
 SHAPE = (
     '{"steps": <integer hyperparameter>, "batch_size": <integer hyperparameter>, "tflops_per_sample": <number> or '
-    '{"by": <string hyperparameter with choices>, "values": {<choice>: <number>, ...}}}'
+    '{"by": <string hyperparameter with choices>, "values": {<choice>: <number>, ...}}, optional "split_by": '
+    "<integer hyperparameter, at least 1>}"
 )
 
 
@@ -35,6 +40,12 @@ class CostModel:
     tflops: float | None = None  # training TFLOPs of one sample, where it is one number
     by: str | None = None  # else the string hyperparameter whose value picks it from `values`
     values: Mapping[str, float] | None = None
+    split_by: str | None = None  # the hyperparameter over how many workers one sample's work is split
+
+    def split(self, hyperparameters: Mapping[str, object]) -> int:
+        """How many workers share one sample's FLOPs (1 without `split_by`)."""
+        value = hyperparameters.get(self.split_by) if self.split_by else 1
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
     def sample_tflops(self, hyperparameters: Mapping[str, object]) -> float | None:
         if self.by is None:
@@ -50,7 +61,12 @@ class CostModel:
     def as_json(self) -> dict:
         """What the pipeline's QuoteRun state reads (constructs/pipeline/run_quote.py)."""
         per_sample = {"by": self.by, "values": dict(self.values or {})} if self.by else self.tflops
-        return {"steps": self.steps, "batch_size": self.batch_size, "tflops_per_sample": per_sample}
+        return {
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "tflops_per_sample": per_sample,
+            "split_by": self.split_by,
+        }
 
 
 def parse_cost(
@@ -59,9 +75,15 @@ def parse_cost(
     """The declaration's `cost`, checked against its hyperparameters; `bad(field, value, allowed)` makes the error."""
     if raw is None:
         return None
-    if not isinstance(raw, dict) or set(raw) != set(KEYS):
+    if not isinstance(raw, dict) or not set(KEYS) <= set(raw) <= set(KEYS + OPTIONAL_KEYS):
         raise bad("cost", raw, SHAPE)
     kinds = {f.key: f for f in fields}
+    split_by = raw.get("split_by")
+    splitting = kinds.get(split_by) if isinstance(split_by, str) else None
+    if "split_by" in raw and (splitting is None or splitting.kind != "integer" or (splitting.minimum or 0) < 1):
+        raise bad(
+            "cost.split_by", split_by, "the name of one of its integer hyperparameters whose minimum is at least 1"
+        )
     for key in ("steps", "batch_size"):
         named = kinds.get(raw[key]) if isinstance(raw[key], str) else None
         if named is None or named.kind != "integer":
@@ -70,7 +92,7 @@ def parse_cost(
     if not isinstance(per_sample, dict):
         if not _positive(per_sample):
             raise bad("cost.tflops_per_sample", per_sample, "a positive finite number, or " + SHAPE)
-        return CostModel(raw["steps"], raw["batch_size"], tflops=float(per_sample))
+        return CostModel(raw["steps"], raw["batch_size"], tflops=float(per_sample), split_by=split_by)
     by, values = per_sample.get("by"), per_sample.get("values")
     picked = kinds.get(by) if isinstance(by, str) else None
     if set(per_sample) != {"by", "values"} or picked is None or not picked.choices:
@@ -79,7 +101,9 @@ def parse_cost(
         raise bad(
             "cost.tflops_per_sample.values", values, f"a positive finite number for each of {', '.join(picked.choices)}"
         )
-    return CostModel(raw["steps"], raw["batch_size"], by=by, values={k: float(v) for k, v in values.items()})
+    return CostModel(
+        raw["steps"], raw["batch_size"], by=by, values={k: float(v) for k, v in values.items()}, split_by=split_by
+    )
 
 
 def _positive(value: object) -> bool:

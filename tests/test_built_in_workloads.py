@@ -86,6 +86,11 @@ def test_a_cost_model_by_size_is_read(root):  # noqa: F811
         ({"steps": "steps", "batch_size": "nope", "tflops_per_sample": 1}, "cost.batch_size", "integer"),
         ({"steps": "steps", "batch_size": "batch", "tflops_per_sample": 0}, "cost.tflops_per_sample", "positive"),
         (
+            {"steps": "steps", "batch_size": "batch", "tflops_per_sample": 1, "split_by": "size"},
+            "cost.split_by",
+            "integer hyperparameters whose minimum is at least 1",
+        ),
+        (
             {"steps": "steps", "batch_size": "batch", "tflops_per_sample": {"by": "steps", "values": {}}},
             "cost.tflops_per_sample.by",
             "string hyperparameters with choices",
@@ -114,7 +119,8 @@ DEGREE = {"type": "integer", "default": 1, "minimum": 1, "maximum": 8}
 
 
 def _related(degree: dict) -> dict:
-    return _declaration(hyperparameters={"size": SIZE, "mode": MODE, "degree": degree})
+    without_default = {k: v for k, v in degree.items() if not (k == "default" and v is None)}
+    return _declaration(hyperparameters={"size": SIZE, "mode": MODE, "degree": without_default, "degree2": DEGREE})
 
 
 def test_relations_between_hyperparameters_are_read_and_judged(root):  # noqa: F811
@@ -135,6 +141,9 @@ def test_relations_between_hyperparameters_are_read_and_judged(root):  # noqa: F
         ({"divides": {"by": "size", "values": {"s": 2}}}, "degree.divides", "each of its choices"),
         ({"divides": {"by": "mode", "values": {"a": 0, "b": 2}}}, "degree.divides", "a positive integer"),
         ({"minimum": 0, "divides": {"by": "size", "values": {"s": 2, "l": 6}}}, "degree.divides", "at least 1"),
+        ({"divides": {"by": "degree2", "values": {}}}, "degree.divides", "a string hyperparameter with choices"),
+        ({"default": 2, "divides": {"by": "size", "values": {"s": 3, "l": 6}}}, "degree.divides", "default divides"),
+        ({"default": None, "requires": {"mode": ["b"]}}, "degree.default", "a default, for"),
     ],
 )
 def test_a_relation_that_cannot_be_judged_is_refused_in_one_line(root, extra, field, allowed):  # noqa: F811

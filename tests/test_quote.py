@@ -223,3 +223,17 @@ def test_the_pipeline_quotes_a_declared_workload_as_the_cli_does(terms):
     run = {"nodes": 2, "workload": "mine", "hyperparameters": {"epochs_steps": 500, "per_worker": 3}}
     got = _evaluate(_quoted_run(terms, _costs({"mine": FLAT})), {"run": run})["quote"]
     assert got["usd"] == pytest.approx(quote(run, terms, workloads={"mine": FLAT}).usd)
+
+
+def test_a_tensor_parallel_run_shares_each_samples_work_among_its_group(terms):
+    # tp 4: each sample's FLOPs spread over 4 workers, whose group takes one batch per step (cost split_by), so the
+    # same run is quoted a quarter of the training hours, by the CLI and the pipeline alike.
+    from constructs.pipeline.run_quote import _quoted_run
+
+    assert GPT.cost is not None and GPT.cost.split_by == "tensor_parallel"
+    alone = quote(_run(model="13b", max_steps=1000, strategy="fsdp"), terms)
+    split = _run(model="13b", max_steps=1000, strategy="fsdp", tensor_parallel=4)
+    q = quote(split, terms)
+    assert alone.hours is not None and q.hours == pytest.approx(alone.hours / 4)
+    got = _evaluate(_quoted_run(terms, _costs()), {"run": split})["quote"]
+    assert got["hours"] == pytest.approx(q.hours) and got["usd"] == pytest.approx(q.usd)

@@ -1,5 +1,5 @@
-"""The README's table of which layout each built-in GPT size needs (README, "Choosing a layout"), computed from the
-training image's memory estimate (workloads/gpt/sizes.py memory_gb) and the catalogue's accelerator memory.
+"""The README's table of what each built-in GPT size needs per accelerator in each layout (README, "Choosing a
+layout"), computed from the training image's memory estimate (workloads/gpt/sizes.py memory_gb) and the catalogue.
 
     python -m tools.layout_table
 """
@@ -16,39 +16,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "training_image"
 from efa_training.workloads.gpt.sizes import MODEL_SIZES, memory_gb  # noqa: E402  (the image's own estimate)
 
 SIZES = ("125m", "350m", "1.3b", "6.7b", "13b", "30b", "70b")
-GPU_NODES = (1, 2, 8)
+GPU, NEURON = "p5.48xlarge", "trn1.32xlarge"
+NODES = 8  # p5.48xlarge nodes: 64 GPUs
 DEGREES = (1, 2, 4, 8)
+MICRO_BATCHES = (1, 8)  # sequences per worker: the smallest, and the gpt workload's default batch_size
 
 
-def _gpu_cell(size: str, nodes: int, instance: str) -> str:
-    """The smallest tensor-parallel degree whose estimate fits at micro-batch 1, with the estimate."""
-    it, cfg = CATALOGUE[instance], MODEL_SIZES[size]
-    world = nodes * it.workers_per_node
-    for t in (d for d in DEGREES if it.workers_per_node % d == 0 and cfg.n_head % d == 0):
-        gb = memory_gb(cfg, micro_batch=1, world=world, tensor_parallel=t, strategy="fsdp")
-        if gb <= it.memory_gb_per_worker:
-            return f"tp {t}: {gb:.0f} GB"
-    return "does not fit"
+def _cell(gbs: list[float], limit: float) -> str:
+    """The estimates at each micro-batch, GB, those above `limit` struck through."""
+    return " / ".join(f"{gb:.0f}" if gb <= limit else f"~~{gb:.0f}~~" for gb in gbs)
 
 
-def _neuron_cell(size: str, instance: str) -> str:
-    """Trainium trains with DDP semantics (each NeuronCore a whole replica): the estimate against a core's share."""
-    it = CATALOGUE[instance]
-    gb = memory_gb(MODEL_SIZES[size], micro_batch=1, world=it.workers_per_node, strategy="ddp")
-    return f"{gb:.0f} GB: {'fits' if gb <= it.memory_gb_per_worker else 'does not fit'}"
+def _gpu_cell(cfg, world: int, degree: int, limit: float) -> str:
+    if cfg.n_head % degree:
+        return "n/a"  # the degree must divide the heads
+    estimates = [
+        memory_gb(cfg, micro_batch=b, world=world, tensor_parallel=degree, strategy="fsdp") for b in MICRO_BATCHES
+    ]
+    return _cell(estimates, limit)
 
 
 def table() -> str:
-    p5, trn1 = CATALOGUE["p5.48xlarge"], CATALOGUE["trn1.32xlarge"]
-    head = [f"{n} node{'s' if n > 1 else ''} ({n * p5.workers_per_node} GPUs)" for n in GPU_NODES]
+    gpu, neuron = CATALOGUE[GPU], CATALOGUE[NEURON]
+    world = NODES * gpu.workers_per_node
     lines = [
-        f"| size | p5.48xlarge, {' | p5.48xlarge, '.join(head)} | trn1.32xlarge (a NeuronCore: "
-        f"{trn1.memory_gb_per_worker:g} GB) |",
-        "|---|" + "---|" * (len(GPU_NODES) + 1),
+        "| size | " + " | ".join(f"fsdp, tp {t}" for t in DEGREES) + " | trn1.32xlarge, DDP |",
+        "|---|" + "---|" * (len(DEGREES) + 1),
     ]
     for size in SIZES:
-        cells = [_gpu_cell(size, n, "p5.48xlarge") for n in GPU_NODES] + [_neuron_cell(size, "trn1.32xlarge")]
-        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+        cfg = MODEL_SIZES[size]
+        gpu_cells = [_gpu_cell(cfg, world, t, gpu.memory_gb_per_worker) for t in DEGREES]
+        trn = [memory_gb(cfg, micro_batch=b, world=neuron.workers_per_node, strategy="ddp") for b in MICRO_BATCHES]
+        lines.append(f"| {size} | " + " | ".join([*gpu_cells, _cell(trn, neuron.memory_gb_per_worker)]) + " |")
     return "\n".join(lines)
 
 

@@ -42,7 +42,8 @@ def test_a_passing_model_is_a_version_of_its_workloads_model_at_the_approved_loc
     assert version.source == "s3://data-bucket/models/pass-001/"
     assert version.tags["verdict_value"] == "2.5" and version.tags["verdict_baseline"] == "2.501"
     client = mlflow_tracking.MlflowClient(tracking_uri=store)
-    assert client.get_run(version.run_id).info.run_name == "pass-001"  # linked to the run it came from
+    run = client.get_run(version.run_id)
+    assert run.info.run_name == "pass-001" and run.info.status == "FINISHED"  # linked to its run, left finished
     assert "registered model dev-gpt version" in capsys.readouterr().err
 
 

@@ -179,20 +179,20 @@ GPUS = {"ACCELERATOR_KIND": "gpu", "ACCELERATOR_MEMORY_GB": "80", "LOCAL_WORLD_S
 
 
 def test_a_model_that_cannot_fit_is_refused_naming_a_layout_that_does(tmp_path):
-    # 70b on 8 nodes of 8 H100s: FSDP alone would hold ~170 GB of activations per GPU; the refusal names the smallest
-    # tensor-parallel degree whose estimate fits (sizes.memory_gb), with the run's micro-batch.
+    # 70b on 8 nodes of 8 H100s at micro-batch 2: FSDP alone would hold ~100 GB of activations per GPU; the refusal
+    # names the smallest tensor-parallel degree whose estimate fits (sizes.memory_gb) at the run's micro-batch.
     need = {
-        t: memory_gb(MODEL_SIZES["70b"], micro_batch=1, world=64, tensor_parallel=t, strategy="fsdp")
+        t: memory_gb(MODEL_SIZES["70b"], micro_batch=2, world=64, tensor_parallel=t, strategy="fsdp")
         for t in (1, 2, 4, 8)
     }
     smallest = min(t for t, gb in need.items() if gb <= 80)
     assert need[1] > 80 and smallest > 1
-    cfg = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=1)
-    with pytest.raises(UsageError, match=rf"more than their 80 GB.*--tensor-parallel {smallest} --micro-batch-size 1"):
+    cfg = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=2)
+    with pytest.raises(UsageError, match=rf"more than their 80 GB.*--tensor-parallel {smallest} --micro-batch-size 2"):
         preflight.check_memory(cfg, {**GPUS, "WORLD_SIZE": "64"})
     with pytest.raises(UsageError, match="more nodes: no layout of 16 workers fits it"):
         preflight.check_memory(cfg, {**GPUS, "WORLD_SIZE": "16"})
-    fits = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=1, tensor_parallel=smallest)
+    fits = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=2, tensor_parallel=smallest)
     preflight.check_memory(fits, {**GPUS, "WORLD_SIZE": "64"})  # no error
     preflight.check_memory(cfg, {"WORLD_SIZE": "64"})  # CPU (no memory given): not judged
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from efa_training.runtime.tracking import CLOSE_SECONDS, URI_VARIABLE, _say, run_of
+from efa_training.runtime.tracking import CLOSE_SECONDS, URI_VARIABLE, _say
 
 MODELS_PREFIX_VARIABLE = "MODELS_PREFIX"
 VERDICT_TAGS = ("metric", "value", "baseline", "relative_delta", "tolerance", "step")
@@ -51,10 +51,17 @@ def registered(client: Any, experiment: str, run_id: str, source: str, verdict: 
     """The run's model version in `<experiment>-<workload>`, made unless the run has one; what was done, in words."""
     from mlflow.exceptions import MlflowException
 
-    mlflow_run = run_of(client, experiment, run_id, {})
-    workload = client.get_run(mlflow_run).data.params.get("workload")
+    # Found, not resumed: the validation's tracker has just closed the run, which stays FINISHED.
+    found = client.get_experiment_by_name(experiment)
+    runs = (
+        client.search_runs([found.experiment_id], filter_string=f"attributes.run_name = '{run_id}'", max_results=1)
+        if found is not None
+        else []
+    )
+    workload = runs[0].data.params.get("workload") if runs else None
     if not workload:
         return f"not registered in MLflow: run {run_id!r} logged no workload parameter (its training was not tracked)"
+    mlflow_run = runs[0].info.run_id
     name = f"{experiment}-{workload}"
     found = client.search_model_versions(f"name = '{name}' and run_id = '{mlflow_run}'")
     if found:

@@ -33,9 +33,9 @@ BLOCK_PLAN = {
 
 def device_mesh(rt: Runtime, tensor_parallel: int) -> DeviceMesh:
     """(dp, tp) over every rank; tp the inner dimension, so a tp group is consecutive ranks: one node's. Both
-    dimensions flattened too, so a value reduced over the whole mesh (the gradient norm) takes one all-reduce, the
-    same result on every rank, not one per dimension (DTensor warns that those may differ between ranks; torchtitan
-    flattens its meshes alike)."""
+    dimensions are also registered flattened ("dp_tp"), which DTensor then uses to reduce a value over the whole mesh
+    (the gradient norm's full_tensor) in one all-reduce with the same result on every rank, not one per dimension
+    (without it, DTensor warns that those may differ between ranks; torchtitan flattens its meshes alike)."""
     mesh = init_device_mesh(
         rt.device_type, (rt.world_size // tensor_parallel, tensor_parallel), mesh_dim_names=("dp", "tp")
     )

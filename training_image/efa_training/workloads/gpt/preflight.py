@@ -54,8 +54,9 @@ def check_layout(tensor_parallel: int, env: Mapping[str, str]) -> None:
 
 def check_memory(cfg: TrainConfig, env: Mapping[str, str]) -> None:
     """A run whose estimated peak memory (sizes.memory_gb) exceeds its GPUs' (ACCELERATOR_MEMORY_GB, the catalogue's)
-    is refused, naming a layout and micro-batch that fit on the same workers. GPUs only: on Trainium the Neuron
-    compiler plans memory itself."""
+    is refused, naming the smallest tensor-parallel degree that fits at the run's micro-batch, else at the largest
+    smaller micro-batch that fits (the global batch is replicas x micro-batch x accumulation: the refusal says to keep
+    it with --grad-accum-steps). GPUs only: on Trainium the Neuron compiler plans memory itself."""
     limit = float(env.get("ACCELERATOR_MEMORY_GB") or 0)
     if not limit or env.get("ACCELERATOR_KIND") != "gpu" or cfg.strategy == "ps":
         return
@@ -79,7 +80,7 @@ def check_memory(cfg: TrainConfig, env: Mapping[str, str]) -> None:
         f"needs about {need:.0f} GB per GPU with --strategy {cfg.strategy}, --tensor-parallel {cfg.tensor_parallel} "
         f"and --micro-batch-size {cfg.micro_batch_size} on {world} workers, more than their {limit:g} GB",
         f"--strategy fsdp --tensor-parallel {fitting[0][1]} --micro-batch-size {fitting[0][0]} (about "
-        f"{fitting[0][2]:.0f} GB)"
+        f"{fitting[0][2]:.0f} GB; raise --grad-accum-steps to keep the global batch)"
         if fitting
         else f"more nodes: no layout of {world} workers fits it",
     )

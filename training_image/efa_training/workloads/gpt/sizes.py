@@ -81,9 +81,11 @@ RESERVED_GB = 4.0  # the CUDA context, NCCL's buffers and the allocator's fragme
 def memory_gb(cfg: ModelConfig, *, micro_batch: int, world: int, tensor_parallel: int = 1, strategy: str) -> float:
     """Estimated peak memory of one accelerator, GB: the training state (STATE_BYTES; with tensor parallelism the
     blocks' split over tp, the embeddings' and norms' not), FSDP2's gathered bf16 weights (a block, the one it
-    prefetches and one block's gradients, and the root's embeddings), the activations that backward keeps (bf16,
-    no recomputation, no sequence parallelism: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-    Transformer Models", eq. 2: s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes per layer), the fp32 logits, and RESERVED_GB."""
+    prefetches and one block's gradients, and the root's embeddings), the activations that backward keeps, the fp32
+    logits, and RESERVED_GB. Activations, bf16, no sequence parallelism: s*b*h*(10 + 24/t) bytes per layer
+    (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", section 4: eq. 2
+    without its 5*a*s/(h*t) term for the stored attention scores and their dropout mask, which the model's
+    scaled_dot_product_attention does not keep on GPUs: its flash and memory-efficient kernels recompute them)."""
     d, layers, s, t = cfg.d_model, cfg.n_layer, cfg.seq_len, tensor_parallel
     block = 12 * d * d + 13 * d
     other = count_params(cfg) - layers * block
@@ -93,6 +95,6 @@ def memory_gb(cfg: ModelConfig, *, micro_batch: int, world: int, tensor_parallel
         gathered = 2 * (3 * block / t + other)
     else:
         state, gathered = STATE_BYTES["ddp"] * count_params(cfg), 0.0
-    activations = layers * s * micro_batch * d * (10 + 24 / t + 5 * cfg.n_head * s / (d * t))
+    activations = layers * s * micro_batch * d * (10 + 24 / t)
     logits = 3 * micro_batch * s * cfg.vocab_size * 4  # fp32: the logits, their softmax and its gradient
     return (state + gathered + activations + logits) / 1e9 + RESERVED_GB
