@@ -148,24 +148,20 @@ def test_commands_follow_the_image_contract():
 
 
 @pytest.mark.parametrize("name", TYPES)
-def test_jobs_take_mfu_peak_from_the_catalogue(name):
-    # MFU's denominator is the catalogue's peak, passed to the image, not the image's own guess by device name.
+def test_jobs_take_mfu_peak_and_each_workers_memory_from_the_catalogue(name):
+    # MFU's denominator is the catalogue's peak, passed to the image, not the image's own guess by device name; the
+    # built-in trainer's memory estimate is held to a worker's memory (workloads/gpt/preflight.py): a GPU's, or a
+    # NeuronCore's share of its chip's.
     training = CATALOGUE[name]
     for props in _definitions(name).values():
         host = training if "NodeProperties" in props else CATALOGUE[training.validation_instance_type]
-        peak = f"{host.peak_bf16_tflops_per_accelerator:g}"
-        assert {"Name": "PEAK_TFLOPS_PER_ACCELERATOR", "Value": peak} in _container(props)["Environment"]
-
-
-@pytest.mark.parametrize("name", TYPES)
-def test_jobs_take_each_workers_memory_from_the_catalogue(name):
-    # The built-in trainer's memory estimate is held to this (workloads/gpt/preflight.py): a GPU's, or a NeuronCore's
-    # share of its chip's.
-    training = CATALOGUE[name]
-    for props in _definitions(name).values():
-        host = training if "NodeProperties" in props else CATALOGUE[training.validation_instance_type]
+        environment = _container(props)["Environment"]
+        assert {
+            "Name": "PEAK_TFLOPS_PER_ACCELERATOR",
+            "Value": f"{host.peak_bf16_tflops_per_accelerator:g}",
+        } in environment
         memory = f"{host.accelerator_memory_gb / host.cores_per_accelerator:g}"
-        assert {"Name": "ACCELERATOR_MEMORY_GB", "Value": memory} in _container(props)["Environment"]
+        assert {"Name": "ACCELERATOR_MEMORY_GB", "Value": memory} in environment
 
 
 def test_torchrun_waits_for_workers_within_the_stop_grace():
