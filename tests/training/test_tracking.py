@@ -11,6 +11,7 @@ import pytest
 from efa_training.runtime import tracking
 from efa_training.runtime.launch import command, rendezvous, tracked
 from efa_training.runtime.metrics import emf_record
+from tests.training import test_launch_hyperparameters
 
 mlflow_tracking = pytest.importorskip("mlflow.tracking")
 
@@ -21,15 +22,8 @@ def store(tmp_path_factory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
 
 
-BATCH = {  # a Batch node's environment (runtime/launch/cli.py lists what it becomes)
-    "ACCELERATORS_PER_NODE": "8",
-    "AWS_BATCH_JOB_NUM_NODES": "2",
-    "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0",
-    "AWS_BATCH_JOB_NODE_INDEX": "0",
-    "AWS_BATCH_JOB_ID": "0f1e2d#0",
-    "AWS_BATCH_JOB_ATTEMPT": "1",
-    "GLOO_SOCKET_IFNAME": "lo",
-}
+# A Batch node's environment (runtime/launch/cli.py lists what it becomes), with a p5's 8 GPUs.
+BATCH = {**test_launch_hyperparameters.BATCH, "ACCELERATORS_PER_NODE": "8"}
 
 
 def _line(step: int, **values: float) -> str:
