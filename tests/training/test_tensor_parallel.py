@@ -4,7 +4,6 @@ replicas, a checkpoint resumes in another layout (2-D to FSDP alone, and back) w
 damaged newest checkpoint in the 2-D layout falls back to the one before and retrains bit for bit; and what a layout
 refuses before any process group, in one line."""
 
-import shutil
 import warnings
 from pathlib import Path
 
@@ -16,92 +15,60 @@ from efa_training.train_config import TrainConfig
 from efa_training.workloads.gpt import preflight, saved_model
 from efa_training.workloads.gpt.model import GPT, ModelConfig
 from efa_training.workloads.gpt.sizes import MODEL_SIZES, memory_gb
+from tests.training import layouts
 from tests.training import training_helpers as th
 
-STEPS, EVERY, MORE = 6, 3, 9
 # A state dict of release 0.8.0's GPT (a 1-layer model, one fused qkv layer) and its logits for a fixed input.
 FIXTURE = Path(__file__).parent / "gpt_fixtures" / "gpt-tiny-0.8.0.pt"
-# Losses of the same run in two layouts: the arithmetic differs only in the order of the sums (a row-parallel layer
-# adds its ranks' partial products), so they agree to float32 rounding, not bit for bit.
-REL = 1e-5
-
-
-def _train(dataset: Path, ckpt: Path, nproc: int, *flags: str, steps: int = STEPS) -> th.Run:
-    args = [*th.train_args(dataset, ckpt, steps=steps, every=EVERY, strategy="fsdp"), *flags]
-    run = th.torchrun("train.py", args, nproc=nproc)
-    assert run.returncode == 0, run.stderr[-3000:]
-    run.checkpoint_dir = ckpt
-    return run
+STEPS, EVERY, MORE, close = layouts.STEPS, layouts.EVERY, layouts.MORE, layouts.close
 
 
 def _layout(name: str, nproc: int, *flags: str):
     @pytest.fixture(scope="module")
     def fixture(dataset, tmp_path_factory) -> th.Run:
-        return th.shared(tmp_path_factory, f"tp-{name}", lambda root: _train(dataset, root / "ckpt", nproc, *flags))
+        build = lambda root: layouts.train(dataset, root / "ckpt", nproc, *flags)  # noqa: E731
+        return th.shared(tmp_path_factory, f"tp-{name}", build)
 
     return fixture
 
 
-single = _layout("single", 1)  # one process: FSDP over one rank, the reference arithmetic
 tp2 = _layout("tp2", 2, "--tensor-parallel", "2")  # dp 1 x tp 2
-dp2 = _layout("dp2", 2)  # FSDP over 2 replicas
 grid = _layout("grid", 4, "--tensor-parallel", "2")  # dp 2 x tp 2
-
-
-def _close(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) > 0 and all(abs(x - y) <= REL * abs(y) for x, y in zip(a, b, strict=True))
 
 
 pytestmark = pytest.mark.slow  # real torchrun processes
 
 
-def test_a_tensor_parallel_run_matches_the_single_process_run(single, tp2):
-    assert len(single.losses()) == STEPS and _close(tp2.losses(), single.losses()), (tp2.losses(), single.losses())
+def test_a_tensor_parallel_run_matches_the_single_process_run(fsdp_single, tp2):
+    single = fsdp_single
+    assert len(single.losses()) == STEPS and close(tp2.losses(), single.losses()), (tp2.losses(), single.losses())
     assert "world=2" in tp2.stderr
 
 
-def test_a_2d_run_matches_fsdp_over_the_same_replicas(grid, dp2):
+def test_a_2d_run_matches_fsdp_over_the_same_replicas(grid, fsdp_dp2):
     # Both read the same 2 streams of batches (a tensor-parallel group reads its replica's), so only tp differs.
-    assert _close(grid.losses(), dp2.losses()), (grid.losses(), dp2.losses())
+    assert close(grid.losses(), fsdp_dp2.losses()), (grid.losses(), fsdp_dp2.losses())
     assert grid.summary()["mean_tokens_per_second"] > 0
 
 
-def _resumed(run: th.Run, into: Path, nproc: int, dataset: Path, *flags: str) -> th.Run:
-    assert run.checkpoint_dir is not None
-    shutil.copytree(run.checkpoint_dir, into)
-    return _train(dataset, into, nproc, *flags, steps=MORE)
-
-
-@pytest.fixture(scope="module")
-def dp2_resumed(dp2, dataset, tmp_path_factory) -> th.Run:
-    """The FSDP run continued to step 9 in its own layout: where a resume in another layout must arrive."""
-    return th.shared(tmp_path_factory, "tp-dp2-resumed", lambda root: _resumed(dp2, root / "ckpt", 2, dataset))
-
-
-def test_a_2d_checkpoint_resumes_in_fsdp_alone(grid, dp2_resumed, dataset, tmp_path):
+def test_a_2d_checkpoint_resumes_in_fsdp_alone(grid, fsdp_dp2_resumed, dataset, tmp_path):
     # DCP reshards on load: the 2-D shards of step 6 become the FSDP shards of 2 processes.
-    run = _resumed(grid, tmp_path / "ckpt", 2, dataset)
+    run = layouts.resumed(grid, tmp_path / "ckpt", 2, dataset)
     assert "resumed from" in run.stderr and "step_000000006" in run.stderr
-    assert len(run.losses()) == MORE - STEPS and _close(run.losses(), dp2_resumed.losses())
+    assert len(run.losses()) == MORE - STEPS and close(run.losses(), fsdp_dp2_resumed.losses())
 
 
-def test_an_fsdp_checkpoint_resumes_in_2d(dp2, dp2_resumed, dataset, tmp_path):
-    run = _resumed(dp2, tmp_path / "ckpt", 4, dataset, "--tensor-parallel", "2")
+def test_an_fsdp_checkpoint_resumes_in_2d(fsdp_dp2, fsdp_dp2_resumed, dataset, tmp_path):
+    run = layouts.resumed(fsdp_dp2, tmp_path / "ckpt", 4, dataset, "--tensor-parallel", "2")
     assert "resumed from" in run.stderr
-    assert len(run.losses()) == MORE - STEPS and _close(run.losses(), dp2_resumed.losses())
+    assert len(run.losses()) == MORE - STEPS and close(run.losses(), fsdp_dp2_resumed.losses())
 
 
 def test_a_damaged_2d_checkpoint_falls_back_and_retrains_bit_for_bit(grid, dataset, tmp_path):
     # The newest checkpoint's shard damaged: set aside, step 3 resumed in the same layout, steps 4-6 trained again
     # with exactly the uninterrupted run's losses (the same arithmetic in the same order).
-    ckpt = tmp_path / "ckpt"
-    assert grid.checkpoint_dir is not None
-    shutil.copytree(grid.checkpoint_dir, ckpt)
-    shard = sorted((ckpt / "step_000000006").glob("*.distcp"))[0]
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    run = _train(dataset, ckpt, 4, "--tensor-parallel", "2")
+    ckpt = layouts.damaged_newest(grid, tmp_path / "ckpt")
+    run = layouts.train(dataset, ckpt, 4, "--tensor-parallel", "2")
     assert "step_000000003" in run.stderr and list(ckpt.glob(".damaged-step_000000006*"))
     assert run.losses() == grid.losses()[EVERY:]
 
@@ -191,7 +158,10 @@ def test_a_model_that_cannot_fit_is_refused_naming_a_layout_that_does(tmp_path):
     smallest = min(t for t, gb in need.items() if gb <= 80)
     assert need[1] > 80 and smallest > 1
     cfg = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=2)
-    with pytest.raises(UsageError, match=rf"more than their 80 GB.*--tensor-parallel {smallest} --micro-batch-size 2"):
+    with pytest.raises(
+        UsageError,
+        match=rf"more than their 80 GB.*--tensor-parallel {smallest} --pipeline-parallel 1 --micro-batch-size 2",
+    ):
         preflight.check_memory(cfg, {**GPUS, "WORLD_SIZE": "64"})
     with pytest.raises(UsageError, match="more nodes: no layout of 16 workers fits it"):
         preflight.check_memory(cfg, {**GPUS, "WORLD_SIZE": "16"})

@@ -35,6 +35,7 @@ COUNTS = (
     "log_every",
     "ps_servers_per_node",
     "tensor_parallel",
+    "pipeline_parallel",
 )  # each at least 1
 # Every float must be finite (argparse accepts nan and inf) and in range: (low, high, whether low itself is allowed).
 FLOAT_RANGES = {
@@ -90,6 +91,11 @@ class TrainConfig:
         1,
         help="tensor-parallel degree (--strategy fsdp): each block split over this many consecutive ranks, one node's "
         "accelerators or a divisor of them, FSDP2 over the rest (workloads/gpt/parallel.py); 1: none",
+    )
+    pipeline_parallel: int = setting(
+        1,
+        help="pipeline-parallel degree (--strategy fsdp): the layers cut into this many stages of consecutive ranks, "
+        "microbatches (--grad-accum-steps) passed between them by a 1F1B schedule (workloads/gpt/pipeline.py); 1: none",
     )
     micro_batch_size: int = setting(8, aliases=("--batch-size",), help="sequences per process per micro-step")
     grad_accum_steps: int = setting(
@@ -171,21 +177,24 @@ class TrainConfig:
             raise UsageError("--device", self.device, "unknown device", ", ".join(DEVICES))
 
     def _check_layout(self) -> None:
-        """What --tensor-parallel needs of the run alone (the world size and the node's accelerators: preflight.py)."""
-        if self.tensor_parallel == 1:
-            return
-        if self.strategy != "fsdp":
-            raise UsageError(
-                "--tensor-parallel", self.tensor_parallel, f"needs --strategy fsdp, not {self.strategy}", "1 with ddp"
-            )
-        heads = self.model_config().n_head
-        if heads % self.tensor_parallel:
-            raise UsageError(
-                "--tensor-parallel",
-                self.tensor_parallel,
-                f"does not divide the {heads} heads of model {self.model}",
-                "a divisor of the heads: " + ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0),
-            )
+        """What --tensor-parallel and --pipeline-parallel need of the run alone (the world size and the node's
+        accelerators: preflight.py): FSDP2, and a degree that divides the model's heads, or its layers."""
+        mcfg = self.model_config() if self.strategy != "ps" else None
+        for name, value, parts, what in (
+            ("--tensor-parallel", self.tensor_parallel, mcfg.n_head if mcfg else 1, "heads"),
+            ("--pipeline-parallel", self.pipeline_parallel, mcfg.n_layer if mcfg else 1, "layers"),
+        ):
+            if value == 1:
+                continue
+            if self.strategy != "fsdp":
+                raise UsageError(name, value, f"needs --strategy fsdp, not {self.strategy}", "1 with ddp")
+            if parts % value:
+                raise UsageError(
+                    name,
+                    value,
+                    f"does not divide the {parts} {what} of model {self.model}",
+                    f"a divisor of the {what}: " + ", ".join(str(d) for d in range(1, parts + 1) if parts % d == 0),
+                )
 
     def _check_seq_len(self) -> None:
         if self.strategy == "ps":

@@ -39,7 +39,8 @@ def seed_everything(seed: int) -> None:
 
 
 def build_model(cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime, mesh: DeviceMesh | None = None) -> torch.nn.Module:
-    """`mesh`: the (dp, tp) mesh of a tensor-parallel run (parallel.py), None otherwise."""
+    """`mesh`: the (pp, dp, tp) mesh of a tensor- or pipeline-parallel run (parallel.py), None otherwise; with
+    pipeline parallelism the model is this rank's stage of it (pipeline.keep_stage)."""
     seed_everything(cfg.seed)  # identical initial weights on every rank
     if cfg.strategy == "fsdp":
         return _fully_sharded(cfg, mcfg, rt, mesh)
@@ -63,7 +64,11 @@ def _fully_sharded(cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime, mesh: Devic
     else:
         with torch.device("meta"):
             model = GPT(mcfg)
-    if mesh is not None:
+    if mesh is not None and mesh["pp"].size() > 1:
+        from efa_training.workloads.gpt.pipeline import keep_stage  # here: pipelining's import costs others nothing
+
+        keep_stage(model, mesh["pp"].get_local_rank(), mesh["pp"].size())
+    if mesh is not None and mesh["tp"].size() > 1:
         apply_tensor_parallel(model.blocks, mesh)
     shards = mesh["dp"] if mesh is not None else None  # FSDP2 over dp; None: every rank
     # bf16 compute with fp32 gradient reduction on accelerators; fp32 throughout on CPU.
@@ -72,7 +77,7 @@ def _fully_sharded(cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime, mesh: Devic
         if rt.device_type == "cuda"
         else MixedPrecisionPolicy()
     )
-    for block in model.blocks:
+    for block in model.blocks.values():
         if cfg.compile:
             block.compile()
         fully_shard(block, mesh=shards, mp_policy=mp)

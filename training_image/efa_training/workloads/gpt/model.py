@@ -85,12 +85,16 @@ class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        # Each part is None on a pipeline stage that does not run it: the embeddings run on the first, the final
+        # norm and the head on the last.
+        self.tok_emb: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb: nn.Embedding | None = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # A dict keyed by layer number, not a list: a pipeline stage (pipeline.py) deletes the layers it does not run
+        # and keeps the others' names ("blocks.7.attn.q.weight"), the names every checkpoint holds (torchtitan alike).
+        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
+        self.ln_f: nn.LayerNorm | None = nn.LayerNorm(cfg.d_model)
+        self.lm_head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.init_weights()
 
@@ -98,6 +102,7 @@ class GPT(nn.Module):
         """The output head shares the token embedding, as in GPT-2. Moving a module to an XLA device copies each
         parameter per module and so unties them (PyTorch/XLA TROUBLESHOOTING.md, "XLA Tensor Quirks": tie weights
         after moving the model to the device; pytorch/xla#7042): builders.py ties again after the move."""
+        assert self.lm_head is not None and self.tok_emb is not None  # the whole model
         self.lm_head.weight = self.tok_emb.weight
 
     def init_weights(self) -> None:
@@ -119,13 +124,20 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        t = idx.shape[1]
-        pos = torch.arange(t, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
-        for block in self.blocks:
+        """Token ids to logits (or the loss, given targets). A pipeline stage without the embeddings takes the
+        previous stage's activations as `idx`; one without the head returns its activations."""
+        x = idx
+        if self.tok_emb is not None and self.pos_emb is not None:
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        for block in self.blocks.values():
             x = block(x)
+        if self.lm_head is None or self.ln_f is None:
+            return x
         logits = self.lm_head(self.ln_f(x))
-        if targets is None:
-            return logits
-        # Loss in fp32 even under bf16 autocast: cross-entropy over the vocab is precision-sensitive.
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits if targets is None else loss(logits, targets)
+
+
+def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean next-token cross-entropy, in fp32 even under bf16 autocast: over the vocab it is precision-sensitive."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))

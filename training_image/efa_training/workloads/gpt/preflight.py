@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 def check_before_start(cfg: TrainConfig, expected_nodes: int | None) -> None:
     check_platform(expected_nodes, cfg.device)
-    check_layout(cfg.tensor_parallel, os.environ)
+    check_layout(cfg.tensor_parallel, os.environ, cfg.pipeline_parallel)
     check_memory(cfg, os.environ)
     check_data(Path(cfg.data), cfg.model_config())
     check_not_diverged(cfg)
@@ -38,10 +38,11 @@ def check_before_start(cfg: TrainConfig, expected_nodes: int | None) -> None:
     probe_writable(Path(cfg.checkpoint_dir))
 
 
-def check_layout(tensor_parallel: int, env: Mapping[str, str]) -> None:
+def check_layout(tensor_parallel: int, env: Mapping[str, str], pipeline_parallel: int = 1) -> None:
     """A tensor-parallel group is consecutive ranks and must stay inside a node (its collectives run on every layer:
-    NVLink, not EFA), so the degree divides the node's workers (torchrun's LOCAL_WORLD_SIZE), hence the world."""
-    per_node = int(env.get("LOCAL_WORLD_SIZE") or 1)
+    NVLink, not EFA), so the degree divides the node's workers (torchrun's LOCAL_WORLD_SIZE); the pipeline's stages
+    times that group must divide the world (WORLD_SIZE), the rest being data-parallel replicas."""
+    per_node, world = int(env.get("LOCAL_WORLD_SIZE") or 1), int(env.get("WORLD_SIZE") or 1)
     if tensor_parallel > 1 and per_node % tensor_parallel:
         divisors = ", ".join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)
         raise UsageError(
@@ -50,40 +51,70 @@ def check_layout(tensor_parallel: int, env: Mapping[str, str]) -> None:
             f"does not divide a node's {per_node} workers (a tensor-parallel group stays inside one node)",
             f"one of {divisors}",
         )
+    if pipeline_parallel > 1 and world % (tensor_parallel * pipeline_parallel):
+        stages = ", ".join(str(d) for d in range(1, world + 1) if world % (d * tensor_parallel) == 0)
+        raise UsageError(
+            "--pipeline-parallel",
+            pipeline_parallel,
+            f"times --tensor-parallel {tensor_parallel} does not divide the {world} workers",
+            f"one of {stages}",
+        )
 
 
 def check_memory(cfg: TrainConfig, env: Mapping[str, str]) -> None:
     """A run whose estimated peak memory (sizes.memory_gb) exceeds its GPUs' (ACCELERATOR_MEMORY_GB, the catalogue's)
-    is refused, naming the smallest tensor-parallel degree that fits at the run's micro-batch, else at the largest
+    is refused, naming the first layout (_layouts' order) that fits at the run's micro-batch, else at the largest
     smaller micro-batch that fits (the global batch is replicas x micro-batch x accumulation: the refusal says to keep
     it with --grad-accum-steps). GPUs only: on Trainium the Neuron compiler plans memory itself."""
     limit = float(env.get("ACCELERATOR_MEMORY_GB") or 0)
     if not limit or env.get("ACCELERATOR_KIND") != "gpu" or cfg.strategy == "ps":
         return
     world, per_node, mcfg = int(env.get("WORLD_SIZE") or 1), int(env.get("LOCAL_WORLD_SIZE") or 1), cfg.model_config()
-    need = memory_gb(
-        mcfg, micro_batch=cfg.micro_batch_size, world=world, tensor_parallel=cfg.tensor_parallel, strategy=cfg.strategy
-    )
+    layout = {"tensor_parallel": cfg.tensor_parallel, "pipeline_parallel": cfg.pipeline_parallel}
+    need = _need(cfg, cfg.micro_batch_size, world, cfg.strategy, **layout)
     if need <= limit:
         return
-    layouts = [t for t in range(1, per_node + 1) if per_node % t == 0 and mcfg.n_head % t == 0]
-    batches = [b for b in range(cfg.micro_batch_size, 0, -1)]
     fitting = [
-        (b, t, gb)
-        for b in batches
-        for t in layouts
-        if (gb := memory_gb(mcfg, micro_batch=b, world=world, tensor_parallel=t, strategy="fsdp")) <= limit
+        (b, t, p, gb)
+        for b in range(cfg.micro_batch_size, 0, -1)
+        for t, p in _layouts(mcfg, per_node, world)
+        if (gb := _need(cfg, b, world, "fsdp", tensor_parallel=t, pipeline_parallel=p)) <= limit
     ]
     raise UsageError(
         "--model",
         cfg.model,
-        f"needs about {need:.0f} GB per GPU with --strategy {cfg.strategy}, --tensor-parallel {cfg.tensor_parallel} "
-        f"and --micro-batch-size {cfg.micro_batch_size} on {world} workers, more than their {limit:g} GB",
-        f"--strategy fsdp --tensor-parallel {fitting[0][1]} --micro-batch-size {fitting[0][0]} (about "
-        f"{fitting[0][2]:.0f} GB; raise --grad-accum-steps to keep the global batch)"
+        f"needs about {need:.0f} GB per GPU with --strategy {cfg.strategy}, --tensor-parallel {cfg.tensor_parallel}, "
+        f"--pipeline-parallel {cfg.pipeline_parallel} and --micro-batch-size {cfg.micro_batch_size} on {world} "
+        f"workers, more than their {limit:g} GB",
+        f"--strategy fsdp --tensor-parallel {fitting[0][1]} --pipeline-parallel {fitting[0][2]} --micro-batch-size "
+        f"{fitting[0][0]} (about {fitting[0][3]:.0f} GB; raise --grad-accum-steps to keep the global batch)"
         if fitting
         else f"more nodes: no layout of {world} workers fits it",
     )
+
+
+def _need(cfg: TrainConfig, micro_batch: int, world: int, strategy: str, **layout: int) -> float:
+    return memory_gb(
+        cfg.model_config(),
+        micro_batch=micro_batch,
+        world=world,
+        strategy=strategy,
+        microbatches=cfg.grad_accum_steps,
+        **layout,
+    )
+
+
+def _layouts(mcfg: ModelConfig, per_node: int, world: int) -> list[tuple[int, int]]:
+    """(tp, pp) a run of `world` workers could take: tensor parallelism first, inside a node, then pipeline stages
+    across nodes (torchtitan's and Megatron-LM's order: tp's traffic needs a node's links; a pipeline idles in its
+    bubble)."""
+    pairs = [
+        (t, p)
+        for t in range(1, per_node + 1)
+        for p in range(1, mcfg.n_layer + 1)
+        if per_node % t == 0 and mcfg.n_head % t == 0 and mcfg.n_layer % p == 0 and world % (t * p) == 0
+    ]
+    return sorted(pairs, key=lambda tp: (tp[1], tp[0]))
 
 
 def check_not_fused(checkpoint_dir: Path) -> None:

@@ -78,23 +78,36 @@ STATE_BYTES = {"fsdp": 16, "ddp": 20}
 RESERVED_GB = 4.0  # the CUDA context, NCCL's buffers and the allocator's fragmentation: a margin, not a measure
 
 
-def memory_gb(cfg: ModelConfig, *, micro_batch: int, world: int, tensor_parallel: int = 1, strategy: str) -> float:
+def memory_gb(
+    cfg: ModelConfig,
+    *,
+    micro_batch: int,
+    world: int,
+    tensor_parallel: int = 1,
+    strategy: str,
+    pipeline_parallel: int = 1,
+    microbatches: int = 1,
+) -> float:
     """Estimated peak memory of one accelerator, GB: the training state (STATE_BYTES; with tensor parallelism the
     blocks' split over tp, the embeddings' and norms' not), FSDP2's gathered bf16 weights (a block, the one it
     prefetches and one block's gradients, and the root's embeddings), the activations that backward keeps, the fp32
     logits, and RESERVED_GB. Activations, bf16, no sequence parallelism: s*b*h*(10 + 24/t) bytes per layer
     (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", section 4: eq. 2
     without its 5*a*s/(h*t) term for the stored attention scores and their dropout mask, which the model's
-    scaled_dot_product_attention does not keep on GPUs: its flash and memory-efficient kernels recompute them)."""
-    d, layers, s, t = cfg.d_model, cfg.n_layer, cfg.seq_len, tensor_parallel
+    scaled_dot_product_attention does not keep on GPUs: its flash and memory-efficient kernels recompute them).
+    With pipeline parallelism (p stages) a stage holds L/p layers' state, the embeddings counted whole (the first
+    and the last stage hold them), and the activations of min(p, m) microbatches in flight (1F1B keeps p on the
+    first stage; GPipe with fewer microbatches all m: Narayanan et al. 2021, section 2.2), so at m >= p the same
+    L layers' worth as without a pipeline: pipelining divides the state, not the activations."""
+    d, layers, s, t, p = cfg.d_model, cfg.n_layer, cfg.seq_len, tensor_parallel, pipeline_parallel
     block = 12 * d * d + 13 * d
     other = count_params(cfg) - layers * block
     if strategy == "fsdp":
-        replicas = world // t
-        state = STATE_BYTES["fsdp"] * (layers * block / t + other) / replicas
+        replicas = world // (t * p)
+        state = STATE_BYTES["fsdp"] * (layers / p * block / t + other) / replicas
         gathered = 2 * (3 * block / t + other)
     else:
         state, gathered = STATE_BYTES["ddp"] * count_params(cfg), 0.0
-    activations = layers * s * micro_batch * d * (10 + 24 / t)
+    activations = min(p, microbatches) * layers / p * s * micro_batch * d * (10 + 24 / t)
     logits = 3 * micro_batch * s * cfg.vocab_size * 4  # fp32: the logits, their softmax and its gradient
     return (state + gathered + activations + logits) / 1e9 + RESERVED_GB

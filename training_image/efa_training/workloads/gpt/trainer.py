@@ -42,13 +42,14 @@ from efa_training.workloads.gpt.builders import (
     seed_everything,
 )
 from efa_training.workloads.gpt.data import BatchSpec, SequenceBatches, TokenStream
-from efa_training.workloads.gpt.model import ModelConfig, flops_per_token
+from efa_training.workloads.gpt.model import GPT, ModelConfig, flops_per_token
 from efa_training.workloads.gpt.saved_model import find_and_load
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from efa_training.train_config import TrainConfig
+    from efa_training.workloads.gpt.pipeline import Pipeline
 
 
 @dataclass
@@ -108,13 +109,14 @@ class Trainer:
     """One rank's training run: built from the config, resumed from the newest good checkpoint, then `fit`."""
 
     def __init__(self, cfg: TrainConfig, rt: Runtime) -> None:
-        if rt.device_type == "xla" and cfg.tensor_parallel > 1:
-            raise UsageError(
-                "--tensor-parallel",
-                cfg.tensor_parallel,
-                "not supported on the xla device (Neuron's tensor parallelism is neuronx-distributed's, not used here)",
-                "1",
-            )
+        for name, degree in (
+            ("--tensor-parallel", cfg.tensor_parallel),
+            ("--pipeline-parallel", cfg.pipeline_parallel),
+        ):
+            if rt.device_type == "xla" and degree > 1:  # Neuron's model parallelism is neuronx-distributed's
+                raise UsageError(
+                    name, degree, "not supported on the xla device (neuronx-distributed's, not used here)", "1"
+                )
         if rt.device_type == "xla" and cfg.strategy == "fsdp":
             raise UsageError("--strategy", "fsdp", "FSDP2 is not supported on the xla device", "ddp")
         # torch.use_deterministic_algorithms is not called: it imports inductor (+1 s per process), and the CPU
@@ -123,15 +125,24 @@ class Trainer:
         self.stop = StopFlag()
         self.mesh: DeviceMesh | None = None
         self.clip: Callable[[list[torch.nn.Parameter], float], torch.Tensor] = torch.nn.utils.clip_grad_norm_
-        if cfg.tensor_parallel > 1:  # imported here: DTensor's parallel styles cost every other run nothing
+        if cfg.tensor_parallel > 1 or cfg.pipeline_parallel > 1:  # imported here: the others pay nothing for DTensor
             from efa_training.workloads.gpt import parallel
 
-            self.mesh, self.clip = parallel.device_mesh(rt, cfg.tensor_parallel), parallel.clip_grad_norm
-        # Each data-parallel replica's rank and count: the ranks of one tensor-parallel group read the same batches.
+            self.mesh = parallel.device_mesh(rt, cfg.tensor_parallel, cfg.pipeline_parallel)
+            self.clip = parallel.clip_grad_norm
+        # Each data-parallel replica's rank and count: the ranks of one tensor-parallel group, and of one pipeline,
+        # read the same batches.
         self.replica, self.replicas = (
             (self.mesh["dp"].get_local_rank(), self.mesh["dp"].size()) if self.mesh else (rt.rank, rt.world_size)
         )
         self.model = build_model(cfg, self.mcfg, rt, self.mesh)
+        self.pipeline: Pipeline | None = None
+        if self.mesh is not None and cfg.pipeline_parallel > 1:
+            from efa_training.workloads.gpt import pipeline
+
+            assert isinstance(self.model, GPT)  # FSDP2 keeps the class (as an FSDP subclass of it)
+            self.pipeline = pipeline.build(self.model, self.mesh, cfg.grad_accum_steps, rt.device)
+            self.clip = self.pipeline.clip_grad_norm
         self.optimizer = build_optimizer(self.model, cfg, rt)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         seed_everything(cfg.seed + rt.rank)  # per-rank streams (dropout); replaced by the checkpoint's on resume
@@ -193,6 +204,8 @@ class Trainer:
             )
         weights = initial.state_dict()
         if self.cfg.strategy == "fsdp":
+            mine = self.model.state_dict()  # a pipeline stage's parts only
+            weights = {k: v for k, v in weights.items() if k in mine}
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
             set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True))
@@ -239,7 +252,11 @@ class Trainer:
 
     def train_step(self) -> StepResult:
         started = time.perf_counter()
-        loss_sum = self._accumulate_gradients()
+        if self.pipeline:
+            with self.rt.autocast():
+                loss_sum = self.pipeline.step(*self._step_batches())
+        else:
+            loss_sum = self._accumulate_gradients()
         if self.rt.xm is not None:
             self.rt.xm.reduce_gradients(self.optimizer)  # the one gradient all-reduce, after the last micro-step
         # The global norm (all-reduced gradients, or FSDP's sharded norm): the same on every rank. With
@@ -255,14 +272,17 @@ class Trainer:
         loss, norm, stop_votes = self._agree(loss_sum, grad_norm)
         return StepResult(loss, norm, stop_votes > 0, time.perf_counter() - started)
 
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        waited = time.perf_counter()
+        x, y = next(self.batches)
+        if self.meter.stragglers:
+            self.meter.stragglers.data_wait += time.perf_counter() - waited
+        return x.to(self.rt.device, non_blocking=True), y.to(self.rt.device, non_blocking=True)
+
     def _accumulate_gradients(self) -> torch.Tensor:
         loss_sum = torch.zeros((), device=self.rt.device)
         for micro in range(self.cfg.grad_accum_steps):
-            waited = time.perf_counter()
-            x, y = next(self.batches)
-            if self.meter.stragglers:
-                self.meter.stragglers.data_wait += time.perf_counter() - waited
-            x, y = x.to(self.rt.device, non_blocking=True), y.to(self.rt.device, non_blocking=True)
+            x, y = self._next_batch()
             last = micro == self.cfg.grad_accum_steps - 1
             with grad_sync_context(self.model, self.cfg.strategy, last):
                 with self.rt.autocast():
@@ -270,6 +290,11 @@ class Trainer:
                 loss.backward()
             loss_sum += loss.detach()
         return loss_sum
+
+    def _step_batches(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's micro-batches stacked: the pipeline's microbatches (it splits them again along the batch)."""
+        batches = [self._next_batch() for _ in range(self.cfg.grad_accum_steps)]
+        return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
 
     def _agree(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float, float]:
         """(mean loss, gradient norm, stop votes) from one tiny all-reduce, so every rank stops at the same step.
@@ -284,7 +309,7 @@ class Trainer:
         )
         dist.all_reduce(stats)
         loss, stop_votes, norm_value = stats.tolist()
-        return loss / self.rt.world_size, norm_value, stop_votes
+        return loss / (self.rt.world_size // self.cfg.pipeline_parallel), norm_value, stop_votes  # the last stage's
 
     def _summary(self, stopped: bool) -> None:
         if self.rt.is_main and self.checksums and len(set(self.checksums)) > 1:

@@ -1,0 +1,148 @@
+"""Pipeline parallelism for the built-in GPT (workloads/gpt/pipeline.py) on CPU with real processes (gloo): a run cut
+into 2 stages matches the single-process run (1F1B over 2 microbatches, and GPipe over 1), pipeline 2 x data 2 on
+4 processes matches FSDP over the same 2 replicas, pipeline 2 x tensor 2 the single process; a checkpoint resumes in
+another layout (2 stages to 1, 1 to 2) where the same run goes; a damaged newest checkpoint of a pipeline falls back
+to the one before and retrains bit for bit in the same layout; validation reads a pipeline's checkpoint; and what a
+pipeline refuses before any process group, in one line."""
+
+import pytest
+
+from efa_training.runtime.errors import UsageError
+from efa_training.train_config import TrainConfig
+from efa_training.workloads.gpt import pipeline, saved_model
+from efa_training.workloads.gpt.model import GPT, MODEL_SIZES
+from tests.training import layouts
+from tests.training import training_helpers as th
+
+STEPS, EVERY, MORE, close = layouts.STEPS, layouts.EVERY, layouts.MORE, layouts.close
+PP2 = ("--pipeline-parallel", "2")
+
+
+def _layout(name: str, nproc: int, *flags: str):
+    @pytest.fixture(scope="module")
+    def fixture(dataset, tmp_path_factory) -> th.Run:
+        build = lambda root: layouts.train(dataset, root / "ckpt", nproc, *flags)  # noqa: E731
+        return th.shared(tmp_path_factory, f"pp-{name}", build)
+
+    return fixture
+
+
+pp2 = _layout("pp2", 2, *PP2)  # 2 stages, 1F1B over the step's 2 micro-batches
+pp2_dp2 = _layout("pp2-dp2", 4, *PP2)  # 2 stages x 2 replicas
+pp2_tp2 = _layout("pp2-tp2", 4, *PP2, "--tensor-parallel", "2")  # 2 stages, each split over 2 ranks
+
+pytestmark = pytest.mark.slow  # real torchrun processes
+
+
+def test_a_pipeline_run_matches_the_single_process_run(fsdp_single, pp2):
+    assert len(pp2.losses()) == STEPS and close(pp2.losses(), fsdp_single.losses()), (pp2.losses(), fsdp_single)
+    assert "world=2" in pp2.stderr
+
+
+def test_a_pipeline_of_one_microbatch_runs_gpipe_and_matches_too(dataset, tmp_path):
+    # Fewer microbatches than stages: 1F1B refuses them, GPipe takes them (pipeline.build); the arithmetic is the same.
+    one = ("--grad-accum-steps", "1")
+    single = layouts.train(dataset, tmp_path / "single", 1, *one, steps=2)
+    run = layouts.train(dataset, tmp_path / "pp2", 2, *PP2, *one, steps=2)
+    assert close(run.losses(), single.losses()), (run.losses(), single.losses())
+
+
+def test_pipeline_2_by_data_2_matches_fsdp_over_the_same_replicas(pp2_dp2, fsdp_dp2):
+    # Both read the same 2 streams of batches (a pipeline's stages read their replica's), so only the stages differ.
+    assert close(pp2_dp2.losses(), fsdp_dp2.losses()), (pp2_dp2.losses(), fsdp_dp2.losses())
+
+
+def test_pipeline_2_by_tensor_2_matches_the_single_process_run(pp2_tp2, fsdp_single):
+    # The 3-D mesh (pp 2, dp 1, tp 2): each stage's blocks split over its 2 ranks.
+    assert close(pp2_tp2.losses(), fsdp_single.losses()), (pp2_tp2.losses(), fsdp_single.losses())
+
+
+def test_a_pipeline_checkpoint_resumes_without_the_pipeline(pp2_dp2, fsdp_dp2_resumed, dataset, tmp_path):
+    # DCP reshards on load: the two stages' shards of step 6 (each holding the shared embedding) become FSDP's.
+    run = layouts.resumed(pp2_dp2, tmp_path / "ckpt", 2, dataset)
+    assert "resumed from" in run.stderr and "step_000000006" in run.stderr
+    assert len(run.losses()) == MORE - STEPS and close(run.losses(), fsdp_dp2_resumed.losses())
+
+
+def test_an_fsdp_checkpoint_resumes_in_a_pipeline(fsdp_dp2, fsdp_dp2_resumed, dataset, tmp_path):
+    # The last stage asks for the optimizer state of `tok_emb.weight` (its head is tied to it), which FSDP wrote.
+    run = layouts.resumed(fsdp_dp2, tmp_path / "ckpt", 4, dataset, *PP2)
+    assert "resumed from" in run.stderr
+    assert len(run.losses()) == MORE - STEPS and close(run.losses(), fsdp_dp2_resumed.losses())
+
+
+def test_a_damaged_pipeline_checkpoint_falls_back_and_retrains_bit_for_bit(pp2, dataset, tmp_path):
+    # The newest checkpoint's shard damaged: set aside, step 3 resumed in the same layout, steps 4-6 trained again
+    # with exactly the uninterrupted run's losses (the same arithmetic in the same order).
+    ckpt = layouts.damaged_newest(pp2, tmp_path / "ckpt")
+    run = layouts.train(dataset, ckpt, 2, *PP2)
+    assert "step_000000003" in run.stderr and list(ckpt.glob(".damaged-step_000000006*"))
+    assert run.losses() == pp2.losses()[EVERY:]
+
+
+def test_validation_reads_a_pipeline_checkpoint_into_the_whole_model(pp2):
+    model, meta, path = saved_model.find_and_load(pp2.checkpoint_dir)
+    assert path.name == "step_000000006" and meta["config"]["train"]["pipeline_parallel"] == 2
+    assert isinstance(model, GPT) and model.lm_head is not None and model.tok_emb is not None
+    assert model.lm_head.weight is model.tok_emb.weight
+    assert len(model.blocks) == MODEL_SIZES["tiny"].n_layer
+
+
+# ---- the stages, and what a pipeline refuses ------------------------------------------------------------------------
+
+
+def test_each_stage_keeps_its_layers_under_their_own_names():
+    stages = [pipeline.keep_stage(GPT(MODEL_SIZES["mini"]), s, 2) for s in range(2)]
+    first, last = (set(m.state_dict()) for m in stages)
+    assert {k.split(".")[1] for k in first if k.startswith("blocks.")} == {"0", "1"}
+    assert {k.split(".")[1] for k in last if k.startswith("blocks.")} == {"2", "3"}
+    assert "pos_emb.weight" in first and "lm_head.weight" not in first
+    # The last stage's head stays tied to an embedding of its own, so both stages name the shared weight alike.
+    assert {"tok_emb.weight", "lm_head.weight", "ln_f.weight"} <= last and "pos_emb.weight" not in last
+    head, embedding = stages[1].lm_head, stages[1].tok_emb
+    assert head is not None and embedding is not None and head.weight is embedding.weight
+
+
+def test_a_middle_stage_holds_blocks_only():
+    middle = pipeline.keep_stage(GPT(MODEL_SIZES["mini"]), 1, 4)
+    assert set(middle.state_dict()) == {k for k in GPT(MODEL_SIZES["mini"]).state_dict() if k.startswith("blocks.1.")}
+
+
+def _config(tmp_path, **values) -> TrainConfig:
+    return TrainConfig(data=str(tmp_path), checkpoint_dir=str(tmp_path / "c"), max_steps=1, **values)
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        ({"pipeline_parallel": 2}, "needs --strategy fsdp, not ddp"),
+        ({"pipeline_parallel": 3, "strategy": "fsdp"}, "does not divide the 2 layers of model tiny"),
+        ({"pipeline_parallel": 0, "strategy": "fsdp"}, "must be at least 1"),
+    ],
+)
+def test_a_pipeline_the_model_cannot_take_is_refused(tmp_path, values, words):
+    with pytest.raises(UsageError, match=words):
+        _config(tmp_path, **values)
+
+
+def _dcp_checkpoint(folder, state: dict):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(state, checkpoint_id=str(folder), no_dist=True)
+    return folder
+
+
+def test_optimizer_groups_are_written_by_parameter_name_and_read_as_each_checkpoint_holds_them(tmp_path):
+    # Nested groups ("param_groups.0.params": one list of names a group) would be one stage's list in a pipeline's
+    # checkpoint (DCP keeps one rank's copy of a key): groups are written by parameter name; 0.9.0's nested ones read.
+    from efa_training.checkpointing.store import _dcp_options
+
+    assert _dcp_options(None).flatten_optimizer_state_dict
+    nested = {"optim": {"param_groups": [{"lr": 0.1, "params": ["w"]}], "state": {}}}
+    flat = {"optim": {"param_groups.w.lr": 0.1}}
+    assert not _dcp_options(_dcp_checkpoint(tmp_path / "nested", nested)).flatten_optimizer_state_dict
+    assert _dcp_options(_dcp_checkpoint(tmp_path / "flat", flat)).flatten_optimizer_state_dict
