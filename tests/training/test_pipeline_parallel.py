@@ -1,9 +1,9 @@
 """Pipeline parallelism for the built-in GPT (workloads/gpt/pipeline.py) on CPU with real processes (gloo): a run cut
-into 2 stages matches the single-process run (1F1B over 2 microbatches, and GPipe over 1), pipeline 2 x data 2 on
-4 processes matches FSDP over the same 2 replicas, pipeline 2 x tensor 2 the single process; a checkpoint resumes in
-another layout (2 stages to 1, 1 to 2) where the same run goes; a damaged newest checkpoint of a pipeline falls back
-to the one before and retrains bit for bit in the same layout; validation reads a pipeline's checkpoint; and what a
-pipeline refuses before any process group, in one line."""
+into 2 stages matches the single-process run (1F1B over the step's 2 micro-batches, or its 1 cut in 2), pipeline 2 x
+data 2 on 4 processes matches FSDP over the same 2 replicas, pipeline 2 x tensor 2 the single process; a checkpoint
+resumes in another layout (2 stages to 1, 1 to 2) where the same run goes; a damaged newest checkpoint of a pipeline
+falls back to the one before and retrains bit for bit in the same layout; validation reads a pipeline's checkpoint;
+and what a pipeline refuses before any process group, in one line."""
 
 import pytest
 
@@ -11,6 +11,7 @@ from efa_training.runtime.errors import UsageError
 from efa_training.train_config import TrainConfig
 from efa_training.workloads.gpt import pipeline, saved_model
 from efa_training.workloads.gpt.model import GPT, MODEL_SIZES
+from efa_training.workloads.gpt.sizes import pipeline_microbatches
 from tests.training import layouts
 from tests.training import training_helpers as th
 
@@ -39,12 +40,23 @@ def test_a_pipeline_run_matches_the_single_process_run(fsdp_single, pp2):
     assert "world=2" in pp2.stderr
 
 
-def test_a_pipeline_of_one_microbatch_runs_gpipe_and_matches_too(dataset, tmp_path):
-    # Fewer microbatches than stages: 1F1B refuses them, GPipe takes them (pipeline.build); the arithmetic is the same.
+def test_a_step_of_one_micro_batch_is_cut_into_as_many_microbatches_as_stages_and_matches(dataset, tmp_path):
+    # 1 micro-step of 8 sequences on 2 stages: 2 microbatches of 4 (1F1B needs as many as stages), the same mean.
     one = ("--grad-accum-steps", "1")
     single = layouts.train(dataset, tmp_path / "single", 1, *one, steps=2)
     run = layouts.train(dataset, tmp_path / "pp2", 2, *PP2, *one, steps=2)
     assert close(run.losses(), single.losses()), (run.losses(), single.losses())
+
+
+@pytest.mark.parametrize(
+    ("stages", "micro_steps", "micro_batch", "microbatches"),
+    [(2, 2, 8, 2), (2, 4, 8, 4), (4, 1, 8, 4), (4, 1, 6, 6), (4, 2, 3, 6), (4, 1, 2, 2), (8, 1, 1, 1)],
+)
+def test_the_microbatches_are_the_micro_steps_or_the_fewest_equal_parts_as_many_as_the_stages(
+    stages, micro_steps, micro_batch, microbatches
+):
+    # Fewer sequences than stages (the last two): one microbatch each, GPipe's schedule.
+    assert pipeline_microbatches(stages, micro_steps, micro_batch) == microbatches
 
 
 def test_pipeline_2_by_data_2_matches_fsdp_over_the_same_replicas(pp2_dp2, fsdp_dp2):

@@ -9,10 +9,11 @@ layout torchtitan and Megatron-LM use. Stage s holds layers [s*L/N, (s+1)*L/N) u
 holds the same keys, so DCP reshards it into any other (2 -> 1, 1 -> 2, with or without tp).
 
 The schedule is 1F1B (Narayanan et al. 2021, PipeDream-Flush): each stage alternates one microbatch's forward with
-one's backward once the pipe is full, so it keeps at most N microbatches' activations, not all of them as GPipe does;
-the microbatches are the run's --grad-accum-steps micro-batches. 1F1B needs at least N of them
-(torch.distributed.pipelining.Schedule1F1B refuses fewer), so with fewer the schedule is GPipe: correct, with a
-bubble of (N-1)/(m+N-1) of the step. The gradients are scaled by 1/m, as the accumulation without a pipeline does.
+one's backward once the pipe is full, so it keeps at most N microbatches' activations, not all of them as GPipe does,
+and idles (N-1)/(m+N-1) of the step (the bubble). The microbatches are the step's --grad-accum-steps micro-batches,
+or, where those are fewer than the stages (1F1B needs as many: torch.distributed.pipelining.Schedule1F1B refuses
+fewer), the step's sequences cut into the fewest equal parts that are (sizes.pipeline_microbatches); a step of fewer
+sequences than stages runs GPipe. The gradients are scaled by 1/m: the mean over the step, as without a pipeline.
 
 The head shares the token embedding (model.tie_weights), which now lives on two stages: the last stage keeps the
 embedding module with the head tied to it, so both stages' parameter is `tok_emb.weight` (in the optimizer's state
@@ -32,6 +33,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from efa_training.workloads.gpt import model as gpt
 from efa_training.workloads.gpt.parallel import clip_to_norm, local_grad_norm
+from efa_training.workloads.gpt.sizes import pipeline_microbatches
 
 
 def stage_layers(n_layer: int, stages: int, stage: int) -> range:
@@ -111,9 +113,10 @@ class Pipeline:
         return total
 
 
-def build(model: gpt.GPT, mesh: DeviceMesh, microbatches: int, device: torch.device) -> Pipeline:
+def build(model: gpt.GPT, mesh: DeviceMesh, micro_steps: int, micro_batch: int, device: torch.device) -> Pipeline:
     """The schedule for this rank's stage (`model`, already reduced by keep_stage and sharded)."""
     stage, stages = mesh["pp"].get_local_rank(), mesh["pp"].size()
+    microbatches = pipeline_microbatches(stages, micro_steps, micro_batch)
     piece = PipelineStage(model, stage, stages, device, group=mesh["pp"].get_group())
     kind = Schedule1F1B if microbatches >= stages else ScheduleGPipe
     schedule = kind(piece, n_microbatches=microbatches, loss_fn=gpt.loss, scale_grads=True)

@@ -97,8 +97,9 @@ def memory_gb(
     scaled_dot_product_attention does not keep on GPUs: its flash and memory-efficient kernels recompute them).
     With pipeline parallelism (p stages) a stage holds L/p layers' state, the embeddings counted whole (the first
     and the last stage hold them), and the activations of min(p, m) microbatches in flight (1F1B keeps p on the
-    first stage; GPipe with fewer microbatches all m: Narayanan et al. 2021, section 2.2), so at m >= p the same
-    L layers' worth as without a pipeline: pipelining divides the state, not the activations."""
+    first stage, GPipe all m: Narayanan et al. 2021, section 2.2), each of the step's sequences / m
+    (pipeline_microbatches), so at m >= p the activations of L layers of p microbatches: pipelining divides the
+    state, and the activations only as far as its microbatches are smaller than the micro-batch."""
     d, layers, s, t, p = cfg.d_model, cfg.n_layer, cfg.seq_len, tensor_parallel, pipeline_parallel
     block = 12 * d * d + 13 * d
     other = count_params(cfg) - layers * block
@@ -108,6 +109,19 @@ def memory_gb(
         gathered = 2 * (3 * block / t + other)
     else:
         state, gathered = STATE_BYTES["ddp"] * count_params(cfg), 0.0
-    activations = min(p, microbatches) * layers / p * s * micro_batch * d * (10 + 24 / t)
-    logits = 3 * micro_batch * s * cfg.vocab_size * 4  # fp32: the logits, their softmax and its gradient
+    m = pipeline_microbatches(p, microbatches, micro_batch) if p > 1 else 1
+    chunk = micro_batch * microbatches / m if p > 1 else micro_batch  # sequences in one forward
+    activations = min(p, m) * layers / p * s * chunk * d * (10 + 24 / t)
+    logits = 3 * chunk * s * cfg.vocab_size * 4  # fp32: the logits, their softmax and its gradient
     return (state + gathered + activations + logits) / 1e9 + RESERVED_GB
+
+
+def pipeline_microbatches(stages: int, micro_steps: int, micro_batch: int) -> int:
+    """How many microbatches a pipeline of `stages` cuts one optimizer step into: the step's micro-steps where they
+    are at least the stages (1F1B needs as many), else the fewest equal parts of the step's sequences that are (so a
+    step of 1 micro-step of 8 sequences on 4 stages runs 4 microbatches of 2), else one per sequence (fewer than the
+    stages: GPipe, with its bubble). The global batch never changes: the microbatches are the step's sequences."""
+    sequences = micro_steps * micro_batch
+    if micro_steps >= stages:
+        return micro_steps
+    return next((m for m in range(stages, sequences + 1) if sequences % m == 0), sequences)

@@ -141,7 +141,7 @@ class Trainer:
             from efa_training.workloads.gpt import pipeline
 
             assert isinstance(self.model, GPT)  # FSDP2 keeps the class (as an FSDP subclass of it)
-            self.pipeline = pipeline.build(self.model, self.mesh, cfg.grad_accum_steps, rt.device)
+            self.pipeline = pipeline.build(self.model, self.mesh, cfg.grad_accum_steps, cfg.micro_batch_size, rt.device)
             self.clip = self.pipeline.clip_grad_norm
         self.optimizer = build_optimizer(self.model, cfg, rt)
         self.scheduler = build_scheduler(self.optimizer, cfg)
