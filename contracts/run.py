@@ -84,6 +84,10 @@ class Field:
     # string hyperparameter's value maps to. Judged once every value is valid alone (relation_problem).
     requires: tuple[tuple[str, tuple[str, ...]], ...] = ()
     divides: tuple[str, tuple[tuple[str, int], ...]] | None = None
+    # A degree of parallelism over the run's workers (contracts/workload.py "layout"): "node", its groups are
+    # consecutive ranks inside one node (it divides a node's workers); "run", anywhere. The degrees together divide
+    # the run's workers, nodes x a node's workers (layout_problem).
+    layout: str = ""
 
     @property
     def key(self) -> str:
@@ -253,10 +257,15 @@ JOB_PARAMETERS["compile"] = JOB_PARAMETERS["train"]
 
 
 def validate_run(
-    run: object, max_nodes: int, min_nodes: int = 1, workloads: WorkloadSchemas | None = None
+    run: object,
+    max_nodes: int,
+    min_nodes: int = 1,
+    workloads: WorkloadSchemas | None = None,
+    workers_per_node: int | None = None,
 ) -> list[str]:
     """Every problem with a run, one line each, naming the field, the value and what is allowed; its hyperparameters
-    are those of the workload it names (`workloads`: the environment's declared ones)."""
+    are those of the workload it names (`workloads`: the environment's declared ones). `workers_per_node`: the
+    environment's (the catalogue's), against which the workload's layout degrees are judged; None: not judged."""
     if not isinstance(run, dict):
         return [f"the run must be a JSON object, not {_json_type(run)}"]
     known = known_workloads(workloads)
@@ -285,6 +294,9 @@ def validate_run(
     merged = {f.key: f.default for f in hyperparameters(table) if not f.required} | hyper
     if not problems:  # relations, once every value is valid alone
         problems += [p for f in hyperparameters(table) if (p := relation_problem(f, merged))]
+    if not problems and workers_per_node:
+        nodes = run.get("nodes", max_nodes)
+        problems += [p] if (p := layout_problem(hyperparameters(table), merged, nodes, workers_per_node)) else []
     # judged once every value is (a huge integer has no JSON text to measure)
     if not problems and len(json.dumps(merged, separators=(",", ":"))) > HYPERPARAMETERS_MAX_CHARACTERS:
         problems.append(f"hyperparameters is not valid; expected {HYPERPARAMETERS_RULE}")
@@ -309,6 +321,26 @@ def relation_problem(f: Field, values: Mapping[str, object]) -> str | None:
         number = dict(table).get(str(values.get(by)))
         if number is not None and isinstance(value, int) and value > 0 and number % value:
             return f"{f.name}={_show(value)} is not valid with {by}={_show(values.get(by))}; expected {f.allowed()}"
+    return None
+
+
+def layout_problem(table: tuple[Field, ...], values: Mapping[str, object], nodes: object, per_node: int) -> str | None:
+    """The problem of the run's layout degrees (Field.layout) on `nodes` nodes of `per_node` workers, or None."""
+    degrees = [(f, v) for f in table if f.layout and isinstance(v := values.get(f.key), int) and v >= 1]
+    for f, value in degrees:
+        if f.layout == "node" and per_node % value:
+            divisors = ", ".join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)
+            return (
+                f"{f.name}={value} is not valid; expected a divisor of a node's {per_node} workers ({divisors}): "
+                "its groups stay inside one node"
+            )
+    product = math.prod(v for _, v in degrees)
+    if degrees and isinstance(nodes, int) and (nodes * per_node) % product:
+        named = " x ".join(f"{f.key} {v}" for f, v in degrees)
+        return (
+            f"hyperparameters {named} = {product} is not valid with nodes={nodes}; expected a divisor of the run's "
+            f"{nodes * per_node} workers ({nodes} nodes x {per_node})"
+        )
     return None
 
 

@@ -36,6 +36,7 @@ PLATFORM = "platform"
 BUILT_IN_ROOT = Path(__file__).resolve().parents[1] / "training_image" / "efa_training" / "workloads"
 DIRECTIONS = ("lower", "higher")  # which way the validation metric is better
 HYPERPARAMETER_TYPES = ("string", "integer", "number", "boolean")
+LAYOUTS = ("node", "run")  # a degree of parallelism inside one node, or over the whole run (contracts.run.Field)
 # The Dockerfile of a workload built from a folder starts from the platform's image, which carries the launcher,
 # the sanity check and the EFA stack: the stacks pass its URI as this build argument.
 PLATFORM_IMAGE_ARG = "PLATFORM_IMAGE"
@@ -266,7 +267,10 @@ def _schema(where: _Where, raw: object) -> tuple[Field, ...]:
 def _hyperparameter(where: _Where, name: object, spec: object) -> Field:
     field = f"hyperparameters.{name}"
     where.matching(field, name, HYPERPARAMETER_NAME_PATTERN, "a name of lower-case letters, digits and '_'")
-    keys = {"type", "default", "minimum", "maximum", "exclusive_minimum", "choices", "rule", "requires", "divides"}
+    keys = {
+        *("type", "default", "minimum", "maximum", "exclusive_minimum", "choices", "rule"),
+        *("requires", "divides", "layout"),
+    }
     if not isinstance(spec, dict) or not set(spec) <= keys or spec.get("type") not in HYPERPARAMETER_TYPES:
         raise where.bad(
             field,
@@ -314,7 +318,11 @@ def _related(where: _Where, f: Field, spec: dict, fields: dict[str, Field]) -> F
         raise where.bad(
             f"{field}.requires", requires, "an object: another string hyperparameter -> some of its choices"
         )
-    related = replace(f, requires=tuple((other, tuple(values)) for other, values in requires.items()))
+    related = replace(
+        f,
+        requires=tuple((other, tuple(values)) for other, values in requires.items()),
+        layout=_layout(where, f, spec.get("layout", "")),
+    )
     if divides is None:
         return related
     by = divides.get("by") if isinstance(divides, dict) else None
@@ -332,6 +340,20 @@ def _related(where: _Where, f: Field, spec: dict, fields: dict[str, Field]) -> F
             "default divides}}, on an integer hyperparameter whose minimum is at least 1",
         )
     return replace(related, divides=(by, tuple(table.items())))
+
+
+def _layout(where: _Where, f: Field, layout: object) -> str:
+    """The declaration's layout: node or run, on an integer hyperparameter with a minimum of at least 1 and a default
+    (contracts.run.Field.layout says what each means)."""
+    if layout == "":
+        return ""
+    if layout not in LAYOUTS or f.kind != "integer" or (f.minimum or 0) < 1 or f.required:
+        raise where.bad(
+            f"hyperparameters.{f.key}.layout",
+            layout,
+            '"node" or "run", on an integer hyperparameter with a default whose minimum is at least 1',
+        )
+    return str(layout)
 
 
 def _positive_multiple(n: object, of: int) -> bool:

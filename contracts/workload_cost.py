@@ -2,16 +2,16 @@
 
 A declaration may say (`cost`) which hyperparameter counts the optimizer steps, which the samples each worker takes
 per step, and the training TFLOPs of one sample, either one number or one per value of a string hyperparameter with
-choices (the built-in GPT trainer's per model size), and optionally (`split_by`) the integer hyperparameter over how
-many workers one sample's work is split (a tensor-parallel degree: each of them computes 1/N of it, and the batch is
-taken once per group of N). contracts/quote.py then prices a run as
+choices (the built-in GPT trainer's per model size), and optionally (`split_by`) the integer hyperparameter, or the
+list of them, over whose product of workers one sample's work is split (tensor- and pipeline-parallel degrees: each of
+them computes 1/N of it, and the batch is taken once per group of N). contracts/quote.py then prices a run as
     seconds per step = batch_size x TFLOPs per sample / (split x peak TFLOP/s per worker x MFU)
 and the quote's measured MFU may be that of earlier runs of the same value (the image's MFU metric by `Model`).
 A workload that declares none is run unquoted: the quote says there is no FLOPs model for it.
 
     "cost": {"steps": "max_steps", "batch_size": "batch_size",
              "tflops_per_sample": {"by": "model", "values": {"small": 0.64, "large": 2.17}},
-             "split_by": "tensor_parallel"}
+             "split_by": ["tensor_parallel", "pipeline_parallel"]}
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ OPTIONAL_KEYS = ("split_by",)
 SHAPE = (
     '{"steps": <integer hyperparameter>, "batch_size": <integer hyperparameter>, "tflops_per_sample": <number> or '
     '{"by": <string hyperparameter with choices>, "values": {<choice>: <number>, ...}}, optional "split_by": '
-    "<integer hyperparameter, at least 1>}"
+    "<integer hyperparameter, at least 1, or a list of them>}"
 )
 
 
@@ -40,12 +40,12 @@ class CostModel:
     tflops: float | None = None  # training TFLOPs of one sample, where it is one number
     by: str | None = None  # else the string hyperparameter whose value picks it from `values`
     values: Mapping[str, float] | None = None
-    split_by: str | None = None  # the hyperparameter over how many workers one sample's work is split
+    split_by: tuple[str, ...] = ()  # the hyperparameters whose product of workers share one sample's work
 
     def split(self, hyperparameters: Mapping[str, object]) -> int:
         """How many workers share one sample's FLOPs (1 without `split_by`)."""
-        value = hyperparameters.get(self.split_by) if self.split_by else 1
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+        values = [hyperparameters.get(name) for name in self.split_by]
+        return math.prod(v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1 for v in values)
 
     def sample_tflops(self, hyperparameters: Mapping[str, object]) -> float | None:
         if self.by is None:
@@ -65,7 +65,7 @@ class CostModel:
             "steps": self.steps,
             "batch_size": self.batch_size,
             "tflops_per_sample": per_sample,
-            "split_by": self.split_by,
+            "split_by": list(self.split_by),
         }
 
 
@@ -78,11 +78,14 @@ def parse_cost(
     if not isinstance(raw, dict) or not set(KEYS) <= set(raw) <= set(KEYS + OPTIONAL_KEYS):
         raise bad("cost", raw, SHAPE)
     kinds = {f.key: f for f in fields}
-    split_by = raw.get("split_by")
-    splitting = kinds.get(split_by) if isinstance(split_by, str) else None
-    if "split_by" in raw and (splitting is None or splitting.kind != "integer" or (splitting.minimum or 0) < 1):
+    given = raw.get("split_by", [])
+    split_by = tuple([given] if isinstance(given, str) else given if isinstance(given, list) else [None])
+    splitting = [kinds.get(name) if isinstance(name, str) else None for name in split_by]
+    if not all(f is not None and f.kind == "integer" and (f.minimum or 0) >= 1 for f in splitting):
         raise bad(
-            "cost.split_by", split_by, "the name of one of its integer hyperparameters whose minimum is at least 1"
+            "cost.split_by",
+            given,
+            "the name of one of its integer hyperparameters whose minimum is at least 1, or a list of them",
         )
     for key in ("steps", "batch_size"):
         named = kinds.get(raw[key]) if isinstance(raw[key], str) else None

@@ -64,6 +64,7 @@ class PipelineStack(cdk.Stack):
             "TrainingPipeline",
             environment=config.name,
             max_nodes=config.nodes,
+            workers_per_node=config.instance.workers_per_node,
             bucket=storage.data_access.bucket(self),
             runs_table=storage.runs_table,
             topic=alerts.topic,

@@ -91,6 +91,11 @@ def test_a_cost_model_by_size_is_read(root):  # noqa: F811
             "integer hyperparameters whose minimum is at least 1",
         ),
         (
+            {"steps": "steps", "batch_size": "batch", "tflops_per_sample": 1, "split_by": ["batch", "size"]},
+            "cost.split_by",
+            "or a list of them",
+        ),
+        (
             {"steps": "steps", "batch_size": "batch", "tflops_per_sample": {"by": "steps", "values": {}}},
             "cost.tflops_per_sample.by",
             "string hyperparameters with choices",

@@ -230,10 +230,23 @@ def test_a_tensor_parallel_run_shares_each_samples_work_among_its_group(terms):
     # same run is quoted a quarter of the training hours, by the CLI and the pipeline alike.
     from constructs.pipeline.run_quote import _quoted_run
 
-    assert GPT.cost is not None and GPT.cost.split_by == "tensor_parallel"
+    assert GPT.cost is not None and GPT.cost.split_by == ("tensor_parallel", "pipeline_parallel")
     alone = quote(_run(model="13b", max_steps=1000, strategy="fsdp"), terms)
     split = _run(model="13b", max_steps=1000, strategy="fsdp", tensor_parallel=4)
     q = quote(split, terms)
     assert alone.hours is not None and q.hours == pytest.approx(alone.hours / 4)
+    got = _evaluate(_quoted_run(terms, _costs()), {"run": split})["quote"]
+    assert got["hours"] == pytest.approx(q.hours) and got["usd"] == pytest.approx(q.usd)
+
+
+def test_a_pipeline_and_tensor_parallel_run_shares_each_samples_work_among_both_degrees(terms):
+    # tp 2 x pp 4: one sample's FLOPs spread over the 8 workers of a pipeline of tensor-parallel groups (split_by, a
+    # list: their product), by the CLI and the pipeline's JSONata alike.
+    from constructs.pipeline.run_quote import _quoted_run
+
+    alone = quote(_run(model="70b", max_steps=1000, strategy="fsdp"), terms)
+    split = _run(model="70b", max_steps=1000, strategy="fsdp", tensor_parallel=2, pipeline_parallel=4)
+    q = quote(split, terms)
+    assert alone.hours is not None and q.hours == pytest.approx(alone.hours / 8)
     got = _evaluate(_quoted_run(terms, _costs()), {"run": split})["quote"]
     assert got["hours"] == pytest.approx(q.hours) and got["usd"] == pytest.approx(q.usd)

@@ -55,14 +55,15 @@ def declared(name: str, env: str) -> Workload:
                         f"{', '.join(known)}")  # fmt: skip
 
 
-def checked_hyperparameters(workload: Workload, given: str) -> dict:
-    """The run's hyperparameters, defaults merged, or one line naming what the schema refuses."""
+def checked_hyperparameters(workload: Workload, given: str, nproc: int) -> dict:
+    """The run's hyperparameters, defaults merged, or one line naming what the schema refuses (its layout degrees
+    judged on one node of `nproc` workers)."""
     try:
         hyper = json.loads(given)
     except ValueError:
         hyper = None
     run = {"run_id": RUN_ID, "dataset": "datasets/local/", "workload": workload.name, "hyperparameters": hyper}
-    problems = validate_run(run, max_nodes=1, workloads=schemas((workload,)))
+    problems = validate_run(run, max_nodes=1, workloads=schemas((workload,)), workers_per_node=nproc)
     if problems:
         raise LocalRunError("; ".join(problems))
     return {**{f.key: f.default for f in workload.hyperparameters if not f.required}, **(hyper or {})}
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         workload = declared(args.workload, args.env)
         if workload.image_directory is None:
             raise LocalRunError(f"{workload.name}: its image is a URI; a local run needs its folder (image.directory)")
-        hyper = checked_hyperparameters(workload, args.hyperparameters)
+        hyper = checked_hyperparameters(workload, args.hyperparameters, args.nproc)
     except LocalRunError as error:
         print(f"local_workload: error: {error}", file=sys.stderr)
         return 2
@@ -105,16 +106,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _built_in(workload: Workload, args: argparse.Namespace) -> int:
     """A built-in trainer's stages (training_image/local_run.py: its own data, a baseline from an early checkpoint),
-    at the checked hyperparameters' model size and layout (the GPT's strategy and tensor-parallel degree), and their
-    max_steps where given."""
-    hyper = checked_hyperparameters(workload, args.hyperparameters)  # a JSON object by now
+    at the checked hyperparameters' model size and layout (the GPT's strategy, tensor- and pipeline-parallel
+    degrees), and their max_steps where given."""
+    hyper = checked_hyperparameters(workload, args.hyperparameters, args.nproc)  # a JSON object by now
     given = json.loads(args.hyperparameters)
     steps = ["--steps", str(hyper["max_steps"])] if isinstance(given, dict) and "max_steps" in given else []
-    layout = (
-        ["--strategy", str(hyper["strategy"]), "--tensor-parallel", str(hyper["tensor_parallel"])]
-        if "tensor_parallel" in hyper
-        else []
-    )
+    layout = [  # the GPT's (ctr-ps has a strategy too, but no layout degrees)
+        f"--{name.replace('_', '-')}={hyper[name]}"
+        for name in ("strategy", "tensor_parallel", "pipeline_parallel")
+        if "tensor_parallel" in hyper and name in hyper
+    ]
     model = ["--model", str(hyper["model"])]
     return local_run.main(["--out", args.out, "--nproc", str(args.nproc), *model, *layout, *steps])
 

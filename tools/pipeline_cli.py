@@ -55,7 +55,13 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def load_run(path: str, max_nodes: int, min_nodes: int = 1, workloads: schema.WorkloadSchemas | None = None) -> dict:
+def load_run(
+    path: str,
+    max_nodes: int,
+    min_nodes: int = 1,
+    workloads: schema.WorkloadSchemas | None = None,
+    workers_per_node: int | None = None,
+) -> dict:
     try:
         with open(path, "rb") as handle:
             data = handle.read(MAX_RUN_FILE_BYTES + 1)
@@ -74,7 +80,7 @@ def load_run(path: str, max_nodes: int, min_nodes: int = 1, workloads: schema.Wo
     except (ValueError, RecursionError) as error:  # NaN, a number of thousands of digits, nesting too deep
         reason = "nested too deeply" if isinstance(error, RecursionError) else _one_line(error)
         raise CliError(f"{path}: not a valid run file ({reason})") from None
-    problems = schema.validate_run(run, max_nodes, min_nodes, workloads)
+    problems = schema.validate_run(run, max_nodes, min_nodes, workloads, workers_per_node)
     if problems:
         raise CliError(f"{path}: " + "; ".join(problems))
     return run
@@ -113,7 +119,12 @@ def quoted(run: dict, env: str, session, out):
 
 def cmd_quote(args, session, out) -> int:
     config = environment_config(args.env)
-    run = load_run(args.run_file, config.nodes, workloads=declared_workloads(args.env))
+    run = load_run(
+        args.run_file,
+        config.nodes,
+        workloads=declared_workloads(args.env),
+        workers_per_node=config.instance.workers_per_node,
+    )
     if session is None:
         import boto3
 
@@ -123,7 +134,9 @@ def cmd_quote(args, session, out) -> int:
 
 
 def cmd_start(args, pipeline: Pipeline, out) -> int:
-    run = load_run(args.run_file, pipeline.max_nodes, pipeline.min_nodes, declared_workloads(pipeline.env))
+    # The layout degrees are judged on the environment's instance (cdk.json), as its first state judges them.
+    per_node = environment_config(pipeline.env).instance.workers_per_node
+    run = load_run(args.run_file, pipeline.max_nodes, pipeline.min_nodes, declared_workloads(pipeline.env), per_node)
     require_prepared(pipeline, run["dataset"])
     quoted(run, pipeline.env, pipeline.session, out)  # before anything starts: the pipeline would refuse it too
     name = args.name or f"{run['run_id']}-{datetime.now(UTC):%Y%m%dT%H%M%S}"

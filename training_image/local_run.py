@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--strategy", default="ddp", help="a GPT's: ddp or fsdp (default ddp)")
     p.add_argument("--tensor-parallel", type=int, default=1, help="a GPT's, with fsdp: the degree (default 1)")
+    p.add_argument("--pipeline-parallel", type=int, default=1, help="a GPT's, with fsdp: the stages (default 1)")
     return p
 
 
@@ -112,7 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         train = run_sparse_stages(out, local_env(args.nproc, out), args.steps, args.model)
         report = summarize_sparse(out, train.stdout, t_start)
     else:
-        layout = ["--strategy", args.strategy, "--tensor-parallel", str(args.tensor_parallel)]
+        layout = [
+            *("--strategy", args.strategy, "--tensor-parallel", str(args.tensor_parallel)),
+            *("--pipeline-parallel", str(args.pipeline_parallel)),
+        ]
         train = run_stages(out, local_env(args.nproc, out), args.steps, args.model, layout)
         report = summarize(out, train.stdout, t_start)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -144,7 +148,7 @@ def run_stages(
     out: Path, env: dict, steps: int, model: str = "tiny", layout: list[str] | None = None
 ) -> subprocess.CompletedProcess:
     """prepare-data, sanity, train, a baseline from an early checkpoint, validation; the training stage's output.
-    `layout`: train.py's --strategy and --tensor-parallel flags (DDP by default)."""
+    `layout`: train.py's --strategy, --tensor-parallel and --pipeline-parallel flags (DDP by default)."""
     ckpt, data = out / "checkpoints", out / "data"
     every = max(1, steps // 3)
     write_corpus(out / "corpus", documents=8, sentences=600)

@@ -68,16 +68,24 @@ def _matches_whole(path: str, pattern: str | None, max_length: int | None, empty
 
 
 def input_validation(
-    scope: Construct, *, max_nodes: int, min_nodes: int = 1, workloads: WorkloadSchemas | None = None
+    scope: Construct,
+    *,
+    max_nodes: int,
+    min_nodes: int = 1,
+    workloads: WorkloadSchemas | None = None,
+    workers_per_node: int | None = None,
 ) -> tuple[sfn.IChainable, sfn.Pass]:
     """The validation states: (first state, the Pass reached by valid input, holding `$.run`). Every workload
     (the built-in ones and the environment's) gets the same checks with its own hyperparameters, in states named
-    `<state>-<workload>`; the default workload's are named `<state>`."""
+    `<state>-<workload>`; the default workload's are named `<state>`. `workers_per_node`: the instance's, against
+    which a workload's layout degrees are judged (contracts.run.layout_problem); None: not judged."""
     read = sfn.Pass(scope, "ReadInput", parameters={"input.$": "$", "shape.$": "States.JsonToString($)"})
     valid = sfn.Pass(scope, "InputValid", parameters={"run.$": "$.run"})
     known = known_workloads(workloads)
     chains = {
-        name: _InputStates(scope, max_nodes=max_nodes, min_nodes=min_nodes, workloads=known, workload=name)
+        name: _InputStates(
+            scope, max_nodes=max_nodes, min_nodes=min_nodes, workloads=known, workload=name, per_node=workers_per_node
+        )
         for name in known
     }
     for states in chains.values():
@@ -103,9 +111,16 @@ class _InputStates:
     """1. shape and defaults, 2. presence, types, ranges and known values, 3. integers as written, patterns."""
 
     def __init__(
-        self, scope: Construct, *, max_nodes: int, min_nodes: int, workloads: WorkloadSchemas | None, workload: str
+        self,
+        scope: Construct,
+        *,
+        max_nodes: int,
+        min_nodes: int,
+        workloads: WorkloadSchemas | None,
+        workload: str,
+        per_node: int | None,
     ) -> None:
-        self.scope, self.workload = scope, workload
+        self.scope, self.workload, self.per_node = scope, workload, per_node
         self.built_in = known_workloads(workloads)[workload].built_in
         self.suffix = "" if workload == DEFAULT_WORKLOAD else f"-{workload}"
         self.table = fields(max_nodes, min_nodes, workloads, workload)
@@ -248,6 +263,7 @@ class _InputStates:
         integers = [f for f in self.table if f.kind == "integer"]
         patterned = [f for f in self.table if f.pattern]
         related = [f for f in self.table if f.requires or f.divides]
+        degrees = [f for f in self.table if f.layout]
         measure = sfn.Pass(
             scope,
             self.id("MeasureIntegers"),
@@ -271,6 +287,7 @@ class _InputStates:
                     for f in patterned
                 },
                 "relations": {f.key: _relation(f) for f in related},
+                "layout": _layout(degrees, self.per_node) if degrees and self.per_node else True,
                 # The hyperparameters travel as one JSON text (contracts.run.validate_run).
                 "hyperparameters_length": "{% $length($string($states.input.run.hyperparameters)) %}",
             },
@@ -284,6 +301,9 @@ class _InputStates:
             values.when(C.not_(C.boolean_equals(f"$.patterns.{f.name}", True)), self.invalid(f, "Pattern"))
         for f in related:  # contracts.run.relation_problem says the same
             values.when(C.not_(C.boolean_equals(f"$.relations.{f.key}", True)), self.invalid(f, "Relation"))
+        if degrees and self.per_node:  # contracts.run.layout_problem says the same
+            cause = _layout_rule(degrees, self.per_node)
+            values.when(C.not_(C.boolean_equals("$.layout", True)), self.fail("hyperparameters", "Layout", cause))
         too_long = C.number_greater_than("$.hyperparameters_length", HYPERPARAMETERS_MAX_CHARACTERS)
         values.when(too_long, self.fail("hyperparameters", "Length", HYPERPARAMETERS_RULE))
         values.otherwise(valid)
@@ -304,6 +324,30 @@ def _relation(f: Field) -> str:
         by, table = f.divides
         parts.append(f"($lookup({json.dumps(dict(table))}, {h}.{by}) % {h}.{f.key} = 0)")
     return "{% " + " and ".join(parts) + " %}"
+
+
+def _layout(degrees: list[Field], per_node: int) -> str:
+    """JSONata: the run's layout degrees fit its workers (contracts.run.layout_problem): each "node" degree divides
+    a node's workers, and together they divide nodes x a node's workers."""
+    h, run = "$states.input.run.hyperparameters", "$states.input.run"
+    parts = [f"({per_node} % {h}.{f.key} = 0)" for f in degrees if f.layout == "node"]
+    product = " * ".join(f"{h}.{f.key}" for f in degrees)
+    parts.append(f"(({run}.nodes * {per_node}) % ({product}) = 0)")
+    return "{% " + " and ".join(parts) + " %}"
+
+
+def _layout_rule(degrees: list[Field], per_node: int) -> str:
+    """The refusal's cause: what the layout degrees must be, in words."""
+    inside = [f.key for f in degrees if f.layout == "node"]
+    node_rule = (
+        f"{' and '.join(inside)} dividing a node's {per_node} workers (its groups stay inside one node), "
+        if inside
+        else ""
+    )
+    return (
+        f"hyperparameters is not valid; expected {node_rule}{' x '.join(f.key for f in degrees)} dividing the run's "
+        f"workers (nodes x {per_node})"
+    )
 
 
 class _Guarded:

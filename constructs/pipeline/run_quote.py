@@ -158,7 +158,8 @@ def _quoted_run(terms: QuoteTerms, costs: str) -> str:
     priced = (
         "($f := $type($t) = 'number' ? $t : $sized ? $lookup($t.values, $p) : null; $f != null ? "
         "($h := $lookup($r.hyperparameters, $c.steps) * $lookup($r.hyperparameters, $c.batch_size) * $f "
-        "/ ($c.split_by ? $lookup($r.hyperparameters, $c.split_by) : 1) "
+        "/ ($c.split_by ? $reduce($map($c.split_by, function($n) {$lookup($r.hyperparameters, $n)}), "
+        "function($a, $b) {$a * $b}, 1) : 1) "
         f"/ ({terms.peak_tflops_per_worker} * ($m ? $m : {ASSUMED_MFU_PERCENT}) / 100) / 3600; "
         f"{{'usd': $r.nodes * ($h + {terms.other_node_hours}) * {terms.node_usd_per_hour} "
         f"+ {VALIDATION_MINUTES / 60} * {terms.validation_usd_per_hour}, 'hours': $h, 'basis': {basis}}}) : {no_model})"

@@ -91,6 +91,7 @@ class TrainingPipeline(Construct):
         capacity_retries: int = QUEUE_WAIT_MINUTES // CAPACITY_RETRY_MINUTES,
         reservation: Reservation | None = None,
         quote: QuoteTerms | None = None,
+        workers_per_node: int | None = None,
     ) -> None:
         """`reservation`: the environment's reservation with an end, read as a run starts (reservation_end.py).
         `capacity_retries`: how many times a stage asks again for capacity that was not there, every
@@ -98,7 +99,8 @@ class TrainingPipeline(Construct):
         `compiles_ahead`: Trainium compiles every graph before it trains, in a Compile state of its own.
         `initial_models`: whether runs may start from an approved model (`init_from`; initial_model.py).
         `workloads`: the environment's declared workloads (their schemas), which a run may name besides the built-in
-        ones; each declared one has jobs of its own (its image), the built-in ones the platform's."""
+        ones; each declared one has jobs of its own (its image), the built-in ones the platform's.
+        `workers_per_node`: the instance's workers, against which the first state judges a run's layout degrees."""
         super().__init__(scope, id_)
         self._environment = environment
         self._workloads = tuple(name for name, schema in known_workloads(workloads).items() if not schema.built_in)
@@ -139,7 +141,11 @@ class TrainingPipeline(Construct):
         # 1. the input (pure ASL, before anything is submitted); a backend whose multi-node jobs have a fixed size
         # takes runs of exactly that size. 2. the run id names one run (runs_table conditional writes) unless resumed.
         validation_start, validated = input_validation(
-            self, max_nodes=max_nodes, min_nodes=max_nodes if runner.fixed_node_count else 1, workloads=workloads
+            self,
+            max_nodes=max_nodes,
+            min_nodes=max_nodes if runner.fixed_node_count else 1,
+            workloads=workloads,
+            workers_per_node=workers_per_node,
         )
         claim = RunClaim(
             self,

@@ -37,6 +37,7 @@ def test_happy_path_records_the_approved_model(emulator):
         "lr": 0.0006,
         "batch_size": 8,
         "tensor_parallel": 1,
+        "pipeline_parallel": 1,
     }
     assert train["retryStrategy"]["attempts"] == 2 and train["retryStrategy"]["evaluateOnExit"][-1]["action"] == "EXIT"
     model = approval(emulator)
@@ -180,6 +181,9 @@ DROP = object()
 # The tensor-parallel degree's rule, in both refusals (the state machine's and the CLI's): its relations to strategy and
 # model (training_image/efa_training/workloads/gpt/workload.json "requires" and "divides").
 RELATED = "with strategy fsdp only, a divisor of the model's heads"
+RELATED_STAGES = "with strategy fsdp only, a divisor of the model's layers"
+# The layout degrees on dev's 2 nodes of g5.12xlarge (4 GPUs each): tp inside a node, tp x pp dividing 8.
+LAYOUT = "hyperparameters is not valid; expected tensor_parallel dividing a node's 4 workers"
 # Patterns and lengths are checked by a JSONata state inside the JSONPath state machine ("Transforming data with
 # JSONata in Step Functions": https://docs.aws.amazon.com/step-functions/latest/dg/transforming-data.html).
 # (what is wrong, the execution input, a fragment of the refusal's cause: the field it names)
@@ -274,6 +278,11 @@ MALFORMED = [
     ("tensor_parallel with ddp", _hyper(tensor_parallel=2), RELATED),
     ("tensor_parallel not dividing the heads", _hyper(strategy="fsdp", tensor_parallel=8), RELATED),
     ("tensor_parallel 3 for 4 heads", _hyper(strategy="fsdp", tensor_parallel=3), RELATED),
+    ("pipeline_parallel with ddp", _hyper(pipeline_parallel=2), RELATED_STAGES),
+    ("pipeline_parallel 4 for 2 layers", _hyper(strategy="fsdp", pipeline_parallel=4), RELATED_STAGES),
+    # the layout on the environment's workers (a declaration's layout: contracts.run.layout_problem)
+    ("tensor_parallel 3 across 4 GPUs", _hyper(model="125m", strategy="fsdp", tensor_parallel=3), LAYOUT),
+    ("16 ranks a pipeline of 8", _hyper(model="mini", strategy="fsdp", tensor_parallel=4, pipeline_parallel=4), LAYOUT),
     # baseline, tolerance, attempts, resume
     ("baseline null", _with(baseline=None), "baseline is not valid"),
     ("baseline a string", _with(baseline="3.2"), "baseline is not valid"),
@@ -307,7 +316,7 @@ def test_the_cli_contract_refuses_the_same_inputs(execution_input, cause):
     # naming the same field.
     from contracts.run import validate_run
 
-    problems = validate_run(execution_input, max_nodes=2, min_nodes=2)
+    problems = validate_run(execution_input, max_nodes=2, min_nodes=2, workers_per_node=4)  # dev's g5.12xlarge
     field = cause.split(" is ")[0]
     assert problems and any(
         field.replace("the input must be a JSON object", "the run must be a JSON object") in problem
@@ -322,6 +331,16 @@ def test_a_tensor_parallel_run_its_relations_allow_passes_the_first_state(emulat
     assert emulator.run(_hyper(strategy="fsdp", tensor_parallel=2))["status"] == "SUCCEEDED"
     train = json.loads(emulator.submitted[1]["parameters"]["hyperparameters"])
     assert (train["strategy"], train["tensor_parallel"]) == ("fsdp", 2)
+
+
+def test_a_pipeline_run_its_layout_allows_passes_the_first_state(emulator):
+    # 2 stages of 2-way tensor parallelism on the mini model's 4 layers and 4 heads: 4 of dev's 8 workers a pipeline,
+    # 2 replicas of it; the run trains with them.
+    emulator.verdict = ACCEPTED
+    layout = {"model": "mini", "strategy": "fsdp", "tensor_parallel": 2, "pipeline_parallel": 2}
+    assert emulator.run(_hyper(**layout))["status"] == "SUCCEEDED"
+    train = json.loads(emulator.submitted[1]["parameters"]["hyperparameters"])
+    assert {k: train[k] for k in layout} == layout
 
 
 def test_defaults_fill_in_what_the_run_omits(emulator):

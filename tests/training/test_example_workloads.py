@@ -130,10 +130,17 @@ def test_make_local_run_takes_a_built_in_workload_to_its_own_local_run(tmp_path,
     assert local_workload.main(["gpt", "--out", str(tmp_path), "--hyperparameters", '{"strategy": "ps"}']) == 2
     assert "hyperparameters.strategy='ps' is not valid" in capsys.readouterr().err and len(calls) == 1
     # The GPT's layout reaches its local run: `make local-run WORKLOAD=gpt HYPERPARAMETERS='{"strategy": "fsdp",
-    # "tensor_parallel": 2}'` trains with tensor parallelism over the 2 processes.
+    # "tensor_parallel": 2}'` trains with tensor parallelism over the 2 processes, "pipeline_parallel": 2 in 2 stages.
     layout = '{"strategy": "fsdp", "tensor_parallel": 2}'
     assert local_workload.main(["gpt", "--out", str(tmp_path), "--hyperparameters", layout]) == 0
-    assert calls[-1][-4:] == ["--strategy", "fsdp", "--tensor-parallel", "2"]
+    assert calls[-1][-3:] == ["--strategy=fsdp", "--tensor-parallel=2", "--pipeline-parallel=1"]
+    layout = '{"strategy": "fsdp", "pipeline_parallel": 2}'
+    assert local_workload.main(["gpt", "--out", str(tmp_path), "--hyperparameters", layout]) == 0
+    assert calls[-1][-3:] == ["--strategy=fsdp", "--tensor-parallel=1", "--pipeline-parallel=2"]
+    # 4 stages do not fit the local run's 2 processes: refused in one line before anything runs.
+    layout = '{"strategy": "fsdp", "model": "mini", "pipeline_parallel": 4}'
+    assert local_workload.main(["gpt", "--out", str(tmp_path), "--hyperparameters", layout]) == 2
+    assert "expected a divisor of the run's 2 workers (1 nodes x 2)" in capsys.readouterr().err
 
 
 # Stopped on SIGTERM (Batch and EKS send it before the kill, SageMaker on StopTrainingJob): the launcher passes it on,

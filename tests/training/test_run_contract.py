@@ -255,3 +255,14 @@ def test_the_gpt_tensor_parallel_degree_divides_each_sizes_heads():
     degree = next(f for f in BUILT_IN["gpt"].hyperparameters if f.key == "tensor_parallel")
     assert degree.divides is not None and dict(degree.divides[1]) == {n: c.n_head for n, c in MODEL_SIZES.items()}
     assert degree.requires == (("strategy", ("fsdp",)),)
+
+
+def test_the_gpt_pipeline_parallel_degree_divides_each_sizes_layers():
+    # As the heads above: the declaration's table of layers is sizes.py's, so a run the trainer would refuse
+    # (train_config: a degree that does not divide the layers) is refused at the CLI and the first state.
+    from efa_training.workloads.gpt.sizes import MODEL_SIZES
+
+    degree = next(f for f in BUILT_IN["gpt"].hyperparameters if f.key == "pipeline_parallel")
+    assert degree.divides is not None and dict(degree.divides[1]) == {n: c.n_layer for n, c in MODEL_SIZES.items()}
+    assert degree.requires == (("strategy", ("fsdp",)),) and degree.layout == "run"
+    assert next(f for f in BUILT_IN["gpt"].hyperparameters if f.key == "tensor_parallel").layout == "node"
