@@ -152,6 +152,7 @@ def quote(
         return Quote(None, None, "no price known for this environment's instance types")
     mfu = measured_mfu_percent or ASSUMED_MFU_PERCENT
     step = params[cost.batch_size] * tflops / (cost.split(params) * terms.peak_tflops_per_worker * mfu / 100)
+    step *= cost.bubble(params)
     hours = params[cost.steps] * step / 3600
     node_hours = run["nodes"] * (hours + terms.other_node_hours)
     usd = node_hours * terms.node_usd_per_hour + VALIDATION_MINUTES / 60 * terms.validation_usd_per_hour

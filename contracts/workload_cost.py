@@ -4,14 +4,17 @@ A declaration may say (`cost`) which hyperparameter counts the optimizer steps, 
 per step, and the training TFLOPs of one sample, either one number or one per value of a string hyperparameter with
 choices (the built-in GPT trainer's per model size), and optionally (`split_by`) the integer hyperparameter, or the
 list of them, over whose product of workers one sample's work is split (tensor- and pipeline-parallel degrees: each of
-them computes 1/N of it, and the batch is taken once per group of N). contracts/quote.py then prices a run as
-    seconds per step = batch_size x TFLOPs per sample / (split x peak TFLOP/s per worker x MFU)
+them computes 1/N of it, and the batch is taken once per group of N), and optionally (`pipeline_stages`) the integer
+hyperparameter of pipeline stages, whose schedule idles (P-1)/(m+P-1) of each step (1F1B's bubble, m microbatches:
+the fewest equal parts of the batch that are at least P, as the built-in GPT trainer cuts it;
+sizes.pipeline_microbatches). contracts/quote.py prices a run as
+    seconds per step = batch_size x TFLOPs per sample / (split x peak TFLOP/s per worker x MFU) x (m+P-1)/m
 and the quote's measured MFU may be that of earlier runs of the same value (the image's MFU metric by `Model`).
 A workload that declares none is run unquoted: the quote says there is no FLOPs model for it.
 
     "cost": {"steps": "max_steps", "batch_size": "batch_size",
              "tflops_per_sample": {"by": "model", "values": {"small": 0.64, "large": 2.17}},
-             "split_by": ["tensor_parallel", "pipeline_parallel"]}
+             "split_by": ["tensor_parallel", "pipeline_parallel"], "pipeline_stages": "pipeline_parallel"}
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ if TYPE_CHECKING:
     from contracts.run import Field
 
 KEYS = ("steps", "batch_size", "tflops_per_sample")
-OPTIONAL_KEYS = ("split_by",)
+OPTIONAL_KEYS = ("split_by", "pipeline_stages")
 SHAPE = (
     '{"steps": <integer hyperparameter>, "batch_size": <integer hyperparameter>, "tflops_per_sample": <number> or '
     '{"by": <string hyperparameter with choices>, "values": {<choice>: <number>, ...}}, optional "split_by": '
-    "<integer hyperparameter, at least 1, or a list of them>}"
+    '<integer hyperparameter, at least 1, or a list of them>, optional "pipeline_stages": <integer hyperparameter, '
+    "at least 1>}"
 )
 
 
@@ -41,11 +45,20 @@ class CostModel:
     by: str | None = None  # else the string hyperparameter whose value picks it from `values`
     values: Mapping[str, float] | None = None
     split_by: tuple[str, ...] = ()  # the hyperparameters whose product of workers share one sample's work
+    pipeline_stages: str | None = None  # the hyperparameter of pipeline stages, whose bubble lengthens each step
 
     def split(self, hyperparameters: Mapping[str, object]) -> int:
         """How many workers share one sample's FLOPs (1 without `split_by`)."""
         values = [hyperparameters.get(name) for name in self.split_by]
         return math.prod(v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1 for v in values)
+
+    def bubble(self, hyperparameters: Mapping[str, object]) -> float:
+        """How much longer a step takes for the pipeline's bubble: (m+P-1)/m (1 without `pipeline_stages`)."""
+        stages, batch = (hyperparameters.get(k) if k else None for k in (self.pipeline_stages, self.batch_size))
+        if not isinstance(stages, int) or not isinstance(batch, int) or stages <= 1:
+            return 1.0
+        microbatches = next((m for m in range(stages, batch + 1) if batch % m == 0), batch)
+        return (microbatches + stages - 1) / microbatches
 
     def sample_tflops(self, hyperparameters: Mapping[str, object]) -> float | None:
         if self.by is None:
@@ -66,6 +79,7 @@ class CostModel:
             "batch_size": self.batch_size,
             "tflops_per_sample": per_sample,
             "split_by": list(self.split_by),
+            "pipeline_stages": self.pipeline_stages,
         }
 
 
@@ -87,6 +101,12 @@ def parse_cost(
             given,
             "the name of one of its integer hyperparameters whose minimum is at least 1, or a list of them",
         )
+    stages = raw.get("pipeline_stages")
+    staged = kinds.get(stages) if isinstance(stages, str) else None
+    if "pipeline_stages" in raw and (staged is None or staged.kind != "integer" or (staged.minimum or 0) < 1):
+        raise bad(
+            "cost.pipeline_stages", stages, "the name of one of its integer hyperparameters whose minimum is at least 1"
+        )
     for key in ("steps", "batch_size"):
         named = kinds.get(raw[key]) if isinstance(raw[key], str) else None
         if named is None or named.kind != "integer":
@@ -95,7 +115,9 @@ def parse_cost(
     if not isinstance(per_sample, dict):
         if not _positive(per_sample):
             raise bad("cost.tflops_per_sample", per_sample, "a positive finite number, or " + SHAPE)
-        return CostModel(raw["steps"], raw["batch_size"], tflops=float(per_sample), split_by=split_by)
+        return CostModel(
+            raw["steps"], raw["batch_size"], tflops=float(per_sample), split_by=split_by, pipeline_stages=stages
+        )
     by, values = per_sample.get("by"), per_sample.get("values")
     picked = kinds.get(by) if isinstance(by, str) else None
     if set(per_sample) != {"by", "values"} or picked is None or not picked.choices:
@@ -105,7 +127,12 @@ def parse_cost(
             "cost.tflops_per_sample.values", values, f"a positive finite number for each of {', '.join(picked.choices)}"
         )
     return CostModel(
-        raw["steps"], raw["batch_size"], by=by, values={k: float(v) for k, v in values.items()}, split_by=split_by
+        raw["steps"],
+        raw["batch_size"],
+        by=by,
+        values={k: float(v) for k, v in values.items()},
+        split_by=split_by,
+        pipeline_stages=stages,
     )
 
 

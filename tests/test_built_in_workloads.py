@@ -96,6 +96,11 @@ def test_a_cost_model_by_size_is_read(root):  # noqa: F811
             "or a list of them",
         ),
         (
+            {"steps": "steps", "batch_size": "batch", "tflops_per_sample": 1, "pipeline_stages": "size"},
+            "cost.pipeline_stages",
+            "integer hyperparameters whose minimum is at least 1",
+        ),
+        (
             {"steps": "steps", "batch_size": "batch", "tflops_per_sample": {"by": "steps", "values": {}}},
             "cost.tflops_per_sample.by",
             "string hyperparameters with choices",

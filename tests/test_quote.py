@@ -241,12 +241,28 @@ def test_a_tensor_parallel_run_shares_each_samples_work_among_its_group(terms):
 
 def test_a_pipeline_and_tensor_parallel_run_shares_each_samples_work_among_both_degrees(terms):
     # tp 2 x pp 4: one sample's FLOPs spread over the 8 workers of a pipeline of tensor-parallel groups (split_by, a
-    # list: their product), by the CLI and the pipeline's JSONata alike.
+    # list: their product), each step longer by the pipeline's bubble, by the CLI and the pipeline's JSONata alike.
     from constructs.pipeline.run_quote import _quoted_run
 
     alone = quote(_run(model="70b", max_steps=1000, strategy="fsdp"), terms)
     split = _run(model="70b", max_steps=1000, strategy="fsdp", tensor_parallel=2, pipeline_parallel=4)
     q = quote(split, terms)
-    assert alone.hours is not None and q.hours == pytest.approx(alone.hours / 8)
+    assert alone.hours is not None and q.hours == pytest.approx(alone.hours / 8 * 7 / 4)  # 4 stages: 8 in 4 of 2
     got = _evaluate(_quoted_run(terms, _costs()), {"run": split})["quote"]
+    assert got["hours"] == pytest.approx(q.hours) and got["usd"] == pytest.approx(q.usd)
+
+
+@pytest.mark.parametrize(("batch_size", "stages", "bubble"), [(8, 4, 7 / 4), (8, 1, 1.0), (6, 4, 9 / 6), (2, 4, 5 / 2)])
+def test_a_pipeline_run_is_quoted_with_its_bubble(terms, batch_size, stages, bubble):
+    # 1F1B idles (P-1)/(m+P-1) of each step, m the batch's microbatches (8 on 4 stages: 4 of 2; 6: 6 of 1; a batch of 2,
+    # fewer sequences than stages: 2 of 1), so a step takes (m+P-1)/m as long as its FLOPs alone (cost
+    # pipeline_stages), by the CLI and the pipeline's JSONata alike.
+    from constructs.pipeline.run_quote import _quoted_run
+
+    layout = {"model": "70b", "max_steps": 1000, "strategy": "fsdp", "tensor_parallel": 8, "batch_size": batch_size}
+    alone = quote(_run(**layout), terms)
+    run = _run(**layout, pipeline_parallel=stages)
+    q = quote(run, terms)
+    assert alone.hours is not None and q.hours == pytest.approx(alone.hours / stages * bubble)
+    got = _evaluate(_quoted_run(terms, _costs()), {"run": run})["quote"]
     assert got["hours"] == pytest.approx(q.hours) and got["usd"] == pytest.approx(q.usd)

@@ -117,6 +117,14 @@ def _measured_mfu(scope: Construct, environment: str, costs: str) -> tasks.CallA
 
 # JSONata: `$c` the run's workload's cost model (contracts/workload_cost.py CostModel.as_json) from `costs`, `$p` its
 # model size: the run's value of the hyperparameter that picks the FLOPs, where there is one (a checked choice by now).
+# The pipeline's bubble, (m+P-1)/m (contracts.workload_cost.CostModel.bubble): m the fewest equal parts of the batch
+# that are at least P, else the batch; 1 without pipeline_stages or with 1 stage.
+_BUBBLE = (
+    "($pp := $c.pipeline_stages ? $lookup($r.hyperparameters, $c.pipeline_stages) : 1; "
+    "$bs := $lookup($r.hyperparameters, $c.batch_size); "
+    "$dv := $pp > 1 ? $filter([$pp..$bs], function($v) {$bs % $v = 0}) : [1]; "
+    "$mb := $exists($dv) ? $dv[0] : $bs; ($mb + $pp - 1) / $mb)"
+)
 _COST_OF_RUN = (
     "$r := $states.input.run; $c := $lookup({costs}, $r.workload); $t := $c.tflops_per_sample; "
     "$p := $type($t) = 'object' ? $lookup($r.hyperparameters, $t.by) : null; "
@@ -159,7 +167,7 @@ def _quoted_run(terms: QuoteTerms, costs: str) -> str:
         "($f := $type($t) = 'number' ? $t : $sized ? $lookup($t.values, $p) : null; $f != null ? "
         "($h := $lookup($r.hyperparameters, $c.steps) * $lookup($r.hyperparameters, $c.batch_size) * $f "
         "/ ($c.split_by ? $reduce($map($c.split_by, function($n) {$lookup($r.hyperparameters, $n)}), "
-        "function($a, $b) {$a * $b}, 1) : 1) "
+        "function($a, $b) {$a * $b}, 1) : 1) * " + _BUBBLE + " "
         f"/ ({terms.peak_tflops_per_worker} * ($m ? $m : {ASSUMED_MFU_PERCENT}) / 100) / 3600; "
         f"{{'usd': $r.nodes * ($h + {terms.other_node_hours}) * {terms.node_usd_per_hour} "
         f"+ {VALIDATION_MINUTES / 60} * {terms.validation_usd_per_hour}, 'hours': $h, 'basis': {basis}}}) : {no_model})"

@@ -9,9 +9,9 @@ import pytest
 
 from efa_training.runtime.errors import UsageError
 from efa_training.train_config import TrainConfig
-from efa_training.workloads.gpt import pipeline, saved_model
+from efa_training.workloads.gpt import pipeline, preflight, saved_model
 from efa_training.workloads.gpt.model import GPT, MODEL_SIZES
-from efa_training.workloads.gpt.sizes import pipeline_microbatches
+from efa_training.workloads.gpt.sizes import memory_gb, pipeline_microbatches
 from tests.training import layouts
 from tests.training import training_helpers as th
 
@@ -100,6 +100,16 @@ def test_validation_reads_a_pipeline_checkpoint_into_the_whole_model(pp2):
     assert len(model.blocks) == MODEL_SIZES["tiny"].n_layer
 
 
+def test_a_pipeline_starts_from_another_runs_weights(fsdp_single, dataset, tmp_path):
+    # --init-from (an approved model): each stage takes its own layers of the whole model's weights, the last stage
+    # the head the embedding shares; the first loss is where that run ended, not a fresh model's (ln 257 = 5.55).
+    assert fsdp_single.checkpoint_dir is not None
+    run = layouts.train(dataset, tmp_path / "ckpt", 2, *PP2, "--init-from", str(fsdp_single.checkpoint_dir), steps=2)
+    assert f"starting from the weights of {fsdp_single.checkpoint_dir}" in run.stderr
+    final, first = fsdp_single.losses()[-1], run.losses()[0]
+    assert abs(first - final) < 0.10 * final and first < fsdp_single.losses()[0] - 1.0, (first, final)
+
+
 # ---- the stages, and what a pipeline refuses ------------------------------------------------------------------------
 
 
@@ -151,10 +161,38 @@ def _dcp_checkpoint(folder, state: dict):
 def test_optimizer_groups_are_written_by_parameter_name_and_read_as_each_checkpoint_holds_them(tmp_path):
     # Nested groups ("param_groups.0.params": one list of names a group) would be one stage's list in a pipeline's
     # checkpoint (DCP keeps one rank's copy of a key): groups are written by parameter name; 0.9.0's nested ones read.
-    from efa_training.checkpointing.store import _dcp_options
+    from efa_training.checkpointing.format import dcp_options
 
-    assert _dcp_options(None).flatten_optimizer_state_dict
+    assert dcp_options(None).flatten_optimizer_state_dict
     nested = {"optim": {"param_groups": [{"lr": 0.1, "params": ["w"]}], "state": {}}}
     flat = {"optim": {"param_groups.w.lr": 0.1}}
-    assert not _dcp_options(_dcp_checkpoint(tmp_path / "nested", nested)).flatten_optimizer_state_dict
-    assert _dcp_options(_dcp_checkpoint(tmp_path / "flat", flat)).flatten_optimizer_state_dict
+    assert not dcp_options(_dcp_checkpoint(tmp_path / "nested", nested)).flatten_optimizer_state_dict
+    assert dcp_options(_dcp_checkpoint(tmp_path / "flat", flat)).flatten_optimizer_state_dict
+
+
+def test_pipeline_stages_times_the_tensor_parallel_groups_must_divide_the_world():
+    # 3 stages of 2-way tensor parallelism are 6 ranks, which 8 workers cannot hold whole; the refusal names the
+    # stage counts that fit both the world and the model's layers.
+    with pytest.raises(UsageError, match=r"times --tensor-parallel 2 does not divide the 8 workers.*one of 1, 2$"):
+        preflight.check_layout(2, {"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "8"}, 3, layers=2)
+    preflight.check_layout(2, {"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "8"}, 4, layers=88)  # 2 replicas: no error
+
+
+GPUS = {"ACCELERATOR_KIND": "gpu", "ACCELERATOR_MEMORY_GB": "80", "LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "64"}
+
+
+def test_a_model_that_tensor_parallelism_alone_cannot_fit_is_refused_naming_pipeline_stages(tmp_path):
+    # 70b on 8 nodes of 8 H100s at micro-batch 4: no tensor-parallel degree alone fits (tp 8: ~99 GB), nor 2 stages
+    # (whose weights and gradients stay whole between microbatches); 4 stages of tp 4 do (sizes.memory_gb).
+    def need(t: int, p: int) -> float:
+        return memory_gb(
+            MODEL_SIZES["70b"], micro_batch=4, world=64, tensor_parallel=t, strategy="fsdp", pipeline_parallel=p
+        )
+
+    assert min(need(t, 1) for t in (1, 2, 4, 8)) > 80 and min(need(t, 2) for t in (1, 2, 4, 8)) > 80
+    assert need(2, 4) > 80 >= need(4, 4)
+    cfg = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=4)
+    with pytest.raises(UsageError, match="--tensor-parallel 4 --pipeline-parallel 4 --micro-batch-size 4"):
+        preflight.check_memory(cfg, GPUS)
+    fits = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=4, tensor_parallel=4, pipeline_parallel=4)
+    preflight.check_memory(fits, GPUS)  # no error

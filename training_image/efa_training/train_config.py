@@ -95,7 +95,8 @@ class TrainConfig:
     pipeline_parallel: int = setting(
         1,
         help="pipeline-parallel degree (--strategy fsdp): the layers cut into this many stages of consecutive ranks, "
-        "microbatches (--grad-accum-steps) passed between them by a 1F1B schedule (workloads/gpt/pipeline.py); 1: none",
+        "the step's micro-batches (or its sequences cut into as many parts as stages) passed between them by a 1F1B "
+        "schedule (workloads/gpt/pipeline.py); 1: none",
     )
     micro_batch_size: int = setting(8, aliases=("--batch-size",), help="sequences per process per micro-step")
     grad_accum_steps: int = setting(

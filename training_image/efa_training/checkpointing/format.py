@@ -217,3 +217,18 @@ def newest_meta(root: Path) -> tuple[Path, dict] | None:
         except CheckpointDamaged:
             continue  # the resume sets it aside with a warning
     return None
+
+
+def dcp_options(path: Path | None) -> Any:
+    """The optimizer's state by parameter name ("optim.param_groups.<name>.lr"): each rank writes the groups of its own
+    parameters, so pipeline stages, which hold different ones, do not overwrite each other's list of a group's
+    parameters (DCP keeps one rank's copy of a key; torchtitan flattens alike). `path`: a checkpoint to read, whose
+    groups release 0.9.0 and earlier wrote nested ("optim.param_groups.0.params"): read as written."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    nested = (
+        path is not None
+        and "optim.param_groups.0.params" in FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    )
+    return StateDictOptions(flatten_optimizer_state_dict=not nested)

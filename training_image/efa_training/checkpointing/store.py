@@ -43,6 +43,7 @@ from efa_training.checkpointing.format import (
     DAMAGED_PREFIX,
     TMP_PREFIX,
     CheckpointDamaged,
+    dcp_options,
     file_record,
     fsync_path,
     rng_state,
@@ -147,7 +148,7 @@ class CheckpointStore:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(model, optimizer, options=_dcp_options(None))
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=dcp_options(None))
         # Collective: every rank writes its own shards (FileSystemWriter names them __<rank>_<n>.distcp
         # and fsyncs them); each rank checksums its own, still in its page cache.
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
@@ -269,7 +270,7 @@ class CheckpointStore:
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-            options = _dcp_options(path)
+            options = dcp_options(path)
             model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
             dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # collective, in place
             set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options)
@@ -278,21 +279,6 @@ class CheckpointStore:
         if rng is not None:
             set_rng_state(rng)
         return TrainerState(**extra["train_state"])
-
-
-def _dcp_options(path: Path | None) -> Any:
-    """The optimizer's state by parameter name ("optim.param_groups.<name>.lr"): each rank writes the groups of its own
-    parameters, so pipeline stages, which hold different ones, do not overwrite each other's list of a group's
-    parameters (DCP keeps one rank's copy of a key; torchtitan flattens alike). `path`: a checkpoint to read, whose
-    groups release 0.9.0 and earlier wrote nested ("optim.param_groups.0.params"): read as written."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    nested = (
-        path is not None
-        and "optim.param_groups.0.params" in FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    )
-    return StateDictOptions(flatten_optimizer_state_dict=not nested)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -76,12 +76,13 @@ class Pipeline:
         """Forward and backward of one optimizer step's microbatches (stacked in `inputs`, `targets`): the sum of the
         microbatches' mean losses over their count on the last stage (the loss of the step), 0 elsewhere."""
         losses: list[torch.Tensor] = []
+        # return_outputs=False: the last stage would keep and join every microbatch's logits, unused here.
         if self.stage == 0:
-            self.schedule.step(inputs)
+            self.schedule.step(inputs, return_outputs=False)
         elif self.stage == self.stages - 1:
-            self.schedule.step(target=targets, losses=losses)
+            self.schedule.step(target=targets, losses=losses, return_outputs=False)
         else:
-            self.schedule.step()
+            self.schedule.step(return_outputs=False)
         if self.ends:
             self.sync_tied(grads=True)
         if not losses:

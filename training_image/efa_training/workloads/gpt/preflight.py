@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 def check_before_start(cfg: TrainConfig, expected_nodes: int | None) -> None:
     check_platform(expected_nodes, cfg.device)
-    check_layout(cfg.tensor_parallel, os.environ, cfg.pipeline_parallel)
+    check_layout(cfg.tensor_parallel, os.environ, cfg.pipeline_parallel, cfg.model_config().n_layer)
     check_memory(cfg, os.environ)
     check_data(Path(cfg.data), cfg.model_config())
     check_not_diverged(cfg)
@@ -38,10 +38,11 @@ def check_before_start(cfg: TrainConfig, expected_nodes: int | None) -> None:
     probe_writable(Path(cfg.checkpoint_dir))
 
 
-def check_layout(tensor_parallel: int, env: Mapping[str, str], pipeline_parallel: int = 1) -> None:
+def check_layout(tensor_parallel: int, env: Mapping[str, str], pipeline_parallel: int = 1, layers: int = 1) -> None:
     """A tensor-parallel group is consecutive ranks and must stay inside a node (its collectives run on every layer:
     NVLink, not EFA), so the degree divides the node's workers (torchrun's LOCAL_WORLD_SIZE); the pipeline's stages
-    times that group must divide the world (WORLD_SIZE), the rest being data-parallel replicas."""
+    times that group must divide the world (WORLD_SIZE), the rest being data-parallel replicas (the refusal names
+    the stage counts that also divide the model's `layers`)."""
     per_node, world = int(env.get("LOCAL_WORLD_SIZE") or 1), int(env.get("WORLD_SIZE") or 1)
     if tensor_parallel > 1 and per_node % tensor_parallel:
         divisors = ", ".join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)
@@ -52,7 +53,9 @@ def check_layout(tensor_parallel: int, env: Mapping[str, str], pipeline_parallel
             f"one of {divisors}",
         )
     if pipeline_parallel > 1 and world % (tensor_parallel * pipeline_parallel):
-        stages = ", ".join(str(d) for d in range(1, world + 1) if world % (d * tensor_parallel) == 0)
+        stages = ", ".join(
+            str(d) for d in range(1, world + 1) if world % (d * tensor_parallel) == 0 and layers % d == 0
+        )
         raise UsageError(
             "--pipeline-parallel",
             pipeline_parallel,

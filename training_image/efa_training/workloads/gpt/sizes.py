@@ -99,18 +99,26 @@ def memory_gb(
     and the last stage hold them), and the activations of min(p, m) microbatches in flight (1F1B keeps p on the
     first stage, GPipe all m: Narayanan et al. 2021, section 2.2), each of the step's sequences / m
     (pipeline_microbatches), so at m >= p the activations of L layers of p microbatches: pipelining divides the
-    state, and the activations only as far as its microbatches are smaller than the micro-batch."""
+    state, and the activations only as far as its microbatches are smaller than the micro-batch; and the stage's
+    bf16 weights and fp32 gradients whole, for between microbatches the schedule keeps FSDP2 from resharding and
+    reducing (torch.distributed.pipelining's stage.py: reshard_after_backward and requires_gradient_sync off until
+    the last), with each microbatch's received activations and their gradients. Accumulating micro-steps without a
+    pipeline holds the fp32 gradients whole too (gradient sync off until the last micro-step: builders.py)."""
     d, layers, s, t, p = cfg.d_model, cfg.n_layer, cfg.seq_len, tensor_parallel, pipeline_parallel
     block = 12 * d * d + 13 * d
     other = count_params(cfg) - layers * block
+    m = pipeline_microbatches(p, microbatches, micro_batch) if p > 1 else microbatches
+    chunk = micro_batch * microbatches / m if p > 1 else micro_batch  # sequences in one forward
     if strategy == "fsdp":
-        replicas = world // (t * p)
-        state = STATE_BYTES["fsdp"] * (layers / p * block / t + other) / replicas
+        replicas, whole = world // (t * p), layers / p * block / t + other  # `whole`: this rank's part, unsharded
+        state = STATE_BYTES["fsdp"] * whole / replicas
         gathered = 2 * (3 * block / t + other)
+        if p > 1 and m > 1:
+            gathered = 6 * whole + 2 * m * chunk * s * d * 2
+        elif m > 1:
+            gathered += 4 * whole
     else:
         state, gathered = STATE_BYTES["ddp"] * count_params(cfg), 0.0
-    m = pipeline_microbatches(p, microbatches, micro_batch) if p > 1 else 1
-    chunk = micro_batch * microbatches / m if p > 1 else micro_batch  # sequences in one forward
     activations = min(p, m) * layers / p * s * chunk * d * (10 + 24 / t)
     logits = 3 * chunk * s * cfg.vocab_size * 4  # fp32: the logits, their softmax and its gradient
     return (state + gathered + activations + logits) / 1e9 + RESERVED_GB

@@ -14,11 +14,10 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -29,10 +28,8 @@ from efa_training.runtime.console import log
 from efa_training.runtime.distributed import Runtime, lower_collective_timeout
 from efa_training.runtime.divergence import DivergenceGuard
 from efa_training.runtime.errors import EXIT_STOPPED, UsageError
-from efa_training.runtime.metrics import MetricsLogger, peak_tflops
 from efa_training.runtime.run_paths import node_local_checkpoints
 from efa_training.runtime.signals import StopFlag
-from efa_training.runtime.stragglers import Stragglers
 from efa_training.workloads.gpt.builders import (
     build_model,
     build_optimizer,
@@ -42,7 +39,8 @@ from efa_training.workloads.gpt.builders import (
     seed_everything,
 )
 from efa_training.workloads.gpt.data import BatchSpec, SequenceBatches, TokenStream
-from efa_training.workloads.gpt.model import GPT, ModelConfig, flops_per_token
+from efa_training.workloads.gpt.meter import StepMeter, StepResult
+from efa_training.workloads.gpt.model import GPT
 from efa_training.workloads.gpt.saved_model import find_and_load
 
 if TYPE_CHECKING:
@@ -52,97 +50,47 @@ if TYPE_CHECKING:
     from efa_training.workloads.gpt.pipeline import Pipeline
 
 
-@dataclass
-class StepResult:
-    """One optimizer step as every rank agrees on it."""
-
-    loss: float  # mean over ranks
-    grad_norm: float  # the global norm
-    stop_requested: bool  # SIGTERM/SIGINT reached at least one rank
-    seconds: float
-
-
-class StepMeter:
-    """Per-step metrics lines (rank 0) and the figures of the run's summary."""
-
-    def __init__(self, cfg: TrainConfig, mcfg: ModelConfig, rt: Runtime, start_step: int, replicas: int) -> None:
-        """`replicas`: the data-parallel degree (the world size over the tensor-parallel degree)."""
-        self.metrics = MetricsLogger(cfg.run_id, enabled=rt.is_main, model=cfg.model)
-        # measured by every rank at each metrics line
-        self.stragglers = Stragglers(rt, cfg.run_id) if Stragglers.enabled(rt) else None
-        self.log_every, self.max_steps, self.world_size = cfg.log_every, cfg.max_steps, rt.world_size
-        self.tokens_per_step = replicas * cfg.micro_batch_size * cfg.grad_accum_steps * mcfg.seq_len
-        self.peak = peak_tflops(torch.cuda.get_device_name(rt.device)) if rt.device_type == "cuda" else None
-        self.flops_per_token = flops_per_token(mcfg)
-        self.start_step, self.started = start_step, time.perf_counter()
-        self.step_times: list[float] = []
-        self.throughput: list[float] = []  # tokens/s of the steps after the first
-        self.loss = float("nan")
-
-    def record(self, step: int, result: StepResult, lr: float, longest_save: float = 0.0) -> None:
-        """`longest_save`: the longest checkpoint save so far (CheckpointSaveSeconds: the launcher's stop-by margin)."""
-        self.loss = result.loss
-        self.step_times.append(result.seconds)
-        tps = self.tokens_per_step / result.seconds
-        if step > self.start_step + 1:
-            self.throughput.append(tps)  # the first step after (re)start includes warm-up and compilation
-        # A non-finite loss or gradient is reported on whatever step it comes (the NonFiniteLoss alarm needs its line).
-        finite = math.isfinite(result.loss) and math.isfinite(result.grad_norm)
-        if step % self.log_every == 0 or step == self.max_steps or not finite:
-            mfu = 100.0 * self.flops_per_token * tps / (self.peak * 1e12 * self.world_size) if self.peak else None
-            flagged = {} if finite else {"NonFiniteLoss": 1.0}
-            if longest_save:
-                flagged["CheckpointSaveSeconds"] = longest_save
-            extra, properties = self.stragglers.measure() if self.stragglers else ({}, {})
-            self.metrics.step(step, result.loss, tps, result.seconds, mfu, properties, LearningRate=lr, **flagged,
-                              **extra)  # fmt: skip
-
-    def figures(self) -> dict:
-        return {
-            "final_loss": self.loss if math.isfinite(self.loss) else None,  # NaN: nothing trained
-            "mean_tokens_per_second": float(np.mean(self.throughput)) if self.throughput else None,
-            "wall_seconds": time.perf_counter() - self.started,
-        }
+def _refuse_on_xla(cfg: TrainConfig, rt: Runtime) -> None:
+    """What the XLA device does not train (Neuron's model parallelism is neuronx-distributed's, not used here)."""
+    if rt.device_type != "xla":
+        return
+    for name, degree in (("--tensor-parallel", cfg.tensor_parallel), ("--pipeline-parallel", cfg.pipeline_parallel)):
+        if degree > 1:
+            raise UsageError(
+                name, degree, "not supported on the xla device (neuronx-distributed's, not used here)", "1"
+            )
+    if cfg.strategy == "fsdp":
+        raise UsageError("--strategy", "fsdp", "FSDP2 is not supported on the xla device", "ddp")
 
 
 class Trainer:
     """One rank's training run: built from the config, resumed from the newest good checkpoint, then `fit`."""
 
     def __init__(self, cfg: TrainConfig, rt: Runtime) -> None:
-        for name, degree in (
-            ("--tensor-parallel", cfg.tensor_parallel),
-            ("--pipeline-parallel", cfg.pipeline_parallel),
-        ):
-            if rt.device_type == "xla" and degree > 1:  # Neuron's model parallelism is neuronx-distributed's
-                raise UsageError(
-                    name, degree, "not supported on the xla device (neuronx-distributed's, not used here)", "1"
-                )
-        if rt.device_type == "xla" and cfg.strategy == "fsdp":
-            raise UsageError("--strategy", "fsdp", "FSDP2 is not supported on the xla device", "ddp")
+        _refuse_on_xla(cfg, rt)
         # torch.use_deterministic_algorithms is not called: it imports inductor (+1 s per process), and the CPU
         # kernels used here are deterministic already (the resume test checks it bit for bit).
         self.cfg, self.rt, self.mcfg = cfg, rt, cfg.model_config()
         self.stop = StopFlag()
-        self.mesh: DeviceMesh | None = None
-        self.clip: Callable[[list[torch.nn.Parameter], float], torch.Tensor] = torch.nn.utils.clip_grad_norm_
-        if cfg.tensor_parallel > 1 or cfg.pipeline_parallel > 1:  # imported here: the others pay nothing for DTensor
-            from efa_training.workloads.gpt import parallel
-
-            self.mesh = parallel.device_mesh(rt, cfg.tensor_parallel, cfg.pipeline_parallel)
-            self.clip = parallel.clip_grad_norm
+        self.mesh = self._mesh()
+        self.pipeline: Pipeline | None = None
         # Each data-parallel replica's rank and count: the ranks of one tensor-parallel group, and of one pipeline,
         # read the same batches.
         self.replica, self.replicas = (
             (self.mesh["dp"].get_local_rank(), self.mesh["dp"].size()) if self.mesh else (rt.rank, rt.world_size)
         )
         self.model = build_model(cfg, self.mcfg, rt, self.mesh)
-        self.pipeline: Pipeline | None = None
-        if self.mesh is not None and cfg.pipeline_parallel > 1:
-            from efa_training.workloads.gpt import pipeline
+        self.clip: Callable[[list[torch.nn.Parameter], float], torch.Tensor] = torch.nn.utils.clip_grad_norm_
+        if self.mesh is not None:  # imported here: the others pay nothing for DTensor or pipelining
+            from efa_training.workloads.gpt import parallel, pipeline
 
-            assert isinstance(self.model, GPT)  # FSDP2 keeps the class (as an FSDP subclass of it)
-            self.pipeline = pipeline.build(self.model, self.mesh, cfg.grad_accum_steps, cfg.micro_batch_size, rt.device)
-            self.clip = self.pipeline.clip_grad_norm
+            self.clip = parallel.clip_grad_norm
+            if cfg.pipeline_parallel > 1:
+                assert isinstance(self.model, GPT)  # FSDP2 keeps the class (as an FSDP subclass of it)
+                self.pipeline = pipeline.build(
+                    self.model, self.mesh, cfg.grad_accum_steps, cfg.micro_batch_size, rt.device
+                )
+                self.clip = self.pipeline.clip_grad_norm
         self.optimizer = build_optimizer(self.model, cfg, rt)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         seed_everything(cfg.seed + rt.rank)  # per-rank streams (dropout); replaced by the checkpoint's on resume
@@ -153,6 +101,14 @@ class Trainer:
         self.guard = DivergenceGuard(cfg, rt.is_main)
         self.samples_per_step = self.replicas * cfg.micro_batch_size * cfg.grad_accum_steps
         self.checksums: list[float] | None = None
+
+    def _mesh(self) -> DeviceMesh | None:
+        """The (pp, dp, tp) device mesh of a tensor- or pipeline-parallel run (parallel.py), else None."""
+        if self.cfg.tensor_parallel == 1 and self.cfg.pipeline_parallel == 1:
+            return None
+        from efa_training.workloads.gpt import parallel
+
+        return parallel.device_mesh(self.rt, self.cfg.tensor_parallel, self.cfg.pipeline_parallel)
 
     def _open_checkpoints(self) -> CheckpointManager:
         """The folder's writer lock, held until the process ends, then the manager that resumes and saves in it."""
