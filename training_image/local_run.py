@@ -139,8 +139,12 @@ def local_env(nproc: int, out: Path | None = None) -> dict:
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
     }
-    for var in [k for k in env if k.startswith(("AWS_BATCH_", "PET_")) or k in ("MASTER_ADDR", "WORLD_SIZE", "RANK")]:
-        env.pop(var)  # a local run must not pick up a scheduler's variables
+    # A local run must not pick up a scheduler's variables, nor a WORKLOAD that is not a declaration: `make local-run
+    # WORKLOAD=gpt` puts the name in the environment (make exports command-line variables), and the launcher reads
+    # WORKLOAD as a declared workload's JSON (runtime/user_workload.py).
+    scheduler = ("MASTER_ADDR", "WORLD_SIZE", "RANK", "WORKLOAD")
+    for var in [k for k in env if k.startswith(("AWS_BATCH_", "PET_")) or k in scheduler]:
+        env.pop(var)
     return env
 
 

@@ -143,6 +143,17 @@ def test_make_local_run_takes_a_built_in_workload_to_its_own_local_run(tmp_path,
     assert "expected a divisor of the run's 2 workers (1 nodes x 2)" in capsys.readouterr().err
 
 
+def test_a_built_in_local_run_does_not_take_makes_workload_name_for_a_declaration(monkeypatch):
+    # `make local-run WORKLOAD=gpt` exports WORKLOAD=gpt to the recipe; the launcher reads WORKLOAD as a declared
+    # workload's JSON and refused the built-in run's every stage ("not a workload declaration") until it was dropped.
+    from tools import local_workload
+
+    monkeypatch.setenv("WORKLOAD", "gpt")
+    monkeypatch.setenv("AWS_BATCH_JOB_ID", "x")
+    env = local_workload.local_run.local_env(2)
+    assert "WORKLOAD" not in env and "AWS_BATCH_JOB_ID" not in env and env["ACCELERATORS_PER_NODE"] == "2"
+
+
 # Stopped on SIGTERM (Batch and EKS send it before the kill, SageMaker on StopTrainingJob): the launcher passes it on,
 # every rank stops at the same step, rank 0 saves, and the job ends as stopped (143: an attempt failure, retried and
 # resumed), though the script itself exits 0. Signalled once a step line shows the script's handler is in place.
