@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from efa_training.checkpointing.format import step_name
+from efa_training.train_config import TrainConfig
 from tests.training import training_helpers as th
 
 STEPS, EVERY, MORE = 6, 3, 9
@@ -45,3 +46,8 @@ def damaged_newest(run: th.Run, into: Path) -> Path:
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     return into
+
+
+def config(folder: Path, **values: object) -> TrainConfig:
+    """train.py's settings for one step on `folder` (its checks run as the dataclass is built)."""
+    return TrainConfig(data=str(folder), checkpoint_dir=str(folder / "c"), max_steps=1, **values)  # type: ignore[arg-type]

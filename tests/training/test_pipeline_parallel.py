@@ -3,12 +3,12 @@ into 2 stages matches the single-process run (1F1B over the step's 2 micro-batch
 data 2 on 4 processes matches FSDP over the same 2 replicas, pipeline 2 x tensor 2 the single process; a checkpoint
 resumes in another layout (2 stages to 1, 1 to 2) where the same run goes; a damaged newest checkpoint of a pipeline
 falls back to the one before and retrains bit for bit in the same layout; validation reads a pipeline's checkpoint;
-and what a pipeline refuses before any process group, in one line."""
+and what a pipeline refuses before any process group, in one line (the refusals of train_config: beside tensor
+parallelism's, test_tensor_parallel.py)."""
 
 import pytest
 
 from efa_training.runtime.errors import UsageError
-from efa_training.train_config import TrainConfig
 from efa_training.workloads.gpt import pipeline, preflight, saved_model
 from efa_training.workloads.gpt.model import GPT, MODEL_SIZES
 from efa_training.workloads.gpt.sizes import memory_gb, pipeline_microbatches
@@ -130,46 +130,6 @@ def test_a_middle_stage_holds_blocks_only():
     assert set(middle.state_dict()) == {k for k in GPT(MODEL_SIZES["mini"]).state_dict() if k.startswith("blocks.1.")}
 
 
-def _config(tmp_path, **values) -> TrainConfig:
-    return TrainConfig(data=str(tmp_path), checkpoint_dir=str(tmp_path / "c"), max_steps=1, **values)
-
-
-@pytest.mark.parametrize(
-    ("values", "words"),
-    [
-        ({"pipeline_parallel": 2}, "needs --strategy fsdp, not ddp"),
-        ({"pipeline_parallel": 3, "strategy": "fsdp"}, "does not divide the 2 layers of model tiny"),
-        ({"pipeline_parallel": 0, "strategy": "fsdp"}, "must be at least 1"),
-    ],
-)
-def test_a_pipeline_the_model_cannot_take_is_refused(tmp_path, values, words):
-    with pytest.raises(UsageError, match=words):
-        _config(tmp_path, **values)
-
-
-def _dcp_checkpoint(folder, state: dict):
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-
-    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.save(state, checkpoint_id=str(folder), no_dist=True)
-    return folder
-
-
-def test_optimizer_groups_are_written_by_parameter_name_and_read_as_each_checkpoint_holds_them(tmp_path):
-    # Nested groups ("param_groups.0.params": one list of names a group) would be one stage's list in a pipeline's
-    # checkpoint (DCP keeps one rank's copy of a key): groups are written by parameter name; 0.9.0's nested ones read.
-    from efa_training.checkpointing.format import dcp_options
-
-    assert dcp_options(None).flatten_optimizer_state_dict
-    nested = {"optim": {"param_groups": [{"lr": 0.1, "params": ["w"]}], "state": {}}}
-    flat = {"optim": {"param_groups.w.lr": 0.1}}
-    assert not dcp_options(_dcp_checkpoint(tmp_path / "nested", nested)).flatten_optimizer_state_dict
-    assert dcp_options(_dcp_checkpoint(tmp_path / "flat", flat)).flatten_optimizer_state_dict
-
-
 def test_pipeline_stages_times_the_tensor_parallel_groups_must_divide_the_world():
     # 3 stages of 2-way tensor parallelism are 6 ranks, which 8 workers cannot hold whole; the refusal names the
     # stage counts that fit both the world and the model's layers.
@@ -191,8 +151,10 @@ def test_a_model_that_tensor_parallelism_alone_cannot_fit_is_refused_naming_pipe
 
     assert min(need(t, 1) for t in (1, 2, 4, 8)) > 80 and min(need(t, 2) for t in (1, 2, 4, 8)) > 80
     assert need(2, 4) > 80 >= need(4, 4)
-    cfg = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=4)
+    cfg = layouts.config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=4)
     with pytest.raises(UsageError, match="--tensor-parallel 4 --pipeline-parallel 4 --micro-batch-size 4"):
         preflight.check_memory(cfg, GPUS)
-    fits = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=4, tensor_parallel=4, pipeline_parallel=4)
+    fits = layouts.config(
+        tmp_path, model="70b", strategy="fsdp", micro_batch_size=4, tensor_parallel=4, pipeline_parallel=4
+    )
     preflight.check_memory(fits, GPUS)  # no error

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from efa_training.runtime.errors import UsageError
-from efa_training.train_config import TrainConfig
 from efa_training.workloads.gpt import preflight, saved_model
 from efa_training.workloads.gpt.model import GPT, ModelConfig
 from efa_training.workloads.gpt.sizes import MODEL_SIZES, memory_gb
@@ -123,20 +122,19 @@ def test_resuming_a_release_080_run_is_refused_in_one_line(tmp_path):
         preflight.check_not_fused(tmp_path)
 
 
-def _config(tmp_path, **values) -> TrainConfig:
-    return TrainConfig(data=str(tmp_path), checkpoint_dir=str(tmp_path / "c"), max_steps=1, **values)
-
-
 @pytest.mark.parametrize(
     ("values", "words"),
     [
         ({"tensor_parallel": 2}, "needs --strategy fsdp, not ddp"),
         ({"tensor_parallel": 3, "strategy": "fsdp"}, "does not divide the 4 heads of model tiny"),
+        ({"pipeline_parallel": 2}, "needs --strategy fsdp, not ddp"),
+        ({"pipeline_parallel": 3, "strategy": "fsdp"}, "does not divide the 2 layers of model tiny"),
+        ({"pipeline_parallel": 0, "strategy": "fsdp"}, "must be at least 1"),
     ],
 )
 def test_a_layout_the_model_cannot_take_is_refused(tmp_path, values, words):
     with pytest.raises(UsageError, match=words):
-        _config(tmp_path, **values)
+        layouts.config(tmp_path, **values)
 
 
 def test_a_tensor_parallel_group_must_stay_inside_a_node():
@@ -157,7 +155,7 @@ def test_a_model_that_cannot_fit_is_refused_naming_a_layout_that_does(tmp_path):
     }
     smallest = min(t for t, gb in need.items() if gb <= 80)
     assert need[1] > 80 and smallest > 1
-    cfg = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=2)
+    cfg = layouts.config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=2)
     with pytest.raises(
         UsageError,
         match=rf"more than their 80 GB.*--tensor-parallel {smallest} --pipeline-parallel 1 --micro-batch-size 2",
@@ -165,7 +163,7 @@ def test_a_model_that_cannot_fit_is_refused_naming_a_layout_that_does(tmp_path):
         preflight.check_memory(cfg, {**GPUS, "WORLD_SIZE": "64"})
     with pytest.raises(UsageError, match="more nodes: no layout of 16 workers fits it"):
         preflight.check_memory(cfg, {**GPUS, "WORLD_SIZE": "16"})
-    fits = _config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=2, tensor_parallel=smallest)
+    fits = layouts.config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=2, tensor_parallel=smallest)
     preflight.check_memory(fits, {**GPUS, "WORLD_SIZE": "64"})  # no error
     preflight.check_memory(cfg, {"WORLD_SIZE": "64"})  # CPU (no memory given): not judged
 
@@ -177,6 +175,6 @@ def test_trainium_refuses_tensor_parallelism_in_one_line(tmp_path):
 
     from efa_training.workloads.gpt.trainer import Trainer
 
-    cfg = _config(tmp_path, strategy="fsdp", tensor_parallel=2)
+    cfg = layouts.config(tmp_path, strategy="fsdp", tensor_parallel=2)
     with pytest.raises(UsageError, match="--tensor-parallel=2: not supported on the xla device"):
         Trainer(cfg, SimpleNamespace(device_type="xla"))  # type: ignore[arg-type]
