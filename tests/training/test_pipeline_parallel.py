@@ -1,10 +1,10 @@
 """Pipeline parallelism for the built-in GPT (workloads/gpt/pipeline.py) on CPU with real processes (gloo): a run cut
 into 2 stages matches the single-process run (1F1B over the step's 2 micro-batches, or its 1 cut in 2), pipeline 2 x
 data 2 on 4 processes matches FSDP over the same 2 replicas, pipeline 2 x tensor 2 the single process; a checkpoint
-resumes in another layout (2 stages to 1, 1 to 2) where the same run goes; a damaged newest checkpoint of a pipeline
-falls back to the one before and retrains bit for bit in the same layout; validation reads a pipeline's checkpoint;
-and what a pipeline refuses before any process group, in one line (the refusals of train_config: beside tensor
-parallelism's, test_tensor_parallel.py)."""
+resumes in another layout (2 stages to 1, 1 to 2) where the same run goes; a SIGKILLed pipeline resumes in its layout
+bit for bit, and a damaged newest checkpoint of one falls back to the one before and retrains bit for bit; validation
+reads a pipeline's checkpoint; and what a pipeline refuses before any process group, in one line (train_config's
+refusals: beside tensor parallelism's, test_tensor_parallel.py)."""
 
 import pytest
 
@@ -89,6 +89,21 @@ def test_a_damaged_pipeline_checkpoint_falls_back_and_retrains_bit_for_bit(pp2, 
     ckpt = layouts.damaged_newest(pp2, tmp_path / "ckpt")
     run = layouts.train(dataset, ckpt, 2, *PP2)
     assert "step_000000003" in run.stderr and list(ckpt.glob(".damaged-step_000000006*"))
+    assert run.losses() == pp2.losses()[EVERY:]
+
+
+def test_a_sigkilled_pipeline_resumes_in_its_layout_bit_for_bit(pp2, dataset, tmp_path):
+    # Every process of a 2-stage job SIGKILLed once its step-3 checkpoint exists (each micro-batch slowed, so the
+    # kill comes before step 6: slow_train.py); the same command then resumes at step 3 and trains steps 4-6 with
+    # exactly the uninterrupted run's losses.
+    ckpt = tmp_path / "ckpt"
+    args = [*th.train_args(dataset, ckpt, steps=STEPS, every=EVERY, strategy="fsdp"), *PP2]
+    job = th.Background("slow_train.py", args, tmp_path, TRAIN_TEST_BATCH_DELAY_S="0.3")
+    job.wait_for(lambda: th.checkpoint_steps(ckpt) == [EVERY])
+    job.kill_group()
+    assert th.checkpoint_steps(ckpt) == [EVERY]
+    run = layouts.train(dataset, ckpt, 2, *PP2)
+    assert f"resumed from {ckpt}/step_000000003" in run.stderr
     assert run.losses() == pp2.losses()[EVERY:]
 
 
