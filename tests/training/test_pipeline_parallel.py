@@ -1,10 +1,10 @@
 """Pipeline parallelism for the built-in GPT (workloads/gpt/pipeline.py) on CPU with real processes (gloo): a run cut
-into 2 stages matches the single-process run (1F1B over the step's 2 micro-batches, or its 1 cut in 2), pipeline 2 x
-data 2 on 4 processes matches FSDP over the same 2 replicas, pipeline 2 x tensor 2 the single process; a checkpoint
-resumes in another layout (2 stages to 1, 1 to 2) where the same run goes; a SIGKILLed pipeline resumes in its layout
-bit for bit, and a damaged newest checkpoint of one falls back to the one before and retrains bit for bit; validation
-reads a pipeline's checkpoint; and what a pipeline refuses before any process group, in one line (train_config's
-refusals: beside tensor parallelism's, test_tensor_parallel.py)."""
+into 2 stages matches the single-process run (1F1B over the step's 2 micro-batches, or its 1 cut in 2), and so do
+pipeline 2 x tensor 2 and 4 stages; pipeline 2 x data 2 on 4 processes matches FSDP over the same 2 replicas; a
+checkpoint resumes in another layout (2 stages to 1, 1 to 2) where the same run goes; a SIGKILLed pipeline resumes in
+its layout bit for bit, and a damaged newest checkpoint of one falls back to the one before and retrains bit for bit;
+validation reads a pipeline's checkpoint; and what a pipeline refuses before any process group, in one line
+(train_config's refusals: beside tensor parallelism's, test_tensor_parallel.py)."""
 
 import pytest
 
@@ -57,6 +57,15 @@ def test_the_microbatches_are_the_micro_steps_or_the_fewest_equal_parts_as_many_
 ):
     # Fewer sequences than stages (the last two): one microbatch each, GPipe's schedule.
     assert pipeline_microbatches(stages, micro_steps, micro_batch) == microbatches
+
+
+def test_four_stages_with_two_middle_ones_match_the_single_process_run(dataset, tmp_path):
+    # The mini model's 4 layers on 4 stages: the middle stages hold blocks only and take no part in the shared
+    # embedding's sum; 4 steps on 4 processes against one.
+    mini = ("--model", "mini")
+    single = layouts.train(dataset, tmp_path / "single", 1, *mini, steps=4)
+    run = layouts.train(dataset, tmp_path / "pp4", 4, *mini, "--pipeline-parallel", "4", steps=4)
+    assert close(run.losses(), single.losses()), (run.losses(), single.losses())
 
 
 def test_pipeline_2_by_data_2_matches_fsdp_over_the_same_replicas(pp2_dp2, fsdp_dp2):
