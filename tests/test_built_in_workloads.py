@@ -154,9 +154,27 @@ def test_relations_between_hyperparameters_are_read_and_judged(root):  # noqa: F
         ({"divides": {"by": "degree2", "values": {}}}, "degree.divides", "a string hyperparameter with choices"),
         ({"default": 2, "divides": {"by": "size", "values": {"s": 3, "l": 6}}}, "degree.divides", "default divides"),
         ({"default": None, "requires": {"mode": ["b"]}}, "degree.default", "a default, for"),
+        ({"layout": "rack"}, "degree.layout", '"node" or "run"'),
+        ({"minimum": 0, "layout": "node"}, "degree.layout", "minimum is at least 1"),
     ],
 )
 def test_a_relation_that_cannot_be_judged_is_refused_in_one_line(root, extra, field, allowed):  # noqa: F811
     with pytest.raises(ValueError) as refused:
         parse_workload("my-llm", _related({**DEGREE, **extra}), root)
     assert str(refused.value).startswith(f"workloads.my-llm.hyperparameters.{field}=") and allowed in str(refused.value)
+
+
+def test_layout_degrees_are_judged_on_a_node_and_on_the_run():
+    # gpt's tensor_parallel is a node degree, pipeline_parallel a run degree (contracts.run.layout_problem).
+    from contracts.run import layout_problem
+
+    table = next(w for w in built_in_workloads() if w.name == "gpt").hyperparameters
+    # 3 nodes of 4: tp 3 x pp 1 divides the 12 workers, but a group of 3 would cross a node of 4.
+    assert "a divisor of a node's 4 workers (1, 2, 4)" in (
+        layout_problem(table, {"tensor_parallel": 3, "pipeline_parallel": 1}, 3, 4) or ""
+    )
+    # 2 nodes of 4: tp 4 x pp 4 = 16 ranks a pipeline replica, more than the 8 workers.
+    assert "= 16 is not valid with nodes=2; expected a divisor of the run's 8 workers" in (
+        layout_problem(table, {"tensor_parallel": 4, "pipeline_parallel": 4}, 2, 4) or ""
+    )
+    assert layout_problem(table, {"tensor_parallel": 4, "pipeline_parallel": 2}, 2, 4) is None

@@ -266,3 +266,20 @@ def test_a_pipeline_run_is_quoted_with_its_bubble(terms, batch_size, stages, bub
     assert alone.hours is not None and q.hours == pytest.approx(alone.hours / stages * bubble)
     got = _evaluate(_quoted_run(terms, _costs()), {"run": run})["quote"]
     assert got["hours"] == pytest.approx(q.hours) and got["usd"] == pytest.approx(q.usd)
+
+
+def test_the_quotes_bubble_counts_the_microbatches_the_trainer_cuts():
+    # contracts/ cannot import the training image: the cost model's microbatches (CostModel.bubble) are held to the
+    # trainer's own rule (sizes.pipeline_microbatches, one micro-step a step, as pipeline runs take) here.
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training_image"))
+    from efa_training.workloads.gpt.sizes import pipeline_microbatches
+
+    assert GPT.cost is not None
+    for stages in range(1, 9):
+        for batch in range(1, 17):
+            m = pipeline_microbatches(stages, 1, batch) if stages > 1 else 1
+            bubble = GPT.cost.bubble({"pipeline_parallel": stages, "batch_size": batch})
+            assert bubble == pytest.approx((m + stages - 1) / m), (stages, batch)

@@ -118,7 +118,9 @@ def _measured_mfu(scope: Construct, environment: str, costs: str) -> tasks.CallA
 # JSONata: `$c` the run's workload's cost model (contracts/workload_cost.py CostModel.as_json) from `costs`, `$p` its
 # model size: the run's value of the hyperparameter that picks the FLOPs, where there is one (a checked choice by now).
 # The pipeline's bubble, (m+P-1)/m (contracts.workload_cost.CostModel.bubble): m the fewest equal parts of the batch
-# that are at least P, else the batch; 1 without pipeline_stages or with 1 stage.
+# that are at least P, else the batch; 1 without pipeline_stages or with 1 stage. $filter, $reduce, $map and the range
+# [a..b] are JSONata 2.0 functions Step Functions evaluates ("Transforming data with JSONata in Step Functions":
+# https://docs.aws.amazon.com/step-functions/latest/dg/transforming-data.html); tests/test_quote.py runs them.
 _BUBBLE = (
     "($pp := $c.pipeline_stages ? $lookup($r.hyperparameters, $c.pipeline_stages) : 1; "
     "$bs := $lookup($r.hyperparameters, $c.batch_size); "

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from config import load_config
 from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_model, messages, queue_of, states
 from tests.sfn_emulator import BATCH_NO_CAPACITY, PREPARED_DATASET
+from tests.synthesis import context
 
 # ---- the definition executed --------------------------------------------------------------------
 
@@ -182,8 +184,10 @@ DROP = object()
 # model (training_image/efa_training/workloads/gpt/workload.json "requires" and "divides").
 RELATED = "with strategy fsdp only, a divisor of the model's heads"
 RELATED_STAGES = "with strategy fsdp only, a divisor of the model's layers"
-# The layout degrees on dev's 2 nodes of g5.12xlarge (4 GPUs each): tp inside a node, tp x pp dividing 8.
-LAYOUT = "hyperparameters is not valid; expected tensor_parallel dividing a node's 4 workers"
+# The layout degrees on dev's 2 nodes (its instance's workers each, from the catalogue: g5.12xlarge's 4 GPUs): tp
+# inside a node, tp x pp dividing the run's workers. The malformed runs below are written for 4.
+DEV_WORKERS = load_config(context()).instance.workers_per_node
+LAYOUT = f"hyperparameters is not valid; expected tensor_parallel dividing a node's {DEV_WORKERS} workers"
 # Patterns and lengths are checked by a JSONata state inside the JSONPath state machine ("Transforming data with
 # JSONata in Step Functions": https://docs.aws.amazon.com/step-functions/latest/dg/transforming-data.html).
 # (what is wrong, the execution input, a fragment of the refusal's cause: the field it names)
@@ -281,7 +285,8 @@ MALFORMED = [
     ("pipeline_parallel with ddp", _hyper(pipeline_parallel=2), RELATED_STAGES),
     ("pipeline_parallel 4 for 2 layers", _hyper(strategy="fsdp", pipeline_parallel=4), RELATED_STAGES),
     # the layout on the environment's workers (a declaration's layout: contracts.run.layout_problem)
-    ("tensor_parallel 3 across 4 GPUs", _hyper(model="125m", strategy="fsdp", tensor_parallel=3), LAYOUT),
+    # tp 8 divides the 350m model's 16 heads and dev's 8 workers, not a node's 4: only the node rule refuses it
+    ("tensor_parallel 8 across a node's 4 GPUs", _hyper(model="350m", strategy="fsdp", tensor_parallel=8), LAYOUT),
     ("16 ranks a pipeline of 8", _hyper(model="mini", strategy="fsdp", tensor_parallel=4, pipeline_parallel=4), LAYOUT),
     # baseline, tolerance, attempts, resume
     ("baseline null", _with(baseline=None), "baseline is not valid"),
@@ -316,7 +321,7 @@ def test_the_cli_contract_refuses_the_same_inputs(execution_input, cause):
     # naming the same field.
     from contracts.run import validate_run
 
-    problems = validate_run(execution_input, max_nodes=2, min_nodes=2, workers_per_node=4)  # dev's g5.12xlarge
+    problems = validate_run(execution_input, max_nodes=2, min_nodes=2, workers_per_node=DEV_WORKERS)
     field = cause.split(" is ")[0]
     assert problems and any(
         field.replace("the input must be a JSON object", "the run must be a JSON object") in problem

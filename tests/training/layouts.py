@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from efa_training.checkpointing.format import step_name
 from efa_training.train_config import TrainConfig
 from tests.training import training_helpers as th
@@ -24,6 +26,16 @@ def train(dataset: Path, ckpt: Path, nproc: int, *flags: str, steps: int = STEPS
     assert run.returncode == 0, run.stderr[-3000:]
     run.checkpoint_dir = ckpt
     return run
+
+
+def layout_fixture(name: str, nproc: int, *flags: str):
+    """A module fixture: the run of `train` in this layout, trained once per test session (training_helpers.shared)."""
+
+    @pytest.fixture(scope="module")
+    def fixture(dataset, tmp_path_factory) -> th.Run:
+        return th.shared(tmp_path_factory, name, lambda root: train(dataset, root / "ckpt", nproc, *flags))
+
+    return fixture
 
 
 def resumed(run: th.Run, into: Path, nproc: int, dataset: Path, *flags: str) -> th.Run:

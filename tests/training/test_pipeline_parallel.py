@@ -19,18 +19,9 @@ STEPS, EVERY, MORE, close = layouts.STEPS, layouts.EVERY, layouts.MORE, layouts.
 PP2 = ("--pipeline-parallel", "2")
 
 
-def _layout(name: str, nproc: int, *flags: str):
-    @pytest.fixture(scope="module")
-    def fixture(dataset, tmp_path_factory) -> th.Run:
-        build = lambda root: layouts.train(dataset, root / "ckpt", nproc, *flags)  # noqa: E731
-        return th.shared(tmp_path_factory, f"pp-{name}", build)
-
-    return fixture
-
-
-pp2 = _layout("pp2", 2, *PP2)  # 2 stages, 1F1B over the step's 2 micro-batches
-pp2_dp2 = _layout("pp2-dp2", 4, *PP2)  # 2 stages x 2 replicas
-pp2_tp2 = _layout("pp2-tp2", 4, *PP2, "--tensor-parallel", "2")  # 2 stages, each split over 2 ranks
+pp2 = layouts.layout_fixture("pp-pp2", 2, *PP2)  # 2 stages, 1F1B over the step's 2 micro-batches
+pp2_dp2 = layouts.layout_fixture("pp-pp2-dp2", 4, *PP2)  # 2 stages x 2 replicas
+pp2_tp2 = layouts.layout_fixture("pp-pp2-tp2", 4, *PP2, "--tensor-parallel", "2")  # 2 stages, each split over 2 ranks
 
 pytestmark = pytest.mark.slow  # real torchrun processes
 

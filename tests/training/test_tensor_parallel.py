@@ -15,24 +15,14 @@ from efa_training.workloads.gpt import preflight, saved_model
 from efa_training.workloads.gpt.model import GPT, ModelConfig
 from efa_training.workloads.gpt.sizes import MODEL_SIZES, memory_gb
 from tests.training import layouts
-from tests.training import training_helpers as th
 
 # A state dict of release 0.8.0's GPT (a 1-layer model, one fused qkv layer) and its logits for a fixed input.
 FIXTURE = Path(__file__).parent / "gpt_fixtures" / "gpt-tiny-0.8.0.pt"
 STEPS, EVERY, MORE, close = layouts.STEPS, layouts.EVERY, layouts.MORE, layouts.close
 
 
-def _layout(name: str, nproc: int, *flags: str):
-    @pytest.fixture(scope="module")
-    def fixture(dataset, tmp_path_factory) -> th.Run:
-        build = lambda root: layouts.train(dataset, root / "ckpt", nproc, *flags)  # noqa: E731
-        return th.shared(tmp_path_factory, f"tp-{name}", build)
-
-    return fixture
-
-
-tp2 = _layout("tp2", 2, "--tensor-parallel", "2")  # dp 1 x tp 2
-grid = _layout("grid", 4, "--tensor-parallel", "2")  # dp 2 x tp 2
+tp2 = layouts.layout_fixture("tp-tp2", 2, "--tensor-parallel", "2")  # dp 1 x tp 2
+grid = layouts.layout_fixture("tp-grid", 4, "--tensor-parallel", "2")  # dp 2 x tp 2
 
 
 pytestmark = pytest.mark.slow  # real torchrun processes
