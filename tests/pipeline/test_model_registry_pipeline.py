@@ -1,9 +1,12 @@
 """The approved model registered in the SageMaker Model Registry, executed in moto (tests/sfn_emulator.py; moto's
 SageMaker holds the groups and versions, every request checked by botocore's model): a version per approved run in
 the environment's group for its workload, none for a rejected one, and an approval that a registry down or
-throttled past its retries never undoes (constructs/pipeline/model_registry.py)."""
+throttled past its retries never undoes, and a registration whose answer is lost and is retried that still adds one
+version (constructs/pipeline/model_registry.py)."""
 
 import boto3
+import pytest
+from moto.sagemaker.models import SageMakerModelBackend
 
 from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, messages
 from tests.sfn_emulator import REGION
@@ -60,3 +63,34 @@ def test_a_registry_down_past_its_retries_never_undoes_the_approval(emulator):
     assert approval(emulator)["run_id"] == "registry-down" and _versions("registry-down") == []
     (approved,) = [m for m in messages(emulator) if m["outcome"] == "APPROVED"]
     assert approved["registry"]["group"] == GROUP and "ThrottlingException" in approved["registry"]["cause"]
+
+
+@pytest.fixture
+def idempotent_registry(monkeypatch):
+    """SageMaker's ClientToken honoured: moto 5.2.1 stores it but creates a version per call. A create with a token
+    seen before returns the version that token made (API_CreateModelPackage ClientToken: "A unique token that
+    guarantees that the call to this API is idempotent."); without a token every call is a new version."""
+    create, made = SageMakerModelBackend.create_model_package, {}
+
+    def create_once(self, *args, **kwargs):
+        token = kwargs.get("client_token")
+        if token is None:
+            return create(self, *args, **kwargs)
+        if token not in made:
+            made[token] = create(self, *args, **kwargs)
+        return made[token]
+
+    monkeypatch.setattr(SageMakerModelBackend, "create_model_package", create_once)
+
+
+def test_a_registration_retried_after_its_answer_was_lost_is_one_version(emulator, idempotent_registry):
+    # The version is made, then SageMaker's answer is lost (throttled on the way back): the Retry sends the run's
+    # token again. Without a token of its own, the SDK fills in a fresh one per call (the member is an
+    # idempotencyToken in SageMaker's API model), so the retry would add a second version of the same run.
+    emulator.faults["sagemaker.create_model_package"] = ["after:ThrottlingException"]
+    emulator.verdict = ACCEPTED
+    assert emulator.run({**RUN, "run_id": "registry-retried"})["status"] == "SUCCEEDED"
+    assert emulator.faulted == ["sagemaker.create_model_package:after:ThrottlingException"]
+    (version,) = _versions("registry-retried")
+    (approved,) = [m for m in messages(emulator) if m["outcome"] == "APPROVED"]
+    assert approved["registry"]["model_package"] == version["ModelPackageArn"]
