@@ -4,10 +4,11 @@ Where each fact comes from (the README's catalogue table repeats this per type):
 - vCPUs, memory, accelerators, accelerator memory, network bandwidth and `NetworkInfo.EfaInfo.MaximumEfaInterfaces`
   are EC2 DescribeInstanceTypes fields, read from AWS's own generated copy of them: Karpenter's instance-type
   reference (aws/karpenter-provider-aws website/content/en/preview/reference/instance-types.md, v1.14.0,
-  2026-07-11: `vpc.amazonaws.com/efa` is MaximumEfaInterfaces). Network cards (`MaximumNetworkCards`) from the VPC
-  CNI's generated limits (aws/amazon-vpc-cni-k8s pkg/vpc/vpc_ip_resource_limit.go, 2026-08-11). On every type
-  here each EFA interface sits on its own network card, card 0 included (EC2 user guide, "Maximize network
-  bandwidth on Amazon EC2 instances with multiple network cards").
+  2026-07-11: `vpc.amazonaws.com/efa` is MaximumEfaInterfaces). Network cards (`MaximumNetworkCards`) and the
+  interfaces one card takes (`NetworkCards[].MaximumNetworkInterfaces`, the same on every card of each type here)
+  from the VPC CNI's generated limits (aws/amazon-vpc-cni-k8s pkg/vpc/vpc_ip_resource_limit.go, 2026-08-11). On
+  every type here each EFA interface sits on its own network card, card 0 included (EC2 user guide, "Maximize
+  network bandwidth on Amazon EC2 instances with multiple network cards").
 - Peak dense bf16 throughput from the accelerator's vendor (cited per constant below).
 - Prices: Linux on-demand in us-east-1 (PRICE_SOURCE); `make cost-report` prefers the live Price List API.
 - Machine images: the EKS guide's accelerated-AMI table ("Use EKS-optimized accelerated AMIs", ml-eks-optimized-ami)
@@ -117,6 +118,10 @@ class InstanceType:
     price_note: str = ""  # where this type's price differs from PRICE_SOURCE
     # MaximumNetworkCards; 0 means one card. Every EFA interface has its own card (efa_interfaces <= network_cards).
     network_cards: int = 0
+    # NetworkCardInfo.MaximumNetworkInterfaces (EC2 API reference: "The maximum number of network interfaces for the
+    # network card"), every card alike: what a launch template and the interfaces attached later may put on one card
+    # (EC2 refuses more: "The maximum devices for this network card is 2", p5, eksctl-io/eksctl#7520).
+    max_interfaces_per_network_card: int = 0
     # SageMaker training's on-demand price for ml.<name>: a recorded list price (SAGEMAKER_PRICE_SOURCE), ESTIMATED
     # (EC2's price x SAGEMAKER_ESTIMATE_RATIO), UNPRICED (offered, no price known), or None: SageMaker training does
     # not offer the type (refused). Offered types are in CreateTrainingJob's TrainingInstanceType enum.
@@ -130,6 +135,11 @@ class InstanceType:
         # One EFA interface per network card (module docstring): a type cannot have more EFAs than cards.
         if self.efa_interfaces > max(self.network_cards, 1):
             raise ValueError(f"{self.name}: {self.efa_interfaces} EFA interfaces on {self.network_cards} network cards")
+        if self.max_interfaces_per_network_card < 1:
+            raise ValueError(
+                f"{self.name}: max_interfaces_per_network_card={self.max_interfaces_per_network_card} is not valid; "
+                "expected DescribeInstanceTypes' NetworkCards[].MaximumNetworkInterfaces (at least 1)"
+            )
 
     @property
     def workers_per_node(self) -> int:
@@ -226,6 +236,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=1152,
                 efa_interfaces=4,
                 network_cards=4,
+                max_interfaces_per_network_card=15,
                 on_demand_usd_per_hour=21.957642,
                 sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=400,
@@ -245,6 +256,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=1152,
                 efa_interfaces=4,
                 network_cards=4,
+                max_interfaces_per_network_card=15,
                 on_demand_usd_per_hour=27.44705,
                 sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=400,
@@ -264,6 +276,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=2048,
                 efa_interfaces=32,
                 network_cards=32,
+                max_interfaces_per_network_card=2,
                 on_demand_usd_per_hour=55.04,
                 sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=3200,
@@ -285,6 +298,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=2048,
                 efa_interfaces=32,
                 network_cards=32,
+                max_interfaces_per_network_card=2,
                 on_demand_usd_per_hour=None,
                 price_note=CAPACITY_BLOCKS_ONLY,
                 sagemaker_list_usd_per_hour=UNPRICED,
@@ -307,6 +321,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=2048,
                 efa_interfaces=16,
                 network_cards=16,
+                max_interfaces_per_network_card=4,
                 on_demand_usd_per_hour=63.296,
                 sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=3200,
@@ -328,6 +343,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=2048,
                 efa_interfaces=8,
                 network_cards=8,
+                max_interfaces_per_network_card=4,
                 on_demand_usd_per_hour=113.9328,
                 sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=3200,
@@ -347,6 +363,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=512,
                 efa_interfaces=8,
                 network_cards=8,
+                max_interfaces_per_network_card=5,
                 on_demand_usd_per_hour=21.50,
                 sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=800,
@@ -367,6 +384,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=512,
                 efa_interfaces=16,
                 network_cards=16,
+                max_interfaces_per_network_card=5,
                 on_demand_usd_per_hour=24.78,
                 sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=1600,
@@ -392,6 +410,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=2048,
                 efa_interfaces=16,
                 network_cards=16,
+                max_interfaces_per_network_card=2,
                 on_demand_usd_per_hour=None,
                 price_note=CAPACITY_BLOCKS_ONLY,
                 sagemaker_list_usd_per_hour=UNPRICED,
@@ -413,6 +432,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 memory_gib=192,
                 efa_interfaces=1,
                 network_cards=1,
+                max_interfaces_per_network_card=15,
                 on_demand_usd_per_hour=5.672,
                 sagemaker_list_usd_per_hour=7.09,
                 network_gbps=40,
@@ -435,6 +455,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 vcpus=4,
                 memory_gib=16,
                 efa_interfaces=0,
+                max_interfaces_per_network_card=4,
                 on_demand_usd_per_hour=1.006,
                 sagemaker_list_usd_per_hour=1.408,
                 network_gbps=10,
@@ -454,6 +475,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 vcpus=16,
                 memory_gib=256,
                 efa_interfaces=0,
+                max_interfaces_per_network_card=4,
                 on_demand_usd_per_hour=6.88,
                 sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=100,
@@ -471,6 +493,7 @@ CATALOGUE: MappingProxyType = MappingProxyType(
                 vcpus=8,
                 memory_gib=32,
                 efa_interfaces=0,
+                max_interfaces_per_network_card=4,
                 on_demand_usd_per_hour=1.34375,
                 sagemaker_list_usd_per_hour=ESTIMATED,
                 network_gbps=12,

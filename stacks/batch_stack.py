@@ -24,7 +24,7 @@ from constructs.compute.backend import MULTI_NODE_JOBS, ComputeBackend
 from constructs.compute.batch.host_user_data import host_user_data
 from constructs.compute.batch.job_definitions import BatchJobDefinitions
 from constructs.compute.batch.job_runner import BatchJobRunner
-from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate
+from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate, EfaLayout
 from constructs.compute.shared.workload_images import WorkloadImages
 from constructs.escape_hatch import cfn
 from constructs.nag import acknowledge, acknowledge_log_group_encryption, managed_policy_finding
@@ -201,6 +201,8 @@ class BatchStack(cdk.Stack):
                 instance=host,
                 security_groups=[network.efa_security_group],
                 user_data=user_data,
+                # One interface per card: card 0 keeps a place for the multi-node job's awsvpc task interface.
+                layout=EfaLayout.BATCH,
                 root_volume_gib=ROOT_VOLUME_GIB,
                 include_network_interfaces=efa,
                 # The multi-node hosts launch into the reservation (AWS HPC blog, "How to use Capacity Blocks for ML

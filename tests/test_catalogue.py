@@ -67,6 +67,13 @@ def test_a_type_with_more_efa_interfaces_than_network_cards_is_refused():
         InstanceType(**{**p5en.__dict__, "efa_interfaces": 17})
 
 
+def test_a_type_without_its_per_card_interface_limit_is_refused():
+    # NetworkCardInfo.MaximumNetworkInterfaces (EC2 API reference) bounds every launch-template layout; none is guessed.
+    p5 = CATALOGUE["p5.48xlarge"]
+    with pytest.raises(ValueError, match="max_interfaces_per_network_card=0 is not valid"):
+        InstanceType(**{**p5.__dict__, "max_interfaces_per_network_card": 0})
+
+
 def test_types_without_an_on_demand_price_say_why():
     for it in CATALOGUE.values():
         assert (it.on_demand_usd_per_hour is None) <= bool(it.price_note), it.name

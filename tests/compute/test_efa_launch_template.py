@@ -1,5 +1,6 @@
 """EfaLaunchTemplate alone, in a bare stack (no app synth): interface layout, IMDSv2, root volume, user data."""
 
+import dataclasses
 import json
 
 import aws_cdk as cdk
@@ -8,13 +9,23 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 from config import CATALOGUE, efa_instance_types
-from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate, efa_network_interfaces
+from constructs.compute.shared.efa_launch_template import (
+    EfaLaunchTemplate,
+    EfaLayout,
+    check_card_limits,
+    efa_network_interfaces,
+)
+
+# Batch user guide, "Compute environment considerations for MNP": "Each multi-node parallel job container gets its own
+# elastic network interface"; EC2 API reference, AttachNetworkInterface: "The default is network card index 0".
+BATCH_TASK_INTERFACES_ON_CARD0 = 1
 
 
 def _template(instance: str = "p4d.24xlarge", **kwargs) -> tuple[EfaLaunchTemplate, Template]:
     stack = cdk.Stack()
     sg = ec2.SecurityGroup.from_security_group_id(stack, "Efa", "sg-0123456789abcdef0")
     user_data = kwargs.pop("user_data", ec2.UserData.for_linux())
+    kwargs.setdefault("layout", EfaLayout.EKS)
     construct = EfaLaunchTemplate(
         stack, "Lt", instance=CATALOGUE[instance], security_groups=[sg], user_data=user_data, **kwargs
     )
@@ -26,28 +37,98 @@ def _data(template: Template) -> dict:
     return resource["Properties"]["LaunchTemplateData"]
 
 
+def _layout(interfaces: list[dict]) -> list[tuple[int, int, str]]:
+    return [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in interfaces]
+
+
+def _per_card(interfaces: list[dict]) -> dict[int, int]:
+    cards: dict[int, int] = {}
+    for i in interfaces:
+        cards[i["NetworkCardIndex"]] = cards.get(i["NetworkCardIndex"], 0) + 1
+    return cards
+
+
 @pytest.mark.parametrize("name", efa_instance_types())
-def test_the_documented_layout_with_one_efa_per_network_card(name):
-    # EC2 user guide, "Maximize network bandwidth on Amazon EC2 instances with multiple network cards": the primary
-    # interface (card 0, device 0) is ENA, card 0's EFA is efa-only at device 1, every other card one efa-only at
-    # device 0. As many EFA interfaces as the catalogue's count.
+def test_eks_gets_the_eks_user_guides_layout(name):
+    # EKS user guide, "Manage EFA devices on Amazon EKS" (launch template example) and EC2 user guide, "Maximize
+    # network bandwidth on Amazon EC2 instances with multiple network cards": the primary ENA interface at card 0 /
+    # device 0, card 0's EFA efa-only at device 1, every other card one efa-only at device 0.
     count = CATALOGUE[name].efa_interfaces
-    interfaces = efa_network_interfaces(count, ["sg-1"])
-    layout = [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in interfaces]
-    assert layout == [(0, 0, "interface"), (0, 1, "efa-only")] + [(card, 0, "efa-only") for card in range(1, count)]
+    interfaces = efa_network_interfaces(count, ["sg-1"], EfaLayout.EKS)
+    expected = [(0, 0, "interface"), (0, 1, "efa-only")] + [(card, 0, "efa-only") for card in range(1, count)]
+    assert _layout(interfaces) == expected
     assert all(i["Groups"] == ["sg-1"] for i in interfaces)
 
 
 @pytest.mark.parametrize("name", efa_instance_types())
-def test_rendered_template_has_an_interface_on_every_efa_card(name):
-    # The launch template itself: one interface per card of the catalogue type, each with the EFA group, no subnet.
-    _, template = _template(name)
-    interfaces = _data(template)["NetworkInterfaces"]
+def test_batch_gets_one_interface_per_card_with_an_efa_primary(name):
+    # AWS's Batch p5/p6 templates (awsome-distributed-training 1.architectures/3.aws-batch) and eksctl: one
+    # interface per card, the primary EFA with ENA (`efa`) at card 0 / device 0; EC2 user guide: efa-only at
+    # device 0 of every other card. As many EFA devices as the catalogue's count.
     count = CATALOGUE[name].efa_interfaces
-    efa = [i for i in interfaces if i["InterfaceType"] == "efa-only"]
-    assert [i["NetworkCardIndex"] for i in efa] == list(range(count))
-    assert [i["InterfaceType"] for i in interfaces] == ["interface"] + ["efa-only"] * count
+    interfaces = efa_network_interfaces(count, ["sg-1"], EfaLayout.BATCH)
+    assert _layout(interfaces) == [(0, 0, "efa")] + [(card, 0, "efa-only") for card in range(1, count)]
+    assert all(i["Groups"] == ["sg-1"] for i in interfaces)
+
+
+@pytest.mark.parametrize("name", efa_instance_types())
+def test_no_batch_card_over_its_limit_with_the_task_interface(name):
+    # The awsvpc task interface of a multi-node job lands on card 0 (BATCH_TASK_INTERFACES_ON_CARD0's documents);
+    # with it, no card holds more than the type's NetworkCardInfo.MaximumNetworkInterfaces (p5: 2).
+    it = CATALOGUE[name]
+    cards = _per_card(efa_network_interfaces(it.efa_interfaces, ["sg-1"], EfaLayout.BATCH))
+    cards[0] += BATCH_TASK_INTERFACES_ON_CARD0
+    assert max(cards.values()) <= it.max_interfaces_per_network_card
+
+
+@pytest.mark.parametrize("name", efa_instance_types())
+def test_no_eks_card_over_its_limit(name):
+    # EKS attaches nothing at launch beyond the template (pods take secondary IPs of the primary interface).
+    it = CATALOGUE[name]
+    cards = _per_card(efa_network_interfaces(it.efa_interfaces, ["sg-1"], EfaLayout.EKS))
+    assert max(cards.values()) <= it.max_interfaces_per_network_card
+
+
+def test_the_eks_layout_is_refused_on_a_batch_p5():
+    # The old Batch layout (two interfaces on card 0) plus the task interface is 3 on a card that takes 2 (EC2:
+    # "The maximum devices for this network card is 2", eksctl-io/eksctl#7520): refused at synth, in one line.
+    interfaces = efa_network_interfaces(32, ["sg-1"], EfaLayout.EKS)
+    with pytest.raises(ValueError, match=r"network card 0 would hold 3 interfaces .*max_interfaces_per_network_card=2"):
+        check_card_limits(CATALOGUE["p5.48xlarge"], interfaces, EfaLayout.BATCH)
+
+
+@pytest.mark.parametrize("layout", list(EfaLayout))
+@pytest.mark.parametrize("name", efa_instance_types())
+def test_rendered_template_has_an_efa_device_on_every_card(name, layout):
+    # The launch template itself: one EFA device (efa or efa-only) per card of the catalogue type, each interface
+    # with the EFA group, no subnet.
+    _, template = _template(name, layout=layout)
+    interfaces = _data(template)["NetworkInterfaces"]
+    efa = [i for i in interfaces if i["InterfaceType"] in ("efa", "efa-only")]
+    assert [i["NetworkCardIndex"] for i in efa] == list(range(CATALOGUE[name].efa_interfaces))
     assert all(i["Groups"] == ["sg-0123456789abcdef0"] and "SubnetId" not in i for i in interfaces)
+
+
+def test_the_launch_template_checks_the_card_limit_at_synth():
+    # A type whose cards took one interface each leaves Batch no place for the task interface: the construct refuses.
+    stack = cdk.Stack()
+    sg = ec2.SecurityGroup.from_security_group_id(stack, "Efa", "sg-0123456789abcdef0")
+    one_per_card = dataclasses.replace(CATALOGUE["p5.48xlarge"], max_interfaces_per_network_card=1)
+    with pytest.raises(ValueError, match="network card 0 would hold 2 interfaces on batch"):
+        EfaLaunchTemplate(
+            stack,
+            "Lt",
+            instance=one_per_card,
+            security_groups=[sg],
+            user_data=ec2.UserData.for_linux(),
+            layout=EfaLayout.BATCH,
+        )
+
+
+def test_interfaces_without_a_layout_are_refused():
+    # Each backend names its layout; none is guessed.
+    with pytest.raises(ValueError, match="layout=None"):
+        _template(layout=None)
 
 
 def test_rendered_interfaces_carry_the_group_and_no_subnet_or_public_ip():
@@ -129,6 +210,7 @@ def test_eks_options_drop_shutdown_behaviour_and_set_placement():
         instance=CATALOGUE["trn1.32xlarge"],
         security_groups=[sg],
         user_data=ec2.UserData.for_linux(),
+        layout=EfaLayout.EKS,
         terminate_on_shutdown=False,
         placement_group=group,
     )

@@ -94,6 +94,20 @@ def test_launch_template_has_every_efa_interface_no_subnet_and_the_placement_gro
 
 
 @pytest.mark.parametrize("instance_type", INSTANCE_TYPES)
+def test_launch_template_is_the_eks_user_guides_layout_within_the_card_limit(instance_type):
+    # EKS user guide, "Manage EFA devices on Amazon EKS" (launch template example): the primary ENA `interface`,
+    # efa-only at card 0 / device 1 and at device 0 of every other card; no card over NetworkCardInfo's
+    # MaximumNetworkInterfaces (p5: 2; the VPC CNI gives pods secondary IPs of the primary interface).
+    interfaces = _launch_template(_nodegroup(instance_type))["NetworkInterfaces"]
+    assert [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in interfaces[:2]] == [
+        (0, 0, "interface"),
+        (0, 1, "efa-only"),
+    ]
+    cards = [i["NetworkCardIndex"] for i in interfaces]
+    assert max(cards.count(card) for card in set(cards)) <= CATALOGUE[instance_type].max_interfaces_per_network_card
+
+
+@pytest.mark.parametrize("instance_type", INSTANCE_TYPES)
 def test_node_group_runs_exactly_the_catalogue_type_from_its_launch_template(instance_type):
     # In the launch template, not the node group's create-only InstanceTypes (AWS::EKS::Nodegroup resource schema):
     # a new type is then a new template version, which updates the group in place (EKS user guide, "Customize

@@ -47,15 +47,27 @@ def _one(template: dict, kind: str, id_prefix: str) -> dict:
 
 @pytest.mark.parametrize("name", TYPES)
 def test_multi_node_hosts_carry_the_efa_group_on_every_interface(name):
-    # Multi-node hosts: the primary ENA interface and one EFA-only interface per EFA card of the catalogue type, the
+    # Multi-node hosts: one interface per EFA card of the catalogue type (the primary `efa`, then `efa-only`), the
     # network stack's EFA group on each, none on the template (EC2 rejects both).
     data = _one(_batch(name), "AWS::EC2::LaunchTemplate", "MultiNodeLaunchTemplate")["LaunchTemplateData"]
     interfaces = data["NetworkInterfaces"]
-    assert sum(i["InterfaceType"] == "efa-only" for i in interfaces) == CATALOGUE[name].efa_interfaces
-    assert len(interfaces) == CATALOGUE[name].efa_interfaces + 1
+    assert [i["InterfaceType"] for i in interfaces] == ["efa"] + ["efa-only"] * (CATALOGUE[name].efa_interfaces - 1)
     groups = {json.dumps(i["Groups"]) for i in interfaces}
     assert len(groups) == 1 and "EfaSecurityGroup" in groups.pop()
     assert all("SubnetId" not in i for i in interfaces) and "SecurityGroupIds" not in data
+
+
+@pytest.mark.parametrize("name", efa_instance_types())
+def test_multi_node_hosts_leave_card_0_a_place_for_the_task_interface(name):
+    # A multi-node job's container "gets its own elastic network interface" (Batch user guide, "Compute environment
+    # considerations for MNP"), on card 0 by default (EC2 API reference, AttachNetworkInterface): with it, no card
+    # holds more than NetworkCardInfo.MaximumNetworkInterfaces (p5, p5e, trn2: 2, eksctl-io/eksctl#7520). The types
+    # EC2 sells only as Capacity Blocks are synthesized with one.
+    block = {k: str(v) for k, v in CAPACITY_BLOCK.items()} if CATALOGUE[name].capacity_blocks_only else {}
+    data = _one(_template(instance_type=name, **block), "AWS::EC2::LaunchTemplate", "MultiNodeLaunchTemplate")
+    data = data["LaunchTemplateData"]
+    cards = [i["NetworkCardIndex"] for i in data["NetworkInterfaces"]] + [0]  # + the task interface
+    assert max(cards.count(card) for card in set(cards)) <= CATALOGUE[name].max_interfaces_per_network_card
 
 
 def test_placement_group_is_cluster():

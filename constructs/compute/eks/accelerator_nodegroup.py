@@ -21,7 +21,7 @@ import aws_cdk.aws_eks_v2 as eks
 from config import Accelerator, InstanceType
 from config.capacity import CapacityReservation
 from constructs import Construct, IConstruct
-from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate
+from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate, EfaLayout
 from constructs.escape_hatch import cfn
 from constructs.nag import acknowledge, managed_policy_finding
 from contracts.eks.job_spec import ACCELERATOR_LABEL, ACCELERATOR_TAINT_KEY, HUGEPAGES_2MI_PAGES
@@ -84,6 +84,8 @@ class EksAcceleratorNodegroup(Construct):
             instance=instance,
             security_groups=[efa_security_group, cluster.cluster_security_group],
             user_data=user_data,
+            # The EKS user guide's EFA launch template: the primary ENA interface, one efa-only per card.
+            layout=EfaLayout.EKS,
             root_volume_gib=ROOT_VOLUME_GIB,
             # EKS managed node groups reject a template with shutdown behaviour "terminate" (EKS API reference,
             # LaunchTemplateSpecification: no TerminateInstances); the node group replaces failed nodes itself.

@@ -1,15 +1,28 @@
 """An EC2 launch template for EFA training nodes, shared by the Batch and EKS backends.
 
-Network interfaces follow the EC2 user guide, "Maximize network bandwidth on Amazon EC2 instances with
-multiple network cards" (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html): the
-primary interface (network card 0, device 0) is an ENA `interface` (it carries the node's IP; "You can't use an
-EFA-only network interface as the primary network interface"), card 0's EFA is `efa-only` at device 1, and every
-further card i gets one `efa-only` interface at device 0 (no IP address used). The EKS user guide's EFA example
-for p6-b200 has the same layout. One EFA per network card, as before. The EFA security group goes on
-every interface (`Groups`): a launch template with network interfaces cannot use SecurityGroupIds.
-No SubnetId and no public IP: Batch places the instance in its compute environment's subnet, and EKS
+One EFA per network card on both, laid out per backend (EfaLayout): a card takes only so many interfaces (the
+catalogue's `max_interfaces_per_network_card`: 2 on p5, p5e and trn2), and Batch attaches one more at run time.
+- EKS: the EKS user guide's launch template ("Manage EFA devices on Amazon EKS": its P6-B200 example, and the same
+  layout in its P5 NodeClass example), the EC2 user guide's recommendation ("Maximize network bandwidth on Amazon
+  EC2 instances with multiple network cards",
+  https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html): the primary ENA `interface` at
+  card 0 / device 0 (the node's IP; "You can't use an EFA-only network interface as the primary network
+  interface"), card 0's EFA `efa-only` at device 1, one `efa-only` at device 0 of every other card.
+  Pods take secondary addresses of the primary interface from the VPC CNI.
+- Batch: one interface per card, as AWS's own Batch p5 and p6 templates (aws-samples/awsome-distributed-training,
+  1.architectures/3.aws-batch/0.aws-batch-distributed-training-p5.yaml and aws-batch-distributed-training-p6.yaml)
+  and eksctl (pkg/cfn/builder/network_interfaces.go) have it: the primary at card 0 / device 0 is `efa` (EFA with
+  ENA: the host's IP and card 0's EFA), every other card one `efa-only` at device 0. A multi-node job's container
+  runs in awsvpc mode and "gets its own elastic network interface" on the host (Batch user guide, "Compute
+  environment considerations for MNP"), attached to card 0 (EC2 API reference, AttachNetworkInterface: "The default
+  is network card index 0"), so card 0 keeps a place for it.
+The EFA security group goes on every interface (`Groups`): a launch template with network interfaces cannot use
+SecurityGroupIds. No SubnetId and no public IP: Batch places the instance in its compute environment's subnet, and EKS
 managed node groups reject a SubnetId in the template.
 """
+
+from collections import Counter
+from enum import Enum
 
 import aws_cdk.aws_ec2 as ec2
 
@@ -22,21 +35,38 @@ from constructs.escape_hatch import cfn
 ROOT_DEVICE = "/dev/xvda"
 
 
-def efa_network_interfaces(efa_interfaces: int, security_group_ids: list[str]) -> list[dict]:
-    """The LaunchTemplateData.NetworkInterfaces list (CloudFormation casing): the primary ENA interface, then one
-    EFA-only interface per network card (card 0 at device 1, the others at device 0)."""
+class EfaLayout(Enum):
+    """The interface layout of one backend (module docstring) and what that backend attaches to card 0 later."""
+
+    BATCH = "batch"
+    EKS = "eks"
+
+    @property
+    def interfaces_attached_to_card0(self) -> int:
+        """Batch: the awsvpc task interface of a multi-node job (one job, so one container, per host). EKS: none
+        fixed; the VPC CNI attaches further interfaces only within its generated per-type limits."""
+        return 1 if self is EfaLayout.BATCH else 0
+
+
+def efa_network_interfaces(efa_interfaces: int, security_group_ids: list[str], layout: EfaLayout) -> list[dict]:
+    """The LaunchTemplateData.NetworkInterfaces list (CloudFormation casing) of `layout`, one EFA per network card."""
     if efa_interfaces < 1:
         raise ValueError(f"efa_interfaces={efa_interfaces} is not valid; expected at least 1 (an EFA instance type)")
     common = {"Groups": security_group_ids, "DeleteOnTermination": True}
+    batch = layout is EfaLayout.BATCH
     primary = {
         "NetworkCardIndex": 0,
         "DeviceIndex": 0,
-        "InterfaceType": "interface",
+        "InterfaceType": "efa" if batch else "interface",
         **common,
         # Several interfaces rule out a public IP anyway; the primary one states it explicitly.
         "AssociatePublicIpAddress": False,
-        "Description": "Primary ENA interface (the node's IP)",
+        "Description": "Primary interface, EFA with ENA on network card 0"
+        if batch
+        else "Primary ENA interface (the node's IP)",
     }
+    # Batch's card 0 EFA is the primary interface itself; EKS's is an efa-only at device 1.
+    first_efa_only_card = 1 if batch else 0
     return [primary] + [
         {
             "NetworkCardIndex": card,
@@ -45,13 +75,29 @@ def efa_network_interfaces(efa_interfaces: int, security_group_ids: list[str]) -
             **common,
             "Description": f"EFA on network card {card}",
         }
-        for card in range(efa_interfaces)
+        for card in range(first_efa_only_card, efa_interfaces)
     ]
+
+
+def check_card_limits(instance: InstanceType, interfaces: list[dict], layout: EfaLayout) -> None:
+    """Refuse a layout that would put more interfaces on a card than `instance` takes, counting what `layout`'s
+    backend attaches to card 0 at run time (EC2 refuses the launch or the attachment otherwise)."""
+    per_card = Counter(i["NetworkCardIndex"] for i in interfaces)
+    per_card[0] += layout.interfaces_attached_to_card0
+    limit = instance.max_interfaces_per_network_card
+    for card, count in sorted(per_card.items()):
+        if count > limit:
+            raise ValueError(
+                f"{instance.name}: network card {card} would hold {count} interfaces on {layout.value} "
+                f"({layout.interfaces_attached_to_card0 if card == 0 else 0} attached at run time); "
+                f"expected at most max_interfaces_per_network_card={limit}"
+            )
 
 
 class EfaLaunchTemplate(Construct):
     """Launch template: EFA interfaces (catalogue count), IMDSv2, encrypted gp3 root, MIME multipart user data.
 
+    `layout`: the backend's interface layout (EfaLayout), required with the interfaces.
     `include_network_interfaces=False` leaves the interfaces (and so EFA) out and puts the security
     groups on the template instead: for single-node hosts that need the same host preparation only.
     `terminate_on_shutdown=False` and `placement_group` for EKS managed node groups: they refuse the shutdown
@@ -69,6 +115,7 @@ class EfaLaunchTemplate(Construct):
         instance: InstanceType,
         security_groups: list[ec2.ISecurityGroup],
         user_data: ec2.UserData,
+        layout: EfaLayout | None = None,
         root_volume_gib: int = 200,
         include_network_interfaces: bool = True,
         terminate_on_shutdown: bool = True,
@@ -79,6 +126,10 @@ class EfaLaunchTemplate(Construct):
         if not security_groups:
             raise ValueError(
                 "security_groups is empty; expected the EFA security group (all traffic to and from itself)"
+            )
+        if include_network_interfaces and layout is None:
+            raise ValueError(
+                "layout=None is not valid with network interfaces; expected EfaLayout.BATCH or EfaLayout.EKS"
             )
         if root_volume_gib < 30:
             raise ValueError(
@@ -131,10 +182,11 @@ class EfaLaunchTemplate(Construct):
             for extra in security_groups[1:]:
                 self.launch_template.add_security_group(extra)
         self.network_interfaces: list[dict] = []
-        if include_network_interfaces:
+        if include_network_interfaces and layout is not None:  # a missing layout was refused above
             self.network_interfaces = efa_network_interfaces(
-                instance.efa_interfaces, [sg.security_group_id for sg in security_groups]
+                instance.efa_interfaces, [sg.security_group_id for sg in security_groups], layout
             )
+            check_card_limits(instance, self.network_interfaces, layout)
             # Escape hatch: the L2 LaunchTemplate has no network-interface (card index, EFA type) properties.
             cfn(self.launch_template).add_property_override(
                 "LaunchTemplateData.NetworkInterfaces", self.network_interfaces
