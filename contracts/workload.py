@@ -36,6 +36,13 @@ PLATFORM = "platform"
 BUILT_IN_ROOT = Path(__file__).resolve().parents[1] / "training_image" / "efa_training" / "workloads"
 DIRECTIONS = ("lower", "higher")  # which way the validation metric is better
 HYPERPARAMETER_TYPES = ("string", "integer", "number", "boolean")
+# A metric regex may name the step its value belongs to, `(?P<step>\d+)`; else the line's `step=N` is it (the
+# image's runtime/workload_metrics.py STEP_GROUP, tested equal).
+STEP_GROUP = "step"
+# How the code receives a run's hyperparameters: always as HYPERPARAMETERS_FILE and HP_<NAME> variables; with
+# "flags" also as `--<name> <value>` after the train command, as SageMaker passes them to a script's entry point
+# (SageMaker developer guide, "Adapting your own training container": hyperparameters "as command-line arguments").
+HYPERPARAMETERS_AS = ("file", "flags")
 LAYOUTS = ("node", "run")  # a degree of parallelism inside one node, or over the whole run (contracts.run.Field)
 # The Dockerfile of a workload built from a folder starts from the platform's image, which carries the launcher,
 # the sanity check and the EFA stack: the stacks pass its URI as this build argument.
@@ -56,6 +63,7 @@ FIELDS = (
     "hyperparameters",
     "hang_timeout_seconds",
     "cost",
+    "hyperparameters_as",
 )
 # The hang watchdog's floor (training_image/efa_training/runtime/launch/watchdog.py): a training with no progress line
 # for this long (or 10 times its usual interval, if longer) is ended. Long enough for the slowest checkpoint save.
@@ -80,6 +88,7 @@ class Workload:
     hyperparameters: tuple[Field, ...]  # dotted names: hyperparameters.<name>
     hang_timeout_seconds: int = HANG_TIMEOUT_DEFAULT
     cost: CostModel | None = None  # what a run's quote prices (contracts/quote.py); None: no estimate
+    hyperparameters_as: str = HYPERPARAMETERS_AS[0]
 
     @property
     def platform(self) -> bool:
@@ -101,6 +110,7 @@ class Workload:
             "metric": {"name": self.metric, "direction": self.direction},
             "metrics": dict(self.metrics),
             "hang_timeout_seconds": self.hang_timeout_seconds,
+            "hyperparameters_as": self.hyperparameters_as,
         }
 
 
@@ -165,6 +175,9 @@ def parse_workload(name: object, raw: object, root: Path, built_in: bool = False
         hyperparameters=hyperparameters,
         hang_timeout_seconds=_hang_timeout(where, raw.get("hang_timeout_seconds", HANG_TIMEOUT_DEFAULT)),
         cost=parse_cost(where.bad, raw.get("cost"), hyperparameters),
+        hyperparameters_as=where.choice(
+            "hyperparameters_as", raw.get("hyperparameters_as", "file"), HYPERPARAMETERS_AS
+        ),
     )
 
 
@@ -243,17 +256,20 @@ def _command(where: _Where, field: str, raw: object) -> tuple[str, ...]:
 
 
 def _regexes(where: _Where, raw: object) -> dict[str, str]:
-    """Metric name -> a regular expression with exactly one group: the value, read from any log line."""
+    """Metric name -> a regular expression with exactly one group: the value, read from any log line; and optionally
+    a group named `step` (STEP_GROUP), the step the value belongs to."""
     if not isinstance(raw, dict) or len(raw) > MAX_METRICS:
         raise where.bad("metrics", raw, f"an object of at most {MAX_METRICS} metric name -> regular expression")
     for name, regex in raw.items():
         where.matching(f"metrics.{name}", name, METRIC_NAME_PATTERN, "a metric name")
         try:
-            groups = re.compile(regex).groups if isinstance(regex, str) else -1
+            compiled = re.compile(regex) if isinstance(regex, str) else None
         except re.error:
-            groups = -1
-        if groups != 1:
-            raise where.bad(f"metrics.{name}", regex, "a regular expression with exactly one group (the value)")
+            compiled = None
+        values = compiled.groups - (STEP_GROUP in compiled.groupindex) if compiled is not None else -1
+        if values != 1:
+            allowed = f"a regular expression with exactly one group (the value), and optionally (?P<{STEP_GROUP}>...)"
+            raise where.bad(f"metrics.{name}", regex, allowed)
     return dict(raw)
 
 

@@ -21,6 +21,8 @@ from contracts.run import (
     JOB_PARAMETERS,
     PHASES,
     QUEUE_WAIT_MINUTES,
+    REFUSED_EXIT_CODES,
+    WINDOW_ENDED_EXIT_CODE,
     fields,
     stages,
 )
@@ -197,6 +199,19 @@ def _find(doc: str, pattern: str) -> tuple[str, ...]:
     match = re.search(pattern, (ROOT / "docs" / doc).read_text())
     assert match, (doc, pattern)
     return match.groups()
+
+
+def test_the_exit_codes_docs_workloads_states_are_the_run_contracts():
+    # docs/workloads.md, "The platform asks", exit codes: the codes that end the run are the pipeline's refusals, and
+    # the reservation's is the window's; every other code is stated as retried.
+    refused = _find("workloads.md", r"(\d+) the input is wrong, (\d+) the loss diverged, (\d+) another job writes")
+    assert {int(code) for code in refused} == set(REFUSED_EXIT_CODES)
+    assert "(these three end the run: not retried)" in (ROOT / "docs" / "workloads.md").read_text()
+    assert len(REFUSED_EXIT_CODES) == 3
+    (window,) = _find("workloads.md", r"(\d+) stopped before the reservation ends")
+    assert int(window) == WINDOW_ENDED_EXIT_CODE
+    hung, stopped = _find("workloads.md", r"(\d+) \(hung\) and (\d+) \(stopped on SIGTERM\) included")
+    assert {int(hung), int(stopped)}.isdisjoint({*REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE})
 
 
 def test_stage_timeouts_the_docs_state_are_the_run_contracts():

@@ -192,7 +192,8 @@ def test_utilisation_alarms_read_an_emitted_utilisation(name, backend, accelerat
 # turns a declared workload's log into (the same Environment, RunId).
 def test_progress_silent_reads_what_every_workload_emits(batch_gpu, producers, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "training_image"))  # the image's root
-    from efa_training.runtime.user_workload import LogMetrics, UserWorkload
+    from efa_training.runtime.user_workload import UserWorkload
+    from efa_training.runtime.workload_metrics import LogMetrics
 
     assert not _unproduced(alarms(batch_gpu)["p-progress-silent"], producers)
     declared = UserWorkload.from_json(json.dumps({"name": "w", "launch": "torchrun", "train": ["t"], "validate": ["v"],

@@ -18,8 +18,16 @@ mlflow_tracking = pytest.importorskip("mlflow.tracking")
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
-    """One SQLite store for the module: MLflow migrates a new database's schema once, which takes seconds."""
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    """One SQLite store for the module: MLflow migrates a new database's schema once, which takes seconds (under load
+    more than the tracker's CLOSE_SECONDS: done here, not inside the first test's bounded close)."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    mlflow_tracking.MlflowClient(tracking_uri=uri).search_experiments()
+    return uri
+
+
+# The tests wait for the tracker's queue to be sent (close joins its thread, which ends once it is): the launcher's
+# own bounded wait (CLOSE_SECONDS) is tested with a server that is down.
+FLUSH_SECONDS = 300.0
 
 
 # A Batch node's environment (runtime/launch/cli.py lists what it becomes), with a p5's 8 GPUs.
@@ -52,7 +60,7 @@ def test_the_training_lines_become_the_runs_metrics_with_its_parameters(store):
     for step in (1, 2, 3):
         tracker.feed(_line(step, Loss=4.0 - step, TokensPerSecond=1000.0 * step))
     tracker.feed("a line that is not a metric")
-    tracker.close()
+    tracker.close(timeout=FLUSH_SECONDS)
     client, run = _run(store, "dev", "gpt-001")
     history = client.get_metric_history(run.info.run_id, "Loss")
     assert [(m.step, m.value) for m in history] == [(1, 3.0), (2, 2.0), (3, 1.0)]
@@ -76,7 +84,7 @@ def test_a_retried_attempt_and_the_validation_add_to_the_same_run(store):
         tracker = tracking.Tracker.from_env(env, "retried-001", {"seed": 1})
         assert tracker is not None
         tracker.feed(_line(attempt, Loss=1.0 / attempt))
-        tracker.close(status)
+        tracker.close(status, timeout=FLUSH_SECONDS)
     sanity_job = {**env, "TRAINING_JOB_NAME": "retried-001-sanity-x"}  # the job whose logs hold the check's
     report = {"passed": True, "measured_busbw_gbps": 310.5, "threshold_busbw_gbps": 80}
     tracking.record_sanity(sanity_job, "retried-001", report)
@@ -163,7 +171,7 @@ def _recorded_run(store: str, tmp_path: Path, record: str, experiment: str = "re
     track = tracked.tracker(env, rendezvous.plan_launch("train", BATCH), "rec-001", "gpt", {})
     assert track is not None
     track.feed(_line(1, Loss=2.0))
-    track.close()
+    track.close(timeout=FLUSH_SECONDS)
     return _run(store, experiment, "rec-001")[1]
 
 

@@ -18,13 +18,13 @@ from efa_training.runtime.metrics import parse_emf_lines
 from efa_training.runtime.report import report_metrics
 from efa_training.runtime.user_workload import (
     LAUNCHES,
-    LogMetrics,
     UserWorkload,
     contract_environment,
     gate,
     node_environment,
     train_command,
 )
+from efa_training.runtime.workload_metrics import LogMetrics
 from tests.training import training_helpers as th
 
 DECLARATION = {
@@ -148,9 +148,9 @@ def test_metrics_reported_through_the_helper_become_metrics_without_a_regex(caps
     assert line == 'efa-training-metrics {"step": 20.0, "loss": 1.25}\n'
     lines: list[str] = []
     bare = UserWorkload.from_json(parse_workload("bare", {**DECLARATION, "metrics": {}}, Path(".")).variable)
-    assert LogMetrics(bare, "run-1", "dev", emit=lines.append).feed(line) == {"step": 20.0, "loss": 1.25}
+    assert LogMetrics(bare, "run-1", "dev", emit=lines.append).feed(line) == {"loss": 1.25}
     (record,) = parse_emf_lines(lines)
-    assert record["loss"] == 1.25 and record["RunId"] == "run-1"
+    assert record["loss"] == 1.25 and record["RunId"] == "run-1" and record["Step"] == 20
     with pytest.raises(ValueError, match="metric name 'a b'"):
         report_metrics(**{"a b": 1.0})
     with pytest.raises(TypeError, match="loss='x' is not a number"):
@@ -294,4 +294,14 @@ def test_launch_validate_runs_the_command_and_the_gate(tmp_path, value, passed):
 def test_launch_validate_without_a_metrics_file_names_it(tmp_path):
     done = _validate(tmp_path, {"write": False})
     assert done.returncode == 2 and str(tmp_path / "run" / "model" / "metrics.json") in done.stderr
+    assert not (tmp_path / "verdict.json").exists()
+
+
+# A metrics file left in MODEL_DIR by an earlier run or attempt is not this validation's: the gate never judges it
+# (here it would pass, 3.2 against 3.2, while this validation wrote nothing).
+def test_a_metrics_file_an_earlier_validation_left_is_never_judged(tmp_path):
+    (tmp_path / "run" / "model").mkdir(parents=True)
+    (tmp_path / "run" / "model" / "metrics.json").write_text('{"eval_loss": 3.2}')
+    done = _validate(tmp_path, {"write": False})
+    assert done.returncode == 2 and "wrote no metrics file" in done.stderr
     assert not (tmp_path / "verdict.json").exists()

@@ -32,8 +32,62 @@ def ensure_dataset(work: Path) -> Path:
     return data
 
 
-def torchrun(script: Path | list[str], args: list[str], nproc: int = 2) -> str:
-    """torchrun of a benchmark's own script (a path) or of an image entry point (TRAIN); its stdout."""
+def cpu_seconds_by_role(cmd: list[str], env: dict, poll: float = 0.2) -> tuple[str, dict[str, float]]:
+    """Run `cmd`; (its stdout, CPU seconds (user + system) spent by each role of its process tree): `workers` (the
+    training processes), `agent` (torchrun), `launcher` (launch.py and its threads), `other`. Each process's last
+    sample before it ended counts, so up to `poll` seconds of a process's end may be missed."""
+    import threading
+    import time
+
+    import psutil
+
+    seen: dict[int, tuple[str, float]] = {}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root = psutil.Process(proc.pid)
+
+    def sample() -> None:
+        while proc.poll() is None:
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    line, times = " ".join(p.cmdline()), p.cpu_times()
+                except psutil.Error:
+                    continue
+                # A process that has ended (a zombie) has no command line left: its role is the one seen first.
+                role = seen[p.pid][0] if p.pid in seen and not line else _role(line)
+                seen[p.pid] = (role, times.user + times.system)
+            time.sleep(poll)
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    stdout, stderr = proc.communicate()
+    watcher.join()
+    if proc.returncode:
+        raise SystemExit(stderr[-3000:])
+    roles: dict[str, float] = {}
+    for role, seconds in seen.values():
+        roles[role] = roles.get(role, 0.0) + seconds
+    return stdout, roles
+
+
+def _role(cmdline: str) -> str:
+    if "torch.distributed.run" in cmdline:
+        return "agent"
+    if "launch.py" in cmdline:
+        return "launcher"
+    if "efa_training.train" in cmdline or "minimal_ddp_loop" in cmdline:
+        return "workers"
+    return "other"
+
+
+def launcher_cmd(args: list[str], nproc: int = 2) -> tuple[list[str], dict]:
+    """`launch.py train` as a Batch/EKS node runs it (the platform's torchrun, rendezvous, exit relay, watchdog)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", RUN_ID="bench", ACCELERATORS_PER_NODE=str(nproc), MAX_RESTARTS="0")
+    env["MASTER_PORT"] = str(free_port())
+    return [sys.executable, str(IMAGE / "launch.py"), "train", *args], env
+
+
+def torchrun_cmd(script: Path | list[str], args: list[str], nproc: int = 2) -> tuple[list[str], dict]:
+    """torchrun of a benchmark's own script (a path) or of an image entry point (TRAIN), and its environment."""
     cmd = [
         sys.executable,
         "-m",
@@ -47,7 +101,12 @@ def torchrun(script: Path | list[str], args: list[str], nproc: int = 2) -> str:
         *([str(script)] if isinstance(script, Path) else script),
         *args,
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", RUN_ID="bench")
+    return cmd, dict(os.environ, OMP_NUM_THREADS="1", RUN_ID="bench")
+
+
+def torchrun(script: Path | list[str], args: list[str], nproc: int = 2) -> str:
+    """torchrun of a benchmark's own script (a path) or of an image entry point (TRAIN); its stdout."""
+    cmd, env = torchrun_cmd(script, args, nproc)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode:
         raise SystemExit(p.stderr[-3000:])

@@ -14,7 +14,7 @@ import json
 import math
 import sys
 
-PREFIX = "efa-training-metrics "  # runtime/user_workload.py LogMetrics reads lines that start with it
+PREFIX = "efa-training-metrics "  # runtime/workload_metrics.py LogMetrics reads lines that start with it
 NAME_CHARACTERS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 
 

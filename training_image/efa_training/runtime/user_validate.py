@@ -4,8 +4,9 @@
         --tolerance 0.001 --verdict-prefix s3://<data bucket>/runs/   [--data ... --checkpoint-dir ... --run-dir ...]
 
 The command runs with the contract's environment (user_workload.prepare_run) and must write MODEL_DIR/metrics.json
-holding the declared metric. The verdict ({"metric","direction","value","baseline","delta","relative_delta",
-"tolerance","passed"}) goes where the built-in validation writes it, so the pipeline reads it the same way.
+holding the declared metric; a metrics file already there is removed first, so the gate judges only this one's. The
+verdict ({"metric","direction","value","baseline","delta","relative_delta","tolerance","passed"}) goes where the
+built-in validation writes it, so the pipeline reads it the same way.
 Exit codes: the command's own when it fails (2: its input is wrong); 2 for bad flags or no metrics file; 0 for
 accept and reject alike (the pipeline branches on `passed`).
 """
@@ -23,7 +24,7 @@ from efa_training.runtime import tracking
 from efa_training.runtime.errors import UsageError, exit_with_usage_error
 from efa_training.runtime.run_paths import flag_value
 from efa_training.runtime.storage import under_prefix, write_json
-from efa_training.runtime.user_workload import gate, prepare_run
+from efa_training.runtime.user_workload import METRICS_FILE, gate, prepare_run
 
 DEFAULT_TOLERANCE = 0.001  # the run contract's (contracts/run.py): within 0.1% of the baseline
 
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         verdict_at = flag_value(argv, "--verdict") or (under_prefix(prefix, run_id, "verdict.json") if prefix else "")
     except UsageError as err:
         exit_with_usage_error("validate", err)
+    # Only this validation's file may be judged: one left by an earlier run or attempt (or by the training) would
+    # pass a model whose own validation wrote nothing, or wrote its NaN elsewhere.
+    (Path(contract["MODEL_DIR"]) / METRICS_FILE).unlink(missing_ok=True)
     code = subprocess.run(list(workload.validate), env={**os.environ, **contract}).returncode
     if code != 0:
         return code if code > 0 else 128 - code

@@ -1,5 +1,5 @@
 """Your own training code under the platform (docs/workloads.md): what it is given, how each launch mode starts it,
-the metrics read from its log lines, and the validation gate over the metrics file it writes.
+and the validation gate over the metrics file it writes (the metrics read from its log lines: workload_metrics.py).
 
 The declaration arrives as JSON in the WORKLOAD environment variable (contracts/workload.py `Workload.as_json`,
 checked at synth; read again here, since the image cannot import the CDK side). Standard library only.
@@ -11,22 +11,20 @@ import json
 import math
 import re
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from efa_training.runtime.errors import UsageError
+from efa_training.runtime.errors import EXIT_STOPPED, UsageError
 from efa_training.runtime.launch.rendezvous import LaunchPlan
 from efa_training.runtime.launch.watchdog import DEFAULT_FLOOR_SECONDS
-from efa_training.runtime.metrics import NAMESPACE, PROGRESS_METRIC
-from efa_training.runtime.report import PREFIX as REPORT_PREFIX
 from efa_training.runtime.run_paths import flag_value
 
 WORKLOAD_VARIABLE = "WORKLOAD"
 LAUNCHES = ("torchrun", "per-node", "one-process")  # contracts/workload.py LAUNCHES (a test holds them equal)
 METRICS_FILE = "metrics.json"  # what the validate command writes in MODEL_DIR
 HYPERPARAMETERS_FILE = "hyperparameters.json"
+HYPERPARAMETERS_AS = ("file", "flags")  # contracts/workload.py HYPERPARAMETERS_AS (a test holds them equal)
 
 
 @dataclass(frozen=True)
@@ -39,25 +37,33 @@ class UserWorkload:
     direction: str  # "lower" or "higher": which way the metric is better
     metrics: Mapping[str, re.Pattern]
     hang_timeout_seconds: float = DEFAULT_FLOOR_SECONDS  # contracts/workload.py HANG_TIMEOUT_DEFAULT (tests: equal)
+    hyperparameters_as: str = HYPERPARAMETERS_AS[0]
 
     @classmethod
     def from_json(cls, text: str) -> UserWorkload:
+        """The job's WORKLOAD (contracts/workload.py `as_json`), or a declaration as cdk.json writes it (no name,
+        launch defaulted, fields the image does not read): what a person running the launcher by hand pastes."""
         try:
             raw = json.loads(text)
             workload = cls(
-                name=str(raw["name"]),
-                launch=raw["launch"],
+                name=str(raw.get("name", "local")),
+                launch=raw.get("launch", LAUNCHES[0]),
                 train=tuple(raw["train"]),
                 validate=tuple(raw["validate"]),
                 metric=raw["metric"]["name"],
                 direction=raw["metric"]["direction"],
                 metrics={name: re.compile(regex) for name, regex in raw.get("metrics", {}).items()},
                 hang_timeout_seconds=float(raw.get("hang_timeout_seconds", DEFAULT_FLOOR_SECONDS)),
+                hyperparameters_as=raw.get("hyperparameters_as", HYPERPARAMETERS_AS[0]),
             )
-        except (ValueError, KeyError, TypeError, re.error) as error:
-            raise UsageError(WORKLOAD_VARIABLE, text[:60], f"not a workload declaration ({error})") from None
-        if workload.launch not in LAUNCHES or workload.direction not in ("lower", "higher"):
-            raise UsageError(WORKLOAD_VARIABLE, text[:60], "launch or metric direction unknown", ", ".join(LAUNCHES))
+        except (ValueError, KeyError, TypeError, AttributeError, re.error) as error:
+            raise UsageError(WORKLOAD_VARIABLE, text[:60], f"not a workload declaration ({error!r})") from None
+        known = (workload.launch in LAUNCHES, workload.direction in ("lower", "higher"))
+        if not all(known) or workload.hyperparameters_as not in HYPERPARAMETERS_AS:
+            raise UsageError(
+                WORKLOAD_VARIABLE, text[:60], "launch, metric direction or hyperparameters_as unknown",
+                f"launch {' | '.join(LAUNCHES)}, direction lower | higher, hyperparameters_as file | flags",
+            )  # fmt: skip
         return workload
 
 
@@ -85,9 +91,21 @@ def contract_environment(
         "CHECKPOINT_DIR": str(checkpoint_dir),
         "DATA_DIR": str(data_dir),
         "MODEL_DIR": str(model_dir),
-        **{f"HP_{name.upper()}": value if isinstance(value, str) else json.dumps(value) for name, value in
-           hyperparameters.items()},
-    }  # fmt: skip
+        **{f"HP_{name.upper()}": as_text(value) for name, value in hyperparameters.items()},
+    }
+
+
+def as_text(value: object) -> str:
+    """A hyperparameter as a variable or flag carries it: its JSON text, a string as it is (`true`, `adamw`)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def hyperparameter_flags(workload: UserWorkload, hyperparameters: Mapping) -> list[str]:
+    """`--<name> <value>` per hyperparameter where the declaration asks for flags (SageMaker's entry-point form: the
+    name as declared, so argparse reads `--max_steps`); none otherwise."""
+    if workload.hyperparameters_as != "flags":
+        return []
+    return [item for name, value in hyperparameters.items() for item in (f"--{name}", as_text(value))]
 
 
 def prepare_run(args: list[str], env: Mapping[str, str]) -> tuple[UserWorkload, str, dict[str, str]]:
@@ -136,66 +154,25 @@ def node_environment(workload: UserWorkload, plan: LaunchPlan) -> dict[str, str]
     return env
 
 
-def train_command(workload: UserWorkload, plan: LaunchPlan) -> list[str]:
+def train_command(workload: UserWorkload, plan: LaunchPlan, hyperparameters: Mapping | None = None) -> list[str]:
     """torchrun: the platform's torchrun (its rendezvous) runs the declared command in every worker, behind the exit
     relay (its own exit code, not torchrun's 1, decides whether the pipeline retries); the other modes run the
-    command once on this node."""
+    command once on this node. The hyperparameters follow the command as flags where the declaration says so."""
+    command = [*workload.train, *hyperparameter_flags(workload, hyperparameters or {})]
     if workload.launch != "torchrun":
-        return list(workload.train)
+        return command
     relay = ["-m", "efa_training.runtime.exit_relay", "--command"]
-    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(), *relay, *workload.train]
+    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args(), *relay, *command]
 
 
-class LogMetrics:
-    """Each log line the declared regexes match becomes one EMF line (namespace EfaTraining, dimensions Environment
-    and RunId, as the built-in workloads' metrics): the same CloudWatch metrics from any code that prints them."""
-
-    def __init__(
-        self, workload: UserWorkload, run_id: str, environment: str = "", emit: Callable[[str], None] = print
-    ) -> None:
-        self.patterns, self.run_id, self.environment, self.emit = workload.metrics, run_id, environment, emit
-
-    def feed(self, line: str) -> dict[str, float]:
-        values = self._reported(line)
-        for name, pattern in self.patterns.items():
-            found = pattern.search(line)
-            if found:
-                try:
-                    value = float(found.group(1))
-                except ValueError:
-                    continue
-                if math.isfinite(value):  # NaN/Infinity are not JSON: CloudWatch would drop the whole line
-                    values[name] = value
-        if values:
-            self.emit(json.dumps(self._record(values)))
-        return values
-
-    @staticmethod
-    def _reported(line: str) -> dict[str, float]:
-        """A line from efa_training.runtime.report.report_metrics: its numbers, whatever the declaration's regexes."""
-        if not line.startswith(REPORT_PREFIX):
-            return {}
-        try:
-            reported = json.loads(line[len(REPORT_PREFIX) :])
-        except ValueError:
-            return {}
-        if not isinstance(reported, dict):
-            return {}
-        numbers = {k: float(v) for k, v in reported.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        return {k: v for k, v in numbers.items() if isinstance(k, str) and math.isfinite(v)}
-
-    def _record(self, values: dict[str, float]) -> dict:
-        """The EMF document of one line's values, with ProgressLines 1 (metrics.py UNITS: the NoProgress alarm's)."""
-        values = {**values, PROGRESS_METRIC: 1.0}
-        dimensions = ["Environment", "RunId"] if self.environment else ["RunId"]
-        metadata = {
-            "Timestamp": int(time.time() * 1000),
-            "CloudWatchMetrics": [
-                {"Namespace": NAMESPACE, "Dimensions": [dimensions], "Metrics": [{"Name": n} for n in values]}
-            ],
-        }
-        scope = {"Environment": self.environment} if self.environment else {}
-        return {"_aws": metadata, **scope, "RunId": self.run_id, **values}
+def stop_codes(workload: UserWorkload) -> frozenset[int]:
+    """The train command's exit codes that, after a stop request, say it stopped cleanly where no worker's own code
+    was recorded (runtime/launch/process.py run_torchrun): the process itself under one-process (0, or 143 from
+    SIGTERM's default action); a per-node launcher also ends 1 after it passed SIGTERM on, whatever its workers did
+    (torchrun's SignalException, which `accelerate launch` raises too). torchrun: none, the relay records each
+    worker's code."""
+    own = {"one-process": {0, EXIT_STOPPED}, "per-node": {0, 1, EXIT_STOPPED}}
+    return frozenset(own.get(workload.launch, ()))
 
 
 def gate(workload: UserWorkload, model_dir: Path, baseline: float | None, tolerance: float) -> dict:

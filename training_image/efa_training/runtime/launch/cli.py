@@ -115,7 +115,9 @@ def _run(mode: str, launch: Launch, script_args: list[str], may_exec: bool) -> i
             if may_exec:  # one plain process: its exit code is the job's
                 os.execvpe(launch.command[0], launch.command, launch.env)
             return run_forwarding(launch.command, launch.env)  # a child, so that the heartbeat goes on beside it
-        code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
+        code = run_torchrun(
+            launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by, launch.stop_codes
+        )
         checked = health_after_failure(mode, code, launch.env, run_id=flag_value(script_args, "--run-id"))
         return mark_compiled(launch, checked)
     return mark_compiled(launch, run_on_sagemaker(mode, launch))

@@ -40,11 +40,12 @@ from efa_training.runtime.run_paths import flag_value
 from efa_training.runtime.tracking import Tracker
 from efa_training.runtime.user_workload import (
     WORKLOAD_VARIABLE,
-    LogMetrics,
     node_environment,
     prepare_run,
+    stop_codes,
     train_command,
 )
+from efa_training.runtime.workload_metrics import LogMetrics
 
 USER_VALIDATE = "efa_training.runtime.user_validate"  # a declared workload's validate command, then the gate
 
@@ -64,11 +65,13 @@ class Launch:
     run_shape: dict | None = None
     already_compiled: str | None = None
     scratch: Path | None = None  # the trial run's throwaway checkpoints
-    # a declared workload's log lines -> its metrics (runtime/user_workload.py LogMetrics), on the main node
+    # a declared workload's log lines -> its metrics (runtime/workload_metrics.py LogMetrics), on the main node
     on_line: Callable[[str], object] | None = None
     watchdog: Watchdog | None = None  # ends a training that stopped making progress (on the main node)
     stop_by: StopBy | None = None  # stops the training before its reservation ends (every node)
     tracker: Tracker | None = None  # the run's MLflow tracking, fed the metric lines (runtime/tracking.py)
+    # a declared workload's own launcher's exit codes that mean a clean stop (user_workload.stop_codes)
+    stop_codes: frozenset[int] = frozenset()
 
 
 def prepare(mode: str, script_args: list[str], environ: Mapping[str, str]) -> Launch:
@@ -178,8 +181,9 @@ def _prepare_workload(mode: str, script_args: list[str], env: dict) -> Launch:
         sanity = sanity_first_command(plan, script_args, env, config)
     watchdog = _watchdog(plan, env, run, run_id, workload.hang_timeout_seconds)
     on_line = watchdog.watch(RankZeroLines(metrics.feed, only_node=plan.nnodes == "1"))
-    command = train_command(workload, plan)
-    return Launch(command, plan, env, sanity, root, on_line=on_line, watchdog=watchdog, tracker=track)
+    command = train_command(workload, plan, hyperparameters.given(script_args))
+    launch = Launch(command, plan, env, sanity, root, on_line=on_line, watchdog=watchdog, tracker=track)
+    return replace(launch, stop_codes=stop_codes(workload))  # how its own launcher's clean stop ends
 
 
 def _print_flushed(line: str) -> None:

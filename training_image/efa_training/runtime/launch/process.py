@@ -93,16 +93,22 @@ def run_torchrun(
     on_line: Callable[[str], object] | None = None,
     watchdog: Watchdog | None = None,
     stop_by: StopBy | None = None,
+    stop_codes: frozenset[int] = frozenset(),
 ) -> int:
     """torchrun as a child, with the scheduler's stop signals passed on, ending with the workers' own exit code;
     EXIT_HUNG where the watchdog ended a training that stopped making progress; EXIT_WINDOW_ENDED where the training
-    stopped cleanly because its reservation ends."""
+    stopped cleanly because its reservation ends. `stop_codes`: for a declared workload's own launcher or process
+    (user_workload.stop_codes), its exit codes that mean it stopped cleanly, where no worker's code was recorded:
+    after a stop request they end as torchrun's clean stop does (EXIT_STOPPED, or EXIT_WINDOW_ENDED)."""
     with tempfile.TemporaryDirectory(prefix="launch-exit-codes-") as folder:
         code = run_forwarding(cmd, {**env, EXIT_CODE_DIR: folder}, on_line, watchdog, stop_by)
         if watchdog is not None and watchdog.hang is not None:
             return EXIT_HUNG
         asked = stop_by is not None and stop_by.fired
-        code = relayed_exit_code(Path(folder), code, stop_requested=asked or bool(_signals_received))
+        stopped = asked or bool(_signals_received)
+        if stopped and code in stop_codes and not any(Path(folder).iterdir()):
+            code = EXIT_STOPPED
+        code = relayed_exit_code(Path(folder), code, stop_requested=stopped)
         return EXIT_WINDOW_ENDED if asked and code in (0, EXIT_STOPPED) else code
 
 
@@ -145,7 +151,9 @@ def run_on_sagemaker(mode: str, launch: Launch) -> int:
     if code == 0:
         stage = mode
         if launch.plan:
-            code = run_torchrun(launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by)
+            code = run_torchrun(
+                launch.command, launch.env, launch.on_line, launch.watchdog, launch.stop_by, launch.stop_codes
+            )
             health_after_failure(mode, code, launch.env, run_id=flag_value(launch.command, "--run-id"))
         else:
             code = run_forwarding(launch.command, launch.env)
