@@ -157,6 +157,72 @@ def test_a_hung_rank_is_named_and_every_ranks_stacks_are_kept(tmp_path, hang, wh
     assert took < 60, took
 
 
+# The built-in trainer (train.py), with rank 1 hung at its 7th micro-batch (step 4, 2 micro-steps a step): stopped by
+# SIGSTOP, or spinning in its own Python code. Test-only, as slow_train.py: the fault is patched in from outside.
+HUNG_TRAINER = """
+import os, signal, sys
+from efa_training.workloads.gpt import data
+
+fetched, next_batch = 0, data.SequenceBatches.__next__
+
+def spinning_in_python():
+    while True:
+        pass
+
+def hung_next(self):
+    global fetched
+    fetched += 1
+    if fetched == 7 and os.environ["RANK"] == "1":
+        if os.environ["HANG"] == "stopped":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        spinning_in_python()
+    return next_batch(self)
+
+data.SequenceBatches.__next__ = hung_next
+from efa_training import train
+sys.exit(train.main())
+"""
+
+
+def _hung_trainer(tmp_path: Path, dataset: Path, hang: str) -> subprocess.CompletedProcess:
+    """The built-in trainer through launch.py on 2 processes, declared as a workload so that the fault can be patched
+    in; its EMF lines (rank 0's Loss) are the progress, as for the built-in trainer."""
+    script = tmp_path / "hung_train.py"
+    script.write_text(HUNG_TRAINER)
+    train = [th.PYTHON, str(script), *th.train_args(dataset, tmp_path / "c", steps=1000, every=0), "--run-id", "r-3"]
+    declared = parse_workload(
+        "hung-trainer",
+        {"image": {"uri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/hangs:v1"}, "train": train,
+         "validate": train, "metric": {"name": "loss", "direction": "lower"},
+         "metrics": {"loss": r'"Loss": ([0-9.]+)'}},
+        Path("."),
+    )  # fmt: skip
+    folders = ["--data", str(dataset), "--checkpoint-dir", str(tmp_path / "c"), "--run-dir", str(tmp_path / "run")]
+    env = th.env(WORKLOAD=declared.variable, ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port()),
+                 MAX_RESTARTS="0", HANG_TIMEOUT_SECONDS="3", HANG=hang)  # fmt: skip
+    command = [th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train", "--run-id", "r-3", *folders]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+
+
+# The trainer sets its collective timeout from the hang floor after its first step (runtime/distributed.py): above
+# the watchdog's limit, so that no rank has died of a timed-out collective before its stacks are taken. Every rank's
+# stacks are kept, and the hung rank is named whether the kernel holds it stopped or it spins in its own code.
+@pytest.mark.parametrize(
+    ("hang", "why", "rank_1_was"),
+    [("stopped", "process state T", "in hung_next"), ("spinning", "running", "in spinning_in_python")],
+)
+def test_the_built_in_trainer_keeps_every_ranks_stacks_of_a_hang(tmp_path, dataset, hang, why, rank_1_was):
+    done = _hung_trainer(tmp_path, dataset, hang)
+    assert done.returncode == EXIT_HUNG, done.stderr[-3000:]
+    (summary,) = [json.loads(line)["hang"] for line in done.stderr.splitlines() if line.startswith('{"hang"')]
+    assert (summary["stopped_first"] or {}).get("rank") == 1 and why in summary["stopped_first"]["why"], summary
+    evidence = Path(summary["evidence"])
+    stacks = {rank: (evidence / f"stacks-rank{rank}.txt").read_text() for rank in (0, 1)}
+    assert "in train_step" in stacks[0], stacks[0]  # rank 0 alive in its step, waiting for rank 1
+    assert rank_1_was in stacks[1], stacks[1]
+    assert "Timed out" not in done.stderr and "timed out" not in done.stderr, done.stderr[-3000:]
+
+
 def _two_node_run(tmp_path: Path) -> list[subprocess.CompletedProcess]:
     """The hanging script on two "nodes" (two launch.py, one process each, sharing the run's folder as FSx is shared):
     rank 1, on node 1, stops itself at step 4."""
@@ -223,6 +289,36 @@ def test_without_a_stopped_rank_the_one_outside_a_collective_is_named():
     assert (stopped_first([_worker(1, 0, "S", ""), _worker(2, 1, "T", IN_ALL_REDUCE)]) or {}).get("rank") == 1
     # Every rank waits in a collective: the network or NCCL; the Flight Recorder's traces tell, not the stacks.
     assert stopped_first([waiting, _worker(2, 1, "S", IN_ALL_REDUCE)]) is None
+
+
+# DDP waits for its gradients inside backward, in C++: no stack shows a collective there, so a rank spinning in its own
+# code is told by its state, the one running while the others sleep.
+IN_BACKWARD = 'File "/usr/lib/python3/torch/autograd/graph.py", line 979 in _engine_run_backward'
+
+
+def test_the_one_rank_running_while_the_others_sleep_is_named():
+    spinning = _worker(3, 2, "R", 'File "t.py", line 3 in spin')
+    sleeping = [_worker(1, 0, "S", IN_BACKWARD), _worker(2, 1, "S", IN_BACKWARD)]
+    named = stopped_first([*sleeping, spinning]) or {}
+    assert named.get("rank") == 2 and "process state R" in named["why"]
+    # Two running (a GPU rank may spin in its device sync) or one in D (I/O): the states do not single one out.
+    assert stopped_first([sleeping[0], _worker(2, 1, "R", IN_BACKWARD), spinning]) is None
+    assert stopped_first([sleeping[0], _worker(2, 1, "D", IN_BACKWARD), spinning]) is None
+    # Running inside a collective is waiting, not spinning in its own code.
+    assert stopped_first([_worker(1, 0, "S", IN_ALL_REDUCE), _worker(3, 2, "R", IN_ALL_REDUCE)]) is None
+
+
+def test_a_rank_spinning_in_its_own_code_does_not_mark_its_host_bad():
+    # A loop is the code's fault, and on GPUs a rank waiting for its device may spin too: only a stopped rank's host
+    # (or one outside any collective) is recorded bad.
+    recorded: list[tuple] = []
+    watchdog = Watchdog(60.0, bad_host=lambda *args, **kwargs: recorded.append(args))
+    sleeping, spinning = _worker(1, 0, "S", IN_BACKWARD), _worker(2, 1, "R", 'File "t.py", line 3 in spin')
+    watchdog._tell_bad_host(stopped_first([sleeping, spinning]), [sleeping, spinning], None)
+    assert recorded == []
+    stopped = _worker(2, 1, "T", 'File "t.py", line 3 in spin')
+    watchdog._tell_bad_host(stopped_first([sleeping, stopped]), [sleeping, stopped], None)
+    assert len(recorded) == 1
 
 
 # The processes the watchdog takes stacks from: one per rank (RANK from torchrun), not a rank's data loader workers
@@ -303,7 +399,8 @@ def test_on_sagemaker_the_training_gets_the_metrics_reader_and_the_watchdog(tmp_
     watchdog = Watchdog(60.0)
     launch = command.Launch(["torchrun"], plan, {}, ml_root=tmp_path, on_line=print, watchdog=watchdog)
     assert process.run_on_sagemaker("train", launch) == 0
-    assert calls == [(["torchrun"], {}, print, watchdog, None)]  # no stop-by: no reservation's end
+    # No stop-by (no reservation's end), and no stop codes of a workload's own launcher (torchrun relays the codes).
+    assert calls == [(["torchrun"], {}, print, watchdog, None, frozenset())]
 
 
 # Whatever fails while the stacks are taken, torchrun is resumed and ended: a paused or running torchrun would hold the

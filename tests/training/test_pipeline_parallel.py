@@ -157,19 +157,24 @@ GPUS = {"ACCELERATOR_KIND": "gpu", "ACCELERATOR_MEMORY_GB": "80", "LOCAL_WORLD_S
 
 
 def test_a_model_that_tensor_parallelism_alone_cannot_fit_is_refused_naming_pipeline_stages(tmp_path):
-    # 70b on 8 nodes of 8 H100s at micro-batch 4: no tensor-parallel degree alone fits (tp 8: ~99 GB), nor 2 stages
-    # (whose weights and gradients stay whole between microbatches); 4 stages of tp 4 do (sizes.memory_gb).
+    # 70b on 8 nodes of 8 H100s at micro-batch 2, a global batch of 128 sequences: no tensor-parallel degree alone
+    # fits at the accumulation that keeps it (tp 8: 8 micro-steps, ~96 GB, its fp32 gradients whole between them), nor
+    # 2 stages (whose weights and gradients stay whole between microbatches); 4 stages of tp 8 do (sizes.memory_gb).
     def need(t: int, p: int) -> float:
+        accum = 128 // (64 // (t * p) * 2)
         return memory_gb(
-            MODEL_SIZES["70b"], micro_batch=4, world=64, tensor_parallel=t, strategy="fsdp", pipeline_parallel=p
-        )
+            MODEL_SIZES["70b"], micro_batch=2, world=64, tensor_parallel=t, strategy="fsdp", pipeline_parallel=p,
+            microbatches=accum,
+        )  # fmt: skip
 
     assert min(need(t, 1) for t in (1, 2, 4, 8)) > 80 and min(need(t, 2) for t in (1, 2, 4, 8)) > 80
-    assert need(2, 4) > 80 >= need(4, 4)
-    cfg = layouts.config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=4)
-    with pytest.raises(UsageError, match="--tensor-parallel 4 --pipeline-parallel 4 --micro-batch-size 4"):
+    assert need(4, 4) > 80 >= need(8, 4)
+    cfg = layouts.config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=2)
+    advice = "--tensor-parallel 8 --pipeline-parallel 4 --micro-batch-size 2 --grad-accum-steps 32 "
+    with pytest.raises(UsageError, match=advice):
         preflight.check_memory(cfg, GPUS)
     fits = layouts.config(
-        tmp_path, model="70b", strategy="fsdp", micro_batch_size=4, tensor_parallel=4, pipeline_parallel=4
-    )
+        tmp_path, model="70b", strategy="fsdp", micro_batch_size=2, tensor_parallel=8, pipeline_parallel=4,
+        grad_accum_steps=32,
+    )  # fmt: skip
     preflight.check_memory(fits, GPUS)  # no error

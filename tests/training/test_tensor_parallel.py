@@ -4,6 +4,7 @@ replicas, a checkpoint resumes in another layout (2-D to FSDP alone, and back) w
 damaged newest checkpoint in the 2-D layout falls back to the one before and retrains bit for bit; and what a layout
 refuses before any process group, in one line."""
 
+import json
 import warnings
 from pathlib import Path
 
@@ -106,8 +107,11 @@ def test_a_release_080_fsdp_checkpoint_validates_through_its_fused_keys(tmp_path
 
 
 def test_resuming_a_release_080_run_is_refused_in_one_line(tmp_path):
+    # A complete meta.json as 0.8.0 wrote it (an incomplete one is damage, set aside by the resume).
     (tmp_path / "step_000000010").mkdir()
-    (tmp_path / "step_000000010" / "meta.json").write_text('{"config": {"train": {"model": "tiny"}, "model": {}}}')
+    files = {name: {"bytes": 1, "crc32": 0, "rank": 0} for name in ("state.pt", "rng_rank0.pt")}
+    meta = {"step": 10, "format": "full", "world_size": 1, "config": {"train": {"model": "tiny"}, "model": {}}}
+    (tmp_path / "step_000000010" / "meta.json").write_text(json.dumps({**meta, "files": files}))
     with pytest.raises(UsageError, match="written by release 0.8.0 or earlier .* --init-from"):
         preflight.check_not_fused(tmp_path)
 
@@ -137,24 +141,25 @@ GPUS = {"ACCELERATOR_KIND": "gpu", "ACCELERATOR_MEMORY_GB": "80", "LOCAL_WORLD_S
 
 
 def test_a_model_that_cannot_fit_is_refused_naming_a_layout_that_does(tmp_path):
-    # 70b on 8 nodes of 8 H100s at micro-batch 2: FSDP alone would hold ~100 GB of activations per GPU; the refusal
-    # names the smallest tensor-parallel degree whose estimate fits (sizes.memory_gb) at the run's micro-batch.
+    # 30b on 4 nodes of 8 H100s at micro-batch 4, a global batch of 128 sequences: FSDP alone would hold ~140 GB per
+    # GPU; the refusal names the smallest tensor-parallel degree whose estimate fits (sizes.memory_gb) at the run's
+    # micro-batch AND at the accumulation that keeps the global batch (tp t leaves 32 / t replicas: t micro-steps).
     need = {
-        t: memory_gb(MODEL_SIZES["70b"], micro_batch=2, world=64, tensor_parallel=t, strategy="fsdp")
+        t: memory_gb(MODEL_SIZES["30b"], micro_batch=4, world=32, tensor_parallel=t, strategy="fsdp", microbatches=t)
         for t in (1, 2, 4, 8)
     }
     smallest = min(t for t, gb in need.items() if gb <= 80)
     assert need[1] > 80 and smallest > 1
-    cfg = layouts.config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=2)
-    with pytest.raises(
-        UsageError,
-        match=rf"more than their 80 GB.*--tensor-parallel {smallest} --pipeline-parallel 1 --micro-batch-size 2",
-    ):
-        preflight.check_memory(cfg, {**GPUS, "WORLD_SIZE": "64"})
-    with pytest.raises(UsageError, match="more nodes: no layout of 16 workers fits it"):
-        preflight.check_memory(cfg, {**GPUS, "WORLD_SIZE": "16"})
-    fits = layouts.config(tmp_path, model="70b", strategy="fsdp", micro_batch_size=2, tensor_parallel=smallest)
-    preflight.check_memory(fits, {**GPUS, "WORLD_SIZE": "64"})  # no error
+    cfg = layouts.config(tmp_path, model="30b", strategy="fsdp", micro_batch_size=4)
+    advice = f"--tensor-parallel {smallest} --pipeline-parallel 1 --micro-batch-size 4 --grad-accum-steps {smallest} "
+    with pytest.raises(UsageError, match=rf"more than their 80 GB.*{advice}.*the global batch of 128 sequences kept"):
+        preflight.check_memory(cfg, {**GPUS, "WORLD_SIZE": "32"})
+    with pytest.raises(UsageError, match="more nodes, or a smaller global batch: no layout of 8 workers fits"):
+        preflight.check_memory(cfg, {**GPUS, "WORLD_SIZE": "8"})
+    fits = layouts.config(
+        tmp_path, model="30b", strategy="fsdp", micro_batch_size=4, tensor_parallel=smallest, grad_accum_steps=smallest
+    )
+    preflight.check_memory(fits, {**GPUS, "WORLD_SIZE": "32"})  # no error
     preflight.check_memory(cfg, {"WORLD_SIZE": "64"})  # CPU (no memory given): not judged
 
 

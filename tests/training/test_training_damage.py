@@ -1,8 +1,11 @@
 """A damaged newest checkpoint: every rank drops it together, sets it aside and resumes from the previous one.
 
-One job per strategy writes a checkpoint at every step 1..8; each of steps 2..8 is then damaged a different
-way, and the resumed job must come back from step 1, having named every problem, without hanging (the
-subprocess timeout would fail the test: a rank entering DCP's collective load alone waits forever).
+One job per strategy writes a checkpoint at every step 1..STEPS; each later step is then damaged a different way
+(DAMAGE: every kind of file a checkpoint has: meta.json garbage or incomplete, the state or a DCP shard, a rank's
+own file, the manifest, DCP's .metadata), and the resumed job must come back from step 1, having named every
+problem and set every damaged folder aside, without hanging (the subprocess timeout would fail the test: a rank
+entering DCP's collective load alone waits forever). Nothing before the resume's damage check may stop at a damaged
+checkpoint: the pre-flight's checks read only meta.json that passed it (test_damaged_checkpoints.py, in-process).
 """
 
 import json
@@ -11,11 +14,12 @@ import shutil
 import pytest
 
 from efa_training.checkpointing import format as checkpoint_format
+from efa_training.checkpointing.format import step_of
 from tests.training import training_helpers as th
 
 pytestmark = pytest.mark.slow  # real torchrun processes
 
-STEPS = 8
+STEPS = 13
 
 
 def _shard(step_dir, strategy, rank):
@@ -36,6 +40,16 @@ def _drop_meta_field(step_dir, field):
     meta = json.loads((step_dir / "meta.json").read_text())
     del meta[field]
     (step_dir / "meta.json").write_text(json.dumps(meta))
+
+
+def _rewrite_manifest(step_dir, change):
+    meta = json.loads((step_dir / "meta.json").read_text())
+    change(meta["files"])
+    (step_dir / "meta.json").write_text(json.dumps(meta))
+
+
+def _own_file(strategy):  # the format's own file besides the shards: DDP's state, DCP's .metadata
+    return "state.pt" if strategy == "ddp" else ".metadata"
 
 
 def _damage_behind_the_manifest(step_dir, strategy):
@@ -60,8 +74,26 @@ DAMAGE = {
     "bit flip": (lambda d, s: _flip_bit(_shard(d, s, 0)), "CRC-32 mismatch"),
     "incomplete meta.json": (lambda d, s: _drop_meta_field(d, "world_size"), "meta.json lacks or mistypes world_size"),
     "damaged behind the manifest": (_damage_behind_the_manifest, "loading failed: "),
+    # The release 0.10.0 pre-flight read these before the resume's check: a traceback, or refused as release 0.8.0's.
+    "garbage meta.json": (lambda d, s: (d / "meta.json").write_text("{not json!!"), "meta.json unreadable"),
+    "meta.json of a step only": (
+        lambda d, s: (d / "meta.json").write_text(json.dumps({"step": step_of(d)})),
+        "meta.json lacks or mistypes format, world_size, config, files",
+    ),
+    "manifest lacks the own file": (
+        lambda d, s: _rewrite_manifest(d, lambda files: files.pop(_own_file(s))),
+        {"ddp": "incomplete: the manifest lacks state.pt", "fsdp": "incomplete: the manifest lacks .metadata"},
+    ),
+    "manifest's CRC changed": (
+        lambda d, s: _rewrite_manifest(d, lambda files: files[_shard(d, s, 0).name].update(crc32=1)),
+        "CRC-32 mismatch",
+    ),
+    "metadata damaged": (  # DCP's .metadata; DDP's metadata is meta.json itself
+        lambda d, s: _flip_bit(d / ".metadata") if s == "fsdp" else _truncate(d / "meta.json"),
+        {"ddp": "meta.json unreadable", "fsdp": ".metadata: CRC-32 mismatch"},
+    ),
 }
-STEP_OF_KIND = {kind: STEPS - i for i, kind in enumerate(DAMAGE)}  # 8, 7, ..., 2
+STEP_OF_KIND = {kind: STEPS - i for i, kind in enumerate(DAMAGE)}  # STEPS, STEPS - 1, ..., 2
 
 
 @pytest.fixture(scope="module", params=["ddp", "fsdp"])

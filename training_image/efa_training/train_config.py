@@ -48,8 +48,11 @@ FLOAT_RANGES = {
 }
 
 
+UNNAMED_RUN = "local"  # --run-id's default where env RUN_ID is unset too: a run given no id (run_paths.py alike)
+
+
 def _run_id_from_env() -> str:
-    return os.environ.get("RUN_ID", "local")
+    return os.environ.get("RUN_ID", UNNAMED_RUN)
 
 
 @dataclass
@@ -229,6 +232,13 @@ class TrainConfig:
 
     def model_config(self) -> ModelConfig:
         return model_config(self.model, seq_len=self.seq_len or None)
+
+    def named_run_id(self) -> str:
+        """The run's id as its backend gave it (Batch and EKS: --run-id; SageMaker: env RUN_ID), "" for a run given
+        none: what the checkpoint folder's lock records, so a retry tells its own earlier attempt from another run."""
+        # Batch: the job definition's `--run-id Ref::run_id` ("The Ref:: declarations in the command section are used
+        # to set placeholders for parameter substitution", https://docs.aws.amazon.com/batch/latest/userguide/example-use-parameters.html).
+        return "" if self.run_id == UNNAMED_RUN else self.run_id
 
     def initial_model_dir(self) -> Path | None:
         """The folder of checkpoints --init-from names, or None (from scratch)."""

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -174,12 +175,10 @@ def required_files(meta: dict) -> list[str]:
     return own + [f"rng_rank{r}.pt" for r in range(meta["world_size"])]
 
 
-def verify(path: Path, fmt: str | None, rank: int = 0, world_size: int = 1) -> dict:
-    """Check this rank's share of a checkpoint without any collective; return its meta or raise CheckpointDamaged.
-
-    Each file of the manifest is checked (size, CRC-32) by one rank: the rank that wrote it when the world
-    size is unchanged (the file is then usually in its page cache), else by position. A single process
-    (world_size 1, validation) checks everything."""
+def check_meta(path: Path, fmt: str | None = None) -> dict:
+    """The damage check of meta.json itself, which needs no other file: complete and typed, of the run's format
+    (None: any), its manifest naming every required file, each with a record. Whatever reads a checkpoint's meta.json
+    reads it through here: the resume (`verify`) and the pre-flight checks that run before any process group."""
     meta = read_meta(path)
     if fmt is not None and meta["format"] != fmt:
         raise CheckpointDamaged(f"format {meta['format']!r}, this run uses {fmt!r}")
@@ -187,11 +186,34 @@ def verify(path: Path, fmt: str | None, rank: int = 0, world_size: int = 1) -> d
     missing = [name for name in required_files(meta) if name not in files]
     if missing:
         raise CheckpointDamaged(f"incomplete: the manifest lacks {', '.join(missing)}")
+    for name in sorted(files):
+        if not isinstance(files[name], dict):
+            raise CheckpointDamaged(f"meta.json: the manifest entry of {name} is not an object")
+    return meta
+
+
+def sound_metas(root: Path) -> Iterator[tuple[Path, dict]]:
+    """The checkpoints whose meta.json passes `check_meta`, newest first, with that meta. The others are the
+    resume's to set aside (with a warning): a check before it must not stop at them."""
+    for path in step_dirs(root):
+        try:
+            meta = check_meta(path)
+        except CheckpointDamaged:
+            continue
+        yield path, meta
+
+
+def verify(path: Path, fmt: str | None, rank: int = 0, world_size: int = 1) -> dict:
+    """Check this rank's share of a checkpoint without any collective; return its meta or raise CheckpointDamaged.
+
+    Each file of the manifest is checked (size, CRC-32) by one rank: the rank that wrote it when the world
+    size is unchanged (the file is then usually in its page cache), else by position. A single process
+    (world_size 1, validation) checks everything."""
+    meta = check_meta(path, fmt)
+    files = meta["files"]
     same_world = meta["world_size"] == world_size
     for i, name in enumerate(sorted(files)):
         record = files[name]
-        if not isinstance(record, dict):
-            raise CheckpointDamaged(f"meta.json: the manifest entry of {name} is not an object")
         checker = record.get("rank", 0) if same_world else i
         if checker % world_size == rank:
             _check_file(path / name, record)
@@ -210,13 +232,8 @@ def _check_file(path: Path, record: dict) -> None:
 
 
 def newest_meta(root: Path) -> tuple[Path, dict] | None:
-    """The newest checkpoint whose meta.json is complete, with that meta (None if there is none)."""
-    for path in step_dirs(root):
-        try:
-            return path, read_meta(path)
-        except CheckpointDamaged:
-            continue  # the resume sets it aside with a warning
-    return None
+    """The newest checkpoint whose meta.json passes `check_meta`, with that meta (None if there is none)."""
+    return next(sound_metas(root), None)
 
 
 def dcp_options(path: Path | None) -> Any:

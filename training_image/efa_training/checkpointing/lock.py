@@ -31,15 +31,16 @@ SAME_RUN_LOCK_WAIT_SECONDS = 300
 LOCK_POLL_SECONDS = 5.0
 
 
-def take_folder(root: Path, rt: Runtime, node_local: bool = False) -> IO | str | None:
+def take_folder(root: Path, rt: Runtime, node_local: bool = False, *, run_id: str) -> IO | str | None:
     """Global rank 0 takes the lock (with node-local folders, every node's local rank 0 takes its own node's) and
-    every rank learns the outcome; the lock is held until the process ends.
+    every rank learns the outcome; the lock is held until the process ends. `run_id`: the trainer's one run id
+    (TrainConfig.named_run_id: --run-id on Batch and EKS, env RUN_ID on SageMaker; "" for a run given none).
 
     Held by the rank-0 worker process, so the kernel releases it when that worker dies; torchrun's restart
     takes it again. Another job on the same folder is refused with the holder's name and exit code 5, at once when
     it is another run, after a bounded wait when it is this run's own earlier attempt (its host may have died)."""
     holds = rt.local_rank == 0 if node_local else rt.is_main
-    got = lock_folder_waiting(root, lock_holder()) if holds else None
+    got = lock_folder_waiting(root, lock_holder(run_id)) if holds else None
     refused = torch.tensor([int(isinstance(got, str))], dtype=torch.int32, device=rt.device)
     dist.all_reduce(refused)  # any holder refused: every rank stops
     if int(refused.item()):
@@ -96,12 +97,13 @@ def lock_folder(root: Path, holder: dict) -> IO | str:
     return f
 
 
-def lock_holder() -> dict:
-    """Who holds a checkpoint folder: enough to find the job (Batch job id or pod) and the process."""
+def lock_holder(run_id: str) -> dict:
+    """Who holds a checkpoint folder: enough to find the job (Batch job id or pod) and the process, and the run
+    whose earlier attempt a retry waits for (the caller's run id: Batch and EKS pass it as --run-id, not as RUN_ID)."""
     holder: dict = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "run_id": os.environ.get("RUN_ID", ""),
+        "run_id": run_id,
         "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     for name in ("AWS_BATCH_JOB_ID", "HOSTNAME"):  # HOSTNAME is the pod name on Kubernetes

@@ -1,7 +1,9 @@
 """Whether a run may reuse a checkpoint folder: refused when its newest checkpoint is another strategy's or model's.
 
 Loading it would fail with a size mismatch, make DCP overwrite part of the model, or skip every checkpoint and
-silently train from step 0. Reads only meta.json, before any process group exists (each workload's pre-flight).
+silently train from step 0. Reads only meta.json, before any process group exists (each workload's pre-flight), and
+only one that passes the resume's own check of it (format.check_meta): a damaged newest checkpoint is the resume's
+to set aside, not a reason to refuse the run.
 """
 
 from __future__ import annotations

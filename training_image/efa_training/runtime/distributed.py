@@ -14,6 +14,7 @@ process, where a world of one is created so the same code paths run.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from efa_training.runtime.errors import UsageError
+from efa_training.runtime.launch import watchdog
 
 DEVICES = ("auto", "cuda", "cpu", "xla")
 # ACCELERATOR_KIND is the infrastructure's word for the node type (see launch.py).
@@ -152,21 +154,24 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
-# The hang watchdog's floor (runtime/launch/watchdog.py FLOOR_VARIABLE, DEFAULT_FLOOR_SECONDS).
-HANG_FLOOR_VARIABLE, HANG_FLOOR_DEFAULT_SECONDS = "HANG_TIMEOUT_SECONDS", 1800
+# How long a hung collective outlasts the launcher's hang watchdog (runtime/launch/watchdog.py) before it times out:
+# the watchdog polls each second, and the other nodes see its ask for their stacks through the shared run folder in
+# a few more; only then are every node's workers frozen. Set equal, the ranks waiting for the hung one died of the
+# timeout as the watchdog came, and only the hung rank's stacks were kept (issue 51).
+EVIDENCE_MARGIN_SECONDS = 60
 
 
-def lower_collective_timeout(rt: Runtime, env: Mapping[str, str], current_s: int = 1800) -> int | None:
-    """After warm-up (rendezvous, the first step's compilation and allocations), a collective that waits longer than
-    the hang watchdog's floor is a hang: the process group's timeout comes down to that floor, so NCCL's own watchdog
-    aborts it (and writes its Flight Recorder traces) no later than the launcher's watchdog would. torchtitan does
-    the same after its first step, through the same call (torchtitan/distributed/utils.py `set_pg_timeouts`,
-    `comm.train_timeout_seconds`). The new timeout in seconds, or None where nothing changed (no lower floor, XLA)."""
-    try:
-        floor = int(float(env.get(HANG_FLOOR_VARIABLE) or HANG_FLOOR_DEFAULT_SECONDS))
-    except ValueError:
+def collective_timeout_after_warm_up(rt: Runtime, env: Mapping[str, str], progress_every_s: float = 0.0) -> int | None:
+    """After warm-up (rendezvous, the first step's compilation and allocations), the process group's timeout becomes
+    the hang watchdog's limit (its floor, or FACTOR x the interval between progress lines, `progress_every_s`: the
+    first step's, the slowest) plus EVIDENCE_MARGIN_SECONDS: the watchdog freezes every rank and takes its stacks
+    first, and NCCL's own watchdog still aborts a collective it missed (writing its Flight Recorder traces).
+    torchtitan sets its timeout after its first step through the same call (torchtitan/distributed/utils.py
+    `set_pg_timeouts`, `comm.train_timeout_seconds`). The new timeout in seconds, or None where nothing changed
+    (XLA, no process group)."""
+    if rt.device_type == "xla" or not dist.is_initialized():
         return None
-    if rt.device_type == "xla" or not dist.is_initialized() or not 0 < floor < current_s:
-        return None
-    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=floor))
-    return floor
+    limit = max(watchdog.floor_from(env), watchdog.FACTOR * progress_every_s)
+    timeout = math.ceil(limit + EVIDENCE_MARGIN_SECONDS)
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout))
+    return timeout

@@ -6,6 +6,8 @@ the launcher's stderr, one worker at a time). From them it names the rank that s
   - a worker the kernel holds stopped (state T: SIGSTOP, a debugger), which every other rank then waits for;
   - else a worker outside any collective while the others wait inside one (their stacks end in torch.distributed):
     the rank they wait for;
+  - else the one worker running (state R) while every other sleeps (S): DDP waits for gradients inside backward,
+    in C++, where no stack shows a collective, so a rank spinning in its own code is told by its state;
   - else none: every rank waits in a collective, a fault of the network or the communication library, which NCCL's
     own Flight Recorder traces (FLIGHT_RECORDER, written on NCCL's collective timeout) show in detail.
 
@@ -109,6 +111,13 @@ def stopped_first(workers: list[dict]) -> dict | None:
     outside = [w for w in workers if w.get("stacks") and not in_collective(w["stacks"])]
     if waiting and outside:
         return {**_who(outside[0]), "why": f"outside any collective while {len(waiting)} rank(s) waited in one"}
+    # DDP waits for its gradients inside backward, in C++ (no torch.distributed frame): there the one rank still
+    # running (state R) outside any collective while every other sleeps is the one spinning in its own code. Its
+    # host is not blamed (host_fault): a loop is the code's, and on GPUs a rank waiting for its device may spin too.
+    running = [w for w in outside if w["state"] == "R"]
+    if len(running) == 1 and len(workers) > 1 and all(w["state"] == "S" for w in workers if w is not running[0]):
+        why = f"running (process state R) outside any collective while {len(workers) - 1} rank(s) slept"
+        return {**_who(running[0]), "why": why, "host_fault": False}
     return None
 
 

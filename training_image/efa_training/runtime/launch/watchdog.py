@@ -92,13 +92,9 @@ class Watchdog:
         """The floor the workload declared (`hang_timeout_seconds`), unless the job's HANG_TIMEOUT_SECONDS sets it; the
         host that hung first recorded under `run_id` for quarantine (nothing without it or REPORT_PREFIX); `peers`:
         the other nodes sharing the run's folder, whose stacks are asked for."""
-        try:
-            floor = float(env.get(FLOOR_VARIABLE) or declared)
-        except ValueError:
-            floor = declared
         record = functools.partial(bad_hosts.record, env, run_id)
         identity = bad_hosts.host_identity(env)
-        return cls(max(floor, 1.0), run=run, bad_host=record, peers=peers, node=node, identity=identity)
+        return cls(floor_from(env, declared), run=run, bad_host=record, peers=peers, node=node, identity=identity)
 
     def stderr_line(self, line: str) -> None:
         captured = self._captured
@@ -208,7 +204,7 @@ class Watchdog:
 
     def _tell_bad_host(self, stopped: dict | None, everyone: list[dict], kept: Path | None) -> None:
         """The host of the worker that stopped first, recorded bad: this node's, or another's by its identity."""
-        if stopped is None or self.bad_host is None:
+        if stopped is None or self.bad_host is None or stopped.get("host_fault") is False:
             return
         worker = next((w for w in everyone if w["pid"] == stopped["pid"] and w.get("node") == stopped.get("node")), {})
         evidence = [f"rank {stopped['rank']} pid {stopped['pid']}", f"evidence: {kept}"]
@@ -218,6 +214,16 @@ class Watchdog:
         """Wait for a hang's evidence and summary to be written (the launcher exits after them)."""
         if self._thread is not None and self.hang is not None:
             self._thread.join(timeout)
+
+
+def floor_from(env: Mapping[str, str], declared: float = DEFAULT_FLOOR_SECONDS) -> float:
+    """The floor: the job's HANG_TIMEOUT_SECONDS, else the declared one; at least a second. The built-in trainer
+    reads it too, to keep its collective timeout above it (runtime/distributed.py collective_timeout_after_warm_up)."""
+    try:
+        floor = float(env.get(FLOOR_VARIABLE) or declared)
+    except ValueError:
+        floor = declared
+    return max(floor, 1.0)
 
 
 def _tree() -> dict[int, int]:

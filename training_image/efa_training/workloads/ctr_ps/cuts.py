@@ -62,7 +62,7 @@ class Cuts:
         copy of the same job is refused with exit 5 before it touches a cut. Held until this process ends."""
         cfg = self.cfg
         Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        self._lock = lock_folder_waiting(Path(cfg.checkpoint_dir), lock_holder())
+        self._lock = lock_folder_waiting(Path(cfg.checkpoint_dir), lock_holder(cfg.named_run_id()))
         if isinstance(self._lock, str):
             raise RunRefused(
                 EXIT_FOLDER_LOCKED,

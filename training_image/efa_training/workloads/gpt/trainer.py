@@ -25,7 +25,7 @@ from efa_training.checkpointing.lock import take_folder
 from efa_training.checkpointing.manager import CheckpointManager
 from efa_training.checkpointing.state import TrainerState
 from efa_training.runtime.console import log
-from efa_training.runtime.distributed import Runtime, lower_collective_timeout
+from efa_training.runtime.distributed import Runtime, collective_timeout_after_warm_up
 from efa_training.runtime.divergence import DivergenceGuard
 from efa_training.runtime.errors import EXIT_STOPPED, UsageError
 from efa_training.runtime.run_paths import node_local_checkpoints
@@ -117,7 +117,8 @@ class Trainer:
         if node_local and rt.device_type == "xla":
             # The node-local manifest travels by an object broadcast, which the XLA backend does not offer.
             raise UsageError("CHECKPOINT_NODE_LOCAL", "1", "not supported on the xla device", "0 (a shared folder)")
-        self._lock = take_folder(Path(cfg.checkpoint_dir), rt, node_local)  # held until the process ends
+        # Held until the process ends; the run id tells this run's earlier attempt (waited for) from another run.
+        self._lock = take_folder(Path(cfg.checkpoint_dir), rt, node_local, run_id=cfg.named_run_id())
         return CheckpointManager(
             cfg,
             rt,
@@ -195,8 +196,8 @@ class Trainer:
             # After the metrics line (the NonFiniteLoss alarm sees the step), before any save.
             self.guard.check(self.state.step, result.loss, result.grad_norm, self.checkpoints.last_saved)
             stopping = result.stop_requested
-            if self.state.step == started + 1:  # warmed up: a hang is now a collective this long
-                lower_collective_timeout(self.rt, os.environ)
+            if self.state.step == started + 1:  # warmed up: a collective this long is hung, after the watchdog saw it
+                collective_timeout_after_warm_up(self.rt, os.environ, result.seconds * self.cfg.log_every)
             if stopping or self.state.step == self.cfg.max_steps:
                 # Before the final save, so the save's barrier stays the last collective before teardown
                 # (a collective right before destroy_process_group made gloo abort at exit, 3 runs in 8).
