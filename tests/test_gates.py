@@ -178,6 +178,10 @@ GUARDED_GRANTS = {
     ("eks.amazonaws.com", "AWS::IAM::Role"),
     ("vpc-flow-logs.amazonaws.com", "AWS::IAM::Role"),
 }
+# Grants of such a service that its documents give no condition for: SageMaker's "Cross-service confused deputy
+# prevention" lists its features' examples (Edge Manager ... Training Jobs) and none for MLflow, whose tracking server
+# role (constructs/storage/tracking.py) a condition SageMaker may not meet would make fail to create. By logical id.
+UNDOCUMENTED_GRANTS = {("sagemaker.amazonaws.com", "TrackingRole")}
 _POLICY_DOCUMENTS = {
     "AWS::IAM::Role": "AssumeRolePolicyDocument",
     "AWS::SNS::TopicPolicy": "PolicyDocument",
@@ -204,6 +208,8 @@ def test_service_grants_carry_the_confused_deputy_guard_their_service_documents(
     # this account's sources, and there is at least one (the grant exists on some backend).
     found = [g for g in _service_grants(_distinct_templates(synth, SCANNED)) if g[:2] == grant]
     assert found
-    for _, _, template, logical, statement in found:
+    for service, _, template, logical, statement in found:
+        if any(service == s and logical.startswith(prefix) for s, prefix in UNDOCUMENTED_GRANTS):
+            continue
         keys = {key for test in statement.get("Condition", {}).values() for key in test}
         assert keys & {"aws:SourceArn", "aws:SourceAccount"}, f"{template} {logical}: {statement}"

@@ -2,9 +2,11 @@
 
 After the approval is recorded and published (verdict.py), the model becomes a version in the model package group
 `efa-training-<env>-<workload>` (SageMaker developer guide, "Model Registration Deployment with Model Registry":
-a group per model, a version per training run), with approval status Approved, the model's S3 folder as its
-SourceUri and the verdict's figures as its metadata (CreateModelPackage: ModelApprovalStatus, SourceUri,
-CustomerMetadataProperties; no InferenceSpecification, which names a serving image the platform does not choose).
+a group per model, a version per training run), with approval status Approved and the model's S3 folder and the
+verdict's figures as its metadata (CreateModelPackage: ModelApprovalStatus, CustomerMetadataProperties; no
+InferenceSpecification, which names a serving image the platform does not choose). No SourceUri: the API reference
+takes an ARN there ("If you want to clone a model package, set it to the model package Amazon Resource Name (ARN).
+If you want to register a model, set it to the model ARN."), and the platform creates no SageMaker model.
 The group is created on the first approval (ListModelPackageGroups, then CreateModelPackageGroup), not by the
 stack: a group that holds versions outlives `cdk destroy` without failing it, and a redeploy never replaces it.
 A rejected model is not registered: it is never copied to models/, so the group holds only what a deployment may take;
@@ -73,9 +75,9 @@ def register_approved(scope: Construct, environment: str) -> tuple[sfn.State, sf
             **group,
             "ModelApprovalStatus": "Approved",
             "ModelPackageDescription.$": "States.Format('Run {} approved by the training pipeline', $.run.run_id)",
-            "SourceUri.$": "$.paths.model_uri",
-            "CustomerMetadataProperties": {
+            "CustomerMetadataProperties": {  # SourceUri takes a model's or a model package's ARN, not a folder
                 "run_id.$": "$.run.run_id",
+                "model.$": "$.paths.model_uri",
                 "execution.$": "$$.Execution.Id",
                 "checkpoints.$": "$.paths.checkpoints_uri",
                 **metadata,

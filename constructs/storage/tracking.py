@@ -88,11 +88,11 @@ class TrackingServer(Construct):
         self.role = iam.Role(
             self,
             "Role",
-            # Confused-deputy guard (SageMaker developer guide, "Cross-service confused deputy prevention":
-            # aws:SourceAccount): SageMaker may assume it for this account's resources only. Not exercised in AWS.
-            assumed_by=iam.ServicePrincipal(
-                "sagemaker.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": cdk.Aws.ACCOUNT_ID}}
-            ),
+            # The documented trust, with no aws:SourceAccount/aws:SourceArn condition: SageMaker's "Cross-service
+            # confused deputy prevention" gives examples per feature (Edge Manager ... Training Jobs) and none for
+            # MLflow, so nothing says the key is sent when the server assumes this role; a condition it lacks would
+            # deny the AssumeRole and fail CreateMlflowTrackingServer (the Storage stack rolls back).
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
             description="SageMaker managed MLflow: the tracking server's artifacts in the data bucket",
         )
         self.role.add_to_policy(

@@ -39,6 +39,25 @@ def test_an_approved_model_is_a_version_in_the_environments_group_with_its_verdi
     assert approval(emulator)["run_id"] == "registry-001" and emulator.refused_requests == []
 
 
+def test_the_version_names_the_models_folder_in_its_metadata_and_no_source_uri(emulator, monkeypatch):
+    # API_CreateModelPackage SourceUri: "If you want to clone a model package, set it to the model package Amazon
+    # Resource Name (ARN). If you want to register a model, set it to the model ARN." The platform makes no SageMaker
+    # model, so the folder goes in CustomerMetadataProperties (moto ignores SourceUri: the request is what counts).
+    requests, check = [], emulator.check_request
+
+    def recorded(service: str, operation: str, request: dict) -> None:
+        requests.append((service, operation, request))
+        check(service, operation, request)
+
+    monkeypatch.setattr(emulator, "check_request", recorded)
+    emulator.verdict = ACCEPTED
+    assert emulator.run({**RUN, "run_id": "registry-source"})["status"] == "SUCCEEDED"
+    (created,) = [r for s, o, r in requests if (s, o) == ("sagemaker", "CreateModelPackage")]
+    assert "SourceUri" not in created
+    (version,) = _versions("registry-source")
+    assert version["CustomerMetadataProperties"]["model"].endswith("/models/registry-source/")
+
+
 def test_each_approved_run_is_a_new_version_of_the_same_group(emulator):
     emulator.verdict = ACCEPTED
     for run_id in ("registry-002", "registry-003"):
