@@ -47,7 +47,11 @@ def cpu_seconds_by_role(cmd: list[str], env: dict, poll: float = 0.2) -> tuple[s
 
     def sample() -> None:
         while proc.poll() is None:
-            for p in [root, *root.children(recursive=True)]:
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except psutil.Error:  # the root ended between the poll and the listing
+                break
+            for p in tree:
                 try:
                     line, times = " ".join(p.cmdline()), p.cpu_times()
                 except psutil.Error:
