@@ -28,6 +28,27 @@ KINDS = {
     "eks": ("capacity_block", "on_demand"),
     "sagemaker": ("training_plan",),
 }
+
+# When the provider takes a reservation's capacity away, in seconds before its end, and who does (words for a refusal:
+# no apostrophe, they go into States.Format): a run must have stopped and saved by then
+# (constructs/pipeline/reservation_end.py passes end - lead as the train job's stop-by).
+TAKEN_AWAY = {
+    # EC2 user guide, "Work with Capacity Blocks": "Thirty minutes before the reservation expires, we begin to
+    # terminate any instances that are still running in the Capacity Block."
+    ("batch", "capacity_block"): (30 * 60, "EC2 starts terminating its instances"),
+    # EKS user guide, "Manage compute for AI/ML workloads on Amazon EKS with node groups": EKS's scheduled action
+    # scales a Capacity Block managed node group "down to 0 40 minutes before the reservation ends".
+    ("eks", "capacity_block"): (40 * 60, "EKS scales the node group to 0"),
+    # SageMaker developer guide, "Training plans utilization for SageMaker training jobs": "When there are 30 minutes
+    # remaining in your Reserved Capacity, SageMaker training plans begin the process of terminating any running
+    # instances within that Reserved Capacity."
+    ("sagemaker", "training_plan"): (30 * 60, "SageMaker starts terminating its instances"),
+    # EC2 API reference, CapacityReservation EndDate: "When a Capacity Reservation expires, the reserved capacity is
+    # released and you can no longer launch instances into it" (no early termination; "within an hour from the
+    # specified time", never before it, ModifyCapacityReservation).
+    ("batch", "on_demand"): (0, "EC2 releases it"),
+    ("eks", "on_demand"): (0, "EC2 releases it"),
+}
 FIELDS = ("kind", "id", "resource_group", "training_plan", "zone", "instances")
 RESERVATION_ID = re.compile(r"cr-[0-9a-f]{17}")
 # EC2 user guide, "Capacity Reservation groups": an AWS Resource Groups group that holds On-Demand reservations.
@@ -52,6 +73,10 @@ class CapacityReservation:
     @property
     def capacity_block(self) -> bool:
         return self.kind == "capacity_block"
+
+    def taken_away(self, compute: str) -> tuple[int, str]:
+        """(seconds before the end, who): when `compute`'s provider takes this reservation's capacity away."""
+        return TAKEN_AWAY[(compute, self.kind)]
 
     @property
     def target(self) -> dict[str, str]:

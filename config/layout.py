@@ -32,6 +32,9 @@ RUNS_TABLE_KEY = "run_id"
 RUN_HOLDER = "execution"
 RUN_SINCE = "since"
 RUN_INPUT = "input"
+# EKS's node-group lease, one item `lease#<environment>` in the same table (constructs/compute/eks/node_lease.py):
+# no run id holds a '#' (contracts/run.py RUN_ID_CHARACTERS), so it is never a run's.
+NODE_LEASE_PREFIX = "lease#"
 # Trainium's persistent compile cache (training_image/efa_training/runtime/launch/neuron_compile.py), shared by every
 # node and run.
 NEURON_CACHE_PREFIX = "neuron-cache/"

@@ -271,8 +271,9 @@ JOB_VALUES = {
     # The resolved initial model's run id, or NO_INITIAL_MODEL (constructs/pipeline/initial_model.py sets it).
     "init_from": "$.run.init_run",
     "tolerance": _as_string("$.run.tolerance"),
-    # When the training must have stopped and saved: the end of the environment's reservation (ISO-8601 UTC), or
-    # STOP_BY_NONE (constructs/pipeline/reservation_end.py sets it; the launcher reads it: runtime/launch/stop_by.py).
+    # When the training must have stopped and saved: the moment the provider takes the environment's reservation away
+    # (its end less the provider's lead, ISO-8601 UTC), or STOP_BY_NONE (constructs/pipeline/reservation_end.py sets
+    # it; the launcher reads it: runtime/launch/stop_by.py).
     "stop_by": "$.run.stop_by",
 }
 STOP_BY_NONE = "none"

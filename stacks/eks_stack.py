@@ -21,6 +21,7 @@ from constructs.compute.eks.accelerator_nodegroup import (
 )
 from constructs.compute.eks.cluster import EksTrainingCluster, as_icluster
 from constructs.compute.eks.job_runner import EksJobRunner
+from constructs.compute.eks.node_lease import NodeLease
 from constructs.compute.eks.node_scaling import EksNodeReconciler, EksNodeScaling, SizedGroup
 from constructs.compute.eks.training_workspace import EksTrainingWorkspace
 from constructs.compute.shared.workload_images import WorkloadImages
@@ -93,6 +94,7 @@ class EksStack(cdk.Stack):
                 TRAINING: SizedGroup(self.nodegroup, config.nodes),
                 VALIDATION: SizedGroup(self.validation_nodegroup, VALIDATION_NODES),
             },
+            lease=NodeLease(table=storage.runs_table, environment=config.name),  # one run at a time (node_lease.py)
             training_wait_minutes=config.eks_node_wait_minutes,
         )
         self.add_stack_dependency(storage)

@@ -102,8 +102,11 @@ class PipelineStack(cdk.Stack):
 
 def _reservation(config: EnvironmentConfig) -> Reservation | None:
     """The reservation whose end the pipeline reads as a run starts: a Capacity Block, an On-Demand reservation by
-    id, or a training plan (a reservation group has no one end)."""
+    id, or a training plan (a reservation group has no one end), with when this backend's provider takes it away."""
     found = config.reservation
     if found is None or (found.id is None and found.training_plan is None):
         return None
-    return Reservation(capacity_reservation_id=found.id, training_plan_arn=found.training_plan)
+    lead, by = found.taken_away(config.compute)  # the backend's provider (config/capacity.py TAKEN_AWAY)
+    return Reservation(
+        capacity_reservation_id=found.id, training_plan_arn=found.training_plan, lead_seconds=lead, taken_by=by
+    )

@@ -49,8 +49,8 @@
 9. Injects transient faults: `faults["s3.get_object"] = ["SlowDown"]` makes the next such call fail with that
    error code (and its HTTP status), one entry per call, before moto sees it; `"after:InternalError"` lets the
    call take effect first and then loses its answer, as a timeout after a successful write does. DynamoDB too:
-   `faults["dynamodb.put_item"] = ["after:InternalServerError"]`; its conditional writes (put_item, update_item)
-   are serialized, as DynamoDB decides a condition and the write atomically and moto checks, then writes.
+   `faults["dynamodb.put_item"] = ["after:InternalServerError"]`; its conditional writes (put_item, update_item,
+   delete_item) are serialized, as DynamoDB decides a condition and the write atomically and moto checks, then writes.
 """
 
 import copy
@@ -247,7 +247,7 @@ class _ClientProxy:
                 return _to_pascal(_json_safe(response), operation.output_shape)
 
             return pascal_case_call
-        if service == "dynamodb" and name in ("put_item", "update_item"):
+        if service == "dynamodb" and name in ("put_item", "update_item", "delete_item"):
             return self._atomic(method)
         if service == "s3" and name == "put_object":
 

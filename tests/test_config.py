@@ -9,6 +9,7 @@ import pytest
 
 from app import build_app
 from config import CATALOGUE, ConfigError, efa_instance_types, load_config
+from config.capacity import KINDS, CapacityReservation
 from config.environment import MAX_NODES
 from tests.synthesis import CDK_JSON_CONTEXT, ROOT, instance_variant
 
@@ -188,6 +189,22 @@ def _reserved(reservation: dict, **overrides: str):
 def test_a_reservation_each_backend_takes_is_read(compute, reservation):
     found = _reserved(reservation, compute=compute).reservation
     assert found is not None and found.kind == reservation["kind"] and found.instances == reservation["instances"]
+
+
+@pytest.mark.parametrize(("compute", "kind"), [(c, k) for c, kinds in KINDS.items() for k in kinds])
+def test_every_reservation_a_backend_takes_says_when_its_capacity_is_taken_away(compute, kind):
+    # The pipeline's stop-by is end - this lead (constructs/pipeline/reservation_end.py): a kind without one would
+    # fail the synth of every environment that declares it.
+    lead, by = CapacityReservation(kind=kind, instances=1).taken_away(compute)
+    assert lead >= 0 and by
+
+
+@pytest.mark.parametrize("compute", ["batch", "eks"])
+def test_an_on_demand_reservation_is_taken_away_at_its_end_not_before(compute):
+    # EC2 API reference, CapacityReservation EndDate: "When a Capacity Reservation expires, the reserved capacity is
+    # released and you can no longer launch instances into it"; no early termination (unlike a Capacity Block's 30
+    # minutes, tests/pipeline/test_reservation_pipeline.py).
+    assert CapacityReservation(kind="on_demand", instances=1).taken_away(compute)[0] == 0
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import re
 from urllib.parse import quote
 
 from config.layout import (
+    NODE_LEASE_PREFIX,
     RUN_HOLDER,
     RUN_SINCE,
     RUNS_PREFIX,
@@ -39,7 +40,8 @@ def cmd_list(args, pipeline: Pipeline, out) -> int:
 
 
 def claimed_runs(pipeline: Pipeline) -> list[dict[str, str]]:
-    """Every item of the runs table, its string attributes as plain values (a Scan, page by page)."""
+    """Every run of the runs table (not EKS's node lease), its string attributes as plain values (a Scan, page by
+    page)."""
     table = pipeline.runs_table
     if table is None:
         raise CliError(
@@ -53,7 +55,8 @@ def claimed_runs(pipeline: Pipeline) -> list[dict[str, str]]:
     # A Scan answers at most 1 MB a call; LastEvaluatedKey starts the next page (DynamoDB API reference, Scan).
     while True:
         page = call(dynamodb.scan, TableName=table, **shown, **({"ExclusiveStartKey": start} if start else {}))
-        runs += [{name: value["S"] for name, value in item.items() if "S" in value} for item in page["Items"]]
+        items = [{name: value["S"] for name, value in item.items() if "S" in value} for item in page["Items"]]
+        runs += [item for item in items if not item.get(RUNS_TABLE_KEY, "").startswith(NODE_LEASE_PREFIX)]
         start = page.get("LastEvaluatedKey")
         if not start:
             return runs

@@ -38,11 +38,15 @@ class PipelineNodes(Protocol):
     """Nodes the pipeline itself sizes, where nothing brings up hosts per job (EKS managed node groups): the run
     holds them alone, sizes them per stage, and releases them on every ending; roles TRAINING and VALIDATION."""
 
-    def refuse_concurrent(
-        self, scope: Construct, *, machine_arn: str, error: str
-    ) -> tuple[sfn.TaskStateBase, sfn.Choice]:
-        """(first state, choice): the choice fails with `error` while another execution runs; its `.otherwise()`
-        goes on."""
+    def hold(
+        self, scope: Construct, *, execution_arns: str, error: str
+    ) -> tuple[sfn.State, sfn.INextable, list[sfn.TaskStateBase]]:
+        """(first, held, calls): the run takes the nodes' lease, or fails with `error` and one line naming the
+        execution (one of `execution_arns`) holding it; `held` goes on; `calls` are for the failure path."""
+        ...
+
+    def release_lease(self, scope: Construct, id_: str) -> sfn.Chain:
+        """The lease given back where this execution holds it; never fails."""
         ...
 
     def size(
@@ -51,10 +55,9 @@ class PipelineNodes(Protocol):
         """The states setting each role's node count (a number, or a JSONPath to one), and its tasks to catch on."""
         ...
 
-    def release(
-        self, scope: Construct, id_: str, *, machine: str, machine_arn: str, others: int
-    ) -> tuple[sfn.Chain, sfn.Map]:
-        """Every role to 0 unless more than `others` executions of `machine` run; (chain, state to catch on)."""
+    def release(self, scope: Construct, id_: str) -> tuple[sfn.Chain, sfn.Map]:
+        """Every role to 0 unless another execution holds the lease, then the lease given back; (chain, state to
+        catch on)."""
         ...
 
     @property

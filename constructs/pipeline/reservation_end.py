@@ -1,14 +1,17 @@
-"""When a run's training must have stopped: the end of the environment's reservation, read as the run starts.
+"""When a run's training must have stopped: the moment its reservation's capacity is taken away, read as it starts.
 
-A Capacity Block or training plan ends at a fixed time, and its instances go with it (AWS HPC blog, "How to use
-Capacity Blocks for ML with AWS Batch": jobs still running are FAILED). Before the run claims its id, the pipeline
-reads the end (EC2 DescribeCapacityReservations' EndDate; SageMaker DescribeTrainingPlan's EndTime) into
-`$.run.stop_by`, which the train job receives as `--stop-by` (runtime/launch/stop_by.py stops and saves before it).
-A reservation with no end (an On-Demand reservation without an end date) gives `none`. A run with less than
-WINDOW_MINIMUM_SECONDS left could not reach one checkpoint (the sanity check, start-up, one save and the stop's
-margin) and is refused at its start, before any claim or instance, with one line. A reservation the pipeline cannot
-read (after the transient retries) refuses the run too: training into an end it does not know would lose the work
-since the last checkpoint.
+A Capacity Block or training plan ends at a fixed time, and the provider takes its instances away before that: EC2
+starts terminating a Capacity Block's instances 30 minutes before its end, EKS scales a Capacity Block managed node
+group to 0 at 40 minutes, SageMaker starts terminating a training plan's instances at 30 minutes; an On-Demand
+reservation is released at its end (config/capacity.py TAKEN_AWAY, with the documents). Before the run claims its
+id, the pipeline reads the end (EC2 DescribeCapacityReservations' EndDate; SageMaker DescribeTrainingPlan's EndTime)
+and puts end - lead into `$.run.stop_by`, which the train job receives as `--stop-by` (runtime/launch/stop_by.py
+stops and saves before it, with its save margin on top: the launcher knows one time, not the provider). A
+reservation with no end (an On-Demand reservation without an end date) gives `none`. A run with less than
+WINDOW_MINIMUM_SECONDS before that moment could not reach one checkpoint (the sanity check, start-up, one save and
+the stop's margin) and is refused at its start, before any claim or instance, with one line. So is a reservation
+that is over (its State or Status, from the same call), and one the pipeline cannot read (after the transient
+retries): training into an end it does not know would lose the work since the last checkpoint.
 """
 
 from dataclasses import dataclass
@@ -25,35 +28,95 @@ J = sfn.JsonPath
 WINDOW_MINIMUM_SECONDS = 30 * 60  # a sanity check, start-up, one checkpoint and the stop's 300 s margin
 ENDS_TOO_SOON = "ReservationEndsTooSoon"
 UNREADABLE = "ReservationUnreadable"
+OVER = "ReservationOver"
+# EC2 API reference, CapacityReservation State: expired and cancelled, "The reserved capacity is no longer available
+# for your use"; failed, "The Capacity Reservation request has failed"; payment-failed, "Your Capacity Block was
+# released".
+EC2_OVER = ("expired", "cancelled", "failed", "payment-failed")
+# SageMaker developer guide, "View training plan details": "If the plan purchase fails, the status is set to Failed";
+# "After the plan's end date, the status becomes Expired".
+PLAN_OVER = ("Expired", "Failed")
 
 
 @dataclass(frozen=True)
 class Reservation:
-    """The environment's reservation with an end: an EC2 reservation's id, or a SageMaker training plan's ARN."""
+    """The environment's reservation with an end: an EC2 reservation's id, or a SageMaker training plan's ARN; and
+    when the backend's provider takes its capacity away: `lead_seconds` before the end, by `taken_by`."""
 
     capacity_reservation_id: str | None = None
     training_plan_arn: str | None = None
+    lead_seconds: int = 0
+    taken_by: str = ""
+
+
+@dataclass(frozen=True)
+class _Read:
+    """The call that reads the reservation into `$.reservation`: where its end is then (if it has one), where its
+    state is, and the states that say it is over."""
+
+    task: tasks.CallAwsService
+    end: str
+    state: str
+    over: tuple[str, ...]
+    name: str  # the reservation, as the refusal names it
+    field: str  # its state's field in the answer
 
 
 def reservation_end(scope: Construct, reservation: Reservation, failures: FailurePath) -> tuple[sfn.State, sfn.Pass]:
     """(start, read): `start` takes {"run"}; a run that fits the window goes on at `read` with `$.run.stop_by`."""
-    read, end = _describe(scope, reservation)
-    retry_transient(read)
+    read = _describe(scope, reservation)
+    retry_transient(read.task)
     unreadable = failures.record("ReadReservationEnd", UNREADABLE)
-    read.add_catch(unreadable.next(failures.notify), errors=["States.ALL"], result_path="$.caught")
-    found = sfn.Pass(scope, "ReservationEndFound", parameters={"run.$": "$.run", "end.$": end})
+    read.task.add_catch(unreadable.next(failures.notify), errors=["States.ALL"], result_path="$.caught")
+    done = sfn.Pass(scope, "ReservationEndRead", parameters={"run.$": "$.run"})
+    found = sfn.Pass(scope, "ReservationEndFound", parameters={"run.$": "$.run", "end.$": read.end})
+    endless = sfn.Pass.jsonata(
+        scope,
+        "ReservationWithoutEnd",
+        outputs={"run": f"{{% $merge([$states.input.run, {{'stop_by': '{STOP_BY_NONE}'}}]) %}}"},
+    )
+    has_end = sfn.Choice(scope, "HasReservationEnd")
+    has_end.when(sfn.Condition.is_present(read.end), found.next(_window(scope, reservation, failures, done)))
+    has_end.otherwise(endless.next(done))
+    usable = sfn.Choice(scope, "IsReservationUsable")
+    over = sfn.Condition.or_(*(sfn.Condition.string_equals(read.state, s) for s in read.over))
+    usable.when(over, _over(scope, read).next(failures.notify)).otherwise(has_end)
+    read.task.next(usable)
+    return read.task, done
+
+
+def _window(scope: Construct, reservation: Reservation, failures: FailurePath, done: sfn.Pass) -> sfn.IChainable:
+    """From {"run", "end"}: `stop_by` = end - lead, then `done`, or the refusal where too little is left before it."""
+    lead_ms = reservation.lead_seconds * 1000
     left = sfn.Pass.jsonata(
         scope,
         "ReservationWindowLeft",
         outputs={
-            "run": "{% $merge([$states.input.run, {'stop_by': $states.input.end}]) %}",
+            # $fromMillis and $toMillis: Step Functions developer guide, "Transforming data with JSONata in Step
+            # Functions": every built-in function of the JSONata 2.0.6 specification "with one exception, $eval".
+            "run": "{% $merge([$states.input.run, {'stop_by': $fromMillis($toMillis($states.input.end) - "
+            f"{lead_ms})}}]) %}}",
+            "end": "{% $states.input.end %}",
             # The state's own entry time from the Context object (Step Functions developer guide, "Accessing
             # execution data from the Context object"), not $now(): Step Functions' JSONata leaves out some functions.
-            "seconds_left": "{% ($toMillis($states.input.end) - $toMillis($states.context.State.EnteredTime))"
-            " / 1000 %}",
+            "seconds_left": f"{{% ($toMillis($states.input.end) - {lead_ms} - "
+            "$toMillis($states.context.State.EnteredTime)) / 1000 %}",
         },
     )
-    too_soon = sfn.Pass(
+    fits = sfn.Choice(scope, "IsReservationWindowLongEnough")
+    too_soon = _too_soon(scope, reservation).next(failures.notify)
+    fits.when(sfn.Condition.number_less_than("$.seconds_left", WINDOW_MINIMUM_SECONDS), too_soon)
+    fits.otherwise(done)
+    return left.next(fits)
+
+
+def _too_soon(scope: Construct, reservation: Reservation) -> sfn.Pass:
+    """The one line naming the end, the lead and the minimum (the moment itself where there is a lead)."""
+    taken, moments = "", [J.string_at("$.end")]
+    if reservation.lead_seconds:
+        taken = f", and {reservation.taken_by} {reservation.lead_seconds // 60} minutes before it, at {{}}"
+        moments.append(J.string_at("$.run.stop_by"))
+    return sfn.Pass(
         scope,
         "OnReservationEndsTooSoon",
         parameters={
@@ -63,31 +126,40 @@ def reservation_end(scope: Construct, reservation: Reservation, failures: Failur
                 "error": ENDS_TOO_SOON,
                 "detail": ENDS_TOO_SOON,
                 "cause": J.format(
-                    f"the reservation ends at {{}}, too soon for one checkpoint (at least "
-                    f"{WINDOW_MINIMUM_SECONDS // 60} minutes: the sanity check, start-up, a save and the margin before "
-                    "the end); start the run in its next window (resume: true continues an earlier run)",
-                    J.string_at("$.run.stop_by"),
+                    f"the reservation ends at {{}}{taken}: too soon for one checkpoint (at least "
+                    f"{WINDOW_MINIMUM_SECONDS // 60} minutes before then: the sanity check, start-up, a save and the "
+                    "margin); start the run in its next window (resume: true continues an earlier run)",
+                    *moments,
                 ),
             },
         },
     )
-    fits = sfn.Choice(scope, "IsReservationWindowLongEnough")
-    fits.when(sfn.Condition.number_less_than("$.seconds_left", WINDOW_MINIMUM_SECONDS), too_soon.next(failures.notify))
-    done = sfn.Pass(scope, "ReservationEndRead", parameters={"run.$": "$.run"})
-    fits.otherwise(done)
-    endless = sfn.Pass.jsonata(
+
+
+def _over(scope: Construct, read: _Read) -> sfn.Pass:
+    """The one line naming a reservation that is over: its id, its state and what a run needs."""
+    return sfn.Pass(
         scope,
-        "ReservationWithoutEnd",
-        outputs={"run": f"{{% $merge([$states.input.run, {{'stop_by': '{STOP_BY_NONE}'}}]) %}}"},
+        "OnReservationOver",
+        parameters={
+            "run.$": "$.run",
+            "failure": {
+                "state": "ReadReservationEnd",
+                "error": OVER,
+                "detail": OVER,
+                "cause": J.format(
+                    f"capacity_reservation {read.name} has {read.field} {{}}, which is over "
+                    f"({', '.join(read.over)}); expected a current reservation: point capacity_reservation at one "
+                    "and deploy",
+                    J.string_at(read.state),
+                ),
+            },
+        },
     )
-    has_end = sfn.Choice(scope, "HasReservationEnd")
-    has_end.when(sfn.Condition.is_present(end), found.next(left).next(fits)).otherwise(endless.next(done))
-    read.next(has_end)
-    return read, done
 
 
-def _describe(scope: Construct, reservation: Reservation) -> tuple[tasks.CallAwsService, str]:
-    """The call that reads the reservation into `$.reservation`, and where its end is then (if it has one)."""
+def _describe(scope: Construct, reservation: Reservation) -> _Read:
+    """The call that reads the reservation (its end and its state, in one answer) into `$.reservation`."""
     if reservation.training_plan_arn:
         name = reservation.training_plan_arn.rsplit("/", 1)[-1]
         plan = tasks.CallAwsService(
@@ -100,7 +172,9 @@ def _describe(scope: Construct, reservation: Reservation) -> tuple[tasks.CallAws
             result_path="$.reservation",  # whole (a few fields): a path to a missing EndTime would be States.Runtime
             task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
-        return plan, "$.reservation.EndTime"
+        return _Read(
+            plan, "$.reservation.EndTime", "$.reservation.Status", PLAN_OVER, f"training plan {name}", "Status"
+        )
     ec2 = tasks.CallAwsService(
         scope,
         "ReadReservationEnd",
@@ -109,9 +183,13 @@ def _describe(scope: Construct, reservation: Reservation) -> tuple[tasks.CallAws
         # Service Authorization Reference, Amazon EC2: DescribeCapacityReservations has no resource-level permissions.
         iam_resources=["*"],
         parameters={"CapacityReservationIds": [reservation.capacity_reservation_id]},
-        # A list of none or one: an On-Demand reservation may have no end date.
-        result_selector={"end.$": "$.CapacityReservations[*].EndDate"},
+        # Lists of none or one: an On-Demand reservation may have no end date (a State it always has).
+        result_selector={
+            "end.$": "$.CapacityReservations[*].EndDate",
+            "state.$": "$.CapacityReservations[*].State",
+        },
         result_path="$.reservation",
         task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
     )
-    return ec2, "$.reservation.end[0]"
+    name = str(reservation.capacity_reservation_id)
+    return _Read(ec2, "$.reservation.end[0]", "$.reservation.state[0]", EC2_OVER, name, "State")

@@ -9,6 +9,8 @@ https://docs.aws.amazon.com/amazondynamodb/latest/APIReference/API_PutItem.html)
 by their checkpoints, verdict or approved model. A resume (`"resume": true`) reads the item, refuses while its holder
 is RUNNING, and takes it over only if it still names the holder read: of two resumes at once, one wins. Once the
 claim holds, a readable copy goes to `runs/<run_id>/run.json` (the run input, the execution that holds it, and when).
+Where the pipeline sizes nodes itself (EKS), the run first takes the nodes' lease (constructs/compute/eks/
+node_lease.py), and every refusal here gives it back before the run ends.
 """
 
 import aws_cdk.aws_dynamodb as dynamodb
@@ -27,6 +29,7 @@ from config.layout import (
     RUNS_TABLE_KEY,
 )
 from constructs import Construct
+from constructs.compute.backend import PipelineNodes
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.input_checks import INVALID
@@ -71,8 +74,9 @@ class RunClaim:
         table: dynamodb.ITable,
         execution_arns: str,
         failures: FailurePath,
+        nodes: PipelineNodes | None = None,
     ) -> None:
-        self.bucket, self.table = bucket, table
+        self.bucket, self.table, self._nodes = bucket, table, nodes
         self.on_failure = failures.catch
         self.claimed = sfn.Pass(scope, "RunClaimed", parameters={"run.$": "$.run"})
         self.won = self._copy_record(scope)
@@ -82,7 +86,13 @@ class RunClaim:
             result_path="$.record",
             parameters={"run.$": "$.run", "execution.$": "$$.Execution.Id", "since.$": "$$.State.EnteredTime"},
         )
-        self.start = describe
+        self.start: sfn.State = describe
+        if nodes is not None:  # the nodes' lease first: a second run is refused before it claims anything
+            first, held, calls = nodes.hold(scope, execution_arns=execution_arns, error=INVALID)
+            for call in calls:
+                self.on_failure(call, call.node.id, "RunNotStarted")
+            held.next(describe)
+            self.start = first
         describe.next(
             sfn.Choice(scope, "IsResume")
             .when(C.boolean_equals("$.run.resume", True), self._resume(scope, execution_arns))
@@ -106,15 +116,18 @@ class RunClaim:
             task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
         retry_transient(claim, DYNAMODB_TRANSIENT)
-        taken = sfn.Fail(
+        taken = self._ending(
             scope,
-            "RunIdTaken",
-            error=INVALID,
-            cause_path=J.format(
-                "run_id {} already names a run (runs table "
-                + self.table.table_name
-                + '); give "resume": true to resume it from its checkpoints, or choose a new run_id',
-                RUN_ID,
+            sfn.Fail(
+                scope,
+                "RunIdTaken",
+                error=INVALID,
+                cause_path=J.format(
+                    "run_id {} already names a run (runs table "
+                    + self.table.table_name
+                    + '); give "resume": true to resume it from its checkpoints, or choose a new run_id',
+                    RUN_ID,
+                ),
             ),
         )
         finds = [
@@ -133,14 +146,17 @@ class RunClaim:
         return claim
 
     def _unused(self, scope: Construct) -> sfn.Choice:
-        earlier = sfn.Fail(
+        earlier = self._ending(
             scope,
-            "RunIdUsedBefore",
-            error=INVALID,
-            cause_path=J.format(
-                "run_id {} already has checkpoints, a verdict or an approved model from an earlier run; give "
-                '"resume": true to resume it, or choose a new run_id',
-                RUN_ID,
+            sfn.Fail(
+                scope,
+                "RunIdUsedBefore",
+                error=INVALID,
+                cause_path=J.format(
+                    "run_id {} already has checkpoints, a verdict or an approved model from an earlier run; give "
+                    '"resume": true to resume it, or choose a new run_id',
+                    RUN_ID,
+                ),
             ),
         )
         found = (C.number_greater_than(f"$.found.{name}.count", 0) for name in ("checkpoints", "verdict", "model"))
@@ -167,12 +183,15 @@ class RunClaim:
     def _resume(self, scope: Construct, execution_arns: str) -> sfn.IChainable:
         read = self._read(scope, "ReadRunRecord", "$.claim")
         self.on_failure(read, "ReadRunRecord", "RunNotClaimed")
-        nothing = sfn.Fail(
+        nothing = self._ending(
             scope,
-            "NothingToResume",
-            error=INVALID,
-            cause_path=J.format(
-                'run_id {} names no earlier run: nothing to resume (leave out "resume" to start it)', RUN_ID
+            sfn.Fail(
+                scope,
+                "NothingToResume",
+                error=INVALID,
+                cause_path=J.format(
+                    'run_id {} names no earlier run: nothing to resume (leave out "resume" to start it)', RUN_ID
+                ),
             ),
         )
         holder = self._describe_holder(scope, execution_arns)
@@ -197,14 +216,17 @@ class RunClaim:
         # An execution past Step Functions' retention is gone: it is not running either.
         holder.add_catch(take_over, errors=["Sfn.ExecutionDoesNotExistException"], result_path="$.holder_gone")
         self.on_failure(holder, "DescribeRunHolder", "RunNotClaimed")
-        running = sfn.Fail(
+        running = self._ending(
             scope,
-            "RunIsRunning",
-            error=INVALID,
-            cause_path=J.format(
-                "run_id {} is running in execution {}: wait for it to end, or stop it, before resuming",
-                RUN_ID,
-                J.string_at(HOLDER),
+            sfn.Fail(
+                scope,
+                "RunIsRunning",
+                error=INVALID,
+                cause_path=J.format(
+                    "run_id {} is running in execution {}: wait for it to end, or stop it, before resuming",
+                    RUN_ID,
+                    J.string_at(HOLDER),
+                ),
             ),
         )
         holder.next(
@@ -234,11 +256,14 @@ class RunClaim:
             task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
         retry_transient(take_over, DYNAMODB_TRANSIENT)
-        raced = sfn.Fail(
+        raced = self._ending(
             scope,
-            "RunResumedElsewhere",
-            error=INVALID,
-            cause_path=J.format("run_id {} was resumed by another execution at the same time", RUN_ID),
+            sfn.Fail(
+                scope,
+                "RunResumedElsewhere",
+                error=INVALID,
+                cause_path=J.format("run_id {} was resumed by another execution at the same time", RUN_ID),
+            ),
         )
         self._refuse_on_condition(scope, take_over, "TakeOverRun", raced, ours=self.won)
         take_over.next(self.won)
@@ -260,7 +285,7 @@ class RunClaim:
         return read
 
     def _refuse_on_condition(
-        self, scope: Construct, task: sfn.TaskStateBase, state: str, refused: sfn.Fail, ours: sfn.IChainable
+        self, scope: Construct, task: sfn.TaskStateBase, state: str, refused: sfn.IChainable, ours: sfn.IChainable
     ) -> None:
         """A failed condition means another execution holds the item, or changed it: refuse the run, unless the item
         is this execution's own (a retried write whose first try succeeded but whose answer was lost): then go on to
@@ -275,6 +300,12 @@ class RunClaim:
         )
         task.add_catch(reread, errors=[CONDITION_FAILED], result_path="$.caught")
         self.on_failure(task, state, "RunNotClaimed")
+
+    def _ending(self, scope: Construct, refusal: sfn.Fail) -> sfn.IChainable:
+        """A refusal, after the nodes' lease is given back where the run took one."""
+        if self._nodes is None:
+            return refusal
+        return self._nodes.release_lease(scope, f"{refusal.node.id}ReleaseLease").next(refusal)
 
     def _copy_record(self, scope: Construct) -> tasks.CallAwsService:
         """The claim holds: a readable copy of it in `runs/<run_id>/run.json`, then RunClaimed. Only the holder

@@ -41,6 +41,14 @@ BATCH_CAPACITY_REASON = "*JobStateTimeLimit*CAPACITY:INSUFFICIENT_INSTANCE_CAPAC
 # eks:runJob.sync task's Cause (the Job as the API server returns it). Step Functions does not document the Cause of a
 # failed Job: where it lacks the Job's status, the failure stays an attempt failure, retried as before.
 EKS_EXIT_CODE = "*failed with exit code %d matching FailJob rule*"
+# What a job state's result holds (JobRunner.submit); a runner's `train_result` may keep more of a training job.
+JOB_RESULT = ("JobId", "JobName", "Status")
+
+
+def train_result(runner: object) -> tuple[str, ...]:
+    """The fields the Train state keeps of its job: JOB_RESULT, or the runner's `train_result` where it names more
+    (SageMaker: the model artifact its validation reads)."""
+    return tuple(getattr(runner, "train_result", JOB_RESULT))
 
 
 def classified_training(
@@ -52,6 +60,7 @@ def classified_training(
     job: str = "training",
     quarantine: Quarantine | None = None,
     before: tuple[sfn.State, sfn.INextable] | None = None,
+    kept: tuple[str, ...] = JOB_RESULT,
 ) -> sfn.Parallel:
     """`submission` (the backend's job state, result at `$`) wrapped so its failures carry their kind.
 
@@ -60,7 +69,8 @@ def classified_training(
     DescribeTrainingJob FailureReason; a Cause of another shape is an attempt failure. `quarantine`: first, hosts
     the attempt named bad are taken out and the block fails as HostsQuarantined (constructs/pipeline/quarantine.py).
     `before`: (first, ready) states run in the block before the submission (PipelineNodes.wait_for_training), whose
-    Fail states end the block under their own errors (NO_CAPACITY, ATTEMPT_FAILED).
+    Fail states end the block under their own errors (NO_CAPACITY, ATTEMPT_FAILED). `kept`: the fields of the
+    submission's result the block's result keeps.
     """
     attempt_failed = sfn.Fail(scope, f"{id_}AttemptFailed", error=ATTEMPT_FAILED, cause_path="$.caught.Cause")
     refused = sfn.Fail(
@@ -165,7 +175,7 @@ def classified_training(
         scope,
         id_,
         result_path=result_path,
-        result_selector={"JobId.$": "$[0].JobId", "JobName.$": "$[0].JobName", "Status.$": "$[0].Status"},
+        result_selector={f"{key}.$": f"$[0].{key}" for key in kept},
         comment=f"one {job} submission; its failure is named by the job's exit code",
     )
     if before is None:

@@ -23,14 +23,20 @@ from constructs.nag import acknowledge, acknowledge_iam, acknowledge_log_group_e
 from constructs.pipeline.dataset_check import dataset_check
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.initial_model import InitialModel
-from constructs.pipeline.input_checks import INVALID, input_validation
+from constructs.pipeline.input_checks import input_validation
 from constructs.pipeline.model_registry import acknowledge_registry
 from constructs.pipeline.quarantine import HOSTS_QUARANTINED, QUARANTINE_RETRIES, Quarantine
 from constructs.pipeline.reservation_end import Reservation, reservation_end
 from constructs.pipeline.run_claim import RunClaim
 from constructs.pipeline.run_cost import run_cost, training_ended
 from constructs.pipeline.run_quote import run_quote
-from constructs.pipeline.train_attempt import ATTEMPT_FAILED, NO_CAPACITY, WINDOW_ENDED, classified_training
+from constructs.pipeline.train_attempt import (
+    ATTEMPT_FAILED,
+    NO_CAPACITY,
+    WINDOW_ENDED,
+    classified_training,
+    train_result,
+)
 from constructs.pipeline.verdict import VerdictBranch
 from contracts.quote import QuoteTerms
 from contracts.run import (
@@ -115,27 +121,10 @@ class TrainingPipeline(Construct):
         # being resumed) without naming the state machine itself, which would be a circular reference.
         self.state_machine_name = f"{stack.stack_name}-{id_}"[:80]
         self.approved_model_parameter = f"/efa-training/{environment}/approved-model"
-        self._nodes, self._machine_arn = (
-            runner.node_scaling,
-            stack.format_arn(
-                service="states",
-                resource="stateMachine",
-                resource_name=self.state_machine_name,
-                arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-            ),
-        )
-        # Where the pipeline sizes nodes itself, every failure first releases them (unless another execution runs).
-        release = (
-            self._nodes.release(
-                self,
-                "ReleaseNodes",
-                machine=sfn.JsonPath.string_at("$$.StateMachine.Id"),
-                machine_arn=self._machine_arn,
-                others=1,
-            )
-            if self._nodes
-            else None
-        )
+        self._nodes = runner.node_scaling
+        # Where the pipeline sizes nodes itself, every failure first releases them (unless another execution holds
+        # their lease) and gives the run's lease back.
+        release = self._nodes.release(self, "ReleaseNodes") if self._nodes else None
         self._failures = FailurePath(self, environment=environment, topic=topic, release=release)
 
         # 1. the input (pure ASL, before anything is submitted); a backend whose multi-node jobs have a fixed size
@@ -158,6 +147,7 @@ class TrainingPipeline(Construct):
                 arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
             ),
             failures=self._failures,
+            nodes=self._nodes,  # where the pipeline sizes nodes itself, the run takes their lease first
         )
         # 3. sanity check, training, validation job; 4. the verdict: approve, reject or fail.
         verdict = VerdictBranch(
@@ -178,7 +168,7 @@ class TrainingPipeline(Construct):
         )
         # The dataset is checked first of all: a typo costs no claim and no instance.
         dataset_start, dataset_ready = dataset_check(self, bucket=bucket, failures=self._failures)
-        self._exclusive(validated, then=dataset_start)
+        validated.next(dataset_start)
         dataset_ready.next(initial.start)
         chosen: sfn.INextable = initial.chosen
         if quote is not None:  # the quote and the budget, before the claim: a refused run spends nothing
@@ -200,6 +190,8 @@ class TrainingPipeline(Construct):
             compiled.next(self._train()).next(training_ended(self)), "ForValidation", {TRAINING: 0, VALIDATION: 1}
         )
         validated_model = self._sized(trained.next(self._validate()), "AfterValidation", {VALIDATION: 0})
+        if self._nodes is not None:  # no node needed any more: the lease back, the next run may take the nodes
+            validated_model = validated_model.next(self._nodes.release_lease(self, "ReleaseNodeLease"))
         if quote is None:
             validated_model.next(verdict.start)
         else:  # the quote beside what the jobs cost, in the run's record and on the dashboard
@@ -234,16 +226,6 @@ class TrainingPipeline(Construct):
         if topic.master_key is not None:  # an encrypted topic: publishing needs its key
             topic.master_key.grant(self.state_machine, "kms:Decrypt", "kms:GenerateDataKey")
         self._acknowledge()
-
-    def _exclusive(self, validated: sfn.INextable, *, then: sfn.IChainable) -> None:
-        """Where the pipeline sizes nodes itself, a second execution is refused at its start (one line)."""
-        if self._nodes is None:
-            validated.next(then)
-            return
-        first, alone = self._nodes.refuse_concurrent(self, machine_arn=self._machine_arn, error=INVALID)
-        self._failures.catch(first, "ListRunningExecutions", "RunNotStarted")
-        validated.next(first)
-        alone.otherwise(then)
 
     def _sized(self, chain: sfn.Chain, stage: str, desired: dict[str, int | str]) -> sfn.Chain:
         """`chain`, then (where the pipeline sizes nodes) the node counts `desired` for what comes next."""
@@ -420,6 +402,7 @@ class TrainingPipeline(Construct):
             rejected_errors=runner.rejected_errors,
             quarantine=self._quarantine,
             before=self._training_nodes(f"Train{suffix}"),
+            kept=train_result(runner),  # SageMaker: the model artifact, for the validation (its job runner)
         )
         self._retry_classified(
             train,

@@ -1,14 +1,19 @@
 """EksNodeScaling and EksNodeReconciler alone, in a bare stack: the states that size the node groups, and the
 reconciler's schedule and events. Their behaviour in a running pipeline: tests/pipeline/test_eks_pipeline.py."""
 
+import json
+
+import aws_cdk.aws_dynamodb as dynamodb
 import aws_cdk.aws_eks_v2 as eks
 import aws_cdk.aws_logs as logs
 import aws_cdk.aws_stepfunctions as sfn
 import pytest
 from aws_cdk.assertions import Match, Template
 
+from config.layout import RUNS_TABLE_KEY
 from constructs.compute.backend import TRAINING, VALIDATION
 from constructs.compute.eks.cluster import as_icluster
+from constructs.compute.eks.node_lease import NodeLease
 from constructs.compute.eks.node_scaling import (
     IN_USE,
     RECONCILE_EVERY,
@@ -28,9 +33,13 @@ def _scaling(stack) -> EksNodeScaling:
         TRAINING: eks.Nodegroup(stack, "Accelerators", cluster=as_icluster(training), min_size=0, max_size=4),
         VALIDATION: eks.Nodegroup(stack, "Validation", cluster=as_icluster(training), min_size=0, max_size=1),
     }
+    runs = dynamodb.Table(
+        stack, "Runs", partition_key=dynamodb.Attribute(name=RUNS_TABLE_KEY, type=dynamodb.AttributeType.STRING)
+    )
     return EksNodeScaling(
         cluster_name=training.cluster_name,
         groups={TRAINING: SizedGroup(groups[TRAINING], 4), VALIDATION: SizedGroup(groups[VALIDATION], 1)},
+        lease=NodeLease(table=runs, environment="dev"),
     )
 
 
@@ -38,7 +47,10 @@ def _scaling(stack) -> EksNodeScaling:
 def reconciler() -> Template:
     stack = bare_stack()
     pipeline = sfn.StateMachine(
-        stack, "Pipeline", definition_body=sfn.DefinitionBody.from_chainable(sfn.Pass(stack, "Run"))
+        stack,
+        "Pipeline",
+        state_machine_name="dev-Pipeline",  # fixed, as the training pipeline's
+        definition_body=sfn.DefinitionBody.from_chainable(sfn.Pass(stack, "Run")),
     )
     EksNodeReconciler(
         stack, "Reconciler", scaling=_scaling(stack), pipeline=pipeline, log_retention=logs.RetentionDays.TWO_WEEKS
@@ -83,14 +95,82 @@ def test_the_reconciler_runs_every_five_minutes_and_on_every_ended_execution(rec
     )
 
 
-# The reconciler releases a group only when no execution runs (others=0), and lists them right before the update.
-def test_the_reconciler_scales_a_group_down_only_when_no_execution_runs(reconciler):
+# The reconciler scales a group down only when no execution holds the lease (its own id never does), and reads the
+# lease right before the update: one read-then-update is the only window a run starting meanwhile can fall in.
+def test_the_reconciler_scales_a_group_down_only_when_no_execution_holds_the_lease(reconciler):
     states = _reconciler_states(reconciler)["ReleaseNodes"]["ItemProcessor"]["States"]
     (held,) = states["ReleaseNodesIsHeld"]["Choices"]
-    assert held == {"Variable": "$.running.count", "NumericGreaterThan": 0, "Next": "ReleaseNodesDone"}
-    assert states["ReleaseNodesIsHeld"]["Default"] == "ReleaseNodesScaleToZero"
-    assert states["ReleaseNodesListRunning"]["Parameters"]["StatusFilter"] == "RUNNING"
+    holder = "$.lease.Item.execution.S"
+    assert held["And"] == [
+        {"Variable": holder, "IsPresent": True},
+        {"Not": {"Variable": holder, "StringEqualsPath": "$.execution"}},
+    ]
+    assert held["Next"] == "ReleaseNodesDone" and states["ReleaseNodesIsHeld"]["Default"] == "ReleaseNodesScaleToZero"
+    assert states["ReleaseNodesReadLease"]["Parameters"]["ConsistentRead"] is True
     assert states["ReleaseNodesScaleToZero"]["Parameters"]["ScalingConfig"]["DesiredSize"] == 0
+
+
+# Before any group, a lease whose holder is no longer RUNNING is released (DeleteItem conditioned on that holder);
+# a RUNNING holder's groups are left alone.
+def test_the_reconciler_releases_a_stale_lease_and_leaves_a_running_holder_alone(reconciler):
+    states = _reconciler_states(reconciler)
+    (running,) = states["ReleaseNodesLeaseIsHolderRunning"]["Choices"]
+    assert running == {
+        "Variable": "$.lease_holder.status", "StringEquals": "RUNNING", "Next": "ReleaseNodesLeaseHeldByARun"
+    }  # fmt: skip
+    assert states["ReleaseNodesLeaseHeldByARun"]["Next"] == "ReleaseNodesLeftToTheHolder"
+    assert states["ReleaseNodesLeaseIsHolderRunning"]["Default"] == "ReleaseNodesLeaseReleaseStale"
+    stale = states["ReleaseNodesLeaseReleaseStale"]
+    assert stale["Resource"].endswith(":dynamodb:deleteItem") and stale["Next"] == "ReleaseNodesLeaseFree"
+    assert stale["Parameters"]["ConditionExpression"] == "#holder = :holder"
+    assert stale["Parameters"]["ExpressionAttributeValues"] == {":holder": {"S.$": "$.lease.Item.execution.S"}}
+    assert stale["Parameters"]["Key"] == {"run_id": {"S": "lease#dev"}}
+
+
+def _statements(template: Template, role_prefix: str) -> list[dict]:
+    return [
+        statement
+        for key, policy in template.find_resources("AWS::IAM::Policy").items()
+        if key.startswith(role_prefix)
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+# The reconciler's grants on the runs table: read and conditional delete of the lease, no write; no ListExecutions
+# (eventually consistent: the lease replaced it) anywhere, and DescribeExecution on the pipeline's executions only.
+def test_the_reconciler_may_read_and_delete_in_the_runs_table_and_describe_the_pipelines_executions(reconciler):
+    statements = _statements(reconciler, "ReconcilerStateMachineRoleDefaultPolicy")
+    table = [s for s in statements if any(str(a).startswith("dynamodb:") for a in _listed(s["Action"]))]
+    assert sorted(a for s in table for a in _listed(s["Action"])) == ["dynamodb:DeleteItem", "dynamodb:GetItem"]
+    table_arn = {
+        "Fn::Join": [
+            "",
+            [
+                "arn:",
+                {"Ref": "AWS::Partition"},
+                ":dynamodb:",
+                {"Ref": "AWS::Region"},
+                ":",
+                {"Ref": "AWS::AccountId"},
+                ":table/",
+                {"Ref": _logical(reconciler, "AWS::DynamoDB::Table")},
+            ],
+        ]
+    }
+    assert [s["Resource"] for s in table] == [table_arn, table_arn]  # fmt: skip
+    actions = [a for s in statements for a in _listed(s["Action"])]
+    assert "states:ListExecutions" not in actions
+    (describe,) = [s for s in statements if "states:DescribeExecution" in _listed(s["Action"])]
+    assert ":execution:dev-Pipeline:*" in json.dumps(describe["Resource"])
+
+
+def _listed(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _logical(template: Template, kind: str) -> str:
+    (logical,) = template.find_resources(kind)
+    return logical
 
 
 # Another update in progress (ResourceInUse) sends the reconciler back to read and list again, a bounded number of

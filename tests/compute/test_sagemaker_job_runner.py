@@ -10,6 +10,7 @@ import pytest
 
 from config import CATALOGUE
 from constructs.compute.sagemaker.job_runner import SageMakerJobRunner
+from constructs.compute.sagemaker.validation import VALIDATION_INFRASTRUCTURE
 from contracts.run import QUEUE_WAIT_MINUTES, stages, train_state_seconds
 from tests.alone import template_of
 from tests.request_validator import assert_valid
@@ -59,7 +60,11 @@ def _request(job: str = "train", **options) -> dict:
         job_name=f"States.Format('{{}}-{job}', $.run.run_id)",
         nodes="$.run.nodes" if multi_node else None,
     )
+    if job == "validate":  # a block's branch exists once the block is in a state machine
+        sfn.StateMachine(stack, "Machine", definition_body=sfn.DefinitionBody.from_chainable(state))
     resolved = stack.resolve(state.to_state_json())
+    if job == "validate":  # the job inside its block, retried on SageMaker's failures only (validation.py)
+        resolved = resolved["Branches"][0]["States"]["ValidateJob"]
     assert ":states:::sagemaker:createTrainingJob.sync" in json.dumps(resolved["Resource"])
     return resolved["Parameters"]
 
@@ -279,9 +284,7 @@ def test_neuron_jobs_keep_checkpoints_in_the_shared_file_system():
 
 
 def test_neuron_validation_reads_the_shared_checkpoints_read_only():
-    stack, runner = _runner(instance="trn1.32xlarge")
-    state = runner.submit(stack, "Validate", job="validate", parameters=VALIDATE_PARAMETERS, job_name="$.name")
-    request = stack.resolve(state.to_state_json())["Parameters"]
+    request = _request("validate", instance="trn1.32xlarge")
     channels = {c["ChannelName"]: c["DataSource"] for c in request["InputDataConfig"]}
     assert channels["fsx"]["FileSystemDataSource"]["FileSystemAccessMode"] == "ro"
     assert request["AlgorithmSpecification"]["ContainerArguments"][-2:] == [
@@ -290,11 +293,17 @@ def test_neuron_validation_reads_the_shared_checkpoints_read_only():
     ]
 
 
-def test_a_validation_job_is_tried_again_on_fresh_instances():
+# Tried again on fresh instances only when SageMaker failed it (no capacity, its internal error), never for any task
+# failure (the validate command's exit 1 fails the same way again). Batch user guide, "Jobs stuck in RUNNABLE due to
+# capacity": "failedReason begins with CapacityError"; API_RetryStrategy: "fails due to an InternalServerError".
+def test_a_validation_job_is_tried_again_only_when_sagemaker_failed_it():
     stack, runner = _runner()
     state = runner.submit(stack, "Validate", job="validate", parameters=VALIDATE_PARAMETERS, job_name="$.name")
-    retries = {tuple(r["ErrorEquals"]): r for r in stack.resolve(state.to_state_json())["Retry"]}
-    assert retries[("States.TaskFailed",)]["MaxAttempts"] == 3
+    sfn.StateMachine(stack, "Machine", definition_body=sfn.DefinitionBody.from_chainable(state))
+    block = stack.resolve(state.to_state_json())
+    assert [(r["ErrorEquals"], r["MaxAttempts"]) for r in block["Retry"]] == [([VALIDATION_INFRASTRUCTURE], 3)]
+    (reasons,) = block["Branches"][0]["States"]["ValidateIsInfrastructure"]["Choices"]
+    assert [c["StringMatches"] for c in reasons["And"][2]["Or"]] == ["CapacityError*", "InternalServerError*"]
 
 
 def test_the_longest_attempt_keeps_max_wait_above_max_runtime():

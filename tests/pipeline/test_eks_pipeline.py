@@ -32,9 +32,10 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
 from config import load_config
+from constructs.compute.eks.node_lease import LEASE_PREFIX
 from constructs.compute.eks.node_scaling import HOLD_TAG
 from contracts.eks.job_templates import RUN_ENDING_EXIT_CODES
-from tests.pipeline.runs import ACCEPTED, RUN, approval, cleared, emulated_account, messages
+from tests.pipeline.runs import ACCEPTED, RUN, approval, cleared, emulated_account, messages, run_item
 from tests.sfn_emulator import ACCOUNT, REGION, ROLE_ARN, Emulator
 from tests.synthesis import context
 
@@ -510,42 +511,102 @@ def test_a_run_refused_at_its_start_never_sizes_a_node_group(emulator):
     assert emulator.resizes == [] and emulator.node_sizes() == {"training": 0, "validation": 0}
 
 
-# A second execution while one holds the nodes is refused at its start, naming the running ones; the first run's
-# nodes stay up (its failure path would release them only when it runs alone) and it goes on to approval.
-def test_a_concurrent_execution_is_refused_and_leaves_the_running_ones_nodes(emulator):
+def _lease(emulator) -> dict[str, str] | None:
+    """The node groups' lease in the runs table (constructs/compute/eks/node_lease.py), strongly consistent."""
+    return run_item(emulator, f"{LEASE_PREFIX}dev")
+
+
+def _holder(emulator) -> str | None:
+    """The execution holding the lease, if any."""
+    return (_lease(emulator) or {}).get("execution")
+
+
+def _trained(emulator) -> list[str]:
+    """The run id of every training Job submitted."""
+    return [args[args.index("--run-id") + 1] for j in emulator.jobs
+            if (args := j["spec"]["template"]["spec"]["containers"][0]["args"])[0] == "train"]  # fmt: skip
+
+
+# Two starts back to back: the lease (a conditional PutItem; ListExecutions "is eventually consistent", Step
+# Functions API reference) lets exactly one through; the other is refused in one line naming the holder, and the
+# holder's nodes stay up while it trains on to approval.
+def test_two_starts_back_to_back_one_trains_the_other_is_refused_naming_the_holder(emulator):
     emulator.verdict = ACCEPTED
     emulator.held["train"] = threading.Event()
-    first = _start(emulator, {**RUN, "run_id": "gpt-tiny-013"}, "holder")
+    arns = {run_id: _start(emulator, {**RUN, "run_id": run_id}, run_id) for run_id in ("gpt-tiny-013", "gpt-tiny-014")}
     try:
         _wait_for_job(emulator, "train")
-        second = emulator.run({**RUN, "run_id": "gpt-tiny-014"}, name="second")
-        assert second["status"] == "FAILED" and second["error"] == "InvalidInput", second
-        assert "another execution of this pipeline is running" in second["cause"] and "holder" in second["cause"]
+        (holder,) = _trained(emulator)
+        (other,) = set(arns) - {holder}
+        refused = emulator.wait(arns[other])
+        assert refused["status"] == "FAILED" and refused["error"] == "InvalidInput", refused
+        assert f"execution {arns[holder]} holds them" in refused["cause"] and "\n" not in refused["cause"]
+        assert _holder(emulator) == arns[holder]
         assert emulator.node_sizes()["training"] == RUN["nodes"]
     finally:
         emulator.held["train"].set()
-    assert emulator.wait(first)["status"] == "SUCCEEDED"
+    assert emulator.wait(arns[holder])["status"] == "SUCCEEDED"
+    assert _trained(emulator) == [holder] and run_item(emulator, other) is None  # the refused one claimed nothing
 
 
-# An aborted execution runs no more states, so its nodes stay up until the reconciler (every 5 minutes and on every
-# ended execution) finds no execution running; while one runs, the reconciler leaves its nodes alone.
-def test_the_reconciler_releases_an_aborted_runs_nodes_and_no_running_ones(emulator):
+# The lease is given back at every ending: after validation on success, on the failure path, and before a refusal
+# of the run id (a DeleteItem conditioned on this execution holding it: DynamoDB API reference, DeleteItem).
+@pytest.mark.parametrize(
+    ("outcomes", "again", "error"),
+    [({}, False, None), ({"train": [False]}, False, "TrainingFailed"), ({}, True, "InvalidInput")],
+    ids=["success", "failure", "refused-after-the-lease"],
+)
+def test_the_lease_is_given_back_at_every_ending(emulator, outcomes, again, error):
+    emulator.verdict = ACCEPTED
+    run = {**RUN, "run_id": "gpt-tiny-lease"}
+    if again:  # the run id already names a run: refused by the claim, after the lease was taken
+        assert emulator.run(run, name="first")["status"] == "SUCCEEDED"
+    emulator.outcomes = outcomes
+    result = emulator.run(run, name="ending")
+    assert result["status"] == ("FAILED" if error else "SUCCEEDED") and result.get("error") == error, result
+    taken = [e for e in emulator.history(result["executionArn"]) if e["type"] == "TaskStateExited"
+             and e["stateExitedEventDetails"]["name"] == "TakeNodeLease"]  # fmt: skip
+    assert taken and _lease(emulator) is None
+
+
+# A lease left by an execution that was stopped (it runs no more states) is taken over by the next run, which
+# describes the holder first: not RUNNING, so the lease is its own (a PutItem conditioned on the holder read).
+# DescribeExecution "is eventually consistent" (Step Functions API reference): only an ended holder is taken over.
+def test_a_stale_lease_of_a_stopped_execution_is_taken_over(emulator):
+    emulator.verdict = ACCEPTED
     emulator.held["train"] = threading.Event()
-    running = _start(emulator, {**RUN, "run_id": "gpt-tiny-015"}, "to-abort")
+    stopped = _start(emulator, {**RUN, "run_id": "gpt-tiny-015"}, "to-stop")
+    try:
+        _wait_for_job(emulator, "train")
+        emulator.sfn.stop_execution(executionArn=stopped)
+    finally:
+        emulator.held["train"].set()
+    assert emulator.wait(stopped)["status"] == "ABORTED" and _holder(emulator) == stopped
+    result = emulator.run({**RUN, "run_id": "gpt-tiny-016"}, name="next")
+    assert result["status"] == "SUCCEEDED", result
+    assert _trained(emulator) == ["gpt-tiny-015", "gpt-tiny-016"] and _lease(emulator) is None
+
+
+# An aborted execution runs no more states, so its lease and nodes stay until the reconciler (every 5 minutes and on
+# every ended execution) finds the lease's holder no longer RUNNING: it releases the lease, then the nodes; while the
+# holder runs, the reconciler leaves both alone.
+def test_the_reconciler_releases_an_aborted_runs_lease_and_nodes_and_no_running_ones(emulator):
+    emulator.held["train"] = threading.Event()
+    running = _start(emulator, {**RUN, "run_id": "gpt-tiny-017"}, "to-abort")
     reconciler = emulator.reconciler()
     try:
         _wait_for_job(emulator, "train")
         arn = emulator.sfn.start_execution(stateMachineArn=reconciler, name="while-running")["executionArn"]
         assert emulator.wait(arn)["status"] == "SUCCEEDED"
-        assert emulator.node_sizes()["training"] == RUN["nodes"]
+        assert emulator.node_sizes()["training"] == RUN["nodes"] and _holder(emulator) == running
         emulator.sfn.stop_execution(executionArn=running)
     finally:
         emulator.held["train"].set()
     assert emulator.wait(running)["status"] == "ABORTED"
-    assert emulator.node_sizes()["training"] == RUN["nodes"]
+    assert emulator.node_sizes()["training"] == RUN["nodes"] and _lease(emulator) is not None
     arn = emulator.sfn.start_execution(stateMachineArn=reconciler, name="after-abort")["executionArn"]
     assert emulator.wait(arn)["status"] == "SUCCEEDED"
-    assert emulator.node_sizes() == {"training": 0, "validation": 0}
+    assert _lease(emulator) is None and emulator.node_sizes() == {"training": 0, "validation": 0}
 
 
 # Jobs run by hand (docs/eks.md): a node group tagged HoldUntil with a later time keeps its nodes through the

@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config.layout import RUNS_TABLE_OUTPUT
+from config.layout import NODE_LEASE_PREFIX, RUNS_TABLE_OUTPUT
 from contracts.run import phases
 from tests.pipeline.runs import ACCEPTED, RUN, hold_run
 from tests.synthesis import ROOT
@@ -188,6 +188,14 @@ def test_list_shows_every_claimed_run_from_the_runs_table(deployed, tmp_path):
         ("cli-old", "EXPIRED", "long-gone"),
     ]
     assert rows[-1][2:4] == ["2026-01-01", "00:00"] and session.pages >= 3  # one item a page, then the last
+
+
+# EKS's node-group lease lives in the runs table too (constructs/compute/eks/node_lease.py): `list` shows runs only.
+def test_list_shows_no_node_lease(deployed):
+    hold_run(deployed, {**RUN, "run_id": "cli-held"}, GONE)
+    hold_run(deployed, {**RUN, "run_id": f"{NODE_LEASE_PREFIX}dev"}, GONE)
+    code, out, _ = cli("list", "dev")
+    assert code == 0 and [line.split()[0] for line in out.splitlines()] == ["cli-held"]
 
 
 # `list --status` keeps the runs whose execution has that status; `--max` bounds the rows.

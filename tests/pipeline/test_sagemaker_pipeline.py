@@ -12,6 +12,7 @@ validate job writes its verdict, like the real one.
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -31,6 +32,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
     StateTaskService,
 )
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+from moto.stepfunctions.parser.asl.utils import json_path
 
 from contracts.run import FAILURE_REASON_MARKER, QUEUE_WAIT_MINUTES, RUN_ID_MAX_LENGTH
 from tests import sfn_emulator
@@ -47,6 +49,9 @@ pytestmark = pytest.mark.xdist_group("sagemaker-pipeline")
 SPOT_GAVE_UP = "spot"
 # No instances for the job (the SageMaker Python SDK raises CapacityError on such a FailureReason).
 NO_CAPACITY = "capacity"
+# SageMaker's own failure (API_RetryStrategy: "The retry strategy to use when a training job fails due to an
+# InternalServerError").
+INTERNAL = "internal"
 # CreateTrainingJob itself failing, with the errors Step Functions' SageMaker integration raises (connect-sagemaker
 # training job example): the account's instance quota used up, and SageMaker's generic error (throttling...).
 NO_QUOTA, THROTTLED = "no-quota", "throttled"
@@ -124,6 +129,8 @@ class SageMakerEmulator(Emulator):
                     status, reason = "MaxWaitTimeExceeded", "Training job exceeded MaxWaitTimeInSeconds"
                 elif outcome == NO_CAPACITY:
                     status, reason = "Failed", "CapacityError: Unable to provision requested ML compute capacity."
+                elif outcome == INTERNAL:
+                    status, reason = "Failed", "InternalServerError: We encountered an internal error."
                 else:  # False: an unexpected crash (exit 1); an int: that exit code, as launch.py reports it
                     code = 1 if outcome is False else int(outcome)
                     status, reason = "Failed", f"AlgorithmError: {FAILURE_REASON_MARKER}{code}: the job failed"
@@ -136,12 +143,32 @@ class SageMakerEmulator(Emulator):
                 raise _task_failed(env, "States.TaskFailed", json.dumps(failed), states_error=True)
 
         super().__enter__()
+        self._unwrap_indexed_fields()
         self._patch(
             state_task_factory,
             "state_task_service_for",
             lambda service_name: EmulatedTrainingJob() if service_name == "sagemaker" else original(service_name),
         )
         return self
+
+    def _unwrap_indexed_fields(self) -> None:
+        """moto 5.2.1 answers a path of one field under an array index (`$[0].ModelArtifact`, a Parallel's
+        ResultSelector) with the value in a one-element list (json_path.extract_json, its fix for getmoto/moto#7825);
+        Step Functions answers with the value, which the validation's model channel takes as its S3Uri string."""
+        original = json_path.extract_json
+
+        def extract_json(path, data):
+            value = original(path, data)
+            if re.fullmatch(r"\$\[\d+\]\.[A-Za-z_]\w*", path) and isinstance(value, list) and len(value) == 1:
+                return value[0]
+            return value
+
+        for module in list(sys.modules.values()):
+            if (
+                module.__name__.startswith("moto.stepfunctions.parser")
+                and getattr(module, "extract_json", None) is original
+            ):
+                self._patch(module, "extract_json", extract_json)
 
     def _create(self, kind: str, name: str, properties: dict | None = None) -> dict[str, str]:
         """The SageMaker stack's role, the network's subnet and group, the file system: only names reach the jobs."""
@@ -313,13 +340,46 @@ def test_missing_capacity_is_waited_for_without_using_up_the_attempts(emulator):
     assert emulator.retry_sleeps == [300, 300]
 
 
-# A validation job that fails (a lost instance, no capacity) is tried again: the trained model is not left unjudged.
-def test_a_failed_validation_job_is_tried_again(emulator):
+# A validation job SageMaker had no instance for, or failed itself, is tried again on fresh instances: the trained
+# model is not left unjudged. Batch user guide, "Jobs stuck in RUNNABLE due to capacity" (SageMaker training jobs):
+# "failedReason begins with CapacityError"; API_RetryStrategy: a job "fails due to an InternalServerError".
+@pytest.mark.parametrize("failure", [NO_CAPACITY, INTERNAL])
+def test_a_validation_job_sagemaker_failed_is_tried_again(emulator, failure):
     emulator.verdict = ACCEPTED
-    emulator.outcomes = {"validate": [False, True]}
-    result = emulator.run({**RUN, "run_id": "validate-again-001"})
+    emulator.outcomes = {"validate": [failure, True]}
+    result = emulator.run({**RUN, "run_id": f"validate-again-{failure}"})
     assert result["status"] == "SUCCEEDED", result
     assert emulator.kinds() == ["train", "validate", "validate"] and emulator.retry_sleeps == [300]
+
+
+# A validation that itself failed (its command exited 1: AlgorithmError) fails the same way on any instance: the run
+# fails at once, naming it, and no second validation job is started.
+def test_a_validation_that_failed_itself_is_not_tried_again(emulator):
+    emulator.outcomes = {"validate": [False, True]}
+    result = emulator.run({**RUN, "run_id": "validate-crash-001"})
+    assert result["status"] == "FAILED" and result["error"] == "ValidationJobFailed", result
+    assert emulator.kinds() == ["train", "validate"] and emulator.retry_sleeps == []
+    (alert,) = messages(emulator)
+    assert f"{FAILURE_REASON_MARKER}1:" in alert["cause"]
+
+
+# A declared workload's validation starts with an empty /opt/ml/model: it gets the training job's model artifact
+# (DescribeTrainingJob ModelArtifacts.S3ModelArtifacts, "The path of the S3 object that contains the model artifacts")
+# as its `model` channel, copied whole (File mode), which the launcher unpacks into MODEL_DIR (--model-archive).
+def test_a_declared_workloads_validation_gets_the_model_training_wrote(emulator):
+    emulator.verdict = {**ACCEPTED, "metric": "eval_loss"}
+    assert emulator.run({**RUN, "run_id": "model-channel-001", "workload": "torch-ddp"})["status"] == "SUCCEEDED"
+    train, validate = emulator.jobs
+    described = boto3.client("sagemaker", region_name=REGION).describe_training_job(
+        TrainingJobName=train["TrainingJobName"]
+    )
+    channels = {c["ChannelName"]: c for c in validate["InputDataConfig"]}
+    source = channels["model"]["DataSource"]["S3DataSource"]
+    assert source["S3Uri"] == described["ModelArtifacts"]["S3ModelArtifacts"]
+    assert channels["model"]["InputMode"] == "File"
+    arguments = validate["AlgorithmSpecification"]["ContainerArguments"]
+    assert arguments[arguments.index("--model-archive") + 1] == "/opt/ml/input/data/model"
+    assert arguments[arguments.index("--model-dir") + 1] == "/opt/ml/model"
 
 
 # Training job names: 1-63 letters, digits and '-', unique in the account (API_CreateTrainingJob); a run id of the

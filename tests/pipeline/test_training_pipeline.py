@@ -18,6 +18,7 @@ from config import CATALOGUE
 from constructs.compute.backend import TRAINING, VALIDATION
 from constructs.compute.batch.job_runner import BatchJobRunner
 from constructs.compute.eks.job_runner import EksJobRunner
+from constructs.compute.eks.node_lease import NodeLease
 from constructs.compute.eks.node_scaling import EksNodeScaling, SizedGroup
 from constructs.observability.alarms import MODEL_REJECTED_ERROR
 from constructs.pipeline.training_pipeline import TrainingPipeline, TrainingRetry
@@ -240,21 +241,26 @@ def _eks_pipeline(node_wait_minutes: int | None = None) -> Template:
         stack, "Cluster", cluster_name="training", vpc=vpc, cluster_endpoint="https://e",
         cluster_certificate_authority_data="ca",
     )  # fmt: skip
-    scaling = None
+    scaling, runs_table = None, _runs_table(stack)
     if node_wait_minutes is not None:
         role = iam.Role(stack, "NodeRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"))
         groups = {
             name: SizedGroup(eks.Nodegroup(stack, name, cluster=cluster, node_role=role, min_size=0), size)
             for name, size in ((TRAINING, 2), (VALIDATION, 1))
         }
-        scaling = EksNodeScaling(cluster_name="training", groups=groups, training_wait_minutes=node_wait_minutes)
+        scaling = EksNodeScaling(
+            cluster_name="training",
+            groups=groups,
+            lease=NodeLease(table=runs_table, environment="test"),
+            training_wait_minutes=node_wait_minutes,
+        )
     TrainingPipeline(
         stack,
         "Pipeline",
         environment="test",
         max_nodes=2,
         bucket=s3.Bucket(stack, "Data"),
-        runs_table=_runs_table(stack),
+        runs_table=runs_table,
         topic=sns.Topic(stack, "Alerts"),
         runner=EksJobRunner(
             cluster=cluster, instance=CATALOGUE["p4d.24xlarge"], image="image:tag", max_nodes=2, node_scaling=scaling
@@ -270,6 +276,51 @@ def test_on_eks_the_definition_names_no_batch_error():
     template = _eks_pipeline()
     machine = json.dumps(template.find_resources("AWS::StepFunctions::StateMachine"))
     assert "eks:runJob.sync" in machine and "Batch." not in machine
+
+
+def _state_definitions(node) -> list[dict]:
+    """Every state of a definition, those inside Map item processors and Parallel branches included."""
+    found = []
+    if isinstance(node, dict):
+        found += [state for state in node.get("States", {}).values() if isinstance(state, dict)]
+        for value in node.values():
+            found += _state_definitions(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _state_definitions(value)
+    return found
+
+
+# On EKS every write to the runs table is conditional (the claim and the nodes' lease: a PutItem or DeleteItem
+# succeeds only "if the condition expression evaluates to true", DynamoDB developer guide, "Condition expressions"),
+# and the lease's writes and reads are granted on the runs table only; nothing lists executions any more
+# (ListExecutions "is eventually consistent", Step Functions API reference).
+def test_on_eks_every_runs_table_write_is_conditional_and_granted_on_the_table_only():
+    template = _eks_pipeline(node_wait_minutes=20)
+    writes = [
+        state for state in _state_definitions(definition(template.to_json()))
+        if str(state.get("Resource", "")).split(":")[-1] in ("putItem", "deleteItem", "updateItem")
+    ]  # fmt: skip
+    assert {w["Resource"].split(":")[-1] for w in writes} == {"putItem", "deleteItem", "updateItem"}
+    assert all(w["Parameters"].get("ConditionExpression") for w in writes)
+    statements = [
+        statement
+        for policy in template.find_resources("AWS::IAM::Policy").values()
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    (table,) = template.find_resources("AWS::DynamoDB::Table")
+    granted = [s for s in statements if any(str(a).startswith("dynamodb:") for a in _as_list(s["Action"]))]
+    assert {a for s in granted for a in _as_list(s["Action"])} == {
+        "dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:DeleteItem", "dynamodb:UpdateItem"
+    }  # fmt: skip
+    assert all(
+        f'"Ref": "{table}"' in json.dumps(s["Resource"]) and "*" not in json.dumps(s["Resource"]) for s in granted
+    )
+    assert "states:ListExecutions" not in json.dumps(statements)
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
 
 
 # ---- stage timeouts: one table (contracts/run.py) for the job definitions and the states ---------------------

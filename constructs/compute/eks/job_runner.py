@@ -27,7 +27,7 @@ import aws_cdk.aws_stepfunctions as sfn
 from config import InstanceType
 from constructs import Construct
 from constructs.compute.backend import task_timeout
-from constructs.compute.eks.node_scaling import EksNodeScaling, acknowledge_list_executions
+from constructs.compute.eks.node_scaling import EksNodeScaling
 from constructs.compute.eks.training_workspace import QUARANTINE_GROUP
 from constructs.compute.shared.bad_hosts import acknowledge_terminate, grant_terminate, terminate_instance
 from contracts.eks.job_spec import NAMESPACE, Site
@@ -247,8 +247,6 @@ class EksJobRunner:
             grantee=principal, actions=["eks:DescribeCluster"], resource_arns=[self.cluster.cluster_arn]
         )
         role = cast(iam.IRole, principal.grant_principal)  # the state machine's role
-        if self.node_scaling is not None:
-            acknowledge_list_executions(role)
         # In the principal's stack: the pipeline stack already depends on the EKS stack, not the reverse.
         access = eks.AccessEntry(
             cdk.Stack.of(role) if isinstance(role, Construct) else cdk.Stack.of(self.cluster),

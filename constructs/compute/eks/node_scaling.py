@@ -3,16 +3,19 @@
 Nothing in the cluster scales the accelerator nodes (no Cluster Autoscaler: it cannot predict
 `vpc.amazonaws.com/efa` on a node group at zero). EventBridge delivers Step Functions' execution status changes
 "best effort" and not in order (EventBridge user guide, "Events from AWS services"), so the node groups follow the
-pipeline's own states instead, in `EksNodeScaling`:
-- `refuse_concurrent`: a second execution is refused at its start (the node groups serve one run at a time);
+pipeline's own states instead, in `EksNodeScaling`, and one run at a time holds them through the lease in the runs
+table (node_lease.py):
+- `hold`: a run takes the lease before it claims its run id, or is refused in one line naming the holder;
 - `size`: the training group gets the run's nodes once the run is claimed; before validation the training group
-  goes to 0 and the validation group to 1; after it, the validation group to 0;
-- `release`: on every failure the pipeline brings both groups to 0, unless another execution is running.
+  goes to 0 and the validation group to 1; after it, the validation group to 0, and the run gives the lease back
+  (`release_lease`: it needs no node any more);
+- `release`: on every failure the pipeline brings both groups to 0 unless another execution holds the lease, then
+  gives its lease back.
 What no state can catch (an execution timed out or aborted, a lost release) is the `EksNodeReconciler`'s: a state
-machine run every few minutes and on every ended execution, which brings each group to 0 while no execution of the
-pipeline runs. It reads the group first and re-checks the executions before each update, so it never stops a run
-that started meanwhile for longer than one list-then-update. A group tagged `HoldUntil` with a later time is left
-alone by every release (jobs run by hand, docs/eks.md).
+machine run every few minutes and on every ended execution, which releases a lease whose holder is no longer RUNNING,
+then brings each group to 0 while no execution holds the lease. It reads the group first and the lease again right
+before each update, so it never stops a run that started meanwhile for longer than one read-then-update. A group
+tagged `HoldUntil` with a later time is left alone by every release (jobs run by hand, docs/eks.md).
 """
 
 from dataclasses import dataclass
@@ -25,18 +28,17 @@ import aws_cdk.aws_logs as logs
 import aws_cdk.aws_stepfunctions as sfn
 import aws_cdk.aws_stepfunctions_tasks as tasks
 
-from constructs import Construct, IConstruct
+from constructs import Construct
 from constructs.compute.backend import TRAINING
+from constructs.compute.eks.node_lease import HOLDER, NodeLease
 from constructs.compute.eks.node_wait import training_nodes_wait
-from constructs.nag import acknowledge, acknowledge_iam, acknowledge_log_group_encryption
+from constructs.nag import acknowledge, acknowledge_iam, acknowledge_log_group_encryption, shown_arn
 
 C = sfn.Condition
 J = sfn.JsonPath
 # EKS API errors worth another try: 5xx and throttling (modelled, and the service's base exception); a node group
 # in the middle of another update answers ResourceInUseException (EKS API reference, UpdateNodegroupConfig).
 TRANSIENT = ("Eks.ServerException", "Eks.ServiceUnavailableException", "Eks.EksException", "States.Timeout")
-# Step Functions' own throttling and 5xx have no modelled exception: its base one (constructs/pipeline/aws_calls.py).
-TRANSIENT_SFN = ("Sfn.SfnException", "States.Timeout")
 IN_USE = "Eks.ResourceInUseException"
 UPDATE_WAIT = cdk.Duration.seconds(30)
 UPDATE_TRIES = 20  # 10 minutes of another update in progress
@@ -45,18 +47,6 @@ RECONCILE_EVERY = cdk.Duration.minutes(5)
 # A node group tagged HoldUntil=<UTC time like 2026-11-27T18:00:00Z> (`aws eks tag-resource`) is left up until then:
 # jobs run by hand (docs/eks.md).
 HOLD_TAG = "HoldUntil"
-
-
-def acknowledge_list_executions(role: IConstruct) -> None:
-    """The IAM gate: ListExecutions on a state machine ARN is what the release and the refusal need."""
-    acknowledge_iam(
-        role,
-        "RESOURCE_MISMATCH",
-        "states:ListExecutions",
-        "the reference lists stateMachine and mapRun as ListExecutions' resource types; listing a Standard state "
-        "machine's executions names the stateMachine ARN, which the grant does (no Map Run is listed)",
-        formats=("arn:*:states:*:*:mapRun:*/*:*",),
-    )
 
 
 @dataclass(frozen=True)
@@ -73,8 +63,11 @@ def _retry_transient(task: tasks.CallAwsService, errors: tuple[str, ...] = TRANS
 class EksNodeScaling:
     """The pipeline's node-group states (implements constructs.compute.backend.PipelineNodes)."""
 
-    def __init__(self, *, cluster_name: str, groups: dict[str, SizedGroup], training_wait_minutes: int = 20) -> None:
+    def __init__(
+        self, *, cluster_name: str, groups: dict[str, SizedGroup], lease: NodeLease, training_wait_minutes: int = 20
+    ) -> None:
         self._cluster, self._groups, self._training_wait = cluster_name, groups, training_wait_minutes
+        self._lease = lease
 
     @property
     def training_wait_seconds(self) -> int:
@@ -93,46 +86,16 @@ class EksNodeScaling:
             errors=errors,
         )
 
-    def _running(self, scope: Construct, id_: str, machine: str, machine_arn: str, result_path: str):
-        """ListExecutions RUNNING of the pipeline; eventually consistent, most recent first (Step Functions API
-        reference, ListExecutions). Two are enough to tell "only this one" from "another one too"."""
-        return _retry_transient(
-            tasks.CallAwsService(
-                scope,
-                id_,
-                service="sfn",
-                action="listExecutions",
-                parameters={"StateMachineArn": machine, "StatusFilter": "RUNNING", "MaxResults": 2},
-                iam_resources=[machine_arn],
-                iam_action="states:ListExecutions",
-                result_selector={"count.$": "States.ArrayLength($.Executions)", "names.$": "$.Executions[*].Name"},
-                result_path=result_path,
-                task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
-            ),
-            TRANSIENT_SFN,
-        )
+    def hold(
+        self, scope: Construct, *, execution_arns: str, error: str
+    ) -> tuple[sfn.State, sfn.INextable, list[sfn.TaskStateBase]]:
+        """(first, held, calls): the run takes the node groups' lease (node_lease.py), or fails with `error` and one
+        line naming the execution that holds it; `calls` for the caller's failure path."""
+        return self._lease.take(scope, execution_arns=execution_arns, error=error)
 
-    def refuse_concurrent(
-        self, scope: Construct, *, machine_arn: str, error: str
-    ) -> tuple[tasks.CallAwsService, sfn.Choice]:
-        """(first state, choice): the choice's `.otherwise()` is for an execution that runs alone; with another one
-        running it fails with `error` and one line naming them."""
-        listed = self._running(
-            scope, "ListRunningExecutions", J.string_at("$$.StateMachine.Id"), machine_arn, "$.others"
-        )
-        busy = sfn.Fail(
-            scope,
-            "AnotherRunHoldsTheNodes",
-            error=error,
-            cause_path=J.format(
-                "another execution of this pipeline is running (running now: {}); the EKS node groups serve one run "
-                "at a time: wait for it to end, or stop it, then start this run again",
-                J.json_to_string(J.list_at("$.others.names")),
-            ),
-        )
-        alone = sfn.Choice(scope, "IsOnlyRunningExecution").when(C.number_greater_than("$.others.count", 1), busy)
-        listed.next(alone)
-        return listed, alone
+    def release_lease(self, scope: Construct, id_: str) -> sfn.Chain:
+        """The lease given back, where this execution holds it (never fails)."""
+        return self._lease.released(scope, id_)
 
     def _update(self, scope: Construct, id_: str, role: str, desired: int | str) -> tasks.CallAwsService:
         group = self._groups[role]
@@ -161,7 +124,7 @@ class EksNodeScaling:
     ) -> tuple[sfn.Chain, list[sfn.TaskStateBase]]:
         """The updates setting each group in `desired` (role -> count or JSONPath to it), in order, and the tasks;
         each state is named `Size<Role>Nodes<id_>` (id_: ForTraining, ForValidation, AfterValidation).
-        The run holds the groups (refuse_concurrent), so an update in progress is its own: waited for."""
+        The run holds the groups (its lease), so an update in progress is its own: waited for."""
         updates: list[sfn.TaskStateBase] = []
         for role, count in desired.items():
             update = self._update(scope, f"Size{role.capitalize()}Nodes{id_}", role, count)
@@ -172,20 +135,29 @@ class EksNodeScaling:
             chain = chain.next(later)
         return chain, updates
 
-    def release(
-        self, scope: Construct, id_: str, *, machine: str, machine_arn: str, others: int
-    ) -> tuple[sfn.Chain, sfn.Map]:
-        """(chain, its Map state for a Catch): every group to 0 unless more than `others` executions of the pipeline
-        `machine` (an ARN, or a JSONPath to it) run: 1 from inside the pipeline (itself), 0 from the reconciler.
-        Per group: read its size; if above 0, list the executions; if none other, update; if another update is in
-        progress, wait and start over (at most UPDATE_TRIES times)."""
+    def release(self, scope: Construct, id_: str) -> tuple[sfn.Chain, sfn.Map]:
+        """(chain, its Map state for a Catch), from inside the pipeline: every group to 0 unless another execution
+        holds the lease, then this execution's lease given back (groups first: no run sizes them meanwhile)."""
+        chain, release = self._groups_to_zero(scope, id_)
+        return chain.next(self._lease.released(scope, f"{id_}Lease")), release
+
+    def reconcile(self, scope: Construct, id_: str, *, execution_arns: str) -> sfn.State:
+        """The reconciler's: a lease whose holder (one of `execution_arns`) is no longer RUNNING released, then every
+        group to 0 unless an execution holds the lease; a RUNNING holder's groups are left alone."""
+        first, free, held = self._lease.release_stale(scope, f"{id_}Lease", execution_arns=execution_arns)
+        free.next(self._groups_to_zero(scope, id_)[0])
+        held.next(sfn.Succeed(scope, f"{id_}LeftToTheHolder"))
+        return first
+
+    def _groups_to_zero(self, scope: Construct, id_: str) -> tuple[sfn.Chain, sfn.Map]:
+        """Per group: read its size; if above 0, read the lease; if no other execution holds it (absent, or held by
+        this one), update; if another update is in progress, wait and start over (at most UPDATE_TRIES times)."""
         groups = sfn.Pass(
             scope,
             f"{id_}Groups",
             result_path="$.release",
             parameters={
-                "groups": [{"name": g.nodegroup.nodegroup_name, "max": g.max_size} for g in self._groups.values()],
-                "machine": machine,
+                "groups": [{"name": g.nodegroup.nodegroup_name, "max": g.max_size} for g in self._groups.values()]
             },
         )
         release = sfn.Map(
@@ -194,16 +166,16 @@ class EksNodeScaling:
             items_path="$.release.groups",
             item_selector={
                 "group.$": "$$.Map.Item.Value",
-                "machine.$": "$.release.machine",
+                "execution.$": "$$.Execution.Id",
                 "now.$": "$$.State.EnteredTime",
                 "tries": 0,
             },
             result_path=J.DISCARD,
         )
-        release.item_processor(self._release_group(scope, id_, machine_arn, others))
+        release.item_processor(self._release_group(scope, id_))
         return groups.next(release), release
 
-    def _release_group(self, scope: Construct, id_: str, machine_arn: str, others: int) -> sfn.IChainable:
+    def _release_group(self, scope: Construct, id_: str) -> sfn.IChainable:
         describe = _retry_transient(
             tasks.CallAwsService(
                 scope,
@@ -217,7 +189,7 @@ class EksNodeScaling:
                 task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
             )
         )
-        running = self._running(scope, f"{id_}ListRunning", J.string_at("$.machine"), machine_arn, "$.running")
+        leased = self._lease.read(scope, f"{id_}ReadLease")
         down = _retry_transient(
             tasks.CallAwsService(
                 scope,
@@ -241,7 +213,7 @@ class EksNodeScaling:
             f"{id_}TryAgain",
             parameters={
                 "group.$": "$.group",
-                "machine.$": "$.machine",
+                "execution.$": "$.execution",
                 "now.$": "$.now",
                 "tries.$": "States.MathAdd($.tries, 1)",
             },
@@ -262,9 +234,9 @@ class EksNodeScaling:
             )
             .when(
                 C.number_greater_than("$.described.group.ScalingConfig.DesiredSize", 0),
-                running.next(
-                    sfn.Choice(scope, f"{id_}IsHeld")
-                    .when(C.number_greater_than("$.running.count", others), done)
+                leased.next(
+                    sfn.Choice(scope, f"{id_}IsHeld")  # by another execution: its nodes
+                    .when(C.and_(C.is_present(HOLDER), C.not_(C.string_equals_json_path(HOLDER, "$.execution"))), done)
                     .otherwise(down)
                 ),
             )
@@ -275,8 +247,9 @@ class EksNodeScaling:
 
 
 class EksNodeReconciler(Construct):
-    """Brings the node groups to 0 while no execution of `pipeline` runs: every RECONCILE_EVERY, and at once when
-    an execution ends (best effort: the schedule is the guarantee)."""
+    """Releases a lease whose holder no longer runs and brings the node groups to 0 while no execution of `pipeline`
+    (a state machine with a fixed name) holds the lease: every RECONCILE_EVERY, and at once when an execution ends
+    (best effort: the schedule is the guarantee)."""
 
     def __init__(
         self,
@@ -284,18 +257,29 @@ class EksNodeReconciler(Construct):
         id_: str,
         *,
         scaling: EksNodeScaling,
-        pipeline: sfn.IStateMachine,
+        pipeline: sfn.StateMachine,
         log_retention: logs.RetentionDays,
     ) -> None:
         super().__init__(scope, id_)
-        release, _ = scaling.release(
-            self, "ReleaseNodes", machine=pipeline.state_machine_arn, machine_arn=pipeline.state_machine_arn, others=0
+        stack, name = cdk.Stack.of(self), pipeline._physical_name  # the name given at synth (jsii: protected)
+        if cdk.Token.is_unresolved(name):
+            raise ValueError(f"{pipeline.node.path}: the reconciler needs the pipeline's fixed state machine name")
+        executions = f"execution:{name}:*"  # the lease's holder, described (is it running?)
+        release = scaling.reconcile(
+            self,
+            "ReleaseNodes",
+            execution_arns=stack.format_arn(
+                service="states",
+                resource="execution",
+                resource_name=f"{name}:*",
+                arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+            ),
         )
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
             definition_body=sfn.DefinitionBody.from_chainable(release),
-            comment="Sets the EKS node groups to 0 while no training pipeline execution runs",
+            comment="Releases a stale EKS node lease; sets the node groups to 0 while no pipeline execution holds it",
             timeout=cdk.Duration.hours(1),
             tracing_enabled=True,
             logs=sfn.LogOptions(
@@ -334,4 +318,18 @@ class EksNodeReconciler(Construct):
             "X-Ray (PutTraceSegments, PutTelemetryRecords, GetSampling*) and CloudWatch Logs delivery "
             "(logs:CreateLogDelivery ...) allow no resource-level permissions",
         )
-        acknowledge_list_executions(self.state_machine.role)
+        acknowledge(
+            self.state_machine.role,
+            f"AwsSolutions-IAM5[Resource::{shown_arn(stack, 'states', executions)}]",
+            "The lease's holder is described (is it still running?); execution names are chosen at start, so only "
+            "the pipeline's prefix is fixed",
+        )
+        acknowledge_iam(
+            self.state_machine.role,
+            "RESOURCE_MISMATCH",
+            "states:DescribeExecution",
+            "the reference lists execution and express as DescribeExecution's resource types, one per workflow "
+            "type; the pipeline is a Standard state machine, whose executions are `execution` ARNs, which the grant "
+            "names",
+            formats=("arn:*:states:*:*:express:*:*:*",),
+        )

@@ -21,6 +21,7 @@ from config import Accelerator, InstanceType
 from config.layout import CHECKPOINTS_PREFIX, MODELS_PREFIX, NEURON_CACHE_PREFIX, PROJECT, RUNS_PREFIX
 from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, JobKind, task_timeout
+from constructs.compute.sagemaker.validation import retried_for_capacity
 from constructs.nag import acknowledge, shown_arn
 from contracts.job_environment import job_environment
 from contracts.run import QUEUE_WAIT_MINUTES, Stage, stages
@@ -31,10 +32,17 @@ from contracts.run import QUEUE_WAIT_MINUTES, Stage, stages
 ENTRYPOINT = ("python", "/opt/training/launch.py")
 # SageMaker's container paths (API_CheckpointConfig LocalPath default; /opt/ml/input/data/<channel>).
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
-DATA_CHANNEL, CHECKPOINTS_CHANNEL, FSX_CHANNEL = "training", "checkpoints", "fsx"
+DATA_CHANNEL, CHECKPOINTS_CHANNEL, FSX_CHANNEL, MODEL_CHANNEL = "training", "checkpoints", "fsx", "model"
 DATA_PATH = f"/opt/ml/input/data/{DATA_CHANNEL}"
 CHECKPOINTS_INPUT_PATH = f"/opt/ml/input/data/{CHECKPOINTS_CHANNEL}"
 FSX_PATH = f"/opt/ml/input/data/{FSX_CHANNEL}"
+# A declared workload's validation: the training job's model artifact, a model.tar.gz that SageMaker copies here and
+# does not unpack (API_Channel CompressionType "is used only in Pipe input mode"): the launcher unpacks it into
+# MODEL_DIR before the validate command runs (runtime/launch/sagemaker.py unpack_model_archive).
+MODEL_INPUT_PATH = f"/opt/ml/input/data/{MODEL_CHANNEL}"
+# Where the validation finds that artifact: the training job's DescribeTrainingJob ModelArtifacts.S3ModelArtifacts
+# ("The path of the S3 object that contains the model artifacts", API_ModelArtifacts), kept by the Train state.
+TRAINED_MODEL = "$.jobs.train.ModelArtifact"
 # SageMaker uploads /opt/ml/model as the job's model artifact and /opt/ml/output/data as its output (SageMaker
 # developer guide, "How Amazon SageMaker AI Processes Training Output").
 MODEL_PATH = "/opt/ml/model"
@@ -63,12 +71,6 @@ QUOTA_RETRY: dict = {
     "max_attempts": QUEUE_WAIT_MINUTES // 5,
     "backoff_rate": 1,
 }
-VALIDATION_RETRY: dict = {
-    "errors": ["States.TaskFailed"],
-    "interval": cdk.Duration.minutes(5),
-    "max_attempts": 3,
-    "backoff_rate": 2,
-}
 # The longest a training job may run (API_StoppingCondition MaxRuntimeInSeconds: 28 days), taken as the bound of
 # MaxWaitTimeInSeconds too.
 MAX_JOB_SECONDS = 28 * 24 * 3600
@@ -93,6 +95,9 @@ class SageMakerJobRunner:
     sanity_in_training = True
     # Each job brings up its own hosts: SageMaker starts and stops the instances of every training job.
     node_scaling = None
+    # What the Train state keeps of the training job (constructs/pipeline/train_attempt.py): its model artifact too,
+    # which a declared workload's validation reads (TRAINED_MODEL).
+    train_result = ("JobId", "JobName", "Status", "ModelArtifact")
 
     def __init__(
         self,
@@ -140,7 +145,7 @@ class SageMakerJobRunner:
         result_path: str = sfn.JsonPath.DISCARD,
         timeout: cdk.Duration | str | None = None,
         workload: str | None = None,
-    ) -> sfn.CustomState:
+    ) -> sfn.CustomState | sfn.Parallel:
         if job == "sanity":
             raise ValueError("SageMakerJobRunner runs the sanity check inside the training job (sanity_in_training)")
         if attempts is not None:
@@ -148,25 +153,28 @@ class SageMakerJobRunner:
                 "SageMakerJobRunner runs each job once (one attempt's runtime); the pipeline's Retry restarts it"
             )
         request = self.training_job(job=job, parameters=parameters, job_name=job_name, nodes=nodes, workload=workload)
+        # The .sync result is the whole DescribeTrainingJob response; keep what operators look for, and training's
+        # model artifact, which SageMaker uploaded from /opt/ml/model (API_ModelArtifacts S3ModelArtifacts).
+        selector = {"JobId.$": "$.TrainingJobArn", "JobName.$": "$.TrainingJobName", "Status.$": "$.TrainingJobStatus"}
+        if job == "train":
+            selector["ModelArtifact.$"] = "$.ModelArtifacts.S3ModelArtifacts"
+        validate = job == "validate"
         state: dict = {
             "Type": "Task",
             "Resource": f"arn:{cdk.Stack.of(scope).partition}:states:::sagemaker:createTrainingJob.sync",
             "Parameters": request,
-            # The .sync result is the whole DescribeTrainingJob response; keep what operators look for.
-            "ResultSelector": {
-                "JobId.$": "$.TrainingJobArn",
-                "JobName.$": "$.TrainingJobName",
-                "Status.$": "$.TrainingJobStatus",
-            },
-            "ResultPath": result_path,
+            "ResultSelector": selector,
+            "ResultPath": "$" if validate else result_path,
         }
-        submission = sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
+        submission = sfn.CustomState(
+            scope, f"{id_}Job" if validate else id_, state_json={**state, **task_timeout(timeout)}
+        )
         submission.add_retry(**API_RETRY)
         submission.add_retry(**QUOTA_RETRY)
-        if job == "validate":
-            # A trained model is never left unvalidated for want of one small instance (a CapacityError) or a lost
-            # one: the validation job is tried again on fresh instances, 5, 10 and 20 minutes later.
-            submission.add_retry(**VALIDATION_RETRY)
+        if validate:
+            # A trained model is never left unvalidated for want of one small instance or a lost one: tried again on
+            # fresh instances when SageMaker failed the job, never when the validation itself did (validation.py).
+            return retried_for_capacity(scope, id_, submission, result_path)
         return submission
 
     def training_job(
@@ -216,7 +224,7 @@ class SageMakerJobRunner:
             },
             # The training subnet and the EFA group (all traffic to and from itself, Lustre to FSx).
             "VpcConfig": {"Subnets": [self.subnet_id], "SecurityGroupIds": [self.security_group_id]},
-            "InputDataConfig": self._channels(job, parameters),
+            "InputDataConfig": [*self._channels(job, parameters), *self._model_channel(job, workload)],
             "OutputDataConfig": {"S3OutputPath.$": f"States.Format('{self._runs_uri}{{}}/sagemaker/', {run_id})"},
             "StoppingCondition": self._stopping_condition(self._stages[job], spot=training and self.spot),
             # Budgets and cost allocation filter on the same tags as the deployed resources (app.py).
@@ -280,9 +288,11 @@ class SageMakerJobRunner:
     @staticmethod
     def _workload_flags(job: JobKind) -> list[str]:
         """A declared workload's folders (user_workload.prepare_run): the checkpoints SageMaker syncs (training) or
-        the run's checkpoint channel (validation), the model where SageMaker uploads it, the rest beside it."""
+        the run's checkpoint channel (validation), the model where SageMaker uploads it, the rest beside it; the
+        validation's MODEL_DIR starts as what training left in its own (the model channel, unpacked)."""
         checkpoints = CHECKPOINT_LOCAL_PATH if job == "train" else CHECKPOINTS_INPUT_PATH
-        return ["--checkpoint-dir", checkpoints, "--run-dir", WORKLOAD_RUN_DIR, "--model-dir", MODEL_PATH]
+        trained = [] if job == "train" else ["--model-archive", MODEL_INPUT_PATH]
+        return ["--checkpoint-dir", checkpoints, "--run-dir", WORKLOAD_RUN_DIR, "--model-dir", MODEL_PATH, *trained]
 
     def _environment(self, job: JobKind, instance: InstanceType, run_id: str) -> dict:
         return {
@@ -332,6 +342,16 @@ class SageMakerJobRunner:
             },
         }
         return [data, checkpoints]
+
+    @staticmethod
+    def _model_channel(job: JobKind, workload: str | None) -> list[dict]:
+        """A declared workload's validation: the training job's model.tar.gz, copied whole to MODEL_INPUT_PATH (File
+        mode: "To download the data from Amazon Simple Storage Service (Amazon S3) to the provisioned ML storage
+        volume, and mount the directory to a Docker volume, use File input mode", API_Channel InputMode)."""
+        if job != "validate" or not workload:
+            return []
+        source = {"S3DataType": "S3Prefix", "S3Uri.$": TRAINED_MODEL, "S3DataDistributionType": "FullyReplicated"}
+        return [{"ChannelName": MODEL_CHANNEL, "InputMode": "File", "DataSource": {"S3DataSource": source}}]
 
     def _dataset_source(self, dataset: str) -> dict:
         if self.file_system:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -85,6 +86,28 @@ def hyperparameter_flags(
         if name not in CHANNEL_HYPERPARAMETERS:
             flags += ["--" + name.replace("_", "-"), value]
     return flags
+
+
+def unpack_model_archive(channel: Path, model_dir: Path) -> Path:
+    """The training job's model artifact (its one .tar.gz in the `model` channel's folder, or `channel` itself) unpacked
+    into `model_dir`, so that a validate script reads MODEL_DIR as the train script left it; the archive's path, or
+    one UsageError. SageMaker tars training's /opt/ml/model into it ("SageMaker AI copies this data as a single
+    object in compressed tar format", "How Amazon SageMaker AI Processes Training Output") and copies a channel's
+    objects as they are, unpacked (API_Channel: CompressionType "is used only in Pipe input mode")."""
+    archives = [channel] if channel.is_file() else sorted(channel.glob("*.tar.gz")) if channel.is_dir() else []
+    if len(archives) != 1:
+        found = ", ".join(a.name for a in archives) or "none"
+        raise UsageError("--model-archive", str(channel), f"{found} found", "one model.tar.gz (the training's model)")
+    model_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archives[0], "r:*") as archive:
+            # The data filter refuses absolute names, `..`, links out of model_dir and device files (tarfile docs).
+            archive.extractall(model_dir, filter="data")
+    except (tarfile.TarError, OSError) as exc:
+        raise UsageError(
+            "--model-archive", str(archives[0]), f"not unpacked ({type(exc).__name__}: {exc})", "a tar file"
+        ) from None
+    return archives[0]
 
 
 def write_failure(root: Path, code: int, stage: str, detail: str = "") -> None:

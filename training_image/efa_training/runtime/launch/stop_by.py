@@ -1,13 +1,15 @@
 """A reservation's end: the training is asked to stop early enough to save before the instances go.
 
-The pipeline reads the end of the environment's Capacity Block or training plan and passes it as the train job's
-`--stop-by` (ISO-8601 UTC). At the end minus a margin the launcher sends SIGTERM to torchrun (or the workload's
-own launcher), as a Spot reclaim or StopTrainingJob would: every workload saves and exits on it (docs/workloads.md,
-"What your code must do"). The margin is max(MARGIN_FLOOR_SECONDS, SAVE_FACTOR x the longest checkpoint save the
-training reported so far: CheckpointSaveSeconds on a metrics line), so a slow save moves the stop earlier. The
-attempt then ends EXIT_WINDOW_ENDED, which the pipeline reports as ReservationEnded: resumable, not retried
-(a new execution with `resume: true`, in the next window, continues from that checkpoint). A job that starts with
-less than the margin left ends at once the same way, before it spends anything.
+The pipeline reads the end of the environment's Capacity Block or training plan and passes the moment the provider
+takes the capacity away (the end less the provider's lead, 30 or 40 minutes: constructs/pipeline/reservation_end.py)
+as the train job's `--stop-by` (ISO-8601 UTC); the launcher knows only that one time. At it minus a margin the
+launcher sends SIGTERM to torchrun (or the workload's own launcher), as a Spot reclaim or StopTrainingJob would:
+every workload saves and exits on it (docs/workloads.md, "What your code must do"). The margin is
+max(MARGIN_FLOOR_SECONDS, SAVE_FACTOR x the longest checkpoint save the training reported so far:
+CheckpointSaveSeconds on a metrics line), so a slow save moves the stop earlier. The attempt then ends
+EXIT_WINDOW_ENDED, which the pipeline reports as ReservationEnded: resumable, not retried (a new execution with
+`resume: true`, in the next window, continues from that checkpoint). A job that starts with less than the margin
+left ends at once the same way, before it spends anything.
 """
 
 from __future__ import annotations
