@@ -38,7 +38,7 @@ def _without_state(step: int) -> dict:
 
 
 # kind: the damaged meta.json of step 2 (step 1 is sound)
-DAMAGED_META = {
+DAMAGED_META: dict[str, dict | str] = {
     "garbage": "{not json!!",
     "a step only": {"step": 2},
     "not an object": "[2]",

@@ -15,6 +15,7 @@ import shutil
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from common import (
     TRAIN,
@@ -58,7 +59,7 @@ def main() -> None:
     args = p.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-"))
     data = ensure_dataset(work)
-    pairs = []
+    pairs: list[dict[str, Any]] = []
     for r in range(args.pairs):
         train_py, train_roles = ours(args, data, work / f"ckpt-throughput-{args.through}-{r}")
         loop, loop_roles = minimal(args, data)
