@@ -53,6 +53,10 @@ def _checkpoints_of(tmp_path, strategy: str, model_name: str = "tiny"):
             "model": asdict(model.model_config(model_name)),
         },
     }
+    # A manifest naming every file the format needs: the pre-flight reads only metas the damage check passes.
+    from efa_training.checkpointing.format import required_files
+
+    meta["files"] = {name: {"bytes": 0, "crc32": 0} for name in required_files(meta)}
     (d / "step_000000004" / "meta.json").write_text(json.dumps(meta))
     return d
 
