@@ -11,6 +11,9 @@ too: every call retried here is idempotent (reads, conditional writes, writes of
 
 import aws_cdk as cdk
 import aws_cdk.aws_stepfunctions as sfn
+import aws_cdk.aws_stepfunctions_tasks as tasks
+
+from constructs import Construct
 
 TRANSIENT_ERRORS = (
     "S3.S3Exception",
@@ -38,3 +41,25 @@ def retry_transient(task: sfn.TaskStateBase, errors: tuple[str, ...] = TRANSIENT
         jitter_strategy=sfn.JitterType.FULL,
     )
     return task
+
+
+def describe_holder(
+    scope: Construct, id_: str, *, arn_path: str, execution_arns: str, result_path: str
+) -> tasks.CallAwsService:
+    """DescribeExecution of the execution at `arn_path` (the holder of a run's claim or of a lease), its Status alone
+    at `result_path`.`status`, transient errors retried. Eventually consistent (Step Functions API reference,
+    DescribeExecution): a holder that ended a moment ago may still read RUNNING."""
+    describe = tasks.CallAwsService(
+        scope,
+        id_,
+        service="sfn",
+        action="describeExecution",
+        parameters={"ExecutionArn": sfn.JsonPath.string_at(arn_path)},
+        iam_resources=[execution_arns],
+        iam_action="states:DescribeExecution",
+        result_selector={"status.$": "$.Status"},
+        result_path=result_path,
+        task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+    )
+    retry_transient(describe)
+    return describe

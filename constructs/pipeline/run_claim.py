@@ -30,7 +30,7 @@ from config.layout import (
 )
 from constructs import Construct
 from constructs.compute.backend import PipelineNodes
-from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
+from constructs.pipeline.aws_calls import CALL_TIMEOUT, describe_holder, retry_transient
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.input_checks import INVALID
 
@@ -199,19 +199,9 @@ class RunClaim:
         return read
 
     def _describe_holder(self, scope: Construct, execution_arns: str) -> tasks.CallAwsService:
-        holder = tasks.CallAwsService(
-            scope,
-            "DescribeRunHolder",
-            service="sfn",
-            action="describeExecution",
-            parameters={"ExecutionArn": J.string_at(HOLDER)},
-            iam_resources=[execution_arns],
-            iam_action="states:DescribeExecution",
-            result_selector={"status.$": "$.Status"},
-            result_path="$.holder",
-            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+        holder = describe_holder(
+            scope, "DescribeRunHolder", arn_path=HOLDER, execution_arns=execution_arns, result_path="$.holder"
         )
-        retry_transient(holder)
         take_over = self._take_over(scope)
         # An execution past Step Functions' retention is gone: it is not running either.
         holder.add_catch(take_over, errors=["Sfn.ExecutionDoesNotExistException"], result_path="$.holder_gone")

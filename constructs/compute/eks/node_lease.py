@@ -26,7 +26,7 @@ import aws_cdk.aws_stepfunctions_tasks as tasks
 
 from config.layout import NODE_LEASE_PREFIX, RUN_HOLDER, RUN_SINCE, RUNS_TABLE_KEY
 from constructs import Construct
-from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
+from constructs.pipeline.aws_calls import CALL_TIMEOUT, describe_holder, retry_transient
 from constructs.pipeline.run_claim import CONDITION_FAILED, DYNAMODB_TRANSIENT
 
 C = sfn.Condition
@@ -176,17 +176,4 @@ class NodeLease:
 
     @staticmethod
     def _describe(scope: Construct, id_: str, execution_arns: str) -> tasks.CallAwsService:
-        describe = tasks.CallAwsService(
-            scope,
-            id_,
-            service="sfn",
-            action="describeExecution",
-            parameters={"ExecutionArn": J.string_at(HOLDER)},
-            iam_resources=[execution_arns],
-            iam_action="states:DescribeExecution",
-            result_selector={"status.$": "$.Status"},
-            result_path="$.lease_holder",
-            task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
-        )
-        retry_transient(describe)
-        return describe
+        return describe_holder(scope, id_, arn_path=HOLDER, execution_arns=execution_arns, result_path="$.lease_holder")
