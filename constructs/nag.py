@@ -82,14 +82,16 @@ def managed_policy_finding(name: str) -> str:
     return f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{name}]"
 
 
-def shown_arn(stack: cdk.Stack, service: str, resource: str) -> str:
-    """An ARN of `stack` as cdk-nag prints it in a finding: known values literal, tokens as <AWS::Pseudo>."""
+def shown_arn(stack: cdk.Stack, service: str, resource: str, region: str | None = None) -> str:
+    """An ARN of `stack` as cdk-nag prints it in a finding: known values literal, tokens as <AWS::Pseudo>; `region`
+    "" for a global service's (IAM)."""
 
     def shown(value: str, pseudo: str) -> str:
         return f"<AWS::{pseudo}>" if cdk.Token.is_unresolved(value) else value
 
     return (
-        f"arn:{shown(stack.partition, 'Partition')}:{service}:{shown(stack.region, 'Region')}:"
+        f"arn:{shown(stack.partition, 'Partition')}:{service}:"
+        f"{shown(stack.region, 'Region') if region is None else region}:"
         f"{shown(stack.account, 'AccountId')}:{resource}"
     )
 

@@ -107,6 +107,9 @@ NO_INITIAL_MODEL = "none"
 # platform's own trainers beside their code (training_image/efa_training/workloads/<name>/workload.json), and an
 # environment's own (cdk.json `workloads`). A run that names none trains this one, the built-in language model.
 DEFAULT_WORKLOAD = "gpt"
+BUILT_IN_NAMES = ("gpt", "ctr-ps")  # training_image/efa_training/workloads/<name>/ (tests hold the two equal)
+# A workload's name (contracts/workload.py NAME_PATTERN, tests hold the two equal).
+WORKLOAD_NAME_PATTERN = r"[a-z](?:[a-z0-9-]{0,22}[a-z0-9])?"
 
 
 @dataclass(frozen=True)
@@ -222,9 +225,13 @@ def fields(
             "workload",
             "string",
             DEFAULT_WORKLOAD,
-            choices=tuple(known),
-            rule=f"one of {', '.join(known)} (the platform's trainers and this environment's own)",
+            pattern=WORKLOAD_NAME_PATTERN,
+            max_length=24,
+            rule=f"a workload's name: {', '.join(BUILT_IN_NAMES)} (the platform's trainers) or one registered in this "
+            "environment (pipeline_cli workload list)",
         ),
+        # contracts/workload_registry.py: a registered workload's versions count from 1; 0 is its newest.
+        Field("workload_version", "integer", 0, 0, 1_000_000, rule="0 (the newest) or a registered version number"),
     ) + (known[workload].hyperparameters if workload in known else ())
 
 
@@ -318,8 +325,8 @@ def validate_run(
     workload = run.get("workload", DEFAULT_WORKLOAD)
     if not isinstance(workload, str) or workload not in known:
         # Its hyperparameters cannot be judged: the workload that declares them is unknown.
-        return [check_value(next(f for f in fields(max_nodes, workloads=known) if f.name == "workload"), workload)
-                or ""]  # fmt: skip
+        named = next(f for f in fields(max_nodes, workloads=known) if f.name == "workload")
+        return [check_value(named, workload) or f"workload={_show(workload)} is not valid; expected {named.allowed()}"]
     table = fields(max_nodes, min_nodes, known, workload)
     allowed = {f.name for f in top_level(table)}
     problems = [

@@ -22,7 +22,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from contracts.run import DEFAULT_WORKLOAD, REQUIRED, Field, WorkloadSchema, WorkloadSchemas, check_value
+from contracts.run import (
+    DEFAULT_WORKLOAD,
+    REQUIRED,
+    WORKLOAD_NAME_PATTERN,
+    Field,
+    WorkloadSchema,
+    WorkloadSchemas,
+    check_value,
+)
 from contracts.workload_cost import CostModel, parse_cost
 
 # Launch modes: the platform's torchrun on every node (its rendezvous; the command is the script and its
@@ -48,7 +56,7 @@ LAYOUTS = ("node", "run")  # a degree of parallelism inside one node, or over th
 # the sanity check and the EFA stack: the stacks pass its URI as this build argument.
 PLATFORM_IMAGE_ARG = "PLATFORM_IMAGE"
 # Names reach Batch job definition names, Kubernetes labels and SageMaker job names: short, lower case.
-NAME_PATTERN = r"[a-z](?:[a-z0-9-]{0,22}[a-z0-9])?"
+NAME_PATTERN = WORKLOAD_NAME_PATTERN
 HYPERPARAMETER_NAME_PATTERN = r"[a-z_][a-z0-9_]{0,63}"
 METRIC_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_.:-]{0,63}"
 IMAGE_URI_PATTERN = r"[a-z0-9.-]+(?::[0-9]+)?/[a-z0-9._/-]+(?::[A-Za-z0-9_.-]{1,128}|@sha256:[0-9a-f]{64})"

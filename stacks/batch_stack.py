@@ -25,7 +25,6 @@ from constructs.compute.batch.host_user_data import host_user_data
 from constructs.compute.batch.job_definitions import BatchJobDefinitions
 from constructs.compute.batch.job_runner import BatchJobRunner
 from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate, EfaLayout
-from constructs.compute.shared.workload_images import WorkloadImages
 from constructs.escape_hatch import cfn
 from constructs.nag import acknowledge, acknowledge_log_group_encryption, managed_policy_finding
 from constructs.observability.accelerator_metrics import accelerator_metrics
@@ -34,7 +33,7 @@ from contracts.job_environment import STOP_GRACE_SECONDS
 from contracts.run import QUEUE_WAIT_MINUTES
 from stacks.network_stack import NetworkStack
 from stacks.policies import data_removal_policy, log_retention
-from stacks.registry_stack import RegistryStack, platform_image_tag
+from stacks.registry_stack import RegistryStack
 from stacks.storage_stack import StorageStack
 
 # ECS-optimized Amazon Linux 2023 Neuron AMI: the parameter aws/amazon-ecs-ami reads for its release notes
@@ -126,16 +125,8 @@ class BatchStack(cdk.Stack):
             tracking_uri=tracking_uri(self, config),
         )
         self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
-        # Each declared workload's train and validate definitions, on its own image (docs/workloads.md).
-        images = WorkloadImages(
-            self,
-            "WorkloadImages",
-            workloads=config.declared_workloads,
-            platform_image=platform_image_tag(config.instance.accelerator),
-        )
-        workload_definitions = {
-            w.name: self.jobs.add_workload(w, images.container_image(w.name)) for w in config.declared_workloads
-        }
+        # The definitions a registered workload's jobs copy at run start with its own image (docs/workloads.md).
+        workload_templates = self.jobs.add_workload_templates(registry.container_image)
         self._compute_environments(config, network)
         self._queues(config)
         # By fixed names, not references (BatchJobRunner): a redeploy never leaves the pipeline on a stale value.
@@ -145,7 +136,7 @@ class BatchStack(cdk.Stack):
             job_definitions=dict(self.jobs.names),
             share_identifier=PIPELINE_SHARE,
             single_node_on_demand_queue=self.queue_names.get("single_node_on_demand"),
-            workload_definitions=workload_definitions,
+            workload_templates=workload_templates,
             environment=config.name,
         )
         self.accelerator_metrics = accelerator_metrics("batch", config.instance.accelerator, environment=config.name)

@@ -24,12 +24,11 @@ from constructs.compute.eks.job_runner import EksJobRunner
 from constructs.compute.eks.node_lease import NodeLease
 from constructs.compute.eks.node_scaling import EksNodeReconciler, EksNodeScaling, SizedGroup
 from constructs.compute.eks.training_workspace import EksTrainingWorkspace
-from constructs.compute.shared.workload_images import WorkloadImages
 from constructs.observability.accelerator_metrics import accelerator_metrics
 from constructs.storage.tracking import grant_tracking, tracking_uri
 from stacks.network_stack import NetworkStack
 from stacks.policies import data_removal_policy, log_retention
-from stacks.registry_stack import RegistryStack, platform_image_tag
+from stacks.registry_stack import RegistryStack
 from stacks.storage_stack import StorageStack
 
 
@@ -117,13 +116,6 @@ class EksStack(cdk.Stack):
         )
         grant_tracking(self.workspace.role, config)
         # The pipeline (PipelineStack) runs its jobs through this.
-        # Each declared workload's image (its pods pull it with the nodes' ECR read-only policy).
-        images = WorkloadImages(
-            self,
-            "WorkloadImages",
-            workloads=config.declared_workloads,
-            platform_image=platform_image_tag(config.instance.accelerator),
-        )
         self.job_runner = EksJobRunner(
             cluster=as_icluster(self.cluster),
             instance=config.instance,
@@ -135,7 +127,6 @@ class EksStack(cdk.Stack):
             models_uri=f"s3://{storage.bucket.bucket_name}/{MODELS_PREFIX}",
             site=self.workspace.site,
             train_attempt_hours=config.batch_train_timeout_hours,
-            workloads=images.for_runner(),
         )
         self.accelerator_metrics = accelerator_metrics(
             "eks", config.instance.accelerator, environment=config.name, cluster_name=self.cluster.cluster_name

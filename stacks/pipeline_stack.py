@@ -24,7 +24,6 @@ from constructs.pipeline.reservation_end import Reservation
 from constructs.pipeline.training_pipeline import TrainingPipeline
 from contracts.quote import QuoteTerms
 from contracts.run import phases
-from contracts.workload import schemas
 from stacks.alerts_stack import AlertsStack
 from stacks.policies import data_removal_policy, log_retention
 from stacks.storage_stack import StorageStack
@@ -75,7 +74,6 @@ class PipelineStack(cdk.Stack):
             compiles_ahead=compiles_ahead,
             # SageMaker jobs reading their dataset from S3 mount no file system, where other runs' checkpoints are.
             initial_models=not (config.compute == "sagemaker" and config.sagemaker_data_source == "s3"),
-            workloads=schemas(config.declared_workloads),
             capacity_retries=config.capacity_retries,
             reservation=_reservation(config),
             quote=QuoteTerms.of(config),

@@ -19,11 +19,10 @@ from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.compute.sagemaker.execution_role import TRAINING_LOG_GROUP, SageMakerExecutionRole
 from constructs.compute.sagemaker.job_runner import SageMakerJobRunner
-from constructs.compute.shared.workload_images import WorkloadImages
 from constructs.observability.accelerator_metrics import accelerator_metrics
 from constructs.storage.tracking import grant_tracking, tracking_uri
 from stacks.network_stack import NetworkStack
-from stacks.registry_stack import RegistryStack, platform_image_tag
+from stacks.registry_stack import RegistryStack
 from stacks.storage_stack import StorageStack
 
 
@@ -48,14 +47,6 @@ class SageMakerStack(cdk.Stack):
         ).role
         registry.image_repository.grant_pull(self.execution_role)
         grant_tracking(self.execution_role, config)
-        # Each declared workload's image, pulled by the jobs' role (docs/workloads.md).
-        images = WorkloadImages(
-            self,
-            "WorkloadImages",
-            workloads=config.declared_workloads,
-            platform_image=platform_image_tag(config.instance.accelerator),
-        )
-        images.grant_pull(self.execution_role)
         file_system = None
         if fsx:
             # The file system's revision rides along so that a replaced file system changes the pipeline's
@@ -80,7 +71,6 @@ class SageMakerStack(cdk.Stack):
             file_system=file_system,
             neuron_cc_flags=config.neuron_cc_flags,
             tracking_uri=tracking_uri(self, config),
-            workloads=images.for_runner(),
             training_plan=config.reservation.training_plan if config.reservation else None,
         )
         self.accelerator_metrics = accelerator_metrics(

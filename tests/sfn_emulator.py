@@ -103,7 +103,7 @@ FAULT_STATUS = {
     "InternalServerError": 500,
     "ProvisionedThroughputExceededException": 400,
 }
-CAMEL_CASE_SERVICES = ("stepfunctions", "eks")
+CAMEL_CASE_SERVICES = ("stepfunctions", "eks", "batch")
 ERROR_SERVICE_NAMES = {"s3": "S3", "ssm": "Ssm", "sns": "Sns", "sfn": "Sfn", "dynamodb": "DynamoDb", "eks": "Eks",
                        "cloudwatch": "CloudWatch", "autoscaling": "AutoScaling",
                        "sagemaker": "SageMaker"}  # fmt: skip

@@ -36,7 +36,7 @@ def test_the_parameter_servers_belong_to_the_ctr_ps_workload():
 
 def test_the_old_built_in_name_is_refused_naming_the_workloads_there_are():
     (problem,) = validate_run({**RUN, "workload": "built-in"}, 2)
-    assert problem.startswith("workload='built-in' is not valid; expected one of gpt, ctr-ps")
+    assert problem.startswith("workload='built-in' is not valid; expected a workload's name: gpt, ctr-ps")
 
 
 def test_only_a_built_in_trainer_may_start_from_an_approved_model():

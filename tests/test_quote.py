@@ -192,19 +192,22 @@ def test_the_pipelines_quote_is_the_clis_and_reads_nothing_of_a_declared_workloa
 
     run = _run(model="1.3b", max_steps=1000, batch_size=4)
     expected = quote(run, terms)
-    got = _evaluate(_quoted_run(terms, _costs()), {"run": run})["quote"]
+    got = _evaluate(_quoted_run(terms), {"run": _recorded(run)})["quote"]
     assert got["usd"] == pytest.approx(expected.usd) and got["hours"] == pytest.approx(expected.hours)
     # A declared workload's hyperparameters may be any JSON: a string max_steps would be a JSONata error (T2001) if
     # multiplied, and an error in a Pass state ends the run.
     declared = {**run, "workload": "mine", "hyperparameters": {"model": 7, "max_steps": "all", "batch_size": "x"}}
-    assert _evaluate(_quoted_run(terms, _costs()), {"run": declared})["quote"]["usd"] is None
+    assert _evaluate(_quoted_run(terms), {"run": _recorded(declared)})["quote"]["usd"] is None
 
 
-def _costs(workloads: dict | None = None) -> str:
-    """The cost models the pipeline's QuoteRun reads (run_quote.run_quote's table), as JSON."""
-    from contracts.run import known_workloads
+def _recorded(run: dict, workloads: dict | None = None) -> dict:
+    """The run as the pipeline holds it: its workload's record summary inside (`registered`, whose cost model
+    QuoteRun reads: constructs/pipeline/workload_record.py); a workload nobody declares has none."""
+    from contracts.run import DEFAULT_WORKLOAD, known_workloads
 
-    return json.dumps({n: s.cost.as_json() for n, s in known_workloads(workloads).items() if s.cost})
+    schema = known_workloads(workloads).get(run.get("workload", DEFAULT_WORKLOAD))
+    cost = schema.cost.as_json() if schema and schema.cost else None
+    return {**run, "registered": {"cost": cost}}
 
 
 # A declared workload that states its cost: one number of TFLOPs per sample, or one per size.
@@ -221,7 +224,7 @@ def test_the_pipeline_quotes_a_declared_workload_as_the_cli_does(terms):
     from constructs.pipeline.run_quote import _quoted_run
 
     run = {"nodes": 2, "workload": "mine", "hyperparameters": {"epochs_steps": 500, "per_worker": 3}}
-    got = _evaluate(_quoted_run(terms, _costs({"mine": FLAT})), {"run": run})["quote"]
+    got = _evaluate(_quoted_run(terms), {"run": _recorded(run, {"mine": FLAT})})["quote"]
     assert got["usd"] == pytest.approx(quote(run, terms, workloads={"mine": FLAT}).usd)
 
 
@@ -235,7 +238,7 @@ def test_a_tensor_parallel_run_shares_each_samples_work_among_its_group(terms):
     split = _run(model="13b", max_steps=1000, strategy="fsdp", tensor_parallel=4)
     q = quote(split, terms)
     assert alone.hours is not None and q.hours == pytest.approx(alone.hours / 4)
-    got = _evaluate(_quoted_run(terms, _costs()), {"run": split})["quote"]
+    got = _evaluate(_quoted_run(terms), {"run": _recorded(split)})["quote"]
     assert got["hours"] == pytest.approx(q.hours) and got["usd"] == pytest.approx(q.usd)
 
 
@@ -248,7 +251,7 @@ def test_a_pipeline_and_tensor_parallel_run_shares_each_samples_work_among_both_
     split = _run(model="70b", max_steps=1000, strategy="fsdp", tensor_parallel=2, pipeline_parallel=4)
     q = quote(split, terms)
     assert alone.hours is not None and q.hours == pytest.approx(alone.hours / 8 * 7 / 4)  # 4 stages: 8 in 4 of 2
-    got = _evaluate(_quoted_run(terms, _costs()), {"run": split})["quote"]
+    got = _evaluate(_quoted_run(terms), {"run": _recorded(split)})["quote"]
     assert got["hours"] == pytest.approx(q.hours) and got["usd"] == pytest.approx(q.usd)
 
 
@@ -264,7 +267,7 @@ def test_a_pipeline_run_is_quoted_with_its_bubble(terms, batch_size, stages, bub
     run = _run(**layout, pipeline_parallel=stages)
     q = quote(run, terms)
     assert alone.hours is not None and q.hours == pytest.approx(alone.hours / stages * bubble)
-    got = _evaluate(_quoted_run(terms, _costs()), {"run": run})["quote"]
+    got = _evaluate(_quoted_run(terms), {"run": _recorded(run)})["quote"]
     assert got["hours"] == pytest.approx(q.hours) and got["usd"] == pytest.approx(q.usd)
 
 

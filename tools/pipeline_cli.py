@@ -5,6 +5,10 @@
     .venv/bin/python -m tools.pipeline_cli list dev
     .venv/bin/python -m tools.pipeline_cli describe dev gpt-tiny-001-20261121T083000
     .venv/bin/python -m tools.pipeline_cli quote dev examples/run.json
+    .venv/bin/python -m tools.pipeline_cli workload register dev my-llm.json [--name my-llm]
+    .venv/bin/python -m tools.pipeline_cli workload list dev
+    .venv/bin/python -m tools.pipeline_cli workload show dev my-llm [--version 2]
+    .venv/bin/python -m tools.pipeline_cli workload retire dev my-llm
 
 The environment's region comes from cdk.json (or --region); the state machine from the output
 `StateMachineArn` of the stack `EfaTraining-<env>-Pipeline`; the runs table `list` reads (every claimed run id, with
@@ -13,8 +17,16 @@ file with the same rules as the state machine (the run contract, contracts/run.p
 (tools/quote.py), refusing a run the monthly budget cannot pay for, before starting anything. Exit codes:
 0 success (or a run that succeeded), 1 a run that failed, 2 a usage or environment error.
 
+`workload register` checks a declaration (one file: cdk.json's `workloads.<name>` value, its image an image URI;
+the name is --name, else the file's "name", else its stem) and writes it as the workload's next version into the
+runs table, with no deploy (registering the same declaration again writes nothing); a run names it with
+`"workload": "<name>"` and may pin `"workload_version"`. `start` and `quote` check such a run's hyperparameters
+against the registered version. `workload retire` refuses new runs of it; its versions stay, so runs in flight and
+resumes keep theirs.
+
 This module holds the entry point, run files, `start` and `quote`; tools/pipeline_session.py the access to AWS and
-cdk.json, tools/pipeline_watch.py `watch`, tools/pipeline_describe.py `list` and `describe`.
+cdk.json, tools/pipeline_watch.py `watch`, tools/pipeline_describe.py `list` and `describe`,
+tools/pipeline_workloads.py `workload`.
 """
 
 import argparse
@@ -22,8 +34,10 @@ import functools
 import json
 import re
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 from config.layout import DATASET_MANIFEST
 from contracts import run as schema
@@ -42,6 +56,7 @@ from tools.pipeline_session import (
 from tools.pipeline_session import client_config as client_config
 from tools.pipeline_watch import _Progress as _Progress
 from tools.pipeline_watch import watch
+from tools.pipeline_workloads import add_commands, checked_declaration, cmd_workload, in_registry, registered_schemas
 
 # The `name as name` imports: names the tests import from here (as tools/dataset.py imports CliError, Pipeline, call
 # and region_of); tools/pipeline_session.py and tools/pipeline_watch.py hold them.
@@ -61,7 +76,18 @@ def load_run(
     min_nodes: int = 1,
     workloads: schema.WorkloadSchemas | None = None,
     workers_per_node: int | None = None,
+    registry: Callable[[dict], schema.WorkloadSchemas] | None = None,
 ) -> dict:
+    """A valid run from its file; `registry`: the registered schema of the workload the run names
+    (tools.pipeline_workloads.registered_schemas), read once the file is known to be a JSON object."""
+    run = read_run(path)
+    if registry is not None and isinstance(run, dict):
+        workloads = {**(workloads or {}), **registry(run)}
+    return checked_run(path, run, max_nodes, min_nodes, workloads, workers_per_node)
+
+
+def read_run(path: str) -> object:
+    """The run file's JSON value, or one line saying why it is none."""
     try:
         with open(path, "rb") as handle:
             data = handle.read(MAX_RUN_FILE_BYTES + 1)
@@ -80,10 +106,21 @@ def load_run(
     except (ValueError, RecursionError) as error:  # NaN, a number of thousands of digits, nesting too deep
         reason = "nested too deeply" if isinstance(error, RecursionError) else _one_line(error)
         raise CliError(f"{path}: not a valid run file ({reason})") from None
+    return run
+
+
+def checked_run(
+    path: str,
+    run: object,
+    max_nodes: int,
+    min_nodes: int = 1,
+    workloads: schema.WorkloadSchemas | None = None,
+    workers_per_node: int | None = None,
+) -> dict:
     problems = schema.validate_run(run, max_nodes, min_nodes, workloads, workers_per_node)
     if problems:
         raise CliError(f"{path}: " + "; ".join(problems))
-    return run
+    return cast(dict, run)  # validate_run refuses anything but an object
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -118,17 +155,24 @@ def quoted(run: dict, env: str, session, out):
 
 
 def cmd_quote(args, session, out) -> int:
-    config = environment_config(args.env)
-    run = load_run(
-        args.run_file,
-        config.nodes,
-        workloads=declared_workloads(args.env),
-        workers_per_node=config.instance.workers_per_node,
-    )
+    config, declared = environment_config(args.env), declared_workloads(args.env)
     if session is None:
         import boto3
 
         session = boto3.Session(region_name=region_of(args.env, args.region))
+
+    def registry(run: dict) -> schema.WorkloadSchemas:  # the deployed pipeline's runs table, only where needed
+        if not in_registry(run, declared):
+            return {}
+        return registered_schemas(Pipeline(args.env, region_of(args.env, args.region), session=session), run)
+
+    run = load_run(
+        args.run_file,
+        config.nodes,
+        workloads=declared,
+        workers_per_node=config.instance.workers_per_node,
+        registry=registry,
+    )
     quoted(run, args.env, session, out)
     return 0
 
@@ -136,7 +180,9 @@ def cmd_quote(args, session, out) -> int:
 def cmd_start(args, pipeline: Pipeline, out) -> int:
     # The layout degrees are judged on the environment's instance (cdk.json), as its first state judges them.
     per_node = environment_config(pipeline.env).instance.workers_per_node
-    run = load_run(args.run_file, pipeline.max_nodes, pipeline.min_nodes, declared_workloads(pipeline.env), per_node)
+    registry = functools.partial(registered_schemas, pipeline)
+    declared = declared_workloads(pipeline.env)
+    run = load_run(args.run_file, pipeline.max_nodes, pipeline.min_nodes, declared, per_node, registry=registry)
     require_prepared(pipeline, run["dataset"])
     quoted(run, pipeline.env, pipeline.session, out)  # before anything starts: the pipeline would refuse it too
     name = args.name or f"{run['run_id']}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
@@ -185,6 +231,7 @@ def parser() -> argparse.ArgumentParser:
     describe = add("describe", help="an execution's verdict, jobs and links")
     describe.add_argument("env")
     describe.add_argument("execution", help="execution name or ARN")
+    add_commands(add, region)
     return p
 
 
@@ -195,7 +242,13 @@ def _version() -> str:
     return found.group(1) if found else "unknown"
 
 
-COMMANDS = {"start": cmd_start, "watch": cmd_watch, "list": cmd_list, "describe": cmd_describe}
+COMMANDS = {
+    "start": cmd_start,
+    "watch": cmd_watch,
+    "list": cmd_list,
+    "describe": cmd_describe,
+    "workload": cmd_workload,
+}
 
 
 def main(argv: list[str] | None = None, *, session=None, out=None, err=None) -> int:
@@ -205,7 +258,11 @@ def main(argv: list[str] | None = None, *, session=None, out=None, err=None) -> 
         if args.command == "start":  # a malformed run file fails before any AWS call
             from config.environment import MAX_NODES
 
-            load_run(args.run_file, max_nodes=MAX_NODES, workloads=declared_workloads(args.env))
+            run, declared = read_run(args.run_file), declared_workloads(args.env)
+            if not in_registry(run, declared):  # else its workload's hyperparameters are in the runs table
+                checked_run(args.run_file, run, max_nodes=MAX_NODES, workloads=declared)
+        if args.command == "workload" and args.action == "register":  # so does a bad declaration
+            checked_declaration(args)
         if args.command == "quote":  # needs no deployed pipeline
             return cmd_quote(args, session, out)
         pipeline = Pipeline(args.env, region_of(args.env, args.region), session=session)

@@ -17,8 +17,12 @@ from config.layout import (
     tracking_server_name,
 )
 from contracts import run as schema
+from contracts.workload_registry import WORKLOAD_PREFIX
 from tools import bad_hosts, model_registry
 from tools.pipeline_session import RESULT_CODES, CliError, Pipeline, _json_object, call, environment_config
+
+# The runs table's items that are no run: EKS's node lease and the registered workloads (no run id holds a '#').
+NOT_RUNS = (NODE_LEASE_PREFIX, WORKLOAD_PREFIX)
 
 
 def cmd_list(args, pipeline: Pipeline, out) -> int:
@@ -39,15 +43,21 @@ def cmd_list(args, pipeline: Pipeline, out) -> int:
     return 0
 
 
-def claimed_runs(pipeline: Pipeline) -> list[dict[str, str]]:
-    """Every run of the runs table (not EKS's node lease), its string attributes as plain values (a Scan, page by
-    page)."""
+def runs_table(pipeline: Pipeline) -> str:
+    """The environment's runs table (the storage stack's output), or one line saying it has none."""
     table = pipeline.runs_table
     if table is None:
         raise CliError(
             f"environment {pipeline.env!r}: stack {stack_name(pipeline.env, 'Storage')} has no {RUNS_TABLE_OUTPUT} "
             "output; redeploy the storage stack"
         )
+    return table
+
+
+def claimed_runs(pipeline: Pipeline) -> list[dict[str, str]]:
+    """Every run of the runs table (not EKS's node lease, nor the registered workloads), its string attributes as
+    plain values (a Scan, page by page)."""
+    table = runs_table(pipeline)
     dynamodb, runs, start = pipeline._client("dynamodb"), [], None
     # Not the runs' inputs (up to 256 KiB each): the key, the holder and when.
     names = {"#k": RUNS_TABLE_KEY, "#h": RUN_HOLDER, "#s": RUN_SINCE}
@@ -56,7 +66,7 @@ def claimed_runs(pipeline: Pipeline) -> list[dict[str, str]]:
     while True:
         page = call(dynamodb.scan, TableName=table, **shown, **({"ExclusiveStartKey": start} if start else {}))
         items = [{name: value["S"] for name, value in item.items() if "S" in value} for item in page["Items"]]
-        runs += [item for item in items if not item.get(RUNS_TABLE_KEY, "").startswith(NODE_LEASE_PREFIX)]
+        runs += [item for item in items if not item.get(RUNS_TABLE_KEY, "").startswith(NOT_RUNS)]
         start = page.get("LastEvaluatedKey")
         if not start:
             return runs

@@ -115,7 +115,7 @@ class JobRunner(Protocol):
         attempts: str | None = None,
         result_path: str = sfn.JsonPath.DISCARD,
         timeout: cdk.Duration | str | None = None,
-        workload: str | None = None,
+        declared: bool = False,
     ) -> sfn.CustomState | sfn.Parallel:
         """A Task state that runs `job` and succeeds only when it succeeded.
 
@@ -124,9 +124,16 @@ class JobRunner(Protocol):
         intrinsic for the job's name. `nodes`: path to the run's node count (multi-node jobs).
         `attempts`: path to how many attempts the submission may make (only where `restarts_lost_hosts`).
         `timeout`: how long the state waits, or a JSONPath to it in seconds (`TimeoutSecondsPath`).
-        `workload`: a declared workload's job (its image and command) instead of the platform's own trainer.
+        `declared`: the run's registered workload's job (its image and declaration, `$.run.registered`:
+        constructs/pipeline/workload_record.py) instead of the platform's own trainer.
         The state's result is `{"JobId", "JobName", "Status"}` at `result_path`.
         """
+        ...
+
+    def workload_jobs(self, scope: Construct) -> tuple[sfn.Chain, list[sfn.TaskStateBase | sfn.CustomState]] | None:
+        """(chain, its calls to catch): states that make a registered workload's jobs runnable for this run, before
+        its first job (Batch: its job definitions, at `$.job.definitions`); None where each submission carries the
+        image itself."""
         ...
 
     def quarantine_host(self, scope: Construct, id_: str) -> sfn.Chain | None:

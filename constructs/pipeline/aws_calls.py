@@ -9,6 +9,8 @@ SSM also models `InternalServerError` and `TooManyUpdates`. A call that times ou
 too: every call retried here is idempotent (reads, conditional writes, writes of the same value).
 """
 
+from typing import TypeVar
+
 import aws_cdk as cdk
 import aws_cdk.aws_stepfunctions as sfn
 import aws_cdk.aws_stepfunctions_tasks as tasks
@@ -26,9 +28,10 @@ TRANSIENT_ERRORS = (
 # SNS publishing: any failure is retried, since a duplicate notification costs less than a lost one.
 NOTIFICATION_ERRORS = ("States.TaskFailed", "States.Timeout")
 CALL_TIMEOUT = cdk.Duration.minutes(2)
+_Retried = TypeVar("_Retried", sfn.TaskStateBase, sfn.CustomState)
 
 
-def retry_transient(task: sfn.TaskStateBase, errors: tuple[str, ...] = TRANSIENT_ERRORS) -> sfn.TaskStateBase:
+def retry_transient(task: _Retried, errors: tuple[str, ...] = TRANSIENT_ERRORS) -> _Retried:
     """Exponential backoff with full jitter ("Handling errors in Step Functions workflows", Retry fields
     `JitterStrategy`, `MaxDelaySeconds`: https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html):
     6 attempts over about a minute."""
@@ -63,3 +66,18 @@ def describe_holder(
     )
     retry_transient(describe)
     return describe
+
+
+# Throttling and 5xx (DynamoDB developer guide, "Error handling with DynamoDB": InternalServerError is a 500, the
+# throttling errors 400s). Step Functions documents the prefix, not each name: both spellings of the 500 and the SDK's
+# base exception (where unmodeled errors land) are retried. Every write retried is conditional, so a retry whose first
+# try took effect fails its condition and is recognised as this execution's own.
+DYNAMODB_TRANSIENT = (
+    "DynamoDB.InternalServerError",
+    "DynamoDB.InternalServerErrorException",
+    "DynamoDB.ProvisionedThroughputExceededException",
+    "DynamoDB.RequestLimitExceeded",
+    "DynamoDB.ThrottlingException",
+    "DynamoDB.AmazonDynamoDBException",
+    "States.Timeout",
+)

@@ -30,9 +30,9 @@ from config.layout import (
 )
 from constructs import Construct
 from constructs.compute.backend import PipelineNodes
-from constructs.pipeline.aws_calls import CALL_TIMEOUT, describe_holder, retry_transient
+from constructs.pipeline.aws_calls import CALL_TIMEOUT, DYNAMODB_TRANSIENT, describe_holder, retry_transient
 from constructs.pipeline.failure_path import FailurePath
-from constructs.pipeline.input_checks import INVALID
+from constructs.pipeline.hyperparameter_check import INVALID
 
 C = sfn.Condition
 J = sfn.JsonPath
@@ -41,19 +41,6 @@ PRECONDITION_FAILED = "*Status Code: 412*"  # the cause of S3.S3Exception when a
 # A failed condition through the optimized integration: the prefix is `DynamoDB` (upper-case DB), unlike the AWS SDK
 # integration's `DynamoDb` ("Call DynamoDB APIs with Step Functions", "Exception prefix differences").
 CONDITION_FAILED = "DynamoDB.ConditionalCheckFailedException"
-# Throttling and 5xx (DynamoDB developer guide, "Error handling with DynamoDB": InternalServerError is a 500, the
-# throttling errors 400s). Step Functions documents the prefix, not each name: both spellings of the 500 and the SDK's
-# base exception (where unmodeled errors land) are retried. Every write retried is conditional, so a retry whose first
-# try took effect fails its condition and is recognised as this execution's own.
-DYNAMODB_TRANSIENT = (
-    "DynamoDB.InternalServerError",
-    "DynamoDB.InternalServerErrorException",
-    "DynamoDB.ProvisionedThroughputExceededException",
-    "DynamoDB.RequestLimitExceeded",
-    "DynamoDB.ThrottlingException",
-    "DynamoDB.AmazonDynamoDBException",
-    "States.Timeout",
-)
 RUN_ID = J.string_at("$.run.run_id")
 HOLDER = f"$.claim.Item.{RUN_HOLDER}.S"  # the execution holding the run, as ReadRunRecord read it
 

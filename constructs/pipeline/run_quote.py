@@ -22,7 +22,6 @@ from constructs import Construct
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
 from constructs.pipeline.failure_path import FailurePath
 from contracts.quote import ASSUMED_MFU_PERCENT, MEASURED_DAYS, VALIDATION_MINUTES, QuoteTerms, measured_mfu_query
-from contracts.run import WorkloadSchemas, known_workloads
 
 C = sfn.Condition
 OVER_BUDGET = "OverBudget"
@@ -34,14 +33,11 @@ BUDGETS_TRANSIENT = ("Budgets.ThrottlingException", "Budgets.InternalErrorExcept
 CLOUDWATCH_TRANSIENT = ("CloudWatch.CloudWatchException", "CloudWatch.InternalServiceException", "States.Timeout")
 
 
-def run_quote(
-    scope: Construct, terms: QuoteTerms, failures: FailurePath, workloads: WorkloadSchemas | None = None
-) -> tuple[sfn.State, sfn.Pass]:
+def run_quote(scope: Construct, terms: QuoteTerms, failures: FailurePath) -> tuple[sfn.State, sfn.Pass]:
     """(start, done): `start` takes {"run"}; a run the budget pays for (or that may exceed it) goes on at `done`.
-    `workloads`: the environment's declared ones (the built-in ones always), whose cost models price a run."""
-    costs = json.dumps({name: s.cost.as_json() for name, s in known_workloads(workloads).items() if s.cost})
-    measured = _measured_mfu(scope, terms.environment, costs)
-    quoted = sfn.Pass.jsonata(scope, "QuoteRun", outputs={"run": _quoted_run(terms, costs)})
+    The run's workload's cost model is its record's (`$.run.registered.cost`: workload_record.py)."""
+    measured = _measured_mfu(scope, terms.environment)
+    quoted = sfn.Pass.jsonata(scope, "QuoteRun", outputs={"run": _quoted_run(terms)})
     measured.next(quoted)
     measured.add_catch(  # an MFU that cannot be read never stops a run: the quote assumes one and says so
         quoted, errors=["States.ALL"], outputs={"run": "{% $states.input.run %}", "mfu": None, "mfu_model": False}
@@ -88,7 +84,7 @@ def run_quote(
     return measured, done
 
 
-def _measured_mfu(scope: Construct, environment: str, costs: str) -> tasks.CallAwsService:
+def _measured_mfu(scope: Construct, environment: str) -> tasks.CallAwsService:
     """{"run", "mfu"}: the mean of the environment's reported hourly MFU over MEASURED_DAYS, null where none."""
     read = tasks.CallAwsService.jsonata(
         scope,
@@ -98,7 +94,7 @@ def _measured_mfu(scope: Construct, environment: str, costs: str) -> tasks.CallA
         # Service Authorization Reference, Amazon CloudWatch: GetMetricData has no resource types.
         iam_resources=["*"],
         parameters={
-            "MetricDataQueries": _mfu_queries(environment, costs),
+            "MetricDataQueries": _mfu_queries(environment),
             "StartTime": f"{{% $fromMillis($millis() - {MEASURED_DAYS * 86400 * 1000}) %}}",
             "EndTime": "{% $now() %}",
         },
@@ -115,7 +111,7 @@ def _measured_mfu(scope: Construct, environment: str, costs: str) -> tasks.CallA
     return read
 
 
-# JSONata: `$c` the run's workload's cost model (contracts/workload_cost.py CostModel.as_json) from `costs`, `$p` its
+# JSONata: `$c` the run's workload's cost model (contracts/workload_cost.py CostModel.as_json) from its record, `$p` its
 # model size: the run's value of the hyperparameter that picks the FLOPs, where there is one (a checked choice by now).
 # The pipeline's bubble, (m+P-1)/m (contracts.workload_cost.CostModel.bubble): m the fewest equal parts of the batch
 # that are at least P, else the batch; 1 without pipeline_stages or with 1 stage. $filter, $reduce, $map and the range
@@ -128,25 +124,23 @@ _BUBBLE = (
     "$mb := $exists($dv) ? $dv[0] : $bs; ($mb + $pp - 1) / $mb)"
 )
 _COST_OF_RUN = (
-    "$r := $states.input.run; $c := $lookup({costs}, $r.workload); $t := $c.tflops_per_sample; "
+    "$r := $states.input.run; $c := $r.registered.cost; $t := $c.tflops_per_sample; "
     "$p := $type($t) = 'object' ? $lookup($r.hyperparameters, $t.by) : null; "
     "$sized := $type($p) = 'string' and $p in $keys($t.values); "
 )
 
 
-def _mfu_queries(environment: str, costs: str) -> str:
+def _mfu_queries(environment: str) -> str:
     """JSONata: GetMetricData's queries, every run's MFU ("env") and, for a run of a model size (its workload's cost
     model picks its FLOPs by one), that size's ("model"; contracts.quote.priced_model: a declared choice only, so
     nothing else of a run's input reaches the expression)."""
     query = {"Id": "env", "Expression": measured_mfu_query(environment), "ReturnData": True}
     before, after = measured_mfu_query(environment, "\0").split("\0")
     of_model = f"{{'Id': 'model', 'Expression': {json.dumps(before)} & $p & {json.dumps(after)}, 'ReturnData': true}}"
-    return (
-        "{% (" + _COST_OF_RUN.format(costs=costs) + f"$append([{json.dumps(query)}], $sized ? [{of_model}] : [])) %}}"
-    )
+    return "{% (" + _COST_OF_RUN + f"$append([{json.dumps(query)}], $sized ? [{of_model}] : [])) %}}"
 
 
-def _quoted_run(terms: QuoteTerms, costs: str) -> str:
+def _quoted_run(terms: QuoteTerms) -> str:
     """JSONata: the run with `quote` {usd, hours, basis} at the measured MFU (`$states.input.mfu`) or the assumed
     one; usd and hours null where there is no estimate. contracts.quote.quote's arithmetic and words."""
     none = "{'usd': null, 'hours': null, 'basis': %s}"
@@ -175,7 +169,7 @@ def _quoted_run(terms: QuoteTerms, costs: str) -> str:
         f"+ {VALIDATION_MINUTES / 60} * {terms.validation_usd_per_hour}, 'hours': $h, 'basis': {basis}}}) : {no_model})"
     )
     return (
-        "{% (" + _COST_OF_RUN.format(costs=costs) + "$m := $states.input.mfu; "
+        "{% (" + _COST_OF_RUN + "$m := $states.input.mfu; "
         f"$merge([$r, {{'quote': $exists($c) ? {priced} : {no_model}}}])) %}}"
     )
 

@@ -46,14 +46,13 @@ from contracts.run import (
     QUEUE_WAIT_MINUTES,
     STOP_BY_NONE,
     WORKLOAD_JOB_PARAMETERS,
-    WorkloadSchemas,
     execution_seconds,
-    known_workloads,
     stages,
     train_state_seconds,
 )
 
 C = sfn.Condition
+PLATFORM_FLAG = "$.run.registered.platform"  # the run's workload is one of the platform's trainers (workload_record.py)
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,6 @@ class TrainingPipeline(Construct):
         train_attempt_hours: int = 72,
         compiles_ahead: bool = False,
         initial_models: bool = True,
-        workloads: WorkloadSchemas | None = None,
         capacity_retries: int = QUEUE_WAIT_MINUTES // CAPACITY_RETRY_MINUTES,
         reservation: Reservation | None = None,
         quote: QuoteTerms | None = None,
@@ -104,12 +102,11 @@ class TrainingPipeline(Construct):
         CAPACITY_RETRY_MINUTES (contracts.run.capacity_retries), before the run ends as CapacityUnavailable.
         `compiles_ahead`: Trainium compiles every graph before it trains, in a Compile state of its own.
         `initial_models`: whether runs may start from an approved model (`init_from`; initial_model.py).
-        `workloads`: the environment's declared workloads (their schemas), which a run may name besides the built-in
-        ones; each declared one has jobs of its own (its image), the built-in ones the platform's.
+        A run's workload is data (workload_record.py): the built-in trainers' jobs run the platform's image, a
+        registered workload's the same states with its image and declaration (`$.run.registered`).
         `workers_per_node`: the instance's workers, against which the first state judges a run's layout degrees."""
         super().__init__(scope, id_)
         self._environment = environment
-        self._workloads = tuple(name for name, schema in known_workloads(workloads).items() if not schema.built_in)
         self.training_retry = training_retry or TrainingRetry()
         self._runner, self._train_attempt_hours = runner, train_attempt_hours
         self._compiles_ahead, self._capacity_retries = compiles_ahead, capacity_retries
@@ -132,8 +129,9 @@ class TrainingPipeline(Construct):
         validation_start, validated = input_validation(
             self,
             max_nodes=max_nodes,
+            table=runs_table,
+            failures=self._failures,
             min_nodes=max_nodes if runner.fixed_node_count else 1,
-            workloads=workloads,
             workers_per_node=workers_per_node,
         )
         claim = RunClaim(
@@ -172,7 +170,7 @@ class TrainingPipeline(Construct):
         dataset_ready.next(initial.start)
         chosen: sfn.INextable = initial.chosen
         if quote is not None:  # the quote and the budget, before the claim: a refused run spends nothing
-            quoted, chosen = run_quote(self, quote, self._failures, workloads)
+            quoted, chosen = run_quote(self, quote, self._failures)
             initial.chosen.next(quoted)
         if reservation is None:
             chosen.next(claim.start)
@@ -181,7 +179,9 @@ class TrainingPipeline(Construct):
             chosen.next(window)
             read.next(claim.start)
         prepared = self._sized(
-            claim.claimed.next(self._prepare(bucket.bucket_name)), "ForTraining", {TRAINING: "$.run.nodes"}
+            claim.claimed.next(self._prepare(bucket.bucket_name)).next(self._workload_jobs()),
+            "ForTraining",
+            {TRAINING: "$.run.nodes"},
         )
         # A backend whose training job checks its own hosts first gets no separate sanity job.
         checked = prepared if runner.sanity_in_training else prepared.next(self._sanity_check(sanity_retry_interval))
@@ -276,30 +276,40 @@ class TrainingPipeline(Construct):
             },
         )
 
-    def _submit(self, id_: str, job: JobKind, workload: str | None = None, **options) -> sfn.CustomState | sfn.Parallel:
-        """The job's state: the platform's own job, or (`workload`) a declared workload's, with its job values."""
-        names = WORKLOAD_JOB_PARAMETERS[job] if workload else JOB_PARAMETERS[job]
+    def _submit(self, id_: str, job: JobKind, declared: bool = False, **options) -> sfn.CustomState | sfn.Parallel:
+        """The job's state: the platform's own job, or (`declared`) the run's registered workload's."""
+        names = WORKLOAD_JOB_PARAMETERS[job] if declared else JOB_PARAMETERS[job]
         return self._runner.submit(
             self,
             id_,
             job=job,
             parameters={name: f"$.job.{name}" for name in names},
             job_name=f"States.Format('{{}}-{job}', $.run.run_id)",
-            **({"workload": workload} if workload else {}),
+            declared=declared,
             **options,
         )
 
-    def _per_workload(self, id_: str, build: Callable[[str | None, str], sfn.State]) -> sfn.IChainable:
-        """`build(workload, suffix)`: the stage's state for the platform's own trainers (None, ""), and where
-        workloads are declared one more per workload (its name, "-<name>") behind a Choice on the run's `workload`.
-        Each is retried
-        and caught on its own, so no job's failure has to cross a Parallel state's boundary to reach them."""
-        if not self._workloads:
-            return build(None, "")
+    def _per_workload(self, id_: str, build: Callable[[bool], sfn.State]) -> sfn.IChainable:
+        """`build(declared)`: the stage's state for the platform's own trainers (False) and for a registered
+        workload (True: its image and declaration from `$.run.registered`), behind one Choice on the record's
+        `platform`: the same two states however many workloads are registered. Each is retried and caught on its
+        own, so no job's failure has to cross a Parallel state's boundary to reach them."""
         which = sfn.Choice(self, f"{id_}Workload")
-        for name in self._workloads:
-            which.when(C.string_equals("$.run.workload", name), build(name, f"-{name}"))
-        return which.otherwise(build(None, "")).afterwards()
+        which.when(C.boolean_equals(PLATFORM_FLAG, False), build(True))
+        return which.otherwise(build(False)).afterwards()
+
+    def _workload_jobs(self) -> sfn.IChainable:
+        """Where a backend prepares a registered workload's jobs per run (Batch: its job definitions), that first."""
+        prepared = self._runner.workload_jobs(self)
+        ready = sfn.Pass(self, "WorkloadJobsReady")
+        if prepared is None:
+            return ready
+        chain, calls = prepared
+        for call in calls:
+            self._failures.catch(call, call.node.id, "RunNotStarted")
+        which = sfn.Choice(self, "PrepareWorkloadJobs")
+        which.when(C.boolean_equals(PLATFORM_FLAG, False), chain.next(ready))
+        return which.otherwise(ready).afterwards()
 
     def _sanity_check(self, retry_interval: cdk.Duration | None) -> sfn.Parallel:
         """On the run's nodes; once more (fresh placement) if it fails, not if it refused the run (exit 2); capacity
@@ -382,17 +392,18 @@ class TrainingPipeline(Construct):
     def _train(self) -> sfn.IChainable:
         return self._per_workload("Train", self._train_state)
 
-    def _train_state(self, workload: str | None, suffix: str) -> sfn.Parallel:
+    def _train_state(self, declared: bool) -> sfn.Parallel:
         """A retry resumes from the run's checkpoints; retried only when the job failed for a reason other than
         the run itself (its exit code says which), never when the backend rejected the request."""
         runner, retry = self._runner, self.training_retry
+        suffix = "-workload" if declared else ""
         train = classified_training(
             self,
             f"Train{suffix}",
             self._submit(
                 f"TrainJob{suffix}",
                 "train",
-                workload,
+                declared,
                 nodes="$.run.nodes",
                 result_path="$",
                 attempts="$.run.max_attempts" if runner.restarts_lost_hosts else None,
@@ -418,11 +429,12 @@ class TrainingPipeline(Construct):
     def _validate(self) -> sfn.IChainable:
         return self._per_workload("Validate", self._validate_state)
 
-    def _validate_state(self, workload: str | None, suffix: str) -> sfn.CustomState | sfn.Parallel:
+    def _validate_state(self, declared: bool) -> sfn.CustomState | sfn.Parallel:
+        suffix = "-workload" if declared else ""
         validate = self._submit(
             f"Validate{suffix}",
             "validate",
-            workload,
+            declared,
             result_path="$.jobs.validate",
             timeout=cdk.Duration.seconds(stages(self._train_attempt_hours)["validate"].state_seconds()),
         )

@@ -111,12 +111,22 @@ def test_the_role_may_submit_to_its_queues_and_definitions_and_follow_its_jobs()
     (policy,) = [p for k, p in template_of(stack)["Resources"].items() if k.startswith("RoleDefaultPolicy")]
     statements = {json.dumps(s["Action"]): s["Resource"] for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     submit = statements['"batch:SubmitJob"']
-    assert len(submit) == 6  # two queues, three job definitions, the job SubmitJob creates
+    assert len(submit) == 7  # two queues, three job definitions, the registered workloads', the job SubmitJob creates
     # Every revision of each definition: the request's ARN carries the revision SubmitJob resolved (Batch user
     # guide, "Restrict job submission", "Accounting for job definition revisions").
     definitions = sorted(re.findall(r'job-definition/([^"]+)"', json.dumps(submit)))
-    assert definitions == ["SanityDefinition:*", "TrainDefinition:*", "ValidateDefinition:*"]
+    assert definitions == [
+        "SanityDefinition:*",
+        "TrainDefinition:*",
+        "ValidateDefinition:*",
+        "efa-training-manual-wl-*:*",
+    ]
     assert statements['"batch:DescribeJobs"'] == "*"  # no resource-level permissions
+    # A registered workload's definitions: registered under its prefix only, passing on the Batch stack's roles.
+    assert "job-definition/efa-training-manual-wl-*" in json.dumps(
+        statements['["batch:RegisterJobDefinition", "batch:TagResource"]']
+    )
+    assert "role/EfaTraining-manual-Batch-*" in json.dumps(statements['"iam:PassRole"'])
     assert "job/*" in json.dumps(statements['"batch:TerminateJob"'])
     assert "StepFunctionsGetEventsForBatchJobsRule" in json.dumps(
         statements['["events:PutTargets", "events:PutRule", "events:DescribeRule"]']

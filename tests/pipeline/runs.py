@@ -3,6 +3,7 @@
 import contextlib
 import json
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -145,3 +146,22 @@ def cleared(world):
     # The runs' dataset, prepared (prepare_data.py writes dataset.json last): the pipeline checks it first.
     world.s3.put_object(Bucket=world.bucket, Key=f"{PREPARED_DATASET}dataset.json", Body=b'{"tokenizer": "byte"}')
     return world
+
+
+def register(world, name: str, declaration: dict) -> None:
+    """Register a workload in the emulated environment with `pipeline_cli workload register` itself, after the deploy
+    (its stacks' outputs naming the emulated runs table)."""
+    import io
+    import tempfile
+
+    from config.layout import RUNS_TABLE_OUTPUT
+    from tests.pipeline.test_pipeline_cli import Deployed
+    from tools.pipeline_cli import main
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / f"{name}.json"
+        path.write_text(json.dumps(declaration))
+        out, err = io.StringIO(), io.StringIO()
+        session = Deployed({RUNS_TABLE_OUTPUT: world.runs_table, "StateMachineArn": "unused", "MaxNodes": "2"})
+        code = main(["workload", "register", "dev", str(path)], session=session, out=out, err=err)
+    assert code == 0, err.getvalue()

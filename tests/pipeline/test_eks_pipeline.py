@@ -35,13 +35,15 @@ from config import load_config
 from constructs.compute.eks.node_lease import LEASE_PREFIX
 from constructs.compute.eks.node_scaling import HOLD_TAG
 from contracts.eks.job_templates import RUN_ENDING_EXIT_CODES
-from tests.pipeline.runs import ACCEPTED, RUN, approval, cleared, emulated_account, messages, run_item
+from tests.pipeline.runs import ACCEPTED, RUN, approval, cleared, emulated_account, messages, register, run_item
 from tests.sfn_emulator import ACCOUNT, REGION, ROLE_ARN, Emulator
 from tests.synthesis import context
 
-# With the DDP example declared as a workload: the built-in runs below, a declared one in its own test.
-DDP = json.loads((Path(__file__).resolve().parents[2] / "examples/torch_ddp/workload.json").read_text())
-EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge", "workloads": json.dumps({"torch-ddp": DDP})}
+# The DDP example, registered after the deploy by the tests that run it (the template knows no workload).
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev:wl-torch-ddp-1"
+DDP = {**json.loads((Path(__file__).resolve().parents[2] / "examples/torch_ddp/workload.json").read_text()),
+       "image": {"uri": IMAGE}}  # fmt: skip
+EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge"}
 # Both tests on one xdist worker: the emulated account (an EKS app loaded into moto) is set up once.
 pytestmark = pytest.mark.xdist_group("eks-pipeline")
 
@@ -342,12 +344,13 @@ def test_happy_path_on_eks_approves_the_model(emulator):
 # as JSON, to the launcher (docs/workloads.md); the sanity check is the platform's, on the same nodes.
 def test_a_declared_workload_runs_its_own_image_on_eks(emulator):
     emulator.verdict = {**ACCEPTED, "metric": "eval_loss"}
+    register(emulator, "torch-ddp", DDP)
     run = {**RUN, "workload": "torch-ddp", "hyperparameters": {"lr": 0.1}}
     assert emulator.run(run)["status"] == "SUCCEEDED"
     containers = [job["spec"]["template"]["spec"]["containers"][0] for job in emulator.jobs]
     assert [c["args"][0] for c in containers] == ["sanity", "train", "validate"]
     sanity, train, validate = containers
-    assert train["image"] == validate["image"] != sanity["image"]
+    assert train["image"] == validate["image"] == IMAGE != sanity["image"]
     for container in (train, validate):
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert json.loads(env["WORKLOAD"])["name"] == "torch-ddp"

@@ -36,12 +36,24 @@ from moto.stepfunctions.parser.asl.utils import json_path
 
 from contracts.run import FAILURE_REASON_MARKER, QUEUE_WAIT_MINUTES, RUN_ID_MAX_LENGTH
 from tests import sfn_emulator
-from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_model, cleared, emulated_account, messages
+from tests.pipeline.runs import (
+    ACCEPTED,
+    REJECTED,
+    RUN,
+    approval,
+    approved_model,
+    cleared,
+    emulated_account,
+    messages,
+    register,
+)
 from tests.sfn_emulator import ACCOUNT, REGION, Emulator
 
-# With the DDP example declared as a workload: the built-in runs below, a declared one in its own test.
-DDP = json.loads((Path(__file__).resolve().parents[2] / "examples/torch_ddp/workload.json").read_text())
-SAGEMAKER_VARIANT = {"compute": "sagemaker", "sagemaker_spot": "true", "workloads": json.dumps({"torch-ddp": DDP})}
+# The DDP example, registered after the deploy by the tests that run it (the template knows no workload).
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev:wl-torch-ddp-1"
+DDP = {**json.loads((Path(__file__).resolve().parents[2] / "examples/torch_ddp/workload.json").read_text()),
+       "image": {"uri": IMAGE}}  # fmt: skip
+SAGEMAKER_VARIANT = {"compute": "sagemaker", "sagemaker_spot": "true"}
 # All tests on one xdist worker: the emulated account (a SageMaker app loaded into moto) is set up once.
 pytestmark = pytest.mark.xdist_group("sagemaker-pipeline")
 # What SageMaker reports for a managed Spot job that ran out of its MaxWaitTimeInSeconds after an interruption
@@ -215,9 +227,11 @@ def test_happy_path_trains_validates_and_approves(emulator):
 # (as JSON) and the contract's folders: checkpoints SageMaker syncs, the model where it uploads it (docs/workloads.md).
 def test_a_declared_workload_runs_its_own_image_on_sagemaker(emulator):
     emulator.verdict = {**ACCEPTED, "metric": "eval_loss"}
+    register(emulator, "torch-ddp", DDP)
     assert emulator.run({**RUN, "workload": "torch-ddp", "hyperparameters": {"lr": 0.1}})["status"] == "SUCCEEDED"
     train, validate = emulator.jobs
     assert train["AlgorithmSpecification"]["TrainingImage"] == validate["AlgorithmSpecification"]["TrainingImage"]
+    assert train["AlgorithmSpecification"]["TrainingImage"] == IMAGE
     for job in (train, validate):
         assert json.loads(job["Environment"]["WORKLOAD"])["name"] == "torch-ddp"
         assert json.loads(job["HyperParameters"]["hyperparameters"]) == {
@@ -368,6 +382,7 @@ def test_a_validation_that_failed_itself_is_not_tried_again(emulator):
 # as its `model` channel, copied whole (File mode), which the launcher unpacks into MODEL_DIR (--model-archive).
 def test_a_declared_workloads_validation_gets_the_model_training_wrote(emulator):
     emulator.verdict = {**ACCEPTED, "metric": "eval_loss"}
+    register(emulator, "torch-ddp", DDP)
     assert emulator.run({**RUN, "run_id": "model-channel-001", "workload": "torch-ddp"})["status"] == "SUCCEEDED"
     train, validate = emulator.jobs
     described = boto3.client("sagemaker", region_name=REGION).describe_training_job(

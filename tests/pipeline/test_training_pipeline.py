@@ -219,7 +219,8 @@ def test_the_construct_takes_its_retry_policy_and_maximum_nodes():
 
 
 def test_the_state_machine_may_submit_only_to_its_queues_and_job_definitions():
-    # Least privilege: SubmitJob on the two queues, three job definitions and the job it creates, nothing else.
+    # Least privilege: SubmitJob on the two queues, three job definitions, the registered workloads' (by their
+    # prefix) and the job it creates, nothing else.
     template = _pipeline(on_demand_fallback=False)
     (policy,) = [
         r
@@ -227,7 +228,7 @@ def test_the_state_machine_may_submit_only_to_its_queues_and_job_definitions():
         if "StateMachine" in json.dumps(r["Properties"]["Roles"])
     ]
     (submit,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Action"] == "batch:SubmitJob"]
-    assert len(submit["Resource"]) == 6
+    assert len(submit["Resource"]) == 7
 
 
 def _eks_pipeline(node_wait_minutes: int | None = None) -> Template:

@@ -1,20 +1,23 @@
-"""A declared workload through the emulated pipeline on Batch (docs/workloads.md): the run names `workload`, the first
-state checks its hyperparameters against the workload's own schema, and its train and validate jobs are the
-workload's job definitions (its image, WORKLOAD in their environment) with the hyperparameters as JSON; the sanity
-check, retries, the gate and approval are the platform's, as for the built-in trainers."""
+"""A registered workload through the emulated pipeline on Batch (docs/workloads.md): registered after the deploy (the
+template knows no workload), the run names `workload`, the first state checks its hyperparameters against the
+registered record, and its train and validate jobs run on job definitions the pipeline registers for the run (the
+templates' with its image, WORKLOAD in their environment) with the hyperparameters as JSON; the sanity check, retries,
+the gate and approval are the platform's, as for the built-in trainers."""
 
 import json
 from pathlib import Path
 
+import boto3
 import pytest
 
 from contracts.run import validate_run
-from contracts.workload import parse_workloads, schemas
-from tests.pipeline.runs import ACCEPTED, REJECTED, approval, approved_model, cleared, emulated_account
-from tests.sfn_emulator import PREPARED_DATASET
+from contracts.workload_registry import registrable, schema
+from tests.pipeline.runs import ACCEPTED, REJECTED, approval, approved_model, cleared, emulated_account, register
+from tests.sfn_emulator import PREPARED_DATASET, REGION
 
 ROOT = Path(__file__).resolve().parents[2]
-DDP = json.loads((ROOT / "examples/torch_ddp/workload.json").read_text())
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev:wl-torch-ddp-1"
+DDP = {**json.loads((ROOT / "examples/torch_ddp/workload.json").read_text()), "image": {"uri": IMAGE}}
 # A second workload, from an image URI, with a free-text hyperparameter.
 NOTED = {
     **DDP,
@@ -22,7 +25,6 @@ NOTED = {
     "hyperparameters": {"note": {"type": "string", "default": ""}},
 }
 DECLARED = {"torch-ddp": DDP, "noted": NOTED}
-WORKLOADS = schemas(parse_workloads(DECLARED, ROOT))
 RUN = {
     "run_id": "ddp-001",
     "dataset": PREPARED_DATASET,
@@ -37,13 +39,23 @@ VERDICT = {**ACCEPTED, "metric": "eval_loss", "direction": "lower", "value": 0.0
 
 @pytest.fixture(scope="module")
 def world(synth):
-    with emulated_account(synth(env="dev", compute="batch", workloads=json.dumps(DECLARED))) as emulator:
+    with emulated_account(synth(env="dev", compute="batch")) as emulator:  # no workload in the template
         yield emulator
 
 
 @pytest.fixture
 def emulator(world):
-    return cleared(world)
+    emulated = cleared(world)
+    for name, declaration in DECLARED.items():  # registered after the deploy, as a user does
+        register(emulated, name, declaration)
+    return emulated
+
+
+def _registered_definition(arn: str) -> dict:
+    (definition,) = boto3.client("batch", region_name=REGION).describe_job_definitions(jobDefinitions=[arn])[
+        "jobDefinitions"
+    ]
+    return definition
 
 
 def test_a_declared_workload_trains_on_its_own_job_definitions_and_is_approved(emulator):
@@ -53,8 +65,13 @@ def test_a_declared_workload_trains_on_its_own_job_definitions_and_is_approved(e
     assert emulator.submitted_kinds() == ["sanity", "train", "validate"]
     sanity, train, validate = emulator.submitted
     assert sanity["jobDefinition"] == "efa-training-dev-sanity"  # the platform's check proves the hosts
-    assert train["jobDefinition"] == "efa-training-dev-torch-ddp-train"
-    assert validate["jobDefinition"] == "efa-training-dev-torch-ddp-validate"
+    for job, submitted in (("train", train), ("validate", validate)):
+        definition = _registered_definition(submitted["jobDefinition"])
+        assert definition["jobDefinitionName"] == f"efa-training-dev-wl-torch-ddp-{job}"
+        container = definition["containerProperties"]
+        assert container["image"] == IMAGE
+        (declaration,) = [e["value"] for e in container["environment"] if e["name"] == "WORKLOAD"]
+        assert json.loads(declaration)["train"] == ["python", "train.py"]
     # The hyperparameters travel whole, defaults merged, as the JSON the launcher writes to HYPERPARAMETERS_FILE.
     assert json.loads(train["parameters"]["hyperparameters"]) == {"lr": 0.1, "max_steps": 50, "checkpoint_every": 20}
     assert set(train["parameters"]) == {"run_id", "dataset", "hyperparameters", "stop_by", "nodes"}
@@ -69,7 +86,8 @@ def test_a_declared_workloads_failed_attempt_is_retried(emulator):
     emulator.outcomes = {"train": [1, 0]}
     assert emulator.run(RUN)["status"] == "SUCCEEDED"
     assert emulator.submitted_kinds() == ["sanity", "train", "train", "validate"]
-    assert {r["jobDefinition"] for r in emulator.submitted[1:3]} == {"efa-training-dev-torch-ddp-train"}
+    names = {_registered_definition(r["jobDefinition"])["jobDefinitionName"] for r in emulator.submitted[1:3]}
+    assert names == {"efa-training-dev-wl-torch-ddp-train"}
 
 
 def test_a_declared_workload_exiting_2_is_not_retried(emulator):
@@ -99,22 +117,25 @@ def test_a_rejected_model_of_a_declared_workload_is_not_approved(emulator):
 
 
 @pytest.mark.parametrize(
-    "change, state",
+    "change, state, cause",
     [
-        ({"workload": "torch-ddp", "hyperparameters": {"lr": 2}}, "InvalidLrType-torch-ddp"),
-        ({"workload": "torch-ddp", "hyperparameters": {"model": "tiny"}}, "InvalidUnknownField-torch-ddp"),
-        ({"workload": "torch-ddp", "hyperparameters": {"max_steps": 2.0}}, "InvalidMaxStepsNotInteger-torch-ddp"),
-        ({"workload": "torch-ddp", "init_from": "approved"}, "InvalidInitFromForWorkload-torch-ddp"),
-        ({"workload": "noted", "hyperparameters": {"note": "x" * 2500}}, "InvalidHyperparametersLength-noted"),
-        ({"workload": "my-llm"}, "InvalidWorkloadType"),
-        ({"workload": 7}, "InvalidWorkloadType"),
+        ({"hyperparameters": {"lr": 2}}, "InvalidHyperparameters", "hyperparameters.lr is not valid"),
+        ({"hyperparameters": {"model": "tiny"}}, "InvalidHyperparameters", "unknown field model"),
+        ({"hyperparameters": {"max_steps": 2.0}}, "InvalidHyperparameters", "hyperparameters.max_steps is not valid"),
+        ({"init_from": "approved"}, "InvalidHyperparameters", "init_from is not valid for workload 'torch-ddp'"),
+        ({"workload": "noted", "hyperparameters": {"note": "x" * 2500}}, "InvalidHyperparameters", "at most 2500"),
+        ({"workload": "my-llm"}, "WorkloadNotRegistered", "workload=my-llm (version 0) is not valid"),
+        ({"workload_version": 3}, "WorkloadNotRegistered", "workload=torch-ddp (version 3) is not valid"),
+        ({"workload": 7}, "InvalidWorkloadType", "workload is not valid"),
+        ({"workload": "My_LLM"}, "InvalidWorkloadPattern", "workload is not valid"),
     ],
 )
-def test_the_first_state_refuses_what_the_contract_refuses(emulator, change, state):
+def test_the_first_state_refuses_what_the_contract_refuses(emulator, change, state, cause):
     run = {**RUN, **change}
-    assert validate_run(run, max_nodes=2, min_nodes=2, workloads=WORKLOADS)  # the CLI refuses it too
+    assert validate_run(run, max_nodes=2, min_nodes=2, workloads=_schemas(run))  # the CLI refuses it too
     result = emulator.run(run)
     assert result["status"] == "FAILED" and result["error"] == "InvalidInput"
+    assert cause in result["cause"], result["cause"]
     entered = [
         e["stateEnteredEventDetails"]["name"]
         for e in emulator.history(result["executionArn"])
@@ -124,42 +145,34 @@ def test_the_first_state_refuses_what_the_contract_refuses(emulator, change, sta
     assert emulator.submitted == []
 
 
+def _schemas(run: dict) -> dict:
+    """What the CLI checks a run against: the schema of the version it names, as registered (none for another)."""
+    name, version = run.get("workload"), run.get("workload_version", 0)
+    if name not in DECLARED or version not in (0, 1):
+        return {}
+    return {name: schema(_record(name))}
+
+
+def _record(name: str) -> dict:
+    from contracts.workload_registry import record
+
+    return record(registrable(name, DECLARED[name]), DECLARED[name], 1)
+
+
 def test_a_valid_declared_run_passes_the_cli_check_too():
-    assert validate_run(RUN, max_nodes=2, min_nodes=2, workloads=WORKLOADS) == []
+    assert validate_run(RUN, max_nodes=2, min_nodes=2, workloads=_schemas(RUN)) == []
 
 
 # The hyperparameters reach the job as one JSON text: 2,500 characters at most (SageMaker's limit on one value).
 def test_the_longest_hyperparameters_a_run_may_give_pass_and_one_more_character_does_not():
     fits = {"note": "x" * (2500 - len('{"note":""}'))}
     run = {**RUN, "workload": "noted", "hyperparameters": fits}
-    assert validate_run(run, max_nodes=2, min_nodes=2, workloads=WORKLOADS) == []
+    assert validate_run(run, max_nodes=2, min_nodes=2, workloads=_schemas(run)) == []
     run["hyperparameters"] = {"note": fits["note"] + "x"}
-    (problem,) = validate_run(run, max_nodes=2, min_nodes=2, workloads=WORKLOADS)
+    (problem,) = validate_run(run, max_nodes=2, min_nodes=2, workloads=_schemas(run))
     assert problem.startswith(
         "hyperparameters is not valid; expected hyperparameters (defaults merged) of at most 2500"
     )
-
-
-# The CLI checks a run file against the environment's declarations in cdk.json before any AWS call.
-def test_the_cli_refuses_a_workload_the_environment_does_not_declare(tmp_path, capsys):
-    from tools.pipeline_cli import main
-
-    path = tmp_path / "run.json"
-    path.write_text(json.dumps(RUN))
-    assert main(["start", "dev", str(path)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.endswith("workload='torch-ddp' is not valid; expected one of gpt, ctr-ps (the platform's trainers and "
-                        "this environment's own)")  # fmt: skip
-
-
-def test_the_cli_checks_a_declared_workloads_hyperparameters(tmp_path, capsys, monkeypatch):
-    from tools import pipeline_cli, pipeline_session
-
-    monkeypatch.setattr(pipeline_session, "_environment", lambda env: {"region": "us-east-1", "workloads": DECLARED})
-    path = tmp_path / "run.json"
-    path.write_text(json.dumps({**RUN, "hyperparameters": {"lr": 2}}))
-    assert pipeline_cli.main(["start", "dev", str(path)]) == 2
-    assert capsys.readouterr().err.strip().endswith("hyperparameters.lr=2 is not valid; expected a number from 0 to 1")
 
 
 def test_the_first_state_counts_the_hyperparameters_length_as_the_cli_does(emulator):

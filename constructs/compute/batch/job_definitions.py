@@ -38,7 +38,6 @@ from constructs.nag import acknowledge
 from contracts.job_environment import job_environment, shared_memory_gib
 from contracts.run import NO_INITIAL_MODEL, STOP_BY_NONE, stages
 from contracts.run import defaults as run_defaults
-from contracts.workload import Workload
 
 DATASETS_ROOT = f"{FSX_MOUNT_PATH}/{DATASETS_PREFIX.rstrip('/')}"
 CHECKPOINTS_ROOT = f"{FSX_MOUNT_PATH}/{CHECKPOINTS_PREFIX.rstrip('/')}"
@@ -250,14 +249,14 @@ class BatchJobDefinitions(Construct):
             containers=[batch.MultiNodeContainer(start_node=0, end_node=self._nodes - 1, container=container)],
         )
 
-    def add_workload(self, workload: Workload, image: ecs.ContainerImage) -> dict[str, str]:
-        """A declared workload's "train" (multi-node) and "validate" definitions, on its own image, with its
-        declaration in WORKLOAD (what the image's launcher runs: docs/workloads.md); returns their fixed names."""
+    def add_workload_templates(self, image: ecs.ContainerImage) -> dict[str, str]:
+        """The "train" (multi-node) and "validate" definitions every registered workload's jobs copy: the run's
+        pipeline registers each with the workload's image and its declaration in WORKLOAD (BatchJobRunner.workload_jobs,
+        docs/workloads.md), so a workload needs no deploy; returns their fixed names."""
         names = {}
         for job, spec in workload_job_specs(self.specs).items():
-            names[job] = batch_name(self.environment or "manual", f"{workload.name}-{job}")
-            extra = {"WORKLOAD": workload.variable}
-            self._define(f"Workload-{workload.name}-{job}", job, spec, image, names[job], extra)
+            names[job] = batch_name(self.environment or "manual", f"workload-{job}")
+            self._define(f"WorkloadTemplate-{job}", job, spec, image, names[job], {"WORKLOAD": "{}"})
         return names
 
     def _container(

@@ -1,16 +1,29 @@
 """The pipeline's jobs on AWS Batch: one `batch:submitJob.sync` Task state per job, and the grants it needs."""
 
+import json
 from collections.abc import Mapping
 
 import aws_cdk as cdk
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_stepfunctions as sfn
+import aws_cdk.aws_stepfunctions_tasks as tasks
 
+from config.layout import batch_name, stack_name
 from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, JobKind, task_timeout
 from constructs.compute.batch.job_definitions import RETRY_RULES
 from constructs.compute.shared.bad_hosts import acknowledge_terminate, grant_terminate, terminate_instance
 from constructs.nag import acknowledge, acknowledge_iam, shown_arn
+from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
+
+# What RegisterJobDefinition takes of a described definition (API_RegisterJobDefinition request members; the rest of
+# a DescribeJobDefinitions entry, its ARN, revision and status, is Batch's own).
+_REGISTERED_FIELDS = (
+    "Type", "Parameters", "RetryStrategy", "Timeout", "Tags", "PropagateTags", "PlatformCapabilities",
+    "SchedulingPriority", "ContainerProperties", "NodeProperties",
+)  # fmt: skip
+# Throttling and 5xx of Batch's API through the AWS SDK integration (its exceptions are named Batch.<Exception>).
+BATCH_TRANSIENT = ("Batch.ServerException", "Batch.TooManyRequestsException", "Batch.BatchException", "States.Timeout")
 
 
 def _host_loss_rules() -> list[dict]:
@@ -50,14 +63,14 @@ class BatchJobRunner:
         job_definitions: Mapping[str, str],
         share_identifier: str | None = None,
         single_node_on_demand_queue: str | None = None,
-        workload_definitions: Mapping[str, Mapping[str, str]] | None = None,
+        workload_templates: Mapping[str, str] | None = None,
         environment: str = "",
     ) -> None:
         """Queues and job definitions by their fixed names (config.layout.batch_name), never by a reference to the
         Batch stack: the pipeline's template then names what it submits to, a job definition's new revision needs
         no pipeline update (SubmitJob without a revision takes the latest active one), and the ARNs are formatted
-        in the state machine's own stack. `workload_definitions`: each declared workload's "train" and "validate"
-        definitions by the workload's name (its sanity job is the platform's)."""
+        in the state machine's own stack. `workload_templates`: the "train" and "validate" definitions a registered
+        workload's jobs copy (workload_jobs; its sanity job is the platform's)."""
         missing = {"sanity", "train", "validate"} - set(job_definitions)
         if missing:
             raise ValueError(f"job_definitions lacks {', '.join(sorted(missing))}; expected sanity, train, validate")
@@ -67,7 +80,11 @@ class BatchJobRunner:
         # compute environment of a queue to the next when EC2 has no Spot capacity, so the pipeline does it.
         self.single_node_on_demand_queue = single_node_on_demand_queue
         self.job_definitions = dict(job_definitions)
-        self.workload_definitions = {name: dict(jobs) for name, jobs in (workload_definitions or {}).items()}
+        # By their fixed names (BatchJobDefinitions.add_workload_templates) unless given.
+        self.workload_templates = dict(
+            workload_templates
+            or {job: batch_name(environment or "manual", f"workload-{job}") for job in ("train", "validate")}
+        )
         # Fair-share queues reject a SubmitJob without a share identifier.
         self.share_identifier = share_identifier
         # The compute environments' instance tags (computeResources.tags: Project and Environment, app.py), which
@@ -98,9 +115,10 @@ class BatchJobRunner:
         attempts: str | None = None,
         result_path: str = sfn.JsonPath.DISCARD,
         timeout: cdk.Duration | str | None = None,
-        workload: str | None = None,
+        declared: bool = False,
     ) -> sfn.CustomState | sfn.Parallel:
-        definition = self.workload_definitions[workload][job] if workload else self.job_definitions[job]
+        # A registered workload's job runs the revision workload_jobs registered for this run.
+        definition = f"$.job.definitions.{job}" if declared else self.job_definitions[job]
         fallback = self.single_node_on_demand_queue if job not in MULTI_NODE_JOBS else None
         if fallback is None:
             return self._submit_state(
@@ -173,7 +191,7 @@ class BatchJobRunner:
             "JobName.$": job_name,
             "JobQueue": self._arn(scope, "job-queue", queue),
             # The name without a revision: "the latest active revision is used" (Batch API reference, SubmitJob).
-            "JobDefinition": definition,
+            **({"JobDefinition.$": definition} if definition.startswith("$.") else {"JobDefinition": definition}),
             # Per-run values travel as Batch job Parameters: multi-node jobs take no container overrides.
             "Parameters": {f"{name}.$": value for name, value in parameters.items()},
             "PropagateTags": True,
@@ -199,11 +217,90 @@ class BatchJobRunner:
         return sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
 
     def _definition_names(self) -> list[str]:
-        every = [
-            *self.job_definitions.values(),
-            *(d for jobs in self.workload_definitions.values() for d in jobs.values()),
-        ]
-        return list(dict.fromkeys(every))
+        return list(dict.fromkeys([*self.job_definitions.values(), self._registered_prefix + "*"]))
+
+    @property
+    def _registered_prefix(self) -> str:
+        """The registered workloads' definitions: `<env's prefix>-wl-<workload>-<job>` (workload_jobs)."""
+        return batch_name(self.environment or "manual", "wl-")
+
+    def workload_jobs(self, scope: Construct) -> tuple[sfn.Chain, list[sfn.TaskStateBase | sfn.CustomState]]:
+        """A registered workload's "train" and "validate" definitions for this run: the templates' newest active
+        revisions (DescribeJobDefinitions), registered again under the workload's own name with its image and its
+        declaration in WORKLOAD (RegisterJobDefinition: a definition's image cannot be overridden at SubmitJob,
+        API_ContainerOverrides), at `$.job.definitions.<job>`. No deploy: one revision per run."""
+        chain: sfn.Chain | None = None
+        calls: list[sfn.TaskStateBase | sfn.CustomState] = []
+        for job, template in self.workload_templates.items():
+            kind = job.capitalize()
+            describe = tasks.CallAwsService(
+                scope,
+                f"DescribeWorkload{kind}Template",
+                service="batch",
+                action="describeJobDefinitions",
+                parameters={"JobDefinitionName": template, "Status": "ACTIVE"},
+                iam_resources=["*"],  # DescribeJobDefinitions takes no resource-level permissions
+                result_selector={"definitions.$": "$.JobDefinitions"},
+                result_path="$.template",
+                task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
+            )
+            retry_transient(describe, BATCH_TRANSIENT)
+            register = sfn.CustomState(scope, f"RegisterWorkload{kind}", state_json=self._register_state(scope, job))
+            register._jsonata = True  # type: ignore[attr-defined]  # its Catch keeps the input by Output
+            retry_transient(register, BATCH_TRANSIENT)
+            calls += [describe, register]
+            step = sfn.Chain.start(describe).next(register)
+            chain = step if chain is None else chain.next(step)
+        assert chain is not None  # workload_templates always names train and validate
+        return chain, calls
+
+    def _register_state(self, scope: Construct, job: str) -> dict:
+        """A JSONata Task: the template's newest revision with the workload's image and WORKLOAD, under its name."""
+        name = f"'{self._registered_prefix}' & $states.input.run.registered.name & '-{job}'"
+        request = (
+            "{% ($d := $states.input.template.definitions; $t := $d[Revision = $max($d.Revision)];"
+            " $img := $states.input.run.registered.image; $w := $states.input.run.registered.workload;"
+            " $c := function($c){ $merge([$c, {'Image': $img, 'Environment': $append($c.Environment[Name != "
+            "'WORKLOAD'], [{'Name': 'WORKLOAD', 'Value': $w}])}]) };"
+            " $merge([$sift($t, function($v, $k){ $k in " + json.dumps(list(_REGISTERED_FIELDS)) + " }),"
+            f" {{'JobDefinitionName': {name}}},"
+            " $t.ContainerProperties ? {'ContainerProperties': $c($t.ContainerProperties)} : {},"
+            " $t.NodeProperties ? {'NodeProperties': $merge([$t.NodeProperties, {'NodeRangeProperties': "
+            "[$map($t.NodeProperties.NodeRangeProperties, function($r){ $merge([$r, {'Container': $c($r.Container)}])"
+            " })]}])} : {}])) %}"
+        )
+        return {
+            "Type": "Task",
+            "QueryLanguage": "JSONata",
+            "Resource": f"arn:{cdk.Stack.of(scope).partition}:states:::aws-sdk:batch:registerJobDefinition",
+            "Arguments": request,
+            "Output": "{% $merge([$sift($states.input, function($v, $k){ $k != 'template' }), {'job': "
+            f"$merge([$states.input.job, {{'definitions': $merge([$states.input.job.definitions ? "
+            f"$states.input.job.definitions : {{}}, {{'{job}': $states.result.JobDefinitionArn}}])}}])}}]) %}}",
+            "TimeoutSeconds": int(CALL_TIMEOUT.to_seconds()),
+        }
+
+    def _grant_registration(self, principal: iam.IGrantable, scope: cdk.Stack) -> None:
+        """Registering a workload's definitions: its own names only, and passing the templates' roles on (a definition
+        naming a job or execution role needs iam:PassRole on it: Batch user guide, "IAM roles for tasks")."""
+        iam.Grant.add_to_principal(
+            grantee=principal,
+            actions=["batch:RegisterJobDefinition", "batch:TagResource"],
+            resource_arns=[self._arn(scope, "job-definition", f"{self._registered_prefix}*")],
+        )
+        iam.Grant.add_to_principal(grantee=principal, actions=["batch:DescribeJobDefinitions"], resource_arns=["*"])
+        iam.Grant.add_to_principal(
+            grantee=principal,
+            actions=["iam:PassRole"],
+            resource_arns=[
+                scope.format_arn(
+                    service="iam",
+                    region="",
+                    resource="role",
+                    resource_name=f"{stack_name(self.environment or 'manual', 'Batch')}-*",
+                )
+            ],
+        )
 
     def grant(self, principal: iam.IGrantable) -> None:
         if not isinstance(principal, Construct):
@@ -225,6 +322,8 @@ class BatchJobRunner:
                 self._arn(scope, "job", "*"),
             ],
         )
+        if self.workload_templates:
+            self._grant_registration(principal, scope)
         # .sync polls DescribeJobs (no resource-level permissions) and stops the job with TerminateJob
         # when the state times out or the execution is stopped.
         iam.Grant.add_to_principal(grantee=principal, actions=["batch:DescribeJobs"], resource_arns=["*"])
@@ -250,6 +349,23 @@ class BatchJobRunner:
                 formats=("arn:*:batch:*:*:job-definition/*",),
             )
             acknowledge_terminate(role)
+            if self.workload_templates:
+                registered = shown_arn(scope, "batch", f"job-definition/{self._registered_prefix}*")
+                acknowledge(
+                    role,
+                    f"AwsSolutions-IAM5[Resource::{registered}]",
+                    "a registered workload's definitions are registered at run start under the workload's name, "
+                    "which no deploy knows: only this environment's workload prefix",
+                )
+                roles = shown_arn(
+                    scope, "iam", f"role/{stack_name(self.environment or 'manual', 'Batch')}-*", region=""
+                )
+                acknowledge(
+                    role,
+                    f"AwsSolutions-IAM5[Resource::{roles}]",
+                    "registering a workload's definitions passes on the templates' job and execution roles, whose "
+                    "names CloudFormation generates under the Batch stack's name",
+                )
             for definition in self._definition_names():
                 acknowledge(
                     role,

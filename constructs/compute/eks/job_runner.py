@@ -73,12 +73,9 @@ class EksJobRunner:
         models_uri: str | None = None,
         site: Site = Site(),
         train_attempt_hours: int = 72,
-        workloads: Mapping[str, tuple[str, str]] | None = None,
     ) -> None:
         """`validation_instance`: the single-node jobs' type (default: `instance`); `node_scaling`: the node-group
-        states the pipeline runs around the jobs (None: something else sizes the nodes); `workloads`: each declared
-        workload's (image URI, declaration as JSON), which its train and validate pods run (docs/workloads.md)."""
-        self.workloads = dict(workloads or {})
+        states the pipeline runs around the jobs (None: something else sizes the nodes)."""
         self.cluster = cluster
         self.validation_instance = validation_instance or instance
         self.node_scaling = node_scaling
@@ -93,14 +90,13 @@ class EksJobRunner:
         self.max_nodes = max_nodes
 
     def job_manifest(
-        self, *, job: str, parameters: Mapping[str, str], job_name: str, nodes: str | None, workload: str | None = None
+        self, *, job: str, parameters: Mapping[str, str], job_name: str, nodes: str | None, declared: bool = False
     ) -> dict:
-        """The Job as an ASL payload template: static fields, plus `.$` fields resolved per execution; a declared
-        workload's pod runs its image with its declaration in WORKLOAD."""
+        """The Job as an ASL payload template: static fields, plus `.$` fields resolved per execution; a registered
+        workload's pod (`declared`) runs its image with its declaration in WORKLOAD."""
         instance = self.validation_instance if job in SINGLE_NODE_JOBS else self.instance
-        image, declaration = self.workloads[workload] if workload else (self.image, None)
         manifest = indexed_job(
-            instance, image=image, phase=job, nodes=self.max_nodes, name="placeholder", site=self.site
+            instance, image=self.image, phase=job, nodes=self.max_nodes, name="placeholder", site=self.site
         )
         metadata, spec = manifest["metadata"], manifest["spec"]
         metadata.pop("name")
@@ -125,8 +121,10 @@ class EksJobRunner:
             flags += [f"'{launcher_flag(name)}'", value]
         container.pop("args")
         container["args.$"] = f"States.Array('{job}', {', '.join(flags)})" if flags else f"States.Array('{job}')"
-        if declaration is not None:
-            container["env"].append({"name": "WORKLOAD", "value": declaration})
+        if declared:  # the run's registered workload: its image, its declaration in WORKLOAD (workload_record.py)
+            container.pop("image")
+            container["image.$"] = "$.run.registered.image"
+            container["env"].append({"name": "WORKLOAD", "value.$": "$.run.registered.workload"})
         if self.runs_uri:
             container["env"] += [
                 {"name": "REPORT_PREFIX", "value": self.runs_uri},
@@ -143,6 +141,10 @@ class EksJobRunner:
                     variable["value.$"] = f"States.Format('{{}}', {nodes})"
         return manifest
 
+    def workload_jobs(self, scope: Construct) -> tuple[sfn.Chain, list[sfn.TaskStateBase | sfn.CustomState]] | None:
+        """Nothing: the Job manifest carries the workload's image and declaration."""
+        return None
+
     def submit(
         self,
         scope: Construct,
@@ -155,7 +157,7 @@ class EksJobRunner:
         attempts: str | None = None,
         result_path: str = sfn.JsonPath.DISCARD,
         timeout: cdk.Duration | str | None = None,
-        workload: str | None = None,
+        declared: bool = False,
     ) -> sfn.CustomState:
         if attempts is not None:
             raise ValueError("EksJobRunner runs each job once (backoffLimit 0); the pipeline's Retry restarts it")
@@ -168,7 +170,7 @@ class EksJobRunner:
                 "Endpoint": self.cluster.cluster_endpoint,
                 "Namespace": NAMESPACE,
                 "Job": self.job_manifest(
-                    job=job, parameters=parameters, job_name=job_name, nodes=nodes, workload=workload
+                    job=job, parameters=parameters, job_name=job_name, nodes=nodes, declared=declared
                 ),
             },
             "ResultSelector": {

@@ -115,15 +115,12 @@ class SageMakerJobRunner:
         file_system: tuple[str, str, str] | None = None,
         neuron_cc_flags: str = "",
         tracking_uri: str = "",
-        workloads: Mapping[str, tuple[str, str]] | None = None,
         training_plan: str | None = None,
     ) -> None:
         """`training_plan`: the ARN of the SageMaker training plan the training jobs run in (validation, on its own
         small type, does not). `file_system`: (FSx file system id, mount name, revision) to read datasets from; None
         reads them from S3.
-        The revision (StorageStack.file_system_revision) is written into the jobs' environment. `workloads`: each
-        declared workload's (image URI, declaration as JSON), which its train and validate jobs run."""
-        self.workloads = dict(workloads or {})
+        The revision (StorageStack.file_system_revision) is written into the jobs' environment."""
         self.image, self.role, self.bucket_name = image, role, bucket_name
         self.subnet_id, self.security_group_id = subnet_id, security_group_id
         self.instance, self.validation_instance = instance, validation_instance
@@ -131,6 +128,11 @@ class SageMakerJobRunner:
         self.neuron_cc_flags, self.training_plan = neuron_cc_flags, training_plan
         self.tracking_uri = tracking_uri
         self._stages = stages(train_attempt_hours)
+
+    def workload_jobs(self, scope: Construct) -> tuple[sfn.Chain, list[sfn.TaskStateBase | sfn.CustomState]] | None:
+        """Nothing: CreateTrainingJob's AlgorithmSpecification carries the workload's image (its declaration in the
+        job's Environment)."""
+        return None
 
     def submit(
         self,
@@ -144,7 +146,7 @@ class SageMakerJobRunner:
         attempts: str | None = None,
         result_path: str = sfn.JsonPath.DISCARD,
         timeout: cdk.Duration | str | None = None,
-        workload: str | None = None,
+        declared: bool = False,
     ) -> sfn.CustomState | sfn.Parallel:
         if job == "sanity":
             raise ValueError("SageMakerJobRunner runs the sanity check inside the training job (sanity_in_training)")
@@ -152,7 +154,7 @@ class SageMakerJobRunner:
             raise ValueError(
                 "SageMakerJobRunner runs each job once (one attempt's runtime); the pipeline's Retry restarts it"
             )
-        request = self.training_job(job=job, parameters=parameters, job_name=job_name, nodes=nodes, workload=workload)
+        request = self.training_job(job=job, parameters=parameters, job_name=job_name, nodes=nodes, declared=declared)
         # The .sync result is the whole DescribeTrainingJob response; keep what operators look for, and training's
         # model artifact, which SageMaker uploaded from /opt/ml/model (API_ModelArtifacts S3ModelArtifacts).
         selector = {"JobId.$": "$.TrainingJobArn", "JobName.$": "$.TrainingJobName", "Status.$": "$.TrainingJobStatus"}
@@ -184,7 +186,7 @@ class SageMakerJobRunner:
         parameters: Mapping[str, str],
         job_name: str,
         nodes: str | None,
-        workload: str | None = None,
+        declared: bool = False,
     ) -> dict:
         """The CreateTrainingJob request as an ASL payload template (API_CreateTrainingJob); a declared workload's
         job runs its image with its declaration in WORKLOAD and the contract's folders (docs/workloads.md)."""
@@ -199,20 +201,21 @@ class SageMakerJobRunner:
             "TrainingJobName.$": f"States.Format('{{}}-{{}}', {job_name}, {_UNIQUE_SUFFIX})",
             "RoleArn": self.role.role_arn,
             "AlgorithmSpecification": {
-                "TrainingImage": self.workloads[workload][0] if workload else self.image,
+                # the run's registered workload: its image, its declaration in WORKLOAD (workload_record.py)
+                **({"TrainingImage.$": "$.run.registered.image"} if declared else {"TrainingImage": self.image}),
                 "TrainingInputMode": "File",
                 "ContainerEntrypoint": list(ENTRYPOINT),
                 "ContainerArguments": [
                     job,
                     "--data",
                     DATA_PATH,
-                    *(self._workload_flags(job) if workload else self._checkpoint_flags(job)),
+                    *(self._workload_flags(job) if declared else self._checkpoint_flags(job)),
                 ],
             },
             "HyperParameters": hyperparameters,
             "Environment": {
                 **self._environment(job, instance, run_id),
-                **({"WORKLOAD": self.workloads[workload][1]} if workload else {}),
+                **({"WORKLOAD.$": "$.run.registered.workload"} if declared else {}),
             },
             "ResourceConfig": {
                 "InstanceType": instance.sagemaker_instance_type,
@@ -224,7 +227,7 @@ class SageMakerJobRunner:
             },
             # The training subnet and the EFA group (all traffic to and from itself, Lustre to FSx).
             "VpcConfig": {"Subnets": [self.subnet_id], "SecurityGroupIds": [self.security_group_id]},
-            "InputDataConfig": [*self._channels(job, parameters), *self._model_channel(job, workload)],
+            "InputDataConfig": [*self._channels(job, parameters), *self._model_channel(job, declared)],
             "OutputDataConfig": {"S3OutputPath.$": f"States.Format('{self._runs_uri}{{}}/sagemaker/', {run_id})"},
             "StoppingCondition": self._stopping_condition(self._stages[job], spot=training and self.spot),
             # Budgets and cost allocation filter on the same tags as the deployed resources (app.py).
@@ -344,11 +347,11 @@ class SageMakerJobRunner:
         return [data, checkpoints]
 
     @staticmethod
-    def _model_channel(job: JobKind, workload: str | None) -> list[dict]:
+    def _model_channel(job: JobKind, declared: bool) -> list[dict]:
         """A declared workload's validation: the training job's model.tar.gz, copied whole to MODEL_INPUT_PATH (File
         mode: "To download the data from Amazon Simple Storage Service (Amazon S3) to the provisioned ML storage
         volume, and mount the directory to a Docker volume, use File input mode", API_Channel InputMode)."""
-        if job != "validate" or not workload:
+        if job != "validate" or not declared:
             return []
         source = {"S3DataType": "S3Prefix", "S3Uri.$": TRAINED_MODEL, "S3DataDistributionType": "FullyReplicated"}
         return [{"ChannelName": MODEL_CHANNEL, "InputMode": "File", "DataSource": {"S3DataSource": source}}]
