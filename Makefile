@@ -23,7 +23,7 @@ HOURS       ?= 24
 
 DIAGRAM_ENV ?= prod
 
-.PHONY: synth test lint setup deploy destroy dataset local-run tracking-ui cost-report capacity quote bench diagram diagram-tree clean
+.PHONY: synth test lint setup deploy push-workload destroy dataset local-run tracking-ui cost-report capacity quote bench diagram diagram-tree clean
 
 setup: $(VENV)/.test-deps $(XLA_VENV)/.deps $(SCAN_VENV)/.deps $(TRACKING_VENV)/.deps node_modules/.installed
 
@@ -76,6 +76,11 @@ ENV ?= dev
 deploy: $(VENV)/.synth-deps node_modules/.installed
 	$(PY) -m tools.deploy $(ENV) $(if $(DRY_RUN),--dry-run) $(if $(NO_PROMPT),--ci) \
 		$(if $(ALLOW_RUNNING),--allow-running) $(if $(CDK_ARGS),-- $(CDK_ARGS))
+
+# A workload's image: DIR's Dockerfile built FROM this tree's platform image, pushed to ENV's workload repository; prints
+# its URI by digest (REGISTER=<declaration file>: registers the declaration with it). Needs Docker and credentials.
+push-workload: $(VENV)/.synth-deps
+	$(PY) -m tools.push_workload $(ENV) $(NAME) $(DIR) $(if $(REGISTER),--register $(REGISTER))
 
 # Every stack of ENV in an order that ends clean; with retain_data it keeps the data and says how to remove it.
 destroy: $(VENV)/.synth-deps node_modules/.installed

@@ -56,6 +56,12 @@ def stack_name(environment: str, unit: str) -> str:
     return f"{stack_prefix(environment)}-{unit}"
 
 
+def workload_repository_name(environment: str) -> str:
+    """The environment's ECR repository of registered workloads' images (stacks/registry_stack.py; `make
+    push-workload` pushes there): fixed, so the jobs' roles may pull from it by name, with no cross-stack value."""
+    return f"{PROJECT}-{environment}-workloads"
+
+
 def batch_name(environment: str, unit: str) -> str:
     """The fixed name of a Batch queue or job definition: `efa-training-<env>-<unit>` (train, multi-node, ...).
 

@@ -25,6 +25,7 @@ from constructs.compute.batch.host_user_data import host_user_data
 from constructs.compute.batch.job_definitions import BatchJobDefinitions
 from constructs.compute.batch.job_runner import BatchJobRunner
 from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate, EfaLayout
+from constructs.compute.shared.workload_pull import grant_workload_pull
 from constructs.escape_hatch import cfn
 from constructs.nag import acknowledge, acknowledge_log_group_encryption, managed_policy_finding
 from constructs.observability.accelerator_metrics import accelerator_metrics
@@ -127,6 +128,7 @@ class BatchStack(cdk.Stack):
         self.job_definitions: dict[str, batch.IJobDefinition] = dict(self.jobs.definitions)
         # The definitions a registered workload's jobs copy at run start with its own image (docs/workloads.md).
         workload_templates = self.jobs.add_workload_templates(registry.container_image)
+        grant_workload_pull(self, self.jobs.execution_role, config.name)
         self._compute_environments(config, network)
         self._queues(config)
         # By fixed names, not references (BatchJobRunner): a redeploy never leaves the pipeline on a stale value.

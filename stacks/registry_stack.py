@@ -18,6 +18,7 @@ import aws_cdk.aws_logs as logs
 import aws_cdk.custom_resources as cr
 
 from config import Accelerator, EnvironmentConfig
+from config.layout import workload_repository_name
 from constructs import Construct
 from constructs.nag import (
     acknowledge,
@@ -101,6 +102,36 @@ class RegistryStack(cdk.Stack):
             self._scan_on_deploy(asset, config)
         for accel, repository in self.repositories.items():
             cdk.CfnOutput(self, f"{accel.value.capitalize()}RepositoryUri", value=repository.repository_uri)
+        self._workload_repository(config, removal_policy)
+
+    def _workload_repository(self, config: EnvironmentConfig, removal_policy: cdk.RemovalPolicy) -> None:
+        """Registered workloads' images (`make push-workload`), which the runs name by digest: kept while a record may
+        name them (no count rule, unlike the platform's; an untagged layer is removed after a day), tags immutable,
+        scanned on push. `RepositoryName` is create-only (AWS::ECR::Repository): it stays fixed."""
+        repository = ecr.Repository(
+            self,
+            "WorkloadRepository",
+            repository_name=workload_repository_name(config.name),
+            image_scan_on_push=True,
+            image_tag_mutability=ecr.TagMutability.IMMUTABLE,
+            encryption=ecr.RepositoryEncryption.AES_256,
+            lifecycle_rules=[
+                ecr.LifecycleRule(
+                    description="untagged layers of a retagged push",
+                    tag_status=ecr.TagStatus.UNTAGGED,
+                    max_image_age=cdk.Duration.days(1),
+                )
+            ],
+            removal_policy=removal_policy,
+            empty_on_delete=removal_policy == cdk.RemovalPolicy.DESTROY,
+        )
+        acknowledge(
+            repository,
+            "CKV_AWS_136",
+            "AES-256 at rest (ECR's own keys), as the platform's repositories: a KMS key would need a grant for every "
+            "role that pulls",
+        )
+        cdk.CfnOutput(self, "WorkloadRepositoryUri", value=repository.repository_uri)
 
     def _scan_on_deploy(self, asset: ecr_assets.DockerImageAsset, config: EnvironmentConfig) -> None:
         """A basic scan of the built image, once per image (a new image is a new tag, so an update scans it).

@@ -19,6 +19,7 @@ from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.compute.sagemaker.execution_role import TRAINING_LOG_GROUP, SageMakerExecutionRole
 from constructs.compute.sagemaker.job_runner import SageMakerJobRunner
+from constructs.compute.shared.workload_pull import grant_workload_pull
 from constructs.observability.accelerator_metrics import accelerator_metrics
 from constructs.storage.tracking import grant_tracking, tracking_uri
 from stacks.network_stack import NetworkStack
@@ -46,6 +47,7 @@ class SageMakerStack(cdk.Stack):
             self, "Execution", data_access=storage.data_access, file_system=fsx
         ).role
         registry.image_repository.grant_pull(self.execution_role)
+        grant_workload_pull(self, self.execution_role, config.name)  # registered workloads' images
         grant_tracking(self.execution_role, config)
         file_system = None
         if fsx:

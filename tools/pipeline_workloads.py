@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from config.layout import RUNS_TABLE_KEY
+from config.layout import RUNS_TABLE_KEY, workload_repository_name
 from contracts.run import WorkloadSchema, WorkloadSchemas, known_workloads
 from contracts.workload import NAME_PATTERN, Workload, WorkloadError
 from contracts.workload_registry import (
@@ -76,7 +76,24 @@ def checked_declaration(args) -> tuple[str, dict, Workload]:
         workload = registrable(name, source)
     except WorkloadError as error:
         raise CliError(f"{args.declaration}: {error}") from None
+    _pullable(args.declaration, name, workload.image_uri or "", args.env)
     return name, source, workload
+
+
+# A private ECR image: <account>.dkr.ecr.<region>.amazonaws.com/<repository>(:<tag>|@<digest>).
+_ECR_URI = r"\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(?:\.cn)?/([a-z0-9._/-]+?)(?::[\w.-]+|@sha256:[0-9a-f]{64})"
+
+
+def _pullable(path: str, name: str, uri: str, env: str) -> None:
+    """A private ECR image only from the environment's workload repository: the one the jobs' roles may pull from
+    without a deploy (constructs/compute/shared/workload_pull.py); a public image from anywhere."""
+    private = re.fullmatch(_ECR_URI, uri)
+    if private and private.group(1) != workload_repository_name(env):
+        raise CliError(
+            f"{path}: workloads.{name}.image.uri={uri!r} is not valid; expected an image in "
+            f"{workload_repository_name(env)} (the repository {env}'s jobs may pull from: make push-workload "
+            f"ENV={env} NAME={name} DIR=<folder> pushes it there) or a public one"
+        )
 
 
 def _register(args, pipeline: Pipeline, out) -> int:

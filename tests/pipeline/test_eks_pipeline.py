@@ -40,7 +40,7 @@ from tests.sfn_emulator import ACCOUNT, REGION, ROLE_ARN, Emulator
 from tests.synthesis import context
 
 # The DDP example, registered after the deploy by the tests that run it (the template knows no workload).
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev:wl-torch-ddp-1"
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev-workloads:torch-ddp-1"
 DDP = {**json.loads((Path(__file__).resolve().parents[2] / "examples/torch_ddp/workload.json").read_text()),
        "image": {"uri": IMAGE}}  # fmt: skip
 EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge"}

@@ -19,7 +19,7 @@ from tools.pipeline_cli import main
 from tools.pipeline_session import ROOT, CliError, Pipeline
 
 REGION, TABLE = "us-east-1", "EfaTraining-dev-Runs"
-IMAGE = "111122223333.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev:wl-torch-ddp-1"
+IMAGE = "111122223333.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev-workloads:torch-ddp-1"
 DECLARATION = {**json.loads((ROOT / "examples/torch_ddp/workload.json").read_text()), "image": {"uri": IMAGE}}
 RUN = {"run_id": "ddp-001", "dataset": "datasets/wikitext/", "nodes": 2, "baseline": 1.0, "workload": "torch-ddp"}
 
@@ -263,3 +263,15 @@ def test_a_record_reads_back_as_the_schema_of_its_declaration():
     stored = json.loads(json.dumps(record(workload, source, 1)))  # as the table holds it: JSON text
     assert schema(stored) == WorkloadSchema(rules, False, workload.cost)
     assert any(f.divides for f in rules) and any(f.requires for f in rules) and workload.cost is not None
+
+
+# Nothing grants a pull from another private repository without a deploy: refused before anything is written.
+def test_a_private_image_outside_the_workload_repository_is_refused(deployed, tmp_path):
+    elsewhere = {"uri": "111122223333.dkr.ecr.us-east-1.amazonaws.com/team/llm:v7"}
+    code, _, err = cli(deployed, "workload", "register", "dev", declaration(tmp_path, image=elsewhere))
+    assert code == 2 and "expected an image in efa-training-dev-workloads" in err and keys() == []
+
+
+def test_a_public_image_is_registered(deployed, tmp_path):
+    public = {"uri": "public.ecr.aws/acme/trainer:1.0"}
+    assert cli(deployed, "workload", "register", "dev", declaration(tmp_path, image=public))[0] == 0

@@ -50,7 +50,7 @@ from tests.pipeline.runs import (
 from tests.sfn_emulator import ACCOUNT, REGION, Emulator
 
 # The DDP example, registered after the deploy by the tests that run it (the template knows no workload).
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev:wl-torch-ddp-1"
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev-workloads:torch-ddp-1"
 DDP = {**json.loads((Path(__file__).resolve().parents[2] / "examples/torch_ddp/workload.json").read_text()),
        "image": {"uri": IMAGE}}  # fmt: skip
 SAGEMAKER_VARIANT = {"compute": "sagemaker", "sagemaker_spot": "true"}

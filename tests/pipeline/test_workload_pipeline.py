@@ -16,12 +16,12 @@ from tests.pipeline.runs import ACCEPTED, REJECTED, approval, approved_model, cl
 from tests.sfn_emulator import PREPARED_DATASET, REGION
 
 ROOT = Path(__file__).resolve().parents[2]
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev:wl-torch-ddp-1"
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev-workloads:torch-ddp-1"
 DDP = {**json.loads((ROOT / "examples/torch_ddp/workload.json").read_text()), "image": {"uri": IMAGE}}
 # A second workload, from an image URI, with a free-text hyperparameter.
 NOTED = {
     **DDP,
-    "image": {"uri": "111122223333.dkr.ecr.us-east-1.amazonaws.com/noted:v1"},
+    "image": {"uri": "public.ecr.aws/acme/noted:v1"},
     "hyperparameters": {"note": {"type": "string", "default": ""}},
 }
 DECLARED = {"torch-ddp": DDP, "noted": NOTED}

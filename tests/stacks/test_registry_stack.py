@@ -23,9 +23,20 @@ def dev() -> Template:
     return _registry()[0]
 
 
-def test_one_repository_per_accelerator_family(dev):
-    # GPU and Neuron images live in their own repositories.
-    dev.resource_count_is("AWS::ECR::Repository", 2)
+def test_one_repository_per_accelerator_family_and_one_for_registered_workloads(dev):
+    # GPU and Neuron images live in their own repositories; registered workloads' images in the environment's one.
+    dev.resource_count_is("AWS::ECR::Repository", 3)
+    dev.has_resource_properties("AWS::ECR::Repository", {"RepositoryName": "efa-training-dev-workloads"})
+
+
+def test_registered_workloads_images_are_never_expired_by_count(dev):
+    # A workload's record names its image by digest for as long as it is registered: only untagged layers expire.
+    (workloads,) = [
+        r for r in dev.find_resources("AWS::ECR::Repository").values()
+        if r["Properties"].get("RepositoryName") == "efa-training-dev-workloads"
+    ]  # fmt: skip
+    (rule,) = json.loads(workloads["Properties"]["LifecyclePolicy"]["LifecyclePolicyText"])["rules"]
+    assert rule["selection"]["tagStatus"] == "untagged" and rule["selection"]["countType"] == "sinceImagePushed"
 
 
 def test_repositories_scan_on_push_with_immutable_tags(dev):
@@ -45,8 +56,10 @@ def test_dev_repositories_are_emptied_before_deletion(dev):
 def test_lifecycle_keeps_the_configured_number_of_images():
     # ecr_keep_images=7 becomes a countMoreThan 7 expiry rule.
     registry, _ = _registry(ecr_keep_images="7")
-    repositories = registry.find_resources("AWS::ECR::Repository").values()
-    assert len(repositories) == 2
+    repositories = [
+        r for r in registry.find_resources("AWS::ECR::Repository").values() if "RepositoryName" not in r["Properties"]
+    ]
+    assert len(repositories) == 2  # the platform's (the workloads' keeps every tagged image)
     for repository in repositories:
         rules = json.loads(repository["Properties"]["LifecyclePolicy"]["LifecyclePolicyText"])["rules"]
         assert rules[0]["selection"]["countNumber"] == 7
