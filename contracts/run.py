@@ -336,10 +336,15 @@ def validate_run(
     if not isinstance(hyper, dict):
         problems.append(f"hyperparameters={_show(hyper)} is not valid; expected an object")
         hyper = {}
-    names = [f.key for f in hyperparameters(table)]
+    names = ", ".join(f.key for f in hyperparameters(table)) or "none (this workload declares no hyperparameters)"
     problems += [
-        f"unknown hyperparameter {key!r}; expected only {', '.join(names)}" for key in hyper if key not in names
+        f"unknown hyperparameter {key!r}; expected only {names}" for key in hyper if key not in names.split(", ")
     ]
+    if known[workload].built_in and run.get("workload_version", 0) != 0:  # the pipeline's first state says the same
+        problems.append(
+            f"workload_version={_show(run['workload_version'])} is not valid for workload {workload!r}; expected 0: "
+            "the platform's trainers have one version, the deployed one"
+        )
     for f in table:
         if f.kind != "object":
             problem = _field_problem(f, hyper if f.name.startswith("hyperparameters.") else run)

@@ -106,7 +106,7 @@ FAULT_STATUS = {
 CAMEL_CASE_SERVICES = ("stepfunctions", "eks", "batch")
 ERROR_SERVICE_NAMES = {"s3": "S3", "ssm": "Ssm", "sns": "Sns", "sfn": "Sfn", "dynamodb": "DynamoDb", "eks": "Eks",
                        "cloudwatch": "CloudWatch", "autoscaling": "AutoScaling",
-                       "sagemaker": "SageMaker"}  # fmt: skip
+                       "sagemaker": "SageMaker", "batch": "Batch"}  # fmt: skip
 
 
 def _to_boto(value, shape):

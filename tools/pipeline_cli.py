@@ -56,7 +56,14 @@ from tools.pipeline_session import (
 from tools.pipeline_session import client_config as client_config
 from tools.pipeline_watch import _Progress as _Progress
 from tools.pipeline_watch import watch
-from tools.pipeline_workloads import add_commands, checked_declaration, cmd_workload, in_registry, registered_schemas
+from tools.pipeline_workloads import (
+    add_commands,
+    checked_declaration,
+    cmd_workload,
+    in_registry,
+    registered_schemas,
+    resumed_version,
+)
 
 # The `name as name` imports: names the tests import from here (as tools/dataset.py imports CliError, Pipeline, call
 # and region_of); tools/pipeline_session.py and tools/pipeline_watch.py hold them.
@@ -183,6 +190,7 @@ def cmd_start(args, pipeline: Pipeline, out) -> int:
     registry = functools.partial(registered_schemas, pipeline)
     declared = declared_workloads(pipeline.env)
     run = load_run(args.run_file, pipeline.max_nodes, pipeline.min_nodes, declared, per_node, registry=registry)
+    run = resumed_version(pipeline, run, out)  # a resume keeps the workload version it ran with
     require_prepared(pipeline, run["dataset"])
     quoted(run, pipeline.env, pipeline.session, out)  # before anything starts: the pipeline would refuse it too
     name = args.name or f"{run['run_id']}-{datetime.now(UTC):%Y%m%dT%H%M%S}"

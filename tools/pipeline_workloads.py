@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from config.layout import RUNS_TABLE_KEY, workload_repository_name
+from config.layout import RUN_INPUT, RUNS_TABLE_KEY, workload_repository_name
 from contracts.run import WorkloadSchema, WorkloadSchemas, known_workloads
 from contracts.workload import NAME_PATTERN, Workload, WorkloadError
 from contracts.workload_registry import (
@@ -28,11 +28,17 @@ from contracts.workload_registry import (
     version_key,
 )
 from tools.pipeline_describe import runs_table
-from tools.pipeline_session import CliError, Pipeline, _json_object, _one_line, call
+from tools.pipeline_session import CliError, Pipeline, _json_object, _one_line, call, environment_config
 
 # A DynamoDB item holds at most 400 KB, its attribute names and values together (DynamoDB developer guide, "Service,
 # account, and table quotas": item size); the pointer holds the record, its key and two small attributes.
-MAX_ITEM_BYTES, ITEM_OVERHEAD_BYTES = 400 * 1024, 1024
+# The record travels in the execution's state beside the run (constructs/pipeline/workload_record.py), whose input or
+# output holds at most 256 KiB (Step Functions quotas, "Maximum input or output size for a task, state, or
+# execution"): half of it, well under a DynamoDB item's 400 KB.
+MAX_ITEM_BYTES, ITEM_OVERHEAD_BYTES = 128 * 1024, 0
+# A SageMaker job's Environment value holds at most 512 characters (API_CreateTrainingJob Environment; botocore's
+# TrainingEnvironmentValue), and the declaration reaches the job as WORKLOAD.
+SAGEMAKER_ENVIRONMENT_VALUE = 512
 MAX_DECLARATION_BYTES = 256 * 1024
 
 
@@ -77,6 +83,12 @@ def checked_declaration(args) -> tuple[str, dict, Workload]:
     except WorkloadError as error:
         raise CliError(f"{args.declaration}: {error}") from None
     _pullable(args.declaration, name, workload.image_uri or "", args.env)
+    if environment_config(args.env).compute == "sagemaker" and len(workload.variable) > SAGEMAKER_ENVIRONMENT_VALUE:
+        raise CliError(
+            f"{args.declaration}: the declaration reaches the job as WORKLOAD, {len(workload.variable)} characters "
+            f"of JSON; expected at most {SAGEMAKER_ENVIRONMENT_VALUE} on SageMaker (one Environment value): shorten "
+            "the commands or the metrics' regular expressions"
+        )
     return name, source, workload
 
 
@@ -107,7 +119,8 @@ def _register(args, pipeline: Pipeline, out) -> int:
     if len(text.encode()) + ITEM_OVERHEAD_BYTES > MAX_ITEM_BYTES:
         raise CliError(
             f"{args.declaration}: its record is {len(text.encode())} bytes; expected at most "
-            f"{MAX_ITEM_BYTES - ITEM_OVERHEAD_BYTES} (a DynamoDB item holds 400 KB): declare fewer hyperparameters"
+            f"{MAX_ITEM_BYTES - ITEM_OVERHEAD_BYTES} (it travels in the run's state, which Step Functions holds to 256 "
+            "KiB): declare fewer hyperparameters or shorter rules"
         )
     _write_version(pipeline, name, newest + 1, text)
     print(f"registered workload {name} version {newest + 1} ({workload.image_uri})", file=out)
@@ -322,3 +335,17 @@ def _retired(item: dict) -> bool:
 
 def _not_registered(name: str, env: str) -> str:
     return f"workload {name!r} is not registered in {env}; register it: pipeline_cli workload register {env} decl.json"
+
+
+def resumed_version(pipeline: Pipeline, run: dict, out) -> dict:
+    """A resume of a registered workload's run that names no version: the version the run started with (its claim's
+    input, `registered.version`), so its checkpoints meet the same code; printed. Anything else as given."""
+    if run.get("resume") is not True or "workload_version" in run or not in_registry(run):
+        return run
+    item = _item(pipeline, run["run_id"])
+    stored = _json_object(item.get(RUN_INPUT, {}).get("S")) if item else {}
+    version = (stored.get("registered") or {}).get("version") if isinstance(stored, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool) or version <= NEWEST:
+        return run  # no claim yet, or one from before workloads were registered: the pipeline decides
+    print(f"resuming {run['run_id']} on workload {run['workload']} version {version}, the one it ran with", file=out)
+    return {**run, "workload_version": version}

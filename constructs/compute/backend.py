@@ -130,7 +130,9 @@ class JobRunner(Protocol):
         """
         ...
 
-    def workload_jobs(self, scope: Construct) -> tuple[sfn.Chain, list[sfn.TaskStateBase | sfn.CustomState]] | None:
+    def workload_jobs(
+        self, scope: Construct
+    ) -> tuple[sfn.Chain, list[sfn.TaskStateBase | sfn.CustomState | sfn.Parallel]] | None:
         """(chain, its calls to catch): states that make a registered workload's jobs runnable for this run, before
         its first job (Batch: its job definitions, at `$.job.definitions`); None where each submission carries the
         image itself."""

@@ -77,8 +77,4 @@ class FailurePath:
         """`errors` (default: all) of `task` end the run as `error`; a Catch for some errors goes before the one
         for all (ASL: the first Catcher that matches is used; States.ALL must be the last)."""
         record = self.record(state, error, record_id)
-        if getattr(task, "_jsonata", False):  # a JSONata state's Catch keeps its input by Output, not ResultPath
-            output = "{% $merge([$states.input, {'caught': $states.errorOutput}]) %}"
-            task.add_catch(record.next(self.notify), errors=errors or ["States.ALL"], outputs=output)
-            return
         task.add_catch(record.next(self.notify), errors=errors or ["States.ALL"], result_path="$.caught")

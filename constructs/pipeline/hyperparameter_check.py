@@ -63,8 +63,9 @@ def _layout(per_node: int | None) -> str:
     degrees = "$rows[layout != '']"
     return (
         f"($d := {degrees}; $count($d) = 0 ? '' : ("
-        f"$inside := $reduce($d[layout = 'node'], function($ok, $r){{ $ok and {per_node} % $lookup($m, $r.key) = 0 }},"
-        " true);"
+        # [..]: no "node" degree is an empty array, which $reduce folds to its start (an undefined one would not)
+        f"$inside := $reduce([$d[layout = 'node']], function($ok, $r){{ $ok and {per_node} % $lookup($m, $r.key) = 0"
+        " }, true);"
         "$product := $reduce($d, function($p, $r){ $p * $lookup($m, $r.key) }, 1);"
         f"$inside and ($states.input.run.nodes * {per_node}) % $product = 0 ? '' : "
         "'hyperparameters is not valid; expected ' & ($count($d[layout = 'node']) > 0 ? "
@@ -89,7 +90,12 @@ def _expression(per_node: int | None) -> str:
     )
     refusal = json.dumps(f"hyperparameters is not valid; expected {HYPERPARAMETERS_RULE}")
     too_long = f"$length($string($m)) > {HYPERPARAMETERS_MAX_CHARACTERS} ? {refusal} : ''"
+    built_in_version = (
+        '$rec.platform and $states.input.run.workload_version != 0 ? "workload_version is not valid for workload \'" & '
+        "$rec.name & \"'; expected 0: the platform's trainers have one version, the deployed one\" : ''"
+    )
     steps = [
+        f"({built_in_version})",
         f"({unknown})",
         _first("$missing($r)", "$r.name & ' is missing; expected ' & $r.allowed"),
         _first("$value($r)", "$bad($r)"),

@@ -124,7 +124,10 @@ def _registered(
     key.next(read).next(
         sfn.Choice(scope, "IsWorkloadRegistered")
         .when(C.is_not_present("$.found.Item"), unknown)
-        .when(C.and_(C.is_present(flag), C.boolean_equals(flag, True)), retired)
+        # a resume keeps the workload it ran with, retired since or not (docs/workloads.md)
+        .when(
+            C.and_(C.is_present(flag), C.boolean_equals(flag, True), C.boolean_equals("$.run.resume", False)), retired
+        )
         .otherwise(parse.next(resolved))
     )
     return key

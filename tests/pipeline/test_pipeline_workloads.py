@@ -275,3 +275,32 @@ def test_a_private_image_outside_the_workload_repository_is_refused(deployed, tm
 def test_a_public_image_is_registered(deployed, tmp_path):
     public = {"uri": "public.ecr.aws/acme/trainer:1.0"}
     assert cli(deployed, "workload", "register", "dev", declaration(tmp_path, image=public))[0] == 0
+
+
+# A resume meets its checkpoints with the code that wrote them: the version its claim recorded, not the newest.
+def test_a_resume_keeps_the_version_its_run_started_with(deployed, tmp_path):
+    assert cli(deployed, "workload", "register", "dev", declaration(tmp_path))[0] == 0
+    claimed = {**RUN, "registered": {"name": "torch-ddp", "version": 1}}
+    boto3.client("dynamodb", region_name=REGION).put_item(
+        TableName=TABLE,
+        Item={RUNS_TABLE_KEY: {"S": RUN["run_id"]}, RUN_HOLDER: {"S": "arn:execution"},
+              RUN_SINCE: {"S": "2026-12-01T00:00:00Z"}, "input": {"S": json.dumps(claimed)}},
+    )  # fmt: skip
+    assert cli(deployed, "workload", "register", "dev", declaration(tmp_path, metrics={"l": "l=([0-9.]+)"}))[0] == 0
+    code, out, err = cli(deployed, "start", "dev", run_file(tmp_path, resume=True), "--name", "resumed")
+    assert (code, err) == (0, "") and "version 1, the one it ran with" in out
+    (started,) = executions(deployed)
+    described = boto3.client("stepfunctions", region_name=REGION).describe_execution(
+        executionArn=started["executionArn"]
+    )
+    assert json.loads(described["input"])["workload_version"] == 1
+
+
+def test_a_declaration_too_long_for_a_sagemaker_environment_value_is_refused_there(deployed, tmp_path, monkeypatch):
+    from tools import pipeline_workloads as registry
+
+    sagemaker = dataclasses.replace(registry.environment_config("dev"), compute="sagemaker")
+    monkeypatch.setattr(registry, "environment_config", lambda env: sagemaker)
+    long = {"loss": "loss=([0-9.eE+-]+)", **{f"m{i}": f"m{i}=([0-9.]+)" for i in range(30)}}
+    code, _, err = cli(deployed, "workload", "register", "dev", declaration(tmp_path, metrics=long))
+    assert code == 2 and "at most 512 on SageMaker" in err and keys() == []

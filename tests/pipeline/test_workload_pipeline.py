@@ -12,7 +12,16 @@ import pytest
 
 from contracts.run import validate_run
 from contracts.workload_registry import registrable, schema
-from tests.pipeline.runs import ACCEPTED, REJECTED, approval, approved_model, cleared, emulated_account, register
+from tests.pipeline.runs import (
+    ACCEPTED,
+    REJECTED,
+    approval,
+    approved_model,
+    cleared,
+    emulated_account,
+    messages,
+    register,
+)
 from tests.sfn_emulator import PREPARED_DATASET, REGION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,3 +189,41 @@ def test_the_first_state_counts_the_hyperparameters_length_as_the_cli_does(emula
     fits = {"note": "x" * (2500 - len('{"note":""}'))}
     assert emulator.run({**RUN, "workload": "noted", "hyperparameters": fits})["status"] == "SUCCEEDED"
     assert len(emulator.submitted[1]["parameters"]["hyperparameters"]) == 2500
+
+
+# A registration Batch keeps failing (past its retries) ends the run through the failure path, named and mailed,
+# before any job: the Parallel around the JSONata register states keeps the run's state for it.
+def test_a_registration_that_keeps_failing_ends_the_run_before_any_job_with_its_reason(emulator):
+    emulator.faults["batch.register_job_definition"] = ["ClientException"] * 10
+    result = emulator.run(RUN)
+    assert result["status"] == "FAILED" and result["error"] == "RunNotStarted", result
+    assert emulator.submitted == []
+    (alert,) = messages(emulator)
+    assert alert["state"] == "RegisterWorkloadJobs" and "ClientException" in alert["cause"]
+
+
+def test_throttled_registrations_are_retried(emulator):
+    emulator.verdict = VERDICT
+    emulator.faults["batch.register_job_definition"] = ["TooManyRequestsException"] * 2
+    emulator.faults["batch.describe_job_definitions"] = ["ServerException"]
+    assert emulator.run(RUN)["status"] == "SUCCEEDED"
+    assert emulator.submitted_kinds() == ["sanity", "train", "validate"]
+
+
+# Retiring takes no run in flight and no resume: a resume keeps the workload it ran with (docs/workloads.md).
+def test_a_retired_workload_refuses_a_new_run_and_resumes_one(emulator):
+    from config.layout import RUNS_TABLE_KEY
+
+    emulator.verdict = VERDICT
+    assert emulator.run(RUN)["status"] == "SUCCEEDED"
+    boto3.client("dynamodb", region_name=REGION).update_item(
+        TableName=emulator.runs_table,
+        Key={RUNS_TABLE_KEY: {"S": "workload#torch-ddp"}},
+        UpdateExpression="SET retired = :yes",
+        ExpressionAttributeValues={":yes": {"BOOL": True}},
+    )
+    refused = emulator.run({**RUN, "run_id": "ddp-002"})
+    assert refused["status"] == "FAILED" and "expected a workload that is not retired" in refused["cause"]
+    emulator.submitted.clear()
+    resumed = emulator.run({**RUN, "resume": True})
+    assert resumed["status"] == "SUCCEEDED", resumed

@@ -224,13 +224,17 @@ class BatchJobRunner:
         """The registered workloads' definitions: `<env's prefix>-wl-<workload>-<job>` (workload_jobs)."""
         return batch_name(self.environment or "manual", "wl-")
 
-    def workload_jobs(self, scope: Construct) -> tuple[sfn.Chain, list[sfn.TaskStateBase | sfn.CustomState]]:
+    def workload_jobs(
+        self, scope: Construct
+    ) -> tuple[sfn.Chain, list[sfn.TaskStateBase | sfn.CustomState | sfn.Parallel]]:
         """A registered workload's "train" and "validate" definitions for this run: the templates' newest active
         revisions (DescribeJobDefinitions), registered again under the workload's own name with its image and its
         declaration in WORKLOAD (RegisterJobDefinition: a definition's image cannot be overridden at SubmitJob,
-        API_ContainerOverrides), at `$.job.definitions.<job>`. No deploy: one revision per run."""
+        API_ContainerOverrides), at `$.job.definitions.<job>`. No deploy: one revision per run. One Parallel around
+        them: the register states are JSONata (they build the request from the described definition), and a JSONPath
+        Parallel's Catch keeps the run's state for the failure path (a JSONata Catch's output would be the error
+        alone)."""
         chain: sfn.Chain | None = None
-        calls: list[sfn.TaskStateBase | sfn.CustomState] = []
         for job, template in self.workload_templates.items():
             kind = job.capitalize()
             describe = tasks.CallAwsService(
@@ -246,13 +250,13 @@ class BatchJobRunner:
             )
             retry_transient(describe, BATCH_TRANSIENT)
             register = sfn.CustomState(scope, f"RegisterWorkload{kind}", state_json=self._register_state(scope, job))
-            register._jsonata = True  # type: ignore[attr-defined]  # its Catch keeps the input by Output
             retry_transient(register, BATCH_TRANSIENT)
-            calls += [describe, register]
             step = sfn.Chain.start(describe).next(register)
             chain = step if chain is None else chain.next(step)
         assert chain is not None  # workload_templates always names train and validate
-        return chain, calls
+        # The branch's output is the whole state, the definitions added (OutputPath picks it from the array).
+        block = sfn.Parallel(scope, "RegisterWorkloadJobs", output_path="$[0]").branch(chain)
+        return sfn.Chain.start(block), [block]
 
     def _register_state(self, scope: Construct, job: str) -> dict:
         """A JSONata Task: the template's newest revision with the workload's image and WORKLOAD, under its name."""

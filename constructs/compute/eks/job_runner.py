@@ -141,7 +141,9 @@ class EksJobRunner:
                     variable["value.$"] = f"States.Format('{{}}', {nodes})"
         return manifest
 
-    def workload_jobs(self, scope: Construct) -> tuple[sfn.Chain, list[sfn.TaskStateBase | sfn.CustomState]] | None:
+    def workload_jobs(
+        self, scope: Construct
+    ) -> tuple[sfn.Chain, list[sfn.TaskStateBase | sfn.CustomState | sfn.Parallel]] | None:
         """Nothing: the Job manifest carries the workload's image and declaration."""
         return None
 

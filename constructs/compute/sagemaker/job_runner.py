@@ -129,7 +129,9 @@ class SageMakerJobRunner:
         self.tracking_uri = tracking_uri
         self._stages = stages(train_attempt_hours)
 
-    def workload_jobs(self, scope: Construct) -> tuple[sfn.Chain, list[sfn.TaskStateBase | sfn.CustomState]] | None:
+    def workload_jobs(
+        self, scope: Construct
+    ) -> tuple[sfn.Chain, list[sfn.TaskStateBase | sfn.CustomState | sfn.Parallel]] | None:
         """Nothing: CreateTrainingJob's AlgorithmSpecification carries the workload's image (its declaration in the
         job's Environment)."""
         return None
