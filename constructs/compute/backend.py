@@ -9,7 +9,7 @@ one stack implementing `ComputeBackend` and one line in app.py's COMPUTE_STACKS.
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import aws_cdk as cdk
 import aws_cdk.aws_iam as iam
@@ -17,6 +17,9 @@ import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
 from constructs.observability.accelerator_metrics import AcceleratorMetrics
+
+if TYPE_CHECKING:
+    from constructs.pipeline.train_attempt import FailureEnds
 
 # "compile": Trainium's ahead-of-time compilation (training_image/efa_training/runtime/launch/neuron_compile.py), on the
 # run's nodes.
@@ -136,6 +139,12 @@ class JobRunner(Protocol):
         """(chain, its calls to catch): states that make a registered workload's jobs runnable for this run, before
         its first job (Batch: its job definitions, at `$.job.definitions`); None where each submission carries the
         image itself."""
+        ...
+
+    def read_failed_job(self, ends: "FailureEnds") -> sfn.State:
+        """The states that read a failed job's Cause (`$.caught`), in this backend's shape, into one of `ends`
+        (constructs/pipeline/train_attempt.py): a run-ending exit code refuses the run, no capacity is waited for,
+        a reservation's end stops it, anything else is an attempt failure. Only this backend's states."""
         ...
 
     def quarantine_host(self, scope: Construct, id_: str) -> sfn.Chain | None:

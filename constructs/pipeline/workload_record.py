@@ -36,7 +36,8 @@ def built_in_records() -> dict[str, dict]:
     records = {}
     for workload in built_in_workloads():
         source = json.loads((BUILT_IN_ROOT / workload.name.replace("-", "_") / "workload.json").read_text())
-        records[workload.name] = record(workload, source, NEWEST)
+        # what the pipeline reads of it: the declaration as given (`source`) is the CLI's, and only adds to the template
+        records[workload.name] = {k: v for k, v in record(workload, source, NEWEST).items() if k != "source"}
     return records
 
 

@@ -121,7 +121,7 @@ def test_a_rejected_training_request_is_not_retried(pipeline):
     # under its own name, which the Train block's Retry (MaxAttempts 0) and the failure path receive.
     found = states(pipeline)
     (branch,) = found["Train"]["Branches"]
-    choice = branch["States"]["TrainIsJobDescription"]["Choices"][0]
+    choice = branch["States"]["TrainIsRequestRejected"]["Choices"][0]
     assert choice == {
         "Variable": "$.caught.Error",
         "StringEquals": "Batch.ClientException",

@@ -15,6 +15,7 @@ from constructs.compute.batch.job_definitions import RETRY_RULES
 from constructs.compute.shared.bad_hosts import acknowledge_terminate, grant_terminate, terminate_instance
 from constructs.nag import acknowledge, acknowledge_iam, shown_arn
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
+from constructs.pipeline.train_attempt import BATCH_CAPACITY_REASON, FailureEnds
 
 # What RegisterJobDefinition takes of a described definition (API_RegisterJobDefinition request members; the rest of
 # a DescribeJobDefinitions entry, its ARN, revision and status, is Batch's own).
@@ -90,6 +91,35 @@ class BatchJobRunner:
         # The compute environments' instance tags (computeResources.tags: Project and Environment, app.py), which
         # scope the hosts the pipeline may terminate to this environment's.
         self.environment = environment
+
+    def read_failed_job(self, ends: FailureEnds) -> sfn.State:
+        """A failed job's DescribeJobs entry (the .sync task's Cause): a job its queue cancelled while it waited for
+        instances ended for want of capacity, whatever an earlier attempt did; else its last attempt's exit code (a
+        multi-node job's is the main node's: Batch user guide, "Multi-node parallel jobs")."""
+        scope, id_ = ends.scope, ends.id_
+        last = sfn.Pass(
+            scope,
+            f"{id_}LastAttempt",
+            parameters={
+                "caught.$": "$.caught",
+                "last.$": "States.ArrayGetItem($.job.Attempts, States.MathAdd(States.ArrayLength($.job.Attempts), -1))",
+            },
+        )
+        status_reason = "$.job.StatusReason"
+        cancelled = sfn.Condition.and_(
+            sfn.Condition.is_present(status_reason),
+            sfn.Condition.is_string(status_reason),
+            sfn.Condition.string_matches(status_reason, BATCH_CAPACITY_REASON),
+        )
+        has_attempts = (
+            sfn.Choice(scope, f"{id_}HasAttempts")
+            .when(cancelled, ends.no_capacity)
+            .when(
+                sfn.Condition.is_present("$.job.Attempts[0]"), last.next(ends.by_exit_code("$.last.Container.ExitCode"))
+            )
+            .otherwise(ends.attempt_failed)
+        )
+        return ends.parsed(has_attempts)
 
     def quarantine_host(self, scope: Construct, id_: str) -> sfn.Chain:
         """Terminate the bad host (`$.host`, its instance id): its compute environment launches a fresh one for the

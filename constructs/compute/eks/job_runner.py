@@ -30,9 +30,10 @@ from constructs.compute.backend import task_timeout
 from constructs.compute.eks.node_scaling import EksNodeScaling
 from constructs.compute.eks.training_workspace import QUARANTINE_GROUP
 from constructs.compute.shared.bad_hosts import acknowledge_terminate, grant_terminate, terminate_instance
+from constructs.pipeline.train_attempt import EKS_EXIT_CODE, FailureEnds
 from contracts.eks.job_spec import NAMESPACE, Site
 from contracts.eks.job_templates import indexed_job
-from contracts.run import stages
+from contracts.run import REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE, stages
 
 JOB_NAME_ANNOTATION = "efa-training/job-name"
 # The API server's throttling and server errors, as eks:call names them ("EKS." + the HTTP status).
@@ -183,6 +184,20 @@ class EksJobRunner:
             "ResultPath": result_path,
         }
         return sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
+
+    def read_failed_job(self, ends: FailureEnds) -> sfn.State:
+        """A Job its pod failure policy failed for a run-ending exit code (contracts/eks/job_templates.py
+        POD_FAILURE_POLICY) says so in its Failed condition's message, in the eks:runJob.sync task's Cause; any other
+        failure is an attempt failure (Step Functions does not document that Cause: where it lacks the Job's status,
+        the failure stays retried)."""
+        scope, id_, cause = ends.scope, ends.id_, "$.caught.Cause"
+        by_pod = sfn.Choice(scope, f"{id_}IsRunRefusedByPod")
+        for exit_code in sorted(REFUSED_EXIT_CODES):
+            by_pod.when(
+                sfn.Condition.string_matches(cause, EKS_EXIT_CODE % exit_code), ends.refused_with(exit_code, "Pod")
+            )
+        window = sfn.Condition.string_matches(cause, EKS_EXIT_CODE % WINDOW_ENDED_EXIT_CODE)
+        return by_pod.when(window, ends.window_ended).otherwise(ends.attempt_failed)
 
     def quarantine_host(self, scope: Construct, id_: str) -> sfn.Chain:
         """Cordon and taint the bad node (`$.host`, its name), then terminate its instance. Cordoned alone it would

@@ -23,8 +23,16 @@ from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, JobKind, task_timeout
 from constructs.compute.sagemaker.validation import retried_for_capacity
 from constructs.nag import acknowledge, shown_arn
+from constructs.pipeline.train_attempt import CAPACITY_REASON, FailureEnds
 from contracts.job_environment import job_environment
-from contracts.run import QUEUE_WAIT_MINUTES, Stage, stages
+from contracts.run import (
+    FAILURE_REASON_MARKER,
+    QUEUE_WAIT_MINUTES,
+    REFUSED_EXIT_CODES,
+    WINDOW_ENDED_EXIT_CODE,
+    Stage,
+    stages,
+)
 
 # The image's ENTRYPOINT (training_image/Dockerfile.*): SageMaker would otherwise run it with the argument `train`
 # (SageMaker developer guide, "How Amazon SageMaker AI Runs Your Training Image"); ContainerEntrypoint and
@@ -386,6 +394,24 @@ class SageMakerJobRunner:
         )
         source = {"FileSystemId": file_system_id, "FileSystemType": "FSxLustre", "FileSystemAccessMode": access}
         return {"DataSource": {"FileSystemDataSource": {**source, **directory}}}
+
+    def read_failed_job(self, ends: FailureEnds) -> sfn.State:
+        """A failed training job's description (the .sync task's Cause): its FailureReason carries the first
+        characters of /opt/ml/output/failure (SageMaker developer guide, "How Amazon SageMaker AI Provides Training
+        Information"), where launch.py writes FAILURE_REASON_MARKER and the exit code; no instances is CapacityError."""
+        scope, id_ = ends.scope, ends.id_
+        reason = "$.job.FailureReason"
+        by_reason = sfn.Choice(scope, f"{id_}IsRunRefusedByReason")
+        for exit_code in sorted(REFUSED_EXIT_CODES):
+            marked = sfn.Condition.string_matches(reason, f"*{FAILURE_REASON_MARKER}{exit_code}:*")
+            by_reason.when(marked, ends.refused_with(exit_code))
+        by_reason.when(sfn.Condition.string_matches(reason, CAPACITY_REASON), ends.no_capacity)
+        window = sfn.Condition.string_matches(reason, f"*{FAILURE_REASON_MARKER}{WINDOW_ENDED_EXIT_CODE}:*")
+        by_reason.when(window, ends.window_ended).otherwise(ends.attempt_failed)
+        has_reason = sfn.Condition.and_(sfn.Condition.is_present(reason), sfn.Condition.is_string(reason))
+        return ends.parsed(
+            sfn.Choice(scope, f"{id_}HasReason").when(has_reason, by_reason).otherwise(ends.attempt_failed)
+        )
 
     def quarantine_host(self, scope: Construct, id_: str) -> None:
         """Nothing to take out: each training job, a retry included, runs on instances SageMaker provisions for it
