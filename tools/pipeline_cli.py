@@ -151,11 +151,12 @@ def require_prepared(pipeline: Pipeline, dataset: str) -> None:
         ) from None
 
 
-def quoted(run: dict, env: str, session, out):
-    """The run's quote and budget printed (tools/quote.py); the run is refused if the budget cannot pay for it."""
+def quoted(run: dict, env: str, session, out, workloads: schema.WorkloadSchemas | None = None):
+    """The run's quote and budget printed (tools/quote.py); the run is refused if the budget cannot pay for it.
+    `workloads`: the registered schema of the run's workload, whose cost model prices it."""
     from tools.quote import price
 
-    priced = price(run, environment_config(env), session)
+    priced = price(run, environment_config(env), session, workloads)
     print("\n".join(priced.lines()), file=out)
     if priced.refusal:
         raise CliError(priced.refusal)
@@ -180,7 +181,7 @@ def cmd_quote(args, session, out) -> int:
         workers_per_node=config.instance.workers_per_node,
         registry=registry,
     )
-    quoted(run, args.env, session, out)
+    quoted(run, args.env, session, out, registry(run))
     return 0
 
 
@@ -192,7 +193,8 @@ def cmd_start(args, pipeline: Pipeline, out) -> int:
     run = load_run(args.run_file, pipeline.max_nodes, pipeline.min_nodes, declared, per_node, registry=registry)
     run = resumed_version(pipeline, run, out)  # a resume keeps the workload version it ran with
     require_prepared(pipeline, run["dataset"])
-    quoted(run, pipeline.env, pipeline.session, out)  # before anything starts: the pipeline would refuse it too
+    # before anything starts: the pipeline would refuse it too (its QuoteRun prices by the same record)
+    quoted(run, pipeline.env, pipeline.session, out, registry(run))
     name = args.name or f"{run['run_id']}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     started = call(
         pipeline.sfn.start_execution, stateMachineArn=pipeline.state_machine_arn, name=name[:80], input=json.dumps(run)

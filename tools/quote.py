@@ -21,7 +21,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from config import EnvironmentConfig
 from contracts.quote import Quote, QuoteTerms, about_usd, budget_refusal, priced_model, quote
-from contracts.run import filled
+from contracts.run import WorkloadSchemas, filled
 from contracts.workload import schemas
 from tools.pipeline_session import _json_object
 
@@ -61,13 +61,14 @@ def read_budget(session, account: str, name: str) -> Budget:
     return Budget(float(found["BudgetLimit"]["Amount"]), float(spent))
 
 
-def price(run: dict, config: EnvironmentConfig, session) -> Priced:
-    """The quote of a valid run (a run file as `load_run` read it) in `config`'s environment."""
+def price(run: dict, config: EnvironmentConfig, session, registered: WorkloadSchemas | None = None) -> Priced:
+    """The quote of a valid run (a run file as `load_run` read it) in `config`'s environment; `registered`: the
+    registered schema of its workload (tools.pipeline_workloads.registered_schemas), whose cost model prices it."""
     from tools.token_cost import measured_mfus  # imports the training image's model sizes
 
     notes: list[str] = []
     terms = QuoteTerms.of(config)
-    workloads = schemas(config.declared_workloads)
+    workloads = {**schemas(config.declared_workloads), **(registered or {})}
     valid = filled(run, config.nodes, workloads)
     mfu, on_model = None, False
     try:

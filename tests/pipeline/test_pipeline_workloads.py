@@ -304,3 +304,18 @@ def test_a_declaration_too_long_for_a_sagemaker_environment_value_is_refused_the
     long = {"loss": "loss=([0-9.eE+-]+)", **{f"m{i}": f"m{i}=([0-9.]+)" for i in range(30)}}
     code, _, err = cli(deployed, "workload", "register", "dev", declaration(tmp_path, metrics=long))
     assert code == 2 and "at most 512 on SageMaker" in err and keys() == []
+
+
+# The CLI's quote of a registered workload's run prices it by its registered cost model, as QuoteRun does.
+def test_a_registered_workloads_cost_model_prices_its_run(deployed, tmp_path):
+    costed = {
+        "hyperparameters": {
+            "max_steps": {"type": "integer", "default": 100, "minimum": 1},
+            "batch_size": {"type": "integer", "default": 8, "minimum": 1},
+        },
+        "cost": {"steps": "max_steps", "batch_size": "batch_size", "tflops_per_sample": 2.0},
+    }
+    assert cli(deployed, "workload", "register", "dev", declaration(tmp_path, **costed))[0] == 0
+    code, out, err = cli(deployed, "quote", "dev", run_file(tmp_path, hyperparameters={"max_steps": 1000}))
+    assert code == 0, err
+    assert out.startswith("quote: ~$") and "min of training" in out, out  # not "no FLOPs model for this workload"
