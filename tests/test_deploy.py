@@ -3,13 +3,13 @@ deploy; `DRY_RUN=1` prints the plan with neither Docker nor credentials (tools/d
 
 import json
 from contextlib import contextmanager
+from pathlib import Path
 
 import botocore.session
 import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from config import Accelerator
 from tests import synthesis
 from tests.synthesis import CDK_JSON_CONTEXT, ROOT
 from tools import deploy, deploy_plan, preflight
@@ -281,22 +281,24 @@ def test_an_identity_center_role_must_be_named_by_hand():
         deploy.admin_principal(arn)
 
 
-# A workload built from a folder starts FROM the platform image's local tag (contracts/workload.py): the deploy builds
-# that image first, since CDK does not order one asset's build after another's (aws/aws-cdk#6471).
-def test_a_workload_built_from_a_folder_gets_the_platform_image_built_first(aws, monkeypatch):
-    from stacks.registry_stack import platform_image_tag
-
+# cdk.json's workloads are registered after the deploy (no template holds one: docs/workloads.md): a folder pushed on
+# the platform's image and registered with it, a URI registered as it is.
+def test_cdk_jsons_workloads_are_registered_after_the_deploy(aws, monkeypatch):
     monkeypatch.setattr(preflight, "check_docker", lambda: None)
-    declared = json.loads((ROOT / "examples/torch_ddp/workload.json").read_text())
-    context = {**CDK_JSON_CONTEXT, "workloads": json.dumps({"torch-ddp": declared})}
+    folder = json.loads((ROOT / "examples/torch_ddp/workload.json").read_text())
+    pushed = {**folder, "image": {"uri": "public.ecr.aws/acme/trainer:1"}}
+    context = {**CDK_JSON_CONTEXT, "workloads": json.dumps({"torch-ddp": folder, "pushed": pushed})}
     commands = deploy.plan("dev", dry_run=False, run=lambda *command, **options: 0, context=context)
-    assert [c[1] for c in commands] == ["bootstrap", "login", "build", "synth", "deploy"]
-    build = commands[2]
-    assert build[build.index("-t") + 1] == platform_image_tag(Accelerator.NVIDIA)
-    assert build[-1] == str(ROOT / "training_image") and build[build.index("-f") + 1].endswith("Dockerfile.gpu")
+    assert [c[1] for c in commands][:4] == ["bootstrap", "login", "synth", "deploy"]
+    by_tool = {c[2]: c for c in commands[4:]}
+    push, register = by_tool["tools.push_workload"], by_tool["tools.pipeline_cli"]
+    assert push[1:6] == ["-m", "tools.push_workload", "dev", "torch-ddp", str(ROOT / "examples/torch_ddp")]
+    assert json.loads(Path(push[push.index("--register") + 1]).read_text()) == folder
+    assert register[1:6] == ["-m", "tools.pipeline_cli", "workload", "register", "dev"]
+    assert json.loads(Path(register[6]).read_text()) == pushed and register[-2:] == ["--name", "pushed"]
 
 
-def test_without_a_workload_folder_nothing_more_is_built(aws, monkeypatch):
+def test_without_workloads_nothing_more_is_run(aws, monkeypatch):
     monkeypatch.setattr(preflight, "check_docker", lambda: None)
     commands = deploy.plan("dev", dry_run=False, run=lambda *command, **options: 0)
-    assert "build" not in [c[1] for c in commands]
+    assert commands[-1][1] == "deploy" and "build" not in [c[1] for c in commands]

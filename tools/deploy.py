@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CDK = ROOT / "node_modules" / ".bin" / "cdk"
 # `cdk deploy` deploys the assembly synthesized (and checked) here, not a new synthesis.
 ASSEMBLY = ROOT / "cdk.out"
+WORKLOAD_FILES = ROOT / "build" / "workloads"  # cdk.json's declarations, one file each, as `workload register` reads
 # The stacks a run in flight stands on: a change to one of them may replace hosts or the file system under it.
 RUN_UNITS = ("Network", "Storage", "Batch", "Eks", "SageMaker")
 DOCKERFILES = {"nvidia": "Dockerfile.gpu", "neuron": "Dockerfile.neuron"}
@@ -153,7 +154,7 @@ def plan(
     context_args, rest = _split_context(extra)
     config = _config(env, context, context_args)
     if options.dry_run:
-        commands = _commands(env, _base_registry(config), context_args, rest, options, _platform_build(config))
+        commands = _commands(env, _base_registry(config), context_args, rest, options, _registrations(env, config))
         request = deploy_plan.Request(env, config, options.allow_running, RUN_UNITS)
         deploy_plan.show(request, _context(env, context, context_args))
         for command in commands:
@@ -173,7 +174,7 @@ def plan(
     commands = [[str(CDK), "bootstrap", f"aws://{account}/{config.region}"]] if bootstrapped is None else []
     registry = _base_registry(config)
     login = registry_password(registry[1], registry[2]) if registry else None
-    commands += _commands(env, registry, context_args, rest, options, _platform_build(config))
+    commands += _commands(env, registry, context_args, rest, options, _registrations(env, config))
     for command in commands:
         if command[1] == "deploy":
             _check_assembly(config, account, bootstrapped, options)
@@ -189,29 +190,34 @@ def _base_registry(config) -> tuple[str, str, str] | None:
     return base_registry(ROOT / "training_image" / DOCKERFILES[config.instance.accelerator.value])
 
 
-def _platform_build(config) -> list[list[str]]:
-    """The platform image under its local tag, where a declared workload's image is built FROM it (its folder's
-    Dockerfile: docs/workloads.md); CDK builds the workload's asset on it, and cannot order two assets' builds."""
-    from stacks.registry_stack import DOCKERFILES as IMAGE_DOCKERFILES
-    from stacks.registry_stack import TRAINING_IMAGE_DIR, platform_image_tag
-
-    if not any(w.image_directory for w in config.declared_workloads):
-        return []
-    accelerator = config.instance.accelerator
-    dockerfile = str(TRAINING_IMAGE_DIR / IMAGE_DOCKERFILES[accelerator])
-    tag = platform_image_tag(accelerator)
-    return [["docker", "build", "--platform", "linux/amd64", "-t", tag, "-f", dockerfile, str(TRAINING_IMAGE_DIR)]]
+def _registrations(env: str, config) -> list[list[str]]:
+    """After the deploy: each of cdk.json's workloads registered (docs/workloads.md), since no template holds one: a
+    folder built on the platform's image and pushed first (tools/push_workload.py), a URI as it is. Registering the
+    same declaration again writes nothing, so an unchanged workload stays at its version."""
+    commands = []
+    for workload in config.declared_workloads:
+        path = WORKLOAD_FILES / env / f"{workload.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(json.loads(str(config.workloads))[workload.name]))
+        if workload.image_directory:
+            folder = str(ROOT / workload.image_directory)
+            commands.append([sys.executable, "-m", "tools.push_workload", env, workload.name, folder, "--register",
+                             str(path)])  # fmt: skip
+        else:
+            commands.append([sys.executable, "-m", "tools.pipeline_cli", "workload", "register", env, str(path),
+                             "--name", workload.name])  # fmt: skip
+    return commands
 
 
 def _commands(
-    env: str, registry, context_args: list[str], rest: list[str], options: Options, builds: list[list[str]]
+    env: str, registry, context_args: list[str], rest: list[str], options: Options, after: list[list[str]]
 ) -> list[list[str]]:
-    """After the bootstrap (where it is missing): the registry login, the platform image where workloads build on
-    it, one synthesis, the deploy of that assembly."""
+    """After the bootstrap (where it is missing): the registry login, one synthesis, the deploy of that assembly,
+    then `after` (cdk.json's workloads registered)."""
     login = [["docker", "login", "--username", "AWS", "--password-stdin", registry[0]]] if registry else []
     synth = [str(CDK), "synth", "--quiet", "-c", f"env={env}", *context_args, "--output", str(ASSEMBLY)]
     approval = ["--require-approval", "never"] if options.ci else []
-    return [*login, *builds, synth, [str(CDK), "deploy", "--app", str(ASSEMBLY), "--all", *approval, *rest]]
+    return [*login, synth, [str(CDK), "deploy", "--app", str(ASSEMBLY), "--all", *approval, *rest], *after]
 
 
 def _report_subscriptions(config) -> None:

@@ -11,6 +11,7 @@ import json
 import re
 from pathlib import Path
 
+from config import Accelerator
 from config.layout import RUN_INPUT, RUNS_TABLE_KEY, workload_repository_name
 from contracts.run import WorkloadSchema, WorkloadSchemas, known_workloads
 from contracts.workload import NAME_PATTERN, Workload, WorkloadError
@@ -83,7 +84,13 @@ def checked_declaration(args) -> tuple[str, dict, Workload]:
     except WorkloadError as error:
         raise CliError(f"{args.declaration}: {error}") from None
     _pullable(args.declaration, name, workload.image_uri or "", args.env)
-    if environment_config(args.env).compute == "sagemaker" and len(workload.variable) > SAGEMAKER_ENVIRONMENT_VALUE:
+    config = environment_config(args.env)
+    if config.instance.accelerator is not Accelerator.NVIDIA:  # as cdk.json's workloads are refused at synth
+        raise CliError(
+            f"{args.declaration}: {args.env} trains on {config.instance.name} (Trainium); expected a GPU environment: "
+            "this release runs your own training code on GPU instances (docs/workloads.md, 'Where it runs')"
+        )
+    if config.compute == "sagemaker" and len(workload.variable) > SAGEMAKER_ENVIRONMENT_VALUE:
         raise CliError(
             f"{args.declaration}: the declaration reaches the job as WORKLOAD, {len(workload.variable)} characters "
             f"of JSON; expected at most {SAGEMAKER_ENVIRONMENT_VALUE} on SageMaker (one Environment value): shorten "
