@@ -698,3 +698,15 @@ def _all_states(node):
     elif isinstance(node, list):
         for value in node:
             yield from _all_states(value)
+
+
+# A workload registered after the deploy ends as the contract says on EKS too: exit 2 not retried, 143 (stopped on
+# SIGTERM) an attempt failure retried, resuming.
+@pytest.mark.parametrize("outcomes, status, trains", [([2], "FAILED", 1), ([143, True], "SUCCEEDED", 2)])
+def test_a_registered_workloads_exit_codes_end_as_the_contract_says_on_eks(emulator, outcomes, status, trains):
+    emulator.verdict = {**ACCEPTED, "metric": "eval_loss"}
+    register(emulator, "torch-ddp", DDP)
+    emulator.outcomes = {"train": outcomes}
+    result = emulator.run({**RUN, "run_id": f"ddp-{trains}", "workload": "torch-ddp"})
+    assert result["status"] == status, result
+    assert _phases(emulator).count("train") == trains

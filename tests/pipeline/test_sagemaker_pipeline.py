@@ -420,3 +420,15 @@ def test_a_request_its_api_model_refuses_fails_the_test(emulator, monkeypatch, o
     emulator.verdict = ACCEPTED
     with pytest.raises(AssertionError, match=f"would refuse:\n{operation}: refused"):
         emulator.run({**RUN, "run_id": f"refused-{operation.lower()}"})
+
+
+# A workload registered after the deploy ends as the contract says on SageMaker too: exit 2 in its FailureReason not
+# retried, 143 (stopped on SIGTERM) an attempt failure retried.
+@pytest.mark.parametrize("outcomes, status, trains", [([2], "FAILED", 1), ([143, True], "SUCCEEDED", 2)])
+def test_a_registered_workloads_exit_codes_end_as_the_contract_says_on_sagemaker(emulator, outcomes, status, trains):
+    emulator.verdict = {**ACCEPTED, "metric": "eval_loss"}
+    register(emulator, "torch-ddp", DDP)
+    emulator.outcomes = {"train": outcomes}
+    result = emulator.run({**RUN, "run_id": f"ddp-{trains}", "workload": "torch-ddp"})
+    assert result["status"] == status, result
+    assert emulator.kinds().count("train") == trains

@@ -227,3 +227,19 @@ def test_a_retired_workload_refuses_a_new_run_and_resumes_one(emulator):
     emulator.submitted.clear()
     resumed = emulator.run({**RUN, "resume": True})
     assert resumed["status"] == "SUCCEEDED", resumed
+
+
+# SIGTERM (a reclaimed host, a stopped job): the job ends 143, an attempt failure, retried; the next attempt resumes.
+def test_a_registered_workload_stopped_on_sigterm_is_retried(emulator):
+    emulator.verdict = VERDICT
+    emulator.outcomes = {"train": [143, 0]}
+    assert emulator.run(RUN)["status"] == "SUCCEEDED"
+    assert emulator.submitted_kinds() == ["sanity", "train", "train", "validate"]
+
+
+# A NaN metric fails the gate (the validation's verdict: passed false, no value): rejected, never approved.
+def test_a_registered_workloads_nan_metric_is_rejected(emulator):
+    emulator.verdict = {**REJECTED, "metric": "eval_loss", "value": None}
+    result = emulator.run(RUN)
+    assert result["status"] == "FAILED" and result["error"] == "ValidationFailed", result
+    assert approved_model(emulator) is None
