@@ -21,7 +21,7 @@ from config.layout import (
 from constructs import Construct
 from constructs.compute.backend import ComputeBackend
 from constructs.pipeline.reservation_end import Reservation
-from constructs.pipeline.training_pipeline import TrainingPipeline
+from constructs.pipeline.training_pipeline import PipelineOptions, TrainingPipeline
 from contracts.quote import QuoteTerms
 from contracts.run import phases
 from stacks.alerts_stack import AlertsStack
@@ -63,20 +63,22 @@ class PipelineStack(cdk.Stack):
             "TrainingPipeline",
             environment=config.name,
             max_nodes=config.nodes,
-            workers_per_node=config.instance.workers_per_node,
             bucket=storage.data_access.bucket(self),
             runs_table=storage.runs_table,
             topic=alerts.topic,
             runner=runner,
             log_retention=log_retention(config),
             removal_policy=data_removal_policy(config),
-            train_attempt_hours=config.batch_train_timeout_hours,
-            compiles_ahead=compiles_ahead,
-            # SageMaker jobs reading their dataset from S3 mount no file system, where other runs' checkpoints are.
-            initial_models=not (config.compute == "sagemaker" and config.sagemaker_data_source == "s3"),
-            capacity_retries=config.capacity_retries,
-            reservation=_reservation(config),
-            quote=QuoteTerms.of(config),
+            options=PipelineOptions(
+                train_attempt_hours=config.batch_train_timeout_hours,
+                compiles_ahead=compiles_ahead,
+                # SageMaker jobs reading their dataset from S3 mount no file system, where other runs' checkpoints are.
+                initial_models=not (config.compute == "sagemaker" and config.sagemaker_data_source == "s3"),
+                capacity_retries=config.capacity_retries,
+                reservation=_reservation(config),
+                quote=QuoteTerms.of(config),
+                workers_per_node=config.instance.workers_per_node,
+            ),
         )
         compute.attach_pipeline(self, pipeline.state_machine)
         for objects, why in BUCKET_OBJECTS:

@@ -4,6 +4,7 @@ and `quote` checking a run that names a registered workload against its register
 import dataclasses
 import io
 import json
+from typing import Any
 
 import boto3
 import pytest
@@ -308,7 +309,7 @@ def test_a_declaration_too_long_for_a_sagemaker_environment_value_is_refused_the
 
 # The CLI's quote of a registered workload's run prices it by its registered cost model, as QuoteRun does.
 def test_a_registered_workloads_cost_model_prices_its_run(deployed, tmp_path):
-    costed = {
+    costed: dict[str, Any] = {
         "hyperparameters": {
             "max_steps": {"type": "integer", "default": 100, "minimum": 1},
             "batch_size": {"type": "integer", "default": 8, "minimum": 1},

@@ -21,7 +21,7 @@ from constructs.compute.eks.job_runner import EksJobRunner
 from constructs.compute.eks.node_lease import NodeLease
 from constructs.compute.eks.node_scaling import EksNodeScaling, SizedGroup
 from constructs.observability.alarms import MODEL_REJECTED_ERROR
-from constructs.pipeline.training_pipeline import TrainingPipeline, TrainingRetry
+from constructs.pipeline.training_pipeline import PipelineOptions, TrainingPipeline, TrainingRetry
 from contracts.run import CAPACITY_RETRY_MINUTES, PHASES, QUEUE_WAIT_MINUTES, phases, stages, train_state_seconds
 from tests.pipeline.runs import definition, states
 
@@ -58,9 +58,11 @@ def _pipeline(
         runner=runner,
         log_retention=logs.RetentionDays.TWO_WEEKS,
         removal_policy=cdk.RemovalPolicy.DESTROY,
-        train_attempt_hours=train_attempt_hours,
-        training_retry=training_retry,
-        capacity_retries=capacity_retries,
+        options=PipelineOptions(
+            train_attempt_hours=train_attempt_hours,
+            training_retry=training_retry or TrainingRetry(),
+            capacity_retries=capacity_retries,
+        ),
     )
     return Template.from_stack(stack)
 
