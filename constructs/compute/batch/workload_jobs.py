@@ -1,8 +1,8 @@
-"""A declared workload's jobs on Batch (docs/workloads.md): their commands.
+"""A registered workload's jobs on Batch (docs/workloads.md): the commands of the templates its runs copy.
 
-Its sanity job is the platform's own (the same check on the same kind of hosts); its train and validate jobs run the
-workload's image (constructs/compute/shared/workload_images.py) with the declaration in WORKLOAD, where the image's
-launcher reads it.
+Its sanity job is the platform's own (the same check on the same kind of hosts); its train and validate jobs are
+copies of these templates (BatchJobDefinitions.add_workload_templates) that the run's pipeline registers with the
+workload's image and its declaration in WORKLOAD, where the image's launcher reads it (BatchJobRunner.workload_jobs).
 """
 
 from collections.abc import Mapping
