@@ -58,6 +58,8 @@ def _batch_commands(synthesized) -> dict[str, list[str]]:
     commands = {}
     for definition in synthesized.template("compute").find_resources("AWS::Batch::JobDefinition").values():
         props = definition["Properties"]
+        if "-workload-" in props.get("JobDefinitionName", ""):  # the registered workloads' templates: not the trainer's
+            continue
         container = (
             props["NodeProperties"]["NodeRangeProperties"][0]["Container"]
             if "NodeProperties" in props
@@ -91,6 +93,8 @@ def _eks_commands(synthesized, monkeypatch) -> dict[str, list[str]]:
         if "eks:runJob" not in state.get("Resource", ""):
             continue
         container = state["Parameters"]["Job"]["spec"]["template"]["spec"]["containers"][0]
+        if "image.$" in container:  # a registered workload's job (its image from the run's record): not the trainer's
+            continue
         found = re.fullmatch(r"States\.Array\('(\w+)'((?:, [^,)]+)*)\)", container["args.$"])
         assert found, container["args.$"]
         mode, rest = found.groups()

@@ -8,6 +8,7 @@ difference between a clipped gradient of the parallel model (gathered) and the w
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -49,6 +50,10 @@ def main() -> None:
     if rank == 0:
         print(json.dumps({"norm": norm.item(), "expected": expected.item(), "difference": difference}), flush=True)
     dist.destroy_process_group()
+    # End without interpreter finalization: gloo's threads can abort a finished process at exit ("terminate called
+    # without an active exception", pytorch/pytorch#179291); the result is printed before this.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
