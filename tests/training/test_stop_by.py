@@ -42,9 +42,14 @@ def test_a_window_that_ended_is_neither_a_refusal_nor_an_attempt_failure():
     assert NOT_SET == STOP_BY_NONE  # what the pipeline sends without a reservation's end, as the launcher reads it
 
 
+# No periodic checkpoint within any window a test gives (a fast CPU trains the tiny model past 1,000 steps in 30 s):
+# the only checkpoint before the last step is the stop's own.
+EVERY = 10_000_000
+
+
 def _launch_train(data, ckpt, steps: int, *extra: str, **env: str) -> subprocess.CompletedProcess:
     env = th.env(ACCELERATORS_PER_NODE="2", MASTER_PORT=str(th.free_port()), MAX_RESTARTS="0", **env)
-    args = ["--run-id", "window", *th.train_args(data, ckpt, steps=steps, every=1000), *extra]
+    args = ["--run-id", "window", *th.train_args(data, ckpt, steps=steps, every=EVERY), *extra]
     return subprocess.run(
         [th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train", *args],
         env=env,
@@ -68,7 +73,7 @@ def test_a_training_stops_and_saves_before_its_reservation_ends_and_the_next_win
     (summary,) = [json.loads(line)["stop_by"] for line in done.stderr.splitlines() if line.startswith('{"stop_by"')]
     assert summary["margin_seconds"] >= 8.0
     assert datetime.now(UTC) < ends and took < 60  # ended before the window did
-    (stopped_at,) = th.checkpoint_steps(ckpt)  # every 1000 steps: only the stop's own checkpoint
+    (stopped_at,) = th.checkpoint_steps(ckpt)  # only the stop's own checkpoint (EVERY)
     assert 0 < stopped_at < 100_000
     again = _launch_train(dataset, ckpt, stopped_at + 2)
     assert again.returncode == 0, again.stderr[-3000:]
