@@ -53,7 +53,7 @@ STEP_GROUP = "step"
 HYPERPARAMETERS_AS = ("file", "flags")
 LAYOUTS = ("node", "run")  # a degree of parallelism inside one node, or over the whole run (contracts.run.Field)
 # The Dockerfile of a workload built from a folder starts from the platform's image, which carries the launcher,
-# the sanity check and the EFA stack: the stacks pass its URI as this build argument.
+# the sanity check and the EFA stack: `make push-workload` passes its local tag as this build argument.
 PLATFORM_IMAGE_ARG = "PLATFORM_IMAGE"
 # Names reach Batch job definition names, Kubernetes labels and SageMaker job names: short, lower case.
 NAME_PATTERN = WORKLOAD_NAME_PATTERN

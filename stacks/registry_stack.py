@@ -36,9 +36,9 @@ PLATFORM_LOCAL_IMAGE = "efa-training-platform"
 
 
 def platform_image_tag(accelerator: Accelerator) -> str:
-    """The local tag of the platform image built from this tree (`make deploy` builds it before `cdk deploy`): what a
-    declared workload's Dockerfile builds FROM. Named by its content, so a changed platform changes the build argument
-    and with it every workload image's asset hash: they are rebuilt on it."""
+    """The local tag of the platform image built from this tree: what a workload's Dockerfile builds FROM
+    (`make push-workload` builds it first where it is missing: tools/push_workload.py). Named by its content, so a
+    changed platform is a new tag, and a workload pushed on it a new image."""
     digest = hashlib.sha256(DOCKERFILES[accelerator].encode())
     for path in sorted(TRAINING_IMAGE_DIR.rglob("*")):
         relative = path.relative_to(TRAINING_IMAGE_DIR)

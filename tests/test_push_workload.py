@@ -111,3 +111,14 @@ def test_the_ecr_token_is_passed_on_stdin_not_the_command_line(account):
     token = boto3.client("ecr", region_name=REGION).get_authorization_token()["authorizationData"][0]
     password = base64.b64decode(token["authorizationToken"]).decode().split(":", 1)[1]
     assert password not in " ".join(login) and "--password-stdin" in login[-1]
+
+
+def test_a_register_file_that_is_not_json_is_one_line_after_the_push(account, tmp_path, capsys):
+    path = tmp_path / "workload.json"
+    path.write_text("{not json")
+    argv = ["dev", "w", str(ROOT / "examples/torch_ddp"), "--register", str(path)]
+    assert push_workload.main(argv, session=account, out=io.StringIO(), run=Docker(platform_built=True)) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "not a readable JSON declaration" in err and f"{REPOSITORY}@{DIGEST} is pushed" in err
+    )

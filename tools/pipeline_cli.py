@@ -170,7 +170,7 @@ def cmd_quote(args, session, out) -> int:
         session = boto3.Session(region_name=region_of(args.env, args.region))
 
     def registry(run: dict) -> schema.WorkloadSchemas:  # the deployed pipeline's runs table, only where needed
-        if not in_registry(run, declared):
+        if not in_registry(run):
             return {}
         return registered_schemas(Pipeline(args.env, region_of(args.env, args.region), session=session), run)
 
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None, *, session=None, out=None, err=None) -> 
             from config.environment import MAX_NODES
 
             run, declared = read_run(args.run_file), declared_workloads(args.env)
-            if not in_registry(run, declared):  # else its workload's hyperparameters are in the runs table
+            if not in_registry(run):  # else its workload's hyperparameters are in the runs table
                 checked_run(args.run_file, run, max_nodes=MAX_NODES, workloads=declared)
         if args.command == "workload" and args.action == "register":  # so does a bad declaration
             checked_declaration(args)

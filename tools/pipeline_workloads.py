@@ -13,7 +13,7 @@ from pathlib import Path
 
 from config import Accelerator
 from config.layout import RUN_INPUT, RUNS_TABLE_KEY, workload_repository_name
-from contracts.run import WorkloadSchema, WorkloadSchemas, known_workloads
+from contracts.run import WorkloadSchema, known_workloads
 from contracts.workload import NAME_PATTERN, Workload, WorkloadError
 from contracts.workload_registry import (
     NEWEST,
@@ -270,7 +270,7 @@ def _retire(args, pipeline: Pipeline, out) -> int:
 # ---- what `start` and `quote` check a run against ------------------------------------------------------
 
 
-def in_registry(run: object, declared: WorkloadSchemas | None = None) -> bool:
+def in_registry(run: object) -> bool:
     """Whether a run names a workload other than the built-in ones: one only the registry knows (the pipeline reads
     nothing else; cdk.json's `workloads` reach it by being registered). A name no workload may have is left to the
     run contract to refuse."""

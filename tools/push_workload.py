@@ -93,7 +93,16 @@ def main(argv: list[str] | None = None, *, session=None, out=None, run: Run = _d
     if args.register:
         from tools.pipeline_cli import main as cli
 
-        declaration = json.loads(Path(args.register).read_text())
+        try:
+            declaration = json.loads(Path(args.register).read_text())
+        except (OSError, ValueError) as error:  # a missing file, not JSON: one line, the image already pushed
+            print(
+                f"error: {args.register}: not a readable JSON declaration ({error}); {uri} is pushed", file=sys.stderr
+            )
+            return 2
+        if not isinstance(declaration, dict):
+            print(f"error: {args.register}: not a declaration; expected a JSON object", file=sys.stderr)
+            return 2
         with tempfile.NamedTemporaryFile("w", suffix=".json") as registered:
             json.dump({**declaration, "image": {"uri": uri}}, registered)
             registered.flush()

@@ -148,6 +148,14 @@ def cleared(world):
     return world
 
 
+# The DDP example as a user registers it after the deploy: its image pushed to the environment's workload repository.
+WORKLOAD_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev-workloads:torch-ddp-1"
+REGISTERED_DDP = {
+    **json.loads((Path(__file__).resolve().parents[2] / "examples/torch_ddp/workload.json").read_text()),
+    "image": {"uri": WORKLOAD_IMAGE},
+}
+
+
 def register(world, name: str, declaration: dict) -> None:
     """Register a workload in the emulated environment with `pipeline_cli workload register` itself, after the deploy
     (its stacks' outputs naming the emulated runs table)."""

@@ -11,7 +11,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import cast
 
 import boto3
@@ -35,14 +34,22 @@ from config import load_config
 from constructs.compute.eks.node_lease import LEASE_PREFIX
 from constructs.compute.eks.node_scaling import HOLD_TAG
 from contracts.eks.job_templates import RUN_ENDING_EXIT_CODES
-from tests.pipeline.runs import ACCEPTED, RUN, approval, cleared, emulated_account, messages, register, run_item
+from tests.pipeline.runs import (
+    ACCEPTED,
+    REGISTERED_DDP,
+    RUN,
+    WORKLOAD_IMAGE,
+    approval,
+    cleared,
+    emulated_account,
+    messages,
+    register,
+    run_item,
+)
 from tests.sfn_emulator import ACCOUNT, REGION, ROLE_ARN, Emulator
 from tests.synthesis import context
 
-# The DDP example, registered after the deploy by the tests that run it (the template knows no workload).
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev-workloads:torch-ddp-1"
-DDP = {**json.loads((Path(__file__).resolve().parents[2] / "examples/torch_ddp/workload.json").read_text()),
-       "image": {"uri": IMAGE}}  # fmt: skip
+DDP, IMAGE = REGISTERED_DDP, WORKLOAD_IMAGE  # registered after the deploy by the tests that run it
 EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge"}
 # Both tests on one xdist worker: the emulated account (an EKS app loaded into moto) is set up once.
 pytestmark = pytest.mark.xdist_group("eks-pipeline")

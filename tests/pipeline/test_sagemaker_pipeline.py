@@ -14,7 +14,6 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import cast
 
 import boto3
@@ -38,8 +37,10 @@ from contracts.run import FAILURE_REASON_MARKER, QUEUE_WAIT_MINUTES, RUN_ID_MAX_
 from tests import sfn_emulator
 from tests.pipeline.runs import (
     ACCEPTED,
+    REGISTERED_DDP,
     REJECTED,
     RUN,
+    WORKLOAD_IMAGE,
     approval,
     approved_model,
     cleared,
@@ -49,10 +50,7 @@ from tests.pipeline.runs import (
 )
 from tests.sfn_emulator import ACCOUNT, REGION, Emulator
 
-# The DDP example, registered after the deploy by the tests that run it (the template knows no workload).
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev-workloads:torch-ddp-1"
-DDP = {**json.loads((Path(__file__).resolve().parents[2] / "examples/torch_ddp/workload.json").read_text()),
-       "image": {"uri": IMAGE}}  # fmt: skip
+DDP, IMAGE = REGISTERED_DDP, WORKLOAD_IMAGE  # registered after the deploy by the tests that run it
 SAGEMAKER_VARIANT = {"compute": "sagemaker", "sagemaker_spot": "true"}
 # All tests on one xdist worker: the emulated account (a SageMaker app loaded into moto) is set up once.
 pytestmark = pytest.mark.xdist_group("sagemaker-pipeline")

@@ -14,7 +14,9 @@ from contracts.run import validate_run
 from contracts.workload_registry import registrable, schema
 from tests.pipeline.runs import (
     ACCEPTED,
+    REGISTERED_DDP,
     REJECTED,
+    WORKLOAD_IMAGE,
     approval,
     approved_model,
     cleared,
@@ -25,8 +27,7 @@ from tests.pipeline.runs import (
 from tests.sfn_emulator import PREPARED_DATASET, REGION
 
 ROOT = Path(__file__).resolve().parents[2]
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/efa-training-dev-workloads:torch-ddp-1"
-DDP = {**json.loads((ROOT / "examples/torch_ddp/workload.json").read_text()), "image": {"uri": IMAGE}}
+DDP, IMAGE = REGISTERED_DDP, WORKLOAD_IMAGE
 # A second workload, from an image URI, with a free-text hyperparameter.
 NOTED = {
     **DDP,

@@ -289,7 +289,9 @@ class BatchJobRunner:
         return sfn.Chain.start(block), [block]
 
     def _register_state(self, scope: Construct, job: str) -> dict:
-        """A JSONata Task: the template's newest revision with the workload's image and WORKLOAD, under its name."""
+        """A JSONata Task: the template's newest revision with the workload's image and WORKLOAD, under its name. The
+        AWS SDK integration names the action in camelCase and its members in PascalCase, both ways (Step Functions
+        developer guide, "AWS SDK service integrations"; tests/sfn_emulator.py does the same)."""
         name = f"'{self._registered_prefix}' & $states.input.run.registered.name & '-{job}'"
         request = (
             "{% ($d := $states.input.template.definitions; $t := $d[Revision = $max($d.Revision)];"
