@@ -22,6 +22,9 @@ BAD_HOSTS_PENDING = "bad-hosts/pending/"
 HOST_IDENTITY_DIR = "/var/lib/efa-training"
 HOST_IDENTITY_MOUNT = "/etc/efa-training/host"
 INSTANCE_ID_FILE = f"{HOST_IDENTITY_MOUNT}/instance-id"
+# Beside it, a host whose preparation failed names the failed step (host_user_data.py): every job's launcher refuses to
+# run on such a host and names it bad (runtime/bad_hosts.py setup_failure), so the pipeline replaces it.
+HOST_SETUP_FAILED = "setup-failed"
 RUN_COST = "cost.json"  # runs/<run_id>/cost.json: the run's quote beside what its jobs cost, once validated
 RUN_RECORD = "run.json"  # runs/<run_id>/run.json: a readable copy of a run's claim, written once the claim holds
 # The runs table (constructs/storage/runs_table.py; the storage stack's output RUNS_TABLE_OUTPUT names it): the

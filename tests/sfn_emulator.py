@@ -91,6 +91,10 @@ PREPARED_DATASET = "datasets/wikitext/"  # every emulated bucket holds this data
 # guide gives it ("Jobs stuck in RUNNABLE due to capacity").
 BATCH_NO_CAPACITY = "no-capacity"
 BATCH_CAPACITY_CANCEL = "Canceled by JobStateTimeLimit action due to reason: CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY"
+# A job whose last attempt lost its host (a Spot reclaim): the attempt's StatusReason (Batch user guide, "Automated job
+# retries"; the job definitions' HOST_LOST rule).
+BATCH_HOST_LOST = "host-lost"
+HOST_LOST_REASON = "Host EC2 (instance i-0123456789abcdef0) terminated."
 # Transient error codes and their HTTP status, as the services return them.
 FAULT_STATUS = {
     "SlowDown": 503,
@@ -229,7 +233,10 @@ class _ClientProxy:
                     # Step Functions' optimized Batch integration returns the job in PascalCase (its ResultSelector
                     # reads $.JobId); the failure Cause carries the attempts with their exit codes the same way.
                     job["Attempts"] = [
-                        {"Container": {"ExitCode": a.get("container", {}).get("exitCode")}}
+                        {
+                            "Container": {"ExitCode": a.get("container", {}).get("exitCode")},
+                            **({"StatusReason": a["statusReason"]} if "statusReason" in a else {}),
+                        }
                         for a in job.get("attempts", [])
                     ]
                 return response
@@ -471,6 +478,11 @@ class Emulator:
             if outcome == BATCH_NO_CAPACITY:  # cancelled in RUNNABLE by its queue's time limit: it never started
                 job.attempts, job.latest_attempt = [], None
                 job.job_stopped_reason = BATCH_CAPACITY_CANCEL
+                job._mark_stopped(success=False)
+                return
+            if outcome == BATCH_HOST_LOST:  # its instance went away under it: no exit code
+                if job.latest_attempt:
+                    job.latest_attempt["statusReason"] = HOST_LOST_REASON
                 job._mark_stopped(success=False)
                 return
             # True/False: succeeded/failed (exit code 1); an int: the main container's exit code (0 succeeds).

@@ -1,7 +1,10 @@
 """The Batch hosts' preparation alone: the host script (FSx mount, huge pages, accelerator check) and the CloudWatch
 agent's configuration (the metrics the dashboard and the idle alarm read)."""
 
+import subprocess
+
 from config import CATALOGUE
+from config.layout import HOST_IDENTITY_DIR, HOST_SETUP_FAILED
 from constructs.compute.batch.host_user_data import HOST_METRICS_SOURCE, cloudwatch_agent_config, host_commands
 
 
@@ -25,7 +28,7 @@ def test_the_host_hands_its_instance_id_to_its_containers():
         host_commands(instance=CATALOGUE["p5.48xlarge"], fsx_dns_name="d", fsx_mount_name="m", environment="dev")
     )
     assert "latest/meta-data/instance-id > /var/lib/efa-training/instance-id" in script
-    assert script.index("instance-id") < script.index("lustre-client")  # before any step that may power the host off
+    assert script.index("instance-id") < script.index("lustre-client")  # before any step that may fail
 
 
 def test_neuron_host_checks_neuron_devices():
@@ -114,3 +117,35 @@ def test_hosts_without_efa_reserve_no_huge_pages():
         )
     )
     assert "nr_hugepages" not in script and "uverbs" not in script
+
+
+def test_a_failed_step_is_named_for_the_first_job_and_the_host_stays_up(tmp_path):
+    # A host that powered itself off left its job RUNNABLE and Batch launched another, in a loop until the state's
+    # timeout; now the step is written where the job's launcher reads it (runtime/bad_hosts.py setup_failure). Run in
+    # bash: the script's lines up to the instance id, a failing mount after them, `shutdown` a recorder.
+    lines = host_commands(instance=CATALOGUE["p5.48xlarge"], fsx_dns_name="d", fsx_mount_name="m", environment="dev")
+    head = lines[1 : next(i for i, line in enumerate(lines) if "instance-id" in line and ">" in line)]
+    identity = tmp_path / "identity"
+    script = "\n".join(
+        [
+            f"shutdown() {{ touch {tmp_path}/shutdown; }}",
+            "curl() { echo i-0123456789abcdef0; }",
+            *(line.replace(HOST_IDENTITY_DIR, str(identity)).replace("/etc/ecs/", f"{tmp_path}/") for line in head),
+            "mount -t lustre d@tcp:/m /fsx-missing-here",
+            "echo 'not reached'",
+        ]
+    )
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "not reached" not in done.stdout
+    assert "mount -t lustre d@tcp:/m" in (identity / HOST_SETUP_FAILED).read_text()
+    assert not (tmp_path / "shutdown").exists()
+
+
+def test_the_ecs_agent_settings_come_before_any_step_that_may_fail():
+    # A host that stops at a failed step still keeps awsvpc containers from the instance profile (ECS_AWSVPC_BLOCK_IMDS).
+    lines = host_commands(
+        instance=CATALOGUE["p5.48xlarge"], fsx_dns_name="d", fsx_mount_name="m", environment="dev",
+        ecs_stop_timeout_seconds=300,
+    )  # fmt: skip
+    block = next(i for i, line in enumerate(lines) if "ECS_AWSVPC_BLOCK_IMDS=true" in line)
+    assert block < next(i for i, line in enumerate(lines) if line.startswith("trap "))

@@ -8,7 +8,7 @@ import pytest
 
 from config import load_config
 from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_model, messages, queue_of, states
-from tests.sfn_emulator import BATCH_NO_CAPACITY, PREPARED_DATASET
+from tests.sfn_emulator import BATCH_HOST_LOST, BATCH_NO_CAPACITY, PREPARED_DATASET
 from tests.synthesis import context
 
 # ---- the definition executed --------------------------------------------------------------------
@@ -134,6 +134,31 @@ def test_validation_rejecting_fails_without_approval(emulator):
     listed = emulator.s3.list_objects_v2(Bucket=emulator.bucket, Prefix="models/")
     assert listed.get("KeyCount", 0) == 0
     assert [m["outcome"] for m in messages(emulator)] == ["REJECTED"]
+
+
+@pytest.mark.parametrize("spot_failure", [BATCH_NO_CAPACITY, BATCH_HOST_LOST])
+def test_a_validation_spot_had_no_room_for_is_validated_on_demand(emulator, spot_failure):
+    # Batch documents no fall-through from a queue's Spot compute environment to another when EC2 has no Spot
+    # capacity (its queue cancels the job: "Jobs stuck in RUNNABLE due to capacity"), nor keeps a reclaimed host.
+    emulator.verdict = ACCEPTED
+    emulator.outcomes = {"validate": [spot_failure, True]}
+    result = emulator.run(RUN)
+    assert result["status"] == "SUCCEEDED", result
+    queues = [job["jobQueue"] for job in emulator.submitted if job["jobName"].endswith("validate")]
+    assert [q.rsplit("/", 1)[-1] for q in queues] == [
+        "efa-training-dev-single-node",
+        "efa-training-dev-single-node-on-demand",
+    ]
+
+
+def test_a_validation_that_fails_by_itself_on_spot_is_not_run_again_on_demand(emulator):
+    # Exit 1 is the validation's own failure: on demand it would fail the same way, at the on-demand price.
+    emulator.verdict = ACCEPTED
+    emulator.outcomes = {"validate": [False, True]}
+    result = emulator.run(RUN)
+    assert result["status"] == "FAILED" and result.get("error") == "ValidationJobFailed", result
+    assert emulator.submitted_kinds() == ["sanity", "train", "validate"]
+    assert approved_model(emulator) is None
 
 
 def test_sanity_failing_twice_stops_before_training(emulator):
@@ -362,7 +387,7 @@ def test_defaults_fill_in_what_the_run_omits(emulator):
 # ---- contracts between the stacks, in the definition ------------------------------------------------
 
 
-def test_validation_falls_back_to_the_batch_stacks_on_demand_queue_when_spot_fails(synth):
+def test_validation_falls_back_to_the_batch_stacks_on_demand_queue_when_spot_has_no_capacity(synth):
     # Batch documents no fall-through between a queue's compute environments when EC2 has no Spot capacity,
     # so a failed Spot attempt is caught and the job is submitted once more, to the Batch stack's on-demand queue.
     template = synth().raw("pipeline")
@@ -372,7 +397,7 @@ def test_validation_falls_back_to_the_batch_stacks_on_demand_queue_when_spot_fai
     assert on_spot["Catch"][0] == {
         "ErrorEquals": ["States.TaskFailed"],
         "ResultPath": "$.spot_failure",
-        "Next": "ValidateOnDemand",
+        "Next": "ValidateIsSpotFailureReadable",
     }
     assert on_spot["Parameters"]["JobDefinition"] == on_demand["Parameters"]["JobDefinition"]
     # The Batch stack's queues by their fixed names (config.layout.batch_name), formatted into ARNs here.

@@ -105,7 +105,7 @@ def test_every_task_has_a_timeout_and_a_catch(pipeline):
     assert train_branch["States"]["TrainJob"]["TimeoutSecondsPath"] == "$.timeouts.train"
 
 
-def test_validation_falls_back_to_the_on_demand_queue_when_spot_fails(pipeline):
+def test_validation_falls_back_to_the_on_demand_queue_when_spot_has_no_capacity(pipeline):
     # A failed Spot attempt is caught and the same job definition goes to the runner's on-demand queue.
     (branch,) = states(pipeline)["Validate"]["Branches"]
     on_spot, on_demand = branch["States"]["ValidateOnSpot"], branch["States"]["ValidateOnDemand"]
@@ -113,7 +113,7 @@ def test_validation_falls_back_to_the_on_demand_queue_when_spot_fails(pipeline):
     assert on_spot["Catch"][0] == {
         "ErrorEquals": ["States.TaskFailed"],
         "ResultPath": "$.spot_failure",
-        "Next": "ValidateOnDemand",
+        "Next": "ValidateIsSpotFailureReadable",
     }
     assert on_spot["Parameters"]["JobDefinition"] == on_demand["Parameters"]["JobDefinition"]
 

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from config.layout import BAD_HOSTS_PENDING
+from config.layout import BAD_HOSTS_PENDING, HOST_SETUP_FAILED
 from efa_training.runtime import bad_hosts
+from efa_training.runtime.errors import EXIT_HOST_UNPREPARED
 from efa_training.runtime.launch import process, watchdog
 from efa_training.runtime.launch.watchdog import Watchdog
 from efa_training.runtime.sanity import health
@@ -209,3 +210,36 @@ def test_the_straggler_persistence_is_the_alarms():
 
     assert stragglers.PERSIST_RATIO == STRAGGLER_RATIO
     assert STRAGGLER_PERIODS * PROGRESS_PERIOD.to_seconds() == stragglers.PERSIST_SECONDS
+
+
+def test_the_setup_failure_file_is_the_one_the_host_writes():
+    assert bad_hosts.SETUP_FAILED == HOST_SETUP_FAILED
+
+
+def test_a_job_on_a_host_whose_preparation_failed_names_it_bad_and_runs_nothing(tmp_path, monkeypatch):
+    # A Batch host that failed a step says which beside its instance id (constructs/compute/batch/host_user_data.py):
+    # the launcher refuses the host before anything starts, and records it for the pipeline to replace.
+    from efa_training.runtime.launch import cli
+
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "instance-id").write_text("i-0123456789abcdef0\n")
+    (host / HOST_SETUP_FAILED).write_text("line 31: mount -t lustre fs@tcp:/abc /fsx\n")
+    monkeypatch.setenv("INSTANCE_ID_FILE", str(host / "instance-id"))
+    monkeypatch.setenv("REPORT_PREFIX", str(tmp_path / "runs"))
+    ran = tmp_path / "ran"
+    monkeypatch.setattr(cli, "_run", lambda *args: ran.write_text("ran") or 0)
+    assert cli.main(["validate", "--run-id", "run-7", "--checkpoint", str(tmp_path / "ckpt")]) == EXIT_HOST_UNPREPARED
+    assert not ran.exists()
+    (record,) = _pending(tmp_path)
+    doc = json.loads(record.read_text())
+    assert record.name == "i-0123456789abcdef0" and "mount -t lustre" in doc["why"]
+
+
+def test_a_prepared_host_runs_its_job(tmp_path, monkeypatch):
+    from efa_training.runtime.launch import cli
+
+    (tmp_path / "instance-id").write_text("i-0123456789abcdef0\n")
+    monkeypatch.setenv("INSTANCE_ID_FILE", str(tmp_path / "instance-id"))
+    monkeypatch.setattr(cli, "_run", lambda *args: 0)
+    assert cli.main(["validate", "--run-id", "run-7", "--checkpoint", str(tmp_path / "ckpt")]) == 0

@@ -12,8 +12,12 @@ What it does, in order (every step logs to /var/log/efa-training-host.log and th
 5. the CloudWatch agent: `nvidia_gpu` (nvidia_smi_* in CWAgent) and `efa` metrics; on Neuron hosts also the
    project's own per-host NeuronCore utilisation (training_image/efa_training/runtime/host_metrics.py reads neuron-monitor's JSON and sends
    EMF lines to the agent's EMF listener); constructs/observability/accelerator_metrics.py names what dashboards read.
-A failed step powers the host off (terminate on shutdown, see EfaLaunchTemplate), so Batch replaces it
-instead of running a job on a broken node.
+A failed step writes what failed to HOST_IDENTITY_DIR/HOST_SETUP_FAILED and stops there. The host still joins its
+compute environment, and the first job that lands on it refuses to run there: its launcher names the host bad
+(runtime/bad_hosts.py setup_failure, exit 8) and the pipeline terminates it before the retry (quarantine.py), within
+the stage's quarantine retries. A host that powered itself off instead left its job RUNNABLE, and Batch launched
+another host for it, and another, until the state's timeout: hours of accelerator instances that never ran a job.
+The ECS agent settings come first, so a host that stops early still keeps containers from the instance profile.
 """
 
 import json
@@ -22,7 +26,7 @@ from pathlib import Path
 import aws_cdk.aws_ec2 as ec2
 
 from config import Accelerator, InstanceType
-from config.layout import FSX_MOUNT_PATH, HOST_IDENTITY_DIR
+from config.layout import FSX_MOUNT_PATH, HOST_IDENTITY_DIR, HOST_SETUP_FAILED
 from constructs.observability.accelerator_metrics import CWAGENT, ENVIRONMENT_DIMENSION, batch_host_metrics_log_group
 
 # EC2 user guide, EFA: 5128 pages of 2 MiB for the libfabric EFA provider's registered buffers.
@@ -87,11 +91,14 @@ def host_commands(
     ecs_stop_timeout_seconds: int | None = None,
 ) -> list[str]:
     """The shell lines (bash, set -euo pipefail) that prepare one host; tokens are allowed in the FSx names."""
+    failed = f"{HOST_IDENTITY_DIR}/{HOST_SETUP_FAILED}"
     lines = [
         f"exec > >(tee -a {LOG} | logger -t efa-training-host -s 2>/dev/console) 2>&1",
         "set -euo pipefail",
-        "# A host that fails a check powers off; the launch template makes that a termination, so Batch replaces it.",
-        "trap 'echo \"efa-training host preparation failed at line $LINENO\"; shutdown -h now' ERR",
+        *_ecs_settings(ecs_stop_timeout_seconds),
+        "# A host that fails a step says which, for the first job on it to refuse the host (config/layout.py).",
+        f'trap \'echo "efa-training host preparation failed at line $LINENO: $BASH_COMMAND"; mkdir -p {HOST_IDENTITY_DIR}; '
+        f'echo "line $LINENO: $BASH_COMMAND" > {failed}\' ERR',
         "TOKEN=$(curl -sS -X PUT http://169.254.169.254/latest/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')",
         'AWS_REGION=$(curl -sS -H "X-aws-ec2-metadata-token: $TOKEN" http://169.254.169.254/latest/meta-data/placement/region)',
         "# 0. this host's instance id for its containers, which cannot reach the metadata service: a bad-host record",
@@ -140,15 +147,22 @@ def host_commands(
             "/opt/aws/neuron/bin/neuron-ls",
         ]
     lines += metrics_agent_commands(instance, environment)
-    if ecs_stop_timeout_seconds:
+    lines.append("echo 'efa-training host ready'")
+    return lines
+
+
+def _ecs_settings(ecs_stop_timeout_seconds: int | None) -> list[str]:
+    """The multi-node hosts' ECS agent settings, written before any step that may fail."""
+    if not ecs_stop_timeout_seconds:
+        return []
+    return [
         # ECS waits this long between SIGTERM and SIGKILL (default 30 s): time for the final checkpoint.
-        lines.append(f"echo 'ECS_CONTAINER_STOP_TIMEOUT={ecs_stop_timeout_seconds}s' >> /etc/ecs/ecs.config")
+        f"echo 'ECS_CONTAINER_STOP_TIMEOUT={ecs_stop_timeout_seconds}s' >> /etc/ecs/ecs.config",
         # Multi-node jobs run in awsvpc mode (Batch user guide, "Compute environments for multi-node parallel
         # jobs"): keep their containers from the instance profile; they use the job role (ECS developer guide,
         # "Amazon ECS container instance security considerations": ECS_AWSVPC_BLOCK_IMDS).
-        lines.append("echo 'ECS_AWSVPC_BLOCK_IMDS=true' >> /etc/ecs/ecs.config")
-    lines.append("echo 'efa-training host ready'")
-    return lines
+        "echo 'ECS_AWSVPC_BLOCK_IMDS=true' >> /etc/ecs/ecs.config",
+    ]
 
 
 def metrics_agent_commands(instance: InstanceType, environment: str) -> list[str]:

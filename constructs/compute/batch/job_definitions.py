@@ -47,8 +47,12 @@ MEMORY_SHARE = 0.9
 # Batch evaluates at most 5 rules, in order, and retries when none matches (API_EvaluateOnExit:
 # https://docs.aws.amazon.com/batch/latest/APIReference/API_EvaluateOnExit.html). Infrastructure
 # failures are retried; the application's own failures (any exit code) and anything else exit.
+# An attempt whose host went away, a Spot reclaim among them (Batch user guide, "Automated job retries": "Amazon EC2
+# instance failure or termination"): its StatusReason "Host EC2 (instance <id>) terminated." (AWS Compute Blog,
+# "Introducing retry strategies for AWS Batch": onStatusReason "Host EC2*").
+HOST_LOST = "Host EC2*"
 RETRY_RULES: tuple[tuple[batch.Action, dict], ...] = (
-    (batch.Action.RETRY, {"on_status_reason": "Host EC2*"}),  # host terminated or Spot reclaimed
+    (batch.Action.RETRY, {"on_status_reason": HOST_LOST}),  # host terminated or Spot reclaimed
     (batch.Action.RETRY, {"on_reason": "CannotPullContainerError*"}),  # registry or network hiccup
     (batch.Action.RETRY, {"on_status_reason": "Task failed to start*"}),  # CannotStartContainerError and friends
     (batch.Action.EXIT, {"on_exit_code": "*"}),  # the training code failed: retrying repeats it

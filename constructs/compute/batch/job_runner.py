@@ -11,7 +11,7 @@ import aws_cdk.aws_stepfunctions_tasks as tasks
 from config.layout import batch_name, stack_name
 from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, JobKind, task_timeout
-from constructs.compute.batch.job_definitions import RETRY_RULES
+from constructs.compute.batch.job_definitions import HOST_LOST, RETRY_RULES
 from constructs.compute.shared.bad_hosts import acknowledge_terminate, grant_terminate, terminate_instance
 from constructs.nag import acknowledge, acknowledge_iam, shown_arn
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
@@ -35,6 +35,49 @@ def _host_loss_rules() -> list[dict]:
     """
     keys = {"on_status_reason": "OnStatusReason", "on_reason": "OnReason", "on_exit_code": "OnExitCode"}
     return [{**{keys[k]: v for k, v in on.items()}, "Action": action.value} for action, on in RETRY_RULES]
+
+
+SPOT_JOB_FAILED = "SpotJobFailed"  # a single-node job failed on Spot by itself: its error out of the fallback block
+
+
+def _for_capacity(scope: Construct, id_: str, on_demand: sfn.IChainable) -> sfn.Choice:
+    """Where a failed Spot job goes (its DescribeJobs entry in `$.spot_failure.Cause`): on demand when its queue
+    cancelled it for want of capacity (BATCH_CAPACITY_REASON) or its last attempt lost its host (a Spot reclaim:
+    HOST_LOST, the job definitions' own retry rule); else its failure again, as it came."""
+    cause = "$.spot_failure.Cause"
+    # Its Cause as it came; a Fail state's error may not be one of the States.* names (ASL, "Errors").
+    failed = sfn.Fail(scope, f"{id_}FailedOnSpot", error=SPOT_JOB_FAILED, cause_path=cause)
+    # Beside the run's state, which the on-demand submission reads as the Spot one did.
+    parse = sfn.Pass(
+        scope,
+        f"{id_}ReadSpotFailure",
+        parameters={"job.$": f"States.StringToJson({cause})"},
+        result_path="$.spot_read",
+    )
+    attempts = "$.spot_read.job.Attempts"
+    last = sfn.Pass(
+        scope,
+        f"{id_}SpotLastAttempt",
+        parameters={"last.$": f"States.ArrayGetItem({attempts}, States.MathAdd(States.ArrayLength({attempts}), -1))"},
+        result_path="$.spot_read",
+    )
+    host_lost = sfn.Choice(scope, f"{id_}WasSpotHostLost")
+    host_lost.when(_matches("$.spot_read.last.StatusReason", HOST_LOST), on_demand).otherwise(failed)
+    parse.next(
+        sfn.Choice(scope, f"{id_}WasSpotOutOfCapacity")
+        .when(_matches("$.spot_read.job.StatusReason", BATCH_CAPACITY_REASON), on_demand)
+        .when(sfn.Condition.is_present(f"{attempts}[0]"), last.next(host_lost))
+        .otherwise(failed)
+    )
+    is_json = sfn.Condition.and_(sfn.Condition.is_string(cause), sfn.Condition.string_matches(cause, "{*}"))
+    return sfn.Choice(scope, f"{id_}IsSpotFailureReadable").when(is_json, parse).otherwise(failed)
+
+
+def _matches(path: str, pattern: str) -> sfn.Condition:
+    """`path` is there, a string, and matches `pattern` (Choice rules fail on a missing or non-string variable)."""
+    return sfn.Condition.and_(
+        sfn.Condition.is_present(path), sfn.Condition.is_string(path), sfn.Condition.string_matches(path, pattern)
+    )
 
 
 class BatchJobRunner:
@@ -105,12 +148,7 @@ class BatchJobRunner:
                 "last.$": "States.ArrayGetItem($.job.Attempts, States.MathAdd(States.ArrayLength($.job.Attempts), -1))",
             },
         )
-        status_reason = "$.job.StatusReason"
-        cancelled = sfn.Condition.and_(
-            sfn.Condition.is_present(status_reason),
-            sfn.Condition.is_string(status_reason),
-            sfn.Condition.string_matches(status_reason, BATCH_CAPACITY_REASON),
-        )
+        cancelled = _matches("$.job.StatusReason", BATCH_CAPACITY_REASON)
         has_attempts = (
             sfn.Choice(scope, f"{id_}HasAttempts")
             .when(cancelled, ends.no_capacity)
@@ -164,9 +202,10 @@ class BatchJobRunner:
                 result_path=result_path,
                 timeout=timeout,
             )
-        # One state from the outside (the pipeline adds Retry/Catch to it): a Spot attempt, and when it fails
-        # (no Spot capacity within the queue's wait, a reclaimed host beyond the job's own retries, or the job
-        # itself) one more on on-demand capacity, so a trained model is never left unvalidated for want of Spot.
+        # One state from the outside (the pipeline adds Retry/Catch to it): a Spot attempt, and when Spot failed it
+        # (no Spot capacity within the queue's wait, a reclaimed host beyond the job's own retries) one more on
+        # on-demand capacity, so a trained model is never left unvalidated for want of Spot. A job that failed by
+        # itself (an exit code) fails the block as it is: on demand it would fail the same way, at a higher price.
         on_spot = self._submit_state(
             scope,
             f"{id_}OnSpot",
@@ -191,13 +230,15 @@ class BatchJobRunner:
             result_path="$",
             timeout=timeout,
         )
-        on_spot.add_catch(on_demand, errors=["States.TaskFailed"], result_path="$.spot_failure")
+        on_spot.add_catch(
+            _for_capacity(scope, id_, on_demand), errors=["States.TaskFailed"], result_path="$.spot_failure"
+        )
         parallel = sfn.Parallel(
             scope,
             id_,
             result_path=result_path,
             result_selector={key: f"$[0].{key[:-2]}" for key in ("JobId.$", "JobName.$", "Status.$")},
-            comment=f"{job}: on Spot, then on-demand if the Spot attempt fails",
+            comment=f"{job}: on Spot, then on-demand if Spot had no capacity or lost the host",
         )
         parallel.branch(on_spot)
         return parallel

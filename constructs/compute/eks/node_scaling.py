@@ -31,17 +31,13 @@ import aws_cdk.aws_stepfunctions_tasks as tasks
 from constructs import Construct
 from constructs.compute.backend import TRAINING
 from constructs.compute.eks.node_lease import HOLDER, NodeLease
-from constructs.compute.eks.node_wait import training_nodes_wait
+from constructs.compute.eks.node_wait import IN_USE, UPDATE_TRIES, UPDATE_WAIT, TrainingGroup, training_nodes_wait
 from constructs.nag import acknowledge, acknowledge_iam, acknowledge_log_group_encryption, shown_arn
 
 C = sfn.Condition
 J = sfn.JsonPath
-# EKS API errors worth another try: 5xx and throttling (modelled, and the service's base exception); a node group
-# in the middle of another update answers ResourceInUseException (EKS API reference, UpdateNodegroupConfig).
+# EKS API errors worth another try: 5xx and throttling (modelled, and the service's base exception).
 TRANSIENT = ("Eks.ServerException", "Eks.ServiceUnavailableException", "Eks.EksException", "States.Timeout")
-IN_USE = "Eks.ResourceInUseException"
-UPDATE_WAIT = cdk.Duration.seconds(30)
-UPDATE_TRIES = 20  # 10 minutes of another update in progress
 CALL_TIMEOUT = cdk.Duration.minutes(2)
 RECONCILE_EVERY = cdk.Duration.minutes(5)
 # A node group tagged HoldUntil=<UTC time like 2026-11-27T18:00:00Z> (`aws eks tag-resource`) is left up until then:
@@ -77,11 +73,11 @@ class EksNodeScaling:
         self, scope: Construct, id_: str, *, errors: tuple[str, str]
     ) -> tuple[sfn.State, sfn.INextable]:
         """The training nodes in service before a multi-node job (node_wait.py), `training_wait_minutes` at most."""
+        training = self._groups[TRAINING]
         return training_nodes_wait(
             scope,
             id_,
-            cluster_name=self._cluster,
-            nodegroup=self._groups[TRAINING].nodegroup,
+            group=TrainingGroup(self._cluster, training.nodegroup, training.max_size),
             minutes=self._training_wait,
             errors=errors,
         )

@@ -30,6 +30,7 @@ REPORT_PREFIX_VARIABLE = "REPORT_PREFIX"
 INSTANCE_ID_FILE_VARIABLE = "INSTANCE_ID_FILE"
 NODE_NAME_VARIABLE = "NODE_NAME"
 INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
+SETUP_FAILED = "setup-failed"  # config/layout.py HOST_SETUP_FAILED (tests hold the two equal)
 
 
 def host_identity(env: Mapping[str, str]) -> dict:
@@ -51,6 +52,18 @@ def _instance_id(file: str) -> str | None:
     except (OSError, UnicodeDecodeError):
         return None
     return text if INSTANCE_ID.fullmatch(text) else None
+
+
+def setup_failure(env: Mapping[str, str]) -> str | None:
+    """What failed in this host's preparation (the file a Batch host writes beside its instance id when a step
+    fails: config/layout.py HOST_SETUP_FAILED), or None: a prepared host, or one that hands over nothing."""
+    file = env.get(INSTANCE_ID_FILE_VARIABLE, "")
+    if not file:
+        return None
+    try:
+        return _one_line(Path(file).with_name(SETUP_FAILED).read_text(errors="replace")) or "a step failed"
+    except OSError:
+        return None
 
 
 def record(

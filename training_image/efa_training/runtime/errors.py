@@ -37,6 +37,7 @@ EXIT_FOLDER_LOCKED = 5
 EXIT_REPORT_NOT_WRITTEN = 3  # sanity_check.py: the checks passed, the report was not written
 EXIT_HUNG = 6  # runtime/launch/watchdog.py: no progress past the limit; the stacks are in the log (retried)
 EXIT_WINDOW_ENDED = 7  # runtime/launch/stop_by.py: stopped before the reservation ends, checkpoint saved
+EXIT_HOST_UNPREPARED = 8  # runtime/launch/cli.py: this host's preparation failed; named bad, not run on (retried)
 EXIT_STOPPED = 143  # 128 + SIGTERM: train.py stopped cleanly on request (SIGINT too), after a final checkpoint
 
 FAILURE_REASON_MARKER = "efa-training exit code "
@@ -48,6 +49,7 @@ EXIT_MEANINGS = {
     EXIT_FOLDER_LOCKED: "checkpoint folder locked by another live job",
     EXIT_HUNG: "hung: no progress past the watchdog's limit (every worker's stacks are in the log)",
     EXIT_WINDOW_ENDED: "the reservation's window ends: stopped after a checkpoint, resumable in the next window",
+    EXIT_HOST_UNPREPARED: "this host's preparation failed: named bad for the pipeline to replace, nothing run on it",
     EXIT_STOPPED: "stopped (143) on SIGTERM after writing a final checkpoint",
 }
 

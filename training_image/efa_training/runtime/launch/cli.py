@@ -55,7 +55,14 @@ import runpy
 import sys
 from dataclasses import asdict
 
-from efa_training.runtime.errors import EXIT_USAGE, EXIT_WINDOW_ENDED, UsageError, exit_with_usage_error
+from efa_training.runtime import bad_hosts
+from efa_training.runtime.errors import (
+    EXIT_HOST_UNPREPARED,
+    EXIT_USAGE,
+    EXIT_WINDOW_ENDED,
+    UsageError,
+    exit_with_usage_error,
+)
 from efa_training.runtime.launch.command import Launch, prepare
 from efa_training.runtime.launch.modes import DISTRIBUTED_MODES, SINGLE_MODES, VERSION_FILE
 from efa_training.runtime.launch.neuron_compile import mark_compiled
@@ -86,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         exit_with_usage_error("launch.py", err)
     if launch.env.get("LAUNCH_DRY_RUN") == "1":
         return _dry_run(launch)
+    if (unprepared := _unprepared_host(mode, launch, script_args)) is not None:
+        return unprepared
     if launch.stop_by is not None and launch.stop_by.seconds_left() <= 0:
         line = f"the reservation ends too soon to train and save ({launch.stop_by.summary()})"
         print(f"launch.py: {line}", file=sys.stderr, flush=True)
@@ -106,6 +115,19 @@ def main(argv: list[str] | None = None) -> int:
     if launch.tracker is not None:  # what is queued for MLflow, waited for a bounded time
         launch.tracker.close("FINISHED" if code == 0 else "FAILED")
     return code
+
+
+def _unprepared_host(mode: str, launch: Launch, script_args: list[str]) -> int | None:
+    """A host whose preparation failed (runtime/bad_hosts.py setup_failure) runs nothing: it is named bad, for the
+    pipeline to replace before the retry, and the job ends EXIT_HOST_UNPREPARED; None on a prepared host."""
+    failed = bad_hosts.setup_failure(launch.env)
+    if failed is None:
+        return None
+    line = f"this host's preparation failed ({failed}): {mode} not run on it"
+    run_id = flag_value(script_args, "--run-id") or launch.env.get("RUN_ID")
+    bad_hosts.record(launch.env, run_id, line, [failed])
+    print(f"launch.py: {line}", file=sys.stderr, flush=True)
+    return EXIT_HOST_UNPREPARED
 
 
 def _run(mode: str, launch: Launch, script_args: list[str], may_exec: bool) -> int:
