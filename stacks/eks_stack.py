@@ -134,13 +134,8 @@ class EksStack(cdk.Stack):
         self.job_queue_names: list[str] = []  # Jobs go straight to the cluster
         self._log_retention = log_retention(config)
         cdk.CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
-        cdk.CfnOutput(
-            self,
-            "KubeconfigCommand",
-            value=cdk.Fn.join(
-                "", ["aws eks update-kubeconfig --region ", self.region, " --name ", self.cluster.cluster_name]
-            ),
-        )
+        command, description = kubeconfig_command(self.region, self.cluster.cluster_name, config.eks_admin_role_arns)
+        cdk.CfnOutput(self, "KubeconfigCommand", value=command, description=description)
 
     def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:
         """What no pipeline state can catch (a timed-out or aborted execution): node groups to 0 when none runs."""
@@ -151,6 +146,24 @@ class EksStack(cdk.Stack):
             pipeline=state_machine,
             log_retention=self._log_retention,
         )
+
+
+def kubeconfig_command(region: str, cluster_name: str, admin_role_arns: tuple[str, ...]) -> tuple[str, str]:
+    """`aws eks update-kubeconfig` for the cluster, as the first role of eks_admin_role_arns (the roles
+    EksTrainingCluster gives an AmazonEKSClusterAdminPolicy access entry), and the output's description. --role-arn:
+    the role kubectl authenticates as, "Otherwise, the IAM entity in your default AWS CLI or SDK credential chain is
+    used" (AWS CLI reference, `aws eks update-kubeconfig`); an IAM user of eks_admin_role_arns is no role to assume."""
+    command = ["aws eks update-kubeconfig --region ", region, " --name ", cluster_name]
+    roles = [arn for arn in admin_role_arns if ":role/" in arn]
+    if not roles:
+        return cdk.Fn.join("", command), (
+            "No role in eks_admin_role_arns: add --role-arn <a role with an access entry on the cluster> (set "
+            "eks_admin_role_arns, docs/eks.md kubectl access), or run it as the IAM user eks_admin_role_arns names"
+        )
+    return cdk.Fn.join("", [*command, " --role-arn ", roles[0]]), (
+        "kubectl as the first role of eks_admin_role_arns (cluster admin). Leave --role-arn out where your "
+        "credentials already are that role's: a role assumes itself only where its own trust policy allows it"
+    )
 
 
 if TYPE_CHECKING:  # the type checker holds this stack to the seam the pipeline and observability stacks take

@@ -211,7 +211,8 @@ def test_the_exit_codes_docs_workloads_states_are_the_run_contracts():
     (window,) = _find("workloads.md", r"(\d+) stopped before the reservation ends")
     assert int(window) == WINDOW_ENDED_EXIT_CODE
     hung, stopped = _find("workloads.md", r"(\d+) \(hung\) and (\d+) \(stopped on SIGTERM\) included")
-    assert {int(hung), int(stopped)}.isdisjoint({*REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE})
+    (unprepared,) = _find("workloads.md", r"and (\d+), which the platform's launcher ends a job with on a Batch host")
+    assert {int(hung), int(stopped), int(unprepared)}.isdisjoint({*REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE})
 
 
 def test_stage_timeouts_the_docs_state_are_the_run_contracts():

@@ -6,10 +6,10 @@ instance id on Batch, the Kubernetes node name on EKS, the host name on SageMake
 training attempt, before its failure is classified, these states list the run's pending records. Where there are
 any, each host is taken out by the backend (JobRunner.quarantine_host: Batch terminates the instance, so its compute
 environment launches a fresh one; EKS cordons and taints the node, then terminates its instance, which the node
-group replaces; SageMaker does nothing, as each job gets fresh instances), its record is moved to the run's list
-(`runs/<run_id>/bad-hosts/<id>`) and the environment's (`bad-hosts/<id>`), and the attempt fails as HostsQuarantined,
-which the pipeline retries 30 seconds later without counting it among the run's failed attempts (at most
-QUARANTINE_RETRIES times a stage).
+group replaces, even when the cordon fails; SageMaker does nothing, as each job gets fresh instances), its record is
+moved to the run's list (`runs/<run_id>/bad-hosts/<id>`) and the environment's (`bad-hosts/<id>`), and the attempt
+fails as HostsQuarantined, which the pipeline retries 30 seconds later without counting it among the run's failed
+attempts (at most QUARANTINE_RETRIES times a stage).
 
 Quarantine never stops a run: a listing that fails leaves the failure to be classified as before, and a host the
 backend could not take out (already gone, a refused call) still has its record moved, with the error beside it.

@@ -142,7 +142,7 @@ def test_a_failed_step_is_named_for_the_first_job_and_the_host_stays_up(tmp_path
 
 
 def test_the_ecs_agent_settings_come_before_any_step_that_may_fail():
-    # A host that stops at a failed step still keeps awsvpc containers from the instance profile (ECS_AWSVPC_BLOCK_IMDS).
+    # A host that stops at a failed step still keeps awsvpc containers from the host role (ECS_AWSVPC_BLOCK_IMDS).
     lines = host_commands(
         instance=CATALOGUE["p5.48xlarge"], fsx_dns_name="d", fsx_mount_name="m", environment="dev",
         ecs_stop_timeout_seconds=300,

@@ -219,6 +219,19 @@ def test_a_cluster_created_without_the_key_is_replaced_by_the_next_deploy():
     assert ("Eks", cluster) in redeploy(before, after, "us-east-1").replaced
 
 
+def test_the_cluster_stays_in_standard_support_and_gets_there_in_place():
+    # STANDARD: upgraded at the end of standard support instead of billed for extended support per cluster hour (EKS
+    # user guide, "View current cluster upgrade policy"; the CloudFormation default is EXTENDED). UpgradePolicy is not
+    # create-only (AWS::EKS::Cluster's resource schema, bundled with cfn-lint; "Update requires: No interruption"):
+    # a cluster deployed without it is updated in place, not replaced with its node groups and access entries.
+    _cluster(NVIDIA).has_resource_properties("AWS::EKS::Cluster", {"UpgradePolicy": {"SupportType": "STANDARD"}})
+    after = {"Eks": dict(_cluster(NVIDIA).to_json())}
+    before = copy.deepcopy(after)
+    cluster = _logical_id(_cluster(NVIDIA), "AWS::EKS::Cluster")
+    del before["Eks"]["Resources"][cluster]["Properties"]["UpgradePolicy"]
+    assert ("Eks", cluster) not in redeploy(before, after, "us-east-1").replaced
+
+
 def test_the_cluster_name_is_the_stacks_and_its_own():
     # Fixed by the stack, not generated: the stack's name, the construct's id and the first group of the stack's
     # UUID (a group a destroyed stack kept never collides with the next stack's cluster).

@@ -6,13 +6,21 @@ import json
 
 import aws_cdk as cdk
 import aws_cdk.aws_eks_v2 as eks
+import aws_cdk.aws_stepfunctions as sfn
 import pytest
+from aws_cdk.assertions import Template
 
 from config import CATALOGUE
-from constructs.compute.eks.job_runner import EksJobRunner
+from constructs.compute.eks.job_runner import (
+    VALIDATION_FAILED,
+    VALIDATION_FAILURE_RULES,
+    VALIDATION_PLATFORM_FAILED,
+    EksJobRunner,
+)
 from contracts.eks.job_templates import NODE_NAME, indexed_job
 from contracts.run import REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE, stages
 from k8s import render
+from tests.pipeline.runs import states
 from tests.synthesis import ROOT
 
 P5 = CATALOGUE["p5.48xlarge"]
@@ -25,10 +33,23 @@ def rendered(*argv: str) -> dict:
     return json.loads(out.getvalue())
 
 
-def runner() -> EksJobRunner:
-    stack = cdk.Stack()
-    cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="training")
+def runner(stack: cdk.Stack | None = None) -> EksJobRunner:
+    stack = stack or cdk.Stack()
+    cluster = eks.Cluster.from_cluster_attributes(
+        stack,
+        "Cluster",
+        cluster_name="training",
+        cluster_endpoint="https://example",
+        cluster_certificate_authority_data="ca",
+    )
     return EksJobRunner(cluster=cluster, instance=P5, image="image:tag", max_nodes=4)
+
+
+def machine_states(build) -> dict:
+    """The states of a state machine made of what `build(stack)` returns, in a bare stack."""
+    stack = cdk.Stack()
+    sfn.StateMachine(stack, "Machine", definition_body=sfn.DefinitionBody.from_chainable(build(stack)))
+    return states(Template.from_stack(stack).to_json())
 
 
 # Pipeline parameters become launcher flags after the phase, resolved per execution.
@@ -143,9 +164,63 @@ def test_a_job_ends_itself_after_one_attempts_time(job):
 def test_a_run_ending_exit_code_fails_the_job_with_a_message_naming_it(job):
     # The pod failure policy's FailJob rule (Kubernetes docs, "Handling retriable and non-retriable pod failures with
     # Pod failure policy") puts the code in the Job's Failed condition, where the pipeline reads it
-    # (constructs/pipeline/train_attempt.py EKS_EXIT_CODE): every refusal's code and the reservation's end, no other.
+    # (constructs/pipeline/train_attempt.py EKS_EXIT_CODE): every refusal's code and the reservation's end, no other
+    # (validation's further rules, after it: test_the_validate_job_fails_for_any_exit_code_of_its_own).
     manifest = runner().job_manifest(job=job, parameters={}, job_name="$.n", nodes="$.run.nodes")
-    (rule,) = manifest["spec"]["podFailurePolicy"]["rules"]
+    rule, *further = manifest["spec"]["podFailurePolicy"]["rules"]
     assert rule == {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2, 4, 5, 7]}}
+    assert further == ([] if job != "validate" else list(VALIDATION_FAILURE_RULES))
     assert sorted({*REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE}) == [2, 4, 5, 7]
     assert manifest["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # the policy requires it
+
+
+def test_the_validate_job_fails_for_any_exit_code_of_its_own():
+    # After the run-ending codes' rule, in order (Kubernetes docs, "Jobs", Pod failure policy: the first rule that
+    # matches decides): a pod disrupted by the platform (DisruptionTarget: its node lost, drained, evicted) is counted
+    # (BackoffLimitExceeded: the platform's failure), and any other non-zero exit fails the Job with a message naming
+    # the code (the validation's own failure).
+    manifest = runner().job_manifest(job="validate", parameters={}, job_name="$.n", nodes="$.run.nodes")
+    assert manifest["spec"]["podFailurePolicy"]["rules"][1:] == [
+        {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
+    ]
+
+
+def _validate_block(stack: cdk.Stack) -> sfn.IChainable:
+    return runner(stack).submit(stack, "Validate", job="validate", parameters={}, job_name="$.n", result_path="$.v")
+
+
+def test_validation_is_retried_for_what_the_platform_failed_not_for_its_own_failure():
+    # Like SageMaker's validation block: the Job's failure is read in a one-branch Parallel whose Retry names only the
+    # platform's failure; a Job failed for its container's exit code (the pod failure policy's FailJob message), or a
+    # request the API server refused, leaves it as ValidationJobFailed, not retried.
+    block = machine_states(_validate_block)["Validate"]
+    assert block["Type"] == "Parallel" and block["ResultPath"] == "$.v"
+    (retry,) = block["Retry"]
+    assert retry["ErrorEquals"] == [VALIDATION_PLATFORM_FAILED] and retry["MaxAttempts"] == 1
+    (branch,) = block["Branches"]
+    job, choice = branch["States"]["ValidateJob"], branch["States"]["ValidateIsPlatformFailure"]
+    assert job["Catch"] == [
+        {"ErrorEquals": ["States.TaskFailed"], "ResultPath": "$.caught", "Next": "ValidateIsPlatformFailure"}
+    ]
+    own = choice["Choices"][0]
+    assert branch["States"][own["Next"]] == {"Type": "Fail", "Error": VALIDATION_FAILED, "CausePath": "$.caught.Cause"}
+    assert branch["States"][choice["Default"]]["Error"] == VALIDATION_PLATFORM_FAILED
+    matched = json.dumps(own)
+    assert "*failed with exit code * matching FailJob rule*" in matched
+    assert all(f'"StringEquals": "{error}"' in matched for error in EksJobRunner.rejected_errors)
+    assert "EKS.503" not in matched  # the API server's 5xx is the platform's
+
+
+def test_a_failed_cordon_still_terminates_the_instance():
+    # A cordon refused (409 Conflict: the node changed between the GET and the PUT) or failed otherwise goes on to the
+    # termination, its error beside `instance` (the instance id the termination reads): cordoned or not, the bad
+    # node would hold one of the node group's places (quarantine_host).
+    found = machine_states(lambda stack: runner(stack).quarantine_host(stack, "Q"))
+    cordon = found["QCordon"]
+    assert cordon["Next"] == "QTerminate"
+    (catch,) = cordon["Catch"]
+    assert catch["ErrorEquals"] == ["States.ALL"] and catch["Next"] == "QTerminate"
+    assert catch["Output"] == "{% $merge([$states.input, {'not_cordoned': $states.errorOutput}]) %}"
+    assert found["QTerminate"]["Parameters"] == {"InstanceIds.$": "States.Array($.instance)"}
+    assert "Catch" not in found["QRead"]  # a node gone at the read: quarantine.py's catch moves its record

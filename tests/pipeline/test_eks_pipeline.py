@@ -33,7 +33,6 @@ from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 from config import load_config
 from constructs.compute.eks.node_lease import LEASE_PREFIX
 from constructs.compute.eks.node_scaling import HOLD_TAG
-from contracts.eks.job_templates import RUN_ENDING_EXIT_CODES
 from tests.pipeline.runs import (
     ACCEPTED,
     REGISTERED_DDP,
@@ -89,20 +88,32 @@ NO_P4D = (
 )
 
 
-def failed_job(job: dict, outcome: bool | int) -> str:
+# An outcome: the Job's pod was disrupted (its node lost: DisruptionTarget), not failed by its container's exit code.
+NODE_LOST = "node lost"
+
+
+def failed_job(job: dict, outcome: bool | int | str) -> str:
     """A failed Job as the API server returns it (the task's Cause: assumed, Step Functions does not document it):
-    an exit code its pod failure policy names fails it with the Job controller's message (contracts/eks/
-    job_templates.py POD_FAILURE_POLICY); any other failure reaches the backoff limit (0)."""
-    code = 1 if outcome is False else int(outcome)
+    an exit code the first matching FailJob rule of its own pod failure policy names fails it with the Job
+    controller's message (contracts/eks/job_templates.py POD_FAILURE_POLICY; the validate Job's further rules,
+    constructs/compute/eks/job_runner.py VALIDATION_FAILURE_RULES); any other failure, or a pod lost with its node
+    (`NODE_LOST`, counted), reaches the backoff limit (0)."""
+    code = None if outcome == NODE_LOST else 1 if outcome is False else int(outcome)
     name = job["metadata"]["name"]
-    if code in RUN_ENDING_EXIT_CODES:
-        reason = "PodFailurePolicy"
-        message = (
-            f"Container node for pod efa-training/{name}-0-x7k2p failed with exit code {code} "
-            "matching FailJob rule at index 0"
-        )
-    else:
-        reason, message = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+    reason, message = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+    # The rules in order, the first match wins; a lost pod matches no exit-code rule (counted either way).
+    exit_rules = [] if code is None else job["spec"]["podFailurePolicy"]["rules"]
+    for index, rule in enumerate(exit_rules):
+        codes = rule.get("onExitCodes")
+        if codes is None or (code in codes["values"]) != (codes["operator"] == "In"):
+            continue
+        if rule["action"] == "FailJob":
+            reason = "PodFailurePolicy"
+            message = (
+                f"Container node for pod efa-training/{name}-0-x7k2p failed with exit code {code} "
+                f"matching FailJob rule at index {index}"
+            )
+        break
     condition = {"type": "Failed", "status": "True", "reason": reason, "message": message}
     return json.dumps({**job, "status": {"failed": 1, "conditions": [condition]}})
 
@@ -115,16 +126,21 @@ class EksEmulator(Emulator):
     # Kubernetes nodes by name, as the API server holds them; every eks:call (method, path, body) on them
     nodes: dict[str, dict] = field(default_factory=dict)
     node_calls: list[tuple[str, str, dict | None]] = field(default_factory=list)
+    # The API server's answer to a PUT of these nodes, by name: an eks:call error (e.g. "EKS.409", a Conflict)
+    refused_puts: dict[str, str] = field(default_factory=dict)
     _cluster: str = ""
 
-    def node_call(self, request: dict) -> dict | None:
+    def node_call(self, request: dict) -> dict | str:
         """eks:call's answer for GET or PUT /api/v1/nodes/<name> (Step Functions developer guide, "Call Amazon
-        EKS": the API server's reply in ResponseBody); None for an unknown node (the API server's 404)."""
+        EKS": the API server's reply in ResponseBody), or the error eks:call names: EKS.404 for an unknown node, a
+        refused PUT's (`refused_puts`)."""
         method, path, body = request["Method"], request["Path"], request.get("RequestBody")
         self.node_calls.append((method, path, body))
         name = path.removeprefix("/api/v1/nodes/")
         if name not in self.nodes:
-            return None
+            return "EKS.404"
+        if method == "PUT" and name in self.refused_puts:
+            return self.refused_puts[name]
         if method == "PUT":
             self.nodes[name] = dict(body or {})
         return {"ResponseBody": self.nodes[name], "StatusCode": 200}
@@ -139,6 +155,7 @@ class EksEmulator(Emulator):
         self.resizes.clear()
         self.nodes.clear()
         self.node_calls.clear()
+        self.refused_puts.clear()
         for group in self.eks.list_nodegroups(clusterName=self._cluster)["nodegroups"]:  # as a deploy leaves them
             self.eks.update_nodegroup_config(
                 clusterName=self._cluster, nodegroupName=group, scalingConfig={"desiredSize": 0}
@@ -171,15 +188,15 @@ class EksEmulator(Emulator):
             def _eval_service_task(self, env, resource_runtime_part, normalised_parameters, state_credentials):
                 if self.resource.api_action == "call":  # eks:call on a node: the pipeline's quarantine
                     answer = emulator.node_call(normalised_parameters)
-                    if answer is None:  # the API server's 404: eks:call names its status
+                    if isinstance(answer, str):  # the API server's error status: eks:call names it
                         raise FailureEventException(
                             FailureEvent(
                                 env=env,
-                                error_name=CustomErrorName("EKS.404"),
+                                error_name=CustomErrorName(answer),
                                 event_type=HistoryEventType.TaskFailed,
                                 event_details=cast(
                                     EventDetails,
-                                    {"taskFailedEventDetails": TaskFailedEventDetails(error="EKS.404", cause="none")},
+                                    {"taskFailedEventDetails": TaskFailedEventDetails(error=answer, cause="none")},
                                 ),
                             )
                         )
@@ -211,7 +228,7 @@ class EksEmulator(Emulator):
                 outcome = plan[min(attempt, len(plan) - 1)]
                 if "--run-id" in args:  # hosts the job names bad before it ends, as a training container does
                     emulator.record_bad_hosts(args[0], attempt, str(args[args.index("--run-id") + 1]))
-                if isinstance(outcome, str):  # the API server refused the request: eks:runJob names its status
+                if isinstance(outcome, str) and outcome != NODE_LOST:  # the API server's error: eks:runJob names it
                     raise FailureEventException(
                         FailureEvent(
                             env=env,
@@ -428,6 +445,20 @@ def test_training_nodes_ec2_cannot_launch_end_the_run_capacity_unavailable(emula
     retries = load_config(context(**EKS_VARIANT)).capacity_retries
     assert len(emulator.waits) == 20 * (1 + retries) and emulator.retry_sleeps.count(300) == retries
     assert emulator.node_sizes()["training"] == 0
+
+
+# While the stage waits for capacity, nobody trains: the nodes that did launch are released at each shortage (an idle
+# p5 costs its hourly price through every CAPACITY_RETRY_MINUTES), and each try sizes the group again.
+def test_nodes_that_came_are_released_while_the_run_waits_for_the_rest(emulator):
+    emulator.answers["autoscaling.describe_auto_scaling_groups"] = auto_scaling_group(in_service=1, pending=1)
+    emulator.answers["autoscaling.describe_scaling_activities"] = failed_launches(NO_P4D)
+    result = emulator.run({**RUN, "run_id": "gpt-tiny-idle"})
+    assert result["status"] == "FAILED" and result["error"] == "CapacityUnavailable", result
+    training = [size for group, size in emulator.resizes if "validation" not in group]
+    tries = 1 + load_config(context(**EKS_VARIANT)).capacity_retries
+    # sized for the run, then per try: released at the shortage, sized again by the next try (the run's release at its
+    # end finds the group at 0 already)
+    assert training == [2] + [0, 2] * (tries - 1) + [0], training
 
 
 # Nodes that fail for another reason (here a launch template the type cannot use) fail the attempt with the message.
@@ -717,3 +748,49 @@ def test_a_registered_workloads_exit_codes_end_as_the_contract_says_on_eks(emula
     result = emulator.run({**RUN, "run_id": f"ddp-{trains}", "workload": "torch-ddp"})
     assert result["status"] == status, result
     assert _phases(emulator).count("train") == trains
+
+
+def test_a_node_whose_cordon_fails_still_has_its_instance_terminated(emulator):
+    # A PUT refused with 409 Conflict (the node changed between the GET and the PUT: the Kubernetes API's optimistic
+    # concurrency on resourceVersion) leaves the node uncordoned, but its instance is terminated all the same: cordoned
+    # or not, it would hold one of the node group's places and leave the retry's pods Pending.
+    emulator.verdict = ACCEPTED
+    name = "ip-10-0-1-18.ec2.internal"
+    instance = _node(emulator, name)
+    emulator.refused_puts = {name: "EKS.409"}
+    emulator.outcomes = {"train": [False, True]}
+    emulator.bad_hosts = {"train": [[name]]}
+    assert emulator.run(RUN)["status"] == "SUCCEEDED"
+    assert [(method, path) for method, path, _ in emulator.node_calls] == [
+        ("GET", f"/api/v1/nodes/{name}"), ("PUT", f"/api/v1/nodes/{name}")
+    ]  # fmt: skip
+    assert "unschedulable" not in emulator.nodes[name]["spec"]
+    (reservation,) = boto3.client("ec2", region_name=REGION).describe_instances(InstanceIds=[instance])["Reservations"]
+    assert reservation["Instances"][0]["State"]["Name"] in ("shutting-down", "terminated")
+    kept = emulator.s3.list_objects_v2(Bucket=emulator.bucket, Prefix="bad-hosts/")["Contents"]
+    assert [o["Key"] for o in kept] == [f"bad-hosts/{name}"]
+    assert _phases(emulator) == ["sanity", "train", "train", "validate"]
+
+
+# Validation is submitted once more when the platform failed it (its pod lost with its node, eks:runJob's 5xx: as on
+# SageMaker and Batch), never when the validation did: a container exit code (2: refused; 1: its own error) or a
+# request the API server refused.
+@pytest.mark.parametrize(
+    ("outcomes", "error", "validations"),
+    [
+        ([NODE_LOST, True], None, 2),
+        (["EKS.503", True], None, 2),
+        ([NODE_LOST, NODE_LOST], "ValidationJobFailed", 2),
+        ([2], "ValidationJobFailed", 1),
+        ([False], "ValidationJobFailed", 1),
+        (["EKS.403"], "ValidationJobFailed", 1),
+    ],
+    ids=["node-lost", "api-503", "lost-twice", "refused", "exit-1", "api-403"],
+)
+def test_validation_is_retried_for_a_platform_failure_only(emulator, outcomes, error, validations):
+    emulator.verdict = ACCEPTED
+    emulator.outcomes = {"validate": outcomes}
+    result = emulator.run({**RUN, "run_id": f"gpt-tiny-validate-{validations}"})
+    assert result["status"] == ("FAILED" if error else "SUCCEEDED") and result.get("error") == error, result
+    assert _phases(emulator) == ["sanity", "train", *["validate"] * validations]
+    assert emulator.retry_sleeps.count(60) == (validations - 1)

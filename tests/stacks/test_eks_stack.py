@@ -124,6 +124,35 @@ def test_operators_find_the_cluster_in_the_outputs(output):
     environment.template(environment.compute()).has_output(output, {"Value": Match.any_value()})
 
 
+def _kubeconfig_command(raw: dict) -> tuple[str, str]:
+    """The KubeconfigCommand output as text (its tokens as <token>), and its description."""
+    output = raw["Outputs"]["KubeconfigCommand"]
+    parts = output["Value"]["Fn::Join"][1]
+    return "".join(p if isinstance(p, str) else "<token>" for p in parts), output["Description"]
+
+
+# The command authenticates as the role that has cluster access, the first role of eks_admin_role_arns (AWS CLI
+# reference, `aws eks update-kubeconfig`: --role-arn, "Otherwise, the IAM entity in your default AWS CLI or SDK
+# credential chain is used"), whose access entry holds AmazonEKSClusterAdminPolicy.
+def test_the_kubeconfig_command_names_the_admin_role():
+    command, description = _kubeconfig_command(_compute(instance_type="p4d.24xlarge", eks_admin_role_arns=ADMIN))
+    assert command.startswith("aws eks update-kubeconfig --region ") and command.endswith(
+        f" --name <token> --role-arn {ADMIN}"
+    )
+    assert "eks_admin_role_arns" in description
+
+
+# Without a role there (an IAM user only, or a synth outside `make deploy`), the output says what role to pass.
+def test_without_an_admin_role_the_kubeconfig_command_says_which_role_to_pass():
+    user = "arn:aws:iam::123456789012:user/operator"
+    for raw in (
+        _compute(instance_type="p4d.24xlarge"),
+        _compute(instance_type="p4d.24xlarge", eks_admin_role_arns=user),
+    ):
+        command, description = _kubeconfig_command(raw)
+        assert "--role-arn" not in command and "--role-arn <a role with an access entry" in description
+
+
 def test_the_reconciler_sits_beside_the_pipeline_and_watches_its_executions():
     # attach_pipeline: the reconciler's rule sits in the pipeline's stack and listens to its state machine's endings
     # (tests/compute/test_eks_node_scaling.py has its states; tests/pipeline/test_eks_pipeline.py runs them).

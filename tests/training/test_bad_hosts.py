@@ -243,3 +243,11 @@ def test_a_prepared_host_runs_its_job(tmp_path, monkeypatch):
     monkeypatch.setenv("INSTANCE_ID_FILE", str(tmp_path / "instance-id"))
     monkeypatch.setattr(cli, "_run", lambda *args: 0)
     assert cli.main(["validate", "--run-id", "run-7", "--checkpoint", str(tmp_path / "ckpt")]) == 0
+
+
+def test_an_unprepared_host_is_an_attempt_failure_not_a_refusal_of_the_run():
+    # The pipeline retries an attempt on fresh hosts unless its code ends the run (contracts/run.py): a broken host is
+    # the host's fault, not the run's.
+    from contracts.run import REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE
+
+    assert EXIT_HOST_UNPREPARED not in {*REFUSED_EXIT_CODES, WINDOW_ENDED_EXIT_CODE, 0}

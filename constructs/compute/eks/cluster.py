@@ -105,6 +105,7 @@ class EksTrainingCluster(Construct):
             kubectl_provider_options=eks.KubectlProviderOptions(kubectl_layer=KubectlV36Layer(self, "KubectlLayer")),
         )
         _guard_cluster_role(self.cluster, self.cluster_name)
+        _standard_support_only(self.cluster)
         # IMDSv2 with hop limit 1 (EKS best practices, "Restrict access to the instance profile assigned to the
         # worker node"): pods cannot borrow the node role; host-network daemons (VPC CNI, CloudWatch agent) still
         # reach IMDS. The node group's own default template would allow 2 hops.
@@ -288,6 +289,17 @@ def _guard_cluster_role(cluster: eks.Cluster, name: str) -> None:
         "AssumeRolePolicyDocument.Statement.0.Condition",
         {"StringEquals": {"aws:SourceAccount": stack.account}, "ArnLike": {"aws:SourceArn": arn}},
     )
+
+
+def _standard_support_only(cluster: eks.Cluster) -> None:
+    """No extended support: at the end of standard support (14 months from the version's EKS release) EKS upgrades
+    the cluster's control plane rather than keep the version "at an additional cost per cluster hour" (EKS user
+    guide, "View current cluster upgrade policy"; AWS::EKS::Cluster UpgradePolicy: the default is EXTENDED). Fixed
+    here: config/ pins no Kubernetes version to put a choice beside (versions.KUBERNETES_VERSION, whose standard
+    support ends 2027-08-02: move it before then, or the next version arrives by EKS's upgrade, not this template's).
+    The aws_eks_v2 L2 has no upgrade policy, so it is set on its CfnCluster. Not create-only (the resource schema's
+    createOnlyProperties lack it; "Update requires: No interruption"): a deployed cluster is updated in place."""
+    cast(eks.CfnCluster, cfn(cluster)).upgrade_policy = eks.CfnCluster.UpgradePolicyProperty(support_type="STANDARD")
 
 
 def _pod_identity_principal(cluster_name: str, namespace: str, service_account: str) -> iam.IPrincipal:

@@ -10,11 +10,15 @@ the multi-node jobs, one validation node (the catalogue's small type, no EFA) fo
 while the nodes join, and the job's Task stays a plain `eks:runJob.sync` state, so its errors reach the pipeline's
 Retry and Catch.
 
+Validation is tried once more when the platform failed it (a node lost, a pod never scheduled, the API server's
+throttling or 5xx), never when the validation did (its container's own exit code): `retried_for_the_platform`.
+
 Job parameters become launcher flags after the phase: {"run_id": "$.job.run_id"} -> `train --run-id <value>`.
 The Kubernetes name is `<phase>-<uuid>` (run ids may hold capitals and '_', which names may not, and every retry
 needs a fresh name); the pipeline's job name is kept in the annotation `efa-training/job-name`.
 """
 
+import copy
 import json
 from collections.abc import Mapping
 from typing import cast
@@ -41,6 +45,29 @@ TRANSIENT_CALL_ERRORS = ("EKS.429", "EKS.500", "EKS.502", "EKS.503", "EKS.504")
 # The taint a quarantined node carries (no pod of the pipeline tolerates it).
 QUARANTINE_TAINT = "efa-training/quarantined"
 SINGLE_NODE_JOBS = frozenset({"validate"})
+# The validate Job's pod failure policy after the run-ending codes' rule (Kubernetes docs, "Jobs", Pod failure policy:
+# rules are evaluated in order, the first match wins): a pod the platform disrupted (DisruptionTarget: its node lost,
+# drained or its pod evicted; Kubernetes docs, "Disruptions", Pod disruption conditions) counts towards the backoff
+# limit, so the Job fails as BackoffLimitExceeded; any other non-zero exit of the container fails it by FailJob, whose
+# message names the code (job_templates.POD_FAILURE_POLICY): the validation's own failure.
+VALIDATION_FAILURE_RULES = (
+    {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
+)
+# The Cause of a Job its pod failure policy failed for the container's exit code, whatever the code (EKS_EXIT_CODE).
+CONTAINER_EXIT = EKS_EXIT_CODE.replace("%d", "*")
+# The same names as SageMaker's validation block (constructs/compute/sagemaker/validation.py): the pipeline's failure
+# path records them alike.
+VALIDATION_PLATFORM_FAILED = "ValidationInfrastructureFailed"
+VALIDATION_FAILED = "ValidationJobFailed"
+# One more submission: the pipeline's execution timeout allows two validation submissions (contracts/stage_timing.py
+# execution_seconds, validate_submissions). A lost node is replaced by its Auto Scaling group meanwhile, and the new
+# pod waits for it in Pending within the Job's deadline.
+VALIDATION_RETRY: dict = {
+    "errors": [VALIDATION_PLATFORM_FAILED],
+    "interval": cdk.Duration.minutes(1),
+    "max_attempts": 1,
+}
 
 
 def launcher_flag(parameter: str) -> str:
@@ -116,6 +143,8 @@ class EksJobRunner:
         # days (Kubernetes docs, "Jobs": activeDeadlineSeconds "applies to the duration of the job, no matter how
         # many Pods are created"; once reached, its Pods are terminated and the Job fails: an attempt failure).
         spec["activeDeadlineSeconds"] = self._stages[job].deadline_seconds
+        if job == "validate":
+            spec["podFailurePolicy"]["rules"] += copy.deepcopy(list(VALIDATION_FAILURE_RULES))
         container = spec["template"]["spec"]["containers"][0]
         flags = []
         for name, value in parameters.items():
@@ -161,9 +190,10 @@ class EksJobRunner:
         result_path: str = sfn.JsonPath.DISCARD,
         timeout: cdk.Duration | str | None = None,
         declared: bool = False,
-    ) -> sfn.CustomState:
+    ) -> sfn.CustomState | sfn.Parallel:
         if attempts is not None:
             raise ValueError("EksJobRunner runs each job once (backoffLimit 0); the pipeline's Retry restarts it")
+        validate = job == "validate"
         state: dict = {
             "Type": "Task",
             "Resource": f"arn:{cdk.Stack.of(scope).partition}:states:::eks:runJob.sync",
@@ -181,9 +211,51 @@ class EksJobRunner:
                 "JobName.$": "$.ResponseBody.metadata.name",
                 "Status": "SUCCEEDED",
             },  # .sync fails the state unless the Job completed
-            "ResultPath": result_path,
+            "ResultPath": "$" if validate else result_path,
         }
-        return sfn.CustomState(scope, id_, state_json={**state, **task_timeout(timeout)})
+        submission = sfn.CustomState(
+            scope, f"{id_}Job" if validate else id_, state_json={**state, **task_timeout(timeout)}
+        )
+        return self.retried_for_the_platform(scope, id_, submission, result_path) if validate else submission
+
+    def retried_for_the_platform(
+        self, scope: Construct, id_: str, submission: sfn.CustomState, result_path: str
+    ) -> sfn.Parallel:
+        """`submission` (the validate Job, its result at `$`) in a block tried once more when the platform failed it
+        (VALIDATION_RETRY); its result `{"JobId", "JobName", "Status"}` at `result_path`. A Retry cannot read why a
+        `.sync` task failed, so its Catch reads the Cause (Step Functions developer guide, "Call Amazon EKS", Run a
+        Job: the integration waits for the batch/v1 Job; the Cause of a failed Job is not documented, here assumed to
+        be the Job with its Failed condition, as train_attempt.EKS_EXIT_CODE is): a request the API server refused
+        (`rejected_errors`) or a Job failed for its container's exit code (CONTAINER_EXIT, by VALIDATION_FAILURE_RULES
+        or the run-ending codes' rule) leaves the block as VALIDATION_FAILED; anything else (a disrupted pod's
+        BackoffLimitExceeded, a pod never scheduled before activeDeadlineSeconds, eks:runJob's throttling or 5xx, a
+        Cause of another shape) as VALIDATION_PLATFORM_FAILED, which the block retries. A timed-out task leaves it as
+        States.Timeout, not retried."""
+        cause = "$.caught.Cause"
+        own = [sfn.Condition.string_equals("$.caught.Error", error) for error in self.rejected_errors]
+        own.append(
+            sfn.Condition.and_(
+                sfn.Condition.is_present(cause),
+                sfn.Condition.is_string(cause),
+                sfn.Condition.string_matches(cause, CONTAINER_EXIT),
+            )
+        )
+        reading = (
+            sfn.Choice(scope, f"{id_}IsPlatformFailure")
+            .when(sfn.Condition.or_(*own), sfn.Fail(scope, f"{id_}Failed", error=VALIDATION_FAILED, cause_path=cause))
+            .otherwise(sfn.Fail(scope, f"{id_}PlatformFailed", error=VALIDATION_PLATFORM_FAILED, cause_path=cause))
+        )
+        submission.add_catch(reading, errors=["States.TaskFailed"], result_path="$.caught")
+        block = sfn.Parallel(
+            scope,
+            id_,
+            result_path=result_path,
+            result_selector={key: f"$[0].{key[:-2]}" for key in ("JobId.$", "JobName.$", "Status.$")},
+            comment="validation: tried once more when the platform failed it, never when the validation did",
+        )
+        block.branch(submission)
+        block.add_retry(**VALIDATION_RETRY)
+        return block
 
     def read_failed_job(self, ends: FailureEnds) -> sfn.State:
         """A Job its pod failure policy failed for a run-ending exit code (contracts/eks/job_templates.py
@@ -207,7 +279,10 @@ class EksJobRunner:
         The node is read, then written back whole (PUT with application/json, the Kubernetes API's plain update)
         with spec.unschedulable set (what `kubectl cordon` sets) and QUARANTINE_TAINT added once, through Step
         Functions' eks:call (Step Functions developer guide, "Call Amazon EKS"); its instance id is the last part of
-        spec.providerID (aws:///<zone>/<instance id>)."""
+        spec.providerID (aws:///<zone>/<instance id>). A cordon that fails (409 Conflict: the node changed between the
+        GET and the PUT, or any other error after the call's retries) still goes on to the termination, its error at
+        `not_cordoned` beside `instance`: the instance is what holds the node group's place. A node gone at the read
+        (404) ends the chain there, and quarantine.py moves its record with the error (its Catch)."""
         taint = {"key": QUARANTINE_TAINT, "value": "bad-host", "effect": "NoSchedule"}
         kept = f"$filter($n.spec.taints, function($t) {{ $t.key != '{QUARANTINE_TAINT}' }})"
         updated = (
@@ -222,11 +297,22 @@ class EksJobRunner:
             Output=f"{{% $merge([$states.input, {{'node': {node}, "
             f"'instance': $split({node}.spec.providerID, '/')[-1]}}]) %}}",
         )
-        cordon = self._call(scope, f"{id_}Cordon", "PUT", RequestBody=updated, Output="{% $states.input %}")
-        return sfn.Chain.start(read).next(cordon).next(terminate_instance(scope, f"{id_}Terminate", "$.instance"))
+        terminate = terminate_instance(scope, f"{id_}Terminate", "$.instance")
+        # In the state's own JSON: CDK renders a Catch's Output only for a JSONata state machine, and this state
+        # alone is JSONata. A JSONata Catch's Output may read $states.input and $states.errorOutput (Step Functions
+        # developer guide, "Transforming data with JSONata in Step Functions", Reserved variable $states).
+        not_cordoned = "{% $merge([$states.input, {'not_cordoned': $states.errorOutput}]) %}"
+        catch = [{"ErrorEquals": ["States.ALL"], "Next": terminate.state_id, "Output": not_cordoned}]
+        cordon = self._call(
+            scope, f"{id_}Cordon", "PUT", RequestBody=updated, Output="{% $states.input %}", catch=catch
+        )
+        return sfn.Chain.start(read).next(cordon).next(terminate)
 
-    def _call(self, scope: Construct, id_: str, method: str, **fields: str) -> sfn.CustomState:
-        """One eks:call on the node `$states.input.host`; `fields`: RequestBody (an argument) and Output."""
+    def _call(
+        self, scope: Construct, id_: str, method: str, catch: list[dict] | None = None, **fields: str
+    ) -> sfn.CustomState:
+        """One eks:call on the node `$states.input.host`; `fields`: RequestBody (an argument) and Output; `catch`:
+        the state's Catch, as ASL."""
         body = {"RequestBody": fields.pop("RequestBody")} if "RequestBody" in fields else {}
         arguments = {
             "ClusterName": self.cluster.cluster_name,
@@ -246,7 +332,7 @@ class EksJobRunner:
                 "Arguments": arguments,
                 "TimeoutSeconds": 120,
                 # eks:call names a failed call after the API server's HTTP status (as eks:runJob: rejected_errors):
-                # throttling and 5xx are retried; a 404 (the node gone) or 409 is left to quarantine.py's catch.
+                # throttling and 5xx are retried; any other error goes to `catch`, or to quarantine.py's catch.
                 "Retry": [
                     {
                         "ErrorEquals": [*TRANSIENT_CALL_ERRORS, "States.Timeout"],
@@ -256,6 +342,7 @@ class EksJobRunner:
                         "JitterStrategy": "FULL",
                     }
                 ],  # fmt: skip
+                **({"Catch": catch} if catch else {}),
                 **fields,
             },
         )
