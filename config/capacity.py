@@ -113,7 +113,15 @@ def parse_reservation(
     if reservation.kind != "training_plan":
         _check_zone(reservation.zone, availability_zone)
     elif reservation.zone is not None:
-        raise _bad("zone", reservation.zone, "no zone for a training plan (SageMaker places its instances)")
+        # A plan's zone is SageMaker's record (DescribeTrainingPlan ReservedCapacitySummaries[].AvailabilityZone),
+        # unknowable here without credentials: the pipeline compares it with the training subnet's as a run starts
+        # (constructs/pipeline/reservation_end.py ReservationZoneMismatch), so a zone written here could only go stale.
+        raise _bad(
+            "zone",
+            reservation.zone,
+            "no zone for a training plan (SageMaker reports the plan's zone, which each run checks against the "
+            "training subnet's; to move the subnet into it, set availability_zone)",
+        )
     return reservation
 
 

@@ -75,7 +75,7 @@ class PipelineStack(cdk.Stack):
                 # SageMaker jobs reading their dataset from S3 mount no file system, where other runs' checkpoints are.
                 initial_models=not (config.compute == "sagemaker" and config.sagemaker_data_source == "s3"),
                 capacity_retries=config.capacity_retries,
-                reservation=_reservation(config),
+                reservation=_reservation(config, getattr(runner, "subnet_zone", None)),
                 quote=QuoteTerms.of(config),
                 workers_per_node=config.instance.workers_per_node,
             ),
@@ -100,13 +100,18 @@ class PipelineStack(cdk.Stack):
         cdk.CfnOutput(self, "Phases", value=",".join(phases(runner.sanity_in_training, compiles_ahead)))
 
 
-def _reservation(config: EnvironmentConfig) -> Reservation | None:
+def _reservation(config: EnvironmentConfig, subnet_zone: str | None) -> Reservation | None:
     """The reservation whose end the pipeline reads as a run starts: a Capacity Block, an On-Demand reservation by
-    id, or a training plan (a reservation group has no one end), with when this backend's provider takes it away."""
+    id, or a training plan (a reservation group has no one end), with when this backend's provider takes it away;
+    `subnet_zone`: the training subnet's zone where the runner names it (SageMaker: a plan's capacity must be there)."""
     found = config.reservation
     if found is None or (found.id is None and found.training_plan is None):
         return None
     lead, by = found.taken_away(config.compute)  # the backend's provider (config/capacity.py TAKEN_AWAY)
     return Reservation(
-        capacity_reservation_id=found.id, training_plan_arn=found.training_plan, lead_seconds=lead, taken_by=by
+        capacity_reservation_id=found.id,
+        training_plan_arn=found.training_plan,
+        lead_seconds=lead,
+        taken_by=by,
+        subnet_zone=subnet_zone,
     )

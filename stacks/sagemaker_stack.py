@@ -64,6 +64,8 @@ class SageMakerStack(cdk.Stack):
             role=self.execution_role,
             bucket_name=storage.bucket.bucket_name,
             subnet_id=network.training_subnet.subnet_id,
+            # The zone the subnet was made in (availability_zone, else the VPC's first), not its GetAtt: no export.
+            subnet_zone=network.training_subnet.availability_zone,
             security_group_id=network.efa_security_group.security_group_id,
             instance=config.instance,
             validation_instance=config.single_node_instance,
@@ -74,6 +76,7 @@ class SageMakerStack(cdk.Stack):
             neuron_cc_flags=config.neuron_cc_flags,
             tracking_uri=tracking_uri(self, config),
             training_plan=config.reservation.training_plan if config.reservation else None,
+            capacity_wait_hours=config.capacity_wait_hours,  # a managed Spot attempt's allowance for Spot waits
         )
         self.accelerator_metrics = accelerator_metrics(
             "sagemaker",

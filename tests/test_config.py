@@ -257,7 +257,8 @@ def test_an_on_demand_reservation_is_taken_away_at_its_end_not_before(compute):
         (
             {"compute": "sagemaker"},
             {"kind": "training_plan", "training_plan": PLAN, "instances": 2, "zone": "us-east-1a"},
-            "capacity_reservation.zone='us-east-1a' is not valid; expected no zone for a training plan",
+            "capacity_reservation.zone='us-east-1a' is not valid; expected no zone for a training plan .* set "
+            "availability_zone",
         ),
         ({}, {"kind": "capacity_block", "ids": RESERVATION_ID}, "capacity_reservation has no field 'ids'; expected"),
         # hypothesis found a key with a carriage return printed raw (two lines): it is named by its repr.

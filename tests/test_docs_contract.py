@@ -249,13 +249,12 @@ def test_stage_timeouts_the_docs_state_are_the_run_contracts():
     # A job that ends itself: one attempt plus this long (EKS activeDeadlineSeconds, SageMaker MaxWaitTimeInSeconds).
     beyond_attempt = (table["train"].deadline_seconds - table["train"].attempt_seconds) // 60
     (eks_minutes,) = _find("eks.md", r"`activeDeadlineSeconds` = one attempt's timeout \+ (\d+) minutes")
-    (sagemaker_minutes,) = _find("sagemaker.md", r"`MaxWaitTimeInSeconds` = the attempt timeout \+ (\d+) minutes")
-    assert int(eks_minutes) == int(sagemaker_minutes) == beyond_attempt
-    margin, share = _find(
-        "sagemaker.md",
-        r"at least (\d+) minutes before the Train state's share for that attempt \(attempt \+ (\d+) minutes\)",
+    (sagemaker_minutes,) = _find(
+        "sagemaker.md", r"`MaxWaitTimeInSeconds` = the runtime \+ (\d+) minutes \+ `capacity_wait_hours`"
     )
-    assert (int(margin), int(share)) == (JOB_END_MARGIN_SECONDS // 60, QUEUE_WAIT_MINUTES)
+    assert int(eks_minutes) == int(sagemaker_minutes) == beyond_attempt
+    (margin,) = _find("sagemaker.md", r"the Spot job's state waits MaxWait \+ (\d+) minutes")
+    assert int(margin) == JOB_END_MARGIN_SECONDS // 60
 
 
 def test_retries_the_pipeline_doc_states_are_the_constructs():

@@ -108,6 +108,22 @@ def test_a_run_in_flight_stops_a_deploy_that_changes_what_it_runs_on(stubbed):
     preflight.check_no_run_in_flight(REGION, "EfaTraining-dev-Pipeline", [], "deploy")
 
 
+def test_a_job_submitted_by_hand_holds_a_batch_deploy_back_like_a_run(stubbed, monkeypatch):
+    # A compute environment's infrastructure update or a deleted queue cuts short what runs in it (Batch user guide,
+    # "Updating compute environments"; Batch API reference, DeleteJobQueue): a job of the research share counts too.
+    monkeypatch.setattr(preflight, "running_executions", lambda region, stack: [])
+    batch = stubbed("batch")
+    for status in preflight.UNFINISHED_JOB_STATES:
+        jobs = [{"jobId": "1", "jobName": "by-hand"}] if status == "RUNNING" else []
+        batch.add_response(
+            "list_jobs", {"jobSummaryList": jobs}, {"jobQueue": "efa-training-dev-multi-node", "jobStatus": status}
+        )
+    for _queue in ("single-node", "single-node-on-demand"):  # not deployed: no queue, no job
+        batch.add_client_error("list_jobs", "ClientException", "JobQueue does not exist")
+    with pytest.raises(preflight.PreflightError, match="Batch job by-hand has not ended .* EfaTraining-dev-Batch"):
+        preflight.check_no_run_in_flight(REGION, "EfaTraining-dev-Pipeline", ["EfaTraining-dev-Batch"], "deploy", "dev")
+
+
 def test_a_deploy_checks_the_assembly_it_synthesized_unless_told_a_run_may_go_on(monkeypatch, tmp_path):
     asked: list[list[str]] = []
     monkeypatch.setattr(deploy, "ASSEMBLY", tmp_path)
@@ -131,7 +147,7 @@ def destroying(monkeypatch):
     monkeypatch.setattr(preflight.shutil, "which", lambda name: None)  # no Docker: destroying builds nothing
     refused: list[str] = []
     monkeypatch.setattr(
-        preflight, "check_no_run_in_flight", lambda region, pipeline, changing, verb: refused.append(verb)
+        preflight, "check_no_run_in_flight", lambda region, pipeline, changing, verb, batch=None: refused.append(verb)
     )
     return refused
 

@@ -269,7 +269,8 @@ def _check_assembly(config, account: str, bootstrapped: int | None, options: Opt
     if not options.allow_running:
         under_a_run = [f"{config.stack_prefix}-{unit}" for unit in RUN_UNITS]
         changing = preflight.changed_stacks(config.region, ASSEMBLY, under_a_run)
-        preflight.check_no_run_in_flight(config.region, f"{config.stack_prefix}-Pipeline", changing, "deploy")
+        batch = config.name if f"{config.stack_prefix}-Batch" in changing else None  # hand-submitted jobs too
+        preflight.check_no_run_in_flight(config.region, f"{config.stack_prefix}-Pipeline", changing, "deploy", batch)
 
 
 def _step(command: list[str], dry_run: bool, run: Callable[..., int], login: str | None) -> None:

@@ -30,7 +30,10 @@ def plan(
     if config.account and config.account != account:
         raise DeployError(f"environment '{env}' is for account {config.account}, but the credentials are for {account}")
     if not allow_running:
-        preflight.check_no_run_in_flight(config.region, f"{config.stack_prefix}-Pipeline", ["every stack"], "destroy")
+        batch = config.name if config.compute == "batch" else None  # deleting a queue terminates its jobs
+        preflight.check_no_run_in_flight(
+            config.region, f"{config.stack_prefix}-Pipeline", ["every stack"], "destroy", batch
+        )
     if config.retain_data:
         # The CLI adds every stack downstream of those named (compute, Pipeline, Observability); Network stays.
         kept = [f"{config.stack_prefix}-{unit}" for unit in ("Storage", "Registry", "Alerts")]

@@ -19,6 +19,8 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from config.layout import batch_name
+
 BOOTSTRAP_STACK = "CDKToolkit"
 
 
@@ -299,8 +301,34 @@ def changed_stacks(region: str, assembly: Path, names: Iterable[str]) -> list[st
     return changed
 
 
-def check_no_run_in_flight(region: str, pipeline_stack: str, changing: list[str], verb: str) -> None:
-    """Refuse to change the stacks a run depends on while one is in flight."""
+# A Batch job not yet ended (Batch API reference, ListJobs jobStatus): what a compute environment's update or deletion
+# would cut short or leave waiting.
+UNFINISHED_JOB_STATES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
+BATCH_QUEUE_UNITS = ("multi-node", "single-node", "single-node-on-demand")  # stacks/batch_stack.py's queues
+
+
+def unfinished_batch_jobs(region: str, environment: str) -> list[str]:
+    """The names of the jobs not yet ended in the environment's Batch queues, a job submitted by hand (the `research`
+    share) among them; a queue that is not there (another backend, before the first deploy) holds none."""
+    batch, names = client("batch", region), []
+    for unit in BATCH_QUEUE_UNITS:
+        for status in UNFINISHED_JOB_STATES:
+            try:
+                pages = batch.get_paginator("list_jobs").paginate(
+                    jobQueue=batch_name(environment, unit), jobStatus=status
+                )
+                names += [job["jobName"] for page in pages for job in page["jobSummaryList"]]
+            except batch.exceptions.ClientException:
+                break
+    return names
+
+
+def check_no_run_in_flight(
+    region: str, pipeline_stack: str, changing: list[str], verb: str, batch_environment: str | None = None
+) -> None:
+    """Refuse to change the stacks a run depends on while one is in flight: a pipeline execution, or (with
+    `batch_environment`, where the Batch stack changes) a job in its queues, which a deploy that updates their
+    compute environments or a destroy would cut short."""
     if not changing:
         return
     running = running_executions(region, pipeline_stack)
@@ -308,4 +336,10 @@ def check_no_run_in_flight(region: str, pipeline_stack: str, changing: list[str]
         raise PreflightError(
             f"pipeline execution {running[0]} is running ({len(running)} in all) and this {verb} changes "
             f"{', '.join(changing)} under it (README, 'Day two'): wait for it, stop it, or pass --allow-running"
+        )
+    jobs = unfinished_batch_jobs(region, batch_environment) if batch_environment else []
+    if jobs:
+        raise PreflightError(
+            f"Batch job {jobs[0]} has not ended ({len(jobs)} in all) and this {verb} changes {', '.join(changing)} "
+            "under it (README, 'Day two'): wait for it, terminate it, or pass --allow-running"
         )

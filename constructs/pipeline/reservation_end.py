@@ -11,7 +11,8 @@ reservation with no end (an On-Demand reservation without an end date) gives `no
 WINDOW_MINIMUM_SECONDS before that moment could not reach one checkpoint (the sanity check, start-up, one save and
 the stop's margin) and is refused at its start, before any claim or instance, with one line. So is a reservation
 that is over (its State or Status, from the same call), and one the pipeline cannot read (after the transient
-retries): training into an end it does not know would lose the work since the last checkpoint.
+retries): training into an end it does not know would lose the work since the last checkpoint. So is a training plan
+none of whose reserved capacity is in the training subnet's zone (`_in_zone`): its jobs could not use it.
 """
 
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ WINDOW_MINIMUM_SECONDS = 30 * 60  # a sanity check, start-up, one checkpoint and
 ENDS_TOO_SOON = "ReservationEndsTooSoon"
 UNREADABLE = "ReservationUnreadable"
 OVER = "ReservationOver"
+ZONE_MISMATCH = "ReservationZoneMismatch"
 # EC2 API reference, CapacityReservation State: expired and cancelled, "The reserved capacity is no longer available
 # for your use"; failed, "The Capacity Reservation request has failed"; payment-failed, "Your Capacity Block was
 # released".
@@ -36,17 +38,31 @@ EC2_OVER = ("expired", "cancelled", "failed", "payment-failed")
 # SageMaker developer guide, "View training plan details": "If the plan purchase fails, the status is set to Failed";
 # "After the plan's end date, the status becomes Expired".
 PLAN_OVER = ("Expired", "Failed")
+# The read's throttling and 5xx, retried like the pipeline's other calls (aws_calls.retry_transient). Neither service
+# models them, so Step Functions names them after the service's base exception ("Learning to use AWS service SDK
+# integrations in Step Functions": ServiceName.ErrorName). EC2 API reference, "Error codes for the Amazon EC2 API":
+# RequestLimitExceeded, InternalError, ServiceUnavailable and Unavailable, unmodeled, are `Ec2.Ec2Exception` (which
+# also names EC2's client errors: a reservation id EC2 does not know is retried too, a minute, before the refusal).
+EC2_TRANSIENT = ("Ec2.Ec2Exception", "States.Timeout")
+# SageMaker's throttling is unmodeled too: `SageMaker.SageMakerException` from the aws-sdk integration (as the model
+# registry's calls retry it, model_registry.py SAGEMAKER_TRANSIENT), `SageMaker.AmazonSageMakerException` where Step
+# Functions names it after the Java SDK's class (its optimized integration does: job_runner.py API_ERROR); both, since
+# the aws-sdk integration's name for an unmodeled SageMaker error is not documented beyond the pattern.
+SAGEMAKER_TRANSIENT = ("SageMaker.SageMakerException", "SageMaker.AmazonSageMakerException", "States.Timeout")
 
 
 @dataclass(frozen=True)
 class Reservation:
     """The environment's reservation with an end: an EC2 reservation's id, or a SageMaker training plan's ARN; and
-    when the backend's provider takes its capacity away: `lead_seconds` before the end, by `taken_by`."""
+    when the backend's provider takes its capacity away: `lead_seconds` before the end, by `taken_by`. `subnet_zone`:
+    the training subnet's zone (a deploy-time token where the VPC picks it), which a training plan's capacity must be
+    in; an EC2 reservation's zone is held to it by the configuration (config/capacity.py)."""
 
     capacity_reservation_id: str | None = None
     training_plan_arn: str | None = None
     lead_seconds: int = 0
     taken_by: str = ""
+    subnet_zone: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,12 +76,13 @@ class _Read:
     over: tuple[str, ...]
     name: str  # the reservation, as the refusal names it
     field: str  # its state's field in the answer
+    transient: tuple[str, ...]  # the call's errors that another try may not meet
 
 
 def reservation_end(scope: Construct, reservation: Reservation, failures: FailurePath) -> tuple[sfn.State, sfn.Pass]:
     """(start, read): `start` takes {"run"}; a run that fits the window goes on at `read` with `$.run.stop_by`."""
     read = _describe(scope, reservation)
-    retry_transient(read.task)
+    retry_transient(read.task, read.transient)
     unreadable = failures.record("ReadReservationEnd", UNREADABLE)
     read.task.add_catch(unreadable.next(failures.notify), errors=["States.ALL"], result_path="$.caught")
     done = sfn.Pass(scope, "ReservationEndRead", parameters={"run.$": "$.run"})
@@ -80,7 +97,9 @@ def reservation_end(scope: Construct, reservation: Reservation, failures: Failur
     has_end.otherwise(endless.next(done))
     usable = sfn.Choice(scope, "IsReservationUsable")
     over = sfn.Condition.or_(*(sfn.Condition.string_equals(read.state, s) for s in read.over))
-    usable.when(over, _over(scope, read).next(failures.notify)).otherwise(has_end)
+    usable.when(over, _over(scope, read).next(failures.notify)).otherwise(
+        _in_zone(scope, reservation, failures, has_end)
+    )
     read.task.next(usable)
     return read.task, done
 
@@ -136,6 +155,52 @@ def _too_soon(scope: Construct, reservation: Reservation) -> sfn.Pass:
     )
 
 
+def _in_zone(scope: Construct, reservation: Reservation, failures: FailurePath, then: sfn.Choice) -> sfn.IChainable:
+    """A training plan holds each reserved capacity in one Availability Zone (DescribeTrainingPlan
+    ReservedCapacitySummaries[].AvailabilityZone; SageMaker developer guide, "Reserve training plans": a Reserved
+    Capacity block is defined by its "Availability Zone"), and its jobs' instances join the training subnet, one zone
+    (API_VpcConfig Subnets: the job's network interfaces are created there). A plan with no capacity in that zone is
+    refused in one line naming both, before any claim or job; `then` follows otherwise. The plan's zone is not
+    known at synth (the configuration takes no zone for a plan: only DescribeTrainingPlan, with credentials, says)."""
+    zone = reservation.subnet_zone
+    if not (reservation.training_plan_arn and zone):
+        return then
+    zones = "$append([], $states.input.reservation.ReservedCapacitySummaries.AvailabilityZone)"
+    read = sfn.Pass.jsonata(
+        scope,
+        "ReadReservationZones",
+        outputs={
+            "run": "{% $states.input.run %}",
+            "reservation": "{% $states.input.reservation %}",
+            # A plan whose answer names no zone (the field is optional in the API's model) is not refused for it.
+            "in_zone": f"{{% $count({zones}) = 0 or '{zone}' in {zones} %}}",
+            "zones": f"{{% $join({zones}, ', ') %}}",
+        },
+    )
+    name = reservation.training_plan_arn.rsplit("/", 1)[-1]
+    mismatch = sfn.Pass(
+        scope,
+        "OnReservationZoneMismatch",
+        parameters={
+            "run.$": "$.run",
+            "failure": {
+                "state": "ReadReservationEnd",
+                "error": ZONE_MISMATCH,
+                "detail": ZONE_MISMATCH,
+                "cause": J.format(
+                    f"training plan {name} holds its capacity in {{}}, not in {zone}, the zone of the training "
+                    "subnet, where its jobs run: set availability_zone to a zone of the plan and deploy (the training "
+                    f"subnet and file system move there), or point capacity_reservation at a plan in {zone}",
+                    J.string_at("$.zones"),
+                ),
+            },
+        },
+    )
+    fits = sfn.Choice(scope, "IsReservationInTrainingZone")
+    fits.when(sfn.Condition.boolean_equals("$.in_zone", False), mismatch.next(failures.notify)).otherwise(then)
+    return read.next(fits)
+
+
 def _over(scope: Construct, read: _Read) -> sfn.Pass:
     """The one line naming a reservation that is over: its id, its state and what a run needs."""
     return sfn.Pass(
@@ -173,7 +238,13 @@ def _describe(scope: Construct, reservation: Reservation) -> _Read:
             task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
         return _Read(
-            plan, "$.reservation.EndTime", "$.reservation.Status", PLAN_OVER, f"training plan {name}", "Status"
+            plan,
+            "$.reservation.EndTime",
+            "$.reservation.Status",
+            PLAN_OVER,
+            f"training plan {name}",
+            "Status",
+            SAGEMAKER_TRANSIENT,
         )
     ec2 = tasks.CallAwsService(
         scope,
@@ -192,4 +263,4 @@ def _describe(scope: Construct, reservation: Reservation) -> _Read:
         task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
     )
     name = str(reservation.capacity_reservation_id)
-    return _Read(ec2, "$.reservation.end[0]", "$.reservation.state[0]", EC2_OVER, name, "State")
+    return _Read(ec2, "$.reservation.end[0]", "$.reservation.state[0]", EC2_OVER, name, "State", EC2_TRANSIENT)

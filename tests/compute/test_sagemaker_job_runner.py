@@ -27,6 +27,8 @@ def _runner(
     neuron_cc_flags: str = "",
     training_plan: str | None = None,
     tracking_uri: str = "",
+    capacity_wait_hours: int = 0,
+    train_attempt_hours: int = 72,
 ) -> tuple[cdk.Stack, SageMakerJobRunner]:
     stack = cdk.Stack()
     role = iam.Role(stack, "Execution", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
@@ -39,12 +41,13 @@ def _runner(
         instance=CATALOGUE[instance],
         validation_instance=CATALOGUE["g5.xlarge"],
         environment="dev",
-        train_attempt_hours=72,
+        train_attempt_hours=train_attempt_hours,
         spot=spot,
         file_system=("fs-1", "abcdefgh", "rev1") if fsx else None,
         neuron_cc_flags=neuron_cc_flags,
         training_plan=training_plan,
         tracking_uri=tracking_uri,
+        capacity_wait_hours=capacity_wait_hours,
     )
 
 
@@ -98,6 +101,16 @@ def test_training_runs_in_the_environments_training_plan_and_validation_outside_
     assert_valid("sagemaker", "CreateTrainingJob", {**MINIMAL_TRAINING_JOB, "ResourceConfig": static})
     assert "TrainingPlanArn" not in _request("validate", training_plan=plan)["ResourceConfig"]
     assert "TrainingPlanArn" not in _request()["ResourceConfig"]
+
+
+def test_trainiums_compile_job_runs_in_the_training_plan_too():
+    # The compile job runs on the run's nodes, of the plan's type, for up to 4 h: in the plan, which a run's quote
+    # counts at $0 (contracts/quote.py: reserved capacity adds nothing), not on demand beside it. A plan's capacity
+    # takes any training job (SageMaker developer guide, "Training plans utilization for SageMaker training jobs").
+    plan = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/trn1-week"
+    resources = _request("compile", instance="trn1.32xlarge", training_plan=plan)["ResourceConfig"]
+    assert resources["TrainingPlanArn"] == plan
+    assert "TrainingPlanArn" not in _request("compile", instance="trn1.32xlarge")["ResourceConfig"]
 
 
 def test_the_image_runs_its_own_launcher_with_the_mode_first():
@@ -166,6 +179,51 @@ def test_managed_spot_waits_for_capacity_within_each_attempt():
     assert request["EnableManagedSpotTraining"] is True
     wait = request["StoppingCondition"]["MaxWaitTimeInSeconds"]
     assert wait == stages(72)["train"].attempt_seconds + (QUEUE_WAIT_MINUTES - 30) * 60
+
+
+def _train_state(**options) -> dict:
+    """The train job's state as the pipeline submits it, its timeout the Train state's per-run path."""
+    stack, runner = _runner(**options)
+    state = runner.submit(
+        stack,
+        "Train",
+        job="train",
+        parameters=TRAIN_PARAMETERS,
+        job_name="$.name",
+        nodes="$.run.nodes",
+        timeout="$.timeouts.train",
+    )
+    return stack.resolve(state.to_state_json())
+
+
+# API_StoppingCondition MaxWaitTimeInSeconds: "the amount of time spent waiting for Spot capacity plus the amount of
+# time the job can run ... If the job does not complete during this time, SageMaker ends the job." The allowance beyond
+# the runtime holds the environment's capacity wait, so Spot waits and interruptions within it never end the attempt.
+@pytest.mark.parametrize("hours", [0, 2, 24])
+def test_a_spot_attempt_may_wait_the_environments_capacity_wait_for_spot(hours):
+    state = _train_state(spot=True, capacity_wait_hours=hours)
+    stopping = state["Parameters"]["StoppingCondition"]
+    runtime, wait = stopping["MaxRuntimeInSeconds"], stopping["MaxWaitTimeInSeconds"]
+    assert runtime == stages(72)["train"].attempt_seconds  # the attempt's time, as on every backend
+    assert wait - runtime >= hours * 3600 + (QUEUE_WAIT_MINUTES - 30) * 60
+    # The state gives up after SageMaker's own end (the margin uploads the output), within what the execution's
+    # timeout counts for one training submission (contracts.run.execution_seconds: the Train state at its longest).
+    assert "TimeoutSecondsPath" not in state
+    assert state["TimeoutSeconds"] == wait + 30 * 60 <= train_state_seconds(72)[-1]
+
+
+def test_a_spot_allowance_beyond_the_executions_count_is_cut_to_it():
+    # 168 h of capacity wait beside 1-hour attempts: more than one submission's share of the execution's timeout.
+    state = _train_state(spot=True, capacity_wait_hours=168, train_attempt_hours=1)
+    stopping = state["Parameters"]["StoppingCondition"]
+    assert stopping["MaxRuntimeInSeconds"] == 3600 < stopping["MaxWaitTimeInSeconds"]
+    assert state["TimeoutSeconds"] == stopping["MaxWaitTimeInSeconds"] + 30 * 60 == train_state_seconds(1)[-1]
+
+
+def test_on_demand_training_waits_as_long_as_the_train_state_says():
+    state = _train_state(spot=False, capacity_wait_hours=2)
+    assert state["TimeoutSecondsPath"] == "$.timeouts.train" and "TimeoutSeconds" not in state
+    assert state["Parameters"]["StoppingCondition"] == {"MaxRuntimeInSeconds": 72 * 3600}
 
 
 def test_on_demand_training_sets_no_spot_fields():

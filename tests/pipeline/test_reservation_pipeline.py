@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from tests import sfn_emulator
 from tests.pipeline.runs import ACCEPTED, RUN, cleared, emulated_account, messages
 from tests.synthesis import CAPACITY_BLOCK
 
@@ -84,6 +85,21 @@ def test_a_training_stopped_for_the_windows_end_is_resumable_and_not_retried(emu
     assert emulator.submitted_kinds() == ["sanity", "train"] and emulator.retry_sleeps == []
     (alert,) = messages(emulator)
     assert alert["detail"] == "TrainingWindowEnded" and alert["state"] == "Train"
+
+
+# EC2 API reference, "Error codes for the Amazon EC2 API": throttling (RequestLimitExceeded) and the server errors are
+# not modeled, so the aws-sdk integration names them after EC2's base exception, `Ec2.Ec2Exception` ("Learning to use
+# AWS service SDK integrations in Step Functions"); the emulator's moto would say "ec2.ec2Exception".
+@pytest.mark.parametrize("code", ["RequestLimitExceeded", "Unavailable"])
+def test_a_throttled_read_of_the_reservation_is_tried_again(emulator, monkeypatch, code):
+    monkeypatch.setitem(sfn_emulator.ERROR_SERVICE_NAMES, "ec2", "Ec2")
+    emulator.answers["ec2.describe_capacity_reservations"] = _block(datetime.now(UTC) + timedelta(days=1))
+    emulator.faults["ec2.describe_capacity_reservations"] = [code]
+    emulator.outcomes = {"train": [7]}
+    result = emulator.run(RUN)
+    assert result["status"] == "FAILED" and result.get("error") == "ReservationEnded", result
+    assert emulator.faulted == [f"ec2.describe_capacity_reservations:{code}"]
+    assert emulator.submitted_kinds() == ["sanity", "train"]
 
 
 def test_a_reservation_the_pipeline_cannot_read_refuses_the_run(emulator):

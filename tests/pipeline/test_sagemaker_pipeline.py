@@ -33,7 +33,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 from moto.stepfunctions.parser.asl.utils import json_path
 
-from contracts.run import FAILURE_REASON_MARKER, QUEUE_WAIT_MINUTES, RUN_ID_MAX_LENGTH
+from contracts.run import FAILURE_REASON_MARKER, QUEUE_WAIT_MINUTES, RUN_ID_MAX_LENGTH, train_state_seconds
 from tests import sfn_emulator
 from tests.pipeline.runs import (
     ACCEPTED,
@@ -54,8 +54,9 @@ DDP, IMAGE = REGISTERED_DDP, WORKLOAD_IMAGE  # registered after the deploy by th
 SAGEMAKER_VARIANT = {"compute": "sagemaker", "sagemaker_spot": "true"}
 # All tests on one xdist worker: the emulated account (a SageMaker app loaded into moto) is set up once.
 pytestmark = pytest.mark.xdist_group("sagemaker-pipeline")
-# What SageMaker reports for a managed Spot job that ran out of its MaxWaitTimeInSeconds after an interruption
-# (DescribeTrainingJob SecondaryStatus "MaxWaitTimeExceeded", API_DescribeTrainingJob).
+# What SageMaker reports for a managed Spot job that ran out of its MaxWaitTimeInSeconds after an interruption: under
+# TrainingJobStatus Stopped, SecondaryStatus "MaxWaitTimeExceeded - The job stopped because it exceeded the maximum
+# allowed wait time", and no FailureReason, which a failed job has (API_DescribeTrainingJob).
 SPOT_GAVE_UP = "spot"
 # No instances for the job (the SageMaker Python SDK raises CapacityError on such a FailureReason).
 NO_CAPACITY = "capacity"
@@ -136,8 +137,9 @@ class SageMakerEmulator(Emulator):
                     env.stack.append({**described, "TrainingJobStatus": "Completed", "SecondaryStatus": "Completed"})
                     return
                 if outcome == SPOT_GAVE_UP:
-                    status, reason = "MaxWaitTimeExceeded", "Training job exceeded MaxWaitTimeInSeconds"
-                elif outcome == NO_CAPACITY:
+                    stopped = {**described, "TrainingJobStatus": "Stopped", "SecondaryStatus": "MaxWaitTimeExceeded"}
+                    raise _task_failed(env, "States.TaskFailed", json.dumps(stopped), states_error=True)
+                if outcome == NO_CAPACITY:
                     status, reason = "Failed", "CapacityError: Unable to provision requested ML compute capacity."
                 elif outcome == INTERNAL:
                     status, reason = "Failed", "InternalServerError: We encountered an internal error."
@@ -179,6 +181,17 @@ class SageMakerEmulator(Emulator):
                 and getattr(module, "extract_json", None) is original
             ):
                 self._patch(module, "extract_json", extract_json)
+
+    def resolve(self, value, template: dict | None = None):
+        """Also Fn::GetAZs (the region's zones as EC2 lists them: moto's) and Fn::Select: a training subnet in the
+        VPC's first zone puts its zone, so written, into the pipeline's training-plan check (reservation_end.py)."""
+        if isinstance(value, dict) and "Fn::GetAZs" in value:
+            zones = boto3.client("ec2", region_name=REGION).describe_availability_zones()["AvailabilityZones"]
+            return [zone["ZoneName"] for zone in zones]
+        if isinstance(value, dict) and "Fn::Select" in value:
+            index, items = value["Fn::Select"]
+            return self.resolve(items, template)[int(index)]
+        return super().resolve(value, template)
 
     def _create(self, kind: str, name: str, properties: dict | None = None) -> dict[str, str]:
         """The SageMaker stack's role, the network's subnet and group, the file system: only names reach the jobs."""
@@ -258,6 +271,17 @@ def test_training_checkpoints_to_the_runs_prefix_on_managed_spot(emulator):
     channels = {c["ChannelName"]: c["DataSource"] for c in validate["InputDataConfig"]}
     assert channels["checkpoints"]["S3DataSource"]["S3Uri"] == prefix
     assert "EnableManagedSpotTraining" not in validate  # a trained model is never left waiting for Spot
+
+
+# The environment's capacity wait (capacity_wait_hours, 2 by default) reaches the Spot training job as its allowance
+# for Spot waits beyond its runtime (API_StoppingCondition MaxWaitTimeInSeconds), and its state gives up after the job's
+# own end, within the execution's timeout's count of one training submission.
+def test_a_spot_training_job_may_wait_the_environments_capacity_wait(world):
+    states = json.loads(world.definition)["States"]
+    job = states["Train"]["Branches"][0]["States"]["TrainJob"]
+    stopping = job["Parameters"]["StoppingCondition"]
+    assert stopping["MaxWaitTimeInSeconds"] - stopping["MaxRuntimeInSeconds"] >= 2 * 3600
+    assert stopping["MaxWaitTimeInSeconds"] < job["TimeoutSeconds"] <= train_state_seconds(72)[-1]
 
 
 # A Spot job that ran out of capacity after an interruption: the next submission is a new job on the same

@@ -27,6 +27,8 @@ from constructs.pipeline.train_attempt import CAPACITY_REASON, FailureEnds
 from contracts.job_environment import job_environment
 from contracts.run import (
     FAILURE_REASON_MARKER,
+    JOB_END_MARGIN_SECONDS,
+    MAX_ATTEMPTS,
     QUEUE_WAIT_MINUTES,
     REFUSED_EXIT_CODES,
     WINDOW_ENDED_EXIT_CODE,
@@ -124,17 +126,23 @@ class SageMakerJobRunner:
         neuron_cc_flags: str = "",
         tracking_uri: str = "",
         training_plan: str | None = None,
+        capacity_wait_hours: int = 0,
+        subnet_zone: str | None = None,
     ) -> None:
-        """`training_plan`: the ARN of the SageMaker training plan the training jobs run in (validation, on its own
-        small type, does not). `file_system`: (FSx file system id, mount name, revision) to read datasets from; None
-        reads them from S3.
-        The revision (StorageStack.file_system_revision) is written into the jobs' environment."""
+        """`training_plan`: the ARN of the SageMaker training plan the jobs on the run's nodes run in (training,
+        and Trainium's compile job; validation, on its own small type, does not). `file_system`: (FSx file system id,
+        mount name, revision) to read datasets from; None reads them from S3.
+        The revision (StorageStack.file_system_revision) is written into the jobs' environment.
+        `capacity_wait_hours`: the environment's wait for capacity, which a managed Spot attempt may spend waiting for
+        Spot capacity (interruptions included) without ending (`_spot_wait_seconds`). `subnet_zone`: the training
+        subnet's Availability Zone, which a training plan's capacity must be in (the pipeline checks it as a run starts:
+        constructs/pipeline/reservation_end.py)."""
         self.image, self.role, self.bucket_name = image, role, bucket_name
-        self.subnet_id, self.security_group_id = subnet_id, security_group_id
+        self.subnet_id, self.security_group_id, self.subnet_zone = subnet_id, security_group_id, subnet_zone
         self.instance, self.validation_instance = instance, validation_instance
         self.environment, self.spot, self.file_system = environment, spot, file_system
         self.neuron_cc_flags, self.training_plan = neuron_cc_flags, training_plan
-        self.tracking_uri = tracking_uri
+        self.tracking_uri, self.capacity_wait_hours = tracking_uri, capacity_wait_hours
         self._stages = stages(train_attempt_hours)
 
     def workload_jobs(
@@ -171,6 +179,12 @@ class SageMakerJobRunner:
         if job == "train":
             selector["ModelArtifact.$"] = "$.ModelArtifacts.S3ModelArtifacts"
         validate = job == "validate"
+        if job == "train" and self.spot:
+            # A managed Spot job ends itself at MaxWaitTimeInSeconds, which holds its Spot allowance: its state waits
+            # that long and the margin, not the pipeline's figure for the Train state (Batch's attempts, each with
+            # one queue wait); within what the execution's timeout counts for one submission (_spot_wait_seconds).
+            stopping = request["StoppingCondition"]
+            timeout = cdk.Duration.seconds(stopping["MaxWaitTimeInSeconds"] + JOB_END_MARGIN_SECONDS)
         state: dict = {
             "Type": "Task",
             "Resource": f"arn:{cdk.Stack.of(scope).partition}:states:::sagemaker:createTrainingJob.sync",
@@ -233,7 +247,10 @@ class SageMakerJobRunner:
                 "VolumeSizeInGB": VOLUME_GIB,
                 # A training job runs in a training plan's reserved instances when its ResourceConfig names the plan
                 # (SageMaker API reference: CreateTrainingPlan, "Queue training jobs"; ResourceConfig.TrainingPlanArn).
-                **({"TrainingPlanArn": self.training_plan} if training and self.training_plan else {}),
+                # Every job on the run's nodes does: Trainium's compile job is a training job on the plan's type too
+                # (a plan's target is "training-job", any of them: SageMaker developer guide, "Training plans
+                # utilization for SageMaker training jobs"), so it uses the capacity paid for, not on-demand hours.
+                **({"TrainingPlanArn": self.training_plan} if multi_node and self.training_plan else {}),
             },
             # The training subnet and the EFA group (all traffic to and from itself, Lustre to FSx).
             "VpcConfig": {"Subnets": [self.subnet_id], "SecurityGroupIds": [self.security_group_id]},
@@ -256,18 +273,31 @@ class SageMakerJobRunner:
             request["EnableManagedSpotTraining"] = True
         return request
 
-    @staticmethod
-    def _stopping_condition(stage: Stage, *, spot: bool) -> dict:
+    def _stopping_condition(self, stage: Stage, *, spot: bool) -> dict:
         """How long one attempt may run and, on managed Spot, wait for capacity, at most 28 days
         (API_StoppingCondition): the attempt's time, and its deadline (contracts.run Stage.deadline_seconds, the one
-        EKS Jobs get too), which ends the job before the state that waits for it gives up: SageMaker's own end is an
-        attempt failure, retried on fresh instances; the state's timeout is not."""
-        wait = stage.deadline_seconds - stage.attempt_seconds
-        # MaxWait "must be larger than" MaxRuntime (SageMaker developer guide, "Managed Spot Training").
-        fields = {"MaxRuntimeInSeconds": min(stage.attempt_seconds, MAX_JOB_SECONDS - wait)}
-        if spot:
-            fields["MaxWaitTimeInSeconds"] = min(stage.deadline_seconds, MAX_JOB_SECONDS)
-        return fields
+        EKS Jobs get too) or on Spot its allowance (`_spot_wait_seconds`), which ends the job before the state that
+        waits for it gives up: SageMaker's own end is an attempt failure, retried on fresh instances; the state's
+        timeout is not."""
+        queue = stage.deadline_seconds - stage.attempt_seconds
+        if not spot:
+            return {"MaxRuntimeInSeconds": min(stage.attempt_seconds, MAX_JOB_SECONDS - queue)}
+        wait = self._spot_wait_seconds(stage)
+        runtime = min(stage.attempt_seconds, MAX_JOB_SECONDS - wait)
+        # MaxWait "must be larger than" MaxRuntime (SageMaker developer guide, "Managed Spot Training"); it "is the
+        # amount of time spent waiting for Spot capacity plus the amount of time the job can run. ... If the job does
+        # not complete during this time, SageMaker ends the job" (API_StoppingCondition MaxWaitTimeInSeconds).
+        return {"MaxRuntimeInSeconds": runtime, "MaxWaitTimeInSeconds": runtime + wait}
+
+    def _spot_wait_seconds(self, stage: Stage) -> int:
+        """What a managed Spot attempt may spend beyond its runtime waiting for Spot capacity, at its start and after
+        each interruption: the attempt's queue wait and the environment's capacity_wait_hours, so that waits within
+        the capacity wait never end the attempt. At most what keeps the state that waits for the job (MaxWait and the
+        margin) within the execution's count of one training submission (Stage.state_seconds(MAX_ATTEMPTS), what
+        contracts.run.execution_seconds counts), so the execution's timeout still bounds the run."""
+        queue = stage.deadline_seconds - stage.attempt_seconds
+        counted = stage.state_seconds(MAX_ATTEMPTS) - JOB_END_MARGIN_SECONDS - stage.attempt_seconds
+        return min(queue + self.capacity_wait_hours * 3600, counted)
 
     @property
     def checkpoints_on_fsx(self) -> bool:
@@ -398,7 +428,11 @@ class SageMakerJobRunner:
     def read_failed_job(self, ends: FailureEnds) -> sfn.State:
         """A failed training job's description (the .sync task's Cause): its FailureReason carries the first
         characters of /opt/ml/output/failure (SageMaker developer guide, "How Amazon SageMaker AI Provides Training
-        Information"), where launch.py writes FAILURE_REASON_MARKER and the exit code; no instances is CapacityError."""
+        Information"), where launch.py writes FAILURE_REASON_MARKER and the exit code; no instances is CapacityError.
+        A managed Spot job SageMaker stopped at MaxWaitTimeInSeconds (Stopped, SecondaryStatus MaxWaitTimeExceeded, no
+        FailureReason: API_DescribeTrainingJob) is an attempt failure: its allowance already held the environment's
+        capacity wait (_spot_wait_seconds), and the capacity path asks again every 5 minutes for that long, each ask a
+        whole new Spot job, which neither capacity_wait_hours nor the execution's timeout counts."""
         scope, id_ = ends.scope, ends.id_
         reason = "$.job.FailureReason"
         by_reason = sfn.Choice(scope, f"{id_}IsRunRefusedByReason")
