@@ -35,12 +35,20 @@ RUNS_TABLE_KEY = "run_id"
 RUN_HOLDER = "execution"
 RUN_SINCE = "since"
 RUN_INPUT = "input"
+# A run's approval, once validated and approved, as JSON text (constructs/pipeline/approval_record.py): the record the
+# pipeline and a later run's init_from trust; models/<run_id>/approval.json is a copy for people.
+RUN_APPROVAL = "approval"
 # EKS's node-group lease, one item `lease#<environment>` in the same table (constructs/compute/eks/node_lease.py):
 # no run id holds a '#' (contracts/run.py RUN_ID_CHARACTERS), so it is never a run's.
 NODE_LEASE_PREFIX = "lease#"
 # Trainium's persistent compile cache (training_image/efa_training/runtime/launch/neuron_compile.py), shared by every
 # node and run.
 NEURON_CACHE_PREFIX = "neuron-cache/"
+# The file system's folders a Batch or EKS job writes (its checkpoints, its run folder, Trainium's compile cache): the
+# only ones mounted read-write. The rest of /fsx (datasets/, models/, mlflow/) is mounted read-only, so no job writes
+# what the data repository association would export over a dataset or an approved model. A per-run folder cannot be
+# a mount of its own (a job definition's and a Job template's mounts are fixed): another run's folders stay writable.
+FSX_WRITABLE = (CHECKPOINTS_PREFIX, RUNS_PREFIX, NEURON_CACHE_PREFIX)
 # The cost-allocation tag `Project` on every resource (app.py) and every SageMaker training job (created at run time).
 PROJECT = "efa-training"
 # The training image's EMF namespace (training_image/efa_training/runtime/metrics.py NAMESPACE; tests hold the two

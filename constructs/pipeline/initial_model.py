@@ -3,7 +3,8 @@
 `init_from` (contracts/run.py): empty, from scratch; "approved", the newest version of the run's workload in the
 SageMaker Model Registry (status Approved, group efa-training-<env>-<workload>: model_registry.py registers each
 approved run there), whose run id then names the record read; or a run id, that run's approval record
-(models/<run_id>/approval.json, written once when it was approved). The block adds to `$.run`:
+(its item's approval in the runs table, written once when it was approved, where no job can write:
+approval_record.py). The block adds to `$.run`:
   init_run: the initial model's run id, or contracts.run.NO_INITIAL_MODEL (the train job's --init-from),
   baseline: where the run gave none, the initial model's own verdict value; from scratch, "none" where no model was
   ever approved (the environment's first run: its own metric becomes the baseline), else the run is refused.
@@ -12,13 +13,13 @@ instance starts; the reads retry throttling and 5xx like the pipeline's other ca
 """
 
 import aws_cdk as cdk
-import aws_cdk.aws_s3 as s3
+import aws_cdk.aws_dynamodb as dynamodb
 import aws_cdk.aws_stepfunctions as sfn
 import aws_cdk.aws_stepfunctions_tasks as tasks
 
-from config.layout import MODELS_PREFIX
+from config.layout import RUN_APPROVAL, RUNS_TABLE_KEY
 from constructs import Construct
-from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
+from constructs.pipeline.aws_calls import CALL_TIMEOUT, DYNAMODB_TRANSIENT, retry_transient
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.input_checks import INVALID, MISSING
 from constructs.pipeline.model_registry import GROUP_PREFIX, SAGEMAKER_TRANSIENT, group_name
@@ -36,7 +37,7 @@ class InitialModel:
         self,
         scope: Construct,
         *,
-        bucket: s3.IBucket,
+        table: dynamodb.ITable,
         failures: FailurePath,
         environment: str,
         supported: bool = True,
@@ -68,7 +69,7 @@ class InitialModel:
                     "data from S3 and cannot reach other runs' checkpoints (set sagemaker_data_source=fsx)",
                 ),
             )
-        named = self._named(bucket, use)
+        named = self._named(table, use)
         choose.when(C.string_equals("$.run.init_from", INIT_FROM_APPROVED), self._approved(named))
         choose.otherwise(named)
         scratch.next(self.chosen)
@@ -225,49 +226,50 @@ class InitialModel:
         )
         return listed
 
-    def _named(self, bucket: s3.IBucket, then: sfn.IChainable) -> tasks.CallAwsService:
-        """A named run's approval record: S3 GetObject. After the retries any failure is ModelNotApproved
-        (S3.NoSuchKeyException: the run was never approved; the detail says which)."""
-        return self._read(
+    def _named(self, table: dynamodb.ITable, then: sfn.IChainable) -> tasks.DynamoGetItem:
+        """A named run's approval: the attribute RUN_APPROVAL of its item in the runs table, where only the pipeline
+        writes (approval_record.py; a job could write models/<run_id>/approval.json itself), read strongly consistent
+        into `$.initial.approval`. None there: ModelNotApproved; a table that cannot be read after its retries alike."""
+        scope = self._scope
+        read = tasks.DynamoGetItem(
+            scope,
             "GetNamedApproval",
-            ("s3", "getObject", "s3:GetObject", [bucket.arn_for_objects(f"{MODELS_PREFIX}*/approval.json")]),
-            {
-                "Bucket": bucket.bucket_name,
-                "Key": J.format(f"{MODELS_PREFIX}{{}}/approval.json", J.string_at("$.run.init_from")),
-            },
-            "$.Body",
-            MODEL_NOT_APPROVED,
-            then,
-        )
-
-    def _read(
-        self,
-        id_: str,
-        call: tuple[str, str, str, list[str]],
-        parameters: dict,
-        document: str,
-        error: str,
-        then: sfn.IChainable,
-    ) -> tasks.CallAwsService:
-        """One AWS SDK read of an approval record (a JSON document at `document` in the response) into `$.initial`,
-        retried on throttling and 5xx, its failure notified as `error`."""
-        service, action, iam_action, resources = call
-        get = tasks.CallAwsService(
-            self._scope,
-            id_,
-            service=service,
-            action=action,
-            parameters=parameters,
-            iam_resources=resources,
-            iam_action=iam_action,
-            result_selector={"approval.$": f"States.StringToJson({document})"},
-            result_path="$.initial",
+            table=table,
+            key={RUNS_TABLE_KEY: tasks.DynamoAttributeValue.from_string(J.string_at("$.run.init_from"))},
+            consistent_read=True,
+            result_path="$.initial_item",
             task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
         )
-        retry_transient(get)
-        self._failures.catch(get, id_, error)
-        get.next(then)
-        return get
+        retry_transient(read, DYNAMODB_TRANSIENT)
+        self._failures.catch(read, "GetNamedApproval", MODEL_NOT_APPROVED)
+        recorded = f"$.initial_item.Item.{RUN_APPROVAL}.S"
+        take = sfn.Pass(
+            scope,
+            "ReadNamedApproval",
+            parameters={"run.$": "$.run", "initial": {"approval.$": f"States.StringToJson({recorded})"}},
+        )
+        never = sfn.Pass(
+            scope,
+            "OnNamedRunNotApproved",
+            parameters={
+                "run.$": "$.run",
+                "failure": {
+                    "state": "GetNamedApproval",
+                    "error": MODEL_NOT_APPROVED,
+                    "detail": "NoApprovalRecorded",
+                    "cause": J.format(
+                        "init_from {} names no approved run: the runs table records no approval for it; give an "
+                        "approved run id, approved, or leave init_from out",
+                        J.string_at("$.run.init_from"),
+                    ),
+                },
+            },
+        )
+        never.next(self._failures.notify)
+        read.next(
+            sfn.Choice(scope, "IsNamedRunApproved").when(C.is_present(recorded), take.next(then)).otherwise(never)
+        )
+        return read
 
     def _use_initial_model(self) -> sfn.Choice:
         """The record must name a run and carry a numeric verdict value; the run takes its id, and its value as the

@@ -140,7 +140,7 @@ class TrainingPipeline(JobStages):
         stages = [self._input(), dataset_check(self, bucket=self._bucket, failures=self._failures)]
         initial = InitialModel(
             self,
-            bucket=self._bucket,
+            table=self._table,
             failures=self._failures,
             environment=self._environment,
             supported=options.initial_models,
@@ -168,6 +168,7 @@ class TrainingPipeline(JobStages):
             self,
             environment=self._environment,
             bucket=self._bucket,
+            table=self._table,
             topic=topic,
             failures=self._failures,
             approved_model_parameter=self.approved_model_parameter,

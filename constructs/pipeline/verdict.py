@@ -1,12 +1,14 @@
 """After validation: read the verdict, then approve and record the model, or reject it, or fail on a bad verdict.
 
-Approval is recorded once per run (`models/<run_id>/approval.json`, If-None-Match: *): a retried step or a resumed
-run that finds it recorded publishes the recorded one, so the SSM parameter never names a different approval.
+Approval is recorded once per run, in the run's item of the runs table, where no job can write (approval_record.py):
+a retried step or a resumed run that finds it recorded publishes the recorded one, so the SSM parameter never names a
+different approval; `models/<run_id>/approval.json` is its copy.
 Once the model is approved and recorded, a notification that still fails does not turn the run into a failure, nor
 does a model registry that cannot be reached (constructs/pipeline/model_registry.py).
 """
 
 import aws_cdk as cdk
+import aws_cdk.aws_dynamodb as dynamodb
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_s3 as s3
 import aws_cdk.aws_sns as sns
@@ -15,10 +17,10 @@ import aws_cdk.aws_stepfunctions_tasks as tasks
 
 from config.layout import MODELS_PREFIX, RUNS_PREFIX
 from constructs import Construct
+from constructs.pipeline.approval_record import record_approval as record_approval_once
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, NOTIFICATION_ERRORS, retry_transient
 from constructs.pipeline.failure_path import FailurePath
 from constructs.pipeline.model_registry import register_approved
-from constructs.pipeline.run_claim import PRECONDITION_FAILED
 
 C = sfn.Condition
 J = sfn.JsonPath
@@ -35,11 +37,12 @@ class VerdictBranch:
         *,
         environment: str,
         bucket: s3.IBucket,
+        table: dynamodb.ITable,
         topic: sns.ITopic,
         failures: FailurePath,
         approved_model_parameter: str,
     ) -> None:
-        self._scope, self._bucket, self._topic = scope, bucket, topic
+        self._scope, self._bucket, self._topic, self._table = scope, bucket, topic, table
         self._environment, self._failures = environment, failures
         self._parameter = approved_model_parameter
         read_verdict = self._s3_call(
@@ -106,7 +109,9 @@ class VerdictBranch:
             },
         )
         publish_model = self._publish_model()
-        record_approval = self._record_approval(then=publish_model)
+        record_approval = record_approval_once(
+            scope, table=self._table, bucket=self._bucket, failures=failures, then=publish_model
+        )
         succeeded = sfn.Succeed(scope, "RunSucceeded")
         notify_approved = self._notify(
             "NotifyApproved",
@@ -125,67 +130,7 @@ class VerdictBranch:
         register, registered = register_approved(scope, self._environment)
         publish_model.next(register)
         registered.next(notify_approved).next(succeeded)
-        return copy_verdict.next(describe_model).next(record_approval).next(publish_model)
-
-    def _record_approval(self, *, then: sfn.IChainable) -> tasks.CallAwsService:
-        """PutObject If-None-Match: *; on 412 the recorded approval is read back and published instead."""
-        scope, failures = self._scope, self._failures
-        record = self._s3_call(
-            "RecordApproval",
-            "putObject",
-            "$.paths.approval_key",
-            f"{MODELS_PREFIX}*",
-            "s3:PutObject",
-            after_key={
-                "Body": J.json_to_string(J.object_at("$.approval")),
-                "ContentType": "application/json",
-                "IfNoneMatch": "*",
-            },
-        )
-        read_back = self._s3_call(
-            "ReadRecordedApproval",
-            "getObject",
-            "$.paths.approval_key",
-            f"{MODELS_PREFIX}*/approval.json",
-            "s3:GetObject",
-            result_selector={"recorded.$": "States.StringToJson($.Body)"},
-            result_path="$.recorded",
-        )
-        failures.catch(read_back, "ReadRecordedApproval", "ApprovalNotRecorded")
-        use_recorded = sfn.Pass(
-            scope,
-            "UseRecordedApproval",
-            parameters={
-                "run.$": "$.run",
-                "paths.$": "$.paths",
-                "verdict.$": "$.verdict",
-                "approval.$": "$.recorded.recorded",
-            },
-        )
-        use_recorded.next(then)
-        record.add_catch(
-            sfn.Choice(scope, "IsApprovalRecorded")
-            .when(C.string_matches("$.caught.Cause", PRECONDITION_FAILED), read_back.next(use_recorded))
-            .otherwise(
-                sfn.Pass(
-                    scope,
-                    "RecordApprovalFailed",
-                    parameters={
-                        "run.$": "$.run",
-                        "failure": {
-                            "state": "RecordApproval",
-                            "error": "ApprovalNotRecorded",
-                            "detail.$": "$.caught.Error",
-                            "cause.$": "$.caught.Cause",
-                        },
-                    },
-                ).next(failures.notify)
-            ),
-            errors=["S3.S3Exception"],
-            result_path="$.caught",
-        )
-        failures.catch(record, "RecordApproval", "ApprovalNotRecorded")
-        return record
+        return copy_verdict.next(describe_model).next(record_approval)
 
     def _publish_model(self) -> tasks.CallAwsService:
         stack = cdk.Stack.of(self._scope)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from config import Accelerator, InstanceType
-from config.layout import FSX_MOUNT_PATH
+from config.layout import FSX_MOUNT_PATH, FSX_WRITABLE
 from contracts.job_environment import STOP_GRACE_SECONDS, job_environment, shared_memory_gib
 
 NAMESPACE = "training"
@@ -103,7 +103,17 @@ def volumes(instance: InstanceType, site: Site = Site()) -> list[dict]:
 
 
 def volume_mounts() -> list[dict]:
-    return [{"name": "fsx", "mountPath": FSX_MOUNT_PATH}, {"name": "shm", "mountPath": "/dev/shm"}]
+    """The file system read-only, and read-write only where a job writes (config/layout.py FSX_WRITABLE): the same
+    claim again at each of those folders (Kubernetes docs, "Volumes": `subPath`, and a mount's `readOnly`)."""
+    writable = [
+        {"name": "fsx", "mountPath": f"{FSX_MOUNT_PATH}/{folder.rstrip('/')}", "subPath": folder.rstrip("/")}
+        for folder in FSX_WRITABLE
+    ]
+    return [
+        {"name": "fsx", "mountPath": FSX_MOUNT_PATH, "readOnly": True},
+        *writable,
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
 
 
 def container(

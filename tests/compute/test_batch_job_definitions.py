@@ -89,13 +89,17 @@ def test_multi_node_jobs_map_every_efa_device_and_accelerator(name):
             assert [d for d in devices if "neuron" in d] == [f"/dev/neuron{i}" for i in range(it.accelerators)]
         assert container["Ulimits"] == [{"Name": "memlock", "SoftLimit": -1, "HardLimit": -1}]
         assert container["LinuxParameters"]["SharedMemorySize"] >= 16 * 1024
-        # /fsx, and the host's instance id read-only (a bad-host record names it: runtime/bad_hosts.py)
+        # /fsx read-only but for the folders a job writes (config/layout.py FSX_WRITABLE), and the host's instance id
+        # read-only (a bad-host record names it: runtime/bad_hosts.py)
+        writable = ("checkpoints", "runs", "neuron-cache")
         assert container["Volumes"] == [
             {"Name": "fsx", "Host": {"SourcePath": "/fsx"}},
+            *({"Name": f"fsx-{w}", "Host": {"SourcePath": f"/fsx/{w}"}} for w in writable),
             {"Name": "host-identity", "Host": {"SourcePath": "/var/lib/efa-training"}},
         ]
         assert container["MountPoints"] == [
-            {"ContainerPath": "/fsx", "SourceVolume": "fsx"},
+            {"ContainerPath": "/fsx", "ReadOnly": True, "SourceVolume": "fsx"},
+            *({"ContainerPath": f"/fsx/{w}", "SourceVolume": f"fsx-{w}"} for w in writable),
             {"ContainerPath": "/etc/efa-training/host", "ReadOnly": True, "SourceVolume": "host-identity"},
         ]
         env = _environment(props)

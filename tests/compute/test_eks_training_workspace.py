@@ -94,7 +94,7 @@ def test_runtime_pod_has_fsx_shm_and_toleration(instance_type):
     assert {"name": "fsx", "persistentVolumeClaim": {"claimName": claim}} in pod["volumes"]
     memory = {"medium": "Memory", "sizeLimit": f"{shared_memory_gib(CATALOGUE[instance_type])}Gi"}
     assert {"name": "shm", "emptyDir": memory} in pod["volumes"]
-    assert {"name": "fsx", "mountPath": "/fsx"} in pod["containers"][0]["volumeMounts"]
+    assert {"name": "fsx", "mountPath": "/fsx", "readOnly": True} in pod["containers"][0]["volumeMounts"]
     assert pod["tolerations"][0]["key"] == ACCELERATOR_TAINT_KEY
 
 

@@ -10,7 +10,7 @@ import boto3
 from moto import mock_aws
 from moto.core.config import DefaultConfig
 
-from config.layout import RUN_HOLDER, RUN_INPUT, RUN_SINCE, RUNS_TABLE_KEY
+from config.layout import RUN_APPROVAL, RUN_HOLDER, RUN_INPUT, RUN_SINCE, RUNS_TABLE_KEY
 from tests.sfn_emulator import ACCOUNT, PREPARED_DATASET, REGION, Emulator
 
 MOTO_CONFIG: DefaultConfig = {"stepfunctions": {"execute_state_machine": True}, "batch": {"use_docker": False}}
@@ -74,6 +74,16 @@ def hold_run(emulator, run: Mapping[str, Any], execution: str) -> None:
             RUN_INPUT: {"S": json.dumps(run)},
         },
     )
+
+
+def record_approved(emulator, approval: Mapping[str, Any]) -> None:
+    """A run approved earlier, as the pipeline leaves it: its item's approval in the runs table and the S3 copy."""
+    boto3.client("dynamodb", region_name=REGION).put_item(
+        TableName=emulator.runs_table,
+        Item={RUNS_TABLE_KEY: {"S": approval["run_id"]}, RUN_APPROVAL: {"S": json.dumps(approval)}},
+    )
+    key = f"models/{approval['run_id']}/approval.json"
+    emulator.s3.put_object(Bucket=emulator.bucket, Key=key, Body=json.dumps(approval).encode())
 
 
 def state_machine(template: Mapping[str, Any]) -> dict:

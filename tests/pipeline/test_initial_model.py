@@ -2,15 +2,15 @@
 
 The initial model is resolved before the run id is claimed (constructs/pipeline/initial_model.py): the newest
 approved version of the run's workload in the SageMaker Model Registry (moto's, every request checked by botocore's
-model), or a named run's approval record in S3; the train job gets its run id as `init_from`, and the validation
-baseline defaults to its verdict value.
+model), or a named run's approval record in the runs table; the train job gets its run id as `init_from`, and the
+validation baseline defaults to its verdict value.
 """
 
 import json
 
 import boto3
 
-from tests.pipeline.runs import ACCEPTED, RUN, messages, states
+from tests.pipeline.runs import ACCEPTED, RUN, messages, record_approved, states
 from tests.sfn_emulator import REGION
 
 PREVIOUS: dict = {
@@ -25,11 +25,9 @@ INCREMENTAL = {key: value for key, value in RUN.items() if key != "baseline"}
 
 
 def _approve_previous(emulator, *, published: bool = True, workload: str = "gpt") -> None:
-    """PREVIOUS approved: its record in S3 and, `published`, a version in its workload's registry group, as the
-    pipeline's RecordApproval and RegisterApprovedModel leave them."""
-    emulator.s3.put_object(
-        Bucket=emulator.bucket, Key=f"models/{PREVIOUS['run_id']}/approval.json", Body=json.dumps(PREVIOUS).encode()
-    )
+    """PREVIOUS approved: its record in its runs-table item (and the copy in S3) and, `published`, a version in its
+    workload's registry group, as the pipeline's RecordApproval and RegisterApprovedModel leave them."""
+    record_approved(emulator, PREVIOUS)
     if published:
         registry = boto3.client("sagemaker", region_name=REGION)
         group = f"efa-training-dev-{workload}"
@@ -156,3 +154,14 @@ def test_an_approved_version_that_names_no_run_fails_the_run_before_any_job(emul
     assert result["status"] == "FAILED" and result.get("error") == "ModelNotApproved", result
     (alert,) = messages(emulator)
     assert alert["detail"] == "ApprovedVersionUnnamed" and emulator.submitted == []
+
+
+def test_an_approval_file_a_job_wrote_in_s3_does_not_make_a_run_approved(emulator):
+    # A job can write models/<run_id>/approval.json through /fsx (the data repository association exports it): the
+    # record a run starts from is the runs table's, which only the pipeline writes (approval_record.py).
+    emulator.s3.put_object(
+        Bucket=emulator.bucket, Key=f"models/{PREVIOUS['run_id']}/approval.json", Body=json.dumps(PREVIOUS).encode()
+    )
+    result = emulator.run({**RUN, "run_id": "incr-forged", "init_from": PREVIOUS["run_id"]})
+    assert result["status"] == "FAILED" and result.get("error") == "ModelNotApproved", result
+    assert "records no approval" in result["cause"] and emulator.submitted == []

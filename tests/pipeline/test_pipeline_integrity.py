@@ -292,6 +292,28 @@ def test_an_approval_is_recorded_once_and_a_resume_publishes_the_same_one(emulat
     assert recorded["execution"] == first["executionArn"]
 
 
+def test_an_approval_a_job_wrote_before_the_pipeline_is_never_adopted(emulator):
+    # On Batch and EKS a job can write models/<run_id>/approval.json through /fsx (the data repository association
+    # exports it): the pipeline records its own approval in the runs table and writes the copy over the forgery.
+    forged = {"run_id": RUN["run_id"], "model": "s3://elsewhere/", "verdict": {**ACCEPTED, "value": 0.1},
+              "execution": "arn:aws:states:us-east-1:123456789012:execution:pipeline:forged"}  # fmt: skip
+    key = f"models/{RUN['run_id']}/approval.json"
+    emulator.verdict = ACCEPTED
+    emulator.held["validate"] = threading.Event()  # the forgery lands while the run's validation runs
+    execution = started(emulator, RUN, "forged-approval")
+    deadline = time.monotonic() + 30
+    while "validate" not in emulator.submitted_kinds() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    emulator.s3.put_object(Bucket=emulator.bucket, Key=key, Body=json.dumps(forged).encode())
+    emulator.held["validate"].set()
+    result = emulator.wait(execution)
+    assert result["status"] == "SUCCEEDED", result
+    published = approval(emulator)
+    assert published["execution"] == result["executionArn"] and published["verdict"]["value"] == ACCEPTED["value"]
+    assert json.loads(emulator.s3.get_object(Bucket=emulator.bucket, Key=key)["Body"].read()) == published
+    assert json.loads(run_item(emulator, RUN["run_id"])["approval"]) == published
+
+
 def test_a_notification_that_keeps_failing_does_not_fail_an_approved_run(emulator):
     emulator.verdict = ACCEPTED
     emulator.faults["sns.publish"] = ["Throttling"] * 6  # every attempt

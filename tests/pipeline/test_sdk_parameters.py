@@ -1,6 +1,6 @@
 """The pipeline's AWS SDK integration calls name only request members of their API (botocore's model, the one the
 SDKs are built from), so a misspelt parameter fails here and not in an account; and the approval's conditional write
-is S3's If-None-Match (constructs/pipeline/verdict.py RecordApproval)."""
+is DynamoDB's (constructs/pipeline/approval_record.py RecordApproval)."""
 
 import functools
 
@@ -54,7 +54,7 @@ def _unknown(parameters: dict, shape: Shape, at: str) -> list[str]:
 def test_every_sdk_call_names_only_members_of_its_apis_request(calls):
     # "Learning to use AWS service SDK integrations in Step Functions": "Parameters in Step Functions are expressed
     # in PascalCase, even if the native service API is in camelCase": the API's member names, as in botocore's model.
-    assert "RecordApproval" in calls and "RegisterApprovedModel" in calls
+    assert "WriteApprovalCopy" in calls and "RegisterApprovedModel" in calls
     problems = []
     for name, state in calls.items():
         parameters = state.get("Parameters", state.get("Arguments", {}))
@@ -63,12 +63,12 @@ def test_every_sdk_call_names_only_members_of_its_apis_request(calls):
     assert problems == []
 
 
-def test_the_approval_is_written_only_where_none_is_recorded(calls):
-    # S3 PutObject IfNoneMatch (botocore's model, the header If-None-Match): "Uploads the object only if the object
-    # key name does not already exist in the bucket specified. Otherwise, Amazon S3 returns a 412 Precondition
-    # Failed error." "Expects the '*' (asterisk) character."
-    record = calls["RecordApproval"]
-    assert record["Resource"].endswith(":aws-sdk:s3:putObject")
-    assert record["Parameters"]["IfNoneMatch"] == "*"
-    member = _input(record["Resource"]).members["IfNoneMatch"]
-    assert member.serialization == {"location": "header", "name": "If-None-Match"}
+def test_the_approval_is_recorded_only_where_none_is(synth):
+    # DynamoDB developer guide, "Condition expressions": the update fails ConditionalCheckFailedException where the
+    # run's item is missing or already holds an approval (then the recorded one is read back and published).
+    record = states(synth().raw("pipeline"))["RecordApproval"]
+    assert record["Resource"].endswith(":states:::dynamodb:updateItem")
+    parameters = record["Parameters"]
+    assert parameters["ConditionExpression"] == "attribute_exists(run_id) AND attribute_not_exists(#approval)"
+    assert parameters["ExpressionAttributeNames"] == {"#approval": "approval"}
+    assert parameters["UpdateExpression"] == "SET #approval = :approval"

@@ -174,6 +174,7 @@ def test_every_aws_call_of_the_pipeline_retries_with_full_jitter(pipeline):
         "CopyVerdictToModels",
         "RecordApproval",
         "ReadRecordedApproval",
+        "WriteApprovalCopy",
         "PublishApprovedModel",
         "NotifyApproved",
         "NotifyRejected",
@@ -376,7 +377,8 @@ def test_the_environments_capacity_wait_sets_how_often_capacity_is_asked_again()
 
 def test_the_initial_model_reads_are_limited_to_the_environments_registry_and_approval_records(pipeline):
     # init_from: DescribeModelPackage on this environment's model package groups' versions (the run id of the newest
-    # approved one), GetObject on models/*/approval.json; the SSM parameter is no longer read.
+    # approved one), GetItem on the runs table (its approval: approval_record.py), never a models/ object a job could
+    # have written; the SSM parameter is no longer read.
     statements = [
         s
         for r in pipeline["Resources"].values()
@@ -386,8 +388,9 @@ def test_the_initial_model_reads_are_limited_to_the_environments_registry_and_ap
     (describe,) = [s for s in statements if s["Action"] == "sagemaker:DescribeModelPackage"]
     assert json.dumps(describe["Resource"]).endswith(':model-package/efa-training-test-*"]]}')
     assert not [s for s in statements if s["Action"] == "ssm:GetParameter"]
+    assert [s for s in statements if s["Action"] == "dynamodb:GetItem"]
     reads = [s for s in statements if s["Action"] == "s3:GetObject"]
-    assert any(json.dumps(s["Resource"]).endswith('/models/*/approval.json"]]}') for s in reads), reads
+    assert not any("/models/" in json.dumps(s["Resource"]) for s in reads), reads
 
 
 def test_execution_logs_go_to_a_vended_logs_group_of_this_stack():

@@ -24,6 +24,7 @@ from config.layout import (
     CHECKPOINTS_PREFIX,
     DATASETS_PREFIX,
     FSX_MOUNT_PATH,
+    FSX_WRITABLE,
     HOST_IDENTITY_DIR,
     HOST_IDENTITY_MOUNT,
     INSTANCE_ID_FILE,
@@ -337,7 +338,19 @@ class BatchJobDefinitions(Construct):
             # EFA registers (pins) large buffers: locked memory must be unlimited.
             ulimits=[batch.Ulimit(name=batch.UlimitName.MEMLOCK, soft_limit=-1, hard_limit=-1)],
             volumes=[
-                batch.EcsVolume.host(name="fsx", host_path=FSX_MOUNT_PATH, container_path=FSX_MOUNT_PATH),
+                # The file system read-only, read-write only where a job writes (config/layout.py FSX_WRITABLE): a
+                # mount point's readOnly (Batch API reference, MountPoint) and one volume per writable folder.
+                batch.EcsVolume.host(
+                    name="fsx", host_path=FSX_MOUNT_PATH, container_path=FSX_MOUNT_PATH, readonly=True
+                ),
+                *(
+                    batch.EcsVolume.host(
+                        name=f"fsx-{folder.rstrip('/')}",
+                        host_path=f"{FSX_MOUNT_PATH}/{folder.rstrip('/')}",
+                        container_path=f"{FSX_MOUNT_PATH}/{folder.rstrip('/')}",
+                    )
+                    for folder in FSX_WRITABLE
+                ),
                 # The host's instance id (host_user_data.py), named in a bad-host record the pipeline acts on.
                 batch.EcsVolume.host(
                     name="host-identity", host_path=HOST_IDENTITY_DIR, container_path=HOST_IDENTITY_MOUNT, readonly=True
