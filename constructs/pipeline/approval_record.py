@@ -96,7 +96,8 @@ def _recorded(scope: Construct, table: dynamodb.ITable, failures: FailurePath, c
     )
     found = sfn.Choice(scope, "IsApprovalRecorded")
     found.when(sfn.Condition.is_present(RECORDED), use.next(copy)).otherwise(missing.next(failures.notify))
-    return read.next(found)
+    read.next(found)
+    return read
 
 
 def _copy(scope: Construct, bucket: s3.IBucket) -> tasks.CallAwsService:
