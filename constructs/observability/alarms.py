@@ -35,6 +35,10 @@ from constructs.observability.dashboard import (
     STRAGGLER_METRIC,
     TRAINING_NAMESPACE,
 )
+from constructs.pipeline.job_stages import CAPACITY_UNAVAILABLE, RESERVATION_ENDED
+from constructs.pipeline.reservation_end import ENDS_TOO_SOON, ZONE_MISMATCH
+from constructs.pipeline.reservation_end import OVER as RESERVATION_OVER
+from constructs.pipeline.run_quote import OVER_BUDGET
 from contracts.workload import HANG_TIMEOUT_DEFAULT
 
 GIB = 1024**3
@@ -55,14 +59,25 @@ MODEL_REJECTED_ERROR = "ValidationFailed"
 # A refused input (malformed, or a run id already taken) is the caller's mistake, told to the caller by the
 # execution's own error; it ran nothing, so it does not page as a broken pipeline.
 INPUT_REFUSED_ERROR = "InvalidInput"
+# Endings the pipeline designed and already mailed, with what to do (its failure path's notification): capacity that
+# never came, a reservation's end (resumable), a run over budget, a reservation that cannot serve the run. Nothing is
+# broken, so they page nobody; the execution's own error still says which.
+DESIGNED_ENDINGS = (
+    CAPACITY_UNAVAILABLE,
+    RESERVATION_ENDED,
+    OVER_BUDGET,
+    ENDS_TOO_SOON,
+    RESERVATION_OVER,
+    ZONE_MISMATCH,
+)
 PIPELINE_FAILURES_METRIC = "PipelineFailures"
 MODELS_REJECTED_METRIC = "ModelsRejected"
 
 
 def execution_failed_filter(error_is_rejection: bool) -> logs.IFilterPattern:
     """Step Functions' ExecutionFailed log event ({"type": "ExecutionFailed", "details": {"error": ...}}, Step
-    Functions developer guide, cw-logs.html), split on whether the error is a rejected model; a refused input
-    counts as neither."""
+    Functions developer guide, cw-logs.html), split on whether the error is a rejected model; a refused input and a
+    designed ending (DESIGNED_ENDINGS) count as neither."""
     failed = logs.FilterPattern.string_value("$.type", "=", "ExecutionFailed")
     if error_is_rejection:
         return logs.FilterPattern.all(
@@ -70,8 +85,10 @@ def execution_failed_filter(error_is_rejection: bool) -> logs.IFilterPattern:
         )
     return logs.FilterPattern.all(
         failed,
-        logs.FilterPattern.string_value("$.details.error", "!=", MODEL_REJECTED_ERROR),
-        logs.FilterPattern.string_value("$.details.error", "!=", INPUT_REFUSED_ERROR),
+        *(
+            logs.FilterPattern.string_value("$.details.error", "!=", error)
+            for error in (MODEL_REJECTED_ERROR, INPUT_REFUSED_ERROR, *DESIGNED_ENDINGS)
+        ),
     )
 
 

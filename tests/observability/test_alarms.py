@@ -222,11 +222,16 @@ def test_broken_pipeline_alarm_adds_failures_timeouts_and_aborts(batch_alarms):
 @pytest.mark.parametrize(
     ("metric", "pattern"),
     [
-        # A refused input (InvalidInput: malformed, or a run id already taken) ran nothing: it is not a broken pipeline.
+        # A refused input (InvalidInput: malformed, or a run id already taken) ran nothing, and a designed ending the
+        # pipeline mailed (no capacity, a reservation's end, over budget, a reservation that cannot serve the run) asks
+        # nothing of the on-call: neither is a broken pipeline.
         (
             "PipelineFailures",
             '{ ($.type = "ExecutionFailed") && ($.details.error != "ValidationFailed") && '
-            '($.details.error != "InvalidInput") }',
+            '($.details.error != "InvalidInput") && ($.details.error != "CapacityUnavailable") && '
+            '($.details.error != "ReservationEnded") && ($.details.error != "OverBudget") && '
+            '($.details.error != "ReservationEndsTooSoon") && ($.details.error != "ReservationOver") && '
+            '($.details.error != "ReservationZoneMismatch") }',
         ),
         ("ModelsRejected", '{ ($.type = "ExecutionFailed") && ($.details.error = "ValidationFailed") }'),
     ],
