@@ -15,6 +15,7 @@ import aws_cdk.aws_batch as batch
 import aws_cdk.aws_ec2 as ec2
 import aws_cdk.aws_iam as iam
 import aws_cdk.aws_logs as logs
+import aws_cdk.aws_sns as sns
 import aws_cdk.aws_stepfunctions as sfn
 
 from config import Accelerator, EnvironmentConfig, InstanceType
@@ -145,7 +146,7 @@ class BatchStack(cdk.Stack):
         self.job_queue_names = list(self.queue_names.values())
         self._outputs()
 
-    def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:
+    def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine, alerts: sns.ITopic) -> None:
         """Nothing to add: Batch queues jobs and scales its compute environments itself."""
 
     def _hosts(self, config: EnvironmentConfig, network: NetworkStack, storage: StorageStack) -> None:

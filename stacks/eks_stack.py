@@ -8,6 +8,7 @@ them itself: node_scaling.py).
 from typing import TYPE_CHECKING
 
 import aws_cdk as cdk
+import aws_cdk.aws_sns as sns
 import aws_cdk.aws_stepfunctions as sfn
 
 from config import EnvironmentConfig
@@ -22,7 +23,8 @@ from constructs.compute.eks.accelerator_nodegroup import (
 from constructs.compute.eks.cluster import EksTrainingCluster, as_icluster
 from constructs.compute.eks.job_runner import EksJobRunner
 from constructs.compute.eks.node_lease import NodeLease
-from constructs.compute.eks.node_scaling import EksNodeReconciler, EksNodeScaling, SizedGroup
+from constructs.compute.eks.node_reconciler import EksNodeReconciler
+from constructs.compute.eks.node_scaling import EksNodeScaling, SizedGroup
 from constructs.compute.eks.training_workspace import EksTrainingWorkspace
 from constructs.observability.accelerator_metrics import accelerator_metrics
 from constructs.storage.tracking import grant_tracking, tracking_uri
@@ -133,18 +135,22 @@ class EksStack(cdk.Stack):
         )
         self.job_queue_names: list[str] = []  # Jobs go straight to the cluster
         self._log_retention = log_retention(config)
+        self._alarm_prefix = config.stack_prefix  # as the observability stack's alarms are named
         cdk.CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
         command, description = kubeconfig_command(self.region, self.cluster.cluster_name, config.eks_admin_role_arns)
         cdk.CfnOutput(self, "KubeconfigCommand", value=command, description=description)
 
-    def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:
-        """What no pipeline state can catch (a timed-out or aborted execution): node groups to 0 when none runs."""
+    def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine, alerts: sns.ITopic) -> None:
+        """What no pipeline state can catch (a timed-out or aborted execution): node groups to 0 when none runs; its
+        own failures page `alerts` (nodes left up by a failing reconciler cost their hourly price)."""
         self.reconciler = EksNodeReconciler(
             scope,
             "EksNodeReconciler",
             scaling=self.node_scaling,
             pipeline=state_machine,
             log_retention=self._log_retention,
+            alerts=alerts,
+            alarm_name=f"{self._alarm_prefix}-eks-reconciler-failing",
         )
 
 

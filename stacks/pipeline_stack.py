@@ -80,7 +80,7 @@ class PipelineStack(cdk.Stack):
                 workers_per_node=config.instance.workers_per_node,
             ),
         )
-        compute.attach_pipeline(self, pipeline.state_machine)
+        compute.attach_pipeline(self, pipeline.state_machine, alerts.topic)
         for objects, why in BUCKET_OBJECTS:
             storage.data_access.acknowledge_objects(
                 pipeline.state_machine.role,

@@ -12,6 +12,7 @@ emulated in this repository's tests; queueing adds a poll loop and fair-share qu
 from typing import TYPE_CHECKING
 
 import aws_cdk as cdk
+import aws_cdk.aws_sns as sns
 import aws_cdk.aws_stepfunctions as sfn
 
 from config import EnvironmentConfig
@@ -91,7 +92,7 @@ class SageMakerStack(cdk.Stack):
         cdk.CfnOutput(self, "DataSource", value=config.sagemaker_data_source)
         cdk.CfnOutput(self, "TrainingLogGroup", value=TRAINING_LOG_GROUP)
 
-    def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:
+    def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine, alerts: sns.ITopic) -> None:
         """Nothing to add: SageMaker starts and releases each job's instances itself."""
 
 

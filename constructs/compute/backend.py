@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import aws_cdk as cdk
 import aws_cdk.aws_iam as iam
+import aws_cdk.aws_sns as sns
 import aws_cdk.aws_stepfunctions as sfn
 
 from constructs import Construct
@@ -174,6 +175,7 @@ class ComputeBackend(Protocol):
         formats their ARNs in its own stack); empty where jobs have no queue."""
         ...
 
-    def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine) -> None:
-        """Add, in the pipeline's stack, what the backend needs next to the pipeline (may add nothing)."""
+    def attach_pipeline(self, scope: Construct, state_machine: sfn.StateMachine, alerts: sns.ITopic) -> None:
+        """Add, in the pipeline's stack, what the backend needs next to the pipeline (may add nothing); what fails
+        there pages `alerts`."""
         ...

@@ -6,6 +6,7 @@ import json
 import aws_cdk.aws_dynamodb as dynamodb
 import aws_cdk.aws_eks_v2 as eks
 import aws_cdk.aws_logs as logs
+import aws_cdk.aws_sns as sns
 import aws_cdk.aws_stepfunctions as sfn
 import pytest
 from aws_cdk.assertions import Match, Template
@@ -14,11 +15,10 @@ from config.layout import RUNS_TABLE_KEY
 from constructs.compute.backend import TRAINING, VALIDATION
 from constructs.compute.eks.cluster import as_icluster
 from constructs.compute.eks.node_lease import NodeLease
+from constructs.compute.eks.node_reconciler import RECONCILE_EVERY, EksNodeReconciler
 from constructs.compute.eks.node_scaling import (
     IN_USE,
-    RECONCILE_EVERY,
     UPDATE_TRIES,
-    EksNodeReconciler,
     EksNodeScaling,
     SizedGroup,
 )
@@ -53,7 +53,13 @@ def reconciler() -> Template:
         definition_body=sfn.DefinitionBody.from_chainable(sfn.Pass(stack, "Run")),
     )
     EksNodeReconciler(
-        stack, "Reconciler", scaling=_scaling(stack), pipeline=pipeline, log_retention=logs.RetentionDays.TWO_WEEKS
+        stack,
+        "Reconciler",
+        scaling=_scaling(stack),
+        pipeline=pipeline,
+        log_retention=logs.RetentionDays.TWO_WEEKS,
+        alerts=sns.Topic(stack, "Alerts"),
+        alarm_name="p-eks-reconciler-failing",
     )
     return Template.from_stack(stack)
 
@@ -205,3 +211,21 @@ def test_sizing_for_validation_takes_training_down_then_one_validation_node_up()
 def test_sizing_for_training_reads_the_runs_node_count():
     states = _sized_states({TRAINING: "$.run.nodes"}, "ForTraining")
     assert states["SizeTrainingNodesForTraining"]["Parameters"]["ScalingConfig"]["DesiredSize.$"] == "$.run.nodes"
+
+
+def test_the_reconcilers_own_failures_page(reconciler):
+    # It is what brings idle nodes to 0: failed, timed out or aborted executions in 15 minutes page the alerts topic
+    # (Step Functions' ExecutionsFailed/TimedOut/Aborted by StateMachineArn).
+    (alarm,) = reconciler.find_resources("AWS::CloudWatch::Alarm").values()
+    properties = alarm["Properties"]
+    assert properties["AlarmName"] == "p-eks-reconciler-failing" and properties["AlarmActions"]
+    names = {m["MetricStat"]["Metric"]["MetricName"] for m in properties["Metrics"] if "MetricStat" in m}
+    assert names == {"ExecutionsFailed", "ExecutionsTimedOut", "ExecutionsAborted"}
+    assert (properties["Threshold"], properties["ComparisonOperator"]) == (1, "GreaterThanOrEqualToThreshold")
+
+
+def test_the_reconcilers_log_group_is_under_vended_logs(reconciler):
+    # Step Functions developer guide, "Avoiding CloudWatch Logs resource policy size restrictions".
+    (group,) = reconciler.find_resources("AWS::Logs::LogGroup").values()
+    joined = group["Properties"]["LogGroupName"]["Fn::Join"][1]
+    assert joined[0] == "/aws/vendedlogs/states/dev-Pipeline-reconciler-"

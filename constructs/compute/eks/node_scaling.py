@@ -22,9 +22,6 @@ from dataclasses import dataclass
 
 import aws_cdk as cdk
 import aws_cdk.aws_eks_v2 as eks
-import aws_cdk.aws_events as events
-import aws_cdk.aws_events_targets as targets
-import aws_cdk.aws_logs as logs
 import aws_cdk.aws_stepfunctions as sfn
 import aws_cdk.aws_stepfunctions_tasks as tasks
 
@@ -32,14 +29,12 @@ from constructs import Construct
 from constructs.compute.backend import TRAINING
 from constructs.compute.eks.node_lease import HOLDER, NodeLease
 from constructs.compute.eks.node_wait import IN_USE, UPDATE_TRIES, UPDATE_WAIT, TrainingGroup, training_nodes_wait
-from constructs.nag import acknowledge, acknowledge_iam, acknowledge_log_group_encryption, shown_arn
 
 C = sfn.Condition
 J = sfn.JsonPath
 # EKS API errors worth another try: 5xx and throttling (modelled, and the service's base exception).
 TRANSIENT = ("Eks.ServerException", "Eks.ServiceUnavailableException", "Eks.EksException", "States.Timeout")
 CALL_TIMEOUT = cdk.Duration.minutes(2)
-RECONCILE_EVERY = cdk.Duration.minutes(5)
 # A node group tagged HoldUntil=<UTC time like 2026-11-27T18:00:00Z> (`aws eks tag-resource`) is left up until then:
 # jobs run by hand (docs/eks.md).
 HOLD_TAG = "HoldUntil"
@@ -240,92 +235,3 @@ class EksNodeScaling:
         )
         down.next(done)
         return describe
-
-
-class EksNodeReconciler(Construct):
-    """Releases a lease whose holder no longer runs and brings the node groups to 0 while no execution of `pipeline`
-    (a state machine with a fixed name) holds the lease: every RECONCILE_EVERY, and at once when an execution ends
-    (best effort: the schedule is the guarantee)."""
-
-    def __init__(
-        self,
-        scope: Construct,
-        id_: str,
-        *,
-        scaling: EksNodeScaling,
-        pipeline: sfn.StateMachine,
-        log_retention: logs.RetentionDays,
-    ) -> None:
-        super().__init__(scope, id_)
-        stack, name = cdk.Stack.of(self), pipeline._physical_name  # the name given at synth (jsii: protected)
-        if cdk.Token.is_unresolved(name):
-            raise ValueError(f"{pipeline.node.path}: the reconciler needs the pipeline's fixed state machine name")
-        executions = f"execution:{name}:*"  # the lease's holder, described (is it running?)
-        release = scaling.reconcile(
-            self,
-            "ReleaseNodes",
-            execution_arns=stack.format_arn(
-                service="states",
-                resource="execution",
-                resource_name=f"{name}:*",
-                arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-            ),
-        )
-        self.state_machine = sfn.StateMachine(
-            self,
-            "StateMachine",
-            definition_body=sfn.DefinitionBody.from_chainable(release),
-            comment="Releases a stale EKS node lease; sets the node groups to 0 while no pipeline execution holds it",
-            timeout=cdk.Duration.hours(1),
-            tracing_enabled=True,
-            logs=sfn.LogOptions(
-                destination=logs.LogGroup(
-                    self, "Logs", retention=log_retention, removal_policy=cdk.RemovalPolicy.DESTROY
-                ),
-                level=sfn.LogLevel.ALL,
-            ),
-        )
-        acknowledge_log_group_encryption(self.node.find_child("Logs"))
-        target = targets.SfnStateMachine(self.state_machine)
-        events.Rule(
-            self,
-            "Every5Minutes",
-            description="Node groups to 0 while no training pipeline execution runs",
-            schedule=events.Schedule.rate(RECONCILE_EVERY),
-            targets=[target],
-        )
-        events.Rule(
-            self,
-            "OnPipelineExecutionEnded",
-            description="A training pipeline execution ended: node groups to 0 unless another runs",
-            event_pattern=events.EventPattern(
-                source=["aws.states"],
-                detail_type=["Step Functions Execution Status Change"],
-                detail={
-                    "stateMachineArn": [pipeline.state_machine_arn],
-                    "status": ["SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"],
-                },
-            ),
-            targets=[target],
-        )
-        acknowledge(
-            self.state_machine.role,
-            "AwsSolutions-IAM5[Resource::*]",
-            "X-Ray (PutTraceSegments, PutTelemetryRecords, GetSampling*) and CloudWatch Logs delivery "
-            "(logs:CreateLogDelivery ...) allow no resource-level permissions",
-        )
-        acknowledge(
-            self.state_machine.role,
-            f"AwsSolutions-IAM5[Resource::{shown_arn(stack, 'states', executions)}]",
-            "The lease's holder is described (is it still running?); execution names are chosen at start, so only "
-            "the pipeline's prefix is fixed",
-        )
-        acknowledge_iam(
-            self.state_machine.role,
-            "RESOURCE_MISMATCH",
-            "states:DescribeExecution",
-            "the reference lists execution and express as DescribeExecution's resource types, one per workflow "
-            "type; the pipeline is a Standard state machine, whose executions are `execution` ARNs, which the grant "
-            "names",
-            formats=("arn:*:states:*:*:express:*:*:*",),
-        )
