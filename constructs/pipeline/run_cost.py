@@ -66,6 +66,11 @@ def run_cost(scope: Construct, terms: QuoteTerms, bucket: s3.IBucket) -> tuple[s
         task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
     )
     retry_transient(published, CLOUDWATCH_TRANSIENT)
+    # Only into its own namespace (Service Authorization Reference, Amazon CloudWatch: PutMetricData takes the
+    # condition key cloudwatch:namespace). The task renders its statement without conditions and takes none, so the
+    # condition goes on that statement itself.
+    for statement in published._task_policies or ():
+        statement.add_condition("StringEquals", {"cloudwatch:namespace": TRAINING_METRICS_NAMESPACE})
     done = sfn.Pass(scope, "RunCostRecorded")
     record.add_catch(published, errors=["States.ALL"], outputs=KEEP)
     published.add_catch(done, errors=["States.ALL"], outputs=KEEP)

@@ -416,3 +416,21 @@ def test_batch_submissions_name_a_share_of_the_fair_share_policy(synth):
     ]
     assert '\\"ShareIdentifier\\":\\"production\\"' in definition
     assert "production" in shares
+
+
+def test_the_pipeline_publishes_metrics_only_into_its_own_namespace(synth):
+    # Service Authorization Reference, Amazon CloudWatch: PutMetricData has no resource types but takes the condition
+    # key cloudwatch:namespace; the run's cost goes to TRAINING_METRICS_NAMESPACE alone.
+    from config.layout import TRAINING_METRICS_NAMESPACE
+
+    template = synth().raw("pipeline")
+    statements = [
+        statement
+        for resource in template["Resources"].values()
+        if resource["Type"] == "AWS::IAM::Policy"
+        for statement in resource["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    puts = [s for s in statements if "cloudwatch:putmetricdata" in json.dumps(s["Action"]).lower()]
+    assert puts and all(
+        s.get("Condition") == {"StringEquals": {"cloudwatch:namespace": TRAINING_METRICS_NAMESPACE}} for s in puts
+    ), puts
