@@ -1,11 +1,11 @@
-"""The README's layout table (README, "Choosing a layout") is the one tools/layout_table.py computes from the training
-image's memory estimate and the catalogue: no figure written twice."""
+"""The layout table (docs/users-guide.md, "Choosing a layout") is the one tools/layout_table.py computes from the
+training image's memory estimate and the catalogue: no figure written twice."""
 
 from pathlib import Path
 
 from tools.layout_table import table
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "users-guide.md"  # moved from README.md
 
 
 def test_the_readme_layout_table_is_the_estimates():

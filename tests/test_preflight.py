@@ -102,7 +102,9 @@ def test_a_run_in_flight_stops_a_deploy_that_changes_what_it_runs_on(stubbed):
     cfn, sfn = stubbed("cloudformation"), stubbed("stepfunctions")
     cfn.add_response("describe_stacks", _stack("EfaTraining-dev-Pipeline", {"StateMachineArn": machine}))
     sfn.add_response("list_executions", running, {"stateMachineArn": machine, "statusFilter": "RUNNING"})
-    with pytest.raises(preflight.PreflightError, match="run-7 is running .* changes EfaTraining-dev-Batch"):
+    # The override as a make user types it too (the Makefile's ALLOW_RUNNING=1), not only the tool's flag.
+    refusal = r"run-7 is running .* changes EfaTraining-dev-Batch under it \(docs/operators-guide.md, 'Day two'\): "
+    with pytest.raises(preflight.PreflightError, match=refusal + r"wait .* --allow-running \(make: ALLOW_RUNNING=1\)$"):
         preflight.check_no_run_in_flight(REGION, "EfaTraining-dev-Pipeline", ["EfaTraining-dev-Batch"], "deploy")
     # Nothing that a run stands on changes: no AWS call at all (the stubs have no answer left to give).
     preflight.check_no_run_in_flight(REGION, "EfaTraining-dev-Pipeline", [], "deploy")
@@ -120,7 +122,8 @@ def test_a_job_submitted_by_hand_holds_a_batch_deploy_back_like_a_run(stubbed, m
         )
     for _queue in ("single-node", "single-node-on-demand"):  # not deployed: no queue, no job
         batch.add_client_error("list_jobs", "ClientException", "JobQueue does not exist")
-    with pytest.raises(preflight.PreflightError, match="Batch job by-hand has not ended .* EfaTraining-dev-Batch"):
+    refusal = r"Batch job by-hand has not ended .* EfaTraining-dev-Batch under it \(docs/operators-guide.md, 'Day two'"
+    with pytest.raises(preflight.PreflightError, match=refusal + r"\).* --allow-running \(make: ALLOW_RUNNING=1\)$"):
         preflight.check_no_run_in_flight(REGION, "EfaTraining-dev-Pipeline", ["EfaTraining-dev-Batch"], "deploy", "dev")
 
 
@@ -262,7 +265,7 @@ def _ec2_reservation(**changes) -> dict:
 
 
 def test_a_capacity_block_that_holds_the_run_passes(stubbed):
-    # Scheduled: bought for a window that has not begun; the jobs wait for it (README, "Reserved capacity").
+    # Scheduled: bought for a window that has not begun; the jobs wait for it (docs/users-guide.md, Reserved capacity).
     stubbed("ec2").add_response("describe_capacity_reservations", _ec2_reservation())
     preflight.check_reservation(_reserved_config())
 

@@ -323,6 +323,10 @@ def unfinished_batch_jobs(region: str, environment: str) -> list[str]:
     return names
 
 
+# The override as the tool and as make take it (Makefile: ALLOW_RUNNING=1 passes --allow-running to deploy and destroy).
+ALLOW_RUNNING = "--allow-running (make: ALLOW_RUNNING=1)"
+
+
 def check_no_run_in_flight(
     region: str, pipeline_stack: str, changing: list[str], verb: str, batch_environment: str | None = None
 ) -> None:
@@ -335,11 +339,12 @@ def check_no_run_in_flight(
     if running:
         raise PreflightError(
             f"pipeline execution {running[0]} is running ({len(running)} in all) and this {verb} changes "
-            f"{', '.join(changing)} under it (README, 'Day two'): wait for it, stop it, or pass --allow-running"
+            f"{', '.join(changing)} under it (docs/operators-guide.md, 'Day two'): wait for it, stop it, or pass "
+            f"{ALLOW_RUNNING}"
         )
     jobs = unfinished_batch_jobs(region, batch_environment) if batch_environment else []
     if jobs:
         raise PreflightError(
             f"Batch job {jobs[0]} has not ended ({len(jobs)} in all) and this {verb} changes {', '.join(changing)} "
-            "under it (README, 'Day two'): wait for it, terminate it, or pass --allow-running"
+            f"under it (docs/operators-guide.md, 'Day two'): wait for it, terminate it, or pass {ALLOW_RUNNING}"
         )
