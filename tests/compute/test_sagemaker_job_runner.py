@@ -290,8 +290,9 @@ def test_there_is_no_separate_sanity_job():
         runner.submit(stack, "Sanity", job="sanity", parameters={"run_id": "$.job.run_id"}, job_name="$.name")
 
 
-def test_the_state_machine_may_create_describe_and_stop_training_jobs_and_pass_only_the_jobs_role():
-    stack, runner = _runner()
+def _granted(**options) -> list[dict]:
+    """The statements a state machine running a training job is granted by the runner."""
+    stack, runner = _runner(**options)
     machine = sfn.StateMachine(
         stack,
         "Machine",
@@ -300,12 +301,16 @@ def test_the_state_machine_may_create_describe_and_stop_training_jobs_and_pass_o
         ),
     )
     runner.grant(machine)
-    statements = [
+    return [
         s
         for r in template_of(stack)["Resources"].values()
         if r["Type"] == "AWS::IAM::Policy"
         for s in r["Properties"]["PolicyDocument"]["Statement"]
     ]
+
+
+def test_the_state_machine_may_create_describe_and_stop_training_jobs_and_pass_only_the_jobs_role():
+    statements = _granted()
     actions = {a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
     assert {"sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"} <= actions
     (pass_role,) = [s for s in statements if s["Action"] == "iam:PassRole"]
@@ -313,6 +318,26 @@ def test_the_state_machine_may_create_describe_and_stop_training_jobs_and_pass_o
     assert "Execution" in json.dumps(pass_role["Resource"])
     rule = next(s for s in statements if "events:PutRule" in s["Action"])
     assert "StepFunctionsGetEventsForSageMakerTrainingJobsRule" in json.dumps(rule["Resource"])
+
+
+def test_the_state_machine_touches_only_this_environments_training_jobs():
+    # Service Authorization Reference, Amazon SageMaker: CreateTrainingJob and AddTags take aws:RequestTag, the
+    # training-job resource aws:ResourceTag; every job is created with Environment=<env> (training_job's Tags).
+    by_action = {a: s for s in _granted() for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    for action in ("sagemaker:CreateTrainingJob", "sagemaker:AddTags"):
+        assert by_action[action]["Condition"] == {"StringEquals": {"aws:RequestTag/Environment": "dev"}}, action
+    for action in ("sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"):
+        assert by_action[action]["Condition"] == {"StringEquals": {"aws:ResourceTag/Environment": "dev"}}, action
+
+
+def test_a_job_in_a_training_plan_may_name_the_plan():
+    # CreateTrainingJob's resource types include training-plan (Service Authorization Reference): a request whose
+    # ResourceConfig names the plan is authorized on the plan's ARN too, or every run in it is denied.
+    plan = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/p1"
+    (create,) = [s for s in _granted(training_plan=plan) if s["Action"] == "sagemaker:CreateTrainingJob"]
+    assert plan in create["Resource"]
+    (create,) = [s for s in _granted() if s["Action"] == "sagemaker:CreateTrainingJob"]
+    assert isinstance(create["Resource"], dict) or len(create["Resource"]) == 1
 
 
 def test_a_submission_retries_sagemakers_own_errors_and_waits_for_instance_quota():

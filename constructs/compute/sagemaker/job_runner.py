@@ -457,15 +457,26 @@ class SageMakerJobRunner:
         submission), AddTags for the jobs' cost-allocation tags, and passing the jobs' role to SageMaker only."""
         stack = cdk.Stack.of(principal) if isinstance(principal, Construct) else cdk.Stack.of(self.role)
         jobs = stack.format_arn(service="sagemaker", resource="training-job", resource_name="*")
-        iam.Grant.add_to_principal(
-            grantee=principal,
-            actions=[
-                "sagemaker:CreateTrainingJob",
-                "sagemaker:DescribeTrainingJob",
-                "sagemaker:StopTrainingJob",
-                "sagemaker:AddTags",
-            ],
-            resource_arns=[jobs],
+        # This environment's jobs only, by the tag every job is created with (Service Authorization Reference, Amazon
+        # SageMaker: CreateTrainingJob and AddTags take aws:RequestTag, the training-job resource aws:ResourceTag);
+        # a job that names a training plan is authorized on the plan's ARN too (CreateTrainingJob's resource types
+        # include training-plan).
+        tagged = {"aws:RequestTag/Environment": self.environment}
+        plans = [self.training_plan] if self.training_plan else []
+        principal.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["sagemaker:CreateTrainingJob"], resources=[jobs, *plans], conditions={"StringEquals": tagged}
+            )
+        )
+        principal.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(actions=["sagemaker:AddTags"], resources=[jobs], conditions={"StringEquals": tagged})
+        )
+        principal.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"],
+                resources=[jobs],
+                conditions={"StringEquals": {"aws:ResourceTag/Environment": self.environment}},
+            )
         )
         # The .sync integration's documented policy also lists ListTags on every resource (Step Functions developer
         # guide, "IAM policies for Amazon SageMaker AI": CreateTrainingJob, Run a Job (.sync), dynamic resources).
