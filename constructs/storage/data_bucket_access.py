@@ -2,8 +2,8 @@
 
 The bucket's ARN travels through a named export (`<storage stack>-DataBucketArn`) rather than a generated one, so
 the statements that name object prefixes have stable cdk-nag finding names (`AwsSolutions-IAM5[Resource::<export>/
-runs/*]`) to acknowledge. Training code (Batch job role, EKS pod role) reads datasets/ and reads and writes
-checkpoints/, models/ and runs/; nothing else in the bucket (config/layout.py names the prefixes).
+runs/*]`) to acknowledge. Training code (Batch job role, EKS pod role, SageMaker's job role) reads datasets/ and
+models/, and reads and writes checkpoints/ and runs/; nothing else in the bucket (config/layout.py names the prefixes).
 """
 
 import aws_cdk as cdk
@@ -14,8 +14,10 @@ from config.layout import CHECKPOINTS_PREFIX, DATASETS_PREFIX, MODELS_PREFIX, RU
 from constructs import Construct
 from constructs.nag import acknowledge
 
-READ_PREFIXES = (DATASETS_PREFIX,)
-READ_WRITE_PREFIXES = (CHECKPOINTS_PREFIX, MODELS_PREFIX, RUNS_PREFIX)
+# models/ is the pipeline's (an approved run's verdict and the approval's copy, constructs/pipeline/verdict.py): jobs
+# name a model's place there (MODELS_PREFIX, MLflow's source), never write it.
+READ_PREFIXES = (DATASETS_PREFIX, MODELS_PREFIX)
+READ_WRITE_PREFIXES = (CHECKPOINTS_PREFIX, RUNS_PREFIX)
 
 
 class DataBucketAccess:
@@ -36,7 +38,7 @@ class DataBucketAccess:
         return s3.Bucket.from_bucket_attributes(scope, id_, bucket_arn=self.bucket_arn, bucket_name=self.bucket_name)
 
     def grant_training(self, role: iam.IRole, who: str) -> None:
-        """datasets/ read-only; checkpoints/, models/, runs/ read-write; each prefix acknowledged once."""
+        """datasets/ and models/ read-only; checkpoints/ and runs/ read-write; each prefix acknowledged once."""
         bucket_arn = self.bucket_arn
         prefixes = (*READ_PREFIXES, *READ_WRITE_PREFIXES)
 

@@ -124,7 +124,7 @@ def test_volume_and_claim_are_named_by_the_file_systems_revision():
 
 
 def test_pod_identity_role_is_limited_to_project_prefixes():
-    # Training pods may read datasets/ and write checkpoints/, models/ and runs/ only (EKS Pod Identity).
+    # Training pods may read datasets/ and models/ and write checkpoints/ and runs/ only (EKS Pod Identity).
     raw = _workspace("p4d.24xlarge")
     statements = [
         s
@@ -134,7 +134,7 @@ def test_pod_identity_role_is_limited_to_project_prefixes():
     ]
     assert len(statements) == 1
     written = {r["Fn::Join"][1][-1] for r in statements[0]["Resource"]}
-    assert written == {"/checkpoints/*", "/models/*", "/runs/*"}
+    assert written == {"/checkpoints/*", "/runs/*"}
     assert _resources(raw, "AWS::EKS::PodIdentityAssociation")
 
 

@@ -224,19 +224,16 @@ def test_the_multi_node_capacity_wait_is_the_environments():
 
 
 def test_job_role_is_limited_to_the_bucket_prefixes():
-    # The job role: read datasets/, read-write checkpoints/ models/ runs/, its log group; no wildcard actions.
+    # The job role: read datasets/ and models/ (the pipeline's), read-write checkpoints/ runs/, its log group; no
+    # wildcard actions.
     (policy,) = [p for k, p in _resources(_batch(), "AWS::IAM::Policy").items() if k.startswith("JobRole")]
     statements = policy["PolicyDocument"]["Statement"]
     actions = [a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])]
     assert all("*" not in a for a in actions)
     writes = next(s for s in statements if "s3:PutObject" in s["Action"])
-    assert sorted(json.dumps(r).split('"/')[1].split("*")[0] for r in writes["Resource"]) == [
-        "checkpoints/",
-        "models/",
-        "runs/",
-    ]
+    assert sorted(json.dumps(r).split('"/')[1].split("*")[0] for r in writes["Resource"]) == ["checkpoints/", "runs/"]
     reads = next(s for s in statements if s["Action"] == "s3:GetObject")
-    assert "datasets/" in json.dumps(reads["Resource"])
+    assert "datasets/" in json.dumps(reads["Resource"]) and "models/" in json.dumps(reads["Resource"])
     assert any("logs:PutLogEvents" in s["Action"] for s in statements)
 
 

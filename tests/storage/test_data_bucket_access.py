@@ -45,8 +45,9 @@ def test_consumers_import_the_bucket_arn(stacks):
     assert '{"Fn::ImportValue": "Storage-DataBucketArn"}' in json.dumps(_statements(consumer))
 
 
-def test_training_reads_datasets_and_writes_only_checkpoints_models_and_runs(stacks):
-    # Read datasets/; read-write checkpoints/, models/, runs/; nothing else in the bucket, no wildcard actions.
+def test_training_reads_datasets_and_models_and_writes_only_checkpoints_and_runs(stacks):
+    # Read datasets/ and models/ (the pipeline's: an approval's records); read-write checkpoints/ and runs/; nothing
+    # else in the bucket, no wildcard actions.
     _, consumer = stacks
     statements = _statements(consumer)
     actions = [a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])]
@@ -54,7 +55,7 @@ def test_training_reads_datasets_and_writes_only_checkpoints_models_and_runs(sta
     (reads,) = [s for s in statements if s["Action"] == "s3:GetObject"]
     assert _prefixes(reads) == ["checkpoints", "datasets", "models", "runs"]
     (writes,) = [s for s in statements if "s3:PutObject" in s["Action"]]
-    assert _prefixes(writes) == ["checkpoints", "models", "runs"]
+    assert _prefixes(writes) == ["checkpoints", "runs"]
     assert set(writes["Action"]) == {"s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"}
 
 
