@@ -23,7 +23,7 @@ from config.layout import batch_name
 from constructs import Construct
 from constructs.compute.backend import MULTI_NODE_JOBS, ComputeBackend
 from constructs.compute.batch.host_user_data import host_user_data
-from constructs.compute.batch.job_definitions import BatchJobDefinitions
+from constructs.compute.batch.job_definitions import BatchJobDefinitions, ecs_tasks
 from constructs.compute.batch.job_runner import BatchJobRunner
 from constructs.compute.shared.efa_launch_template import EfaLaunchTemplate, EfaLayout
 from constructs.compute.shared.workload_pull import grant_workload_pull
@@ -105,8 +105,8 @@ class BatchStack(cdk.Stack):
         self.job_role = iam.Role(
             self,
             "JobRole",
-            assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
-            description="Training containers: read datasets, write checkpoints, models, reports",
+            assumed_by=ecs_tasks(self),
+            description="Training containers: read datasets and models, write checkpoints and reports",
         )
         storage.data_access.grant_training(self.job_role, "Batch training jobs")
         grant_tracking(self.job_role, config)

@@ -273,9 +273,9 @@ def _check_assembly(config, account: str, bootstrapped: int | None, options: Opt
         preflight.check_no_run_in_flight(config.region, f"{config.stack_prefix}-Pipeline", changing, "deploy", batch)
 
 
-def _step(command: list[str], dry_run: bool, run: Callable[..., int], login: str | None) -> None:
+def _step(command: list[str], dry_run: bool, run: Callable[..., int], login: str | None, tool: str = "deploy") -> None:
     shown = " ".join(command)
-    print(f"deploy: {'would run' if dry_run else 'running'}: {shown}", flush=True)
+    print(f"{tool}: {'would run' if dry_run else 'running'}: {shown}", flush=True)
     if dry_run:
         return
     code = run(command, stdin=login) if command[:2] == ["docker", "login"] else run(command)

@@ -327,6 +327,21 @@ def unfinished_batch_jobs(region: str, environment: str) -> list[str]:
 ALLOW_RUNNING = "--allow-running (make: ALLOW_RUNNING=1)"
 
 
+def run_in_flight_plan(pipeline_stack: str, verb: str, batch_environment: str | None = None) -> str:
+    """What check_no_run_in_flight asks, told without asking (a dry run's plan): kept beside the check so the two
+    say the same."""
+    # CloudFormation API reference, DescribeStacks (Outputs); Step Functions API reference, ListExecutions
+    # (statusFilter); Batch API reference, ListJobs (jobQueue, jobStatus).
+    pipeline = (
+        f"would read {pipeline_stack}'s StateMachineArn output (CloudFormation DescribeStacks) and list its RUNNING "
+        "executions (Step Functions ListExecutions)"
+    )
+    if batch_environment:
+        queues = ", ".join(batch_name(batch_environment, unit) for unit in BATCH_QUEUE_UNITS)
+        pipeline += f", then the jobs not ended ({', '.join(UNFINISHED_JOB_STATES)}) in {queues} (Batch ListJobs)"
+    return f"{pipeline}; any one refuses this {verb} (ALLOW_RUNNING=1 skips this)"
+
+
 def check_no_run_in_flight(
     region: str, pipeline_stack: str, changing: list[str], verb: str, batch_environment: str | None = None
 ) -> None:

@@ -71,6 +71,9 @@ class JobStateMetrics(Construct):
                 ],
                 actions=["logs:CreateLogStream", "logs:PutLogEvents"],
                 resources=[self.log_group.log_group_arn],
+                # This account's deliveries only (EventBridge user guide, "CloudWatch Logs permissions"; CloudWatch
+                # Logs user guide, "Cross-service confused deputy prevention": aws:SourceAccount).
+                conditions={"StringEquals": {"aws:SourceAccount": cdk.Stack.of(self).account}},
             )
         )
         self.rule = events.Rule(

@@ -61,6 +61,18 @@ RETRY_RULES: tuple[tuple[batch.Action, dict], ...] = (
 )
 
 
+def ecs_tasks(stack: cdk.Stack) -> iam.ServicePrincipal:
+    """ECS tasks of this account and region only (ECS developer guide, "Task IAM role" and "Task execution IAM
+    role": aws:SourceAccount and aws:SourceArn in the trust, against the confused deputy); Batch jobs are such tasks."""
+    return iam.ServicePrincipal(
+        "ecs-tasks.amazonaws.com",
+        conditions={
+            "StringEquals": {"aws:SourceAccount": stack.account},
+            "ArnLike": {"aws:SourceArn": stack.format_arn(service="ecs", resource="*", resource_name=None)},
+        },
+    )
+
+
 def retry_strategies() -> list[batch.RetryStrategy]:
     return [batch.RetryStrategy.of(action, batch.Reason.custom(**on)) for action, on in RETRY_RULES]
 
@@ -204,7 +216,7 @@ class BatchJobDefinitions(Construct):
         self.execution_role = iam.Role(
             self,
             "ExecutionRole",
-            assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+            assumed_by=ecs_tasks(cdk.Stack.of(self)),
             description="Batch jobs: pull the training image and write the job logs",
         )
         self.specs = job_specs(instance=instance, nodes=nodes, bucket_name=bucket_name, train_timeout=train_timeout)

@@ -10,6 +10,7 @@ import aws_cdk.aws_cloudwatch as cloudwatch
 import aws_cdk.aws_cloudwatch_actions as cw_actions
 import aws_cdk.aws_events as events
 import aws_cdk.aws_events_targets as targets
+import aws_cdk.aws_iam as iam
 import aws_cdk.aws_logs as logs
 import aws_cdk.aws_sns as sns
 import aws_cdk.aws_stepfunctions as sfn
@@ -64,7 +65,16 @@ class EksNodeReconciler(Construct):
         acknowledge_log_group_encryption(self.node.find_child("Logs"))
         if alerts is not None:
             self._alarm(alerts, alarm_name)
-        target = targets.SfnStateMachine(self.state_machine)
+        # EventBridge starts it with a role this account's rules only may assume (EventBridge user guide,
+        # "Cross-service confused deputy prevention": aws:SourceAccount; the rules' ARNs would make a cycle).
+        starter = iam.Role(
+            self,
+            "StartRole",
+            assumed_by=iam.ServicePrincipal(
+                "events.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": stack.account}}
+            ),
+        )
+        target = targets.SfnStateMachine(self.state_machine, role=starter)
         events.Rule(
             self,
             "Every5Minutes",
