@@ -182,6 +182,35 @@ def test_unconfirmed_alert_emails_are_named_after_a_deploy(stubbed):
     sns.add_response("list_subscriptions_by_topic", {"Subscriptions": subscriptions}, {"TopicArn": topic})
     (line,) = preflight.unconfirmed_subscriptions(REGION, "EfaTraining-dev-Alerts")
     assert line.startswith("1 alert e-mail(s) not confirmed yet (oncall@example.com)") and "48 hours" in line
+    # a redeploy leaves the subscription as it is: the line says what does send the link again
+    assert f"aws sns subscribe --region {REGION} --topic-arn {topic} --protocol email" in line
+
+
+def test_a_topic_without_a_confirmed_subscription_is_said_to_reach_nobody(stubbed):
+    # Zero subscriptions, or only pending ones: every alarm publishes to a topic nobody reads.
+    topic = "arn:aws:sns:us-east-1:123456789012:alerts"
+    cfn, sns = stubbed("cloudformation"), stubbed("sns")
+    cfn.add_response("describe_stacks", _stack("EfaTraining-dev-Alerts", {"AlertsTopicArn": topic}))
+    sns.add_response("list_subscriptions_by_topic", {"Subscriptions": []}, {"TopicArn": topic})
+    (line,) = preflight.unconfirmed_subscriptions(REGION, "EfaTraining-dev-Alerts")
+    assert line.startswith(f"no confirmed subscription on {topic} (0 in all)") and "reaches nobody" in line
+
+
+def test_placeholder_alert_emails_are_flagged():
+    # RFC 2606 reserves example.com for documentation; cdk.json ships such addresses until someone sets real ones.
+    (line,) = preflight.placeholder_emails(("ml-platform@example.com", "oncall@corp.test", "finops@Example.org"))
+    assert "ml-platform@example.com" in line and "finops@Example.org" in line and "corp.test" not in line
+    assert preflight.placeholder_emails(("oncall@corp.test",)) == []
+
+
+def test_the_dry_run_plan_flags_the_shipped_placeholder_alert_emails():
+    from tools import deploy_plan
+
+    config = deploy._config("prod", None, [])
+    assert config.alert_emails and all(e.endswith("@example.com") for e in config.alert_emails)
+    request = deploy_plan.Request("prod", config, allow_running=True, run_units=deploy.RUN_UNITS)
+    (warning,) = [line for line in deploy_plan._check_lines(request, [], 6) if line.startswith("warning:")]
+    assert warning.startswith("warning: alert_emails finops@example.com, ml-platform@example.com: a documentation")
 
 
 def test_destroying_takes_the_context_the_environment_was_deployed_with(destroying):

@@ -228,7 +228,7 @@ def _report_subscriptions(config) -> None:
         lines = preflight.unconfirmed_subscriptions(config.region, f"{config.stack_prefix}-Alerts")
     except (BotoCoreError, ClientError, preflight.PreflightError) as exc:
         lines = [f"could not list the alert subscriptions ({type(exc).__name__}); check their confirmations in SNS"]
-    for line in lines:
+    for line in [*preflight.placeholder_emails(config.alert_emails), *lines]:
         print(f"deploy: {line}", flush=True)
 
 

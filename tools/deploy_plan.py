@@ -209,8 +209,9 @@ def _check_lines(request: Request, stacks: list[str], required: int) -> list[str
         f">= {required}); where the stack is missing, `cdk bootstrap aws://{target}` runs first",
         _eks_versions_line(config),
         f"run in flight: {in_flight}",
-        f"alert subscriptions: after the deploy, would list {prefix}-Alerts's topic subscriptions and name the "
-        f"e-mails not confirmed yet ({emails})",
+        f"alert subscriptions: after the deploy, would list {prefix}-Alerts's topic subscriptions and say whether "
+        f"any is confirmed, and name the e-mails not confirmed yet ({emails})",
+        *(f"warning: {line}" for line in preflight.placeholder_emails(config.alert_emails)),
     ]
 
 

@@ -268,21 +268,46 @@ def running_executions(region: str, pipeline_stack: str) -> list[str]:
     return [execution["name"] for execution in answer["executions"]]
 
 
+# Reserved for documentation (RFC 2606, "Reserved Top Level DNS Names"): mail there reaches nobody.
+PLACEHOLDER_DOMAINS = ("example.com", "example.net", "example.org")
+
+
+def placeholder_emails(emails: Iterable[str]) -> list[str]:
+    """One line naming the alert e-mails at a documentation domain (cdk.json ships them as placeholders)."""
+    placeholders = sorted(e for e in emails if e.rsplit("@", 1)[-1].lower() in PLACEHOLDER_DOMAINS)
+    if not placeholders:
+        return []
+    return [
+        f"alert_emails {', '.join(placeholders)}: a documentation domain (RFC 2606) that reaches nobody: set the "
+        "environment's alert_emails in cdk.json to a mailbox that is read, and deploy"
+    ]
+
+
 def unconfirmed_subscriptions(region: str, alerts_stack: str) -> list[str]:
-    """One line naming the alert e-mails nobody confirmed yet: SNS deletes an unconfirmed subscription after 48 hours
-    (SNS developer guide, "Confirm your Amazon SNS subscription"), and until then nothing reaches that address."""
+    """Lines on the alerts topic's subscriptions in every state: none confirmed (every alarm then reaches nobody),
+    and the e-mails not confirmed yet. SNS deletes an unconfirmed subscription after 48 hours (SNS developer guide,
+    "Confirm your Amazon SNS subscription"), and a redeploy does not send the link again (the subscription resource
+    is unchanged); `aws sns subscribe` with the same endpoint does."""
     stack = _stack(region, alerts_stack)
     topic = _output(stack, "AlertsTopicArn") if stack else None
     if not topic:
         return []
     subscriptions = client("sns", region).list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
     pending = sorted(s["Endpoint"] for s in subscriptions if s["SubscriptionArn"] == "PendingConfirmation")
-    if not pending:
-        return []
-    return [
-        f"{len(pending)} alert e-mail(s) not confirmed yet ({', '.join(pending)}): each must click the link SNS sent; "
-        "an unconfirmed subscription receives nothing and is deleted after 48 hours (deploy again to resend)"
-    ]
+    confirmed = [s for s in subscriptions if s["SubscriptionArn"].startswith("arn:")]
+    lines = []
+    if not confirmed:
+        lines.append(
+            f"no confirmed subscription on {topic} ({len(subscriptions)} in all): every alarm and run notification "
+            "reaches nobody until one is confirmed"
+        )
+    if pending:
+        resend = f"aws sns subscribe --region {region} --topic-arn {topic} --protocol email --notification-endpoint"
+        lines.append(
+            f"{len(pending)} alert e-mail(s) not confirmed yet ({', '.join(pending)}): each must click the link SNS "
+            f"sent; it is deleted after 48 hours unconfirmed, and a redeploy does not resend it: `{resend} <e-mail>`"
+        )
+    return lines
 
 
 def changed_stacks(region: str, assembly: Path, names: Iterable[str]) -> list[str]:
