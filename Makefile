@@ -23,7 +23,7 @@ HOURS       ?= 24
 
 DIAGRAM_ENV ?= prod
 
-.PHONY: synth test lint setup deploy push-workload destroy dataset local-run tracking-ui cost-report capacity quote bench diagram diagram-tree clean
+.PHONY: synth test lint setup deploy push-workload check-alerts destroy dataset local-run tracking-ui cost-report capacity quote bench diagram diagram-tree clean
 
 setup: $(VENV)/.test-deps $(XLA_VENV)/.deps $(SCAN_VENV)/.deps $(TRACKING_VENV)/.deps node_modules/.installed
 
@@ -81,6 +81,11 @@ deploy: $(VENV)/.synth-deps node_modules/.installed
 # its URI by digest (REGISTER=<declaration file>: registers the declaration with it). Needs Docker and credentials.
 push-workload: $(VENV)/.synth-deps
 	$(PY) -m tools.push_workload $(ENV) $(NAME) $(DIR) $(if $(REGISTER),--register $(REGISTER))
+
+# The alert path proven: subscriptions in every state, then ENV's pipeline-broken alarm set to ALARM for a moment, so
+# an e-mail shows alarm -> KMS -> SNS -> inbox works (DRY_RUN=1: the plan, no AWS call).
+check-alerts: $(VENV)/.synth-deps
+	$(PY) -m tools.check_alerts $(ENV) $(if $(DRY_RUN),--dry-run)
 
 # Every stack of ENV in an order that ends clean; with retain_data it keeps the data and says how to remove it.
 destroy: $(VENV)/.synth-deps node_modules/.installed

@@ -43,8 +43,8 @@ from contracts.workload import HANG_TIMEOUT_DEFAULT
 
 GIB = 1024**3
 IDLE_PERIOD = cdk.Duration.minutes(5)
-# FSx publishes FreeDataStorageCapacity once a minute per storage target: a one-minute Sum is the whole
-# file system's free bytes (FSx for Lustre user guide, fs-metrics.html, storage capacity metrics).
+# FSx publishes FreeDataStorageCapacity once a minute per storage target: a one-minute Minimum is the fullest
+# target's free bytes, SampleCount the number of targets (FSx for Lustre user guide, fs-metrics.html).
 FSX_PERIOD = cdk.Duration.minutes(1)
 PIPELINE_PERIOD = cdk.Duration.minutes(5)
 # Twice the hang watchdog's default floor (30 minutes): by then the watchdog has ended any attempt it still watches.
@@ -89,6 +89,30 @@ def execution_failed_filter(error_is_rejection: bool) -> logs.IFilterPattern:
             logs.FilterPattern.string_value("$.details.error", "!=", error)
             for error in (MODEL_REJECTED_ERROR, INPUT_REFUSED_ERROR, *DESIGNED_ENDINGS)
         ),
+    )
+
+
+def _fullest_target_free_percent(file_system_id: str, storage_gib: int) -> cloudwatch.MathExpression:
+    """The fullest storage target's free share, in percent: FreeDataStorageCapacity's Minimum is the fullest OST's
+    free bytes and its SampleCount the number of OSTs, each an equal share of the file system (FSx for Lustre user
+    guide, fs-metrics.html, storage capacity metrics). Lustre stripes a file over few targets (one by default), so a
+    full target fails writes while the file system's sum still looks free (AWS re:Post, "FSx for Lustre
+    performance": a nearly full OST can hang reads and writes)."""
+
+    def free(statistic: str) -> cloudwatch.Metric:
+        return cloudwatch.Metric(
+            namespace="AWS/FSx",
+            metric_name="FreeDataStorageCapacity",
+            statistic=statistic,
+            dimensions_map={"FileSystemId": file_system_id},
+            period=FSX_PERIOD,
+        )
+
+    return cloudwatch.MathExpression(
+        expression=f"100 * fullest * targets / {storage_gib * GIB}",
+        label="free on the fullest storage target (%)",
+        period=FSX_PERIOD,
+        using_metrics={"fullest": free("Minimum"), "targets": free("SampleCount")},
     )
 
 
@@ -186,22 +210,16 @@ class TrainingAlarms(Construct):
             name=f"{alarm_prefix}-straggler",
         )
 
-        free_bytes = fsx_storage_gib * GIB * fsx_free_percent / 100
         self._add(
             "FsxFreeCapacityLow",
-            cloudwatch.Metric(
-                namespace="AWS/FSx",
-                metric_name="FreeDataStorageCapacity",
-                statistic="Sum",
-                dimensions_map={"FileSystemId": file_system_id},
-                period=FSX_PERIOD,
-            ),
-            threshold=free_bytes,
+            _fullest_target_free_percent(file_system_id, fsx_storage_gib),
+            threshold=fsx_free_percent,
             operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
             # The file system's revision (stacks/storage_stack.py): a replaced file system changes this stack's
             # template, so the deploy that replaces it also re-resolves its id here and in the dashboard.
-            description=f"FSx for Lustre has under {fsx_free_percent:g}% of its {fsx_storage_gib} GiB free; "
-            f"checkpoints will start failing when it is full (file system revision {file_system_revision or '-'}).",
+            description=f"The fullest storage target of FSx for Lustre ({fsx_storage_gib} GiB) has under "
+            f"{fsx_free_percent:g}% free; writes to it (a checkpoint's shard) fail or hang when it is full, whatever "
+            f"the others hold (file system revision {file_system_revision or '-'}).",
             name=f"{alarm_prefix}-fsx-free-capacity-low",
         )
 

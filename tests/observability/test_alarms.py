@@ -187,23 +187,28 @@ def test_non_finite_loss_alarm_fires_on_any_run(batch_alarms):
 
 
 @pytest.mark.parametrize(("storage_gib", "free_percent"), [(1200, 10), (4800, 12.5)])
-def test_fsx_alarm_threshold_is_the_given_share_of_capacity(storage_gib, free_percent):
-    # Free capacity below fsx_free_percent of fsx_storage_gib (in bytes) raises the alarm.
+def test_fsx_alarm_threshold_is_the_given_share_of_the_fullest_target(storage_gib, free_percent):
+    # The fullest storage target's free bytes over one target's share of fsx_storage_gib, in percent, below
+    # fsx_free_percent raises the alarm.
     alarm = alarms(_alarms(fsx_storage_gib=storage_gib, fsx_free_percent=free_percent))["p-fsx-free-capacity-low"]
-    assert alarm["MetricName"] == "FreeDataStorageCapacity"
-    assert alarm["Threshold"] == pytest.approx(storage_gib * GIB * free_percent / 100)
-    assert alarm["ComparisonOperator"] == "LessThanThreshold"
+    (expression,) = [m for m in alarm["Metrics"] if "Expression" in m]
+    assert expression["Expression"] == f"100 * fullest * targets / {storage_gib * GIB}"
+    assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (free_percent, "LessThanThreshold")
 
 
-def test_fsx_alarm_compares_the_whole_file_systems_free_bytes(batch_alarms):
-    # FSx for Lustre user guide (fs-metrics.html): FreeDataStorageCapacity's Sum is the file system's free bytes,
-    # its Minimum only the fullest storage target's; one-minute periods hold one sample per target.
+def test_fsx_alarm_reads_the_fullest_storage_target(batch_alarms):
+    # FSx for Lustre user guide (fs-metrics.html): FreeDataStorageCapacity's Minimum is the fullest storage target's
+    # free bytes, SampleCount the number of targets; one-minute periods hold one sample per target. A full target
+    # fails the writes striped to it while the Sum over the file system still looks free.
     alarm = alarms(batch_alarms)["p-fsx-free-capacity-low"]
-    assert (alarm["Statistic"], alarm["Period"], alarm["Dimensions"]) == (
-        "Sum",
-        60,
-        [{"Name": "FileSystemId", "Value": "fs-1"}],
-    )
+    stats = {m["Id"]: m["MetricStat"] for m in alarm["Metrics"] if "MetricStat" in m}
+    assert {k: (v["Stat"], v["Period"]) for k, v in stats.items()} == {
+        "fullest": ("Minimum", 60),
+        "targets": ("SampleCount", 60),
+    }
+    for stat in stats.values():
+        assert stat["Metric"]["MetricName"] == "FreeDataStorageCapacity"
+        assert stat["Metric"]["Dimensions"] == [{"Name": "FileSystemId", "Value": "fs-1"}]
 
 
 def test_broken_pipeline_alarm_adds_failures_timeouts_and_aborts(batch_alarms):
