@@ -311,7 +311,8 @@ def test_an_approval_a_job_wrote_before_the_pipeline_is_never_adopted(emulator):
     published = approval(emulator)
     assert published["execution"] == result["executionArn"] and published["verdict"]["value"] == ACCEPTED["value"]
     assert json.loads(emulator.s3.get_object(Bucket=emulator.bucket, Key=key)["Body"].read()) == published
-    assert json.loads(run_item(emulator, RUN["run_id"])["approval"]) == published
+    item = run_item(emulator, RUN["run_id"])
+    assert item is not None and json.loads(item["approval"]) == published
 
 
 def test_a_notification_that_keeps_failing_does_not_fail_an_approved_run(emulator):
