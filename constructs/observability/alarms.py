@@ -32,7 +32,7 @@ from constructs.observability.dashboard import (
     NON_FINITE_LOSS_METRIC,
     NOT_TRAINING_METRIC,
     PROGRESS_METRIC,
-    STRAGGLER_METRIC,
+    STRAGGLER_PERSIST_METRIC,
     TRAINING_NAMESPACE,
 )
 from constructs.pipeline.job_stages import CAPACITY_UNAVAILABLE, RESERVATION_ENDED
@@ -193,20 +193,23 @@ class TrainingAlarms(Construct):
             "warm-up): a stalled job or node, or an instance left running without work.",
         )
         self._no_progress(accelerators, environment, alarm_prefix, kind, not_training)
+        # The same rank the slowest at STRAGGLER_RATIO for the whole STRAGGLER_PERIODS (rank 0's count, the bad-host
+        # rule's: runtime/stragglers.py), not a ratio averaged over a run's lines, which one rank's noise at 32 ranks
+        # can lift.
         self._add(
             "Straggler",
             cloudwatch.MathExpression(
-                expression=f"SELECT AVG({STRAGGLER_METRIC}) FROM SCHEMA({TRAINING_NAMESPACE}, Environment, RunId) "
-                f"WHERE Environment = '{environment}' GROUP BY RunId",
-                label="slowest device over the median, per run",
+                expression=f"SELECT MAX({STRAGGLER_PERSIST_METRIC}) FROM SCHEMA({TRAINING_NAMESPACE}, Environment, "
+                f"RunId) WHERE Environment = '{environment}' GROUP BY RunId",
+                label="seconds the same rank has been the slowest, per run",
                 period=PROGRESS_PERIOD,
                 using_metrics={},
             ),
-            threshold=STRAGGLER_RATIO,
+            threshold=STRAGGLER_PERIODS * PROGRESS_PERIOD.to_seconds(),
             operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            evaluation_periods=STRAGGLER_PERIODS,
-            description=f"A run's slowest {kind} took {STRAGGLER_RATIO:g} times the median's time on the platform's "
-            f"device probe for {STRAGGLER_PERIODS * 5} minutes: its metrics lines name it (SlowestRank, SlowestHost).",
+            description=f"The same {kind} of a run took {STRAGGLER_RATIO:g} times the median's time on the "
+            f"platform's device probe for {STRAGGLER_PERIODS * 5} minutes: the run recorded its host bad (the "
+            "pipeline replaces it before the next attempt); its metrics lines name it (SlowestRank, SlowestHost).",
             name=f"{alarm_prefix}-straggler",
         )
 

@@ -39,6 +39,8 @@ PS_GRAPHS = {  # title: the metrics it draws
 NON_FINITE_LOSS_METRIC = "NonFiniteLoss"
 # The built-in trainer's straggler figures (training_image .../runtime/stragglers.py), one graph each.
 STRAGGLER_METRIC = "StragglerRatio"
+# How long the same rank has stayed the slowest at STRAGGLER_RATIO (runtime/stragglers.py): the straggler alarm's.
+STRAGGLER_PERSIST_METRIC = "StragglerPersistSeconds"
 STRAGGLER_GRAPHS = {
     "Straggler ratio (slowest device over the median) by run": STRAGGLER_METRIC,
     "Longest wait for input between metrics lines (s) by run": "DataWaitSeconds",

@@ -77,7 +77,7 @@ def _training_image(monkeypatch: pytest.MonkeyPatch) -> Producers:
     monkeypatch.setenv("TRAINING_ENVIRONMENT", ENVIRONMENT)
     stream = io.StringIO()
     # A step line as the built-in trainer prints it on several ranks: with the straggler figures (runtime/stragglers.py)
-    straggler = {"StragglerRatio": 1.0, "DataWaitSeconds": 0.0}
+    straggler = {"StragglerRatio": 1.0, "DataWaitSeconds": 0.0, "StragglerPersistSeconds": 0.0}
     metrics.MetricsLogger("run-1", True, stream=stream, environ={}).step(1, math.nan, 1.0, 1.0, None, {}, **straggler)
     step = _emf_series(json.loads(stream.getvalue()))
     # A node up but not training, as the launcher says it once a minute (runtime/launch/stage_heartbeat.py)

@@ -187,6 +187,20 @@ def test_a_straggler_is_told_once_when_it_stayed_the_slowest_for_the_alarms_time
     assert seen == [False, False, False, True, False]
 
 
+def test_the_straggler_metric_counts_what_the_bad_host_rule_counts():
+    # StragglerPersistSeconds, the alarm's metric: the seconds the same rank has stayed the slowest at the ratio.
+    from efa_training.runtime.stragglers import Persistent
+
+    now = [0.0]
+    persistent = Persistent(900, clock=lambda: now[0])
+    held = []
+    for t, rank, ratio in [(0, 1, 1.6), (300, 1, 1.7), (600, 0, 1.6), (700, 0, 1.2), (800, 1, 1.9)]:
+        now[0] = t
+        persistent.observe(rank, ratio)
+        held.append(persistent.held_seconds())
+    assert held == [0.0, 300.0, 0.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize(
     "interruption",
     [(1, 1.2), (0, 1.8)],  # back under the ratio; another rank the slowest

@@ -47,5 +47,8 @@ def test_a_slowed_rank_is_named_with_its_host_on_every_metrics_line(slowed):
     for line in lines:
         assert line["StragglerRatio"] > SLOWED_RATIO and line["SlowestRank"] == 1, line
         assert line["SlowestHost"] == socket.gethostname() and line["DataWaitSeconds"] >= 0
+    # the same rank the slowest from the first line on: its time held only grows (the straggler alarm's metric)
+    held = [line["StragglerPersistSeconds"] for line in lines]
+    assert held[0] == 0 and held == sorted(held) and held[-1] > 0, held
     metrics = {m["Name"] for m in lines[0]["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
-    assert {"StragglerRatio", "DataWaitSeconds"} <= metrics and "SlowestHost" not in metrics  # a property, no metric
+    assert {"StragglerRatio", "DataWaitSeconds", "StragglerPersistSeconds"} <= metrics and "SlowestHost" not in metrics

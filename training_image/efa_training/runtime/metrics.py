@@ -41,6 +41,8 @@ UNITS = {
     "ProgressLines": "Count",
     # Stragglers (runtime/stragglers.py): the slowest rank's device probe over the median, the longest input wait
     "StragglerRatio": "None",
+    # How long the same rank has stayed the slowest at 1.5 x the median: the <prefix>-straggler alarm's metric
+    "StragglerPersistSeconds": "Seconds",
     # The longest checkpoint save so far: the launcher stops a training this many times earlier before its
     # reservation ends (runtime/launch/stop_by.py)
     "CheckpointSaveSeconds": "Seconds",

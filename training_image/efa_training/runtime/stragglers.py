@@ -7,7 +7,8 @@ rank and name nobody. What differs is what a rank does alone. At each metrics li
 - its input: the seconds it spent waiting for batches since the last line.
 One small all-gather brings both to rank 0. Rank 0 reports `StragglerRatio` (the slowest device's time over the
 median) and `DataWaitSeconds` (the longest input wait), with the slowest rank and its host as properties of the line.
-The `<prefix>-straggler` alarm watches the ratio. Not on the XLA device: there every new operation is a graph to
+`StragglerPersistSeconds` says how long the same rank has stayed the slowest at PERSIST_RATIO x the median, which
+the `<prefix>-straggler` alarm watches. Not on the XLA device: there every new operation is a graph to
 compile (the no-recompilation check in tests/training/test_xla_path.py).
 
 A rank that stays the slowest at PERSIST_RATIO x the median for PERSIST_SECONDS (what the alarm waits for) is
@@ -69,8 +70,15 @@ class Stragglers:
         probes, waits = [float(t[0]) for t in everyone], [float(t[1]) for t in everyone]
         slowest = max(range(len(probes)), key=probes.__getitem__)
         ratio = probes[slowest] / max(statistics.median(probes), 1e-9)
-        metrics = {"StragglerRatio": round(ratio, 3), "DataWaitSeconds": max(waits)}
-        if self.rt.is_main and self.persistent.observe(slowest, ratio):
+        told = self.rt.is_main and self.persistent.observe(slowest, ratio)
+        # How long this slowest rank has stayed so (rank 0's count): the <prefix>-straggler alarm pages at
+        # PERSIST_SECONDS, the moment the same rank is recorded bad, not on a ratio averaged over many ranks' noise.
+        metrics = {
+            "StragglerRatio": round(ratio, 3),
+            "DataWaitSeconds": max(waits),
+            "StragglerPersistSeconds": round(self.persistent.held_seconds(), 1),
+        }
+        if told:
             bad_hosts.record(
                 os.environ,
                 self.run_id,
@@ -113,6 +121,10 @@ class Persistent:
             return False
         self.told.add(slowest)
         return True
+
+    def held_seconds(self) -> float:
+        """How long the rank slowest at PERSIST_RATIO or more has stayed so; 0 while none is."""
+        return self.clock() - self.since[1] if self.since is not None else 0.0
 
 
 def _test_delay_seconds(rank: int) -> float:
