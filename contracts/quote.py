@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from config.catalogue import Accelerator
+from config.catalogue import SAGEMAKER_ESTIMATE_RATIO, Accelerator
 from config.layout import TRAINING_METRICS_NAMESPACE
 from contracts.run import DEFAULT_WORKLOAD, WorkloadSchemas, known_workloads
 
@@ -90,6 +90,9 @@ class QuoteTerms:
         instance, single = config.instance, config.single_node_instance
         node = instance.sagemaker_usd_per_hour if sagemaker else instance.on_demand_usd_per_hour
         basis = "SageMaker on-demand" if sagemaker else "EC2 on-demand (Spot costs less)"
+        if sagemaker and (instance.sagemaker_price_estimated or single.sagemaker_price_estimated):
+            # No recorded ml.* list price for the type (config/catalogue.py): the quote says its price is an estimate.
+            basis = f"SageMaker on-demand, an estimate: EC2's price x {SAGEMAKER_ESTIMATE_RATIO}"
         if config.reservation is not None:
             node, basis = 0.0, "reserved capacity, paid for whether used or not"
         return cls(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from config import load_config
+from config.catalogue import SAGEMAKER_ESTIMATE_RATIO
 from contracts.quote import (
     ASSUMED_MFU_PERCENT,
     COMPILE_MINUTES,
@@ -95,6 +96,19 @@ def test_reserved_nodes_cost_the_run_nothing_more_than_its_validation():
     assert reserved.node_usd_per_hour == 0.0 and "reserved capacity" in reserved.price_basis
     q = quote(_run(model="1.3b", max_steps=1000), reserved)
     assert q.usd == pytest.approx(VALIDATION_MINUTES / 60 * (reserved.validation_usd_per_hour or 0))
+
+
+def test_a_sagemaker_quote_at_an_estimated_price_says_it_is_one():
+    # prod's p5 types have no recorded ml.* list price: their SageMaker price is EC2's x 1.15 (config/catalogue.py),
+    # which the quote's basis names; dev's g5 types have recorded list prices and read as they did.
+    prod = QuoteTerms.of(load_config(context(env="prod", compute="sagemaker")))
+    assert prod.price_basis == f"SageMaker on-demand, an estimate: EC2's price x {SAGEMAKER_ESTIMATE_RATIO}"
+    assert (
+        quote(_run(model="1.3b", max_steps=1000), prod)
+        .line()
+        .endswith(f"MFU {ASSUMED_MFU_PERCENT:g}% assumed, SageMaker on-demand, an estimate: EC2's price x 1.15)")
+    )
+    assert QuoteTerms.of(load_config(context(compute="sagemaker"))).price_basis == "SageMaker on-demand"
 
 
 def test_a_neuroncore_is_a_worker_and_gets_its_share_of_the_chips_peak():

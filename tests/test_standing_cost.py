@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from config.pricing import HOURS_PER_MONTH, fsx_usd_per_gb_month
-from config.standing_prices import NAT_GATEWAY
+from config.standing_prices import CLOUDWATCH_DASHBOARD, EC2_USD_PER_HOUR, NAT_GATEWAY
 from tests.synthesis import CDK_JSON_CONTEXT, ENVIRONMENTS, context, synthesize
 from tools import standing_cost
 
@@ -112,6 +112,17 @@ def test_a_region_without_a_price_is_unpriced_not_us_east_1s():
         if line.item == "NAT gateways"
     ]
     assert "ap-southeast-2" not in NAT_GATEWAY and line.usd_per_month is None
+
+
+def test_prods_system_nodes_and_dashboard_are_priced_by_us_west_2s_own_records():
+    # us-west-2's readings in config/standing_prices.py (SkyPilot's Price List catalogue for m6i.xlarge; the dashboard's
+    # one price for every Region), not us-east-1's records; what has no us-west-2 reading stays unpriced.
+    prod = _standing("prod", "eks")
+    nodes, dashboard = _line(prod, "EKS nodes"), _line(prod, "CloudWatch dashboards")
+    assert nodes.price is EC2_USD_PER_HOUR[("us-west-2", "m6i.xlarge")] and "us-west-2" in nodes.price.source
+    assert nodes.usd_per_month == pytest.approx(2 * 0.192 * HOURS_PER_MONTH)
+    assert dashboard.price is CLOUDWATCH_DASHBOARD["us-west-2"] and dashboard.usd_per_month == 3.0
+    assert _line(prod, "CloudWatch alarm metrics").unpriced == "unpriced in us-west-2"
 
 
 def test_the_tools_own_synthesis_gives_the_same_resources():

@@ -7,7 +7,7 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from config import CATALOGUE, load_config
-from contracts.quote import measured_mfu_query
+from contracts.quote import about_usd, measured_mfu_query
 from contracts.workload import built_in_workloads
 from tests.synthesis import CDK_JSON_CONTEXT
 from tests.test_cost_report import _Session  # a boto3-like session with fake credentials and stubbed clients
@@ -44,6 +44,19 @@ def test_the_table_prices_every_training_type_and_invents_no_spot_price_offline(
         (row,) = [line for line in text.splitlines() if line.strip().startswith(instance.name + " ")]
         assert " n/a " in row  # EC2 Spot needs credentials
     assert "MFU 40% (assumed" in text and "needs credentials" in text
+
+
+def test_an_estimated_sagemaker_price_is_marked_and_never_to_the_cent():
+    # p5's SageMaker price is EC2's x 1.15 (config/catalogue.py), g5's a recorded list price.
+    text = token_cost.report([], "1.3b", 40.0)
+    p5 = token_cost.token_cost(CATALOGUE["p5.48xlarge"], "1.3b", 40.0, None)
+    g5 = token_cost.token_cost(CATALOGUE["g5.12xlarge"], "1.3b", 40.0, None)
+    assert p5.sagemaker_usd is not None and g5.sagemaker_usd is not None
+    (p5_row,) = [line for line in text.splitlines() if line.strip().startswith("p5.48xlarge ")]
+    (g5_row,) = [line for line in text.splitlines() if line.strip().startswith("g5.12xlarge ")]
+    assert about_usd(p5.sagemaker_usd) in p5_row and f"${p5.sagemaker_usd:,.2f}" not in p5_row
+    assert f"${g5.sagemaker_usd:,.2f}" in g5_row
+    assert "~: an estimate, SageMaker's price taken as EC2's x 1.15" in text
 
 
 def test_a_measured_mfu_prices_the_environments_type_at_that_figure():

@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 from botocore.exceptions import BotoCoreError, ClientError
 
 from config import CATALOGUE, EnvironmentConfig, InstanceType
-from config.catalogue import CAPACITY_BLOCKS_ONLY, SAGEMAKER_SPOT_MAX_SAVING
-from contracts.quote import ASSUMED_MFU_PERCENT, MEASURED_DAYS, measured_mfu_query
+from config.catalogue import CAPACITY_BLOCKS_ONLY, SAGEMAKER_ESTIMATE_RATIO, SAGEMAKER_SPOT_MAX_SAVING
+from contracts.quote import ASSUMED_MFU_PERCENT, MEASURED_DAYS, about_usd, measured_mfu_query
 from tools.cost_report import ROOT
 
 sys.path.insert(0, str(ROOT / "training_image"))  # the training image's package, efa_training
@@ -107,8 +107,11 @@ def measured_mfus(cloudwatch_client, environment: str, model: str | None) -> tup
     return None, False
 
 
-def _usd(value: float | None) -> str:
-    return "n/a" if value is None else f"${value:,.2f}"
+def _usd(value: float | None, estimated: bool = False) -> str:
+    """A price read from a list to the cent; an estimated one (SageMaker's EC2 x ratio) as contracts.quote rounds it."""
+    if value is None:
+        return "n/a"
+    return about_usd(value) if estimated else f"${value:,.2f}"
 
 
 def render(model: str, mfu_percent: float, costs: list[TokenCost], spot_note: str) -> str:
@@ -121,11 +124,13 @@ def render(model: str, mfu_percent: float, costs: list[TokenCost], spot_note: st
         best = None if c.sagemaker_usd is None else c.sagemaker_usd * (1 - SAGEMAKER_SPOT_MAX_SAVING)
         lines.append(
             f"  {c.instance.name:<16} {c.tokens_per_second:>14,.0f} {_usd(c.ec2_usd):>11} {_usd(c.spot_usd):>11} "
-            f"{_usd(c.sagemaker_usd):>11} {_usd(best):>13}"
+            f"{_usd(c.sagemaker_usd, c.instance.sagemaker_price_estimated):>11} "
+            f"{_usd(best, c.instance.sagemaker_price_estimated):>13}"
         )
     lines.append(
         f"  EC2 Spot: {spot_note}. SM Spot from: SageMaker managed Spot at AWS's best case, up to "
         f"{SAGEMAKER_SPOT_MAX_SAVING:.0%} off (AWS's maximum saving, not a typical price). "
+        f"~: an estimate, SageMaker's price taken as EC2's x {SAGEMAKER_ESTIMATE_RATIO} (no recorded ml.* price). "
         f"n/a: no price known ({CAPACITY_BLOCKS_ONLY}). Formula: tools/token_cost.py."
     )
     return "\n".join(lines)
@@ -161,6 +166,7 @@ def report(
                 cost = token_cost(config.instance, model, measured, spot.get(config.instance_type))
                 blocks.append(
                     f"  {config.name}: measured MFU {measured:.1f}% on {config.instance_type} (last {MEASURED_DAYS} "
-                    f"days): EC2 {_usd(cost.ec2_usd)}, SageMaker {_usd(cost.sagemaker_usd)} per billion tokens"
+                    f"days): EC2 {_usd(cost.ec2_usd)}, SageMaker "
+                    f"{_usd(cost.sagemaker_usd, config.instance.sagemaker_price_estimated)} per billion tokens"
                 )
     return "\n".join(blocks)
