@@ -302,3 +302,12 @@ def test_without_workloads_nothing_more_is_run(aws, monkeypatch):
     monkeypatch.setattr(preflight, "check_docker", lambda: None)
     commands = deploy.plan("dev", dry_run=False, run=lambda *command, **options: 0)
     assert commands[-1][1] == "deploy" and "build" not in [c[1] for c in commands]
+
+
+def test_the_plans_run_in_flight_line_names_the_batch_jobs_it_would_wait_for():
+    # The deploy also refuses while a Batch job (a hand-submitted one included) has not ended in the environment's
+    # queues (tools/preflight.py check_no_run_in_flight): the plan says so, as the check's own words.
+    config = deploy._config("dev", None, [])
+    request = deploy_plan.Request("dev", config, allow_running=False, run_units=deploy.RUN_UNITS)
+    (line,) = [x for x in deploy_plan._check_lines(request, ["EfaTraining-dev-Batch"], 6) if x.startswith("run in")]
+    assert "efa-training-dev-multi-node" in line and "Batch ListJobs" in line and "ALLOW_RUNNING=1" in line

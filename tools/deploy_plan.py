@@ -193,9 +193,9 @@ def _check_lines(request: Request, stacks: list[str], required: int) -> list[str
     under_a_run = [name for name in stacks if name in {f"{prefix}-{unit}" for unit in request.run_units}]
     in_flight = "not checked (--allow-running)"
     if not request.allow_running:
-        in_flight = (
-            f"would compare {', '.join(under_a_run)} with the deployed templates and, if one changes, list RUNNING "
-            f"executions of {prefix}-Pipeline's state machine and refuse (ALLOW_RUNNING=1 skips this)"
+        batch = config.name if config.compute == "batch" else None  # where the Batch stack changes (deploy.py)
+        in_flight = f"would compare {', '.join(under_a_run)} with the deployed templates and, if one changes, " + (
+            preflight.run_in_flight_plan(f"{prefix}-Pipeline", "deploy", batch)
         )
     emails = ", ".join(config.alert_emails) or "alert_emails is empty"
     target = f"{config.account or '<account>'}/{config.region}"
