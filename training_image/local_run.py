@@ -148,6 +148,14 @@ def local_env(nproc: int, out: Path | None = None) -> dict:
     return env
 
 
+def unregistered(env: dict) -> dict:
+    """The baseline stage's environment: tracked nowhere, so it registers nothing. It validates an early checkpoint
+    against nothing (it passes by definition, as the baseline's maker), and MLflow's registry takes one version per run
+    (runtime/registered_model.py): registered, it would stand for the run in place of the model the final validation
+    approves, and for a run whose final validation rejects its model."""
+    return {k: v for k, v in env.items() if k != "MLFLOW_TRACKING_URI"}
+
+
 def run_stages(
     out: Path, env: dict, steps: int, model: str = "tiny", layout: list[str] | None = None
 ) -> subprocess.CompletedProcess:
@@ -175,7 +183,7 @@ def run_stages(
     for stale in ("baseline.json", "verdict.json"):
         (out / stale).unlink(missing_ok=True)
     early, baseline = ["--checkpoint", str(ckpt / f"step_{every:09d}")], ["--baseline", str(out / "baseline.json")]
-    run_stage("baseline", ["validate", *early, "--data", str(data), *baseline], out, env)
+    run_stage("baseline", ["validate", *early, "--data", str(data), *baseline], out, unregistered(env))
     final = ["--checkpoint", str(ckpt), "--data", str(data), *baseline, "--verdict", str(out / "verdict.json")]
     run_stage("validate", ["validate", *final], out, env)
     return train
@@ -197,7 +205,7 @@ def run_sparse_stages(out: Path, env: dict, steps: int, model: str) -> subproces
     for stale in ("baseline.json", "verdict.json"):
         (out / stale).unlink(missing_ok=True)
     baseline = ["--checkpoint", str(ckpt / f"step_{every:09d}"), "--baseline", str(out / "baseline.json")]
-    run_stage("baseline", ["validate", *baseline, "--data", str(data)], out, env)
+    run_stage("baseline", ["validate", *baseline, "--data", str(data)], out, unregistered(env))
     final = [
         "--checkpoint",
         str(ckpt),
