@@ -123,6 +123,7 @@ def _built_in(workload: Workload, args: argparse.Namespace) -> int:
 def run_stages(workload: Workload, hyper: dict, out: Path, nproc: int) -> dict:
     """sanity, train, validate (baseline: the run's own value, as on an environment's first run), approve."""
     fresh(out)
+    tracking = local_run.prepare_store(stage_env(None, nproc, out)["MLFLOW_TRACKING_URI"])
     sanity = ["sanity", "--sizes", "64K,1M", "--report", str(out / "sanity.json")]
     stage("sanity", sanity, out, stage_env(None, nproc, out), cwd=ROOT)
     folders = ["--data", str(out / "data"), "--checkpoint-dir", str(out / "checkpoints"), "--run-dir", str(out / "run")]
@@ -151,6 +152,7 @@ def run_stages(workload: Workload, hyper: dict, out: Path, nproc: int) -> dict:
         },
         "validate": verdict,
         "approved": bool(verdict["passed"]),
+        "tracking": tracking,
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     for owned in ("corpus", "data", "checkpoints"):
         shutil.rmtree(out / owned, ignore_errors=True)  # a fresh run, not a resume of the last one
     out.mkdir(parents=True, exist_ok=True)
+    tracking = prepare_store(tracking_uri(out))
+    print(f"[local_run] tracking: {tracking}", flush=True)
     t_start = time.perf_counter()
     if args.model.startswith("ctr-"):
         train = run_sparse_stages(out, local_env(args.nproc, out), args.steps, args.model)
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         train = run_stages(out, local_env(args.nproc, out), args.steps, args.model, layout)
         report = summarize(out, train.stdout, t_start)
+    report["tracking"] = tracking
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2), flush=True)
     return 0 if report["sanity"]["passed"] and report["validate"]["passed"] else 1
@@ -127,6 +130,19 @@ def main(argv: list[str] | None = None) -> int:
 def tracking_uri(out: Path) -> str:
     """A local run's MLflow store: SQLite beside its output (MLflow's default backend; `make tracking-ui` opens it)."""
     return f"sqlite:///{out / 'mlflow.db'}"
+
+
+def prepare_store(uri: str) -> str:
+    """The run's MLflow store created once, before the first stage, and waited for: each stage's process would
+    otherwise create its schema itself, and one that exits while another creates it leaves it half made (later
+    stages fail "table ... already exists" and track nothing). What happened, in one line for the run's report."""
+    try:
+        from mlflow.tracking import MlflowClient  # the local tracking client (mlflow-skinny); not in the images
+
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # creates the schema, synchronously
+    except Exception as error:  # noqa: BLE001 - MLflow missing or its store refused: the run goes on untracked
+        return f"not tracked: the store {uri} could not be created ({type(error).__name__}: {str(error)[:160]})"
+    return f"tracked to {uri}"
 
 
 def local_env(nproc: int, out: Path | None = None) -> dict:

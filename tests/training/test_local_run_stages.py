@@ -35,3 +35,19 @@ def test_only_the_final_validation_may_register_the_model(stages, sparse):
     assert "MLFLOW_TRACKING_URI" not in seen["baseline"]
     assert seen["validate"]["MLFLOW_TRACKING_URI"] == local_run.tracking_uri(out)
     assert seen["train"]["MLFLOW_TRACKING_URI"] == local_run.tracking_uri(out)
+
+
+def test_the_store_is_made_whole_before_the_first_stage(tmp_path):
+    # One schema creation, waited for: stages that each created it raced ("table ... already exists").
+    import sqlite3
+
+    uri = local_run.tracking_uri(tmp_path)
+    assert local_run.prepare_store(uri) == f"tracked to {uri}"
+    tables = {row[0] for row in sqlite3.connect(tmp_path / "mlflow.db").execute("SELECT name FROM sqlite_master")}
+    assert {"experiments", "runs", "metrics", "alembic_version"} <= tables
+
+
+def test_a_store_that_cannot_be_made_is_a_line_not_a_failed_run(tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")  # where the store's folder would have to be
+    line = local_run.prepare_store(f"sqlite:///{tmp_path / 'a-file' / 'mlflow.db'}")
+    assert line.startswith("not tracked: the store sqlite:///") and "could not be created" in line
