@@ -84,13 +84,14 @@ def test_every_environment_and_backend_has_dashboard_alarms_and_budget(synth, en
 
 @pytest.mark.parametrize("env", ENVIRONMENTS)
 def test_observability_follows_the_environments_config(synth, env):
-    # The file system alarm at fsx_free_capacity_alarm_percent of fsx_storage_gib (in bytes); the budget at
-    # budget_monthly_usd, counting only costs tagged with the environment.
+    # The file system alarm at fsx_free_capacity_alarm_percent free on the fullest storage target, a share of
+    # fsx_storage_gib (in bytes); the budget at budget_monthly_usd, counting only costs tagged with the environment.
     config = load_config({**CDK_JSON_CONTEXT, "env": env})
     template = synth(env=env).template("observability")
     alarm = alarms(template)[f"EfaTraining-{env}-fsx-free-capacity-low"]
-    free_bytes = config.fsx_storage_gib * GIB * config.fsx_free_capacity_alarm_percent / 100
-    assert alarm["Threshold"] == pytest.approx(free_bytes)
+    assert alarm["Threshold"] == pytest.approx(config.fsx_free_capacity_alarm_percent)
+    (expression,) = [m["Expression"] for m in alarm["Metrics"] if "Expression" in m]
+    assert expression == f"100 * fullest * targets / {config.fsx_storage_gib * GIB}"
     template.has_resource_properties(
         "AWS::Budgets::Budget",
         {
