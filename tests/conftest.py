@@ -36,3 +36,26 @@ def _share_synthesis_between_workers(tmp_path_factory, worker_id):
 def synth():
     """Synthesize (once per test run) the app with `-c` style overrides: synth(env="prod", nodes=4)."""
     return synthesize
+
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    """One botocore Stubber per service, shared by every client tools/preflight.py makes (which checks each request
+    against the API's model); `stubbed(service)` is that service's Stubber, in us-east-1 (dev's region)."""
+    from botocore.stub import Stubber
+
+    from tools import preflight
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    stubs: dict[str, Stubber] = {}
+    real = preflight.client
+
+    def client(service, region):
+        if service not in stubs:
+            stubs[service] = Stubber(real(service, region))
+            stubs[service].activate()
+        return stubs[service].client
+
+    monkeypatch.setattr(preflight, "client", client)
+    return lambda service: client(service, "us-east-1") and stubs[service]

@@ -3,41 +3,28 @@ are reported; a missing alarm is one line and exit 2; the dry run calls nothing.
 Stubber, which checks each request against the API's model."""
 
 import pytest
-from botocore.stub import Stubber
 
 from tools import check_alerts, preflight
 
-REGION = "us-east-1"  # dev's
 ALARM = "EfaTraining-dev-pipeline-broken"
 
 
 @pytest.fixture
-def stubbed(monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    stubs: dict[str, Stubber] = {}
-    real = preflight.client
-
-    def client(service, region):
-        if service not in stubs:
-            stubs[service] = Stubber(real(service, region))
-            stubs[service].activate()
-        return stubs[service].client
-
-    monkeypatch.setattr(preflight, "client", client)
-    cfn = client("cloudformation", REGION) and stubs["cloudformation"]
-    # No Alerts stack answer needed beyond "does not exist": the subscription report then says nothing.
-    cfn.add_client_error("describe_stacks", "ValidationError", "Stack with id EfaTraining-dev-Alerts does not exist")
-    return lambda service: client(service, REGION) and stubs[service]
+def aws(stubbed):
+    """tests/conftest.py's Stubbers; no Alerts stack: the subscription report then says nothing."""
+    stubbed("cloudformation").add_client_error(
+        "describe_stacks", "ValidationError", "Stack with id EfaTraining-dev-Alerts does not exist"
+    )
+    return stubbed
 
 
 def _alarm(actions: list[str]) -> dict:
     return {"MetricAlarms": [{"AlarmName": ALARM, "AlarmActions": actions}]}
 
 
-def test_the_alarm_is_set_to_alarm_so_its_action_mails_the_subscribers(stubbed, capsys):
+def test_the_alarm_is_set_to_alarm_so_its_action_mails_the_subscribers(aws, capsys):
     # CloudWatch API reference, SetAlarmState: a changed state invokes that state's actions.
-    cloudwatch = stubbed("cloudwatch")
+    cloudwatch = aws("cloudwatch")
     cloudwatch.add_response("describe_alarms", _alarm(["arn:aws:sns:us-east-1:1:alerts"]), {"AlarmNames": [ALARM]})
     cloudwatch.add_response(
         "set_alarm_state", {}, {"AlarmName": ALARM, "StateValue": "ALARM", "StateReason": check_alerts.REASON}
@@ -49,8 +36,8 @@ def test_the_alarm_is_set_to_alarm_so_its_action_mails_the_subscribers(stubbed, 
     assert "look for the e-mail" in out
 
 
-def test_an_environment_without_the_alarm_is_one_line(stubbed, capsys):
-    stubbed("cloudwatch").add_response("describe_alarms", {"MetricAlarms": []}, {"AlarmNames": [ALARM]})
+def test_an_environment_without_the_alarm_is_one_line(aws, capsys):
+    aws("cloudwatch").add_response("describe_alarms", {"MetricAlarms": []}, {"AlarmNames": [ALARM]})
     assert check_alerts.main(["dev"]) == 2
     assert capsys.readouterr().err.startswith(f"error: no alarm {ALARM} with an action")
 

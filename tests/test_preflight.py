@@ -4,29 +4,10 @@ import json
 import re
 
 import pytest
-from botocore.stub import Stubber
 
 from tools import deploy, destroy, preflight
 
 REGION = "us-east-1"
-
-
-@pytest.fixture
-def stubbed(monkeypatch):
-    """One botocore Stubber per service, shared by every client preflight makes."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    stubs: dict[str, Stubber] = {}
-    real = preflight.client
-
-    def client(service, region):
-        if service not in stubs:
-            stubs[service] = Stubber(real(service, region))
-            stubs[service].activate()
-        return stubs[service].client
-
-    monkeypatch.setattr(preflight, "client", client)
-    return lambda service: client(service, REGION) and stubs[service]
 
 
 def _versions(status: str) -> dict:
