@@ -23,7 +23,7 @@ HOURS       ?= 24
 
 DIAGRAM_ENV ?= prod
 
-.PHONY: synth test lint setup deploy push-workload check-alerts destroy dataset local-run tracking-ui cost-report capacity quote bench diagram diagram-tree clean
+.PHONY: synth test test-fast lint setup deploy push-workload check-alerts destroy dataset local-run tracking-ui cost-report capacity quote bench diagram diagram-tree clean
 
 setup: $(VENV)/.test-deps $(XLA_VENV)/.deps $(SCAN_VENV)/.deps $(TRACKING_VENV)/.deps node_modules/.installed
 
@@ -61,6 +61,11 @@ synth: $(VENV)/.synth-deps node_modules/.installed
 
 test: $(VENV)/.test-deps $(XLA_VENV)/.deps $(SCAN_VENV)/.deps $(TRACKING_VENV)/.deps node_modules/.installed lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# The inner loop: the CDK, configuration, contract and unit tests, without the tests marked slow (real torchrun
+# processes, the pipeline executed in moto, whole-app synthesis of every variant with its gates). Needs .venv only.
+test-fast: $(VENV)/.test-deps node_modules/.installed
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 # The gates a newcomer gets for free (pyproject.toml configures them): lint, format, types, over the whole tree.
 lint: $(VENV)/.test-deps

@@ -30,8 +30,10 @@
    a definition is serialized: moto's parser keeps its query-language scopes in a list shared by all threads,
    so two executions starting together with a JSONata state could read each other's scope. It is also done
    once per definition: moto parses at every StartExecution (about a second of ANTLR for the pipeline); each
-   execution gets a deep copy of the parsed program, as fresh as a new parse, so nothing one execution does to
-   the program's components can reach another.
+   execution gets a deep copy of the parsed program, as fresh as a new parse, so nothing one execution does
+   to the program's components can reach another. Two more things moto does at every call are done once: a JSONPath
+   is parsed once per string (jsonpath_ng builds its yacc parser at each parse) and a service's client is made
+   once per region (moto's integrations make a client per task; the calls stay theirs, through the proxy).
 7. Evaluates JSONata states with jsonata-python (a port of jsonata-java; moto's own bridge needs a JVM), and
    names AWS SDK integration errors as Step Functions does, `ServiceName.ErrorName` in PascalCase
    (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html: "S3.NoSuchKeyException";
@@ -54,6 +56,7 @@
 """
 
 import copy
+import functools
 import json
 import re
 import threading
@@ -66,6 +69,7 @@ from datetime import datetime
 import boto3
 import jsonata
 import moto.batch_simple.models as batch_simple
+import moto.stepfunctions.parser.asl.component.common.path.result_path as result_path
 import moto.stepfunctions.parser.asl.component.common.retry.retrier_decl as retrier_decl
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_aws_sdk as sdk_service
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_batch as batch_service
@@ -73,6 +77,7 @@ import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.sta
 import moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sns as sns_service
 import moto.stepfunctions.parser.asl.jsonata.jsonata as jsonata_bridge
 import moto.stepfunctions.parser.asl.parse.asl_parser as asl_parser
+import moto.stepfunctions.parser.asl.utils.json_path as json_path
 from botocore.exceptions import ClientError
 from botocore.response import StreamingBody
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
@@ -336,13 +341,19 @@ class Emulator:
         original_client = batch_service.boto_client_for
         self._original_client = original_client
 
+        clients: dict[tuple[str, str], object] = {}
+
         def proxy(region, service, state_credentials=None):
-            client = original_client(region=region, service=service, state_credentials=state_credentials)
-            client.meta.events.register(  # every call of this client, with the parameters as the caller gave them
-                "provide-client-params",
-                lambda params, model, **_: self.check_request(model.service_model.service_name, model.name, params),
-            )
-            return _ClientProxy(client, self)
+            # One client per region and service: moto's boto_client_for makes the same one whatever a task's
+            # credentials (its fixed test keys), and making it is a third of an integration call's cost.
+            if (region, service) not in clients:
+                client = original_client(region=region, service=service, state_credentials=state_credentials)
+                client.meta.events.register(  # every call of this client, with the parameters as the caller gave them
+                    "provide-client-params",
+                    lambda params, model, **_: self.check_request(model.service_model.service_name, model.name, params),
+                )
+                clients[region, service] = client
+            return _ClientProxy(clients[region, service], self)
 
         self._patch(batch_service, "boto_client_for", proxy)
         self._patch(sdk_service, "boto_client_for", proxy)
@@ -357,6 +368,8 @@ class Emulator:
         self._patch(sdk_service.StateTaskServiceAwsSdk, "_normalise_exception_name", staticmethod(java_named))
         self._patch(jsonata_bridge, "_eval_jsonata", lambda expression: jsonata.Jsonata(expression).evaluate(None))
         self._patch(retrier_decl, "time", types.SimpleNamespace(sleep=self.retry_sleeps.append))
+        for module in (json_path, result_path):  # each parse builds jsonpath_ng's yacc parser anew
+            self._patch(module, "parse", functools.lru_cache(maxsize=None)(module.parse))
         slept = WaitFunction._wait_interval
 
         def wait(function, env, wait_seconds):

@@ -15,6 +15,8 @@ from config import load_config
 from tests.change_matrix import COMPUTE_ENVIRONMENT, Redeploy, redeploy, with_new_image
 from tests.synthesis import CDK_JSON_CONTEXT, context
 
+pytestmark = pytest.mark.slow  # whole-app synthesis of every variant it checks
+
 BACKENDS = ("batch", "eks", "sagemaker")
 NEVER_REPLACED = (
     "AWS::Batch::ComputeEnvironment",

@@ -18,6 +18,8 @@ from constructs.nag import CHECKOV_METADATA
 from tests.synthesis import CDK_JSON_CONTEXT, app_variants, locked, shared_directory, variant_id
 from tools.gates import cfn_lint, checkov, open_findings
 
+pytestmark = pytest.mark.slow  # whole-app synthesis of every variant it checks
+
 VARIANTS = app_variants()
 # Every environment on every backend. The instance-type variants add no resource type to these (their templates
 # differ in values: types, counts, charts), and checkov's start-up (about 4 s) is paid once for all of them.

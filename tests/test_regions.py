@@ -17,6 +17,8 @@ from config.regions import NO_BUDGETS, NO_FSX, REGION_ZONES, omitted_types
 from tests.synthesis import BACKENDS, CDK_JSON_CONTEXT, ENVIRONMENTS
 from tools.gates import open_findings
 
+pytestmark = pytest.mark.slow  # whole-app synthesis of every variant it checks
+
 BUDGET = "AWS::Budgets::Budget"
 FSX = "AWS::FSx::FileSystem"
 ACCEPTED = [region for region in REGION_ZONES if region not in NO_FSX]

@@ -18,7 +18,7 @@ from tests.pipeline.test_sagemaker_pipeline import SageMakerEmulator
 from tests.sfn_emulator import Emulator
 
 TRAINIUM = "trn1.32xlarge"
-pytestmark = pytest.mark.xdist_group("compile-pipeline")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("compile-pipeline")]
 
 
 def _eks_phases(emulator) -> list[str]:

@@ -2,8 +2,12 @@
 the emulated pipeline (dev, Batch): a dataset must hold prepare_data.py's manifest before anything is claimed or
 submitted. The emulated bucket holds the prepared dataset `tests.sfn_emulator.PREPARED_DATASET`."""
 
+import pytest
+
 from tests.pipeline.runs import ACCEPTED, RUN, messages
 from tests.sfn_emulator import PREPARED_DATASET
+
+pytestmark = pytest.mark.slow  # the pipeline executed in moto (tests/sfn_emulator.py)
 
 
 def _nothing_claimed_or_submitted(emulator) -> None:

@@ -51,7 +51,7 @@ from tests.synthesis import context
 DDP, IMAGE = REGISTERED_DDP, WORKLOAD_IMAGE  # registered after the deploy by the tests that run it
 EKS_VARIANT = {"compute": "eks", "instance_type": "p4d.24xlarge"}
 # Both tests on one xdist worker: the emulated account (an EKS app loaded into moto) is set up once.
-pytestmark = pytest.mark.xdist_group("eks-pipeline")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("eks-pipeline")]
 
 
 def auto_scaling_group(in_service: int, pending: int = 0) -> dict:

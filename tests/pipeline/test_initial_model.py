@@ -9,9 +9,12 @@ validation baseline defaults to its verdict value.
 import json
 
 import boto3
+import pytest
 
 from tests.pipeline.runs import ACCEPTED, RUN, messages, record_approved, states
 from tests.sfn_emulator import REGION
+
+pytestmark = pytest.mark.slow  # the pipeline executed in moto (tests/sfn_emulator.py)
 
 PREVIOUS: dict = {
     "run_id": "gpt-tiny-000",

@@ -11,6 +11,8 @@ from moto.sagemaker.models import SageMakerModelBackend
 from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, messages
 from tests.sfn_emulator import REGION
 
+pytestmark = pytest.mark.slow  # the pipeline executed in moto (tests/sfn_emulator.py)
+
 GROUP = "efa-training-dev-gpt"  # the dev environment's group for the platform's default workload
 
 

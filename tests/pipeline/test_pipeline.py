@@ -11,6 +11,8 @@ from tests.pipeline.runs import ACCEPTED, REJECTED, RUN, approval, approved_mode
 from tests.sfn_emulator import BATCH_HOST_LOST, BATCH_NO_CAPACITY, PREPARED_DATASET
 from tests.synthesis import context
 
+pytestmark = pytest.mark.slow  # the pipeline executed in moto (tests/sfn_emulator.py)
+
 # ---- the definition executed --------------------------------------------------------------------
 
 

@@ -22,6 +22,8 @@ from tests.pipeline.runs import ACCEPTED, RUN, hold_run
 from tests.synthesis import ROOT
 from tools.pipeline_cli import ATTEMPTS, CliError, _Progress, client_config, load_run, main
 
+pytestmark = pytest.mark.slow  # the pipeline executed in moto (tests/sfn_emulator.py)
+
 
 class Deployed:
     """A boto3 session whose CloudFormation knows one stack, EfaTraining-dev-Pipeline, by its outputs (moto's

@@ -20,6 +20,8 @@ from tests.pipeline.runs import (
 )
 from tests.sfn_emulator import REGION
 
+pytestmark = pytest.mark.slow  # the pipeline executed in moto (tests/sfn_emulator.py)
+
 
 def started(emulator, execution_input: dict, name: str) -> str:
     return emulator.sfn.start_execution(

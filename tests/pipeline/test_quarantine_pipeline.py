@@ -13,6 +13,8 @@ import pytest
 from tests.pipeline.runs import ACCEPTED, RUN, approved_model, messages
 from tests.sfn_emulator import REGION
 
+pytestmark = pytest.mark.slow  # the pipeline executed in moto (tests/sfn_emulator.py)
+
 
 @pytest.fixture
 def host(emulator) -> str:

@@ -21,6 +21,8 @@ from tests.sfn_emulator import ACCOUNT, PREPARED_DATASET, REGION
 from tests.synthesis import context
 from tools.pipeline_cli import main
 
+pytestmark = pytest.mark.slow  # the pipeline executed in moto (tests/sfn_emulator.py)
+
 LARGE = {**RUN, "run_id": "gpt-large-001", "hyperparameters": {"model": "1.3b", "max_steps": 20000}}
 
 

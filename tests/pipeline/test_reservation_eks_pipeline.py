@@ -14,7 +14,7 @@ BLOCK = "cr-0123456789abcdef0"
 # EKS user guide, "Manage compute for AI/ML workloads on Amazon EKS with node groups": EKS's scheduled action scales a
 # Capacity Block managed node group "down to 0 40 minutes before the reservation ends".
 EKS_LEAD = timedelta(minutes=40)
-pytestmark = pytest.mark.xdist_group("eks-reservation-pipeline")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("eks-reservation-pipeline")]
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ from tests import sfn_emulator
 from tests.pipeline.runs import ACCEPTED, RUN, cleared, emulated_account, messages
 from tests.synthesis import CAPACITY_BLOCK
 
+pytestmark = pytest.mark.slow  # the pipeline executed in moto (tests/sfn_emulator.py)
+
 BLOCK = "cr-0123456789abcdef0"
 # EC2 user guide, "Work with Capacity Blocks": "Thirty minutes before the reservation expires, we begin to terminate
 # any instances that are still running in the Capacity Block."

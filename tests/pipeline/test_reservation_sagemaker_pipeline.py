@@ -10,6 +10,8 @@ import pytest
 
 from tests.pipeline.runs import RUN, cleared, emulated_account, messages
 
+pytestmark = pytest.mark.slow  # the pipeline executed in moto (tests/sfn_emulator.py)
+
 PLAN = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/p5-week"
 # SageMaker developer guide, "Training plans utilization for SageMaker training jobs": "When there are 30 minutes
 # remaining in your Reserved Capacity, SageMaker training plans begin the process of terminating any running instances".

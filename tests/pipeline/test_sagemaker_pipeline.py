@@ -53,7 +53,7 @@ from tests.sfn_emulator import ACCOUNT, REGION, Emulator
 DDP, IMAGE = REGISTERED_DDP, WORKLOAD_IMAGE  # registered after the deploy by the tests that run it
 SAGEMAKER_VARIANT = {"compute": "sagemaker", "sagemaker_spot": "true"}
 # All tests on one xdist worker: the emulated account (a SageMaker app loaded into moto) is set up once.
-pytestmark = pytest.mark.xdist_group("sagemaker-pipeline")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sagemaker-pipeline")]
 # What SageMaker reports for a managed Spot job that ran out of its MaxWaitTimeInSeconds after an interruption: under
 # TrainingJobStatus Stopped, SecondaryStatus "MaxWaitTimeExceeded - The job stopped because it exceeded the maximum
 # allowed wait time", and no FailureReason, which a failed job has (API_DescribeTrainingJob).

@@ -26,6 +26,8 @@ from tests.pipeline.runs import (
 )
 from tests.sfn_emulator import PREPARED_DATASET, REGION
 
+pytestmark = pytest.mark.slow  # the pipeline executed in moto (tests/sfn_emulator.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 DDP, IMAGE = REGISTERED_DDP, WORKLOAD_IMAGE
 # A second workload, from an image URI, with a free-text hyperparameter.

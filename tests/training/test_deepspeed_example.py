@@ -22,7 +22,7 @@ from tests.training import example_runs
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "deepspeed_zero"
 FIRST_STEPS, RESUMED_STEPS = 30, 40
-pytestmark = pytest.mark.xdist_group("example-deepspeed")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("example-deepspeed")]
 
 
 def _launch(folder: Path, mode: str, *args: str) -> list[str]:

@@ -15,7 +15,7 @@ from tools import local_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "accelerate_ddp"
-pytestmark = pytest.mark.xdist_group("example-accelerate")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("example-accelerate")]
 
 
 def _train(folder: Path, hyperparameters: dict) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ from tests.training import training_helpers as th
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "torch_ddp"
-pytestmark = pytest.mark.xdist_group("example-ddp")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("example-ddp")]
 
 
 def _launch(folder: Path, mode: str, *args: str) -> list[str]:

@@ -18,6 +18,8 @@ from efa_training.runtime.launch.rank_zero import RankZeroLines
 from efa_training.runtime.launch.watchdog import FACTOR, Watchdog
 from tests.training import training_helpers as th
 
+pytestmark = pytest.mark.slow  # real torchrun processes
+
 
 class Clock:
     def __init__(self) -> None:

@@ -25,7 +25,7 @@ from tests.training import training_helpers as th
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "hf_trainer"
 COMPLETE = "checkpoint-complete.json"  # train.py's marker: every rank has saved its part of checkpoint-<step>
-pytestmark = pytest.mark.xdist_group("example-hf")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("example-hf")]
 
 
 def _launch(folder: Path, mode: str, *args: str) -> list[str]:

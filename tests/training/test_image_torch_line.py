@@ -14,6 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # real torchrun processes
+
 ROOT = Path(__file__).resolve().parents[2]
 XLA_PYTHON = ROOT / ".venv-xla" / "bin" / "python"
 FILES = ["test_training_damage.py", "test_training_sanity.py", "test_rendezvous.py"]

@@ -19,6 +19,8 @@ from contracts.workload import parse_workload
 from efa_training.runtime.errors import EXIT_STOPPED
 from tests.training import training_helpers as th
 
+pytestmark = pytest.mark.slow  # real torchrun processes
+
 # Saves on SIGTERM. Rank 0 prints its steps only once every rank's handler is in place (a file per rank), so the
 # stop never finds a rank without one. SLOW_SAVE: rank 0 reports a long checkpoint save at its first step, which
 # moves the launcher's stop-by margin past now (3 x the save): the reservation stop comes at once.

@@ -20,6 +20,8 @@ import torch
 
 from tests.training import training_helpers as th
 
+pytestmark = pytest.mark.slow  # real torchrun processes
+
 SEED, ROWS, CARDINALITY = 5, 40_000, 100
 # The generator's own model reaches AUC 0.79 on this holdout and a constant guess 0.5; four runs of this job reached
 # 0.737-0.758 (updates arrive in a different order each run).

@@ -8,8 +8,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from efa_training.runtime.launch import rendezvous
 from tests.training import training_helpers as th
+
+pytestmark = pytest.mark.slow  # real torchrun processes
 
 ALL_REDUCE = """
 import torch, torch.distributed as dist

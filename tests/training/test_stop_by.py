@@ -15,6 +15,8 @@ from efa_training.runtime.errors import EXIT_WINDOW_ENDED, UsageError
 from efa_training.runtime.launch.stop_by import MARGIN_FLOOR_SECONDS, NOT_SET, SAVE_FACTOR, StopBy, pop_stop_by
 from tests.training import training_helpers as th
 
+pytestmark = pytest.mark.slow  # real torchrun processes
+
 
 def test_the_flag_is_the_launchers_not_the_scripts():
     args, deadline = pop_stop_by(["--run-id", "r", "--stop-by", "2026-12-03T11:30:00Z", "--max-steps", "9"])

@@ -17,7 +17,7 @@ from tests.training import example_runs
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "torch_tp"
 STEPS = 20  # the shared run's: a loss line every 10 steps, a checkpoint every 10
-pytestmark = pytest.mark.xdist_group("example-tp")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("example-tp")]
 
 
 def _launch(folder: Path, mode: str, *args: str) -> list[str]:

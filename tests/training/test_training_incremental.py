@@ -9,6 +9,8 @@ import pytest
 
 from tests.training import training_helpers as th
 
+pytestmark = pytest.mark.slow  # real torchrun processes
+
 STEPS = 4
 
 

@@ -27,6 +27,8 @@ from efa_training.runtime.user_workload import (
 from efa_training.runtime.workload_metrics import LogMetrics
 from tests.training import training_helpers as th
 
+pytestmark = pytest.mark.slow  # real torchrun processes
+
 DECLARATION = {
     "image": {"uri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/my-llm:v1"},
     "train": ["python", "train.py", "--fast"],

@@ -23,7 +23,7 @@ RUNNER = Path(__file__).resolve().parent / "xla_run.py"
 STEPS, WARM_UP_STEPS, CHECKPOINT_EVERY = 12, 3, 6
 ACCUMULATING_STEPS = 2  # the gradient-accumulation run: its second step is the first with the optimizer's state
 # All XLA runs on one xdist worker: each is a few CPU-heavy processes.
-pytestmark = pytest.mark.xdist_group("xla")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("xla")]
 
 
 def _require_xla_environment() -> None:
