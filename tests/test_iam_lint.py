@@ -10,6 +10,7 @@ from tests.synthesis import app_variants, variant_id
 from tools.iam_lint import METADATA_KEY, findings, policies
 
 
+@pytest.mark.slow  # whole-app synthesis of every variant (a gate, beside tests/test_gates.py)
 @pytest.mark.parametrize("variant", app_variants(), ids=variant_id)
 def test_every_policy_grants_what_it_says(synth, variant):
     synthesized = synth(**variant)
