@@ -37,6 +37,15 @@ def _accelerator_group(raw: dict) -> dict:
     return next(p for p in _resources(raw, "AWS::EKS::Nodegroup") if "Taints" in p)
 
 
+def test_every_nodes_root_volume_is_encrypted_whatever_the_accounts_default():
+    # Training, validation and system nodes: an encrypted gp3 root on /dev/xvda (AL2023's root device) in each
+    # launch template, not left to the account's EBS encryption default.
+    raw = _compute(instance_type="p4d.24xlarge")
+    for props in _resources(raw, "AWS::EC2::LaunchTemplate"):
+        (root,) = [d for d in props["LaunchTemplateData"]["BlockDeviceMappings"] if d["DeviceName"] == "/dev/xvda"]
+        assert root["Ebs"]["Encrypted"] is True and root["Ebs"]["VolumeType"] == "gp3"
+
+
 def test_every_node_launch_template_allows_one_imds_hop():
     # IMDSv2 with one hop on every node (training, validation and system): pods cannot use the node's role.
     raw = _compute(instance_type="p4d.24xlarge")

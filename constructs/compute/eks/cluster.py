@@ -23,6 +23,7 @@ from config import Accelerator, InstanceType
 from constructs import Construct
 from constructs.compute.eks.cluster_internals import acknowledge_cdk_internals
 from constructs.compute.eks.cluster_logs import ClusterLogGroups
+from constructs.compute.shared.efa_launch_template import ROOT_DEVICE
 from constructs.escape_hatch import cfn
 from constructs.nag import acknowledge, managed_policy_finding
 from contracts.eks.job_spec import ACCELERATOR_LABEL, toleration
@@ -109,9 +110,19 @@ class EksTrainingCluster(Construct):
         # IMDSv2 with hop limit 1 (EKS best practices, "Restrict access to the instance profile assigned to the
         # worker node"): pods cannot borrow the node role; host-network daemons (VPC CNI, CloudWatch agent) still
         # reach IMDS. The node group's own default template would allow 2 hops.
+        # Its root volume encrypted whatever the account's EBS default (the node group's own default template
+        # leaves that to the account; AL2023 EKS AMIs boot from /dev/xvda, 20 GiB as EKS's default disk_size).
         system_template = ec2.LaunchTemplate(
             self,
             "SystemLaunchTemplate",
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name=ROOT_DEVICE,
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        20, volume_type=ec2.EbsDeviceVolumeType.GP3, encrypted=True, delete_on_termination=True
+                    ),
+                )
+            ],
             http_endpoint=True,
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
             http_put_response_hop_limit=1,
