@@ -116,10 +116,11 @@ else
 endif
 
 # MLflow's own web UI over the last local run's store (make local-run writes local-run/mlflow.db): every run, its
-# parameters and metrics by step, and the verdict, at http://localhost:$(TRACKING_PORT).
+# parameters and metrics by step, and the verdict, at http://localhost:$(TRACKING_PORT): it prints each experiment's
+# Runs page first (MLflow 3 opens on its GenAI overview).
 tracking-ui: $(TRACKING_VENV)/.deps
 	@test -f local-run/mlflow.db || { echo "make tracking-ui: no local-run/mlflow.db yet; run make local-run first" >&2; exit 2; }
-	$(TRACKING_VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/local-run/mlflow.db --port $(TRACKING_PORT)
+	$(TRACKING_VENV)/bin/python -m tools.tracking_ui --store sqlite:///$(CURDIR)/local-run/mlflow.db --port $(TRACKING_PORT)
 
 cost-report: $(VENV)/.synth-deps
 	$(PY) -m tools.cost_report --all --hours $(HOURS)

@@ -9,6 +9,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from efa_training.runtime import tracking
+from tools import tracking_ui
 
 ROOT = Path(__file__).resolve().parents[2]
 MLFLOW = ROOT / ".venv-tracking" / "bin" / "mlflow"
@@ -37,17 +39,23 @@ def _port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ui(tmp_path_factory) -> Iterator[str]:
-    """The UI's address, over a store holding one tracked run (the launcher's tracker wrote it)."""
+def store(tmp_path_factory) -> str:
+    """A store holding one tracked run (the launcher's tracker wrote it)."""
     store = f"sqlite:///{tmp_path_factory.mktemp('ui') / 'mlflow.db'}"
     tracker = tracking.Tracker(store, "local", RUN, {"model": "tiny", "workload": "gpt"})
     for step in (1, 2, 3):
         tracker.add(step, {"Loss": 3.0 - step / 2})
     tracker.close()
+    return store
+
+
+@pytest.fixture(scope="module")
+def ui(store) -> Iterator[str]:
+    """The UI's address, over the store."""
     port = _port()
-    # The Makefile's command (tracking-ui), on a free port.
+    # The command tools/tracking_ui.py runs for `make tracking-ui` (by .venv-tracking's mlflow), on a free port.
     server = subprocess.Popen(
-        [str(MLFLOW), "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", str(port)],
+        [str(MLFLOW), *tracking_ui.command(store, port)[1:], "--host", "127.0.0.1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -68,7 +76,24 @@ def ui(tmp_path_factory) -> Iterator[str]:
 
 def test_the_make_target_opens_the_local_runs_store():
     makefile = (ROOT / "Makefile").read_text()
-    assert "$(TRACKING_VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/local-run/mlflow.db" in makefile
+    tool = "$(TRACKING_VENV)/bin/python -m tools.tracking_ui --store sqlite:///$(CURDIR)/local-run/mlflow.db"
+    assert tool in makefile
+    # The tool runs the mlflow beside the Python that runs it: .venv-tracking's, which has MLflow's server.
+    beside = str(Path(sys.executable).with_name("mlflow"))
+    assert tracking_ui.command("sqlite:///x.db", 5000) == [
+        beside,
+        "ui",
+        "--backend-store-uri",
+        "sqlite:///x.db",
+        "--port",
+        "5000",
+    ]
+
+
+def test_it_prints_the_runs_page_of_each_experiment_holding_a_run(store, ui):
+    # MLflow 3 opens on its GenAI overview; the page printed is the one the browser test finds the run on.
+    (page,) = tracking_ui.runs_pages(store, ui)
+    assert page == f"{ui}/#/experiments/1/runs  (experiment 'local')"
 
 
 def test_the_ui_is_served_and_its_api_lists_the_run_with_its_metrics(ui):

@@ -104,6 +104,18 @@ def evaluate_newest(root: Path, data: Path) -> tuple[float, Path, dict, dict]:
     return log_loss(labels, logits), path, meta, extra
 
 
+def base_rate_log_loss(data: Path) -> float:
+    """The holdout log-loss of the model that predicts the training split's click rate for every record: what a
+    click-through model must beat to have learned anything (the denominator of He et al.'s normalized entropy,
+    "Practical Lessons from Predicting Clicks on Ads at Facebook", 2014). Deterministic: labels only, no model."""
+    train = CtrRecords(data, "train")
+    clicks = sum(float(shard["label"].astype(np.float64).sum()) for shard in train.shards)
+    rate = min(max(clicks / train.n, 1e-12), 1 - 1e-12)
+    holdout = CtrRecords(data, "val")
+    labels = np.concatenate([shard["label"].astype(np.float64) for shard in holdout.shards])
+    return log_loss(labels, np.full(len(labels), math.log(rate / (1 - rate))))
+
+
 def log_loss(labels: np.ndarray, logits: np.ndarray) -> float:
     """Mean binary cross-entropy of logits, computed stably (log(1 + e^x) - y*x)."""
     x = logits.astype(np.float64)
