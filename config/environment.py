@@ -543,6 +543,13 @@ class EnvironmentConfig:
         return CATALOGUE[self.instance_type]
 
     @property
+    def min_nodes(self) -> int:
+        """The fewest nodes a run may ask for: all of them on Batch, whose multi-node job definitions fix numNodes
+        (Batch user guide, "Multi-node parallel jobs"); the backend runner's fixed_node_count says the same
+        (tests/test_app_seam.py holds them equal), and the pipeline's MinNodes output is this."""
+        return self.nodes if self.compute == "batch" else 1
+
+    @property
     def single_node_instance(self) -> InstanceType:
         """Where single-node jobs (validation) run: the configured type, else the catalogue's small one."""
         return CATALOGUE[

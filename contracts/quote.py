@@ -89,7 +89,7 @@ class QuoteTerms:
         sagemaker = config.compute == "sagemaker"
         instance, single = config.instance, config.single_node_instance
         node = instance.sagemaker_usd_per_hour if sagemaker else instance.on_demand_usd_per_hour
-        basis = "SageMaker on-demand" if sagemaker else "EC2 on-demand (Spot costs less)"
+        basis = _on_demand_basis(config)
         if sagemaker and (instance.sagemaker_price_estimated or single.sagemaker_price_estimated):
             # No recorded ml.* list price for the type (config/catalogue.py): the quote says its price is an estimate.
             basis = f"SageMaker on-demand, an estimate: EC2's price x {SAGEMAKER_ESTIMATE_RATIO}"
@@ -105,6 +105,14 @@ class QuoteTerms:
             price_basis=basis,
             budget_name=config.budget_name,
         )
+
+
+def _on_demand_basis(config: EnvironmentConfig) -> str:
+    """The price the quote takes, and where Spot would cost less: never for Batch's multi-node jobs, which Batch runs
+    on demand only (the README's backend table), so the quote says nothing of Spot there."""
+    if config.compute == "sagemaker":
+        return "SageMaker on-demand" + ("; managed Spot costs less" if config.sagemaker_spot else "")
+    return "EC2 on-demand" + ("; the Spot node group costs less" if config.eks_capacity_type == "spot" else "")
 
 
 @dataclass(frozen=True)

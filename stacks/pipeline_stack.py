@@ -94,7 +94,7 @@ class PipelineStack(cdk.Stack):
         cdk.CfnOutput(self, "ExecutionLogGroup", value=self.log_group.log_group_name)
         cdk.CfnOutput(self, "ApprovedModelParameter", value=self.approved_model_parameter)
         cdk.CfnOutput(self, "MaxNodes", value=str(config.nodes))
-        cdk.CfnOutput(self, "MinNodes", value=str(config.nodes if runner.fixed_node_count else 1))
+        cdk.CfnOutput(self, "MinNodes", value=str(config.min_nodes))
         cdk.CfnOutput(self, "TrainingRetries", value=str(pipeline.training_retry.max_attempts))
         # The phases a run passes through on this backend: the CLI's progress counts them.
         cdk.CfnOutput(self, "Phases", value=",".join(phases(runner.sanity_in_training, compiles_ahead)))

@@ -17,10 +17,13 @@ def test_every_backend_stack_offers_the_seam(synth):
     # What the pipeline and observability stacks read (constructs/compute/backend.py: ComputeBackend); mypy holds
     # the types, this holds the synthesized objects: a runner with the three seam facts, metrics, queue list.
     for backend, (module, class_name, _) in COMPUTE_STACKS.items():
-        stack = synth(compute=backend).stacks["compute"]
+        synthesized = synth(compute=backend)
+        stack = synthesized.stacks["compute"]
         assert isinstance(stack, getattr(importlib.import_module(module), class_name))
         runner = stack.job_runner
         assert isinstance(runner.fixed_node_count, bool) and isinstance(runner.restarts_lost_hosts, bool)
+        config = synthesized.config  # the quote's and the CLI's fewest nodes are the runner's
+        assert config.min_nodes == (config.nodes if runner.fixed_node_count else 1)
         assert all(isinstance(error, str) for error in runner.rejected_errors)
         assert stack.accelerator_metrics.backend == backend
         assert (len(stack.job_queue_names) == 3) == (backend == "batch")

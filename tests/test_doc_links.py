@@ -80,6 +80,45 @@ def test_the_readmes_first_run_command_writes_a_run_file():
     assert run["dataset"] == "datasets/sample/" and "baseline" in run
 
 
+def _offline() -> dict[str, str]:
+    """A shell of one's own (no parent make's MAKEFLAGS) with no AWS credentials anywhere it could find them."""
+    kept = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS") and "AWS" not in k}
+    missing = "/nonexistent/aws"
+    return {
+        **kept,
+        "AWS_CONFIG_FILE": missing,
+        "AWS_SHARED_CREDENTIALS_FILE": missing,
+        "AWS_EC2_METADATA_DISABLED": "1",
+    }
+
+
+def _run(line: str) -> subprocess.CompletedProcess:
+    return subprocess.run(shlex.split(line), cwd=ROOT, env=_offline(), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow  # two dry runs synthesize dev
+def test_the_readmes_offline_commands_work_as_printed_without_credentials(tmp_path):
+    # The README's commands that need no AWS account, as printed: its first run's file and that file's quote, and the
+    # dry runs of deploy (its code block) and destroy (the line that names DRY_RUN=1 for it).
+    readme = README.read_text()
+    (dataset,) = [ln for ln in readme.splitlines() if re.match(r"make .*\bdataset\b.*>", ln)][:1]
+    run_file = tmp_path / "first-run.json"
+    prepared = _run(dataset.partition(">")[0] + " DRY_RUN=1")
+    assert prepared.returncode == 0, prepared.stderr
+    run_file.write_text(prepared.stdout)
+    (quote,) = re.findall(r"`(make quote ENV=dev RUN=first-run\.json)`", readme)
+    quoted = _run(quote.replace("first-run.json", str(run_file)))
+    assert quoted.returncode == 0, quoted.stdout + quoted.stderr
+    assert [ln for ln in quoted.stdout.splitlines() if ln.startswith("quote: ~$")], quoted.stdout
+    assert "not held to it here" in quoted.stdout  # says it read no budget, never that the budget pays
+    (deploy,) = [ln.partition("#")[0].strip() for ln in readme.splitlines() if ln.startswith("make deploy ENV=dev DRY")]
+    assert "`make destroy ENV=dev` (`DRY_RUN=1` for the plan" in readme
+    for line in (deploy, "make destroy ENV=dev DRY_RUN=1"):
+        done = _run(f"make -s {line.removeprefix('make ')}")
+        assert done.returncode == 0, f"{line}: {done.stderr}"
+        assert "would run:" in done.stdout + done.stderr and "credentials" not in done.stderr.lower(), line
+
+
 def _block(page: Path, name: str) -> str:
     found = re.search(rf"<!-- {name}:start -->\n(.*?)\n<!-- {name}:end -->", page.read_text(), re.S)
     assert found is not None, f"{page.name} has no {name} block"
@@ -108,6 +147,21 @@ def test_the_readmes_cost_of_dev_is_the_cost_reports():
     assert batch == sagemaker and f"dev costs **{batch} a month** on Batch and SageMaker, **{eks}** on EKS" in readme
     assert f"its nodes add **{hourly}/h** ({nodes} × {instance_type} on demand, us-east-1 list price)" in readme
     assert f"`dev` is {nodes} × {instance_type} on AWS Batch in us-east-1" in readme
+
+
+def test_the_readmes_other_figures_are_their_sources():
+    # The EKS cluster's price, dev's file system and the first run's baseline, as the README states them.
+    from config import load_config
+    from config.standing_prices import EKS_CLUSTER
+    from tests.synthesis import context
+
+    readme, dev = _flat(README), load_config(context(env="dev"))
+    cluster = EKS_CLUSTER[dev.region]
+    assert cluster.unit == "hour" and f"a cluster (${cluster.usd:.2f}/h) and 2 system nodes" in readme
+    assert f"with a {dev.fsx_storage_gib / 1024:.1f} TiB FSx file system" in readme
+    assert f"the {dev.fsx_storage_gib / 1024:.1f} TiB file system" in readme
+    baseline = json.loads((ROOT / "examples" / "run.json").read_text())["baseline"]
+    assert f"(`examples/run.json` for `NAME=sample`) says what the model must beat: `baseline` {baseline:g}," in readme
 
 
 def test_the_gate_variants_the_docs_count_are_the_suites():

@@ -111,6 +111,27 @@ def test_a_sagemaker_quote_at_an_estimated_price_says_it_is_one():
     assert QuoteTerms.of(load_config(context(compute="sagemaker"))).price_basis == "SageMaker on-demand"
 
 
+def test_the_price_basis_names_spot_only_where_the_run_could_have_it():
+    # Batch runs multi-node jobs on demand only (the README's backend table): "Spot costs less" there misled.
+    assert QuoteTerms.of(load_config(context(compute="batch"))).price_basis == "EC2 on-demand"
+    assert QuoteTerms.of(load_config(context(compute="eks"))).price_basis == "EC2 on-demand"
+    spot_nodes = QuoteTerms.of(load_config(context(compute="eks", eks_capacity_type="spot")))
+    assert spot_nodes.price_basis == "EC2 on-demand; the Spot node group costs less"
+    managed_spot = QuoteTerms.of(load_config(context(compute="sagemaker", sagemaker_spot=True)))
+    assert managed_spot.price_basis == "SageMaker on-demand; managed Spot costs less"
+
+
+def test_the_quote_refuses_a_batch_run_on_fewer_nodes_than_its_jobs_take(tmp_path, capsys):
+    # prod's Batch job definitions fix 4 nodes, so `start` (the deployed MinNodes) refuses 2; the quote did not.
+    from tools import pipeline_cli
+
+    nodes = load_config(context(env="prod")).nodes
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"run_id": "two-001", "dataset": "datasets/x/", "nodes": 2, "baseline": 3.2}))
+    assert pipeline_cli.main(["quote", "prod", str(run)]) == 2
+    assert f"exactly {nodes}: this backend's multi-node job definitions fix the node count" in capsys.readouterr().err
+
+
 def test_a_neuroncore_is_a_worker_and_gets_its_share_of_the_chips_peak():
     # One worker per NeuronCore (trn1: 2 per chip), each with batch_size sequences: the peak per worker is half a
     # chip's, so a step takes twice as long as per-chip arithmetic says; a GPU's worker is the GPU.

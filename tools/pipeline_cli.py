@@ -177,6 +177,7 @@ def cmd_quote(args, session, out) -> int:
     run = load_run(
         args.run_file,
         config.nodes,
+        config.min_nodes,  # what the deployed pipeline's MinNodes says, so the quote refuses what start refuses
         workloads=declared,
         workers_per_node=config.instance.workers_per_node,
         registry=registry,
