@@ -164,6 +164,20 @@ def test_the_readmes_other_figures_are_their_sources():
     assert f"(`examples/run.json` for `NAME=sample`) says what the model must beat: `baseline` {baseline:g}," in readme
 
 
+def test_every_range_of_gpt_sizes_the_docs_state_ends_at_the_largest():
+    # "tiny to 13b" stayed in two pages after 30b and 70b were added. sizes.py imports nothing (no torch): read as data.
+    sizes = (ROOT / "training_image" / "efa_training" / "workloads" / "gpt" / "sizes.py").read_text()
+    table = sizes[sizes.index("MODEL_SIZES: ") : sizes.index("\n}\n", sizes.index("MODEL_SIZES: "))]
+    largest = re.findall(r'^    "([\w.]+)": ', table, re.M)[-1]
+    stated = [
+        (doc.name, end.lower())
+        for doc in [README, *PAGES]
+        for end in re.findall(r"\btiny`? to `?(\w+)", doc.read_text())
+        if not end.startswith("ctr")
+    ]
+    assert stated and [(name, end) for name, end in stated if end != largest] == []
+
+
 def test_the_gate_variants_the_docs_count_are_the_suites():
     from config import efa_instance_types
     from tests.synthesis import BACKENDS, ENVIRONMENTS, app_variants
