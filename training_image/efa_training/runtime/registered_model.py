@@ -7,8 +7,8 @@ verdict and the MLflow client, so it registers the same model in MLflow's regist
 run's MLflow run, tagged with the verdict's figures, its source where the pipeline records the approved model
 (MODELS_PREFIX + run id: s3://<bucket>/models/<run_id>/), or in a local run the checkpoint validated. A rejected model
 is not registered, as in SageMaker's registry: its verdict stays in the run's metrics. Once per run: a validation run
-again (a resumed run) finds its version and adds none. Waited for at most CLOSE_SECONDS; a registry that fails costs
-one line, never the verdict.
+again (a resumed run) finds its version and adds none. Waited for at most close_seconds(uri); a registry that fails
+costs one line, never the verdict.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from efa_training.runtime.tracking import CLOSE_SECONDS, URI_VARIABLE, _say
+from efa_training.runtime.tracking import URI_VARIABLE, _say, close_seconds
 
 MODELS_PREFIX_VARIABLE = "MODELS_PREFIX"
 VERDICT_TAGS = ("metric", "value", "baseline", "relative_delta", "tolerance", "step")
@@ -43,8 +43,9 @@ def register(env: Mapping[str, str], run_id: str, verdict: Mapping[str, object])
 
     worker = threading.Thread(target=attempt, name="mlflow-registry", daemon=True)
     worker.start()
-    worker.join(CLOSE_SECONDS)
-    _say(outcome[0] if outcome else f"not registered in MLflow within {CLOSE_SECONDS:g} s (server slow or down)")
+    wait = close_seconds(uri)
+    worker.join(wait)
+    _say(outcome[0] if outcome else f"not registered in MLflow within {wait:g} s (server slow or down)")
 
 
 def registered(client: Any, experiment: str, run_id: str, source: str, verdict: Mapping[str, object]) -> str:

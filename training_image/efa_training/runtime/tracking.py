@@ -9,7 +9,8 @@ the run's hyperparameters and where it ran.
 A tracking server that is slow or down never slows or fails training: lines go into a bounded queue that a
 background thread drains in batches (`MlflowClient.log_batch`); when the queue is full, lines are dropped and
 counted; the first failure and the recovery are each logged once, and the thread keeps retrying with a backoff. At the
-end the launcher waits at most CLOSE_SECONDS for what is queued. Without MLFLOW_TRACKING_URI nothing is imported.
+end the launcher waits at most CLOSE_SECONDS for what is queued to a server (close_seconds: a local store is waited for
+longer). Without MLFLOW_TRACKING_URI nothing is imported.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ URI_VARIABLE = "MLFLOW_TRACKING_URI"
 QUEUE_LINES = 10_000  # about a day of one line per 10 s step; a dropped line is counted, never waited for
 BATCH_METRICS = 1000  # MLflow's log_batch takes at most 1000 metrics per call (REST API reference, LogBatch)
 CLOSE_SECONDS = 10.0
+# A store on this machine (SQLite, a folder): nothing there is down, its writes only queue behind the machine's load.
+LOCAL_CLOSE_SECONDS = 120.0
 BACKOFF_SECONDS = (1.0, 30.0)
 # CloudWatch's bookkeeping (the idle and no-progress alarms' counts, runtime/metrics.py), not the run's metrics.
 NOT_TRACKED = frozenset({"ProgressLines", "NotTraining"})
@@ -106,10 +109,11 @@ class Tracker:
         except queue.Full:
             self.dropped += 1
 
-    def close(self, status: str = "FINISHED", timeout: float = CLOSE_SECONDS) -> None:
-        """What is queued, then the run's status, waited for at most `timeout` seconds."""
+    def close(self, status: str = "FINISHED", timeout: float | None = None) -> None:
+        """What is queued, then the run's status, waited for at most `timeout` seconds (default: close_seconds)."""
         if self._thread is None:
             return
+        timeout = close_seconds(self.uri) if timeout is None else timeout
         self._stop.set()
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -232,6 +236,14 @@ def record(env: Mapping[str, str], run_id: str, step: int, values: Mapping[str, 
     if tracker is not None and values:
         tracker.add(step, {k: float(v) for k, v in values.items() if math.isfinite(v)})
         tracker.close()
+
+
+def close_seconds(uri: str) -> float:
+    """How long a stage's end waits for tracking: CLOSE_SECONDS for a server, which may be slow or down and must not
+    hold a GPU job; LOCAL_CLOSE_SECONDS for a local store (a short local run's metrics were all dropped at 10 s on a
+    loaded machine: "0 metric lines not sent", issue 48)."""
+    local = uri.startswith(("sqlite:", "file:", "/", ".")) or ":" not in uri  # a path; not a URL, nor a server's ARN
+    return LOCAL_CLOSE_SECONDS if local else CLOSE_SECONDS
 
 
 def record_verdict(env: Mapping[str, str], run_id: str, verdict: Mapping[str, object]) -> None:
