@@ -98,7 +98,7 @@ for step in range(1, 100):
 """
 
 
-def _hanging_run(tmp_path: Path, hang: str) -> tuple[subprocess.CompletedProcess, float]:
+def _hanging_run(tmp_path: Path, hang: str) -> subprocess.CompletedProcess:
     script = tmp_path / "train.py"
     script.write_text(HANGING_SCRIPT)
     declared = parse_workload(
@@ -121,15 +121,13 @@ def _hanging_run(tmp_path: Path, hang: str) -> tuple[subprocess.CompletedProcess
         HANG_TIMEOUT_SECONDS="3",
         HANG=hang,
     )
-    started = time.monotonic()
-    done = subprocess.run(
+    return subprocess.run(
         [th.PYTHON, str(th.TRAINING_IMAGE / "launch.py"), "train", "--run-id", "run-1", *folders],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    return done, time.monotonic() - started
 
 
 # For real, through launch.py on 2 processes: three progress lines, then nothing. With a 3 s floor the attempt ends
@@ -143,10 +141,13 @@ def _hanging_run(tmp_path: Path, hang: str) -> tuple[subprocess.CompletedProcess
     ],
 )
 def test_a_hung_rank_is_named_and_every_ranks_stacks_are_kept(tmp_path, hang, why, rank_1_was):
-    done, took = _hanging_run(tmp_path, hang)
+    done = _hanging_run(tmp_path, hang)
     assert done.returncode == EXIT_HUNG, done.stderr[-3000:]
     (summary,) = [json.loads(line)["hang"] for line in done.stderr.splitlines() if line.startswith('{"hang"')]
     assert summary["progress_lines"] == 3 and summary["limit_seconds"] >= 3.0  # the floor, or 10 x a slow step
+    # Ended by the watchdog's own limit, far below the job's (the run's 120 s timeout would have raised): the limit the
+    # launcher judged by, not a wall clock read after the run, which a loaded machine stretches.
+    assert summary["limit_seconds"] < 60, summary
     assert summary["stopped_first"]["rank"] == 1 and why in summary["stopped_first"]["why"], summary
     evidence = Path(summary["evidence"])
     assert evidence.parent == tmp_path / "run" / "hang"
@@ -156,7 +157,6 @@ def test_a_hung_rank_is_named_and_every_ranks_stacks_are_kept(tmp_path, hang, wh
     assert rank_1_was in (evidence / "stacks-rank1.txt").read_text()
     assert done.stderr.count(" in all_reduce") >= 1 and rank_1_was in done.stderr
     assert (evidence.parent / "flight-recorder").is_dir()  # where NCCL's traces go (none on gloo)
-    assert took < 60, took
 
 
 # The built-in trainer (train.py), with rank 1 hung at its 7th micro-batch (step 4, 2 micro-steps a step): stopped by

@@ -101,9 +101,19 @@ class StopBy:
         self._thread.start()
 
     def summary(self) -> str:
-        ends = datetime.fromtimestamp(self.deadline).astimezone().isoformat()
-        return json.dumps({"stop_by": {"reservation_ends": ends, "margin_seconds": round(self.margin(), 1),
-                                       "longest_save_seconds": round(self.longest_save, 1)}})  # fmt: skip
+        """The end, the margin and when it was said (`said_at`: the SIGTERM's moment where the guard fired)."""
+        ends, now = (datetime.fromtimestamp(t).astimezone().isoformat() for t in (self.deadline, self.clock()))
+        margin, save = round(self.margin(), 1), round(self.longest_save, 1)
+        return json.dumps(
+            {
+                "stop_by": {
+                    "reservation_ends": ends,
+                    "margin_seconds": margin,
+                    "longest_save_seconds": save,
+                    "said_at": now,
+                }
+            }
+        )
 
 
 def margin_floor(env: Mapping[str, str]) -> float:
