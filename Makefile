@@ -33,24 +33,24 @@ $(VENV)/.synth-deps: requirements.txt
 	touch $@
 
 $(VENV)/.test-deps: $(VENV)/.synth-deps requirements-dev.txt training_image/requirements.txt
-	@echo "setting up $(VENV)'s test toolchain once (torch CPU, moto, pytest; its size and time: README.md, Quick start)"
+	@echo "setting up $(VENV)'s test toolchain once (torch CPU, moto, pytest; its size and time: README.md, Quick start)" >&2
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
 $(XLA_VENV)/.deps: requirements-xla.txt
-	@echo "setting up $(XLA_VENV) once (the images' PyTorch line; its size and time: README.md, Quick start)"
+	@echo "setting up $(XLA_VENV) once (the images' PyTorch line; its size and time: README.md, Quick start)" >&2
 	test -x $(XLA_VENV)/bin/python || python3 -m venv $(XLA_VENV)
 	$(XLA_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-xla.txt
 	touch $@
 
 $(SCAN_VENV)/.deps: requirements-scan.txt
-	@echo "setting up $(SCAN_VENV) once (checkov; its size and time: README.md, Quick start)"
+	@echo "setting up $(SCAN_VENV) once (checkov; its size and time: README.md, Quick start)" >&2
 	test -x $(SCAN_VENV)/bin/python || python3 -m venv $(SCAN_VENV)
 	$(SCAN_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-scan.txt
 	touch $@
 
 $(TRACKING_VENV)/.deps: requirements-tracking.txt
-	@echo "setting up $(TRACKING_VENV) once (MLflow's server and UI; its size and time: README.md, Quick start)"
+	@echo "setting up $(TRACKING_VENV) once (MLflow's server and UI; its size and time: README.md, Quick start)" >&2
 	test -x $(TRACKING_VENV)/bin/python || python3 -m venv $(TRACKING_VENV)
 	$(TRACKING_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-tracking.txt
 	touch $@

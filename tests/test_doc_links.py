@@ -65,6 +65,15 @@ def _flat(path: Path) -> str:
     return " ".join(path.read_text().split())
 
 
+def test_set_up_speaks_on_stderr_so_a_redirected_command_writes_only_its_own_output():
+    # On a fresh clone the README's `make -s dataset ... > first-run.json` first sets .venv up: a set-up line on stdout
+    # made the run file invalid JSON (seen in a fresh clone's run).
+    makefile = (ROOT / "Makefile").read_text()
+    echoes = [ln for ln in makefile.splitlines() if ln.lstrip().startswith("@echo")]
+    setup = [ln for ln in echoes if "setting up" in ln]
+    assert setup and all(ln.rstrip().endswith(">&2") for ln in setup)
+
+
 def test_the_readmes_first_run_command_writes_a_run_file():
     # The README's first command line that prepares a dataset into a file, run as printed (offline: DRY_RUN=1 prepares
     # and prints without uploading), in a shell of one's own (no parent make's MAKEFLAGS): stdout must be the JSON run
