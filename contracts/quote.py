@@ -179,6 +179,12 @@ def priced_model(run: dict, workloads: WorkloadSchemas | None = None) -> str | N
     return schema.cost.size(run.get("hyperparameters", {})) if schema and schema.cost else None
 
 
+def unread_budget_refusal(budget_name: str, why: str) -> str:
+    """Why a run is refused when its budget cannot be read (issue 47: an unreadable budget passed every run). The
+    pipeline's BudgetNotRead state (constructs/pipeline/run_quote.py) writes the same line, `why` its error's name."""
+    return f"the monthly budget {budget_name} could not be read ({why}); set may_exceed_budget: true to run without it"
+
+
 def budget_refusal(q: Quote, limit_usd: float, actual_usd: float) -> str | None:
     """Why a run is refused for the monthly budget (one line), or None. Without an estimate, only a spent budget.
     The pipeline's CompareQuoteWithBudget state (constructs/pipeline/run_quote.py) writes the same line."""

@@ -20,6 +20,7 @@ from contracts.quote import (
     about_usd,
     budget_refusal,
     quote,
+    unread_budget_refusal,
 )
 from contracts.run import WorkloadSchema, filled
 from contracts.workload import built_in_workloads
@@ -130,6 +131,30 @@ def test_the_quote_refuses_a_batch_run_on_fewer_nodes_than_its_jobs_take(tmp_pat
     run.write_text(json.dumps({"run_id": "two-001", "dataset": "datasets/x/", "nodes": 2, "baseline": 3.2}))
     assert pipeline_cli.main(["quote", "prod", str(run)]) == 2
     assert f"exactly {nodes}: this backend's multi-node job definitions fix the node count" in capsys.readouterr().err
+
+
+class _NoCredentials:
+    """A boto3 session with no credentials: every client's call fails as botocore fails it."""
+
+    def client(self, *args, **kwargs):
+        from botocore.exceptions import NoCredentialsError
+
+        raise NoCredentialsError()
+
+
+def test_start_refuses_a_run_whose_budget_cannot_be_read_and_quote_says_it_would(capsys):
+    # An unreadable budget passed every run (issue 47): start refuses it as the pipeline's BudgetNotRead does, unless
+    # the run may exceed the budget; `quote` (offline too) prints the quote and says what start would do.
+    from tools import pipeline_cli
+
+    config = load_config(context())
+    run = filled({"run_id": "r-001", "dataset": "datasets/x/", "baseline": 3.2}, config.nodes)
+    with pytest.raises(pipeline_cli.CliError) as refused:
+        pipeline_cli.quoted(run, "dev", _NoCredentials(), sys.stdout)
+    assert str(refused.value) == unread_budget_refusal(config.budget_name, "Unable to locate credentials")
+    pipeline_cli.quoted(run, "dev", _NoCredentials(), sys.stdout, starting=False)
+    assert "start and the pipeline refuse it unless it sets may_exceed_budget: true" in capsys.readouterr().out
+    pipeline_cli.quoted({**run, "may_exceed_budget": True}, "dev", _NoCredentials(), sys.stdout)  # not refused
 
 
 def test_a_neuroncore_is_a_worker_and_gets_its_share_of_the_chips_peak():

@@ -151,15 +151,17 @@ def require_prepared(pipeline: Pipeline, dataset: str) -> None:
         ) from None
 
 
-def quoted(run: dict, env: str, session, out, workloads: schema.WorkloadSchemas | None = None):
-    """The run's quote and budget printed (tools/quote.py); the run is refused if the budget cannot pay for it.
-    `workloads`: the registered schema of the run's workload, whose cost model prices it."""
+def quoted(run: dict, env: str, session, out, workloads: schema.WorkloadSchemas | None = None, starting: bool = True):
+    """The run's quote and budget printed (tools/quote.py); the run is refused if the budget cannot pay for it, and
+    when `starting`, if the budget cannot be read (as the pipeline refuses it). `workloads`: the registered schema
+    of the run's workload, whose cost model prices it."""
     from tools.quote import price
 
     priced = price(run, environment_config(env), session, workloads)
     print("\n".join(priced.lines()), file=out)
-    if priced.refusal:
-        raise CliError(priced.refusal)
+    refusal = priced.refusal or (priced.unread_refusal if starting else None)
+    if refusal:
+        raise CliError(refusal)
 
 
 def cmd_quote(args, session, out) -> int:
@@ -182,7 +184,7 @@ def cmd_quote(args, session, out) -> int:
         workers_per_node=config.instance.workers_per_node,
         registry=registry,
     )
-    quoted(run, args.env, session, out, registry(run))
+    quoted(run, args.env, session, out, registry(run), starting=False)  # offline too: it says what start would do
     return 0
 
 

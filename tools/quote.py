@@ -20,7 +20,7 @@ from datetime import datetime
 from botocore.exceptions import BotoCoreError, ClientError
 
 from config import EnvironmentConfig
-from contracts.quote import Quote, QuoteTerms, about_usd, budget_refusal, priced_model, quote
+from contracts.quote import Quote, QuoteTerms, about_usd, budget_refusal, priced_model, quote, unread_budget_refusal
 from contracts.run import WorkloadSchemas, filled
 from contracts.workload import schemas
 from tools.pipeline_session import _json_object
@@ -43,6 +43,7 @@ class Priced:
     budget: Budget | None
     refusal: str | None
     notes: tuple[str, ...]
+    unread_refusal: str | None = None  # the budget could not be read: start refuses with this line, quote only says it
 
     def lines(self) -> list[str]:
         lines = [self.quote.line()]
@@ -78,16 +79,20 @@ def price(run: dict, config: EnvironmentConfig, session, registered: WorkloadSch
         notes.append(f"measured MFU not read ({_first_line(error)}): the quote assumes one")
     q = quote(valid, terms, mfu, on_model, workloads)  # at the measured MFU where there is one, as QuoteRun
     assumed = quote(valid, terms, workloads=workloads) if mfu else None
-    budget = None
+    budget, unread = None, None
     try:
         account = session.client("sts", region_name=config.region).get_caller_identity()["Account"]
         budget = read_budget(session, account, terms.budget_name)
     except (BotoCoreError, ClientError) as error:
-        notes.append(f"budget {terms.budget_name} not read ({_first_line(error)}): the run is not held to it here")
+        why = _first_line(error)
+        unread = None if run.get("may_exceed_budget", False) else unread_budget_refusal(terms.budget_name, why)
+        notes.append(f"budget {terms.budget_name} not read ({why}): the run is not held to it here; " + (
+            "start and the pipeline refuse it unless it sets may_exceed_budget: true" if unread else "it may exceed it"
+        ))  # fmt: skip
     refusal = None
     if budget is not None and not run.get("may_exceed_budget", False):
         refusal = budget_refusal(q, budget.limit_usd, budget.spent_usd)
-    return Priced(q, assumed, budget, refusal, tuple(notes))
+    return Priced(q, assumed, budget, refusal, tuple(notes), unread)
 
 
 def _first_line(error: Exception) -> str:

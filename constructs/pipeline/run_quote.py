@@ -7,7 +7,8 @@ none was reported or it could not be read, into `$.run.quote`, which the claim w
 (DescribeBudget: its BudgetLimit and CalculatedSpend.ActualSpend, AWS Budgets API reference, "Budget"), and a run
 quoted above what is left, or any run once nothing is left, fails `OverBudget` with one line, unless it says
 `may_exceed_budget: true`. A budget that cannot be read (none of that name, AccessDenied, the API down after the
-transient retries) does not stop the run: the quote records why, and the budget's own alerts still watch the month.
+transient retries) refuses the run `OverBudget` too, unless it says `may_exceed_budget: true` (then its quote records
+why the budget was not read): a run the pipeline cannot hold to its budget is not started on the assumption it fits.
 The spend is as fresh as AWS Budgets' own ("AWS updates your budget status several times a day", AWS Budgets API
 reference): a run started just after another is held to a spend without it.
 """
@@ -21,7 +22,14 @@ import aws_cdk.aws_stepfunctions_tasks as tasks
 from constructs import Construct
 from constructs.pipeline.aws_calls import CALL_TIMEOUT, retry_transient
 from constructs.pipeline.failure_path import FailurePath
-from contracts.quote import ASSUMED_MFU_PERCENT, MEASURED_DAYS, VALIDATION_MINUTES, QuoteTerms, measured_mfu_query
+from contracts.quote import (
+    ASSUMED_MFU_PERCENT,
+    MEASURED_DAYS,
+    VALIDATION_MINUTES,
+    QuoteTerms,
+    measured_mfu_query,
+    unread_budget_refusal,
+)
 
 C = sfn.Condition
 OVER_BUDGET = "OverBudget"
@@ -55,12 +63,16 @@ def run_quote(scope: Construct, terms: QuoteTerms, failures: FailurePath) -> tup
         task_timeout=sfn.Timeout.duration(CALL_TIMEOUT),
     )
     retry_transient(read, BUDGETS_TRANSIENT)
+    # A budget that cannot be read refuses the run (contracts.quote.unread_budget_refusal's line), unless it may exceed
+    # the budget: then it goes on with the quote saying why the budget was not read.
+    refusal = unread_budget_refusal(terms.budget_name, "' & $states.input.caught.Error & '")
     unread = sfn.Pass.jsonata(
         scope,
         "BudgetNotRead",
         outputs={
             "run": "{% $merge([$states.input.run, {'quote': $merge([$states.input.run.quote, "
-            "{'budget': 'not read: ' & $states.input.caught.Error}])}]) %}"
+            "{'budget': 'not read: ' & $states.input.caught.Error}])}]) %}",
+            "refusal": "{% '" + refusal + "' %}",
         },
     )
     read.add_catch(unread, errors=["States.ALL"], result_path="$.caught")
@@ -79,7 +91,7 @@ def run_quote(scope: Construct, terms: QuoteTerms, failures: FailurePath) -> tup
         C.and_(C.is_string("$.refusal"), C.boolean_equals("$.run.may_exceed_budget", False)),
         refused.next(failures.notify),
     ).otherwise(done)
-    unread.next(done)
+    unread.next(within)
     quoted.next(read).next(checked).next(within)
     return measured, done
 

@@ -10,11 +10,13 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from config import load_config
 from config.layout import RUN_HOLDER, RUN_SINCE, RUNS_TABLE_KEY, RUNS_TABLE_OUTPUT
 from contracts.run import WorkloadSchema
 from contracts.workload import BUILT_IN_ROOT
 from contracts.workload_registry import pointer_key, record, registrable, schema, version_key
 from tests.pipeline.test_pipeline_cli import GONE, Deployed
+from tests.synthesis import context
 from tools import pipeline_workloads
 from tools.pipeline_cli import main
 from tools.pipeline_session import ROOT, CliError, Pipeline
@@ -35,6 +37,12 @@ def deployed():
             AttributeDefinitions=[{"AttributeName": RUNS_TABLE_KEY, "AttributeType": "S"}],
             BillingMode="PAY_PER_REQUEST",
         )
+        # The environment's budget, as the observability stack deploys it: start refuses a run whose budget it
+        # cannot read (tools/quote.py).
+        budget = {"BudgetName": load_config(context()).budget_name, "BudgetType": "COST", "TimeUnit": "MONTHLY"}
+        limit = {"BudgetLimit": {"Amount": str(load_config(context()).budget_monthly_usd), "Unit": "USD"}}
+        account = boto3.client("sts", region_name=REGION).get_caller_identity()["Account"]
+        boto3.client("budgets", region_name="us-east-1").create_budget(AccountId=account, Budget={**budget, **limit})
         machine = boto3.client("stepfunctions", region_name=REGION).create_state_machine(
             name="EfaTraining-dev-Pipeline",
             definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}}),

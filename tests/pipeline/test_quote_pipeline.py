@@ -13,7 +13,7 @@ import boto3
 import pytest
 
 from config import load_config
-from contracts.quote import Quote, QuoteTerms, budget_refusal, measured_mfu_query, quote
+from contracts.quote import Quote, QuoteTerms, budget_refusal, measured_mfu_query, quote, unread_budget_refusal
 from contracts.run import filled
 from tests.pipeline.runs import ACCEPTED, RUN, messages
 from tests.pipeline.test_pipeline_cli import Deployed
@@ -95,14 +95,20 @@ def test_a_run_without_an_estimate_is_refused_only_once_the_budget_is_spent(emul
     assert emulator.run(ps)["status"] == "SUCCEEDED"
 
 
-def test_a_budget_the_pipeline_cannot_read_does_not_stop_the_run(emulator):
-    # No budget in this Region, or Budgets down after the retries: the budget's own alerts still watch the month.
+def test_a_budget_the_pipeline_cannot_read_refuses_the_run_unless_it_may_exceed_it(emulator):
+    # No budget in this Region, or Budgets down after the retries: an unreadable budget passed every run (issue 47);
+    # now it is refused in one line as OverBudget is; a run that may exceed the budget goes on, its quote saying why.
+    name = load_config(context()).budget_name
+    emulator.faults["budgets.describe_budget"] = ["NotFoundException"]
+    refused = emulator.run({**RUN, "run_id": "unread-001", "dataset": PREPARED_DATASET})
+    assert refused["status"] == "FAILED" and refused["error"] == "OverBudget"
+    # The error's name: Step Functions' "Budgets.NotFoundException"; moto names it "budgets.budgetsException".
+    assert refused["cause"] == unread_budget_refusal(name, "budgets.budgetsException")
     emulator.faults["budgets.describe_budget"] = ["NotFoundException"]
     emulator.verdict = ACCEPTED
-    run = {**RUN, "run_id": "unread-001", "dataset": PREPARED_DATASET}
+    run = {**RUN, "run_id": "unread-002", "dataset": PREPARED_DATASET, "may_exceed_budget": True}
     assert emulator.run(run)["status"] == "SUCCEEDED"
-    # The error's name: Step Functions' "Budgets.NotFoundException"; moto names it "budgets.budgetsException".
-    assert _recorded_quote(emulator, "unread-001")["budget"].lower().startswith("not read: budgets.")
+    assert _recorded_quote(emulator, "unread-002")["budget"].lower().startswith("not read: budgets.")
     assert emulator.refused_requests == []
 
 
