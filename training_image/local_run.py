@@ -11,7 +11,7 @@ Functions state machine) runs the same stages as Batch or EKS jobs.
 With --model ctr-tiny the same stages run the sparse click-through model instead: Criteo-format logs from the
 generator (efa_training/workloads/ctr_ps/sample.py), prepare-data --format criteo, training on 2 parameter servers and
 --nproc workers (efa_training/workloads/ctr_ps/), and validation by log-loss (against the base rate's) and AUC.
-Owns only these paths under --out: corpus/, data/, checkpoints/, *.json, *.log, *.png.
+Owns only these paths under --out: corpus/, data/, checkpoints/, mlflow.db and the files OWNED names.
 """
 
 from __future__ import annotations
@@ -40,7 +40,17 @@ from efa_training.workloads.gpt.sample import write_corpus  # noqa: E402
 # What each demo's final model is judged against, with validate.py's default tolerance (0.1%, the pipeline's).
 GPT_BASELINE = "the same run's checkpoint at a third of its steps"
 SPARSE_BASELINE = "the base rate: the training split's click rate predicted for every holdout record"
-OWNED = ("*.json", "*.log", "*.png")  # besides corpus/, data/, checkpoints/ and mlflow.db: a fresh run leaves none
+# The files a run writes under --out, by name (besides corpus/, data/, checkpoints/ and mlflow.db): a fresh run removes
+# these and nothing else, so an --out that holds other files (even `--out .`) loses none of them.
+STAGES = ("prepare_data", "sanity", "train", "baseline", "validate")
+OWNED = (
+    "report.json",
+    "sanity.json",
+    "baseline.json",
+    "verdict.json",
+    "training_curves.png",
+    *(f"{s}.log" for s in STAGES),
+)
 
 
 def free_port() -> int:
@@ -141,9 +151,8 @@ def clear(out: Path) -> None:
     (out / "mlflow.db").unlink(missing_ok=True)  # the run's own MLflow store, as its checkpoints are
     for owned in ("corpus", "data", "checkpoints"):
         shutil.rmtree(out / owned, ignore_errors=True)
-    for pattern in OWNED if out.is_dir() else ():
-        for path in out.glob(pattern):
-            path.unlink()
+    for name in OWNED:
+        (out / name).unlink(missing_ok=True)
 
 
 def verdict_line(report: dict) -> str:

@@ -20,10 +20,11 @@ def run(tmp_path: Path, capsys, *flags: str) -> tuple[int, str, dict]:
     out = tmp_path / "local-run"
     out.mkdir()
     (out / "train.log").write_text("an earlier run's log")  # a fresh run leaves nothing of the last one
-    (out / "stale.png").write_text("an earlier run's plot")
+    (out / "baseline.json").write_text('{"metric": "val_loss", "value": 0.001}')  # nor judges by its baseline
+    (out / "notes.json").write_text("the user's own")  # and removes only what it writes
     code = local_run.main(["--out", str(out), *flags])
     lines = capsys.readouterr().out.strip().splitlines()
-    assert not (out / "stale.png").exists() and "earlier" not in (out / "train.log").read_text()
+    assert "earlier" not in (out / "train.log").read_text() and (out / "notes.json").read_text() == "the user's own"
     return code, lines[-1], json.loads((out / "report.json").read_text())
 
 
